@@ -1,0 +1,37 @@
+/* gmlp-device-private.h: what the other classes need of a GmlpDevice
+ *
+ * SPDX-License-Identifier: LGPL-2.1-or-later
+ */
+
+#pragma once
+
+#include "gmlp-device.h"
+#include "backend/gmlp-backend.h"
+
+G_BEGIN_DECLS
+
+/* A reference-counted device allocation; grouped tensors and their views
+ * share one. Freed stream-ordered when the last reference goes. */
+typedef struct {
+  gatomicrefcount  ref_count;
+  GmlpDevice      *device;
+  gpointer         data;
+  gsize            nbytes;
+} GmlpBuffer;
+
+const GmlpBackend *gmlp_device_get_backend         (GmlpDevice  *self);
+GmlpBackendDevice *gmlp_device_get_backend_device  (GmlpDevice  *self);
+
+GmlpBuffer        *gmlp_buffer_new                 (GmlpDevice  *device,
+                                                    gsize        nbytes,
+                                                    GError     **error);
+GmlpBuffer        *gmlp_buffer_ref                 (GmlpBuffer  *buffer);
+void               gmlp_buffer_unref               (GmlpBuffer  *buffer);
+
+G_DEFINE_AUTOPTR_CLEANUP_FUNC (GmlpBuffer, gmlp_buffer_unref)
+
+/* Calls a backend entry point with the device's backend handle. */
+#define GMLP_DEVICE_CALL(device, func, ...) \
+  (gmlp_device_get_backend (device)->func (gmlp_device_get_backend_device (device), __VA_ARGS__))
+
+G_END_DECLS

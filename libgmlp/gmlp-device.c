@@ -1,0 +1,514 @@
+/* gmlp-device.c
+ *
+ * SPDX-License-Identifier: LGPL-2.1-or-later
+ */
+
+#include "config.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "gmlp-device-private.h"
+#include "gmlp-enum-types.h"
+#include "gmlp-error.h"
+
+/**
+ * GmlpDevice:
+ *
+ * A compute device: the host CPU or one NVIDIA GPU.
+ *
+ * There is one `GmlpDevice` per compute device in a process:
+ * [func@Gmlp.Device.new] returns the same object for the same kind and
+ * ordinal. Each device owns a stream, on which all its work is ordered, and a
+ * stream-ordered memory pool from which grouped tensors are allocated. Calls
+ * return without waiting for the device unless they return host data;
+ * [method@Gmlp.Device.synchronize] waits for everything enqueued so far.
+ *
+ * A build with the CUDA backend still runs on machines without an NVIDIA
+ * driver: the CPU then serves, and asking for a CUDA device fails with
+ * %GMLP_ERROR_NO_DEVICE.
+ *
+ * Since: 0.1
+ */
+
+struct _GmlpDevice
+{
+  GObject             parent_instance;
+
+  GmlpDeviceKind      kind;
+  int                 ordinal;
+  char               *name;
+  const GmlpBackend  *backend;
+  GmlpBackendDevice  *backend_device;
+  gssize              bytes_in_use;   /* atomic; pointer-sized for g_atomic_pointer_add */
+};
+
+G_DEFINE_FINAL_TYPE (GmlpDevice, gmlp_device, G_TYPE_OBJECT)
+
+enum {
+  PROP_0,
+  PROP_KIND,
+  PROP_ORDINAL,
+  PROP_NAME,
+  N_PROPS
+};
+
+static GParamSpec *properties[N_PROPS];
+
+/* The process-wide registry: devices are created once and live as long as
+ * the process, like the streams and pools they own. */
+static GMutex registry_lock;
+static GHashTable *registry;
+
+static void
+gmlp_device_finalize (GObject *object)
+{
+  GmlpDevice *self = (GmlpDevice *) object;
+
+  if (self->backend_device != NULL)
+    self->backend->close_device (self->backend_device);
+  g_clear_pointer (&self->name, g_free);
+
+  G_OBJECT_CLASS (gmlp_device_parent_class)->finalize (object);
+}
+
+static void
+gmlp_device_get_property (GObject    *object,
+                          guint       prop_id,
+                          GValue     *value,
+                          GParamSpec *pspec)
+{
+  GmlpDevice *self = GMLP_DEVICE (object);
+
+  switch (prop_id)
+    {
+    case PROP_KIND:
+      g_value_set_enum (value, self->kind);
+      break;
+    case PROP_ORDINAL:
+      g_value_set_int (value, self->ordinal);
+      break;
+    case PROP_NAME:
+      g_value_set_string (value, self->name);
+      break;
+    default:
+      G_OBJECT_WARN_INVALID_PROPERTY_ID (object, prop_id, pspec);
+    }
+}
+
+static void
+gmlp_device_class_init (GmlpDeviceClass *klass)
+{
+  GObjectClass *object_class = G_OBJECT_CLASS (klass);
+
+  object_class->finalize = gmlp_device_finalize;
+  object_class->get_property = gmlp_device_get_property;
+
+  /**
+   * GmlpDevice:kind:
+   *
+   * Whether this is the CPU or a CUDA GPU.
+   *
+   * Since: 0.1
+   */
+  properties[PROP_KIND] =
+    g_param_spec_enum ("kind", NULL, NULL,
+                       GMLP_TYPE_DEVICE_KIND, GMLP_DEVICE_KIND_CPU,
+                       G_PARAM_READABLE | G_PARAM_EXPLICIT_NOTIFY | G_PARAM_STATIC_STRINGS);
+
+  /**
+   * GmlpDevice:ordinal:
+   *
+   * The index of the device among those of its kind (0 for the CPU).
+   *
+   * Since: 0.1
+   */
+  properties[PROP_ORDINAL] =
+    g_param_spec_int ("ordinal", NULL, NULL,
+                      0, G_MAXINT, 0,
+                      G_PARAM_READABLE | G_PARAM_EXPLICIT_NOTIFY | G_PARAM_STATIC_STRINGS);
+
+  /**
+   * GmlpDevice:name:
+   *
+   * A human-readable name, such as "NVIDIA H200" or "cpu".
+   *
+   * Since: 0.1
+   */
+  properties[PROP_NAME] =
+    g_param_spec_string ("name", NULL, NULL,
+                         NULL,
+                         G_PARAM_READABLE | G_PARAM_EXPLICIT_NOTIFY | G_PARAM_STATIC_STRINGS);
+
+  g_object_class_install_properties (object_class, N_PROPS, properties);
+}
+
+static void
+gmlp_device_init (GmlpDevice *self)
+{
+}
+
+static const GmlpBackend *
+backend_for_kind (GmlpDeviceKind kind)
+{
+  switch (kind)
+    {
+    case GMLP_DEVICE_KIND_CPU:
+      return gmlp_backend_cpu_get ();
+    case GMLP_DEVICE_KIND_CUDA:
+      return gmlp_backend_cuda_load ();
+    default:
+      return NULL;
+    }
+}
+
+/**
+ * gmlp_device_get_count:
+ * @kind: a [enum@Gmlp.DeviceKind]
+ *
+ * Counts the usable devices of @kind: 1 for the CPU; for CUDA, the GPUs the
+ * driver reports, or 0 when there is no driver or no CUDA backend.
+ *
+ * Returns: the number of devices
+ *
+ * Since: 0.1
+ */
+int
+gmlp_device_get_count (GmlpDeviceKind kind)
+{
+  const GmlpBackend *backend = backend_for_kind (kind);
+
+  return backend != NULL ? backend->get_device_count () : 0;
+}
+
+/**
+ * gmlp_device_new:
+ * @kind: the kind of device
+ * @ordinal: its index among the devices of @kind
+ * @error: return location for a #GError
+ *
+ * Gets the device of @kind with index @ordinal, opening it on first use. The
+ * same object is returned for the same device every time.
+ *
+ * Returns: (transfer full): the device, or %NULL with %GMLP_ERROR_NO_DEVICE
+ *
+ * Since: 0.1
+ */
+GmlpDevice *
+gmlp_device_new (GmlpDeviceKind   kind,
+                 int              ordinal,
+                 GError         **error)
+{
+  g_autoptr(GMutexLocker) locker = NULL;
+  const GmlpBackend *backend;
+  GmlpBackendDevice *backend_device;
+  GmlpDevice *self;
+  gpointer key;
+  int count;
+
+  g_return_val_if_fail (error == NULL || *error == NULL, NULL);
+
+  if (kind != GMLP_DEVICE_KIND_CPU && kind != GMLP_DEVICE_KIND_CUDA)
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
+                   "Unknown device kind %d", (int) kind);
+      return NULL;
+    }
+
+  backend = backend_for_kind (kind);
+  if (backend == NULL)
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_NO_DEVICE,
+                   "No CUDA backend: libgmlp was built without CUDA, or "
+                   "libgmlp-backend-cuda or the CUDA libraries could not be loaded");
+      return NULL;
+    }
+
+  count = backend->get_device_count ();
+  if (ordinal < 0 || ordinal >= count)
+    {
+      if (count == 0)
+        g_set_error (error, GMLP_ERROR, GMLP_ERROR_NO_DEVICE,
+                     "No usable %s device (no NVIDIA driver or no GPU)", backend->name);
+      else
+        g_set_error (error, GMLP_ERROR, GMLP_ERROR_NO_DEVICE,
+                     "No %s device %d: there are %d", backend->name, ordinal, count);
+      return NULL;
+    }
+
+  key = GINT_TO_POINTER (((int) kind << 16) | ordinal);
+  locker = g_mutex_locker_new (&registry_lock);
+  if (registry == NULL)
+    registry = g_hash_table_new (NULL, NULL);
+  self = g_hash_table_lookup (registry, key);
+  if (self != NULL)
+    return g_object_ref (self);
+
+  backend_device = backend->open_device (ordinal, error);
+  if (backend_device == NULL)
+    return NULL;
+
+  self = g_object_new (GMLP_TYPE_DEVICE, NULL);
+  self->kind = kind;
+  self->ordinal = ordinal;
+  self->backend = backend;
+  self->backend_device = backend_device;
+  self->name = backend->get_device_name (backend_device);
+  g_hash_table_insert (registry, key, g_object_ref (self));
+
+  return self;
+}
+
+/**
+ * gmlp_device_new_from_string:
+ * @spec: "cpu", "cuda" or "cuda:N"
+ * @error: return location for a #GError
+ *
+ * Parses a device specification, as the `GMLP_DEVICE` environment variable
+ * takes, and gets that device.
+ *
+ * Returns: (transfer full): the device, or %NULL with an error
+ *
+ * Since: 0.1
+ */
+GmlpDevice *
+gmlp_device_new_from_string (const char  *spec,
+                             GError     **error)
+{
+  g_return_val_if_fail (spec != NULL, NULL);
+  g_return_val_if_fail (error == NULL || *error == NULL, NULL);
+
+  if (g_ascii_strcasecmp (spec, "cpu") == 0)
+    return gmlp_device_new (GMLP_DEVICE_KIND_CPU, 0, error);
+  if (g_ascii_strcasecmp (spec, "cuda") == 0)
+    return gmlp_device_new (GMLP_DEVICE_KIND_CUDA, 0, error);
+  if (g_ascii_strncasecmp (spec, "cuda:", 5) == 0)
+    {
+      guint64 ordinal;
+
+      if (!g_ascii_string_to_unsigned (spec + 5, 10, 0, G_MAXINT16, &ordinal, NULL))
+        {
+          g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
+                       "Invalid device ordinal in \"%s\"", spec);
+          return NULL;
+        }
+      return gmlp_device_new (GMLP_DEVICE_KIND_CUDA, (int) ordinal, error);
+    }
+
+  g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
+               "Invalid device \"%s\": expected cpu, cuda or cuda:N", spec);
+  return NULL;
+}
+
+static gpointer
+choose_default_device (gpointer data)
+{
+  g_autoptr(GError) error = NULL;
+  const char *spec = g_getenv ("GMLP_DEVICE");
+  GmlpDevice *device = NULL;
+
+  if (spec != NULL && spec[0] != '\0')
+    {
+      device = gmlp_device_new_from_string (spec, &error);
+      if (device == NULL)
+        g_warning ("GMLP_DEVICE=%s: %s; using the CPU", spec, error->message);
+    }
+  else if (gmlp_device_get_count (GMLP_DEVICE_KIND_CUDA) > 0)
+    {
+      device = gmlp_device_new (GMLP_DEVICE_KIND_CUDA, 0, &error);
+      if (device == NULL)
+        g_debug ("CUDA device 0 unusable: %s; using the CPU", error->message);
+    }
+
+  if (device == NULL)
+    device = gmlp_device_new (GMLP_DEVICE_KIND_CPU, 0, NULL);
+
+  return device;
+}
+
+/**
+ * gmlp_device_get_default:
+ *
+ * Gets the default device: the device named by the `GMLP_DEVICE` environment
+ * variable (`cpu`, `cuda` or `cuda:N`) if it is set, else the first usable
+ * CUDA GPU, else the CPU. The choice is made once per process.
+ *
+ * Returns: (transfer none): the default device
+ *
+ * Since: 0.1
+ */
+GmlpDevice *
+gmlp_device_get_default (void)
+{
+  static GOnce once = G_ONCE_INIT;
+
+  return g_once (&once, choose_default_device, NULL);
+}
+
+/**
+ * gmlp_device_get_kind:
+ * @self: a #GmlpDevice
+ *
+ * Returns: the kind of device
+ *
+ * Since: 0.1
+ */
+GmlpDeviceKind
+gmlp_device_get_kind (GmlpDevice *self)
+{
+  g_return_val_if_fail (GMLP_IS_DEVICE (self), GMLP_DEVICE_KIND_CPU);
+
+  return self->kind;
+}
+
+/**
+ * gmlp_device_get_ordinal:
+ * @self: a #GmlpDevice
+ *
+ * Returns: the index of the device among those of its kind
+ *
+ * Since: 0.1
+ */
+int
+gmlp_device_get_ordinal (GmlpDevice *self)
+{
+  g_return_val_if_fail (GMLP_IS_DEVICE (self), 0);
+
+  return self->ordinal;
+}
+
+/**
+ * gmlp_device_get_name:
+ * @self: a #GmlpDevice
+ *
+ * Returns: (transfer none): the device's name
+ *
+ * Since: 0.1
+ */
+const char *
+gmlp_device_get_name (GmlpDevice *self)
+{
+  g_return_val_if_fail (GMLP_IS_DEVICE (self), NULL);
+
+  return self->name;
+}
+
+/**
+ * gmlp_device_get_bytes_in_use:
+ * @self: a #GmlpDevice
+ *
+ * Counts the bytes of device memory that libgmlp objects hold on @self now
+ * (allocations from the device's pool that have not been released).
+ *
+ * Returns: bytes in use
+ *
+ * Since: 0.1
+ */
+guint64
+gmlp_device_get_bytes_in_use (GmlpDevice *self)
+{
+  g_return_val_if_fail (GMLP_IS_DEVICE (self), 0);
+
+  return (guint64) g_atomic_pointer_get ((gpointer *) &self->bytes_in_use);
+}
+
+/**
+ * gmlp_device_synchronize:
+ * @self: a #GmlpDevice
+ * @error: return location for a #GError
+ *
+ * Waits until all work enqueued on the device's stream has completed.
+ *
+ * Returns: %TRUE on success; %FALSE with %GMLP_ERROR_BACKEND if the device
+ *   reported an error
+ *
+ * Since: 0.1
+ */
+gboolean
+gmlp_device_synchronize (GmlpDevice  *self,
+                         GError     **error)
+{
+  g_return_val_if_fail (GMLP_IS_DEVICE (self), FALSE);
+  g_return_val_if_fail (self->backend != NULL, FALSE);
+
+  return self->backend->synchronize (self->backend_device, error);
+}
+
+const GmlpBackend *
+gmlp_device_get_backend (GmlpDevice *self)
+{
+  return self->backend;
+}
+
+GmlpBackendDevice *
+gmlp_device_get_backend_device (GmlpDevice *self)
+{
+  return self->backend_device;
+}
+
+static gboolean
+poison_allocations (void)
+{
+  static int poison = -1;
+
+  if (g_atomic_int_get (&poison) < 0)
+    g_atomic_int_set (&poison, g_getenv ("GMLP_POISON") != NULL);
+  return g_atomic_int_get (&poison);
+}
+
+GmlpBuffer *
+gmlp_buffer_new (GmlpDevice  *device,
+                 gsize        nbytes,
+                 GError     **error)
+{
+  GmlpBuffer *buffer;
+  gpointer data;
+
+  g_return_val_if_fail (GMLP_IS_DEVICE (device), NULL);
+  g_return_val_if_fail (device->backend != NULL, NULL);
+
+  data = device->backend->alloc (device->backend_device, nbytes, error);
+  if (data == NULL)
+    return NULL;
+
+  /* With GMLP_POISON set (the test suites set it), fresh memory holds 0xff
+   * bytes (NaN in every floating type), so an output that a kernel forgot to
+   * write shows up in the tests. */
+  if (nbytes > 0 && poison_allocations () &&
+      !device->backend->fill_bytes (device->backend_device, data, 0xff, nbytes, error))
+    {
+      device->backend->free (device->backend_device, data);
+      return NULL;
+    }
+
+  buffer = g_new0 (GmlpBuffer, 1);
+  g_atomic_ref_count_init (&buffer->ref_count);
+  buffer->device = g_object_ref (device);
+  buffer->data = data;
+  buffer->nbytes = nbytes;
+  g_atomic_pointer_add ((gpointer *) &device->bytes_in_use, (gssize) nbytes);
+
+  return buffer;
+}
+
+GmlpBuffer *
+gmlp_buffer_ref (GmlpBuffer *buffer)
+{
+  g_atomic_ref_count_inc (&buffer->ref_count);
+  return buffer;
+}
+
+void
+gmlp_buffer_unref (GmlpBuffer *buffer)
+{
+  GmlpDevice *device;
+
+  if (!g_atomic_ref_count_dec (&buffer->ref_count))
+    return;
+
+  device = buffer->device;
+  device->backend->free (device->backend_device, buffer->data);
+  g_atomic_pointer_add ((gpointer *) &device->bytes_in_use, -(gssize) buffer->nbytes);
+  g_object_unref (device);
+  g_free (buffer);
+}

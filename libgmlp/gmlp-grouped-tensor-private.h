@@ -1,0 +1,29 @@
+/* gmlp-grouped-tensor-private.h: internals for the layers and the tests
+ *
+ * SPDX-License-Identifier: LGPL-2.1-or-later
+ */
+
+#pragma once
+
+#include "gmlp-grouped-tensor.h"
+#include "gmlp-device-private.h"
+
+G_BEGIN_DECLS
+
+/* Most groups a grouped tensor may have (the kernels' grid limit). */
+#define GMLP_MAX_GROUPS 65535
+
+/* Device pointer to the first byte of the tensor (its member 0). */
+gpointer  gmlp_grouped_tensor_get_data          (GmlpGroupedTensor *self);
+/* Bytes the allocation for this layout needs (the worst case when sizes are
+ * on the device). */
+gsize     gmlp_grouped_tensor_layout_bytes      (guint              n_groups,
+                                                 const gint64      *rows,
+                                                 gint64             row_capacity,
+                                                 guint64            row_bytes);
+/* The shape, as the backends take it; uploads host sizes on first use. */
+gboolean  gmlp_grouped_tensor_get_backend_shape (GmlpGroupedTensor *self,
+                                                 GmlpBackendShape  *shape,
+                                                 GError           **error);
+
+G_END_DECLS

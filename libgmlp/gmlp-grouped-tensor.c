@@ -1,0 +1,1155 @@
+/* gmlp-grouped-tensor.c
+ *
+ * SPDX-License-Identifier: LGPL-2.1-or-later
+ */
+
+#include "config.h"
+
+#include <string.h>
+
+#include "gmlp-grouped-tensor-private.h"
+#include "gmlp-enum-types.h"
+#include "gmlp-error.h"
+#include "gmlp-numeric.h"
+
+/**
+ * GmlpGroupedTensor:
+ *
+ * N member matrices of `rows[i] × cols` elements packed in one allocation on
+ * one [class@Gmlp.Device].
+ *
+ * Members are stored row-major, in order; each starts on a
+ * %GMLP_MEMBER_ALIGNMENT (256-byte) boundary, so a member is padded at its end
+ * when its byte size is not a multiple of 256. When `cols × element size` is a
+ * multiple of 256 there is no padding and the members are simply consecutive
+ * rows.
+ *
+ * The group sizes ("m_splits") live either on the host, or only on the
+ * device: [ctor@Gmlp.GroupedTensor.new_with_device_sizes] takes a device INT64
+ * sizes tensor and a row capacity, and nothing on the host needs to know the
+ * sizes, so work on such a tensor never waits for the device. Its allocation
+ * holds the worst case: the capacity plus the padding of every member.
+ *
+ * [method@Gmlp.GroupedTensor.get_member] gives a member as a one-group view
+ * sharing the storage. Data comes in and goes out as #GBytes, in the packed
+ * order (members in order, row-major, no padding).
+ *
+ * Since: 0.1
+ */
+
+struct _GmlpGroupedTensor
+{
+  GObject             parent_instance;
+
+  GmlpDevice         *device;
+  GmlpDType           dtype;
+  guint               n_groups;
+  gint64              cols;
+  gint64              row_capacity;
+  gint64             *rows;        /* host sizes, or NULL when device-only */
+  gint64             *offsets;     /* byte offsets of members, NULL when device-only */
+  GmlpGroupedTensor  *sizes;       /* device INT64 sizes; lazily uploaded for host sizes */
+  GmlpBuffer         *buffer;
+  gsize               offset;      /* of this tensor inside buffer */
+  gsize               nbytes;      /* span of this tensor inside buffer */
+  guint               uniform : 1;
+  guint               is_view : 1;
+};
+
+G_DEFINE_FINAL_TYPE (GmlpGroupedTensor, gmlp_grouped_tensor, G_TYPE_OBJECT)
+
+enum {
+  PROP_0,
+  PROP_DEVICE,
+  PROP_DTYPE,
+  PROP_N_GROUPS,
+  PROP_COLS,
+  PROP_ROW_CAPACITY,
+  N_PROPS
+};
+
+static GParamSpec *properties[N_PROPS];
+
+/* Sizes beyond these are reported as errors, not attempted: no real tensor
+ * comes near them, and they keep every byte count far from overflow. */
+#define MAX_ROWS  (G_GINT64_CONSTANT (1) << 40)
+#define MAX_COLS  (G_GINT64_CONSTANT (1) << 31)
+#define MAX_BYTES (G_GUINT64_CONSTANT (1) << 50)
+
+static void
+gmlp_grouped_tensor_finalize (GObject *object)
+{
+  GmlpGroupedTensor *self = (GmlpGroupedTensor *) object;
+
+  g_clear_pointer (&self->buffer, gmlp_buffer_unref);
+  g_clear_object (&self->sizes);
+  g_clear_object (&self->device);
+  g_clear_pointer (&self->rows, g_free);
+  g_clear_pointer (&self->offsets, g_free);
+
+  G_OBJECT_CLASS (gmlp_grouped_tensor_parent_class)->finalize (object);
+}
+
+static void
+gmlp_grouped_tensor_get_property (GObject    *object,
+                                  guint       prop_id,
+                                  GValue     *value,
+                                  GParamSpec *pspec)
+{
+  GmlpGroupedTensor *self = GMLP_GROUPED_TENSOR (object);
+
+  switch (prop_id)
+    {
+    case PROP_DEVICE:
+      g_value_set_object (value, self->device);
+      break;
+    case PROP_DTYPE:
+      g_value_set_enum (value, self->dtype);
+      break;
+    case PROP_N_GROUPS:
+      g_value_set_uint (value, self->n_groups);
+      break;
+    case PROP_COLS:
+      g_value_set_int64 (value, self->cols);
+      break;
+    case PROP_ROW_CAPACITY:
+      g_value_set_int64 (value, self->row_capacity);
+      break;
+    default:
+      G_OBJECT_WARN_INVALID_PROPERTY_ID (object, prop_id, pspec);
+    }
+}
+
+static void
+gmlp_grouped_tensor_class_init (GmlpGroupedTensorClass *klass)
+{
+  GObjectClass *object_class = G_OBJECT_CLASS (klass);
+
+  object_class->finalize = gmlp_grouped_tensor_finalize;
+  object_class->get_property = gmlp_grouped_tensor_get_property;
+
+  /**
+   * GmlpGroupedTensor:device:
+   *
+   * The device holding the storage.
+   *
+   * Since: 0.1
+   */
+  properties[PROP_DEVICE] =
+    g_param_spec_object ("device", NULL, NULL,
+                         GMLP_TYPE_DEVICE,
+                         G_PARAM_READABLE | G_PARAM_EXPLICIT_NOTIFY | G_PARAM_STATIC_STRINGS);
+
+  /**
+   * GmlpGroupedTensor:dtype:
+   *
+   * The element type.
+   *
+   * Since: 0.1
+   */
+  properties[PROP_DTYPE] =
+    g_param_spec_enum ("dtype", NULL, NULL,
+                       GMLP_TYPE_DTYPE, GMLP_DTYPE_FLOAT32,
+                       G_PARAM_READABLE | G_PARAM_EXPLICIT_NOTIFY | G_PARAM_STATIC_STRINGS);
+
+  /**
+   * GmlpGroupedTensor:n-groups:
+   *
+   * The number of members.
+   *
+   * Since: 0.1
+   */
+  properties[PROP_N_GROUPS] =
+    g_param_spec_uint ("n-groups", NULL, NULL,
+                       0, G_MAXUINT, 0,
+                       G_PARAM_READABLE | G_PARAM_EXPLICIT_NOTIFY | G_PARAM_STATIC_STRINGS);
+
+  /**
+   * GmlpGroupedTensor:cols:
+   *
+   * The number of columns of every member.
+   *
+   * Since: 0.1
+   */
+  properties[PROP_COLS] =
+    g_param_spec_int64 ("cols", NULL, NULL,
+                        0, G_MAXINT64, 0,
+                        G_PARAM_READABLE | G_PARAM_EXPLICIT_NOTIFY | G_PARAM_STATIC_STRINGS);
+
+  /**
+   * GmlpGroupedTensor:row-capacity:
+   *
+   * The number of rows the storage can hold over all members: the total row
+   * count when the sizes are on the host.
+   *
+   * Since: 0.1
+   */
+  properties[PROP_ROW_CAPACITY] =
+    g_param_spec_int64 ("row-capacity", NULL, NULL,
+                        0, G_MAXINT64, 0,
+                        G_PARAM_READABLE | G_PARAM_EXPLICIT_NOTIFY | G_PARAM_STATIC_STRINGS);
+
+  g_object_class_install_properties (object_class, N_PROPS, properties);
+}
+
+static void
+gmlp_grouped_tensor_init (GmlpGroupedTensor *self)
+{
+}
+
+gsize
+gmlp_grouped_tensor_layout_bytes (guint          n_groups,
+                                  const gint64  *rows,
+                                  gint64         row_capacity,
+                                  guint64        row_bytes)
+{
+  guint64 bytes = 0;
+  guint g;
+
+  if (rows != NULL)
+    {
+      for (g = 0; g < n_groups; g++)
+        bytes += gmlp_num_member_stride (rows[g], row_bytes);
+      return bytes;
+    }
+
+  /* Device-only sizes: the capacity, plus up to 255 bytes of padding per
+   * member unless rows are whole multiples of the alignment. */
+  bytes = (guint64) row_capacity * row_bytes;
+  if (row_bytes % kGmlpMemberAlignment != 0)
+    bytes += (guint64) n_groups * (kGmlpMemberAlignment - 1);
+  return (bytes + kGmlpMemberAlignment - 1) & ~(guint64) (kGmlpMemberAlignment - 1);
+}
+
+static gboolean
+check_common (GmlpDevice  *device,
+              GmlpDType    dtype,
+              guint        n_groups,
+              gint64       cols,
+              GError     **error)
+{
+  if (gmlp_dtype_get_size (dtype) == 0)
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
+                   "Invalid dtype %d", (int) dtype);
+      return FALSE;
+    }
+  if (n_groups == 0 || n_groups > GMLP_MAX_GROUPS)
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
+                   "A grouped tensor has 1 to %d groups, not %u", GMLP_MAX_GROUPS, n_groups);
+      return FALSE;
+    }
+  if (cols <= 0 || cols > MAX_COLS)
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
+                   "cols must be between 1 and %" G_GINT64_FORMAT ", not %" G_GINT64_FORMAT,
+                   MAX_COLS, cols);
+      return FALSE;
+    }
+  return TRUE;
+}
+
+/* Checks host group sizes; returns their sum in *total_rows. */
+static gboolean
+check_rows (const gint64  *rows,
+            guint          n_groups,
+            gint64         cols,
+            GmlpDType      dtype,
+            gint64        *total_rows,
+            GError       **error)
+{
+  guint64 row_bytes = (guint64) cols * gmlp_dtype_get_size (dtype);
+  gint64 total = 0;
+  guint g;
+
+  if (rows == NULL)
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT, "No group sizes given");
+      return FALSE;
+    }
+
+  for (g = 0; g < n_groups; g++)
+    {
+      if (rows[g] < 0 || rows[g] > MAX_ROWS)
+        {
+          g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
+                       "Group %u has %" G_GINT64_FORMAT " rows; sizes must be between 0 and %"
+                       G_GINT64_FORMAT, g, rows[g], MAX_ROWS);
+          return FALSE;
+        }
+      total += rows[g];
+      if (total > MAX_ROWS)
+        {
+          g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
+                       "The group sizes add up to more than %" G_GINT64_FORMAT " rows", MAX_ROWS);
+          return FALSE;
+        }
+    }
+
+  if (gmlp_grouped_tensor_layout_bytes (n_groups, rows, total, row_bytes) > MAX_BYTES)
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
+                   "A tensor of %" G_GINT64_FORMAT " × %" G_GINT64_FORMAT " %s is too large",
+                   total, cols, gmlp_dtype_get_name (dtype));
+      return FALSE;
+    }
+
+  *total_rows = total;
+  return TRUE;
+}
+
+static GmlpGroupedTensor *
+grouped_tensor_new_internal (GmlpDevice     *device,
+                             GmlpDType       dtype,
+                             const gint64   *rows,
+                             guint           n_groups,
+                             gint64          cols,
+                             gint64          row_capacity,
+                             GError        **error)
+{
+  g_autoptr(GmlpGroupedTensor) self = NULL;
+  guint64 row_bytes = (guint64) cols * gmlp_dtype_get_size (dtype);
+  gsize offset = 0;
+  guint g;
+
+  self = g_object_new (GMLP_TYPE_GROUPED_TENSOR, NULL);
+  self->device = g_object_ref (device);
+  self->dtype = dtype;
+  self->n_groups = n_groups;
+  self->cols = cols;
+  self->row_capacity = row_capacity;
+  self->uniform = TRUE;
+
+  if (rows != NULL)
+    {
+      self->rows = g_memdup2 (rows, sizeof (gint64) * n_groups);
+      self->offsets = g_new (gint64, n_groups);
+      for (g = 0; g < n_groups; g++)
+        {
+          self->offsets[g] = (gint64) offset;
+          offset += gmlp_num_member_stride (rows[g], row_bytes);
+          if (rows[g] != rows[0])
+            self->uniform = FALSE;
+        }
+    }
+  else
+    {
+      self->uniform = FALSE;
+    }
+
+  self->nbytes = gmlp_grouped_tensor_layout_bytes (n_groups, rows, row_capacity, row_bytes);
+  self->buffer = gmlp_buffer_new (device, self->nbytes, error);
+  if (self->buffer == NULL)
+    return NULL;
+
+  return g_steal_pointer (&self);
+}
+
+/**
+ * gmlp_grouped_tensor_new:
+ * @device: the device to allocate on
+ * @dtype: the element type
+ * @rows: (array length=n_groups): the number of rows of each member
+ * @n_groups: the number of members
+ * @cols: the number of columns of every member
+ * @error: return location for a #GError
+ *
+ * Allocates a grouped tensor with its group sizes on the host. The contents
+ * are undefined until written (see [method@Gmlp.GroupedTensor.fill_zero]).
+ * Members with zero rows are valid.
+ *
+ * Returns: (transfer full): a new tensor, or %NULL with %GMLP_ERROR_INVALID_ARGUMENT
+ *   for negative or absurd sizes, `cols <= 0`, no groups or more than 65535,
+ *   or %GMLP_ERROR_OUT_OF_MEMORY
+ *
+ * Since: 0.1
+ */
+GmlpGroupedTensor *
+gmlp_grouped_tensor_new (GmlpDevice    *device,
+                         GmlpDType      dtype,
+                         const gint64  *rows,
+                         guint          n_groups,
+                         gint64         cols,
+                         GError       **error)
+{
+  gint64 total_rows;
+
+  g_return_val_if_fail (GMLP_IS_DEVICE (device), NULL);
+  g_return_val_if_fail (error == NULL || *error == NULL, NULL);
+
+  if (!check_common (device, dtype, n_groups, cols, error) ||
+      !check_rows (rows, n_groups, cols, dtype, &total_rows, error))
+    return NULL;
+
+  return grouped_tensor_new_internal (device, dtype, rows, n_groups, cols, total_rows, error);
+}
+
+/**
+ * gmlp_grouped_tensor_new_uniform:
+ * @device: the device to allocate on
+ * @dtype: the element type
+ * @n_groups: the number of members
+ * @rows: the number of rows of every member
+ * @cols: the number of columns of every member
+ * @error: return location for a #GError
+ *
+ * Allocates a grouped tensor whose members all have the same shape, as
+ * weights and their gradients do.
+ *
+ * Returns: (transfer full): a new tensor, or %NULL with an error
+ *
+ * Since: 0.1
+ */
+GmlpGroupedTensor *
+gmlp_grouped_tensor_new_uniform (GmlpDevice  *device,
+                                 GmlpDType    dtype,
+                                 guint        n_groups,
+                                 gint64       rows,
+                                 gint64       cols,
+                                 GError     **error)
+{
+  g_autofree gint64 *all_rows = NULL;
+  guint g;
+
+  g_return_val_if_fail (GMLP_IS_DEVICE (device), NULL);
+  g_return_val_if_fail (error == NULL || *error == NULL, NULL);
+
+  if (!check_common (device, dtype, n_groups, cols, error))
+    return NULL;
+
+  all_rows = g_new (gint64, n_groups);
+  for (g = 0; g < n_groups; g++)
+    all_rows[g] = rows;
+
+  return gmlp_grouped_tensor_new (device, dtype, all_rows, n_groups, cols, error);
+}
+
+/* Byte length of the packed (unpadded) form of a tensor with host sizes. */
+static gsize
+packed_bytes (GmlpGroupedTensor *self,
+              const gint64      *rows)
+{
+  gsize total = 0;
+  guint g;
+
+  for (g = 0; g < self->n_groups; g++)
+    total += (gsize) MAX (rows[g], 0) * (gsize) self->cols * gmlp_dtype_get_size (self->dtype);
+  return total;
+}
+
+static gboolean
+has_padding (GmlpGroupedTensor *self)
+{
+  return self->n_groups > 1 &&
+         (self->cols * gmlp_dtype_get_size (self->dtype)) % kGmlpMemberAlignment != 0;
+}
+
+/**
+ * gmlp_grouped_tensor_new_from_bytes:
+ * @device: the device to allocate on
+ * @dtype: the element type of the data
+ * @rows: (array length=n_groups): the number of rows of each member
+ * @n_groups: the number of members
+ * @cols: the number of columns of every member
+ * @bytes: the members in order, each row-major, with no padding, in host
+ *   byte order
+ * @error: return location for a #GError
+ *
+ * Creates a grouped tensor and uploads @bytes into it. The upload is
+ * enqueued on the device's stream; @bytes may be released on return.
+ *
+ * Returns: (transfer full): a new tensor, or %NULL with
+ *   %GMLP_ERROR_INVALID_ARGUMENT if the length of @bytes does not match the
+ *   shape (nothing is allocated then)
+ *
+ * Since: 0.1
+ */
+GmlpGroupedTensor *
+gmlp_grouped_tensor_new_from_bytes (GmlpDevice    *device,
+                                    GmlpDType      dtype,
+                                    const gint64  *rows,
+                                    guint          n_groups,
+                                    gint64         cols,
+                                    GBytes        *bytes,
+                                    GError       **error)
+{
+  g_autoptr(GmlpGroupedTensor) self = NULL;
+  g_autofree guint8 *staging = NULL;
+  const guint8 *data;
+  gsize length, expected, row_bytes;
+  gint64 total_rows;
+  guint g;
+
+  g_return_val_if_fail (GMLP_IS_DEVICE (device), NULL);
+  g_return_val_if_fail (bytes != NULL, NULL);
+  g_return_val_if_fail (error == NULL || *error == NULL, NULL);
+
+  if (!check_common (device, dtype, n_groups, cols, error) ||
+      !check_rows (rows, n_groups, cols, dtype, &total_rows, error))
+    return NULL;
+
+  row_bytes = (gsize) cols * gmlp_dtype_get_size (dtype);
+  expected = (gsize) total_rows * row_bytes;
+  data = g_bytes_get_data (bytes, &length);
+  if (length != expected)
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
+                   "%" G_GSIZE_FORMAT " bytes given; %" G_GINT64_FORMAT " rows × %"
+                   G_GINT64_FORMAT " %s need %" G_GSIZE_FORMAT,
+                   length, total_rows, cols, gmlp_dtype_get_name (dtype), expected);
+      return NULL;
+    }
+
+  self = grouped_tensor_new_internal (device, dtype, rows, n_groups, cols, total_rows, error);
+  if (self == NULL)
+    return NULL;
+
+  if (has_padding (self))
+    {
+      /* Lay the members out with their padding on the host, then upload the
+       * whole span in one copy. */
+      const guint8 *src = data;
+
+      staging = g_malloc0 (self->nbytes);
+      for (g = 0; g < n_groups; g++)
+        {
+          gsize member = (gsize) rows[g] * row_bytes;
+          memcpy (staging + self->offsets[g], src, member);
+          src += member;
+        }
+      data = staging;
+    }
+
+  if (self->nbytes > 0 &&
+      !GMLP_DEVICE_CALL (device, upload, gmlp_grouped_tensor_get_data (self),
+                         data, has_padding (self) ? self->nbytes : expected, error))
+    return NULL;
+
+  return g_steal_pointer (&self);
+}
+
+/**
+ * gmlp_grouped_tensor_new_with_device_sizes:
+ * @device: the device to allocate on
+ * @dtype: the element type
+ * @sizes: a one-member INT64 tensor on @device holding the row count of each
+ *   group; it is referenced, not copied, so writing new sizes into it changes
+ *   the layout of the tensor
+ * @row_capacity: the largest total number of rows the groups may have
+ * @cols: the number of columns of every member
+ * @error: return location for a #GError
+ *
+ * Allocates a grouped tensor whose group sizes are known only on the device,
+ * for example as written by a router kernel. The number of groups is the
+ * number of elements of @sizes. Nothing on the host reads the sizes, so work
+ * on the tensor never waits for the device; the kernels clamp sizes that add
+ * up to more than @row_capacity.
+ *
+ * Returns: (transfer full): a new tensor, or %NULL with
+ *   %GMLP_ERROR_DTYPE_MISMATCH if @sizes is not INT64, or
+ *   %GMLP_ERROR_INVALID_ARGUMENT for a @sizes tensor on another device or of
+ *   several members, or a negative or absurd capacity
+ *
+ * Since: 0.1
+ */
+GmlpGroupedTensor *
+gmlp_grouped_tensor_new_with_device_sizes (GmlpDevice         *device,
+                                           GmlpDType           dtype,
+                                           GmlpGroupedTensor  *sizes,
+                                           gint64              row_capacity,
+                                           gint64              cols,
+                                           GError            **error)
+{
+  GmlpGroupedTensor *self;
+  gint64 n_sizes;
+
+  g_return_val_if_fail (GMLP_IS_DEVICE (device), NULL);
+  g_return_val_if_fail (GMLP_IS_GROUPED_TENSOR (sizes), NULL);
+  g_return_val_if_fail (error == NULL || *error == NULL, NULL);
+
+  if (sizes->dtype != GMLP_DTYPE_INT64)
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_DTYPE_MISMATCH,
+                   "Group sizes must be int64, not %s", gmlp_dtype_get_name (sizes->dtype));
+      return NULL;
+    }
+  if (sizes->device != device)
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
+                   "The group sizes are on %s, the tensor on %s",
+                   gmlp_device_get_name (sizes->device), gmlp_device_get_name (device));
+      return NULL;
+    }
+  if (sizes->rows == NULL || sizes->n_groups != 1)
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
+                   "The group sizes must be one contiguous member");
+      return NULL;
+    }
+
+  n_sizes = sizes->rows[0] * sizes->cols;
+  if (n_sizes > G_MAXUINT)
+    n_sizes = G_MAXUINT;
+  if (!check_common (device, dtype, (guint) n_sizes, cols, error))
+    return NULL;
+  if (row_capacity < 0 || row_capacity > MAX_ROWS ||
+      gmlp_grouped_tensor_layout_bytes ((guint) n_sizes, NULL, row_capacity,
+                                        (guint64) cols * gmlp_dtype_get_size (dtype)) > MAX_BYTES)
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
+                   "Invalid row capacity %" G_GINT64_FORMAT, row_capacity);
+      return NULL;
+    }
+
+  self = grouped_tensor_new_internal (device, dtype, NULL, (guint) n_sizes, cols,
+                                      row_capacity, error);
+  if (self != NULL)
+    self->sizes = g_object_ref (sizes);
+  return self;
+}
+
+gpointer
+gmlp_grouped_tensor_get_data (GmlpGroupedTensor *self)
+{
+  return (guint8 *) self->buffer->data + self->offset;
+}
+
+/**
+ * gmlp_grouped_tensor_get_sizes:
+ * @self: a #GmlpGroupedTensor
+ * @error: return location for a #GError
+ *
+ * Gets the group sizes as a device tensor: one member of `n_groups × 1`
+ * INT64 values. For a tensor with device-only sizes this is the tensor it
+ * was created with; for host sizes they are uploaded on the first call.
+ *
+ * Returns: (transfer none): the sizes tensor, or %NULL with an error
+ *
+ * Since: 0.1
+ */
+GmlpGroupedTensor *
+gmlp_grouped_tensor_get_sizes (GmlpGroupedTensor  *self,
+                               GError            **error)
+{
+  g_return_val_if_fail (GMLP_IS_GROUPED_TENSOR (self), NULL);
+  g_return_val_if_fail (error == NULL || *error == NULL, NULL);
+
+  if (self->sizes == NULL)
+    {
+      gint64 n = self->n_groups;
+      g_autoptr(GBytes) bytes = g_bytes_new (self->rows, sizeof (gint64) * self->n_groups);
+
+      self->sizes = gmlp_grouped_tensor_new_from_bytes (self->device, GMLP_DTYPE_INT64,
+                                                        &n, 1, 1, bytes, error);
+    }
+
+  return self->sizes;
+}
+
+gboolean
+gmlp_grouped_tensor_get_backend_shape (GmlpGroupedTensor  *self,
+                                       GmlpBackendShape   *shape,
+                                       GError            **error)
+{
+  GmlpGroupedTensor *sizes = gmlp_grouped_tensor_get_sizes (self, error);
+
+  if (sizes == NULL)
+    return FALSE;
+
+  shape->device_rows = gmlp_grouped_tensor_get_data (sizes);
+  shape->n_groups = self->n_groups;
+  shape->cols = self->cols;
+  shape->row_capacity = self->row_capacity;
+  return TRUE;
+}
+
+/**
+ * gmlp_grouped_tensor_read_sizes:
+ * @self: a #GmlpGroupedTensor
+ * @n_groups: (out): return location for the number of groups
+ * @error: return location for a #GError
+ *
+ * Reads the group sizes into host memory. For device-only sizes this waits
+ * for the device; the values are those after all work enqueued so far.
+ *
+ * Returns: (array length=n_groups) (transfer full): the row count of each
+ *   group, or %NULL with an error
+ *
+ * Since: 0.1
+ */
+gint64 *
+gmlp_grouped_tensor_read_sizes (GmlpGroupedTensor  *self,
+                                guint              *n_groups,
+                                GError            **error)
+{
+  gint64 *rows;
+
+  g_return_val_if_fail (GMLP_IS_GROUPED_TENSOR (self), NULL);
+  g_return_val_if_fail (n_groups != NULL, NULL);
+  g_return_val_if_fail (error == NULL || *error == NULL, NULL);
+
+  *n_groups = 0;
+  if (self->rows != NULL)
+    {
+      *n_groups = self->n_groups;
+      return g_memdup2 (self->rows, sizeof (gint64) * self->n_groups);
+    }
+
+  rows = g_new (gint64, self->n_groups);
+  if (!GMLP_DEVICE_CALL (self->device, download, rows,
+                         gmlp_grouped_tensor_get_data (self->sizes),
+                         sizeof (gint64) * self->n_groups, error))
+    {
+      g_free (rows);
+      return NULL;
+    }
+
+  *n_groups = self->n_groups;
+  return rows;
+}
+
+/**
+ * gmlp_grouped_tensor_to_bytes:
+ * @self: a #GmlpGroupedTensor
+ * @error: return location for a #GError
+ *
+ * Copies the tensor to the host: the members in order, each row-major, with
+ * no padding. Waits for the device. For device-only sizes, the sizes are read
+ * first (clamped to the row capacity, as the kernels clamp them).
+ *
+ * Returns: (transfer full): the data, or %NULL with an error
+ *
+ * Since: 0.1
+ */
+GBytes *
+gmlp_grouped_tensor_to_bytes (GmlpGroupedTensor  *self,
+                              GError            **error)
+{
+  g_autofree gint64 *rows = NULL;
+  g_autofree guint8 *host = NULL;
+  gsize row_bytes, packed, src_offset = 0, dst_offset = 0;
+  gint64 rows_left;
+  guint n_groups, g;
+
+  g_return_val_if_fail (GMLP_IS_GROUPED_TENSOR (self), NULL);
+  g_return_val_if_fail (error == NULL || *error == NULL, NULL);
+
+  rows = gmlp_grouped_tensor_read_sizes (self, &n_groups, error);
+  if (rows == NULL)
+    return NULL;
+
+  rows_left = self->row_capacity;
+  for (g = 0; g < n_groups; g++)
+    {
+      rows[g] = CLAMP (rows[g], 0, rows_left);
+      rows_left -= rows[g];
+    }
+
+  row_bytes = (gsize) self->cols * gmlp_dtype_get_size (self->dtype);
+  packed = packed_bytes (self, rows);
+  host = g_malloc (MAX (self->nbytes, 1));
+  if (self->nbytes > 0 &&
+      !GMLP_DEVICE_CALL (self->device, download, host,
+                         gmlp_grouped_tensor_get_data (self), self->nbytes, error))
+    return NULL;
+
+  /* Squeeze the padding out, in place: a member's packed position is never
+   * after its padded one. */
+  for (g = 0; g < n_groups; g++)
+    {
+      gsize member = (gsize) rows[g] * row_bytes;
+
+      if (member > 0 && dst_offset != src_offset)
+        memmove (host + dst_offset, host + src_offset, member);
+      dst_offset += member;
+      src_offset += gmlp_num_member_stride (rows[g], row_bytes);
+    }
+
+  return g_bytes_new_take (g_realloc (g_steal_pointer (&host), MAX (packed, 1)), packed);
+}
+
+/**
+ * gmlp_grouped_tensor_convert:
+ * @self: a #GmlpGroupedTensor
+ * @dtype: the element type of the result
+ * @error: return location for a #GError
+ *
+ * Converts every element to @dtype into a new tensor of the same group sizes
+ * on the same device, in one launch. Floating-point conversions round to
+ * nearest even and saturate FP8 as described for [enum@Gmlp.DType]; INT32 and
+ * INT64 convert to each other.
+ *
+ * Returns: (transfer full): the converted tensor, or %NULL with
+ *   %GMLP_ERROR_UNSUPPORTED for a conversion between integer and floating
+ *   types
+ *
+ * Since: 0.1
+ */
+GmlpGroupedTensor *
+gmlp_grouped_tensor_convert (GmlpGroupedTensor  *self,
+                             GmlpDType           dtype,
+                             GError            **error)
+{
+  g_autoptr(GmlpGroupedTensor) result = NULL;
+  GmlpBackendShape shape;
+
+  g_return_val_if_fail (GMLP_IS_GROUPED_TENSOR (self), NULL);
+  g_return_val_if_fail (error == NULL || *error == NULL, NULL);
+
+  if (!gmlp_dtype_can_convert (self->dtype, dtype))
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_UNSUPPORTED,
+                   "Cannot convert %s to %s", gmlp_dtype_get_name (self->dtype),
+                   gmlp_dtype_get_name (dtype));
+      return NULL;
+    }
+
+  if (!gmlp_grouped_tensor_get_backend_shape (self, &shape, error))
+    return NULL;
+
+  result = grouped_tensor_new_internal (self->device, dtype, self->rows, self->n_groups,
+                                        self->cols, self->row_capacity, error);
+  if (result == NULL)
+    return NULL;
+  if (self->rows == NULL)
+    result->sizes = g_object_ref (self->sizes);
+
+  if (!GMLP_DEVICE_CALL (self->device, convert, &shape,
+                         gmlp_grouped_tensor_get_data (self), (int) self->dtype,
+                         gmlp_grouped_tensor_get_data (result), (int) dtype, error))
+    return NULL;
+
+  return g_steal_pointer (&result);
+}
+
+/**
+ * gmlp_grouped_tensor_get_member:
+ * @self: a #GmlpGroupedTensor
+ * @index: the member
+ * @error: return location for a #GError
+ *
+ * Gets member @index as a one-group tensor that shares the storage of @self:
+ * writes through either are seen by the other.
+ *
+ * Returns: (transfer full): the view, or %NULL with
+ *   %GMLP_ERROR_INVALID_ARGUMENT if @index is out of range, or
+ *   %GMLP_ERROR_UNSUPPORTED when the sizes are only on the device
+ *
+ * Since: 0.1
+ */
+GmlpGroupedTensor *
+gmlp_grouped_tensor_get_member (GmlpGroupedTensor  *self,
+                                guint               index,
+                                GError            **error)
+{
+  GmlpGroupedTensor *view;
+
+  g_return_val_if_fail (GMLP_IS_GROUPED_TENSOR (self), NULL);
+  g_return_val_if_fail (error == NULL || *error == NULL, NULL);
+
+  if (index >= self->n_groups)
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
+                   "Member %u out of range: the tensor has %u", index, self->n_groups);
+      return NULL;
+    }
+  if (self->rows == NULL)
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_UNSUPPORTED,
+                   "Member views need the group sizes on the host; read them with "
+                   "gmlp_grouped_tensor_read_sizes() first");
+      return NULL;
+    }
+
+  view = g_object_new (GMLP_TYPE_GROUPED_TENSOR, NULL);
+  view->device = g_object_ref (self->device);
+  view->dtype = self->dtype;
+  view->n_groups = 1;
+  view->cols = self->cols;
+  view->row_capacity = self->rows[index];
+  view->rows = g_new (gint64, 1);
+  view->rows[0] = self->rows[index];
+  view->offsets = g_new0 (gint64, 1);
+  view->buffer = gmlp_buffer_ref (self->buffer);
+  view->offset = self->offset + (gsize) self->offsets[index];
+  view->nbytes = gmlp_num_member_stride (self->rows[index],
+                                         (guint64) self->cols * gmlp_dtype_get_size (self->dtype));
+  view->uniform = TRUE;
+  view->is_view = TRUE;
+
+  return view;
+}
+
+/**
+ * gmlp_grouped_tensor_fill_zero:
+ * @self: a #GmlpGroupedTensor
+ * @error: return location for a #GError
+ *
+ * Sets every byte of the tensor's storage (padding included) to zero,
+ * stream-ordered.
+ *
+ * Returns: %TRUE on success
+ *
+ * Since: 0.1
+ */
+gboolean
+gmlp_grouped_tensor_fill_zero (GmlpGroupedTensor  *self,
+                               GError            **error)
+{
+  g_return_val_if_fail (GMLP_IS_GROUPED_TENSOR (self), FALSE);
+  g_return_val_if_fail (error == NULL || *error == NULL, FALSE);
+
+  return GMLP_DEVICE_CALL (self->device, fill_bytes, gmlp_grouped_tensor_get_data (self),
+                           0, self->nbytes, error);
+}
+
+/**
+ * gmlp_grouped_tensor_fill_random:
+ * @self: a #GmlpGroupedTensor
+ * @seed: the seed
+ * @scale: the half-width of the distribution
+ * @error: return location for a #GError
+ *
+ * Fills the tensor with values drawn uniformly from [-@scale, @scale), for
+ * demos, initialisation and tests. The values depend only on @seed and the
+ * element's position in the tensor's storage, so every backend produces the
+ * same tensor.
+ *
+ * Returns: %TRUE on success; %FALSE with %GMLP_ERROR_UNSUPPORTED for integer
+ *   tensors, or %GMLP_ERROR_INVALID_ARGUMENT for a scale that is negative or
+ *   not finite
+ *
+ * Since: 0.1
+ */
+gboolean
+gmlp_grouped_tensor_fill_random (GmlpGroupedTensor  *self,
+                                 guint64             seed,
+                                 double              scale,
+                                 GError            **error)
+{
+  gsize elem;
+
+  g_return_val_if_fail (GMLP_IS_GROUPED_TENSOR (self), FALSE);
+  g_return_val_if_fail (error == NULL || *error == NULL, FALSE);
+
+  if (!gmlp_dtype_is_floating (self->dtype))
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_UNSUPPORTED,
+                   "Random fill needs a floating-point tensor, not %s",
+                   gmlp_dtype_get_name (self->dtype));
+      return FALSE;
+    }
+  if (!(scale >= 0.0 && scale <= G_MAXFLOAT))
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
+                   "The scale must be finite and not negative, not %g", scale);
+      return FALSE;
+    }
+
+  elem = gmlp_dtype_get_size (self->dtype);
+  return GMLP_DEVICE_CALL (self->device, fill_random, gmlp_grouped_tensor_get_data (self),
+                           (int) self->dtype, self->nbytes / elem, seed, (float) scale, error);
+}
+
+/**
+ * gmlp_grouped_tensor_get_device:
+ * @self: a #GmlpGroupedTensor
+ *
+ * Returns: (transfer none): the device holding the storage
+ *
+ * Since: 0.1
+ */
+GmlpDevice *
+gmlp_grouped_tensor_get_device (GmlpGroupedTensor *self)
+{
+  g_return_val_if_fail (GMLP_IS_GROUPED_TENSOR (self), NULL);
+
+  return self->device;
+}
+
+/**
+ * gmlp_grouped_tensor_get_dtype:
+ * @self: a #GmlpGroupedTensor
+ *
+ * Returns: the element type
+ *
+ * Since: 0.1
+ */
+GmlpDType
+gmlp_grouped_tensor_get_dtype (GmlpGroupedTensor *self)
+{
+  g_return_val_if_fail (GMLP_IS_GROUPED_TENSOR (self), GMLP_DTYPE_FLOAT32);
+
+  return self->dtype;
+}
+
+/**
+ * gmlp_grouped_tensor_get_n_groups:
+ * @self: a #GmlpGroupedTensor
+ *
+ * Returns: the number of members
+ *
+ * Since: 0.1
+ */
+guint
+gmlp_grouped_tensor_get_n_groups (GmlpGroupedTensor *self)
+{
+  g_return_val_if_fail (GMLP_IS_GROUPED_TENSOR (self), 0);
+
+  return self->n_groups;
+}
+
+/**
+ * gmlp_grouped_tensor_get_cols:
+ * @self: a #GmlpGroupedTensor
+ *
+ * Returns: the number of columns of every member
+ *
+ * Since: 0.1
+ */
+gint64
+gmlp_grouped_tensor_get_cols (GmlpGroupedTensor *self)
+{
+  g_return_val_if_fail (GMLP_IS_GROUPED_TENSOR (self), 0);
+
+  return self->cols;
+}
+
+/**
+ * gmlp_grouped_tensor_get_rows:
+ * @self: a #GmlpGroupedTensor
+ * @index: the member
+ *
+ * Returns: the number of rows of member @index, or -1 when the sizes are
+ *   only on the device (see [method@Gmlp.GroupedTensor.read_sizes])
+ *
+ * Since: 0.1
+ */
+gint64
+gmlp_grouped_tensor_get_rows (GmlpGroupedTensor *self,
+                              guint              index)
+{
+  g_return_val_if_fail (GMLP_IS_GROUPED_TENSOR (self), -1);
+  g_return_val_if_fail (index < self->n_groups, -1);
+
+  return self->rows != NULL ? self->rows[index] : -1;
+}
+
+/**
+ * gmlp_grouped_tensor_get_total_rows:
+ * @self: a #GmlpGroupedTensor
+ *
+ * Returns: the sum of the group sizes, or -1 when they are only on the
+ *   device
+ *
+ * Since: 0.1
+ */
+gint64
+gmlp_grouped_tensor_get_total_rows (GmlpGroupedTensor *self)
+{
+  g_return_val_if_fail (GMLP_IS_GROUPED_TENSOR (self), -1);
+
+  return self->rows != NULL ? self->row_capacity : -1;
+}
+
+/**
+ * gmlp_grouped_tensor_get_row_capacity:
+ * @self: a #GmlpGroupedTensor
+ *
+ * Returns: the number of rows the storage holds over all members
+ *
+ * Since: 0.1
+ */
+gint64
+gmlp_grouped_tensor_get_row_capacity (GmlpGroupedTensor *self)
+{
+  g_return_val_if_fail (GMLP_IS_GROUPED_TENSOR (self), 0);
+
+  return self->row_capacity;
+}
+
+/**
+ * gmlp_grouped_tensor_get_member_offset:
+ * @self: a #GmlpGroupedTensor
+ * @index: the member
+ *
+ * Returns: the byte offset of member @index from the start of the tensor, a
+ *   multiple of %GMLP_MEMBER_ALIGNMENT, or -1 when the sizes are only on the
+ *   device
+ *
+ * Since: 0.1
+ */
+gint64
+gmlp_grouped_tensor_get_member_offset (GmlpGroupedTensor *self,
+                                       guint              index)
+{
+  g_return_val_if_fail (GMLP_IS_GROUPED_TENSOR (self), -1);
+  g_return_val_if_fail (index < self->n_groups, -1);
+
+  return self->offsets != NULL ? self->offsets[index] : -1;
+}
+
+/**
+ * gmlp_grouped_tensor_get_nbytes:
+ * @self: a #GmlpGroupedTensor
+ *
+ * Returns: the bytes of storage the tensor spans, padding included
+ *
+ * Since: 0.1
+ */
+gsize
+gmlp_grouped_tensor_get_nbytes (GmlpGroupedTensor *self)
+{
+  g_return_val_if_fail (GMLP_IS_GROUPED_TENSOR (self), 0);
+
+  return self->nbytes;
+}
+
+/**
+ * gmlp_grouped_tensor_has_host_sizes:
+ * @self: a #GmlpGroupedTensor
+ *
+ * Returns: %TRUE if the group sizes are known on the host
+ *
+ * Since: 0.1
+ */
+gboolean
+gmlp_grouped_tensor_has_host_sizes (GmlpGroupedTensor *self)
+{
+  g_return_val_if_fail (GMLP_IS_GROUPED_TENSOR (self), FALSE);
+
+  return self->rows != NULL;
+}
+
+/**
+ * gmlp_grouped_tensor_is_uniform:
+ * @self: a #GmlpGroupedTensor
+ *
+ * Returns: %TRUE if every member has the same number of rows
+ *
+ * Since: 0.1
+ */
+gboolean
+gmlp_grouped_tensor_is_uniform (GmlpGroupedTensor *self)
+{
+  g_return_val_if_fail (GMLP_IS_GROUPED_TENSOR (self), FALSE);
+
+  return self->uniform;
+}
+
+/**
+ * gmlp_grouped_tensor_is_view:
+ * @self: a #GmlpGroupedTensor
+ *
+ * Returns: %TRUE if @self is a member view sharing another tensor's storage
+ *
+ * Since: 0.1
+ */
+gboolean
+gmlp_grouped_tensor_is_view (GmlpGroupedTensor *self)
+{
+  g_return_val_if_fail (GMLP_IS_GROUPED_TENSOR (self), FALSE);
+
+  return self->is_view;
+}

@@ -1,0 +1,16 @@
+/* gmlp.h: the libgmlp umbrella header
+ *
+ * SPDX-License-Identifier: LGPL-2.1-or-later
+ */
+
+#pragma once
+
+#define GMLP_INSIDE
+# include "gmlp-version.h"
+# include "gmlp-version-macros.h"
+# include "gmlp-enum-types.h"
+# include "gmlp-error.h"
+# include "gmlp-dtype.h"
+# include "gmlp-device.h"
+# include "gmlp-grouped-tensor.h"
+#undef GMLP_INSIDE

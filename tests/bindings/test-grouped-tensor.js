@@ -1,0 +1,62 @@
+// gjs binding test: a grouped tensor built from bytes and read back.
+//
+// SPDX-License-Identifier: LGPL-2.1-or-later
+
+import GLib from 'gi://GLib';
+import Gmlp from 'gi://Gmlp?version=1.0';
+import System from 'system';
+
+const results = [];
+function check(name, fn) {
+    try {
+        fn();
+        results.push(['ok', name, '']);
+    } catch (e) {
+        results.push(['not ok', name, String(e)]);
+    }
+}
+function assert(cond, what) {
+    if (!cond)
+        throw new Error(`assertion failed: ${what}`);
+}
+
+check('round-trip', () => {
+    const dev = Gmlp.Device.new(Gmlp.DeviceKind.CPU, 0);
+    const rows = [3, 0, 5, 1];
+    const cols = 7;
+    const n = rows.reduce((a, b) => a + b) * cols;
+    const values = new Float32Array(n);
+    for (let i = 0; i < n; i++)
+        values[i] = (Math.random() - 0.5) * 10;
+    const data = new Uint8Array(values.buffer);
+    const t = Gmlp.GroupedTensor.new_from_bytes(dev, Gmlp.DType.FLOAT32, rows, cols,
+        new GLib.Bytes(data));
+    assert(t.get_n_groups() === 4, 'n_groups');
+    assert(t.get_total_rows() === 9, 'total rows');
+    assert(t.get_member_offset(2) % 256 === 0, 'alignment');
+    const out = t.to_bytes().toArray();
+    assert(out.length === data.length, 'length');
+    for (let i = 0; i < data.length; i++)
+        assert(out[i] === data[i], `byte ${i}`);
+    const member = t.get_member(2);
+    const back = new Float32Array(member.to_bytes().toArray().buffer);
+    for (let i = 0; i < 5 * cols; i++)
+        assert(back[i] === values[3 * cols + i], `member value ${i}`);
+});
+
+check('errors', () => {
+    const dev = Gmlp.Device.new(Gmlp.DeviceKind.CPU, 0);
+    let threw = false;
+    try {
+        Gmlp.GroupedTensor.new_from_bytes(dev, Gmlp.DType.FLOAT32, [2], 0,
+            new GLib.Bytes(new Uint8Array(0)));
+    } catch (e) {
+        threw = e.matches(Gmlp.error_quark(), Gmlp.Error.INVALID_ARGUMENT);
+    }
+    assert(threw, 'cols = 0 raises INVALID_ARGUMENT');
+});
+
+print(`1..${results.length}`);
+results.forEach(([status, name, why], i) =>
+    print(`${status} ${i + 1} /Gmlp/JS/${name}${why ? ` # ${why}` : ''}`));
+System.exit(results.every(r => r[0] === 'ok') ? 0 : 1);

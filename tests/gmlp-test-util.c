@@ -1,0 +1,185 @@
+/* gmlp-test-util.c
+ *
+ * SPDX-License-Identifier: LGPL-2.1-or-later
+ */
+
+#include <math.h>
+#include <string.h>
+
+#include "gmlp-test-util.h"
+
+GmlpDevice *
+gmlp_test_device_or_skip (void)
+{
+  g_autoptr(GError) error = NULL;
+  const char *spec = g_getenv ("GMLP_TEST_DEVICE");
+  GmlpDevice *device;
+
+  if (spec == NULL || spec[0] == '\0')
+    spec = "cpu";
+
+  device = gmlp_device_new_from_string (spec, &error);
+  if (device == NULL)
+    {
+      g_autofree char *msg = g_strdup_printf ("device %s not usable: %s", spec, error->message);
+      g_assert_error (error, GMLP_ERROR, GMLP_ERROR_NO_DEVICE);
+      g_test_skip (msg);
+    }
+  return device;
+}
+
+static const GmlpTestFormat formats[] = {
+  [GMLP_DTYPE_FLOAT32]     = { "float32",  23, -126, 3.4028234663852886e38, FALSE },
+  [GMLP_DTYPE_FLOAT16]     = { "float16",  10, -14,  65504.0,               FALSE },
+  [GMLP_DTYPE_BFLOAT16]    = { "bfloat16", 7,  -126, 3.3895313892515355e38, FALSE },
+  [GMLP_DTYPE_FLOAT8_E4M3] = { "e4m3",     3,  -6,   448.0,                 TRUE },
+  [GMLP_DTYPE_FLOAT8_E5M2] = { "e5m2",     2,  -14,  57344.0,               TRUE },
+};
+
+const GmlpTestFormat *
+gmlp_test_format (GmlpDType dtype)
+{
+  g_assert_true (gmlp_dtype_is_floating (dtype));
+  return &formats[dtype];
+}
+
+double
+gmlp_test_round (double x, GmlpDType dtype)
+{
+  const GmlpTestFormat *f = gmlp_test_format (dtype);
+  double quantum, r;
+  int e;
+
+  if (isnan (x))
+    return x;
+  if (isinf (x))
+    return f->saturate ? copysign (f->max, x) : x;
+  if (x == 0.0)
+    return x;
+
+  frexp (x, &e);                       /* |x| = m * 2^e, m in [0.5, 1) */
+  quantum = ldexp (1.0, MAX (e - 1, f->emin) - f->mbits);
+  r = nearbyint (x / quantum) * quantum;   /* default rounding: nearest even */
+  if (fabs (r) > f->max)
+    r = f->saturate ? copysign (f->max, x) : copysign (INFINITY, x);
+  if (r == 0.0)
+    r = copysign (0.0, x);
+  return r;
+}
+
+static double
+decode_bits (guint32 bits, int ebits, int mbits, gboolean ieee_specials, gboolean e4m3)
+{
+  int sign = (bits >> (ebits + mbits)) & 1;
+  int e = (bits >> mbits) & ((1 << ebits) - 1);
+  guint32 m = bits & ((1u << mbits) - 1);
+  int bias = (1 << (ebits - 1)) - 1;
+  double v;
+
+  if (ieee_specials && e == (1 << ebits) - 1)
+    v = m ? NAN : INFINITY;
+  else if (e4m3 && e == 15 && m == 7)
+    v = NAN;
+  else if (e == 0)
+    v = ldexp ((double) m, 1 - bias - mbits);
+  else
+    v = ldexp (1.0 + ldexp ((double) m, -mbits), e - bias);
+  return sign ? -v : v;
+}
+
+double
+gmlp_test_decode (gconstpointer data, GmlpDType dtype, gsize i)
+{
+  switch (dtype)
+    {
+    case GMLP_DTYPE_FLOAT32: return ((const float *) data)[i];
+    case GMLP_DTYPE_FLOAT16: return decode_bits (((const guint16 *) data)[i], 5, 10, TRUE, FALSE);
+    case GMLP_DTYPE_BFLOAT16: return decode_bits (((const guint16 *) data)[i], 8, 7, TRUE, FALSE);
+    case GMLP_DTYPE_FLOAT8_E4M3: return decode_bits (((const guint8 *) data)[i], 4, 3, FALSE, TRUE);
+    case GMLP_DTYPE_FLOAT8_E5M2: return decode_bits (((const guint8 *) data)[i], 5, 2, TRUE, FALSE);
+    case GMLP_DTYPE_INT32: return ((const gint32 *) data)[i];
+    case GMLP_DTYPE_INT64: return (double) ((const gint64 *) data)[i];
+    default: g_assert_not_reached ();
+    }
+}
+
+static double
+random_normal (void)
+{
+  double u1 = g_test_rand_double_range (1e-12, 1.0), u2 = g_test_rand_double ();
+  return sqrt (-2.0 * log (u1)) * cos (2.0 * G_PI * u2);
+}
+
+static double
+random_value (double scale, gboolean specials)
+{
+  static const double special_values[] = {
+    NAN, -NAN, INFINITY, -INFINITY, 0.0, -0.0, 448.0, 464.0, 465.0, 500.0, -1e6,
+    57344.0, 61440.0, 65504.0, 65520.0, 70000.0, 1e-7, 6e-8, 2.9802322387695312e-8,
+    0.001953125, 0.0009765625, 1.52587890625e-05, 1e-40, -1e-45,
+  };
+  int pick = g_test_rand_int_range (0, 100);
+
+  if (specials && pick < 8)
+    return special_values[g_test_rand_int_range (0, G_N_ELEMENTS (special_values))];
+  if (pick < 12)
+    return 0.0;
+  if (specials && pick < 30)
+    /* Spread over many binades, into every format's subnormals. */
+    return (g_test_rand_bit () ? -1 : 1) * ldexp (g_test_rand_double_range (1.0, 2.0),
+                                                  g_test_rand_int_range (-30, 20));
+  return random_normal () * scale;
+}
+
+GBytes *
+gmlp_test_random_bytes (GmlpDType dtype, gsize n, double scale, gboolean specials)
+{
+  gsize elem = gmlp_dtype_get_size (dtype);
+  guint8 *data = g_malloc (MAX (n * elem, 1));
+  gsize i;
+
+  for (i = 0; i < n; i++)
+    {
+      double v = random_value (scale, specials);
+      float f = (float) v;
+
+      switch (dtype)
+        {
+        case GMLP_DTYPE_FLOAT32: ((float *) data)[i] = f; break;
+        /* Raw random bit patterns exercise every encoding of the small types. */
+        case GMLP_DTYPE_FLOAT16:
+        case GMLP_DTYPE_BFLOAT16:
+          ((guint16 *) data)[i] = specials ? (guint16) g_test_rand_int_range (0, 65536)
+                                           : gmlp_dtype_float_to_bfloat16 (f);
+          if (!specials && dtype == GMLP_DTYPE_FLOAT16)
+            ((guint16 *) data)[i] = gmlp_dtype_float_to_half (f);
+          break;
+        case GMLP_DTYPE_FLOAT8_E4M3:
+          ((guint8 *) data)[i] = specials ? (guint8) g_test_rand_int_range (0, 256)
+                                          : gmlp_dtype_float_to_e4m3 (f);
+          break;
+        case GMLP_DTYPE_FLOAT8_E5M2:
+          ((guint8 *) data)[i] = specials ? (guint8) g_test_rand_int_range (0, 256)
+                                          : gmlp_dtype_float_to_e5m2 (f);
+          break;
+        case GMLP_DTYPE_INT32: ((gint32 *) data)[i] = (gint32) g_test_rand_int (); break;
+        case GMLP_DTYPE_INT64:
+          ((gint64 *) data)[i] = (gint64) (((guint64) (guint32) g_test_rand_int () << 32) |
+                                           (guint32) g_test_rand_int ());
+          break;
+        default: g_assert_not_reached ();
+        }
+    }
+  return g_bytes_new_take (data, n * elem);
+}
+
+gint64 *
+gmlp_test_random_rows (guint n_groups, gint64 max_rows)
+{
+  gint64 *rows = g_new (gint64, n_groups);
+  guint g;
+
+  for (g = 0; g < n_groups; g++)
+    rows[g] = g_test_rand_int_range (0, 5) == 0 ? 0 : g_test_rand_int_range (0, (gint32) max_rows + 1);
+  return rows;
+}

@@ -1,0 +1,48 @@
+/* gmlp-test-util.h: shared helpers of the C test suites
+ *
+ * SPDX-License-Identifier: LGPL-2.1-or-later
+ */
+
+#pragma once
+
+#include <gmlp.h>
+
+G_BEGIN_DECLS
+
+/* The device a suite runs on: GMLP_TEST_DEVICE=cpu (default) or cuda. NULL,
+ * after g_test_skip(), when that device is not usable here. */
+GmlpDevice *gmlp_test_device_or_skip   (void);
+
+/* Independent float64 models of the storage formats, for references. */
+typedef struct {
+  const char *name;
+  int         mbits;      /* stored mantissa bits */
+  int         emin;       /* exponent of the smallest normal */
+  double      max;        /* largest finite value */
+  gboolean    saturate;   /* FP8: overflow gives ±max; else ±inf */
+} GmlpTestFormat;
+
+const GmlpTestFormat *gmlp_test_format        (GmlpDType dtype);
+/* x rounded to the format, nearest even, as a double (NaN stays NaN). */
+double      gmlp_test_round               (double x, GmlpDType dtype);
+/* Decodes element i of a host array of dtype to double, independently of the
+ * library's decoders. */
+double      gmlp_test_decode              (gconstpointer data, GmlpDType dtype, gsize i);
+/* Random packed host data for a tensor: normal values of the given scale
+ * (floating types), with some zeros and, if specials, NaN/±Inf/±0 and values
+ * past the range of FP8 and FP16. */
+GBytes     *gmlp_test_random_bytes        (GmlpDType dtype, gsize n_elements, double scale,
+                                           gboolean specials);
+/* n_groups random sizes in [0, max_rows], with about one in five empty. */
+gint64     *gmlp_test_random_rows         (guint n_groups, gint64 max_rows);
+
+/* Asserts that two doubles agree: both NaN, or equal including the sign of
+ * zero. */
+#define gmlp_assert_same_value(a, b, what, index) \
+  G_STMT_START { \
+    double _a = (a), _b = (b); \
+    if (!((isnan (_a) && isnan (_b)) || (_a == _b && signbit (_a) == signbit (_b)))) \
+      g_error ("%s [%" G_GSIZE_FORMAT "]: got %.9g, expected %.9g", (what), (gsize) (index), _a, _b); \
+  } G_STMT_END
+
+G_END_DECLS

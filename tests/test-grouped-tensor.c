@@ -1,0 +1,612 @@
+/* test-grouped-tensor.c
+ *
+ * SPDX-License-Identifier: LGPL-2.1-or-later
+ */
+
+#include <math.h>
+#include <string.h>
+
+#include "gmlp-test-util.h"
+#include "gmlp-grouped-tensor-private.h"
+
+static const GmlpDType all_dtypes[] = {
+  GMLP_DTYPE_FLOAT32, GMLP_DTYPE_FLOAT16, GMLP_DTYPE_BFLOAT16, GMLP_DTYPE_FLOAT8_E4M3,
+  GMLP_DTYPE_FLOAT8_E5M2, GMLP_DTYPE_INT32, GMLP_DTYPE_INT64,
+};
+
+static gint64
+sum_rows (const gint64 *rows, guint n)
+{
+  gint64 total = 0;
+  guint g;
+
+  for (g = 0; g < n; g++)
+    total += rows[g];
+  return total;
+}
+
+static GmlpGroupedTensor *
+upload (GmlpDevice *device, GmlpDType dtype, const gint64 *rows, guint n, gint64 cols,
+        GBytes *bytes)
+{
+  g_autoptr(GError) error = NULL;
+  GmlpGroupedTensor *t = gmlp_grouped_tensor_new_from_bytes (device, dtype, rows, n, cols,
+                                                             bytes, &error);
+  g_assert_no_error (error);
+  g_assert_nonnull (t);
+  return t;
+}
+
+static GBytes *
+download (GmlpGroupedTensor *t)
+{
+  g_autoptr(GError) error = NULL;
+  GBytes *bytes = gmlp_grouped_tensor_to_bytes (t, &error);
+  g_assert_no_error (error);
+  g_assert_nonnull (bytes);
+  return bytes;
+}
+
+static void
+assert_bytes_equal (GBytes *a, GBytes *b)
+{
+  gsize la, lb;
+  const guint8 *pa = g_bytes_get_data (a, &la), *pb = g_bytes_get_data (b, &lb);
+
+  g_assert_cmpuint (la, ==, lb);
+  if (la > 0 && memcmp (pa, pb, la) != 0)
+    {
+      gsize i;
+      for (i = 0; i < la && pa[i] == pb[i]; i++)
+        ;
+      g_error ("bytes differ first at %" G_GSIZE_FORMAT ": %02x != %02x", i, pa[i], pb[i]);
+    }
+}
+
+/* bytes in -> device -> bytes out, bit for bit, for every dtype, shapes with
+ * padding and empty groups. */
+static void
+test_round_trip (void)
+{
+  g_autoptr(GmlpDevice) device = gmlp_test_device_or_skip ();
+  guint k, iter;
+
+  if (device == NULL)
+    return;
+
+  for (k = 0; k < G_N_ELEMENTS (all_dtypes); k++)
+    for (iter = 0; iter < 12; iter++)
+      {
+        GmlpDType dtype = all_dtypes[k];
+        guint n = g_test_rand_int_range (1, 10);
+        gint64 cols = g_test_rand_int_range (1, 300);
+        g_autofree gint64 *rows = gmlp_test_random_rows (n, 40);
+        gsize n_elem = (gsize) sum_rows (rows, n) * cols;
+        g_autoptr(GBytes) in = gmlp_test_random_bytes (dtype, n_elem, 1.0, TRUE);
+        g_autoptr(GmlpGroupedTensor) t = upload (device, dtype, rows, n, cols, in);
+        g_autoptr(GBytes) out = download (t);
+        guint g;
+
+        g_assert_cmpint (gmlp_grouped_tensor_get_dtype (t), ==, dtype);
+        g_assert_cmpuint (gmlp_grouped_tensor_get_n_groups (t), ==, n);
+        g_assert_cmpint (gmlp_grouped_tensor_get_cols (t), ==, cols);
+        g_assert_cmpint (gmlp_grouped_tensor_get_total_rows (t), ==, sum_rows (rows, n));
+        g_assert_true (gmlp_grouped_tensor_get_device (t) == device);
+        g_assert_true (gmlp_grouped_tensor_has_host_sizes (t));
+        for (g = 0; g < n; g++)
+          g_assert_cmpint (gmlp_grouped_tensor_get_rows (t, g), ==, rows[g]);
+        assert_bytes_equal (in, out);
+      }
+}
+
+/* Every member starts on a 256-byte boundary of device memory, members do not
+ * overlap, and the span covers them all. */
+static void
+test_alignment (void)
+{
+  g_autoptr(GmlpDevice) device = gmlp_test_device_or_skip ();
+  guint iter;
+
+  if (device == NULL)
+    return;
+
+  for (iter = 0; iter < 50; iter++)
+    {
+      GmlpDType dtype = all_dtypes[g_test_rand_int_range (0, G_N_ELEMENTS (all_dtypes))];
+      guint n = g_test_rand_int_range (1, 20);
+      gint64 cols = g_test_rand_int_range (1, 200);
+      g_autofree gint64 *rows = gmlp_test_random_rows (n, 33);
+      g_autoptr(GmlpGroupedTensor) t = gmlp_grouped_tensor_new (device, dtype, rows, n, cols, NULL);
+      gsize row_bytes = cols * gmlp_dtype_get_size (dtype);
+      gint64 end = 0;
+      guint g;
+
+      g_assert_nonnull (t);
+      g_assert_cmpuint (GPOINTER_TO_SIZE (gmlp_grouped_tensor_get_data (t)) % GMLP_MEMBER_ALIGNMENT, ==, 0);
+      for (g = 0; g < n; g++)
+        {
+          gint64 offset = gmlp_grouped_tensor_get_member_offset (t, g);
+          g_autoptr(GmlpGroupedTensor) view = gmlp_grouped_tensor_get_member (t, g, NULL);
+
+          g_assert_cmpint (offset % GMLP_MEMBER_ALIGNMENT, ==, 0);
+          g_assert_cmpint (offset, >=, end);
+          end = offset + rows[g] * (gint64) row_bytes;
+          g_assert_cmpuint (GPOINTER_TO_SIZE (gmlp_grouped_tensor_get_data (view)) % GMLP_MEMBER_ALIGNMENT, ==, 0);
+          g_assert_true ((guint8 *) gmlp_grouped_tensor_get_data (view) ==
+                         (guint8 *) gmlp_grouped_tensor_get_data (t) + offset);
+        }
+      g_assert_cmpint (end, <=, (gint64) gmlp_grouped_tensor_get_nbytes (t));
+      if (row_bytes % GMLP_MEMBER_ALIGNMENT == 0)
+        g_assert_cmpint (gmlp_grouped_tensor_get_nbytes (t), ==, sum_rows (rows, n) * row_bytes);
+    }
+}
+
+/* Member views alias the parent's storage, both ways, and outlive it. */
+static void
+test_views (void)
+{
+  g_autoptr(GmlpDevice) device = gmlp_test_device_or_skip ();
+  guint iter;
+
+  if (device == NULL)
+    return;
+
+  for (iter = 0; iter < 10; iter++)
+    {
+      GmlpDType dtype = all_dtypes[g_test_rand_int_range (0, 5)];
+      gsize elem = gmlp_dtype_get_size (dtype);
+      guint n = g_test_rand_int_range (2, 8);
+      gint64 cols = g_test_rand_int_range (1, 100);
+      g_autofree gint64 *rows = gmlp_test_random_rows (n, 20);
+      g_autoptr(GBytes) in = gmlp_test_random_bytes (dtype, sum_rows (rows, n) * cols, 1.0, FALSE);
+      GmlpGroupedTensor *t = upload (device, dtype, rows, n, cols, in);
+      guint zeroed = g_test_rand_int_range (0, n);
+      g_autoptr(GmlpGroupedTensor) view = NULL;
+      g_autoptr(GBytes) out = NULL;
+      g_autoptr(GBytes) view_out = NULL;
+      const guint8 *pin, *pout;
+      gsize offset = 0, len;
+      guint g;
+
+      for (g = 0; g < n; g++)
+        {
+          g_autoptr(GmlpGroupedTensor) member = gmlp_grouped_tensor_get_member (t, g, NULL);
+          g_autoptr(GBytes) member_out = download (member);
+          g_autoptr(GBytes) slice = g_bytes_new_from_bytes (in, offset, rows[g] * cols * elem);
+
+          g_assert_true (gmlp_grouped_tensor_is_view (member));
+          g_assert_cmpuint (gmlp_grouped_tensor_get_n_groups (member), ==, 1);
+          g_assert_cmpint (gmlp_grouped_tensor_get_rows (member, 0), ==, rows[g]);
+          assert_bytes_equal (member_out, slice);
+          offset += rows[g] * cols * elem;
+        }
+
+      /* Writing through a view changes that member of the parent only. */
+      view = gmlp_grouped_tensor_get_member (t, zeroed, NULL);
+      g_assert_true (gmlp_grouped_tensor_fill_zero (view, NULL));
+      out = download (t);
+      pin = g_bytes_get_data (in, NULL);
+      pout = g_bytes_get_data (out, &len);
+      offset = 0;
+      for (g = 0; g < n; g++)
+        {
+          gsize member = rows[g] * cols * elem, i;
+
+          for (i = 0; i < member; i++)
+            g_assert_cmpuint (pout[offset + i], ==, g == zeroed ? 0 : pin[offset + i]);
+          offset += member;
+        }
+
+      /* And writing the parent shows through the view, which outlives it. */
+      g_assert_true (gmlp_grouped_tensor_fill_random (t, 7, 1.0, NULL));
+      g_clear_object (&t);
+      view_out = download (view);
+      if (rows[zeroed] > 0 && gmlp_dtype_is_floating (dtype))
+        {
+          gboolean all_zero = TRUE;
+          const guint8 *pv = g_bytes_get_data (view_out, &len);
+          gsize i;
+
+          for (i = 0; i < len; i++)
+            all_zero = all_zero && pv[i] == 0;
+          g_assert_false (all_zero);
+        }
+    }
+}
+
+static void
+test_uniform (void)
+{
+  g_autoptr(GmlpDevice) device = gmlp_test_device_or_skip ();
+  g_autoptr(GmlpGroupedTensor) w = NULL;
+  g_autoptr(GmlpGroupedTensor) empty = NULL;
+  gint64 rows[] = { 3, 4 };
+  g_autoptr(GmlpGroupedTensor) ragged = NULL;
+  guint g;
+
+  if (device == NULL)
+    return;
+
+  w = gmlp_grouped_tensor_new_uniform (device, GMLP_DTYPE_BFLOAT16, 5, 7, 24, NULL);
+  g_assert_nonnull (w);
+  g_assert_true (gmlp_grouped_tensor_is_uniform (w));
+  g_assert_false (gmlp_grouped_tensor_is_view (w));
+  for (g = 0; g < 5; g++)
+    {
+      g_assert_cmpint (gmlp_grouped_tensor_get_rows (w, g), ==, 7);
+      g_assert_cmpint (gmlp_grouped_tensor_get_member_offset (w, g), ==, g * 512);
+    }
+  g_assert_cmpint (gmlp_grouped_tensor_get_total_rows (w), ==, 35);
+
+  empty = gmlp_grouped_tensor_new_uniform (device, GMLP_DTYPE_FLOAT32, 3, 0, 8, NULL);
+  g_assert_nonnull (empty);
+  g_assert_cmpint (gmlp_grouped_tensor_get_total_rows (empty), ==, 0);
+
+  ragged = gmlp_grouped_tensor_new (device, GMLP_DTYPE_FLOAT32, rows, 2, 8, NULL);
+  g_assert_false (gmlp_grouped_tensor_is_uniform (ragged));
+}
+
+/* Checks dst = convert(src) element by element against the float64 model. */
+static void
+check_conversion (GBytes *src, GmlpDType src_dtype, GBytes *dst, GmlpDType dst_dtype)
+{
+  gsize n = g_bytes_get_size (src) / gmlp_dtype_get_size (src_dtype), i;
+  const guint8 *ps = g_bytes_get_data (src, NULL), *pd = g_bytes_get_data (dst, NULL);
+
+  g_assert_cmpuint (g_bytes_get_size (dst), ==, n * gmlp_dtype_get_size (dst_dtype));
+  for (i = 0; i < n; i++)
+    {
+      double want;
+
+      if (src_dtype == dst_dtype)
+        {
+          /* Identity: a copy, infinities and NaN payloads included. */
+          want = gmlp_test_decode (ps, src_dtype, i);
+        }
+      else if (gmlp_dtype_is_floating (src_dtype))
+        {
+          /* Through float first, as the library converts (exact for every
+           * source type but float32 itself). */
+          want = gmlp_test_round ((float) gmlp_test_decode (ps, src_dtype, i), dst_dtype);
+        }
+      else if (dst_dtype == GMLP_DTYPE_INT32 && src_dtype == GMLP_DTYPE_INT64)
+        {
+          want = (gint32) ((const gint64 *) ps)[i];
+        }
+      else
+        {
+          want = gmlp_test_decode (ps, src_dtype, i);
+        }
+      gmlp_assert_same_value (gmlp_test_decode (pd, dst_dtype, i), want,
+                              gmlp_dtype_get_name (dst_dtype), i);
+    }
+}
+
+static void
+test_convert (void)
+{
+  g_autoptr(GmlpDevice) device = gmlp_test_device_or_skip ();
+  guint a, b;
+
+  if (device == NULL)
+    return;
+
+  for (a = 0; a < G_N_ELEMENTS (all_dtypes); a++)
+    for (b = 0; b < G_N_ELEMENTS (all_dtypes); b++)
+      {
+        GmlpDType from = all_dtypes[a], to = all_dtypes[b];
+        guint n = g_test_rand_int_range (1, 12);
+        gint64 cols = g_test_rand_int_range (1, 150);
+        g_autofree gint64 *rows = gmlp_test_random_rows (n, 30);
+        g_autoptr(GBytes) in = NULL;
+        g_autoptr(GmlpGroupedTensor) t = NULL;
+        g_autoptr(GmlpGroupedTensor) c = NULL;
+        g_autoptr(GBytes) out = NULL;
+        g_autoptr(GError) error = NULL;
+
+        if (!gmlp_dtype_can_convert (from, to))
+          continue;
+
+        in = gmlp_test_random_bytes (from, sum_rows (rows, n) * cols, 100.0, TRUE);
+        t = upload (device, from, rows, n, cols, in);
+        c = gmlp_grouped_tensor_convert (t, to, &error);
+        g_assert_no_error (error);
+        g_assert_cmpint (gmlp_grouped_tensor_get_dtype (c), ==, to);
+        g_assert_cmpint (gmlp_grouped_tensor_get_total_rows (c), ==, sum_rows (rows, n));
+        out = download (c);
+        check_conversion (in, from, out, to);
+      }
+}
+
+/* Empty groups, one group holding every row, a single group and 256 groups. */
+static void
+test_edge_shapes (void)
+{
+  g_autoptr(GmlpDevice) device = gmlp_test_device_or_skip ();
+  guint shape;
+
+  if (device == NULL)
+    return;
+
+  for (shape = 0; shape < 4; shape++)
+    {
+      guint n = shape == 3 ? 256 : 8;
+      g_autofree gint64 *rows = g_new0 (gint64, n);
+      gint64 cols = 5;
+      g_autoptr(GBytes) in = NULL;
+      g_autoptr(GmlpGroupedTensor) t = NULL;
+      g_autoptr(GmlpGroupedTensor) c = NULL;
+      g_autoptr(GBytes) out = NULL;
+      guint g;
+
+      if (shape == 1)
+        rows[g_test_rand_int_range (0, n)] = 77;          /* one group has it all */
+      if (shape == 2)
+        n = 1, rows[0] = 13;
+      if (shape == 3)
+        for (g = 0; g < n; g++)
+          rows[g] = g_test_rand_int_range (0, 9);
+
+      in = gmlp_test_random_bytes (GMLP_DTYPE_FLOAT32, sum_rows (rows, n) * cols, 1.0, FALSE);
+      t = upload (device, GMLP_DTYPE_FLOAT32, rows, n, cols, in);
+      c = gmlp_grouped_tensor_convert (t, GMLP_DTYPE_BFLOAT16, NULL);
+      g_assert_nonnull (c);
+      out = download (c);
+      check_conversion (in, GMLP_DTYPE_FLOAT32, out, GMLP_DTYPE_BFLOAT16);
+      g_clear_pointer (&out, g_bytes_unref);
+      out = download (t);
+      assert_bytes_equal (in, out);
+    }
+}
+
+static GmlpGroupedTensor *
+sizes_tensor (GmlpDevice *device, const gint64 *rows, guint n)
+{
+  gint64 len = n;
+  g_autoptr(GBytes) bytes = g_bytes_new (rows, n * sizeof (gint64));
+
+  return upload (device, GMLP_DTYPE_INT64, &len, 1, 1, bytes);
+}
+
+/* With the sizes only on the device, the layout and the results are those of
+ * the same tensor with host sizes; sizes past the capacity are clamped. */
+static void
+test_device_sizes (void)
+{
+  g_autoptr(GmlpDevice) device = gmlp_test_device_or_skip ();
+  guint iter;
+
+  if (device == NULL)
+    return;
+
+  for (iter = 0; iter < 10; iter++)
+    {
+      GmlpDType dtype = all_dtypes[g_test_rand_int_range (0, 5)];
+      guint n = g_test_rand_int_range (1, 16);
+      gint64 cols = g_test_rand_int_range (1, 100);
+      g_autofree gint64 *rows = gmlp_test_random_rows (n, 25);
+      gint64 total = sum_rows (rows, n);
+      gboolean overfull = iter % 3 == 2 && total > 0;
+      gint64 capacity = overfull ? total / 2 : total + g_test_rand_int_range (0, 50);
+      g_autoptr(GmlpGroupedTensor) sizes = sizes_tensor (device, rows, n);
+      g_autoptr(GmlpGroupedTensor) t = NULL;
+      g_autoptr(GmlpGroupedTensor) c = NULL;
+      g_autoptr(GmlpGroupedTensor) host_t = NULL;
+      g_autoptr(GmlpGroupedTensor) host_c = NULL;
+      g_autoptr(GError) error = NULL;
+      g_autofree gint64 *clamped = g_memdup2 (rows, n * sizeof (gint64));
+      g_autofree gint64 *read = NULL;
+      g_autoptr(GBytes) out = NULL, host_out = NULL, cout = NULL, host_cout = NULL;
+      gint64 left = capacity;
+      guint g, n_read;
+
+      for (g = 0; g < n; g++)
+        {
+          clamped[g] = MIN (rows[g], left);
+          left -= clamped[g];
+        }
+
+      t = gmlp_grouped_tensor_new_with_device_sizes (device, dtype, sizes, capacity, cols, &error);
+      g_assert_no_error (error);
+      g_assert_false (gmlp_grouped_tensor_has_host_sizes (t));
+      g_assert_cmpuint (gmlp_grouped_tensor_get_n_groups (t), ==, n);
+      g_assert_cmpint (gmlp_grouped_tensor_get_rows (t, 0), ==, -1);
+      g_assert_cmpint (gmlp_grouped_tensor_get_total_rows (t), ==, -1);
+      g_assert_cmpint (gmlp_grouped_tensor_get_member_offset (t, 0), ==, -1);
+      g_assert_cmpint (gmlp_grouped_tensor_get_row_capacity (t), ==, capacity);
+      g_assert_true (gmlp_grouped_tensor_get_sizes (t, NULL) == sizes);
+      read = gmlp_grouped_tensor_read_sizes (t, &n_read, &error);
+      g_assert_no_error (error);
+      g_assert_cmpuint (n_read, ==, n);
+      g_assert_cmpmem (read, n * sizeof (gint64), rows, n * sizeof (gint64));
+
+      host_t = gmlp_grouped_tensor_new (device, dtype, clamped, n, cols, NULL);
+      g_assert_true (gmlp_grouped_tensor_fill_random (t, 99 + iter, 3.0, NULL));
+      g_assert_true (gmlp_grouped_tensor_fill_random (host_t, 99 + iter, 3.0, NULL));
+      out = download (t);
+      host_out = download (host_t);
+      assert_bytes_equal (out, host_out);
+
+      c = gmlp_grouped_tensor_convert (t, GMLP_DTYPE_FLOAT8_E4M3, &error);
+      g_assert_no_error (error);
+      g_assert_false (gmlp_grouped_tensor_has_host_sizes (c));
+      host_c = gmlp_grouped_tensor_convert (host_t, GMLP_DTYPE_FLOAT8_E4M3, NULL);
+      cout = download (c);
+      host_cout = download (host_c);
+      assert_bytes_equal (cout, host_cout);
+      check_conversion (out, dtype, cout, GMLP_DTYPE_FLOAT8_E4M3);
+
+      g_assert_null (gmlp_grouped_tensor_get_member (t, 0, &error));
+      g_assert_error (error, GMLP_ERROR, GMLP_ERROR_UNSUPPORTED);
+    }
+}
+
+/* The random fill is in range, reproducible, and the same on every backend;
+ * so is conversion. */
+static void
+test_fill_random (void)
+{
+  g_autoptr(GmlpDevice) device = gmlp_test_device_or_skip ();
+  g_autoptr(GmlpDevice) cpu = gmlp_device_new (GMLP_DEVICE_KIND_CPU, 0, NULL);
+  guint k;
+
+  if (device == NULL)
+    return;
+
+  for (k = 0; k < 5; k++)
+    {
+      GmlpDType dtype = all_dtypes[k];
+      gint64 rows[] = { 17, 0, 129, 1 };
+      double scale = g_test_rand_double_range (0.01, 10.0);
+      guint64 seed = (guint64) g_test_rand_int ();
+      g_autoptr(GmlpGroupedTensor) a = gmlp_grouped_tensor_new (device, dtype, rows, 4, 33, NULL);
+      g_autoptr(GmlpGroupedTensor) b = gmlp_grouped_tensor_new (device, dtype, rows, 4, 33, NULL);
+      g_autoptr(GmlpGroupedTensor) on_cpu = gmlp_grouped_tensor_new (cpu, dtype, rows, 4, 33, NULL);
+      g_autoptr(GmlpGroupedTensor) conv = NULL, conv_cpu = NULL;
+      g_autoptr(GBytes) ba = NULL, bb = NULL, bc = NULL, cva = NULL, cvc = NULL;
+      const guint8 *p;
+      gsize n, i;
+      gboolean differs = FALSE;
+
+      g_assert_true (gmlp_grouped_tensor_fill_random (a, seed, scale, NULL));
+      g_assert_true (gmlp_grouped_tensor_fill_random (b, seed + 1, scale, NULL));
+      g_assert_true (gmlp_grouped_tensor_fill_random (on_cpu, seed, scale, NULL));
+      ba = download (a);
+      bb = download (b);
+      bc = download (on_cpu);
+      assert_bytes_equal (ba, bc);
+
+      p = g_bytes_get_data (ba, &n);
+      n /= gmlp_dtype_get_size (dtype);
+      for (i = 0; i < n; i++)
+        {
+          double v = gmlp_test_decode (p, dtype, i);
+          g_assert_true (isfinite (v));
+          /* Rounding to the storage type may reach the edge itself. */
+          g_assert_cmpfloat (fabs (v), <=, gmlp_test_round (scale, dtype));
+          differs = differs || v != gmlp_test_decode (g_bytes_get_data (bb, NULL), dtype, i);
+        }
+      g_assert_true (differs);
+
+      conv = gmlp_grouped_tensor_convert (a, all_dtypes[(k + 1) % 5], NULL);
+      conv_cpu = gmlp_grouped_tensor_convert (on_cpu, all_dtypes[(k + 1) % 5], NULL);
+      cva = download (conv);
+      cvc = download (conv_cpu);
+      assert_bytes_equal (cva, cvc);
+    }
+}
+
+/* Bad input gives the right error, allocates nothing and writes nothing. */
+static void
+test_bad_input (void)
+{
+  g_autoptr(GmlpDevice) device = gmlp_test_device_or_skip ();
+  gint64 rows[] = { 2, 3 };
+  gint64 negative[] = { 2, -1 };
+  gint64 absurd[] = { G_GINT64_CONSTANT (1) << 50, 1 };
+  gint64 overflow[] = { G_MAXINT64, G_MAXINT64 };
+  g_autoptr(GBytes) five_rows = NULL;
+  g_autoptr(GBytes) before = NULL, after = NULL;
+  g_autoptr(GmlpGroupedTensor) t = NULL;
+  g_autoptr(GmlpGroupedTensor) f32_sizes = NULL;
+  g_autoptr(GmlpGroupedTensor) sizes = NULL;
+  guint64 in_use;
+  guint i;
+
+  if (device == NULL)
+    return;
+
+  five_rows = gmlp_test_random_bytes (GMLP_DTYPE_FLOAT32, 5 * 4, 1.0, FALSE);
+  t = upload (device, GMLP_DTYPE_FLOAT32, rows, 2, 4, five_rows);
+  before = download (t);
+  g_assert_true (gmlp_device_synchronize (device, NULL));
+  in_use = gmlp_device_get_bytes_in_use (device);
+
+#define EXPECT_ERROR(call, code) \
+  G_STMT_START { \
+    g_autoptr(GError) _error = NULL; \
+    gpointer _result = (gpointer) (gsize) (call); \
+    g_assert_true (_result == NULL); \
+    g_assert_error (_error, GMLP_ERROR, (code)); \
+    g_assert_cmpuint (gmlp_device_get_bytes_in_use (device), ==, in_use); \
+  } G_STMT_END
+
+  /* Sizes that do not add up to the data, wrong byte lengths. */
+  {
+    gint64 four[] = { 2, 2 }, six[] = { 3, 3 };
+    EXPECT_ERROR (gmlp_grouped_tensor_new_from_bytes (device, GMLP_DTYPE_FLOAT32, four, 2, 4, five_rows, &_error), GMLP_ERROR_INVALID_ARGUMENT);
+    EXPECT_ERROR (gmlp_grouped_tensor_new_from_bytes (device, GMLP_DTYPE_FLOAT32, six, 2, 4, five_rows, &_error), GMLP_ERROR_INVALID_ARGUMENT);
+    EXPECT_ERROR (gmlp_grouped_tensor_new_from_bytes (device, GMLP_DTYPE_BFLOAT16, rows, 2, 4, five_rows, &_error), GMLP_ERROR_INVALID_ARGUMENT);
+    EXPECT_ERROR (gmlp_grouped_tensor_new_from_bytes (device, GMLP_DTYPE_FLOAT32, rows, 2, 3, five_rows, &_error), GMLP_ERROR_INVALID_ARGUMENT);
+  }
+  /* Negative, absurd and overflowing sizes; cols = 0 or negative; no groups;
+   * too many groups; an invalid dtype. */
+  EXPECT_ERROR (gmlp_grouped_tensor_new (device, GMLP_DTYPE_FLOAT32, negative, 2, 4, &_error), GMLP_ERROR_INVALID_ARGUMENT);
+  EXPECT_ERROR (gmlp_grouped_tensor_new (device, GMLP_DTYPE_FLOAT32, absurd, 2, 4, &_error), GMLP_ERROR_INVALID_ARGUMENT);
+  EXPECT_ERROR (gmlp_grouped_tensor_new (device, GMLP_DTYPE_FLOAT32, overflow, 2, 4, &_error), GMLP_ERROR_INVALID_ARGUMENT);
+  EXPECT_ERROR (gmlp_grouped_tensor_new (device, GMLP_DTYPE_FLOAT32, rows, 2, 0, &_error), GMLP_ERROR_INVALID_ARGUMENT);
+  EXPECT_ERROR (gmlp_grouped_tensor_new (device, GMLP_DTYPE_FLOAT32, rows, 2, -3, &_error), GMLP_ERROR_INVALID_ARGUMENT);
+  EXPECT_ERROR (gmlp_grouped_tensor_new (device, GMLP_DTYPE_FLOAT32, rows, 0, 4, &_error), GMLP_ERROR_INVALID_ARGUMENT);
+  EXPECT_ERROR (gmlp_grouped_tensor_new (device, GMLP_DTYPE_FLOAT32, NULL, 2, 4, &_error), GMLP_ERROR_INVALID_ARGUMENT);
+  EXPECT_ERROR (gmlp_grouped_tensor_new (device, (GmlpDType) 99, rows, 2, 4, &_error), GMLP_ERROR_INVALID_ARGUMENT);
+  EXPECT_ERROR (gmlp_grouped_tensor_new_uniform (device, GMLP_DTYPE_FLOAT32, 70000, 1, 4, &_error), GMLP_ERROR_INVALID_ARGUMENT);
+  EXPECT_ERROR (gmlp_grouped_tensor_new_uniform (device, GMLP_DTYPE_FLOAT32, 2, -5, 4, &_error), GMLP_ERROR_INVALID_ARGUMENT);
+  EXPECT_ERROR (gmlp_grouped_tensor_new_uniform (device, GMLP_DTYPE_FLOAT32, 2, 1, G_GINT64_CONSTANT (1) << 40, &_error), GMLP_ERROR_INVALID_ARGUMENT);
+
+  /* Member index out of range. */
+  EXPECT_ERROR (gmlp_grouped_tensor_get_member (t, 2, &_error), GMLP_ERROR_INVALID_ARGUMENT);
+  EXPECT_ERROR (gmlp_grouped_tensor_get_member (t, G_MAXUINT, &_error), GMLP_ERROR_INVALID_ARGUMENT);
+
+  /* Conversions that do not exist; random fill of integers or a bad scale. */
+  EXPECT_ERROR (gmlp_grouped_tensor_convert (t, GMLP_DTYPE_INT32, &_error), GMLP_ERROR_UNSUPPORTED);
+  EXPECT_ERROR (gmlp_grouped_tensor_convert (t, (GmlpDType) -1, &_error), GMLP_ERROR_UNSUPPORTED);
+  EXPECT_ERROR (gmlp_grouped_tensor_fill_random (t, 1, NAN, &_error), GMLP_ERROR_INVALID_ARGUMENT);
+  EXPECT_ERROR (gmlp_grouped_tensor_fill_random (t, 1, -1.0, &_error), GMLP_ERROR_INVALID_ARGUMENT);
+  EXPECT_ERROR (gmlp_grouped_tensor_fill_random (t, 1, INFINITY, &_error), GMLP_ERROR_INVALID_ARGUMENT);
+
+  /* Device sizes of the wrong dtype, or the wrong shape, or a bad capacity. */
+  f32_sizes = gmlp_grouped_tensor_new_uniform (device, GMLP_DTYPE_FLOAT32, 1, 2, 1, NULL);
+  sizes = sizes_tensor (device, rows, 2);
+  in_use = gmlp_device_get_bytes_in_use (device);
+  EXPECT_ERROR (gmlp_grouped_tensor_new_with_device_sizes (device, GMLP_DTYPE_FLOAT32, f32_sizes, 10, 4, &_error), GMLP_ERROR_DTYPE_MISMATCH);
+  EXPECT_ERROR (gmlp_grouped_tensor_new_with_device_sizes (device, GMLP_DTYPE_FLOAT32, sizes, -1, 4, &_error), GMLP_ERROR_INVALID_ARGUMENT);
+  EXPECT_ERROR (gmlp_grouped_tensor_new_with_device_sizes (device, GMLP_DTYPE_FLOAT32, sizes, 10, 0, &_error), GMLP_ERROR_INVALID_ARGUMENT);
+  EXPECT_ERROR (gmlp_grouped_tensor_new_with_device_sizes (device, GMLP_DTYPE_FLOAT32, t, 10, 4, &_error), GMLP_ERROR_DTYPE_MISMATCH);
+  {
+    g_autoptr(GmlpGroupedTensor) two_members = gmlp_grouped_tensor_new_uniform (device, GMLP_DTYPE_INT64, 2, 1, 1, NULL);
+    in_use = gmlp_device_get_bytes_in_use (device);
+    EXPECT_ERROR (gmlp_grouped_tensor_new_with_device_sizes (device, GMLP_DTYPE_FLOAT32, two_members, 10, 4, &_error), GMLP_ERROR_INVALID_ARGUMENT);
+  }
+  if (gmlp_device_get_kind (device) != GMLP_DEVICE_KIND_CPU)
+    {
+      g_autoptr(GmlpDevice) cpu = gmlp_device_new (GMLP_DEVICE_KIND_CPU, 0, NULL);
+      in_use = gmlp_device_get_bytes_in_use (device);
+      EXPECT_ERROR (gmlp_grouped_tensor_new_with_device_sizes (cpu, GMLP_DTYPE_FLOAT32, sizes, 10, 4, &_error), GMLP_ERROR_INVALID_ARGUMENT);
+    }
+
+#undef EXPECT_ERROR
+
+  /* Nothing of the tensor was touched by the failed calls. */
+  after = download (t);
+  assert_bytes_equal (before, after);
+  for (i = 0; i < 2; i++)
+    g_assert_cmpint (gmlp_grouped_tensor_get_rows (t, i), ==, rows[i]);
+}
+
+int
+main (int argc, char *argv[])
+{
+  g_test_init (&argc, &argv, NULL);
+
+  g_test_add_func ("/Gmlp/GroupedTensor/round-trip", test_round_trip);
+  g_test_add_func ("/Gmlp/GroupedTensor/alignment", test_alignment);
+  g_test_add_func ("/Gmlp/GroupedTensor/views", test_views);
+  g_test_add_func ("/Gmlp/GroupedTensor/uniform", test_uniform);
+  g_test_add_func ("/Gmlp/GroupedTensor/convert", test_convert);
+  g_test_add_func ("/Gmlp/GroupedTensor/edge-shapes", test_edge_shapes);
+  g_test_add_func ("/Gmlp/GroupedTensor/device-sizes", test_device_sizes);
+  g_test_add_func ("/Gmlp/GroupedTensor/fill-random", test_fill_random);
+  g_test_add_func ("/Gmlp/GroupedTensor/bad-input", test_bad_input);
+
+  return g_test_run ();
+}
