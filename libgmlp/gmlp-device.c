@@ -18,7 +18,7 @@
  * A compute device: the host CPU or one NVIDIA GPU.
  *
  * There is one `GmlpDevice` per compute device in a process:
- * [func@Gmlp.Device.new] returns the same object for the same kind and
+ * [ctor@Gmlp.Device.new] returns the same object for the same kind and
  * ordinal. Each device owns a stream, on which all its work is ordered, and a
  * stream-ordered memory pool from which grouped tensors are allocated. Calls
  * return without waiting for the device unless they return host data;

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Builds libgmlp and runs the whole C test suite, GPU tests included, on a GPU
+# host that has nvcc and meson but no GLib development packages: GLib and
+# OpenBLAS come from the Debian .deb files in .debs/ (scripts/fetch-gpu-debs.sh
+# downloads them). Introspection is off there (no g-ir-scanner).
+#
+#   scripts/gpu-suite.sh [extra meson test arguments]
+#
+# Writes the test log to $OUT/ when OUT is set.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+for f in .debs/*.deb; do dpkg -x "$f" /; done
+ldconfig
+export PKG_CONFIG_PATH="/usr/lib/x86_64-linux-gnu/openblas-pthread/pkgconfig:/usr/lib/x86_64-linux-gnu/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
+export LD_LIBRARY_PATH="/usr/lib/x86_64-linux-gnu/openblas-pthread${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export PATH="/usr/local/cuda/bin:$PATH"
+
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
+
+rm -rf build-gpu
+meson setup build-gpu -Dcuda=enabled -Dintrospection=disabled -Dvapi=disabled \
+  -Dbuildtype=release
+ninja -C build-gpu
+set +e
+meson test -C build-gpu --print-errorlogs --num-processes 4 "$@"
+status=$?
+set -e
+if [ -n "${OUT:-}" ]; then
+  cp build-gpu/meson-logs/testlog.txt "$OUT/testlog.txt" || true
+fi
+exit $status

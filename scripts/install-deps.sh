@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs the Debian 12 packages libgmlp needs to build, test and document.
+# Skips apt entirely when everything is already installed.
+set -euo pipefail
+
+packages=(
+  meson ninja-build pkg-config gcc libc6-dev
+  libglib2.0-dev libglib2.0-bin
+  gobject-introspection libgirepository1.0-dev gir1.2-glib-2.0
+  libopenblas-dev
+  python3-gi gjs valac
+  valgrind gi-docgen
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+
+if [ "${#missing[@]}" -gt 0 ]; then
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  echo "Installing: ${missing[*]}"
+  $sudo apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
