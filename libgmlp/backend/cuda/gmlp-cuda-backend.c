@@ -1,0 +1,495 @@
+/* gmlp-cuda-backend.c: the CUDA backend module
+ *
+ * Host-side C over the CUDA runtime and the kernels' C ABI. Built as the
+ * loadable module libgmlp-backend-cuda.so with the CUDA runtime linked
+ * statically, so that at run time it needs nothing from CUDA but the
+ * driver's libcuda.so.1, and even that only once a device is used: on a
+ * machine without an NVIDIA driver the module loads and reports no devices.
+ *
+ * Each GmlpBackendDevice owns a non-blocking stream and a memory pool on its
+ * device. All work is enqueued on that stream; allocations come from the pool
+ * in stream order, so steady-state allocation never reaches the driver.
+ *
+ * SPDX-License-Identifier: LGPL-2.1-or-later
+ */
+
+#include "config.h"
+
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#include "gmlp-error.h"
+#include "gmlp-kernels.h"
+#include "backend/gmlp-backend.h"
+
+/* The module does not link libgmlp, so it cannot call gmlp_error_quark();
+ * the quark of the same string is the same quark. */
+#define GMLP_CUDA_ERROR (g_quark_from_static_string ("gmlp-error-quark"))
+
+/* alloc (0) still hands out a distinct pointer of this many bytes. */
+#define GMLP_CUDA_MIN_ALLOCATION 256
+
+struct _GmlpBackendDevice
+{
+  int           ordinal;
+  cudaStream_t  stream;
+  cudaMemPool_t pool;
+  char         *name;
+};
+
+__attribute__((visibility ("default")))
+const GmlpBackend *gmlp_backend_cuda_get (void);
+
+static int
+gmlp_cuda_error_code (cudaError_t err)
+{
+  switch (err)
+    {
+    case cudaErrorMemoryAllocation:
+      return GMLP_ERROR_OUT_OF_MEMORY;
+    case cudaErrorInvalidValue:
+      return GMLP_ERROR_INVALID_ARGUMENT;
+    case cudaErrorNoDevice:
+    case cudaErrorInvalidDevice:
+    case cudaErrorInsufficientDriver:
+      return GMLP_ERROR_NO_DEVICE;
+    default:
+      return GMLP_ERROR_BACKEND;
+    }
+}
+
+/* Reports a failed runtime call as a GError and clears the runtime's record
+ * of it, so that the next check does not see it again. (Sticky errors, which
+ * leave the context unusable, stay: every later call reports them.) */
+static gboolean
+gmlp_cuda_fail (GError      **error,
+                const char   *what,
+                cudaError_t   err)
+{
+  (void) cudaGetLastError ();
+  g_set_error (error, GMLP_CUDA_ERROR, gmlp_cuda_error_code (err),
+               "CUDA: %s failed: %s (%s)",
+               what, cudaGetErrorString (err), cudaGetErrorName (err));
+  return FALSE;
+}
+
+/* Maps a kernel status to a GError; what names the kernel entry point. */
+static gboolean
+gmlp_cuda_kernel_result (GmlpKernelStatus   status,
+                         const char        *what,
+                         GError           **error)
+{
+  switch (status)
+    {
+    case GMLP_KERNEL_SUCCESS:
+      return TRUE;
+    case GMLP_KERNEL_INVALID_VALUE:
+      g_set_error (error, GMLP_CUDA_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
+                   "CUDA: %s: invalid arguments", what);
+      return FALSE;
+    case GMLP_KERNEL_UNSUPPORTED:
+      g_set_error (error, GMLP_CUDA_ERROR, GMLP_ERROR_UNSUPPORTED,
+                   "CUDA: %s: not supported for these types or sizes", what);
+      return FALSE;
+    case GMLP_KERNEL_LAUNCH_FAILED:
+      return gmlp_cuda_fail (error, what, gmlp_kernel_get_last_cuda_error ());
+    default:
+      g_set_error (error, GMLP_CUDA_ERROR, GMLP_ERROR_BACKEND,
+                   "CUDA: %s: %s", what, gmlp_kernel_status_to_string (status));
+      return FALSE;
+    }
+}
+
+/* Makes the device current on the calling thread; the runtime keeps the
+ * current device per thread, and any thread may call into the backend. */
+static gboolean
+gmlp_cuda_activate (GmlpBackendDevice  *device,
+                    GError            **error)
+{
+  cudaError_t err = cudaSetDevice (device->ordinal);
+
+  if (err != cudaSuccess)
+    return gmlp_cuda_fail (error, "cudaSetDevice", err);
+  return TRUE;
+}
+
+static int
+gmlp_cuda_get_device_count (void)
+{
+  int count = 0;
+  cudaError_t err;
+
+  /* No driver, a driver too old for this runtime, or no GPU: all mean that
+   * this backend has no devices, and none of them is worth a message. */
+  err = cudaGetDeviceCount (&count);
+  if (err != cudaSuccess)
+    {
+      (void) cudaGetLastError ();
+      return 0;
+    }
+  return count;
+}
+
+static void
+gmlp_cuda_close_device (GmlpBackendDevice *device)
+{
+  if (device == NULL)
+    return;
+
+  if (cudaSetDevice (device->ordinal) == cudaSuccess)
+    {
+      if (device->stream != NULL)
+        {
+          (void) cudaStreamSynchronize (device->stream);
+          (void) cudaStreamDestroy (device->stream);
+        }
+      /* Memory still allocated from the pool keeps it alive until freed. */
+      if (device->pool != NULL)
+        (void) cudaMemPoolDestroy (device->pool);
+    }
+  (void) cudaGetLastError ();
+
+  g_free (device->name);
+  g_free (device);
+}
+
+static GmlpBackendDevice *
+gmlp_cuda_open_device (int      ordinal,
+                       GError **error)
+{
+  GmlpBackendDevice *device;
+  struct cudaDeviceProp props;
+  struct cudaMemPoolProps pool_props = { 0 };
+  uint64_t release_threshold = UINT64_MAX;
+  int count = gmlp_cuda_get_device_count ();
+  int pools_supported = 0;
+  cudaError_t err;
+
+  if (ordinal < 0 || ordinal >= count)
+    {
+      g_set_error (error, GMLP_CUDA_ERROR, GMLP_ERROR_NO_DEVICE,
+                   "CUDA: no device cuda:%d (%d CUDA devices found)", ordinal, count);
+      return NULL;
+    }
+
+  device = g_new0 (GmlpBackendDevice, 1);
+  device->ordinal = ordinal;
+
+  if (!gmlp_cuda_activate (device, error))
+    goto fail;
+
+  err = cudaGetDeviceProperties (&props, ordinal);
+  if (err != cudaSuccess)
+    {
+      gmlp_cuda_fail (error, "cudaGetDeviceProperties", err);
+      goto fail;
+    }
+  device->name = g_strndup (props.name, sizeof props.name);
+
+  err = cudaDeviceGetAttribute (&pools_supported, cudaDevAttrMemoryPoolsSupported, ordinal);
+  if (err != cudaSuccess)
+    {
+      gmlp_cuda_fail (error, "cudaDeviceGetAttribute", err);
+      goto fail;
+    }
+  if (!pools_supported)
+    {
+      g_set_error (error, GMLP_CUDA_ERROR, GMLP_ERROR_UNSUPPORTED,
+                   "CUDA: %s (cuda:%d) does not support stream-ordered memory pools",
+                   device->name, ordinal);
+      goto fail;
+    }
+
+  err = cudaStreamCreateWithFlags (&device->stream, cudaStreamNonBlocking);
+  if (err != cudaSuccess)
+    {
+      device->stream = NULL;
+      gmlp_cuda_fail (error, "cudaStreamCreateWithFlags", err);
+      goto fail;
+    }
+
+  /* A pool of our own rather than the device's default pool, so that other
+   * users of the device do not change its settings under us. Memory freed
+   * to it is kept (the threshold never lets the pool shrink on a
+   * synchronize), which keeps steady-state allocation cheap. */
+  pool_props.allocType = cudaMemAllocationTypePinned;
+  pool_props.handleTypes = cudaMemHandleTypeNone;
+  pool_props.location.type = cudaMemLocationTypeDevice;
+  pool_props.location.id = ordinal;
+  err = cudaMemPoolCreate (&device->pool, &pool_props);
+  if (err != cudaSuccess)
+    {
+      device->pool = NULL;
+      gmlp_cuda_fail (error, "cudaMemPoolCreate", err);
+      goto fail;
+    }
+  err = cudaMemPoolSetAttribute (device->pool, cudaMemPoolAttrReleaseThreshold,
+                                 &release_threshold);
+  if (err != cudaSuccess)
+    {
+      gmlp_cuda_fail (error, "cudaMemPoolSetAttribute", err);
+      goto fail;
+    }
+
+  return device;
+
+fail:
+  gmlp_cuda_close_device (device);
+  return NULL;
+}
+
+static char *
+gmlp_cuda_get_device_name (GmlpBackendDevice *device)
+{
+  return g_strdup (device->name);
+}
+
+static gpointer
+gmlp_cuda_alloc (GmlpBackendDevice  *device,
+                 gsize               nbytes,
+                 GError            **error)
+{
+  void *ptr = NULL;
+  cudaError_t err;
+
+  if (!gmlp_cuda_activate (device, error))
+    return NULL;
+
+  /* Pool allocations are aligned to at least 256 bytes, like cudaMalloc's. */
+  err = cudaMallocFromPoolAsync (&ptr, MAX (nbytes, GMLP_CUDA_MIN_ALLOCATION),
+                                 device->pool, device->stream);
+  if (err != cudaSuccess)
+    {
+      gmlp_cuda_fail (error, "cudaMallocFromPoolAsync", err);
+      return NULL;
+    }
+  return ptr;
+}
+
+static void
+gmlp_cuda_free (GmlpBackendDevice *device,
+                gpointer           ptr)
+{
+  cudaError_t err;
+
+  if (ptr == NULL)
+    return;
+
+  err = cudaSetDevice (device->ordinal);
+  if (err == cudaSuccess)
+    err = cudaFreeAsync (ptr, device->stream);
+  if (err != cudaSuccess)
+    {
+      /* Nothing to report to: free cannot fail. This only happens once the
+       * context is broken, and then the next call with a GError says so. */
+      g_debug ("CUDA: cudaFreeAsync failed: %s (%s)",
+               cudaGetErrorString (err), cudaGetErrorName (err));
+      (void) cudaGetLastError ();
+    }
+}
+
+/* Whether host memory at ptr is pinned or managed, i.e. whether the runtime
+ * reads it directly when the copy runs rather than staging it first. */
+static gboolean
+gmlp_cuda_host_is_pinned (gconstpointer ptr)
+{
+  struct cudaPointerAttributes attributes;
+
+  if (cudaPointerGetAttributes (&attributes, ptr) != cudaSuccess)
+    {
+      (void) cudaGetLastError ();
+      return FALSE;
+    }
+  return attributes.type == cudaMemoryTypeHost ||
+         attributes.type == cudaMemoryTypeManaged;
+}
+
+static gboolean
+gmlp_cuda_upload (GmlpBackendDevice  *device,
+                  gpointer            dst,
+                  gconstpointer       src,
+                  gsize               nbytes,
+                  GError            **error)
+{
+  cudaError_t err;
+
+  if (nbytes == 0)
+    return TRUE;
+  if (!gmlp_cuda_activate (device, error))
+    return FALSE;
+
+  /* From pageable memory the runtime copies the source into its staging
+   * buffers before cudaMemcpyAsync() returns, so the caller may reuse its
+   * buffer at once while the copy to the device is still in flight. From
+   * pinned or managed memory the DMA reads the source itself, later: there,
+   * wait for the copy so that the same promise holds. */
+  err = cudaMemcpyAsync (dst, src, nbytes, cudaMemcpyHostToDevice, device->stream);
+  if (err != cudaSuccess)
+    return gmlp_cuda_fail (error, "cudaMemcpyAsync (host to device)", err);
+
+  if (gmlp_cuda_host_is_pinned (src))
+    {
+      err = cudaStreamSynchronize (device->stream);
+      if (err != cudaSuccess)
+        return gmlp_cuda_fail (error, "cudaStreamSynchronize", err);
+    }
+  return TRUE;
+}
+
+static gboolean
+gmlp_cuda_download (GmlpBackendDevice  *device,
+                    gpointer            dst,
+                    gconstpointer       src,
+                    gsize               nbytes,
+                    GError            **error)
+{
+  cudaError_t err;
+
+  if (nbytes == 0)
+    return TRUE;
+  if (!gmlp_cuda_activate (device, error))
+    return FALSE;
+
+  err = cudaMemcpyAsync (dst, src, nbytes, cudaMemcpyDeviceToHost, device->stream);
+  if (err != cudaSuccess)
+    return gmlp_cuda_fail (error, "cudaMemcpyAsync (device to host)", err);
+  err = cudaStreamSynchronize (device->stream);
+  if (err != cudaSuccess)
+    return gmlp_cuda_fail (error, "cudaStreamSynchronize", err);
+  return TRUE;
+}
+
+static gboolean
+gmlp_cuda_copy (GmlpBackendDevice  *device,
+                gpointer            dst,
+                gconstpointer       src,
+                gsize               nbytes,
+                GError            **error)
+{
+  cudaError_t err;
+
+  if (nbytes == 0)
+    return TRUE;
+  if (!gmlp_cuda_activate (device, error))
+    return FALSE;
+
+  err = cudaMemcpyAsync (dst, src, nbytes, cudaMemcpyDeviceToDevice, device->stream);
+  if (err != cudaSuccess)
+    return gmlp_cuda_fail (error, "cudaMemcpyAsync (device to device)", err);
+  return TRUE;
+}
+
+static gboolean
+gmlp_cuda_fill_bytes (GmlpBackendDevice  *device,
+                      gpointer            dst,
+                      int                 value,
+                      gsize               nbytes,
+                      GError            **error)
+{
+  cudaError_t err;
+
+  if (value < 0 || value > 255)
+    {
+      g_set_error (error, GMLP_CUDA_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
+                   "CUDA: fill value %d is not a byte value", value);
+      return FALSE;
+    }
+  if (nbytes == 0)
+    return TRUE;
+  if (!gmlp_cuda_activate (device, error))
+    return FALSE;
+
+  err = cudaMemsetAsync (dst, value, nbytes, device->stream);
+  if (err != cudaSuccess)
+    return gmlp_cuda_fail (error, "cudaMemsetAsync", err);
+  return TRUE;
+}
+
+static gboolean
+gmlp_cuda_synchronize (GmlpBackendDevice  *device,
+                       GError            **error)
+{
+  cudaError_t err;
+
+  if (!gmlp_cuda_activate (device, error))
+    return FALSE;
+
+  err = cudaStreamSynchronize (device->stream);
+  if (err != cudaSuccess)
+    return gmlp_cuda_fail (error, "cudaStreamSynchronize", err);
+  return TRUE;
+}
+
+static gboolean
+gmlp_cuda_convert (GmlpBackendDevice       *device,
+                   const GmlpBackendShape  *shape,
+                   gconstpointer            src,
+                   int                      src_dtype,
+                   gpointer                 dst,
+                   int                      dst_dtype,
+                   GError                 **error)
+{
+  GmlpKernelGroupedShape kernel_shape;
+
+  if (!gmlp_cuda_activate (device, error))
+    return FALSE;
+
+  kernel_shape.device_rows = (const int64_t *) shape->device_rows;
+  kernel_shape.n_groups = shape->n_groups;
+  kernel_shape.cols = shape->cols;
+  kernel_shape.row_capacity = shape->row_capacity;
+
+  return gmlp_cuda_kernel_result (gmlp_kernel_convert_grouped (&kernel_shape,
+                                                               src, src_dtype,
+                                                               dst, dst_dtype,
+                                                               device->stream),
+                                  "gmlp_kernel_convert_grouped", error);
+}
+
+static gboolean
+gmlp_cuda_fill_random (GmlpBackendDevice  *device,
+                       gpointer            dst,
+                       int                 dtype,
+                       guint64             n_elements,
+                       guint64             seed,
+                       float               scale,
+                       GError            **error)
+{
+  if (!gmlp_cuda_activate (device, error))
+    return FALSE;
+
+  return gmlp_cuda_kernel_result (gmlp_kernel_fill_random (dst, dtype, n_elements,
+                                                           seed, scale,
+                                                           device->stream),
+                                  "gmlp_kernel_fill_random", error);
+}
+
+static const GmlpBackend gmlp_cuda_backend = {
+  .abi_version = GMLP_BACKEND_ABI_VERSION,
+  .name = "cuda",
+
+  .get_device_count = gmlp_cuda_get_device_count,
+  .open_device = gmlp_cuda_open_device,
+  .close_device = gmlp_cuda_close_device,
+  .get_device_name = gmlp_cuda_get_device_name,
+
+  .alloc = gmlp_cuda_alloc,
+  .free = gmlp_cuda_free,
+
+  .upload = gmlp_cuda_upload,
+  .download = gmlp_cuda_download,
+  .copy = gmlp_cuda_copy,
+  .fill_bytes = gmlp_cuda_fill_bytes,
+  .synchronize = gmlp_cuda_synchronize,
+
+  .convert = gmlp_cuda_convert,
+  .fill_random = gmlp_cuda_fill_random,
+};
+
+/* The module's one exported symbol; see GmlpBackendGetFunc. */
+const GmlpBackend *
+gmlp_backend_cuda_get (void)
+{
+  return &gmlp_cuda_backend;
+}
