@@ -305,11 +305,14 @@ gmlp_cuda_host_is_pinned (gconstpointer ptr)
          attributes.type == cudaMemoryTypeManaged;
 }
 
+/* One stream-ordered copy; with wait, returns only once it has completed. */
 static gboolean
-gmlp_cuda_upload (GmlpBackendDevice  *device,
+gmlp_cuda_memcpy (GmlpBackendDevice  *device,
                   gpointer            dst,
                   gconstpointer       src,
                   gsize               nbytes,
+                  enum cudaMemcpyKind kind,
+                  gboolean            wait,
                   GError            **error)
 {
   cudaError_t err;
@@ -319,16 +322,10 @@ gmlp_cuda_upload (GmlpBackendDevice  *device,
   if (!gmlp_cuda_activate (device, error))
     return FALSE;
 
-  /* From pageable memory the runtime copies the source into its staging
-   * buffers before cudaMemcpyAsync() returns, so the caller may reuse its
-   * buffer at once while the copy to the device is still in flight. From
-   * pinned or managed memory the DMA reads the source itself, later: there,
-   * wait for the copy so that the same promise holds. */
-  err = cudaMemcpyAsync (dst, src, nbytes, cudaMemcpyHostToDevice, device->stream);
+  err = cudaMemcpyAsync (dst, src, nbytes, kind, device->stream);
   if (err != cudaSuccess)
-    return gmlp_cuda_fail (error, "cudaMemcpyAsync (host to device)", err);
-
-  if (gmlp_cuda_host_is_pinned (src))
+    return gmlp_cuda_fail (error, "cudaMemcpyAsync", err);
+  if (wait)
     {
       err = cudaStreamSynchronize (device->stream);
       if (err != cudaSuccess)
@@ -338,26 +335,29 @@ gmlp_cuda_upload (GmlpBackendDevice  *device,
 }
 
 static gboolean
+gmlp_cuda_upload (GmlpBackendDevice  *device,
+                  gpointer            dst,
+                  gconstpointer       src,
+                  gsize               nbytes,
+                  GError            **error)
+{
+  /* From pageable memory the runtime copies the source into its staging
+   * buffers before cudaMemcpyAsync() returns, so the caller may reuse its
+   * buffer at once while the copy to the device is still in flight. From
+   * pinned or managed memory the DMA reads the source itself, later: there,
+   * wait for the copy so that the same promise holds. */
+  return gmlp_cuda_memcpy (device, dst, src, nbytes, cudaMemcpyHostToDevice,
+                           nbytes > 0 && gmlp_cuda_host_is_pinned (src), error);
+}
+
+static gboolean
 gmlp_cuda_download (GmlpBackendDevice  *device,
                     gpointer            dst,
                     gconstpointer       src,
                     gsize               nbytes,
                     GError            **error)
 {
-  cudaError_t err;
-
-  if (nbytes == 0)
-    return TRUE;
-  if (!gmlp_cuda_activate (device, error))
-    return FALSE;
-
-  err = cudaMemcpyAsync (dst, src, nbytes, cudaMemcpyDeviceToHost, device->stream);
-  if (err != cudaSuccess)
-    return gmlp_cuda_fail (error, "cudaMemcpyAsync (device to host)", err);
-  err = cudaStreamSynchronize (device->stream);
-  if (err != cudaSuccess)
-    return gmlp_cuda_fail (error, "cudaStreamSynchronize", err);
-  return TRUE;
+  return gmlp_cuda_memcpy (device, dst, src, nbytes, cudaMemcpyDeviceToHost, TRUE, error);
 }
 
 static gboolean
@@ -367,17 +367,7 @@ gmlp_cuda_copy (GmlpBackendDevice  *device,
                 gsize               nbytes,
                 GError            **error)
 {
-  cudaError_t err;
-
-  if (nbytes == 0)
-    return TRUE;
-  if (!gmlp_cuda_activate (device, error))
-    return FALSE;
-
-  err = cudaMemcpyAsync (dst, src, nbytes, cudaMemcpyDeviceToDevice, device->stream);
-  if (err != cudaSuccess)
-    return gmlp_cuda_fail (error, "cudaMemcpyAsync (device to device)", err);
-  return TRUE;
+  return gmlp_cuda_memcpy (device, dst, src, nbytes, cudaMemcpyDeviceToDevice, FALSE, error);
 }
 
 static gboolean
