@@ -60,6 +60,68 @@ GmlpKernelStatus gmlp_kernel_fill_random      (void                         *dst
                                                float                         scale,
                                                cudaStream_t                  stream);
 
+/* Grouped bias operations: one launch covers every group of a grouped
+ * linear layer, with the group sizes known on the host.
+ *
+ *   GMLP_KERNEL_BIAS_ADD   matrix_i[r, :] += vector_i[:]   for r < rows_i
+ *   GMLP_KERNEL_BIAS_GRAD  vector_i[j] = Σ_r matrix_i[r, j], summed in FP32
+ *                          in a fixed order (the result does not change from
+ *                          run to run); zero for a group with no rows
+ *
+ * matrix_i is dense row-major (leading dimension cols); both operands have
+ * the same dtype, FLOAT32, FLOAT16 or BFLOAT16, and the arithmetic is in
+ * float, rounded to nearest even on the way back.
+ *
+ * The caller fills one GmlpKernelBiasGroup per group on the host, lets
+ * gmlp_kernel_grouped_bias_plan() split the groups into tiles (it sets
+ * first_tile, so that the grid is spread evenly however the rows are split),
+ * copies the table to device memory, and launches with
+ * gmlp_kernel_grouped_bias(): one kernel for all groups, and for GRAD, when
+ * a group spans several tiles, a second, small one that adds up the tiles'
+ * partial sums (in plan->scratch_bytes of FP32 scratch). */
+typedef enum {
+  GMLP_KERNEL_BIAS_ADD,
+  GMLP_KERNEL_BIAS_GRAD,
+} GmlpKernelBiasOp;
+
+typedef struct {
+  void     *matrix;      /* rows × cols: C_i for ADD, A_i for GRAD */
+  void     *vector;      /* cols elements: bias_i for ADD, dbias_i for GRAD */
+  int64_t   rows;
+  uint64_t  first_tile;  /* set by the plan: the group's first tile */
+} GmlpKernelBiasGroup;
+
+/* What the plan has worked out; the caller only reads n_tiles and
+ * scratch_bytes. */
+typedef struct {
+  GmlpKernelBiasOp  op;
+  int               dtype;
+  uint32_t          n_groups;
+  int64_t           cols;
+  uint64_t          n_tiles;        /* 0: nothing to launch */
+  uint64_t          scratch_bytes;  /* device scratch the launch needs, or 0 */
+  int               vectorised;
+} GmlpKernelBiasPlan;
+
+/* Checks the groups (host memory, n_groups entries) and sets their
+ * first_tile. Every group with work must have its pointers set; they and
+ * cols decide whether the vectorised kernels can be used. */
+GmlpKernelStatus gmlp_kernel_grouped_bias_plan (GmlpKernelBiasOp     op,
+                                                int                  dtype,
+                                                int64_t              cols,
+                                                GmlpKernelBiasGroup *groups,
+                                                uint32_t             n_groups,
+                                                GmlpKernelBiasPlan  *plan);
+
+/* Enqueues the planned operation: device_groups is a device copy of the
+ * planned table, scratch holds plan->scratch_bytes (or is NULL when that is
+ * 0). Both are used only by the work enqueued here, so they may be released
+ * in stream order right after this returns. */
+GmlpKernelStatus gmlp_kernel_grouped_bias      (const GmlpKernelBiasPlan  *plan,
+                                                const GmlpKernelBiasGroup *device_groups,
+                                                void                      *scratch,
+                                                cudaStream_t               stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -27,3 +27,13 @@ gboolean  gmlp_grouped_tensor_get_backend_shape (GmlpGroupedTensor *self,
                                                  GError           **error);
 
 G_END_DECLS
+
+G_BEGIN_DECLS
+
+/* Device pointer to member @index (host sizes only). */
+gpointer  gmlp_grouped_tensor_get_member_data   (GmlpGroupedTensor *self,
+                                                 guint              index);
+/* The host group sizes (NULL when device-only); owned by the tensor. */
+const gint64 *gmlp_grouped_tensor_peek_rows     (GmlpGroupedTensor *self);
+
+G_END_DECLS

@@ -1153,3 +1153,18 @@ gmlp_grouped_tensor_is_view (GmlpGroupedTensor *self)
 
   return self->is_view;
 }
+
+gpointer
+gmlp_grouped_tensor_get_member_data (GmlpGroupedTensor *self,
+                                     guint              index)
+{
+  g_assert (self->offsets != NULL && index < self->n_groups);
+
+  return (guint8 *) gmlp_grouped_tensor_get_data (self) + self->offsets[index];
+}
+
+const gint64 *
+gmlp_grouped_tensor_peek_rows (GmlpGroupedTensor *self)
+{
+  return self->rows;
+}

@@ -13,4 +13,7 @@
 # include "gmlp-dtype.h"
 # include "gmlp-device.h"
 # include "gmlp-grouped-tensor.h"
+# include "gmlp-event.h"
+# include "gmlp-saved-activations.h"
+# include "gmlp-grouped-linear.h"
 #undef GMLP_INSIDE

@@ -8,7 +8,7 @@ packages=(
   libglib2.0-dev libglib2.0-bin
   gobject-introspection libgirepository1.0-dev gir1.2-glib-2.0
   libopenblas-dev
-  python3-gi gjs valac
+  python3-gi python3-numpy gjs valac
   valgrind gi-docgen
 )
 

@@ -183,3 +183,96 @@ gmlp_test_random_rows (guint n_groups, gint64 max_rows)
     rows[g] = g_test_rand_int_range (0, 5) == 0 ? 0 : g_test_rand_int_range (0, (gint32) max_rows + 1);
   return rows;
 }
+
+GmlpGroupedTensor *
+gmlp_test_random_tensor (GmlpDevice    *device,
+                         GmlpDType      dtype,
+                         const gint64  *rows,
+                         guint          n_groups,
+                         gint64         cols,
+                         double         scale,
+                         double       **values)
+{
+  g_autoptr(GError) error = NULL;
+  g_autoptr(GBytes) bytes = NULL;
+  GmlpGroupedTensor *tensor;
+  gint64 total = 0;
+  gsize n, i;
+  guint g;
+
+  for (g = 0; g < n_groups; g++)
+    total += rows[g];
+  n = (gsize) total * cols;
+  bytes = gmlp_test_random_bytes (dtype, n, scale, FALSE);
+  tensor = gmlp_grouped_tensor_new_from_bytes (device, dtype, rows, n_groups, cols, bytes, &error);
+  g_assert_no_error (error);
+
+  if (values != NULL)
+    {
+      *values = g_new (double, MAX (n, 1));
+      for (i = 0; i < n; i++)
+        (*values)[i] = gmlp_test_decode (g_bytes_get_data (bytes, NULL), dtype, i);
+    }
+  return tensor;
+}
+
+double *
+gmlp_test_download (GmlpGroupedTensor *tensor,
+                    gsize             *n_values)
+{
+  g_autoptr(GError) error = NULL;
+  g_autoptr(GBytes) bytes = gmlp_grouped_tensor_to_bytes (tensor, &error);
+  GmlpDType dtype = gmlp_grouped_tensor_get_dtype (tensor);
+  gsize n, i;
+  double *values;
+
+  g_assert_no_error (error);
+  n = g_bytes_get_size (bytes) / gmlp_dtype_get_size (dtype);
+  values = g_new (double, MAX (n, 1));
+  for (i = 0; i < n; i++)
+    values[i] = gmlp_test_decode (g_bytes_get_data (bytes, NULL), dtype, i);
+  if (n_values != NULL)
+    *n_values = n;
+  return values;
+}
+
+double
+gmlp_test_tolerance (GmlpDType dtype)
+{
+  switch (dtype)
+    {
+    case GMLP_DTYPE_FLOAT32: return 2e-5;
+    case GMLP_DTYPE_FLOAT16: return 2e-3;
+    case GMLP_DTYPE_BFLOAT16: return 1e-2;
+    default: g_assert_not_reached ();
+    }
+}
+
+void
+gmlp_test_assert_close (const double *got,
+                        const double *want,
+                        gsize         n,
+                        double        tol,
+                        const char   *what)
+{
+  double diff = 0.0, norm = 0.0;
+  gsize i;
+
+  for (i = 0; i < n; i++)
+    {
+      if (!isfinite (got[i]))
+        g_error ("%s [%" G_GSIZE_FORMAT "] is %g (unwritten or overflowed)", what, i, got[i]);
+      diff += (got[i] - want[i]) * (got[i] - want[i]);
+      norm += want[i] * want[i];
+    }
+
+  if (norm == 0.0)
+    {
+      for (i = 0; i < n; i++)
+        if (got[i] != 0.0)
+          g_error ("%s [%" G_GSIZE_FORMAT "] is %g where it must be exactly 0", what, i, got[i]);
+      return;
+    }
+  if (!(sqrt (diff) <= tol * sqrt (norm)))
+    g_error ("%s: relative error %.3g > tolerance %.3g", what, sqrt (diff / norm), tol);
+}

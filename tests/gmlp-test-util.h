@@ -46,3 +46,30 @@ gint64     *gmlp_test_random_rows         (guint n_groups, gint64 max_rows);
   } G_STMT_END
 
 G_END_DECLS
+
+G_BEGIN_DECLS
+
+/* A tensor of fresh random normal values (scale × N(0,1)) uploaded from the
+ * host; *values receives them, as stored (decoded), packed. */
+GmlpGroupedTensor *gmlp_test_random_tensor     (GmlpDevice     *device,
+                                                GmlpDType       dtype,
+                                                const gint64   *rows,
+                                                guint           n_groups,
+                                                gint64          cols,
+                                                double          scale,
+                                                double        **values);
+/* The tensor's values, packed, decoded to double. */
+double            *gmlp_test_download          (GmlpGroupedTensor *tensor,
+                                                gsize             *n_values);
+/* Relative tolerance of a product stored in dtype, FP32 accumulation. */
+double             gmlp_test_tolerance         (GmlpDType       dtype);
+/* Asserts every value is finite (poisoned memory is NaN) and
+ * ‖got − want‖ ≤ tol ‖want‖; where want is all zero, got must be exactly
+ * zero. */
+void               gmlp_test_assert_close      (const double   *got,
+                                                const double   *want,
+                                                gsize           n,
+                                                double          tol,
+                                                const char     *what);
+
+G_END_DECLS

@@ -20,9 +20,10 @@ G_BEGIN_DECLS
 
 /* Bumped whenever the table changes; a module built for another version is
  * refused. */
-#define GMLP_BACKEND_ABI_VERSION 1
+#define GMLP_BACKEND_ABI_VERSION 2
 
 typedef struct _GmlpBackendDevice GmlpBackendDevice;
+typedef struct _GmlpBackendEvent GmlpBackendEvent;
 
 /* A grouped shape whose group sizes are in device memory (n_groups INT64
  * values). Members are laid out with gmlp_num_member_stride(). Sizes beyond
@@ -34,6 +35,36 @@ typedef struct {
   gint64        cols;
   gint64        row_capacity;
 } GmlpBackendShape;
+
+/* The three products of a grouped linear layer, group by group. All matrices
+ * are dense row-major (leading dimension = their column count):
+ *   FPROP  C_i[m_i × n]    = A_i[m_i × k] · B_i[n × k]ᵀ    (y = x Wᵀ)
+ *   DGRAD  C_i[m_i × k]    = A_i[m_i × n] · B_i[n × k]     (dx = dy W)
+ *   WGRAD  C_i[n × k]    (+)= A_i[m_i × n]ᵀ · B_i[m_i × k]  (dW = dyᵀ x)
+ * Accumulation is in FP32. For WGRAD a group with m_i = 0 gives C_i = 0, or
+ * leaves C_i as it is when accumulating; for FPROP and DGRAD such a group has
+ * nothing to write. */
+typedef enum {
+  GMLP_GEMM_FPROP,
+  GMLP_GEMM_DGRAD,
+  GMLP_GEMM_WGRAD,
+} GmlpGemmKind;
+
+typedef struct {
+  GmlpGemmKind        kind;
+  guint               n_groups;
+  const gint64       *rows;        /* host: m_i of each group */
+  gint64              n;           /* out_features */
+  gint64              k;           /* in_features */
+  int                 ab_dtype;    /* A and B: FLOAT32, FLOAT16 or BFLOAT16 */
+  int                 c_dtype;     /* C: ab_dtype, or FLOAT32 */
+  const void * const *a;           /* host arrays of n_groups device pointers */
+  const void * const *b;
+  void * const       *c;
+  /* WGRAD only: per group, 1 to add into C (C += AᵀB), 0 to overwrite it;
+   * NULL overwrites every group. */
+  const guint8       *accumulate;
+} GmlpBackendGemm;
 
 typedef struct {
   int          abi_version;
@@ -99,6 +130,48 @@ typedef struct {
                                             guint64             seed,
                                             float               scale,
                                             GError            **error);
+
+  /* The grouped products above; one call enqueues every group. */
+  gboolean            (*gemm)              (GmlpBackendDevice      *device,
+                                            const GmlpBackendGemm  *gemm,
+                                            GError                **error);
+  /* C_i[r, :] += bias_i[:] for every row r < rows[i] of every group: C and
+   * bias of the same floating dtype, bias_i of n elements, added in FP32. */
+  gboolean            (*add_bias)          (GmlpBackendDevice  *device,
+                                            guint               n_groups,
+                                            const gint64       *rows,
+                                            gint64              n,
+                                            int                 dtype,
+                                            void * const       *c,
+                                            const void * const *bias,
+                                            GError            **error);
+  /* dbias_i[j] = Σ_r A_i[r, j] over the rows[i] rows of group i, summed in
+   * FP32 and stored as dtype (A's dtype); zero for an empty group. */
+  gboolean            (*bias_grad)         (GmlpBackendDevice  *device,
+                                            guint               n_groups,
+                                            const gint64       *rows,
+                                            gint64              n,
+                                            int                 dtype,
+                                            const void * const *a,
+                                            void * const       *dbias,
+                                            GError            **error);
+
+  /* Events: record one on the device's stream after the work enqueued so far. */
+  GmlpBackendEvent   *(*event_record)      (GmlpBackendDevice  *device,
+                                            GError            **error);
+  /* Blocks the host until the event has completed. */
+  gboolean            (*event_synchronize) (GmlpBackendEvent   *event,
+                                            GError            **error);
+  /* TRUE once the event has completed; never blocks. */
+  gboolean            (*event_query)       (GmlpBackendEvent   *event);
+  /* Makes the device's stream wait for the event (which may come from
+   * another device of the same backend) without blocking the host. */
+  gboolean            (*event_wait)        (GmlpBackendDevice  *device,
+                                            GmlpBackendEvent   *event,
+                                            GError            **error);
+  /* The backend's own handle (a cudaEvent_t for CUDA), or NULL. */
+  gpointer            (*event_get_native)  (GmlpBackendEvent   *event);
+  void                (*event_free)        (GmlpBackendEvent   *event);
 } GmlpBackend;
 
 const GmlpBackend *gmlp_backend_cpu_get  (void);

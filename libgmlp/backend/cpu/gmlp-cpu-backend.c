@@ -11,6 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cblas.h>
+
 #include "backend/gmlp-backend.h"
 #include "gmlp-error.h"
 #include "gmlp-numeric.h"
@@ -18,6 +20,12 @@
 struct _GmlpBackendDevice
 {
   int ordinal;
+};
+
+/* Work on the CPU is done when the call returns: events are born complete. */
+struct _GmlpBackendEvent
+{
+  int unused;
 };
 
 static int
@@ -180,6 +188,235 @@ cpu_fill_random (GmlpBackendDevice  *device,
   return TRUE;
 }
 
+/* A float copy of n elements (the input itself for FP32). */
+static float *
+as_float (const void *src,
+          int         dtype,
+          gsize       n,
+          float     **owned)
+{
+  gsize i;
+
+  *owned = NULL;
+  if (dtype == GMLP_NUM_FLOAT32)
+    return (float *) src;
+  *owned = g_new (float, MAX (n, 1));
+  for (i = 0; i < n; i++)
+    (*owned)[i] = gmlp_num_load_float (src, dtype, i);
+  return *owned;
+}
+
+/* One group of a GmlpBackendGemm with OpenBLAS's sgemm: inputs widened to
+ * FP32, the product accumulated in FP32, rounded once to C's dtype. */
+static void
+cpu_gemm_group (const GmlpBackendGemm *gemm,
+                guint                  g)
+{
+  gint64 m = gemm->rows[g], n = gemm->n, k = gemm->k;
+  gsize a_len, b_len, c_len;
+  g_autofree float *a_owned = NULL, *b_owned = NULL, *c_owned = NULL;
+  const float *a, *b;
+  float *c;
+  gboolean accumulate = gemm->kind == GMLP_GEMM_WGRAD && gemm->accumulate != NULL &&
+                        gemm->accumulate[g];
+  gsize i;
+
+  switch (gemm->kind)
+    {
+    case GMLP_GEMM_FPROP: a_len = m * k; b_len = n * k; c_len = m * n; break;
+    case GMLP_GEMM_DGRAD: a_len = m * n; b_len = n * k; c_len = m * k; break;
+    case GMLP_GEMM_WGRAD: a_len = m * n; b_len = m * k; c_len = n * k; break;
+    default: g_assert_not_reached ();
+    }
+
+  if (c_len == 0)
+    return;
+  if (m == 0)
+    {
+      /* Only WGRAD has output here: zero, or left as it is. */
+      if (!accumulate)
+        memset (gemm->c[g], 0, c_len * gmlp_num_dtype_size (gemm->c_dtype));
+      return;
+    }
+
+  a = as_float (gemm->a[g], gemm->ab_dtype, a_len, &a_owned);
+  b = as_float (gemm->b[g], gemm->ab_dtype, b_len, &b_owned);
+  if (gemm->c_dtype == GMLP_NUM_FLOAT32)
+    c = gemm->c[g];
+  else if (accumulate)
+    c = as_float (gemm->c[g], gemm->c_dtype, c_len, &c_owned);
+  else
+    c = c_owned = g_new (float, c_len);
+
+  switch (gemm->kind)
+    {
+    case GMLP_GEMM_FPROP:
+      cblas_sgemm (CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k,
+                   1.0f, a, k, b, k, 0.0f, c, n);
+      break;
+    case GMLP_GEMM_DGRAD:
+      cblas_sgemm (CblasRowMajor, CblasNoTrans, CblasNoTrans, m, k, n,
+                   1.0f, a, n, b, k, 0.0f, c, k);
+      break;
+    case GMLP_GEMM_WGRAD:
+      cblas_sgemm (CblasRowMajor, CblasTrans, CblasNoTrans, n, k, m,
+                   1.0f, a, n, b, k, accumulate ? 1.0f : 0.0f, c, k);
+      break;
+    default:
+      g_assert_not_reached ();
+    }
+
+  if (c_owned != NULL)
+    for (i = 0; i < c_len; i++)
+      gmlp_num_store_float (gemm->c[g], gemm->c_dtype, i, c_owned[i]);
+}
+
+static gboolean
+cpu_check_float_dtype (int       dtype,
+                       GError  **error)
+{
+  if (dtype != GMLP_NUM_FLOAT32 && dtype != GMLP_NUM_FLOAT16 && dtype != GMLP_NUM_BFLOAT16)
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_UNSUPPORTED,
+                   "The CPU backend multiplies float32, float16 and bfloat16, not dtype %d", dtype);
+      return FALSE;
+    }
+  return TRUE;
+}
+
+static gboolean
+cpu_gemm (GmlpBackendDevice      *device,
+          const GmlpBackendGemm  *gemm,
+          GError                **error)
+{
+  guint g;
+
+  if (!cpu_check_float_dtype (gemm->ab_dtype, error))
+    return FALSE;
+  if (gemm->c_dtype != gemm->ab_dtype && gemm->c_dtype != GMLP_NUM_FLOAT32)
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_UNSUPPORTED,
+                   "GEMM output must be the input dtype or float32");
+      return FALSE;
+    }
+  if (gemm->n > G_MAXINT32 || gemm->k > G_MAXINT32)
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_UNSUPPORTED, "GEMM dimensions beyond int range");
+      return FALSE;
+    }
+  for (g = 0; g < gemm->n_groups; g++)
+    if (gemm->rows[g] > G_MAXINT32)
+      {
+        g_set_error (error, GMLP_ERROR, GMLP_ERROR_UNSUPPORTED, "GEMM dimensions beyond int range");
+        return FALSE;
+      }
+
+  for (g = 0; g < gemm->n_groups; g++)
+    cpu_gemm_group (gemm, g);
+  return TRUE;
+}
+
+static gboolean
+cpu_add_bias (GmlpBackendDevice  *device,
+              guint               n_groups,
+              const gint64       *rows,
+              gint64              n,
+              int                 dtype,
+              void * const       *c,
+              const void * const *bias,
+              GError            **error)
+{
+  guint g;
+
+  if (!cpu_check_float_dtype (dtype, error))
+    return FALSE;
+
+  for (g = 0; g < n_groups; g++)
+    {
+      gint64 r, j;
+
+      for (r = 0; r < rows[g]; r++)
+        for (j = 0; j < n; j++)
+          {
+            guint64 i = (guint64) (r * n + j);
+            gmlp_num_store_float (c[g], dtype, i,
+                                  gmlp_num_load_float (c[g], dtype, i) +
+                                  gmlp_num_load_float (bias[g], dtype, (guint64) j));
+          }
+    }
+  return TRUE;
+}
+
+static gboolean
+cpu_bias_grad (GmlpBackendDevice  *device,
+               guint               n_groups,
+               const gint64       *rows,
+               gint64              n,
+               int                 dtype,
+               const void * const *a,
+               void * const       *dbias,
+               GError            **error)
+{
+  g_autofree float *sum = g_new (float, MAX (n, 1));
+  guint g;
+
+  if (!cpu_check_float_dtype (dtype, error))
+    return FALSE;
+
+  for (g = 0; g < n_groups; g++)
+    {
+      gint64 r, j;
+
+      memset (sum, 0, sizeof (float) * n);
+      for (r = 0; r < rows[g]; r++)
+        for (j = 0; j < n; j++)
+          sum[j] += gmlp_num_load_float (a[g], dtype, (guint64) (r * n + j));
+      for (j = 0; j < n; j++)
+        gmlp_num_store_float (dbias[g], dtype, (guint64) j, sum[j]);
+    }
+  return TRUE;
+}
+
+static GmlpBackendEvent *
+cpu_event_record (GmlpBackendDevice  *device,
+                  GError            **error)
+{
+  return g_new0 (GmlpBackendEvent, 1);
+}
+
+static gboolean
+cpu_event_synchronize (GmlpBackendEvent  *event,
+                       GError           **error)
+{
+  return TRUE;
+}
+
+static gboolean
+cpu_event_query (GmlpBackendEvent *event)
+{
+  return TRUE;
+}
+
+static gboolean
+cpu_event_wait (GmlpBackendDevice  *device,
+                GmlpBackendEvent   *event,
+                GError            **error)
+{
+  return TRUE;
+}
+
+static gpointer
+cpu_event_get_native (GmlpBackendEvent *event)
+{
+  return NULL;
+}
+
+static void
+cpu_event_free (GmlpBackendEvent *event)
+{
+  g_free (event);
+}
+
 static const GmlpBackend cpu_backend = {
   .abi_version = GMLP_BACKEND_ABI_VERSION,
   .name = "cpu",
@@ -196,6 +433,15 @@ static const GmlpBackend cpu_backend = {
   .synchronize = cpu_synchronize,
   .convert = cpu_convert,
   .fill_random = cpu_fill_random,
+  .gemm = cpu_gemm,
+  .add_bias = cpu_add_bias,
+  .bias_grad = cpu_bias_grad,
+  .event_record = cpu_event_record,
+  .event_synchronize = cpu_event_synchronize,
+  .event_query = cpu_event_query,
+  .event_wait = cpu_event_wait,
+  .event_get_native = cpu_event_get_native,
+  .event_free = cpu_event_free,
 };
 
 const GmlpBackend *

@@ -1,14 +1,20 @@
 /* gmlp-cuda-backend.c: the CUDA backend module
  *
- * Host-side C over the CUDA runtime and the kernels' C ABI. Built as the
- * loadable module libgmlp-backend-cuda.so with the CUDA runtime linked
- * statically, so that at run time it needs nothing from CUDA but the
- * driver's libcuda.so.1, and even that only once a device is used: on a
- * machine without an NVIDIA driver the module loads and reports no devices.
+ * Host-side C over the CUDA runtime, cuBLAS and the kernels' C ABI. Built
+ * as the loadable module libgmlp-backend-cuda.so with the CUDA runtime
+ * linked statically, so that at run time it needs nothing from CUDA but
+ * libcublas (found through the module's runpath) and the driver's
+ * libcuda.so.1, and the latter only once a device is used: on a machine
+ * without an NVIDIA driver the module loads and reports no devices.
  *
- * Each GmlpBackendDevice owns a non-blocking stream and a memory pool on its
- * device. All work is enqueued on that stream; allocations come from the pool
- * in stream order, so steady-state allocation never reaches the driver.
+ * Each GmlpBackendDevice owns a non-blocking stream, a memory pool and a
+ * cuBLAS handle on its device. All work is enqueued on that stream;
+ * allocations come from the pool in stream order, so steady-state allocation
+ * never reaches the driver.
+ *
+ * This file has the device, memory and element-wise entry points and the
+ * backend table; the GEMMs, the bias operations and the events have files of
+ * their own (gmlp-cuda-private.h lists what they share).
  *
  * SPDX-License-Identifier: LGPL-2.1-or-later
  */
@@ -17,26 +23,10 @@
 
 #include <stdint.h>
 
-#include <cuda_runtime_api.h>
-
-#include "gmlp-error.h"
-#include "gmlp-kernels.h"
-#include "backend/gmlp-backend.h"
-
-/* The module does not link libgmlp, so it cannot call gmlp_error_quark();
- * the quark of the same string is the same quark. */
-#define GMLP_CUDA_ERROR (g_quark_from_static_string ("gmlp-error-quark"))
+#include "gmlp-cuda-private.h"
 
 /* alloc (0) still hands out a distinct pointer of this many bytes. */
 #define GMLP_CUDA_MIN_ALLOCATION 256
-
-struct _GmlpBackendDevice
-{
-  int           ordinal;
-  cudaStream_t  stream;
-  cudaMemPool_t pool;
-  char         *name;
-};
 
 __attribute__((visibility ("default")))
 const GmlpBackend *gmlp_backend_cuda_get (void);
@@ -62,7 +52,7 @@ gmlp_cuda_error_code (cudaError_t err)
 /* Reports a failed runtime call as a GError and clears the runtime's record
  * of it, so that the next check does not see it again. (Sticky errors, which
  * leave the context unusable, stay: every later call reports them.) */
-static gboolean
+gboolean
 gmlp_cuda_fail (GError      **error,
                 const char   *what,
                 cudaError_t   err)
@@ -75,7 +65,7 @@ gmlp_cuda_fail (GError      **error,
 }
 
 /* Maps a kernel status to a GError; what names the kernel entry point. */
-static gboolean
+gboolean
 gmlp_cuda_kernel_result (GmlpKernelStatus   status,
                          const char        *what,
                          GError           **error)
@@ -103,7 +93,7 @@ gmlp_cuda_kernel_result (GmlpKernelStatus   status,
 
 /* Makes the device current on the calling thread; the runtime keeps the
  * current device per thread, and any thread may call into the backend. */
-static gboolean
+gboolean
 gmlp_cuda_activate (GmlpBackendDevice  *device,
                     GError            **error)
 {
@@ -139,6 +129,8 @@ gmlp_cuda_close_device (GmlpBackendDevice *device)
 
   if (cudaSetDevice (device->ordinal) == cudaSuccess)
     {
+      /* Before the stream goes: the workspace is freed on it. */
+      gmlp_cuda_cublas_fini (device);
       if (device->stream != NULL)
         {
           (void) cudaStreamSynchronize (device->stream);
@@ -232,6 +224,9 @@ gmlp_cuda_open_device (int      ordinal,
       goto fail;
     }
 
+  if (!gmlp_cuda_cublas_init (device, error))
+    goto fail;
+
   return device;
 
 fail:
@@ -245,7 +240,7 @@ gmlp_cuda_get_device_name (GmlpBackendDevice *device)
   return g_strdup (device->name);
 }
 
-static gpointer
+gpointer
 gmlp_cuda_alloc (GmlpBackendDevice  *device,
                  gsize               nbytes,
                  GError            **error)
@@ -267,7 +262,7 @@ gmlp_cuda_alloc (GmlpBackendDevice  *device,
   return ptr;
 }
 
-static void
+void
 gmlp_cuda_free (GmlpBackendDevice *device,
                 gpointer           ptr)
 {
@@ -287,6 +282,53 @@ gmlp_cuda_free (GmlpBackendDevice *device,
                cudaGetErrorString (err), cudaGetErrorName (err));
       (void) cudaGetLastError ();
     }
+}
+
+/* Allocates table_bytes, rounded up to the pool's 256-byte alignment, plus
+ * extra_bytes from the pool and enqueues one copy of the host table into
+ * the start of it; the extra bytes follow at the rounded offset (*extra,
+ * when extra is not NULL). The table is the caller's own pageable memory,
+ * which the runtime has copied out by the time cudaMemcpyAsync() returns
+ * (see gmlp_cuda_upload()): the caller may free it at once, and nothing
+ * waits for the stream. Free the result with gmlp_cuda_free() once the work
+ * using it is enqueued. */
+gpointer
+gmlp_cuda_upload_table (GmlpBackendDevice  *device,
+                        gconstpointer       table,
+                        gsize               table_bytes,
+                        gsize               extra_bytes,
+                        gpointer           *extra,
+                        GError            **error)
+{
+  gsize table_space = (table_bytes + GMLP_CUDA_MIN_ALLOCATION - 1) /
+                      GMLP_CUDA_MIN_ALLOCATION * GMLP_CUDA_MIN_ALLOCATION;
+  gpointer ptr;
+  cudaError_t err;
+
+  if (table_space < table_bytes || extra_bytes > G_MAXSIZE - table_space)
+    {
+      g_set_error (error, GMLP_CUDA_ERROR, GMLP_ERROR_OUT_OF_MEMORY,
+                   "CUDA: a table of %" G_GSIZE_FORMAT " bytes and %" G_GSIZE_FORMAT
+                   " bytes of scratch do not fit in memory", table_bytes, extra_bytes);
+      return NULL;
+    }
+
+  ptr = gmlp_cuda_alloc (device, table_space + extra_bytes, error);
+  if (ptr == NULL)
+    return NULL;
+  if (extra != NULL)
+    *extra = (guint8 *) ptr + table_space;
+  if (table_bytes == 0)
+    return ptr;
+
+  err = cudaMemcpyAsync (ptr, table, table_bytes, cudaMemcpyHostToDevice, device->stream);
+  if (err != cudaSuccess)
+    {
+      gmlp_cuda_fail (error, "cudaMemcpyAsync", err);
+      gmlp_cuda_free (device, ptr);
+      return NULL;
+    }
+  return ptr;
 }
 
 /* Whether host memory at ptr is pinned or managed, i.e. whether the runtime
@@ -475,6 +517,17 @@ static const GmlpBackend gmlp_cuda_backend = {
 
   .convert = gmlp_cuda_convert,
   .fill_random = gmlp_cuda_fill_random,
+
+  .gemm = gmlp_cuda_gemm,
+  .add_bias = gmlp_cuda_add_bias,
+  .bias_grad = gmlp_cuda_bias_grad,
+
+  .event_record = gmlp_cuda_event_record,
+  .event_synchronize = gmlp_cuda_event_synchronize,
+  .event_query = gmlp_cuda_event_query,
+  .event_wait = gmlp_cuda_event_wait,
+  .event_get_native = gmlp_cuda_event_get_native,
+  .event_free = gmlp_cuda_event_free,
 };
 
 /* The module's one exported symbol; see GmlpBackendGetFunc. */

@@ -1,0 +1,77 @@
+#!/usr/bin/env python3
+# Merges gmlp-bench's JSON lines with the anchors of ../shared/bench measured
+# in the same run (anchors.py, cublas_anchor) into a Markdown table of
+# TFLOP/s and ratios.
+#
+#   compare.py GMLP.jsonl ANCHORS.jsonl CUBLAS.jsonl
+#
+# SPDX-License-Identifier: LGPL-2.1-or-later
+
+import json
+import sys
+
+
+def lines(path):
+    out = []
+    try:
+        for line in open(path):
+            line = line.strip()
+            if line.startswith('{'):
+                try:
+                    out.append(json.loads(line))
+                except ValueError:
+                    pass
+    except OSError:
+        pass
+    return out
+
+
+gmlp = {}
+for r in lines(sys.argv[1]):
+    if r.get('bench') == 'gmlp':
+        gmlp[(r['shape'], bool(r['skew']), r['op'])] = r
+torch = {(r['shape'], bool(r['skew'])): r for r in lines(sys.argv[2]) if 'shape' in r}
+cublas = {(r['shape'], bool(r['skew'])): r for r in lines(sys.argv[3]) if 'shape' in r}
+
+
+def f(v):
+    return '–' if v is None else '%.0f' % v
+
+
+def ratio(a, b):
+    return '–' if a is None or not b else '%.2f×' % (a / b)
+
+
+shapes = []
+for (shape, skew, op) in gmlp:
+    if (shape, skew) not in shapes:
+        shapes.append((shape, skew))
+
+print('### fprop (y = x Wᵀ), BF16, TFLOP/s\n')
+print('| shape | routing | libgmlp | cuBLAS loop | cuBLAS 4 streams | cuBLAS grouped batched | torch._grouped_mm | vs loop | vs grouped batched | vs best anchor | host µs/call |')
+print('|---|---|---|---|---|---|---|---|---|---|---|')
+for shape, skew in shapes:
+    g = gmlp.get((shape, skew, 'fprop'), {})
+    c = cublas.get((shape, skew), {})
+    t = torch.get((shape, skew), {})
+    ours = g.get('tflops')
+    loop = c.get('cublas_loop1_tflops')
+    loop4 = c.get('cublas_loop4stream_tflops')
+    grouped = c.get('cublas_grouped_batched_tflops')
+    tg = t.get('grouped_fprop_tflops')
+    best = max([v for v in (loop, loop4, grouped, tg) if v] or [0])
+    print('| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %.0f |' % (
+        shape, 'skewed' if skew else 'balanced', f(ours), f(loop), f(loop4), f(grouped), f(tg),
+        ratio(ours, loop), ratio(ours, grouped), ratio(ours, best), g.get('host_us', 0)))
+
+print('\n### wgrad (dW = dyᵀ x) and dgrad (dx = dy W), BF16, TFLOP/s\n')
+print('| shape | routing | libgmlp wgrad | torch loop wgrad | torch._grouped_mm wgrad | wgrad vs torch grouped | libgmlp dgrad | dgrad host µs | wgrad host µs |')
+print('|---|---|---|---|---|---|---|---|---|')
+for shape, skew in shapes:
+    w = gmlp.get((shape, skew, 'wgrad'), {})
+    d = gmlp.get((shape, skew, 'dgrad'), {})
+    t = torch.get((shape, skew), {})
+    print('| %s | %s | %s | %s | %s | %s | %s | %.0f | %.0f |' % (
+        shape, 'skewed' if skew else 'balanced', f(w.get('tflops')), f(t.get('loop_wgrad_tflops')),
+        f(t.get('grouped_wgrad_tflops')), ratio(w.get('tflops'), t.get('grouped_wgrad_tflops')),
+        f(d.get('tflops')), d.get('host_us', 0), w.get('host_us', 0)))

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# On the GPU host, after scripts/gpu-suite.sh built build-gpu/: times the
+# anchors of ../shared/bench (copied into .bench/) and gmlp-bench in one run
+# and prints the comparison table. Logs go to $OUT (or /tmp).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out="${OUT:-/tmp}"
+export LD_LIBRARY_PATH="/usr/lib/x86_64-linux-gnu/openblas-pthread${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export GMLP_BACKEND_DIR="$PWD/build-gpu/libgmlp/backend/cuda"
+export PATH="/usr/local/cuda/bin:$PATH"
+
+nvcc -O2 -gencode=arch=compute_90a,code=sm_90a -o /tmp/cublas_anchor .bench/cublas_anchor.cu -lcublas
+build-gpu/bench/gmlp-bench "$@" | tee "$out/gmlp-bench.jsonl"
+/tmp/cublas_anchor | tee "$out/cublas-anchor.jsonl"
+PYTHONUNBUFFERED=1 python3 .bench/anchors.py "$out/anchors.json" | tee "$out/anchors.jsonl"
+python3 bench/compare.py "$out/gmlp-bench.jsonl" "$out/anchors.jsonl" "$out/cublas-anchor.jsonl" | tee "$out/compare.md"

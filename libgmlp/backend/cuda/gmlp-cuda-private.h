@@ -1,0 +1,100 @@
+/* gmlp-cuda-private.h: what the files of the CUDA backend module share
+ *
+ * Nothing here leaves the module: it is built with hidden visibility and
+ * exports only gmlp_backend_cuda_get().
+ *
+ * SPDX-License-Identifier: LGPL-2.1-or-later
+ */
+
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include "gmlp-error.h"
+#include "gmlp-kernels.h"
+#include "backend/gmlp-backend.h"
+
+G_BEGIN_DECLS
+
+/* The module does not link libgmlp, so it cannot call gmlp_error_quark();
+ * the quark of the same string is the same quark. */
+#define GMLP_CUDA_ERROR (g_quark_from_static_string ("gmlp-error-quark"))
+
+struct _GmlpBackendDevice
+{
+  int             ordinal;
+  cudaStream_t    stream;
+  cudaMemPool_t   pool;
+  /* Bound to stream, with cublas_workspace (from pool) as its workspace. */
+  cublasHandle_t  cublas;
+  void           *cublas_workspace;
+  char           *name;
+};
+
+struct _GmlpBackendEvent
+{
+  cudaEvent_t  event;
+  int          ordinal;   /* the device whose stream recorded it */
+};
+
+/* gmlp-cuda-backend.c */
+gboolean  gmlp_cuda_fail            (GError            **error,
+                                     const char         *what,
+                                     cudaError_t         err);
+gboolean  gmlp_cuda_kernel_result   (GmlpKernelStatus    status,
+                                     const char         *what,
+                                     GError            **error);
+gboolean  gmlp_cuda_activate        (GmlpBackendDevice  *device,
+                                     GError            **error);
+gpointer  gmlp_cuda_alloc           (GmlpBackendDevice  *device,
+                                     gsize               nbytes,
+                                     GError            **error);
+void      gmlp_cuda_free            (GmlpBackendDevice  *device,
+                                     gpointer            ptr);
+gpointer  gmlp_cuda_upload_table    (GmlpBackendDevice  *device,
+                                     gconstpointer       table,
+                                     gsize               table_bytes,
+                                     gsize               extra_bytes,
+                                     gpointer           *extra,
+                                     GError            **error);
+
+/* gmlp-cuda-gemm.c */
+gboolean  gmlp_cuda_cublas_init     (GmlpBackendDevice  *device,
+                                     GError            **error);
+void      gmlp_cuda_cublas_fini     (GmlpBackendDevice  *device);
+gboolean  gmlp_cuda_gemm            (GmlpBackendDevice      *device,
+                                     const GmlpBackendGemm  *gemm,
+                                     GError                **error);
+
+/* gmlp-cuda-bias.c */
+gboolean  gmlp_cuda_add_bias        (GmlpBackendDevice   *device,
+                                     guint                n_groups,
+                                     const gint64        *rows,
+                                     gint64               n,
+                                     int                  dtype,
+                                     void * const        *c,
+                                     const void * const  *bias,
+                                     GError             **error);
+gboolean  gmlp_cuda_bias_grad       (GmlpBackendDevice   *device,
+                                     guint                n_groups,
+                                     const gint64        *rows,
+                                     gint64               n,
+                                     int                  dtype,
+                                     const void * const  *a,
+                                     void * const        *dbias,
+                                     GError             **error);
+
+/* gmlp-cuda-event.c */
+GmlpBackendEvent *gmlp_cuda_event_record      (GmlpBackendDevice  *device,
+                                               GError            **error);
+gboolean          gmlp_cuda_event_synchronize (GmlpBackendEvent   *event,
+                                               GError            **error);
+gboolean          gmlp_cuda_event_query       (GmlpBackendEvent   *event);
+gboolean          gmlp_cuda_event_wait        (GmlpBackendDevice  *device,
+                                               GmlpBackendEvent   *event,
+                                               GError            **error);
+gpointer          gmlp_cuda_event_get_native  (GmlpBackendEvent   *event);
+void              gmlp_cuda_event_free        (GmlpBackendEvent   *event);
+
+G_END_DECLS

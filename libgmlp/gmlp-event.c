@@ -1,0 +1,206 @@
+/* gmlp-event.c
+ *
+ * SPDX-License-Identifier: LGPL-2.1-or-later
+ */
+
+#include "config.h"
+
+#include "gmlp-event.h"
+#include "gmlp-device-private.h"
+#include "gmlp-error.h"
+
+/**
+ * GmlpEvent:
+ *
+ * A point in a [class@Gmlp.Device]'s stream: it completes when all the work
+ * enqueued on the stream before it has completed.
+ *
+ * The host can wait for it ([method@Gmlp.Event.synchronize]) or poll it
+ * ([method@Gmlp.Event.is_complete]); another device's stream can wait for it
+ * without blocking the host ([method@Gmlp.Event.wait_on_device]); and C code
+ * can make its own CUDA stream wait for it through
+ * [method@Gmlp.Event.get_native_handle], for example to start a gradient
+ * all-reduce as soon as [signal@Gmlp.GroupedLinear::wgrad-ready]'s event
+ * completes. On the CPU events are complete when they are made.
+ *
+ * Since: 0.1
+ */
+
+struct _GmlpEvent
+{
+  GObject            parent_instance;
+
+  GmlpDevice        *device;
+  GmlpBackendEvent  *event;
+};
+
+G_DEFINE_FINAL_TYPE (GmlpEvent, gmlp_event, G_TYPE_OBJECT)
+
+static void
+gmlp_event_finalize (GObject *object)
+{
+  GmlpEvent *self = (GmlpEvent *) object;
+
+  if (self->event != NULL)
+    gmlp_device_get_backend (self->device)->event_free (self->event);
+  g_clear_object (&self->device);
+
+  G_OBJECT_CLASS (gmlp_event_parent_class)->finalize (object);
+}
+
+static void
+gmlp_event_class_init (GmlpEventClass *klass)
+{
+  G_OBJECT_CLASS (klass)->finalize = gmlp_event_finalize;
+}
+
+static void
+gmlp_event_init (GmlpEvent *self)
+{
+}
+
+/**
+ * gmlp_event_new_recorded:
+ * @device: a #GmlpDevice
+ * @error: return location for a #GError
+ *
+ * Records an event on @device's stream, after the work enqueued so far.
+ *
+ * Returns: (transfer full): the event, or %NULL with %GMLP_ERROR_BACKEND
+ *
+ * Since: 0.1
+ */
+GmlpEvent *
+gmlp_event_new_recorded (GmlpDevice  *device,
+                         GError     **error)
+{
+  GmlpBackendEvent *event;
+  GmlpEvent *self;
+
+  g_return_val_if_fail (GMLP_IS_DEVICE (device), NULL);
+  g_return_val_if_fail (error == NULL || *error == NULL, NULL);
+
+  event = GMLP_DEVICE_CALL (device, event_record, error);
+  if (event == NULL)
+    return NULL;
+
+  self = g_object_new (GMLP_TYPE_EVENT, NULL);
+  self->device = g_object_ref (device);
+  self->event = event;
+  return self;
+}
+
+/**
+ * gmlp_event_get_device:
+ * @self: a #GmlpEvent
+ *
+ * Returns: (transfer none): the device on whose stream the event was recorded
+ *
+ * Since: 0.1
+ */
+GmlpDevice *
+gmlp_event_get_device (GmlpEvent *self)
+{
+  g_return_val_if_fail (GMLP_IS_EVENT (self), NULL);
+
+  return self->device;
+}
+
+/**
+ * gmlp_event_is_complete:
+ * @self: a #GmlpEvent
+ *
+ * Polls the event without blocking.
+ *
+ * Returns: %TRUE once the work before the event has completed
+ *
+ * Since: 0.1
+ */
+gboolean
+gmlp_event_is_complete (GmlpEvent *self)
+{
+  g_return_val_if_fail (GMLP_IS_EVENT (self), FALSE);
+
+  return gmlp_device_get_backend (self->device)->event_query (self->event);
+}
+
+/**
+ * gmlp_event_synchronize:
+ * @self: a #GmlpEvent
+ * @error: return location for a #GError
+ *
+ * Blocks the calling thread until the event has completed.
+ *
+ * Returns: %TRUE on success; %FALSE with %GMLP_ERROR_BACKEND if the device
+ *   reported an error
+ *
+ * Since: 0.1
+ */
+gboolean
+gmlp_event_synchronize (GmlpEvent  *self,
+                        GError    **error)
+{
+  g_return_val_if_fail (GMLP_IS_EVENT (self), FALSE);
+  g_return_val_if_fail (error == NULL || *error == NULL, FALSE);
+
+  return gmlp_device_get_backend (self->device)->event_synchronize (self->event, error);
+}
+
+/**
+ * gmlp_event_wait_on_device:
+ * @self: a #GmlpEvent
+ * @device: the device whose stream waits
+ * @error: return location for a #GError
+ *
+ * Makes @device's stream wait for the event: work enqueued on @device after
+ * this call starts only once the event has completed. The host does not
+ * wait.
+ *
+ * Returns: %TRUE on success; %FALSE with %GMLP_ERROR_UNSUPPORTED if @device
+ *   is of another kind than the event's device
+ *
+ * Since: 0.1
+ */
+gboolean
+gmlp_event_wait_on_device (GmlpEvent   *self,
+                           GmlpDevice  *device,
+                           GError     **error)
+{
+  g_return_val_if_fail (GMLP_IS_EVENT (self), FALSE);
+  g_return_val_if_fail (GMLP_IS_DEVICE (device), FALSE);
+  g_return_val_if_fail (error == NULL || *error == NULL, FALSE);
+
+  if (gmlp_device_get_backend (device) != gmlp_device_get_backend (self->device))
+    {
+      /* The CPU runs its work on the calling thread: waiting on the host
+       * orders it after the event. */
+      if (gmlp_device_get_kind (device) == GMLP_DEVICE_KIND_CPU)
+        return gmlp_event_synchronize (self, error);
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_UNSUPPORTED,
+                   "A %s stream cannot wait for an event of %s",
+                   gmlp_device_get_name (device), gmlp_device_get_name (self->device));
+      return FALSE;
+    }
+
+  return GMLP_DEVICE_CALL (device, event_wait, self->event, error);
+}
+
+/**
+ * gmlp_event_get_native_handle:
+ * @self: a #GmlpEvent
+ *
+ * Gets the backend's own event, for C code that drives its own streams: a
+ * `cudaEvent_t` for a CUDA device (pass it to `cudaStreamWaitEvent()`), %NULL
+ * for the CPU. It stays valid as long as @self.
+ *
+ * Returns: (nullable) (transfer none): the native event
+ *
+ * Since: 0.1
+ */
+gpointer
+gmlp_event_get_native_handle (GmlpEvent *self)
+{
+  g_return_val_if_fail (GMLP_IS_EVENT (self), NULL);
+
+  return gmlp_device_get_backend (self->device)->event_get_native (self->event);
+}
