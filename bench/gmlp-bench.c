@@ -3,8 +3,9 @@
  * For each shape of ../shared/bench (experts E, routed rows M, in K, out N)
  * and balanced and skewed routing, times fprop (y = x Wᵀ), dgrad
  * (dx = dy W) and wgrad (dW = dyᵀ x) of a BF16 GmlpGroupedLinear on the
- * default device, and the host time one call takes. The skewed split is the
- * one cublas_anchor.cu uses, so the figures compare with its run.
+ * default device, and the host time one call takes. Each call is timed with
+ * device events and the median taken, as the anchors are. The skewed split is
+ * the one cublas_anchor.cu uses.
  *
  *   gmlp-bench [--shape NAME] [--iters N] [--divide D]
  *
@@ -29,12 +30,12 @@ static const Shape shapes[] = {
 };
 
 static char *only_shape = NULL;
-static gint iters = 20;
+static gint iters = 100;
 static gint divide = 1;
 
 static const GOptionEntry entries[] = {
   { "shape", 's', 0, G_OPTION_ARG_STRING, &only_shape, "Run one shape only", "NAME" },
-  { "iters", 'n', 0, G_OPTION_ARG_INT, &iters, "Timed calls per measurement (default 20)", "N" },
+  { "iters", 'n', 0, G_OPTION_ARG_INT, &iters, "Timed calls per measurement (default 100)", "N" },
   { "divide", 'd', 0, G_OPTION_ARG_INT, &divide, "Divide M, K and N by D (for the CPU)", "D" },
   { NULL }
 };
@@ -77,43 +78,66 @@ split_rows (gint64 experts, gint64 rows, gboolean skew)
 }
 
 typedef struct {
-  double ms;        /* device time per call */
+  double ms;        /* device time per call: the median over the timed calls */
   double host_us;   /* host time per call, device idle at the start */
 } Timing;
 
 typedef gboolean (*Op) (gpointer data, guint i, GError **error);
 
+static int
+compare_doubles (gconstpointer a, gconstpointer b)
+{
+  double x = *(const double *) a, y = *(const double *) b;
+  return x < y ? -1 : x > y;
+}
+
+/* Times n calls back to back with a pair of device events around each, as
+ * the anchors (triton's do_bench, cublas_anchor) do, and takes the median. */
 static gboolean
 time_op (GmlpDevice *device, Op op, gpointer data, guint n, Timing *t, GError **error)
 {
-  gint64 start, end, host = 0;
+  g_autofree double *ms = g_new (double, n);
+  GPtrArray *events = g_ptr_array_new_with_free_func (g_object_unref);
+  gint64 start, host = 0;
+  gboolean ok = FALSE;
   guint i;
 
   /* Host cost: one call at a time on an idle device. */
   for (i = 0; i < 3; i++)
     {
       if (!gmlp_device_synchronize (device, error))
-        return FALSE;
+        goto out;
       start = g_get_monotonic_time ();
       if (!op (data, i, error))
-        return FALSE;
+        goto out;
       host += g_get_monotonic_time () - start;
     }
-
-  /* Throughput: n calls back to back. */
   if (!gmlp_device_synchronize (device, error))
-    return FALSE;
-  start = g_get_monotonic_time ();
+    goto out;
+
   for (i = 0; i < n; i++)
-    if (!op (data, 3 + i, error))
-      return FALSE;
-  if (!gmlp_device_synchronize (device, error))
-    return FALSE;
-  end = g_get_monotonic_time ();
+    {
+      GmlpEvent *before = gmlp_event_new_recorded (device, error), *after;
 
-  t->ms = (end - start) / 1000.0 / n;
+      if (before == NULL)
+        goto out;
+      g_ptr_array_add (events, before);
+      if (!op (data, 3 + i, error) || (after = gmlp_event_new_recorded (device, error)) == NULL)
+        goto out;
+      g_ptr_array_add (events, after);
+    }
+  for (i = 0; i < n; i++)
+    if (!gmlp_event_elapsed_ms (events->pdata[2 * i], events->pdata[2 * i + 1], &ms[i], error))
+      goto out;
+
+  qsort (ms, n, sizeof (double), compare_doubles);
+  t->ms = ms[n / 2];
   t->host_us = host / 3.0;
-  return TRUE;
+  ok = TRUE;
+
+out:
+  g_ptr_array_unref (events);
+  return ok;
 }
 
 typedef struct {

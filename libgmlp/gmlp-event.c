@@ -186,6 +186,43 @@ gmlp_event_wait_on_device (GmlpEvent   *self,
 }
 
 /**
+ * gmlp_event_elapsed_ms:
+ * @start: an event
+ * @end: a later event of the same device
+ * @ms: (out): return location for the time between them, in milliseconds
+ * @error: return location for a #GError
+ *
+ * Measures the device time between two events, as benchmarks do: record one
+ * before the work and one after, then ask. Waits for @end.
+ *
+ * Returns: %TRUE on success; %FALSE with %GMLP_ERROR_INVALID_ARGUMENT for
+ *   events of two devices
+ *
+ * Since: 0.1
+ */
+gboolean
+gmlp_event_elapsed_ms (GmlpEvent  *start,
+                       GmlpEvent  *end,
+                       double     *ms,
+                       GError    **error)
+{
+  g_return_val_if_fail (GMLP_IS_EVENT (start), FALSE);
+  g_return_val_if_fail (GMLP_IS_EVENT (end), FALSE);
+  g_return_val_if_fail (ms != NULL, FALSE);
+  g_return_val_if_fail (error == NULL || *error == NULL, FALSE);
+
+  *ms = 0.0;
+  if (start->device != end->device)
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
+                   "The events were recorded on two devices (%s and %s)",
+                   gmlp_device_get_name (start->device), gmlp_device_get_name (end->device));
+      return FALSE;
+    }
+  return gmlp_device_get_backend (start->device)->event_elapsed (start->event, end->event, ms, error);
+}
+
+/**
  * gmlp_event_get_native_handle:
  * @self: a #GmlpEvent
  *

@@ -36,6 +36,11 @@ gboolean    gmlp_event_wait_on_device    (GmlpEvent   *self,
                                           GmlpDevice  *device,
                                           GError     **error);
 GMLP_AVAILABLE_IN_0_1
+gboolean    gmlp_event_elapsed_ms        (GmlpEvent   *start,
+                                          GmlpEvent   *end,
+                                          double      *ms,
+                                          GError     **error);
+GMLP_AVAILABLE_IN_0_1
 gpointer    gmlp_event_get_native_handle (GmlpEvent   *self);
 
 G_END_DECLS

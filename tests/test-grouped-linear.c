@@ -525,6 +525,38 @@ test_wgrad_ready (void)
   g_assert_true (gmlp_event_is_complete (mine));
   g_assert_true ((gmlp_event_get_native_handle (mine) != NULL) ==
                  (gmlp_device_get_kind (device) == GMLP_DEVICE_KIND_CUDA));
+
+  /* Device time between two events: the backward's work takes some. */
+  {
+    g_autoptr(GmlpEvent) start = gmlp_event_new_recorded (device, &error);
+    g_autoptr(GmlpEvent) end = NULL;
+    g_autoptr(GmlpSavedActivations) saved2 = NULL;
+    g_autoptr(GmlpGroupedTensor) y2 = NULL, dx2 = NULL;
+    double ms = -1.0;
+
+    y2 = gmlp_grouped_linear_forward (layer, x, &saved2, &error);
+    dx2 = gmlp_grouped_linear_backward (layer, saved2, dy, &error);
+    g_assert_no_error (error);
+    end = gmlp_event_new_recorded (device, &error);
+    g_assert_true (gmlp_event_elapsed_ms (start, end, &ms, &error));
+    g_assert_no_error (error);
+    g_assert_cmpfloat (ms, >, 0.0);
+    g_assert_cmpfloat (ms, <, 60000.0);
+    g_assert_cmpuint (check.calls, ==, 2);
+
+    if (gmlp_device_get_kind (device) != GMLP_DEVICE_KIND_CPU)
+      {
+        g_autoptr(GmlpDevice) cpu = gmlp_device_new (GMLP_DEVICE_KIND_CPU, 0, NULL);
+        g_autoptr(GmlpEvent) on_cpu = gmlp_event_new_recorded (cpu, NULL);
+
+        g_assert_false (gmlp_event_elapsed_ms (on_cpu, end, &ms, &error));
+        g_assert_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT);
+        g_clear_error (&error);
+        /* A CPU "stream" waits for a GPU event on the host. */
+        g_assert_true (gmlp_event_wait_on_device (end, cpu, &error));
+        g_assert_no_error (error);
+      }
+  }
 }
 
 /* Several microbatches in flight; backwards in reverse order; delayed

@@ -20,7 +20,7 @@ G_BEGIN_DECLS
 
 /* Bumped whenever the table changes; a module built for another version is
  * refused. */
-#define GMLP_BACKEND_ABI_VERSION 2
+#define GMLP_BACKEND_ABI_VERSION 3
 
 typedef struct _GmlpBackendDevice GmlpBackendDevice;
 typedef struct _GmlpBackendEvent GmlpBackendEvent;
@@ -168,6 +168,12 @@ typedef struct {
    * another device of the same backend) without blocking the host. */
   gboolean            (*event_wait)        (GmlpBackendDevice  *device,
                                             GmlpBackendEvent   *event,
+                                            GError            **error);
+  /* Milliseconds of device time between two completed events of one device
+   * (waits for end first). */
+  gboolean            (*event_elapsed)     (GmlpBackendEvent   *start,
+                                            GmlpBackendEvent   *end,
+                                            double             *ms,
                                             GError            **error);
   /* The backend's own handle (a cudaEvent_t for CUDA), or NULL. */
   gpointer            (*event_get_native)  (GmlpBackendEvent   *event);

@@ -22,10 +22,11 @@ struct _GmlpBackendDevice
   int ordinal;
 };
 
-/* Work on the CPU is done when the call returns: events are born complete. */
+/* Work on the CPU is done when the call returns: events are born complete,
+ * and the time they were made is when the work before them ended. */
 struct _GmlpBackendEvent
 {
-  int unused;
+  gint64 time_us;
 };
 
 static int
@@ -381,7 +382,20 @@ static GmlpBackendEvent *
 cpu_event_record (GmlpBackendDevice  *device,
                   GError            **error)
 {
-  return g_new0 (GmlpBackendEvent, 1);
+  GmlpBackendEvent *event = g_new0 (GmlpBackendEvent, 1);
+
+  event->time_us = g_get_monotonic_time ();
+  return event;
+}
+
+static gboolean
+cpu_event_elapsed (GmlpBackendEvent  *start,
+                   GmlpBackendEvent  *end,
+                   double            *ms,
+                   GError           **error)
+{
+  *ms = (end->time_us - start->time_us) / 1000.0;
+  return TRUE;
 }
 
 static gboolean
@@ -440,6 +454,7 @@ static const GmlpBackend cpu_backend = {
   .event_synchronize = cpu_event_synchronize,
   .event_query = cpu_event_query,
   .event_wait = cpu_event_wait,
+  .event_elapsed = cpu_event_elapsed,
   .event_get_native = cpu_event_get_native,
   .event_free = cpu_event_free,
 };

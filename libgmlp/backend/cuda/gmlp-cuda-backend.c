@@ -526,6 +526,7 @@ static const GmlpBackend gmlp_cuda_backend = {
   .event_synchronize = gmlp_cuda_event_synchronize,
   .event_query = gmlp_cuda_event_query,
   .event_wait = gmlp_cuda_event_wait,
+  .event_elapsed = gmlp_cuda_event_elapsed,
   .event_get_native = gmlp_cuda_event_get_native,
   .event_free = gmlp_cuda_event_free,
 };

@@ -1,8 +1,8 @@
 /* gmlp-cuda-event.c: events of the CUDA backend
  *
  * A GmlpBackendEvent is a cudaEvent_t recorded once, on the stream of the
- * device it was recorded on. Timing is disabled: such events are cheaper to
- * record and wait on, and nothing here measures time.
+ * device it was recorded on. Timing stays enabled so that two events can
+ * measure the device time between them (benchmarks, profiling).
  *
  * SPDX-License-Identifier: LGPL-2.1-or-later
  */
@@ -24,7 +24,7 @@ gmlp_cuda_event_record (GmlpBackendDevice  *device,
   event = g_new0 (GmlpBackendEvent, 1);
   event->ordinal = device->ordinal;
 
-  err = cudaEventCreateWithFlags (&event->event, cudaEventDisableTiming);
+  err = cudaEventCreateWithFlags (&event->event, cudaEventDefault);
   if (err != cudaSuccess)
     {
       g_free (event);
@@ -132,4 +132,23 @@ gmlp_cuda_event_free (GmlpBackendEvent *event)
       (void) cudaGetLastError ();
     }
   g_free (event);
+}
+
+gboolean
+gmlp_cuda_event_elapsed (GmlpBackendEvent  *start,
+                         GmlpBackendEvent  *end,
+                         double            *ms,
+                         GError           **error)
+{
+  cudaError_t err = gmlp_cuda_event_activate (end);
+  float elapsed = 0.0f;
+
+  if (err == cudaSuccess)
+    err = cudaEventSynchronize (end->event);
+  if (err == cudaSuccess)
+    err = cudaEventElapsedTime (&elapsed, start->event, end->event);
+  if (err != cudaSuccess)
+    return gmlp_cuda_fail (error, "cudaEventElapsedTime", err);
+  *ms = elapsed;
+  return TRUE;
 }

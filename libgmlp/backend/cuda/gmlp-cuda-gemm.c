@@ -22,6 +22,8 @@
 
 #include "config.h"
 
+#include <stdlib.h>
+
 #include "gmlp-numeric.h"
 #include "gmlp-cuda-private.h"
 
@@ -507,11 +509,38 @@ gmlp_cuda_gemm_loop (GmlpBackendDevice       *device,
   return TRUE;
 }
 
-/* One cublasGemmGroupedBatchedEx() call over the non-empty groups, each a
- * cuBLAS group of one product. Its A, B and C pointer arrays must be in
- * device memory: they go up in one copy into a pool allocation that is
- * released, stream-ordered, right after the call. The other arrays are read
- * on the host.
+/* Orders products by shape, so that equal shapes sit next to each other. */
+static int
+gmlp_cuda_product_compare (gconstpointer a,
+                           gconstpointer b)
+{
+  const GmlpCudaProduct *p = a, *q = b;
+
+  if (p->m != q->m)
+    return p->m < q->m ? -1 : 1;
+  if (p->n != q->n)
+    return p->n < q->n ? -1 : 1;
+  if (p->k != q->k)
+    return p->k < q->k ? -1 : 1;
+  if (p->beta != q->beta)
+    return p->beta < q->beta ? -1 : 1;
+  return 0;
+}
+
+static gboolean
+gmlp_cuda_product_same_shape (const GmlpCudaProduct *p,
+                              const GmlpCudaProduct *q)
+{
+  return gmlp_cuda_product_compare (p, q) == 0 && p->transa == q->transa &&
+         p->transb == q->transb && p->lda == q->lda && p->ldb == q->ldb && p->ldc == q->ldc;
+}
+
+/* One cublasGemmGroupedBatchedEx() call over the non-empty groups. Products
+ * of the same shape (every expert, with balanced routing) form one cuBLAS
+ * group, which cuBLAS runs as a batched product: faster than one group per
+ * product. Its A, B and C pointer arrays must be in device memory: they go up
+ * in one copy into a pool allocation that is released, stream-ordered, right
+ * after the call. The other arrays are read on the host.
  *
  * When cuBLAS has no grouped kernel for the call it says so before running
  * anything: then *fall_back is set, error is not, and the empty sums are
@@ -525,6 +554,7 @@ gmlp_cuda_gemm_grouped (GmlpBackendDevice       *device,
 {
   const guint count = plan->n_products;
   const gsize pointer_bytes = 3 * (gsize) count * sizeof (void *);
+  g_autofree GmlpCudaProduct *products = g_new (GmlpCudaProduct, count);
   g_autofree guint8 *block = NULL;
   const void **pointers;
   cublasOperation_t *transa, *transb;
@@ -532,10 +562,16 @@ gmlp_cuda_gemm_grouped (GmlpBackendDevice       *device,
   float *alpha, *beta;
   void **device_pointers;
   cublasStatus_t status;
-  guint j = 0;
+  guint j = 0, n_shapes = 0;
+
+  for (guint i = 0; i < gemm->n_groups; i++)
+    if (gmlp_cuda_gemm_group_work (gemm, i) == GMLP_CUDA_GROUP_GEMM)
+      gmlp_cuda_gemm_product (gemm, i, &products[j++]);
+  g_assert (j == count);
+  qsort (products, count, sizeof *products, gmlp_cuda_product_compare);
 
   /* One host block: the pointer table that is uploaded, then the arrays
-   * cuBLAS reads on the host (all 4-byte elements). */
+   * cuBLAS reads on the host (all 4-byte elements), one entry per shape. */
   block = g_malloc (pointer_bytes + (gsize) count * (2 * sizeof (cublasOperation_t) +
                                                      7 * sizeof (int) + 2 * sizeof (float)));
   pointers = (const void **) block;
@@ -551,30 +587,31 @@ gmlp_cuda_gemm_grouped (GmlpBackendDevice       *device,
   alpha = (float *) (group_size + count);
   beta = alpha + count;
 
-  for (guint i = 0; i < gemm->n_groups; i++)
+  for (j = 0; j < count; j++)
     {
-      GmlpCudaProduct p;
+      const GmlpCudaProduct *p = &products[j];
 
-      if (gmlp_cuda_gemm_group_work (gemm, i) != GMLP_CUDA_GROUP_GEMM)
-        continue;
-      gmlp_cuda_gemm_product (gemm, i, &p);
-      pointers[j] = p.a;
-      pointers[count + j] = p.b;
-      pointers[2 * count + j] = p.c;
-      transa[j] = p.transa;
-      transb[j] = p.transb;
-      m[j] = p.m;
-      n[j] = p.n;
-      k[j] = p.k;
-      lda[j] = p.lda;
-      ldb[j] = p.ldb;
-      ldc[j] = p.ldc;
-      group_size[j] = 1;
-      alpha[j] = 1.0f;
-      beta[j] = p.beta;
-      j++;
+      pointers[j] = p->a;
+      pointers[count + j] = p->b;
+      pointers[2 * count + j] = p->c;
+      if (j > 0 && gmlp_cuda_product_same_shape (p, &products[j - 1]))
+        {
+          group_size[n_shapes - 1]++;
+          continue;
+        }
+      transa[n_shapes] = p->transa;
+      transb[n_shapes] = p->transb;
+      m[n_shapes] = p->m;
+      n[n_shapes] = p->n;
+      k[n_shapes] = p->k;
+      lda[n_shapes] = p->lda;
+      ldb[n_shapes] = p->ldb;
+      ldc[n_shapes] = p->ldc;
+      group_size[n_shapes] = 1;
+      alpha[n_shapes] = 1.0f;
+      beta[n_shapes] = p->beta;
+      n_shapes++;
     }
-  g_assert (j == count);
 
   device_pointers = gmlp_cuda_upload_table (device, pointers, pointer_bytes, 0, NULL, error);
   if (device_pointers == NULL)
@@ -594,11 +631,11 @@ gmlp_cuda_gemm_grouped (GmlpBackendDevice       *device,
                                        beta,
                                        (void * const *) (device_pointers + 2 * (gsize) count),
                                        plan->c_type, ldc,
-                                       (int) count, group_size, CUBLAS_COMPUTE_32F);
+                                       (int) n_shapes, group_size, CUBLAS_COMPUTE_32F);
   gmlp_cuda_free (device, device_pointers);
   if (status == CUBLAS_STATUS_NOT_SUPPORTED)
     {
-      g_debug ("cuBLAS: cublasGemmGroupedBatchedEx: %s for %s with %u groups; "
+      g_debug ("cuBLAS: cublasGemmGroupedBatchedEx: %s for %s with %u products; "
                "one cublasGemmEx per group instead", cublasGetStatusName (status),
                gmlp_cuda_gemm_kind_name (gemm->kind), count);
       (void) cudaGetLastError ();
@@ -607,9 +644,9 @@ gmlp_cuda_gemm_grouped (GmlpBackendDevice       *device,
     }
   if (status != CUBLAS_STATUS_SUCCESS)
     return gmlp_cuda_cublas_fail (error, "cublasGemmGroupedBatchedEx", status,
-                                  "%s, %u groups, n=%" G_GINT64_FORMAT ", k=%" G_GINT64_FORMAT,
-                                  gmlp_cuda_gemm_kind_name (gemm->kind), count,
-                                  gemm->n, gemm->k);
+                                  "%s, %u products in %u shapes, n=%" G_GINT64_FORMAT
+                                  ", k=%" G_GINT64_FORMAT, gmlp_cuda_gemm_kind_name (gemm->kind),
+                                  count, n_shapes, gemm->n, gemm->k);
   return TRUE;
 }
 

@@ -94,6 +94,10 @@ gboolean          gmlp_cuda_event_query       (GmlpBackendEvent   *event);
 gboolean          gmlp_cuda_event_wait        (GmlpBackendDevice  *device,
                                                GmlpBackendEvent   *event,
                                                GError            **error);
+gboolean          gmlp_cuda_event_elapsed     (GmlpBackendEvent   *start,
+                                               GmlpBackendEvent   *end,
+                                               double             *ms,
+                                               GError            **error);
 gpointer          gmlp_cuda_event_get_native  (GmlpBackendEvent   *event);
 void              gmlp_cuda_event_free        (GmlpBackendEvent   *event);
 
