@@ -122,6 +122,14 @@ GmlpKernelStatus gmlp_kernel_grouped_bias      (const GmlpKernelBiasPlan  *plan,
                                                 void                      *scratch,
                                                 cudaStream_t               stream);
 
+/* Copies nbytes (a multiple of 8) of host memory to dst (8-byte aligned
+ * device memory), stream-ordered, through kernel parameters: the host never
+ * waits, src may be reused at once, and the copy can be graph-captured. */
+GmlpKernelStatus gmlp_kernel_write_table      (void                         *dst,
+                                               const void                   *src,
+                                               size_t                        nbytes,
+                                               cudaStream_t                  stream);
+
 #ifdef __cplusplus
 }
 #endif

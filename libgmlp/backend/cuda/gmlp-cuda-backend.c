@@ -321,6 +321,21 @@ gmlp_cuda_upload_table (GmlpBackendDevice  *device,
   if (table_bytes == 0)
     return ptr;
 
+  /* Tables of whole 8-byte words (pointers, int64 sizes) go through kernel
+   * parameters, which never make the host wait for the stream; others
+   * through a staged copy. */
+  if (table_bytes % sizeof (guint64) == 0)
+    {
+      GmlpKernelStatus status = gmlp_kernel_write_table (ptr, table, table_bytes, device->stream);
+      if (status != GMLP_KERNEL_SUCCESS)
+        {
+          gmlp_cuda_kernel_result (status, "gmlp_kernel_write_table", error);
+          gmlp_cuda_free (device, ptr);
+          return NULL;
+        }
+      return ptr;
+    }
+
   err = cudaMemcpyAsync (ptr, table, table_bytes, cudaMemcpyHostToDevice, device->stream);
   if (err != cudaSuccess)
     {
