@@ -293,6 +293,49 @@ test_shapes (void)
     }
 }
 
+/* Many experts of a few hundred rows each: on CUDA the batched path, which
+ * cuts groups into row tiles plus leftover rows. */
+static void
+test_many_experts (void)
+{
+  g_autoptr(GmlpDevice) device = gmlp_test_device_or_skip ();
+  guint iter;
+
+  if (device == NULL)
+    return;
+
+  for (iter = 0; iter < 3; iter++)
+    {
+      const guint n = 24;
+      g_autofree gint64 *rows = g_new (gint64, n);
+      GmlpDType dtype = layer_dtypes[iter];
+      g_autoptr(GmlpGroupedLinear) layer = NULL;
+      g_autoptr(GmlpGroupedTensor) x = NULL, dy = NULL, y = NULL, dx = NULL;
+      g_autoptr(GmlpSavedActivations) saved = NULL;
+      g_autoptr(GError) error = NULL;
+      g_autoptr(Problem) p = NULL;
+      guint g;
+
+      /* Long groups (mostly whole 128-row tiles), short ones, and a mix. */
+      for (g = 0; g < n; g++)
+        rows[g] = g % 7 == 3 ? 0 : g % 5 == 0 ? 256 :
+                  iter == 0 ? g_test_rand_int_range (300, 420) :
+                  iter == 1 ? g_test_rand_int_range (1, 120) : g_test_rand_int_range (1, 400);
+      layer = new_layer (device, n, 64, 48, dtype, GMLP_LINEAR_SINGLE_GROUPED_WEIGHT | GMLP_LINEAR_BIAS);
+      p = problem_new (layer, rows, &x, &dy);
+      y = gmlp_grouped_linear_forward (layer, x, &saved, &error);
+      g_assert_no_error (error);
+      dx = gmlp_grouped_linear_backward (layer, saved, dy, &error);
+      g_assert_no_error (error);
+      check_output (y, p->y, p, 48, "fprop");
+      check_output (dx, p->dx, p, 64, "dgrad");
+      check_per_group (gmlp_grouped_linear_get_wgrad (layer), p->dw, p, 48 * 64,
+                       gmlp_test_tolerance (dtype), "wgrad");
+      check_per_group (gmlp_grouped_linear_get_bgrad (layer), p->db, p, 48,
+                       gmlp_test_tolerance (dtype), "dbias");
+    }
+}
+
 /* The gradient contract, one row per combination of the three options, as
  * in docs/gradient-contract.md. */
 typedef struct {
@@ -852,6 +895,7 @@ main (int argc, char *argv[])
 
   g_test_add_func ("/Gmlp/GroupedLinear/numerics", test_numerics);
   g_test_add_func ("/Gmlp/GroupedLinear/shapes", test_shapes);
+  g_test_add_func ("/Gmlp/GroupedLinear/many-experts", test_many_experts);
   g_test_add_func ("/Gmlp/GroupedLinear/contract", test_contract);
   g_test_add_func ("/Gmlp/GroupedLinear/wgrad-ready", test_wgrad_ready);
   g_test_add_func ("/Gmlp/GroupedLinear/microbatches", test_microbatches);
