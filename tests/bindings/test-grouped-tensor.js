@@ -56,6 +56,25 @@ check('errors', () => {
     assert(threw, 'cols = 0 raises INVALID_ARGUMENT');
 });
 
+check('grouped-linear', () => {
+    const dev = Gmlp.Device.new(Gmlp.DeviceKind.CPU, 0);
+    const rows = [2, 3];
+    const x = Gmlp.GroupedTensor.new_from_bytes(dev, Gmlp.DType.FLOAT32, rows, 4,
+        new GLib.Bytes(new Uint8Array(new Float32Array(20).fill(1).buffer)));
+    const layer = Gmlp.GroupedLinear.new(dev, 2, 4, 8);
+    let events = 0;
+    layer.connect('wgrad-ready', (_layer, event) => {
+        events += event.synchronize() ? 1 : 0;
+    });
+    const [y, saved] = layer.forward(x);
+    assert(y.get_cols() === 8 && y.get_total_rows() === 5, 'output shape');
+    const dx = layer.backward(saved, y);
+    assert(dx.get_cols() === 4, 'dgrad shape');
+    assert(saved.is_consumed(), 'consumed');
+    assert(events === 1, 'wgrad-ready once');
+    assert(layer.get_wgrad().get_n_groups() === 2, 'wgrad');
+});
+
 print(`1..${results.length}`);
 results.forEach(([status, name, why], i) =>
     print(`${status} ${i + 1} /Gmlp/JS/${name}${why ? ` # ${why}` : ''}`));

@@ -21,6 +21,16 @@ int main (string[] args) {
             print ("1..1\nnot ok 1 /Gmlp/Vala/round-trip # data differs\n");
             return 1;
         }
+        var layer = new Gmlp.GroupedLinear (dev, 3, 5, 7);
+        int ready = 0;
+        layer.wgrad_ready.connect ((event) => { ready++; });
+        Gmlp.SavedActivations saved;
+        var y = layer.forward (t, out saved);
+        var dx = layer.backward (saved, y);
+        if (ready != 1 || dx.get_cols () != 5 || y.get_cols () != 7) {
+            print ("1..1\nnot ok 1 /Gmlp/Vala/round-trip # grouped linear\n");
+            return 1;
+        }
         var half = t.convert (Gmlp.DType.FLOAT16);
         if (half.get_total_rows () != 5 || half.get_n_groups () != 3) {
             print ("1..1\nnot ok 1 /Gmlp/Vala/round-trip # bad shape\n");
