@@ -5,4 +5,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 exec meson test -C build --suite cpu --no-suite bindings --print-errorlogs \
   --timeout-multiplier 10 \
-  --wrap="valgrind --error-exitcode=1 --leak-check=full --errors-for-leak-kinds=definite --suppressions=/usr/share/glib-2.0/valgrind/glib.supp" "$@"
+  --wrap="valgrind --error-exitcode=1 --leak-check=full --errors-for-leak-kinds=definite --suppressions=/usr/share/glib-2.0/valgrind/glib.supp --suppressions=$PWD/tests/valgrind.supp" "$@"
