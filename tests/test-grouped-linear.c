@@ -209,6 +209,30 @@ new_layer (GmlpDevice *device, guint n, gint64 k, gint64 o, GmlpDType dtype, Gml
   return layer;
 }
 
+/* One forward and backward of a fresh problem on @layer, every result
+ * checked against the float64 reference within the dtype's tolerance. */
+static void
+run_and_check (GmlpGroupedLinear *layer, const gint64 *rows)
+{
+  g_autoptr(GmlpGroupedTensor) x = NULL, dy = NULL, y = NULL, dx = NULL;
+  g_autoptr(GmlpSavedActivations) saved = NULL;
+  g_autoptr(GError) error = NULL;
+  g_autoptr(Problem) p = problem_new (layer, rows, &x, &dy);
+  double tol = gmlp_test_tolerance (p->dtype);
+
+  y = gmlp_grouped_linear_forward (layer, x, &saved, &error);
+  g_assert_no_error (error);
+  check_output (y, p->y, p, p->o, "fprop");
+
+  dx = gmlp_grouped_linear_backward (layer, saved, dy, &error);
+  g_assert_no_error (error);
+  g_assert_true (gmlp_saved_activations_is_consumed (saved));
+  check_output (dx, p->dx, p, p->k, "dgrad");
+  check_per_group (gmlp_grouped_linear_get_wgrad (layer), p->dw, p, p->o * p->k, tol, "wgrad");
+  if (gmlp_grouped_linear_get_flags (layer) & GMLP_LINEAR_BIAS)
+    check_per_group (gmlp_grouped_linear_get_bgrad (layer), p->db, p, p->o, tol, "dbias");
+}
+
 /* fprop, dgrad, wgrad and dbias for every dtype, random shapes with empty
  * groups and sizes that are not multiples of 8 or 16. */
 static void
@@ -228,24 +252,8 @@ test_numerics (void)
         GmlpLinearFlags flags = GMLP_LINEAR_SINGLE_GROUPED_WEIGHT | (iter % 2 ? GMLP_LINEAR_BIAS : 0);
         g_autoptr(GmlpGroupedLinear) layer = new_layer (device, n, k, o, layer_dtypes[d], flags);
         g_autofree gint64 *rows = gmlp_test_random_rows (n, 70);
-        g_autoptr(GmlpGroupedTensor) x = NULL, dy = NULL, y = NULL, dx = NULL;
-        g_autoptr(GmlpSavedActivations) saved = NULL;
-        g_autoptr(GError) error = NULL;
-        g_autoptr(Problem) p = problem_new (layer, rows, &x, &dy);
 
-        y = gmlp_grouped_linear_forward (layer, x, &saved, &error);
-        g_assert_no_error (error);
-        check_output (y, p->y, p, o, "fprop");
-
-        dx = gmlp_grouped_linear_backward (layer, saved, dy, &error);
-        g_assert_no_error (error);
-        check_output (dx, p->dx, p, k, "dgrad");
-        check_per_group (gmlp_grouped_linear_get_wgrad (layer), p->dw, p, o * k,
-                         gmlp_test_tolerance (p->dtype), "wgrad");
-        if (flags & GMLP_LINEAR_BIAS)
-          check_per_group (gmlp_grouped_linear_get_bgrad (layer), p->db, p, o,
-                           gmlp_test_tolerance (p->dtype), "dbias");
-        g_assert_true (gmlp_saved_activations_is_consumed (saved));
+        run_and_check (layer, rows);
       }
 }
 
@@ -265,10 +273,6 @@ test_shapes (void)
       gint64 k = shape == 3 ? 33 : 24, o = shape == 3 ? 17 : 40;
       g_autofree gint64 *rows = g_new0 (gint64, n);
       g_autoptr(GmlpGroupedLinear) layer = NULL;
-      g_autoptr(GmlpGroupedTensor) x = NULL, dy = NULL, y = NULL, dx = NULL;
-      g_autoptr(GmlpSavedActivations) saved = NULL;
-      g_autoptr(GError) error = NULL;
-      g_autoptr(Problem) p = NULL;
       guint g;
 
       if (shape == 0)
@@ -277,19 +281,11 @@ test_shapes (void)
         rows[3] = 123;
       else
         for (g = 0; g < n; g++)
-          rows[g] = g_test_rand_int_range (0, shape == 2 ? 6 : 30) * (shape == 3 ? 1 : 1) + (shape == 3 ? 1 : 0);
+          rows[g] = shape == 2 ? g_test_rand_int_range (0, 6) : g_test_rand_int_range (1, 31);
 
       layer = new_layer (device, n, k, o, GMLP_DTYPE_BFLOAT16,
                          GMLP_LINEAR_SINGLE_GROUPED_WEIGHT | GMLP_LINEAR_BIAS);
-      p = problem_new (layer, rows, &x, &dy);
-      y = gmlp_grouped_linear_forward (layer, x, &saved, &error);
-      g_assert_no_error (error);
-      dx = gmlp_grouped_linear_backward (layer, saved, dy, &error);
-      g_assert_no_error (error);
-      check_output (y, p->y, p, o, "fprop");
-      check_output (dx, p->dx, p, k, "dgrad");
-      check_per_group (gmlp_grouped_linear_get_wgrad (layer), p->dw, p, o * k, 1e-2, "wgrad");
-      check_per_group (gmlp_grouped_linear_get_bgrad (layer), p->db, p, o, 1e-2, "dbias");
+      run_and_check (layer, rows);
     }
 }
 
@@ -308,12 +304,7 @@ test_many_experts (void)
     {
       const guint n = 24;
       g_autofree gint64 *rows = g_new (gint64, n);
-      GmlpDType dtype = layer_dtypes[iter];
       g_autoptr(GmlpGroupedLinear) layer = NULL;
-      g_autoptr(GmlpGroupedTensor) x = NULL, dy = NULL, y = NULL, dx = NULL;
-      g_autoptr(GmlpSavedActivations) saved = NULL;
-      g_autoptr(GError) error = NULL;
-      g_autoptr(Problem) p = NULL;
       guint g;
 
       /* Long groups (mostly whole 128-row tiles), short ones, and a mix. */
@@ -321,18 +312,9 @@ test_many_experts (void)
         rows[g] = g % 7 == 3 ? 0 : g % 5 == 0 ? 256 :
                   iter == 0 ? g_test_rand_int_range (300, 420) :
                   iter == 1 ? g_test_rand_int_range (1, 120) : g_test_rand_int_range (1, 400);
-      layer = new_layer (device, n, 64, 48, dtype, GMLP_LINEAR_SINGLE_GROUPED_WEIGHT | GMLP_LINEAR_BIAS);
-      p = problem_new (layer, rows, &x, &dy);
-      y = gmlp_grouped_linear_forward (layer, x, &saved, &error);
-      g_assert_no_error (error);
-      dx = gmlp_grouped_linear_backward (layer, saved, dy, &error);
-      g_assert_no_error (error);
-      check_output (y, p->y, p, 48, "fprop");
-      check_output (dx, p->dx, p, 64, "dgrad");
-      check_per_group (gmlp_grouped_linear_get_wgrad (layer), p->dw, p, 48 * 64,
-                       gmlp_test_tolerance (dtype), "wgrad");
-      check_per_group (gmlp_grouped_linear_get_bgrad (layer), p->db, p, 48,
-                       gmlp_test_tolerance (dtype), "dbias");
+      layer = new_layer (device, n, 64, 48, layer_dtypes[iter],
+                         GMLP_LINEAR_SINGLE_GROUPED_WEIGHT | GMLP_LINEAR_BIAS);
+      run_and_check (layer, rows);
     }
 }
 
