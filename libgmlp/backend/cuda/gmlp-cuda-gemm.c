@@ -509,13 +509,17 @@ gmlp_cuda_gemm_loop (GmlpBackendDevice       *device,
   return TRUE;
 }
 
-/* Orders products by shape, so that equal shapes sit next to each other. */
+/* Orders products by shape, so that equal shapes sit next to each other,
+ * largest first: the grouped kernel hands out work in order, and starting
+ * the big products first leaves small ones to fill the tail. */
 static int
 gmlp_cuda_product_compare (gconstpointer a,
                            gconstpointer b)
 {
   const GmlpCudaProduct *p = a, *q = b;
 
+  if ((gint64) p->m * p->n != (gint64) q->m * q->n)
+    return (gint64) p->m * p->n > (gint64) q->m * q->n ? -1 : 1;
   if (p->m != q->m)
     return p->m < q->m ? -1 : 1;
   if (p->n != q->n)
