@@ -2,6 +2,8 @@
 #
 # SPDX-License-Identifier: LGPL-2.1-or-later
 
+import contextlib
+
 from ..overrides import override
 from ..module import get_introspection_module
 
@@ -41,3 +43,26 @@ class GroupedTensor(Gmlp.GroupedTensor):
 
 GroupedTensor = override(GroupedTensor)
 __all__.append('GroupedTensor')
+
+
+class OffloadContext(Gmlp.OffloadContext):
+    """An offload context; `with ctx.enabled():` and `with ctx.disabled():`
+    push it for the calling thread and pop it on the way out, also on errors."""
+
+    @contextlib.contextmanager
+    def _pushed(self, enabled):
+        self.push_thread_default(enabled)
+        try:
+            yield self
+        finally:
+            self.pop_thread_default()
+
+    def enabled(self):
+        return self._pushed(True)
+
+    def disabled(self):
+        return self._pushed(False)
+
+
+OffloadContext = override(OffloadContext)
+__all__.append('OffloadContext')

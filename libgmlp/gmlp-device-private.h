@@ -17,6 +17,7 @@ typedef struct {
   GmlpDevice      *device;
   gpointer         data;
   gsize            nbytes;
+  int              copied;     /* atomic: a copy-stream copy has read it */
 } GmlpBuffer;
 
 const GmlpBackend *gmlp_device_get_backend         (GmlpDevice  *self);
@@ -25,6 +26,13 @@ GmlpBackendDevice *gmlp_device_get_backend_device  (GmlpDevice  *self);
 GmlpBuffer        *gmlp_buffer_new                 (GmlpDevice  *device,
                                                     gsize        nbytes,
                                                     GError     **error);
+/* Takes ownership of device memory that the backend allocated. */
+GmlpBuffer        *gmlp_buffer_new_wrapped         (GmlpDevice  *device,
+                                                    gpointer     data,
+                                                    gsize        nbytes);
+/* Marks the buffer as read by the copy stream: its memory then goes back to
+ * the pool only after the copies too. */
+void               gmlp_buffer_mark_copied         (GmlpBuffer  *buffer);
 GmlpBuffer        *gmlp_buffer_ref                 (GmlpBuffer  *buffer);
 void               gmlp_buffer_unref               (GmlpBuffer  *buffer);
 

@@ -492,6 +492,27 @@ gmlp_buffer_new (GmlpDevice  *device,
 }
 
 GmlpBuffer *
+gmlp_buffer_new_wrapped (GmlpDevice *device,
+                         gpointer    data,
+                         gsize       nbytes)
+{
+  GmlpBuffer *buffer = g_new0 (GmlpBuffer, 1);
+
+  g_atomic_ref_count_init (&buffer->ref_count);
+  buffer->device = g_object_ref (device);
+  buffer->data = data;
+  buffer->nbytes = nbytes;
+  g_atomic_pointer_add ((gpointer *) &device->bytes_in_use, (gssize) nbytes);
+  return buffer;
+}
+
+void
+gmlp_buffer_mark_copied (GmlpBuffer *buffer)
+{
+  g_atomic_int_set (&buffer->copied, 1);
+}
+
+GmlpBuffer *
 gmlp_buffer_ref (GmlpBuffer *buffer)
 {
   g_atomic_ref_count_inc (&buffer->ref_count);
@@ -507,7 +528,10 @@ gmlp_buffer_unref (GmlpBuffer *buffer)
     return;
 
   device = buffer->device;
-  device->backend->free (device->backend_device, buffer->data);
+  if (g_atomic_int_get (&buffer->copied))
+    device->backend->free_after_copies (device->backend_device, buffer->data);
+  else
+    device->backend->free (device->backend_device, buffer->data);
   g_atomic_pointer_add ((gpointer *) &device->bytes_in_use, -(gssize) buffer->nbytes);
   g_object_unref (device);
   g_free (buffer);

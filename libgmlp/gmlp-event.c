@@ -5,7 +5,7 @@
 
 #include "config.h"
 
-#include "gmlp-event.h"
+#include "gmlp-event-private.h"
 #include "gmlp-device-private.h"
 #include "gmlp-error.h"
 
@@ -85,6 +85,17 @@ gmlp_event_new_recorded (GmlpDevice  *device,
     return NULL;
 
   self = g_object_new (GMLP_TYPE_EVENT, NULL);
+  self->device = g_object_ref (device);
+  self->event = event;
+  return self;
+}
+
+GmlpEvent *
+gmlp_event_new_for_backend (GmlpDevice       *device,
+                            GmlpBackendEvent *event)
+{
+  GmlpEvent *self = g_object_new (GMLP_TYPE_EVENT, NULL);
+
   self->device = g_object_ref (device);
   self->event = event;
   return self;

@@ -15,6 +15,7 @@
 #include "gmlp-enum-types.h"
 #include "gmlp-error.h"
 #include "gmlp-grouped-tensor-private.h"
+#include "gmlp-offload-context-private.h"
 #include "gmlp-saved-activations-private.h"
 
 /**
@@ -969,6 +970,26 @@ check_activation (GmlpGroupedLinear  *self,
   return TRUE;
 }
 
+/* An enabled offload context of another device cannot take this layer's
+ * activations: said before anything is written. */
+static gboolean
+check_offload_context (GmlpGroupedLinear  *self,
+                       GError            **error)
+{
+  gboolean enabled;
+  GmlpOffloadContext *context = gmlp_offload_context_peek_innermost (&enabled);
+
+  if (context != NULL && enabled && gmlp_offload_context_get_device (context) != self->device)
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
+                   "The innermost offload context is for %s, the layer is on %s",
+                   gmlp_device_get_name (gmlp_offload_context_get_device (context)),
+                   gmlp_device_get_name (self->device));
+      return FALSE;
+    }
+  return TRUE;
+}
+
 /* Host array of the member pointers of a grouped tensor or of per-group
  * tensors. */
 static gpointer *
@@ -1052,7 +1073,8 @@ gmlp_grouped_linear_forward (GmlpGroupedLinear     *self,
 
   if (saved != NULL)
     *saved = NULL;
-  if (!check_activation (self, input, self->in_features, "The input", error))
+  if (!check_activation (self, input, self->in_features, "The input", error) ||
+      !check_offload_context (self, error))
     return NULL;
 
   rows = gmlp_grouped_tensor_peek_rows (input);
@@ -1078,8 +1100,12 @@ gmlp_grouped_linear_forward (GmlpGroupedLinear     *self,
 
   if (saved != NULL)
     {
-      *saved = gmlp_saved_activations_new (self->id);
-      gmlp_saved_activations_add (*saved, "input", input);
+      g_autoptr(GmlpSavedActivations) new_saved = gmlp_saved_activations_new (self->id);
+
+      gmlp_saved_activations_add (new_saved, "input", input);
+      if (!gmlp_saved_activations_apply_offload (new_saved, error))
+        return NULL;
+      *saved = g_steal_pointer (&new_saved);
     }
 
   return g_steal_pointer (&output);
@@ -1209,7 +1235,11 @@ gmlp_grouped_linear_backward (GmlpGroupedLinear     *self,
       !check_activation (self, grad_output, self->out_features, "The output gradient", error))
     return NULL;
 
-  input = gmlp_saved_activations_get (saved, "input");
+  input = gmlp_saved_activations_get (saved, "input", error);
+  if (input == NULL)
+    return NULL;
+  if (gmlp_saved_activations_get_context (saved) != NULL)
+    gmlp_offload_context_backward_started (gmlp_saved_activations_get_context (saved), saved);
   if (!same_rows (input, grad_output))
     {
       g_set_error (error, GMLP_ERROR, GMLP_ERROR_SHAPE_MISMATCH,

@@ -37,3 +37,28 @@ gpointer  gmlp_grouped_tensor_get_member_data   (GmlpGroupedTensor *self,
 const gint64 *gmlp_grouped_tensor_peek_rows     (GmlpGroupedTensor *self);
 
 G_END_DECLS
+
+G_BEGIN_DECLS
+
+/* What it takes to rebuild a tensor of the same layout on other storage
+ * (offload and reload of saved activations). */
+typedef struct {
+  GmlpDevice        *device;
+  GmlpDType          dtype;
+  guint              n_groups;
+  gint64             cols;
+  gint64             row_capacity;
+  gint64            *rows;       /* NULL when the sizes are device-only */
+  GmlpGroupedTensor *sizes;      /* the device sizes when device-only */
+  gsize              nbytes;     /* the span of the storage */
+} GmlpTensorLayout;
+
+void               gmlp_grouped_tensor_get_layout      (GmlpGroupedTensor      *self,
+                                                        GmlpTensorLayout       *layout);
+void               gmlp_tensor_layout_clear            (GmlpTensorLayout       *layout);
+/* A tensor of @layout over @buffer (whole, from its start); refs @buffer. */
+GmlpGroupedTensor *gmlp_grouped_tensor_new_with_buffer (const GmlpTensorLayout *layout,
+                                                        GmlpBuffer             *buffer);
+GmlpBuffer        *gmlp_grouped_tensor_get_buffer      (GmlpGroupedTensor      *self);
+
+G_END_DECLS

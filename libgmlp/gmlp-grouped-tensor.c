@@ -1168,3 +1168,69 @@ gmlp_grouped_tensor_peek_rows (GmlpGroupedTensor *self)
 {
   return self->rows;
 }
+
+void
+gmlp_grouped_tensor_get_layout (GmlpGroupedTensor *self,
+                                GmlpTensorLayout  *layout)
+{
+  layout->device = g_object_ref (self->device);
+  layout->dtype = self->dtype;
+  layout->n_groups = self->n_groups;
+  layout->cols = self->cols;
+  layout->row_capacity = self->row_capacity;
+  layout->rows = self->rows != NULL ? g_memdup2 (self->rows, sizeof (gint64) * self->n_groups) : NULL;
+  layout->sizes = self->rows == NULL ? g_object_ref (self->sizes) : NULL;
+  layout->nbytes = self->nbytes;
+}
+
+void
+gmlp_tensor_layout_clear (GmlpTensorLayout *layout)
+{
+  g_clear_object (&layout->device);
+  g_clear_pointer (&layout->rows, g_free);
+  g_clear_object (&layout->sizes);
+}
+
+GmlpGroupedTensor *
+gmlp_grouped_tensor_new_with_buffer (const GmlpTensorLayout *layout,
+                                     GmlpBuffer             *buffer)
+{
+  GmlpGroupedTensor *self = g_object_new (GMLP_TYPE_GROUPED_TENSOR, NULL);
+  guint64 row_bytes = (guint64) layout->cols * gmlp_dtype_get_size (layout->dtype);
+  gsize offset = 0;
+  guint g;
+
+  g_assert (buffer->nbytes >= layout->nbytes);
+
+  self->device = g_object_ref (layout->device);
+  self->dtype = layout->dtype;
+  self->n_groups = layout->n_groups;
+  self->cols = layout->cols;
+  self->row_capacity = layout->row_capacity;
+  self->uniform = layout->rows != NULL;
+  if (layout->rows != NULL)
+    {
+      self->rows = g_memdup2 (layout->rows, sizeof (gint64) * layout->n_groups);
+      self->offsets = g_new (gint64, layout->n_groups);
+      for (g = 0; g < layout->n_groups; g++)
+        {
+          self->offsets[g] = (gint64) offset;
+          offset += gmlp_num_member_stride (layout->rows[g], row_bytes);
+          if (layout->rows[g] != layout->rows[0])
+            self->uniform = FALSE;
+        }
+    }
+  else
+    {
+      self->sizes = g_object_ref (layout->sizes);
+    }
+  self->buffer = gmlp_buffer_ref (buffer);
+  self->nbytes = layout->nbytes;
+  return self;
+}
+
+GmlpBuffer *
+gmlp_grouped_tensor_get_buffer (GmlpGroupedTensor *self)
+{
+  return self->buffer;
+}

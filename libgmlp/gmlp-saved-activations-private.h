@@ -1,4 +1,4 @@
-/* gmlp-saved-activations-private.h: for the layers
+/* gmlp-saved-activations-private.h: for the layers and the offload context
  *
  * SPDX-License-Identifier: LGPL-2.1-or-later
  */
@@ -7,6 +7,7 @@
 
 #include "gmlp-saved-activations.h"
 #include "gmlp-grouped-tensor.h"
+#include "gmlp-offload-context.h"
 
 G_BEGIN_DECLS
 
@@ -18,8 +19,11 @@ GmlpSavedActivations *gmlp_saved_activations_new            (guint64            
 void                  gmlp_saved_activations_add            (GmlpSavedActivations  *self,
                                                              const char            *name,
                                                              GmlpGroupedTensor     *tensor);
+/* The tensor for a backward on @device's compute stream: reloaded if it was
+ * offloaded, with the stream made to wait for the reload. (transfer none) */
 GmlpGroupedTensor    *gmlp_saved_activations_get            (GmlpSavedActivations  *self,
-                                                             const char            *name);
+                                                             const char            *name,
+                                                             GError               **error);
 /* Checks that @self came from the layer @owner_id and was not used yet. */
 gboolean              gmlp_saved_activations_check          (GmlpSavedActivations  *self,
                                                              guint64                owner_id,
@@ -27,5 +31,18 @@ gboolean              gmlp_saved_activations_check          (GmlpSavedActivation
                                                              GError               **error);
 /* Drops the saved tensors; the object can't be used again. */
 void                  gmlp_saved_activations_consume        (GmlpSavedActivations  *self);
+
+/* What the innermost offload context told the forward: sets the offload
+ * property, and with an enabled context copies every tensor to host memory
+ * through it. */
+gboolean              gmlp_saved_activations_apply_offload  (GmlpSavedActivations  *self,
+                                                             GError               **error);
+/* Starts copying offloaded tensors back (a prefetch, or the backward's own
+ * reload); does nothing for tensors on the device. */
+gboolean              gmlp_saved_activations_reload         (GmlpSavedActivations  *self,
+                                                             gboolean               prefetch,
+                                                             GError               **error);
+gboolean              gmlp_saved_activations_is_on_host     (GmlpSavedActivations  *self);
+GmlpOffloadContext   *gmlp_saved_activations_get_context    (GmlpSavedActivations  *self);
 
 G_END_DECLS

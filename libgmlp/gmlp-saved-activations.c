@@ -6,7 +6,11 @@
 #include "config.h"
 
 #include "gmlp-saved-activations-private.h"
+#include "gmlp-device-private.h"
 #include "gmlp-error.h"
+#include "gmlp-event-private.h"
+#include "gmlp-grouped-tensor-private.h"
+#include "gmlp-offload-context-private.h"
 
 /**
  * GmlpSavedActivations:
@@ -16,6 +20,10 @@
  * flight; each is consumed by exactly one backward of the layer that made it
  * (a second use, or use with another layer, is an error).
  *
+ * Under an enabled [class@Gmlp.OffloadContext] every saved tensor is copied
+ * to host memory after the forward and brought back for the backward; see
+ * [property@Gmlp.SavedActivations:offload].
+ *
  * The saved tensors are references to the forward's inputs and intermediates:
  * do not write into a tensor you passed to a forward until its backward has
  * run.
@@ -23,14 +31,27 @@
  * Since: 0.1
  */
 
+/* One saved tensor: on the device (tensor), or in host memory (host, with
+ * the layout to rebuild it). */
+typedef struct {
+  const char         *name;
+  GmlpGroupedTensor  *tensor;
+  GmlpTensorLayout    layout;
+  gpointer            host;
+  gsize               host_size;
+  GmlpEvent          *offload_done;
+  GmlpEvent          *reload_done;    /* not yet waited for by the compute stream */
+} SavedTensor;
+
 struct _GmlpSavedActivations
 {
-  GObject      parent_instance;
+  GObject             parent_instance;
 
-  guint64      owner_id;
-  GHashTable  *tensors;     /* name → GmlpGroupedTensor */
-  gboolean     offload;
-  gboolean     consumed;
+  guint64             owner_id;
+  GArray             *tensors;        /* SavedTensor */
+  GmlpOffloadContext *context;        /* the context that offloaded them */
+  gboolean            offload;
+  gboolean            consumed;
 };
 
 G_DEFINE_FINAL_TYPE (GmlpSavedActivations, gmlp_saved_activations, G_TYPE_OBJECT)
@@ -45,11 +66,37 @@ enum {
 static GParamSpec *properties[N_PROPS];
 
 static void
+saved_tensor_clear (GmlpSavedActivations *self,
+                    SavedTensor          *saved)
+{
+  g_clear_object (&saved->tensor);
+  if (saved->host != NULL)
+    gmlp_offload_context_give_host (self->context, saved->host, saved->host_size,
+                                    saved->offload_done);
+  saved->host = NULL;
+  gmlp_tensor_layout_clear (&saved->layout);
+  g_clear_object (&saved->offload_done);
+  g_clear_object (&saved->reload_done);
+}
+
+static void
+release_tensors (GmlpSavedActivations *self)
+{
+  guint i;
+
+  for (i = 0; i < self->tensors->len; i++)
+    saved_tensor_clear (self, &g_array_index (self->tensors, SavedTensor, i));
+  g_array_set_size (self->tensors, 0);
+}
+
+static void
 gmlp_saved_activations_finalize (GObject *object)
 {
   GmlpSavedActivations *self = (GmlpSavedActivations *) object;
 
-  g_clear_pointer (&self->tensors, g_hash_table_unref);
+  release_tensors (self);
+  g_clear_pointer (&self->tensors, g_array_unref);
+  g_clear_object (&self->context);
 
   G_OBJECT_CLASS (gmlp_saved_activations_parent_class)->finalize (object);
 }
@@ -87,7 +134,8 @@ gmlp_saved_activations_class_init (GmlpSavedActivationsClass *klass)
    * GmlpSavedActivations:offload:
    *
    * Whether the forward that made these activations was told to offload
-   * them to host memory.
+   * them by the innermost [class@Gmlp.OffloadContext] of its thread (on
+   * every backend, so nesting can be checked anywhere).
    *
    * Since: 0.1
    */
@@ -112,7 +160,7 @@ gmlp_saved_activations_class_init (GmlpSavedActivationsClass *klass)
 static void
 gmlp_saved_activations_init (GmlpSavedActivations *self)
 {
-  self->tensors = g_hash_table_new_full (g_str_hash, g_str_equal, NULL, g_object_unref);
+  self->tensors = g_array_new (FALSE, TRUE, sizeof (SavedTensor));
 }
 
 guint64
@@ -137,14 +185,158 @@ gmlp_saved_activations_add (GmlpSavedActivations *self,
                             const char           *name,
                             GmlpGroupedTensor    *tensor)
 {
-  g_hash_table_replace (self->tensors, (gpointer) name, g_object_ref (tensor));
+  SavedTensor saved = { 0, };
+
+  saved.name = name;
+  saved.tensor = g_object_ref (tensor);
+  g_array_append_val (self->tensors, saved);
+}
+
+static SavedTensor *
+find (GmlpSavedActivations *self,
+      const char           *name)
+{
+  guint i;
+
+  for (i = 0; i < self->tensors->len; i++)
+    if (g_str_equal (g_array_index (self->tensors, SavedTensor, i).name, name))
+      return &g_array_index (self->tensors, SavedTensor, i);
+  return NULL;
+}
+
+gboolean
+gmlp_saved_activations_apply_offload (GmlpSavedActivations  *self,
+                                      GError               **error)
+{
+  GmlpOffloadContext *context;
+  GmlpDevice *device;
+  gboolean enabled;
+  guint64 total = 0;
+  guint i;
+
+  context = gmlp_offload_context_peek_innermost (&enabled);
+  if (context == NULL || !enabled)
+    return TRUE;
+
+  self->offload = TRUE;
+  self->context = g_object_ref (context);
+  device = gmlp_offload_context_get_device (context);
+
+  for (i = 0; i < self->tensors->len; i++)
+    {
+      SavedTensor *saved = &g_array_index (self->tensors, SavedTensor, i);
+      GmlpBackendEvent *done;
+      GmlpBuffer *buffer;
+
+      g_assert (saved->tensor != NULL);
+      g_assert (gmlp_grouped_tensor_get_device (saved->tensor) == device);
+
+      gmlp_grouped_tensor_get_layout (saved->tensor, &saved->layout);
+      saved->host = gmlp_offload_context_take_host (context, saved->layout.nbytes,
+                                                    &saved->host_size, error);
+      if (saved->host == NULL)
+        return FALSE;
+      /* After the forward that wrote it: the copy waits for the compute
+       * stream. The device memory goes back to the pool after the copy,
+       * whoever lets go of it last. */
+      buffer = gmlp_grouped_tensor_get_buffer (saved->tensor);
+      done = GMLP_DEVICE_CALL (device, copy_async, saved->host,
+                               gmlp_grouped_tensor_get_data (saved->tensor),
+                               saved->layout.nbytes, TRUE, TRUE, error);
+      if (done == NULL)
+        return FALSE;
+      gmlp_buffer_mark_copied (buffer);
+      saved->offload_done = gmlp_event_new_for_backend (device, done);
+      total += saved->layout.nbytes;
+      g_clear_object (&saved->tensor);
+    }
+
+  gmlp_offload_context_offloaded (context, self, total);
+  g_object_notify_by_pspec (G_OBJECT (self), properties[PROP_OFFLOAD]);
+  return TRUE;
+}
+
+gboolean
+gmlp_saved_activations_reload (GmlpSavedActivations  *self,
+                               gboolean               prefetch,
+                               GError               **error)
+{
+  guint64 total = 0;
+  gboolean any = FALSE;
+  guint i;
+
+  for (i = 0; i < self->tensors->len; i++)
+    {
+      SavedTensor *saved = &g_array_index (self->tensors, SavedTensor, i);
+      GmlpDevice *device = saved->layout.device;
+      g_autoptr(GmlpBuffer) buffer = NULL;
+      GmlpBackendEvent *done;
+      gpointer data;
+
+      if (saved->host == NULL)
+        continue;
+
+      /* Copy-stream order puts this after the offload copy. */
+      data = GMLP_DEVICE_CALL (device, copy_stream_alloc, saved->layout.nbytes, error);
+      if (data == NULL)
+        return FALSE;
+      buffer = gmlp_buffer_new_wrapped (device, data, saved->layout.nbytes);
+      done = GMLP_DEVICE_CALL (device, copy_async, data, saved->host, saved->layout.nbytes,
+                               FALSE, FALSE, error);
+      if (done == NULL)
+        return FALSE;
+
+      saved->reload_done = gmlp_event_new_for_backend (device, done);
+      saved->tensor = gmlp_grouped_tensor_new_with_buffer (&saved->layout, buffer);
+      gmlp_offload_context_give_host (self->context, saved->host, saved->host_size,
+                                      saved->reload_done);
+      saved->host = NULL;
+      total += saved->layout.nbytes;
+      gmlp_tensor_layout_clear (&saved->layout);
+      any = TRUE;
+    }
+
+  if (any)
+    gmlp_offload_context_reloading (self->context, self, total, prefetch);
+  return TRUE;
+}
+
+gboolean
+gmlp_saved_activations_is_on_host (GmlpSavedActivations *self)
+{
+  guint i;
+
+  for (i = 0; i < self->tensors->len; i++)
+    if (g_array_index (self->tensors, SavedTensor, i).host != NULL)
+      return TRUE;
+  return FALSE;
+}
+
+GmlpOffloadContext *
+gmlp_saved_activations_get_context (GmlpSavedActivations *self)
+{
+  return self->context;
 }
 
 GmlpGroupedTensor *
-gmlp_saved_activations_get (GmlpSavedActivations *self,
-                            const char           *name)
+gmlp_saved_activations_get (GmlpSavedActivations  *self,
+                            const char            *name,
+                            GError               **error)
 {
-  return g_hash_table_lookup (self->tensors, name);
+  SavedTensor *saved = find (self, name);
+
+  g_assert (saved != NULL);
+  if (saved->host != NULL && !gmlp_saved_activations_reload (self, FALSE, error))
+    return NULL;
+  if (saved->reload_done != NULL)
+    {
+      /* The compute stream waits for this reload only. */
+      if (!gmlp_event_wait_on_device (saved->reload_done,
+                                      gmlp_grouped_tensor_get_device (saved->tensor), error))
+        return NULL;
+      g_clear_object (&saved->reload_done);
+    }
+  return saved->tensor;
 }
 
 gboolean
@@ -172,7 +364,7 @@ gmlp_saved_activations_check (GmlpSavedActivations  *self,
 void
 gmlp_saved_activations_consume (GmlpSavedActivations *self)
 {
-  g_hash_table_remove_all (self->tensors);
+  release_tensors (self);
   self->consumed = TRUE;
   g_object_notify_by_pspec (G_OBJECT (self), properties[PROP_CONSUMED]);
 }
@@ -213,26 +405,51 @@ gmlp_saved_activations_is_consumed (GmlpSavedActivations *self)
  * gmlp_saved_activations_get_nbytes:
  * @self: a #GmlpSavedActivations
  *
- * Counts the bytes of device storage the saved tensors span (a tensor saved
- * twice counts once).
+ * Counts the bytes of device storage the saved tensors hold now: 0 while
+ * they are offloaded to host memory, and once consumed.
  *
- * Returns: the number of bytes; 0 once consumed
+ * Returns: the number of bytes
  *
  * Since: 0.1
  */
 guint64
 gmlp_saved_activations_get_nbytes (GmlpSavedActivations *self)
 {
-  g_autoptr(GHashTable) seen = g_hash_table_new (NULL, NULL);
-  GHashTableIter iter;
-  gpointer tensor;
   guint64 total = 0;
+  guint i;
 
   g_return_val_if_fail (GMLP_IS_SAVED_ACTIVATIONS (self), 0);
 
-  g_hash_table_iter_init (&iter, self->tensors);
-  while (g_hash_table_iter_next (&iter, NULL, &tensor))
-    if (g_hash_table_add (seen, tensor))
-      total += gmlp_grouped_tensor_get_nbytes (tensor);
+  for (i = 0; i < self->tensors->len; i++)
+    {
+      SavedTensor *saved = &g_array_index (self->tensors, SavedTensor, i);
+      if (saved->tensor != NULL)
+        total += gmlp_grouped_tensor_get_nbytes (saved->tensor);
+    }
+  return total;
+}
+
+/**
+ * gmlp_saved_activations_get_host_nbytes:
+ * @self: a #GmlpSavedActivations
+ *
+ * Returns: the bytes of the saved tensors that are in host memory now
+ *
+ * Since: 0.1
+ */
+guint64
+gmlp_saved_activations_get_host_nbytes (GmlpSavedActivations *self)
+{
+  guint64 total = 0;
+  guint i;
+
+  g_return_val_if_fail (GMLP_IS_SAVED_ACTIVATIONS (self), 0);
+
+  for (i = 0; i < self->tensors->len; i++)
+    {
+      SavedTensor *saved = &g_array_index (self->tensors, SavedTensor, i);
+      if (saved->host != NULL)
+        total += saved->layout.nbytes;
+    }
   return total;
 }

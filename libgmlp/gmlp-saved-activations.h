@@ -26,5 +26,7 @@ GMLP_AVAILABLE_IN_0_1
 gboolean gmlp_saved_activations_is_consumed   (GmlpSavedActivations *self);
 GMLP_AVAILABLE_IN_0_1
 guint64  gmlp_saved_activations_get_nbytes    (GmlpSavedActivations *self);
+GMLP_AVAILABLE_IN_0_1
+guint64  gmlp_saved_activations_get_host_nbytes (GmlpSavedActivations *self);
 
 G_END_DECLS

@@ -20,7 +20,7 @@ G_BEGIN_DECLS
 
 /* Bumped whenever the table changes; a module built for another version is
  * refused. */
-#define GMLP_BACKEND_ABI_VERSION 3
+#define GMLP_BACKEND_ABI_VERSION 4
 
 typedef struct _GmlpBackendDevice GmlpBackendDevice;
 typedef struct _GmlpBackendEvent GmlpBackendEvent;
@@ -178,6 +178,39 @@ typedef struct {
   /* The backend's own handle (a cudaEvent_t for CUDA), or NULL. */
   gpointer            (*event_get_native)  (GmlpBackendEvent   *event);
   void                (*event_free)        (GmlpBackendEvent   *event);
+
+  /* Offload support. Each device has a second stream, the copy stream, so
+   * that copies of saved activations overlap compute.
+   *
+   * Host memory the copies can use at full speed (pinned for CUDA). Slow to
+   * get: callers keep a pool. */
+  gpointer            (*host_alloc)        (GmlpBackendDevice  *device,
+                                            gsize               nbytes,
+                                            GError            **error);
+  void                (*host_free)         (GmlpBackendDevice  *device,
+                                            gpointer            ptr);
+  /* Enqueues a copy of nbytes on the copy stream, device to host when
+   * to_host, else host to device. With after_compute, the copy first waits
+   * for all the work enqueued on the compute stream so far (the producer of
+   * the data). Returns an event that completes with the copy; the host
+   * memory must stay untouched until then. */
+  GmlpBackendEvent   *(*copy_async)        (GmlpBackendDevice  *device,
+                                            gpointer            dst,
+                                            gconstpointer       src,
+                                            gsize               nbytes,
+                                            gboolean            to_host,
+                                            gboolean            after_compute,
+                                            GError            **error);
+  /* Device memory from the pool, in stream order on the copy stream (the
+   * destination of a reload). The compute stream may use it after waiting
+   * for an event recorded on the copy stream after the allocation. */
+  gpointer            (*copy_stream_alloc) (GmlpBackendDevice  *device,
+                                            gsize               nbytes,
+                                            GError            **error);
+  /* Returns device memory to the pool after everything enqueued so far on
+   * both streams (a buffer a copy may still be reading). */
+  void                (*free_after_copies) (GmlpBackendDevice  *device,
+                                            gpointer            ptr);
 } GmlpBackend;
 
 const GmlpBackend *gmlp_backend_cpu_get  (void);

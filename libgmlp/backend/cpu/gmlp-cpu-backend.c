@@ -431,6 +431,30 @@ cpu_event_free (GmlpBackendEvent *event)
   g_free (event);
 }
 
+/* Offload on the CPU: "host" memory is ordinary memory, and copies are
+ * done when they return. */
+static gpointer
+cpu_host_alloc (GmlpBackendDevice  *device,
+                gsize               nbytes,
+                GError            **error)
+{
+  return cpu_alloc (device, nbytes, error);
+}
+
+static GmlpBackendEvent *
+cpu_copy_async (GmlpBackendDevice  *device,
+                gpointer            dst,
+                gconstpointer       src,
+                gsize               nbytes,
+                gboolean            to_host,
+                gboolean            after_compute,
+                GError            **error)
+{
+  if (nbytes > 0)
+    memcpy (dst, src, nbytes);
+  return cpu_event_record (device, error);
+}
+
 static const GmlpBackend cpu_backend = {
   .abi_version = GMLP_BACKEND_ABI_VERSION,
   .name = "cpu",
@@ -457,6 +481,11 @@ static const GmlpBackend cpu_backend = {
   .event_elapsed = cpu_event_elapsed,
   .event_get_native = cpu_event_get_native,
   .event_free = cpu_event_free,
+  .host_alloc = cpu_host_alloc,
+  .host_free = cpu_free,
+  .copy_async = cpu_copy_async,
+  .copy_stream_alloc = cpu_alloc,
+  .free_after_copies = cpu_free,
 };
 
 const GmlpBackend *
