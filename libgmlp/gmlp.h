@@ -15,5 +15,6 @@
 # include "gmlp-grouped-tensor.h"
 # include "gmlp-event.h"
 # include "gmlp-saved-activations.h"
+# include "gmlp-offload-context.h"
 # include "gmlp-grouped-linear.h"
 #undef GMLP_INSIDE
