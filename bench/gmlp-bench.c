@@ -32,11 +32,13 @@ static const Shape shapes[] = {
 static char *only_shape = NULL;
 static gint iters = 100;
 static gint divide = 1;
+static gboolean offload_mode = FALSE;
 
 static const GOptionEntry entries[] = {
   { "shape", 's', 0, G_OPTION_ARG_STRING, &only_shape, "Run one shape only", "NAME" },
   { "iters", 'n', 0, G_OPTION_ARG_INT, &iters, "Timed calls per measurement (default 100)", "N" },
   { "divide", 'd', 0, G_OPTION_ARG_INT, &divide, "Divide M, K and N by D (for the CPU)", "D" },
+  { "offload", 0, 0, G_OPTION_ARG_NONE, &offload_mode, "Measure activation offload instead", NULL },
   { NULL }
 };
 
@@ -236,6 +238,189 @@ bench_shape (GmlpDevice *device, const Shape *s, gboolean skew, GError **error)
   return TRUE;
 }
 
+/* Activation offload: device memory held by saved activations with and
+ * without offload, the copy rate, and the time of a training step of
+ * several layers whose copies take less time than their compute. */
+#define OFFLOAD_LAYERS 6
+
+typedef struct {
+  GmlpDevice         *device;
+  GmlpGroupedLinear  *layers[OFFLOAD_LAYERS];
+  GmlpGroupedTensor  *dy;
+  gint64             *m;
+  guint               experts;
+  gint64              in;
+} OffloadBench;
+
+/* One step: fresh inputs, forward of every layer (the caller keeps no
+ * input), backward in reverse. Returns the device bytes held by saved
+ * activations after the forwards. */
+static gboolean
+offload_step (OffloadBench *b, GmlpOffloadContext *ctx, guint64 *saved_bytes, GError **error)
+{
+  GmlpSavedActivations *saved[OFFLOAD_LAYERS] = { NULL, };
+  guint64 before;
+  gboolean ok = FALSE;
+  guint i;
+
+  if (ctx != NULL)
+    gmlp_offload_context_push_thread_default (ctx, TRUE);
+  for (i = 0; i < OFFLOAD_LAYERS; i++)
+    {
+      g_autoptr(GmlpGroupedTensor) x = gmlp_grouped_tensor_new (b->device, GMLP_DTYPE_BFLOAT16, b->m,
+                                                                b->experts, b->in, error);
+      g_autoptr(GmlpGroupedTensor) y = NULL;
+
+      if (x == NULL || !gmlp_grouped_tensor_fill_random (x, i, 1.0, error))
+        goto out;
+      if (i == 0)
+        {
+          /* What the step holds besides saved activations: the first input. */
+          if (!gmlp_device_synchronize (b->device, error))
+            goto out;
+          before = gmlp_device_get_bytes_in_use (b->device) - gmlp_grouped_tensor_get_nbytes (x);
+        }
+      y = gmlp_grouped_linear_forward (b->layers[i], x, &saved[i], error);
+      if (y == NULL)
+        goto out;
+    }
+  if (ctx != NULL)
+    gmlp_offload_context_pop_thread_default (ctx, NULL);
+  if (saved_bytes != NULL)
+    {
+      if (!gmlp_device_synchronize (b->device, error))
+        goto out;
+      *saved_bytes = gmlp_device_get_bytes_in_use (b->device) - before;
+    }
+  for (i = OFFLOAD_LAYERS; i-- > 0;)
+    {
+      g_autoptr(GmlpGroupedTensor) dx = gmlp_grouped_linear_backward (b->layers[i], saved[i], b->dy, error);
+      if (dx == NULL)
+        goto out;
+    }
+  ok = TRUE;
+
+out:
+  for (i = 0; i < OFFLOAD_LAYERS; i++)
+    g_clear_object (&saved[i]);
+  return ok;
+}
+
+static gboolean
+time_steps (OffloadBench *b, GmlpOffloadContext *ctx, guint n, double *ms, GError **error)
+{
+  gint64 start;
+  guint i;
+
+  if (!gmlp_device_synchronize (b->device, error))
+    return FALSE;
+  start = g_get_monotonic_time ();
+  for (i = 0; i < n; i++)
+    if (!offload_step (b, ctx, NULL, error))
+      return FALSE;
+  if (!gmlp_device_synchronize (b->device, error))
+    return FALSE;
+  *ms = (g_get_monotonic_time () - start) / 1000.0 / n;
+  return TRUE;
+}
+
+static gboolean
+bench_offload (GmlpDevice *device, GError **error)
+{
+  /* Wide layers: compute per saved byte is high enough that the copies
+   * (at ~55 GB/s each way) take less time than the compute. */
+  gint64 rows = 8192 / divide, in = MAX (2048 / divide, 1), out = MAX (16384 / divide, 1);
+  g_autoptr(GmlpOffloadContext) ctx = gmlp_offload_context_new (device, error);
+  OffloadBench b = { device, { NULL, }, NULL, NULL, 8, in };
+  guint64 held_plain = 0, held_offload = 0, offloaded;
+  double ms_plain = 0.0, ms_offload = 0.0, copy_ms = 0.0, flops;
+  gboolean ok = FALSE;
+  guint i;
+
+  b.m = split_rows (b.experts, rows, TRUE);
+  for (i = 0; i < OFFLOAD_LAYERS; i++)
+    {
+      b.layers[i] = gmlp_grouped_linear_new_full (device, b.experts, in, out, GMLP_DTYPE_BFLOAT16,
+                                                  GMLP_LINEAR_SINGLE_GROUPED_WEIGHT, error);
+      if (b.layers[i] == NULL)
+        goto out;
+    }
+  b.dy = gmlp_grouped_tensor_new (device, GMLP_DTYPE_BFLOAT16, b.m, b.experts, out, error);
+  if (b.dy == NULL || !gmlp_grouped_tensor_fill_random (b.dy, 9, 1.0, error))
+    goto out;
+
+  /* Warm up both ways (pinned pool, cuBLAS), then measure. */
+  if (!offload_step (&b, NULL, NULL, error) || !offload_step (&b, ctx, NULL, error) ||
+      !offload_step (&b, NULL, &held_plain, error) || !offload_step (&b, ctx, &held_offload, error))
+    goto out;
+
+  for (i = 0; i < 3; i++)
+    {
+      double a, c;
+      if (!time_steps (&b, NULL, (guint) MAX (iters / 10, 2), &a, error) ||
+          !time_steps (&b, ctx, (guint) MAX (iters / 10, 2), &c, error))
+        goto out;
+      ms_plain = i == 0 ? a : MIN (ms_plain, a);
+      ms_offload = i == 0 ? c : MIN (ms_offload, c);
+    }
+
+  /* The copy rate: one large tensor through a layer with next to no
+   * compute, timed from the forward to the end of its copy. */
+  {
+    gint64 big_rows[1] = { (G_GINT64_CONSTANT (1) << 30) / divide / 2 / 4096 };
+    g_autoptr(GmlpGroupedLinear) thin = gmlp_grouped_linear_new_full (device, 1, 4096, 1, GMLP_DTYPE_BFLOAT16,
+                                                                       GMLP_LINEAR_SINGLE_GROUPED_WEIGHT, error);
+    g_autoptr(GmlpGroupedTensor) big = NULL;
+    guint64 bytes0;
+    gint64 start;
+
+    if (thin == NULL ||
+        (big = gmlp_grouped_tensor_new (device, GMLP_DTYPE_BFLOAT16, big_rows, 1, 4096, error)) == NULL ||
+        !gmlp_grouped_tensor_fill_random (big, 3, 1.0, error))
+      goto out;
+    for (i = 0; i < 4; i++)
+      {
+        g_autoptr(GmlpSavedActivations) saved = NULL;
+        g_autoptr(GmlpGroupedTensor) y = NULL;
+        double t;
+
+        if (!gmlp_device_synchronize (device, error))
+          goto out;
+        bytes0 = gmlp_offload_context_get_bytes_offloaded (ctx);
+        start = g_get_monotonic_time ();
+        gmlp_offload_context_push_thread_default (ctx, TRUE);
+        y = gmlp_grouped_linear_forward (thin, big, &saved, error);
+        gmlp_offload_context_pop_thread_default (ctx, NULL);
+        if (y == NULL || !gmlp_device_synchronize (device, error))
+          goto out;
+        t = (g_get_monotonic_time () - start) / 1000.0;
+        offloaded = gmlp_offload_context_get_bytes_offloaded (ctx) - bytes0;
+        if (i > 0)
+          copy_ms = i == 1 ? t : MIN (copy_ms, t);
+      }
+  }
+
+  flops = 3.0 * 2.0 * rows * in * out * OFFLOAD_LAYERS;
+  g_print ("{\"bench\":\"gmlp-offload\",\"device\":\"%s\",\"layers\":%d,\"E\":%u,\"M\":%" G_GINT64_FORMAT
+           ",\"K\":%" G_GINT64_FORMAT ",\"N\":%" G_GINT64_FORMAT ",\"saved_bytes_plain\":%" G_GUINT64_FORMAT
+           ",\"saved_bytes_offload\":%" G_GUINT64_FORMAT ",\"saved_drop\":%.4f,\"copy_GBps\":%.1f"
+           ",\"step_ms_plain\":%.3f,\"step_ms_offload\":%.3f,\"slowdown\":%.4f,\"step_tflops\":%.4g"
+           ",\"copy_ms_per_step\":%.3f}\n",
+           gmlp_device_get_name (device), OFFLOAD_LAYERS, b.experts, rows, in, out,
+           held_plain, held_offload, held_plain ? 1.0 - (double) held_offload / held_plain : 0.0,
+           offloaded / (copy_ms * 1e-3) / 1e9, ms_plain, ms_offload, ms_offload / ms_plain - 1.0,
+           flops / (ms_plain * 1e-3) / 1e12,
+           2.0 * OFFLOAD_LAYERS * rows * in * 2 / (offloaded / (copy_ms * 1e-3)) * 1e3);
+  ok = TRUE;
+
+out:
+  for (i = 0; i < OFFLOAD_LAYERS; i++)
+    g_clear_object (&b.layers[i]);
+  g_clear_object (&b.dy);
+  g_free (b.m);
+  return ok;
+}
+
 int
 main (int argc, char *argv[])
 {
@@ -258,6 +443,15 @@ main (int argc, char *argv[])
     }
 
   device = gmlp_device_get_default ();
+  if (offload_mode)
+    {
+      if (!bench_offload (device, &error))
+        {
+          g_printerr ("gmlp-bench: offload: %s\n", error->message);
+          return EXIT_FAILURE;
+        }
+      return EXIT_SUCCESS;
+    }
   for (s = 0; s < G_N_ELEMENTS (shapes); s++)
     {
       if (only_shape != NULL && strcmp (only_shape, shapes[s].name) != 0)

@@ -417,7 +417,8 @@ gmlp_device_get_bytes_in_use (GmlpDevice *self)
  * @self: a #GmlpDevice
  * @error: return location for a #GError
  *
- * Waits until all work enqueued on the device's stream has completed.
+ * Waits until all work enqueued on the device has completed: its stream and
+ * the copies of offloaded activations.
  *
  * Returns: %TRUE on success; %FALSE with %GMLP_ERROR_BACKEND if the device
  *   reported an error

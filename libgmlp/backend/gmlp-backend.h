@@ -109,6 +109,7 @@ typedef struct {
                                             int                 value,
                                             gsize               nbytes,
                                             GError            **error);
+  /* Waits for all work on the device: both streams. */
   gboolean            (*synchronize)       (GmlpBackendDevice  *device,
                                             GError            **error);
 

@@ -10,11 +10,12 @@
  * Each GmlpBackendDevice owns a non-blocking stream, a memory pool and a
  * cuBLAS handle on its device. All work is enqueued on that stream;
  * allocations come from the pool in stream order, so steady-state allocation
- * never reaches the driver.
+ * never reaches the driver. A second stream, the copy stream, carries only
+ * the copies of offloaded activations (gmlp-cuda-offload.c).
  *
  * This file has the device, memory and element-wise entry points and the
- * backend table; the GEMMs, the bias operations and the events have files of
- * their own (gmlp-cuda-private.h lists what they share).
+ * backend table; the GEMMs, the bias operations, the events and offloading
+ * have files of their own (gmlp-cuda-private.h lists what they share).
  *
  * SPDX-License-Identifier: LGPL-2.1-or-later
  */
@@ -24,9 +25,6 @@
 #include <stdint.h>
 
 #include "gmlp-cuda-private.h"
-
-/* alloc (0) still hands out a distinct pointer of this many bytes. */
-#define GMLP_CUDA_MIN_ALLOCATION 256
 
 __attribute__((visibility ("default")))
 const GmlpBackend *gmlp_backend_cuda_get (void);
@@ -131,11 +129,20 @@ gmlp_cuda_close_device (GmlpBackendDevice *device)
     {
       /* Before the stream goes: the workspace is freed on it. */
       gmlp_cuda_cublas_fini (device);
+      /* Copies still in flight write to host memory that the caller frees
+       * once the device is closed. */
+      if (device->copy_stream != NULL)
+        {
+          (void) cudaStreamSynchronize (device->copy_stream);
+          (void) cudaStreamDestroy (device->copy_stream);
+        }
       if (device->stream != NULL)
         {
           (void) cudaStreamSynchronize (device->stream);
           (void) cudaStreamDestroy (device->stream);
         }
+      if (device->copy_after_compute != NULL)
+        (void) cudaEventDestroy (device->copy_after_compute);
       /* Memory still allocated from the pool keeps it alive until freed. */
       if (device->pool != NULL)
         (void) cudaMemPoolDestroy (device->pool);
@@ -201,10 +208,37 @@ gmlp_cuda_open_device (int      ordinal,
       goto fail;
     }
 
+  /* Non-blocking too, so that neither stream waits for the legacy default
+   * stream, and the copies for nothing but the events they are given. */
+  err = cudaStreamCreateWithFlags (&device->copy_stream, cudaStreamNonBlocking);
+  if (err != cudaSuccess)
+    {
+      device->copy_stream = NULL;
+      gmlp_cuda_fail (error, "cudaStreamCreateWithFlags", err);
+      goto fail;
+    }
+  /* Only ever waited on: without timing, recording it and waiting for it
+   * cost the least. */
+  err = cudaEventCreateWithFlags (&device->copy_after_compute, cudaEventDisableTiming);
+  if (err != cudaSuccess)
+    {
+      device->copy_after_compute = NULL;
+      gmlp_cuda_fail (error, "cudaEventCreateWithFlags", err);
+      goto fail;
+    }
+
   /* A pool of our own rather than the device's default pool, so that other
    * users of the device do not change its settings under us. Memory freed
    * to it is kept (the threshold never lets the pool shrink on a
-   * synchronize), which keeps steady-state allocation cheap. */
+   * synchronize), which keeps steady-state allocation cheap.
+   *
+   * Both streams allocate from it and free to it. The reuse policies are
+   * left at their defaults (all enabled): memory freed on one stream goes
+   * to an allocation on the other only once that stream has waited for the
+   * free through an event, once the free has completed, or, failing
+   * those, once the driver has made the allocating stream wait for the
+   * free. Each keeps stream order, so this is safe; turning them off would
+   * only keep memory freed on one stream from serving the other. */
   pool_props.allocType = cudaMemAllocationTypePinned;
   pool_props.handleTypes = cudaMemHandleTypeNone;
   pool_props.location.type = cudaMemLocationTypeDevice;
@@ -240,10 +274,13 @@ gmlp_cuda_get_device_name (GmlpBackendDevice *device)
   return g_strdup (device->name);
 }
 
+/* Allocates from the device's pool in the order of stream, the compute or
+ * the copy stream. */
 gpointer
-gmlp_cuda_alloc (GmlpBackendDevice  *device,
-                 gsize               nbytes,
-                 GError            **error)
+gmlp_cuda_alloc_on_stream (GmlpBackendDevice  *device,
+                           gsize               nbytes,
+                           cudaStream_t        stream,
+                           GError            **error)
 {
   void *ptr = NULL;
   cudaError_t err;
@@ -253,13 +290,21 @@ gmlp_cuda_alloc (GmlpBackendDevice  *device,
 
   /* Pool allocations are aligned to at least 256 bytes, like cudaMalloc's. */
   err = cudaMallocFromPoolAsync (&ptr, MAX (nbytes, GMLP_CUDA_MIN_ALLOCATION),
-                                 device->pool, device->stream);
+                                 device->pool, stream);
   if (err != cudaSuccess)
     {
       gmlp_cuda_fail (error, "cudaMallocFromPoolAsync", err);
       return NULL;
     }
   return ptr;
+}
+
+gpointer
+gmlp_cuda_alloc (GmlpBackendDevice  *device,
+                 gsize               nbytes,
+                 GError            **error)
+{
+  return gmlp_cuda_alloc_on_stream (device, nbytes, device->stream, error);
 }
 
 void
@@ -462,7 +507,11 @@ gmlp_cuda_synchronize (GmlpBackendDevice  *device,
   if (!gmlp_cuda_activate (device, error))
     return FALSE;
 
+  /* Everything enqueued on the device: the copies of offloaded activations
+   * too. */
   err = cudaStreamSynchronize (device->stream);
+  if (err == cudaSuccess)
+    err = cudaStreamSynchronize (device->copy_stream);
   if (err != cudaSuccess)
     return gmlp_cuda_fail (error, "cudaStreamSynchronize", err);
   return TRUE;
@@ -544,6 +593,12 @@ static const GmlpBackend gmlp_cuda_backend = {
   .event_elapsed = gmlp_cuda_event_elapsed,
   .event_get_native = gmlp_cuda_event_get_native,
   .event_free = gmlp_cuda_event_free,
+
+  .host_alloc = gmlp_cuda_host_alloc,
+  .host_free = gmlp_cuda_host_free,
+  .copy_async = gmlp_cuda_copy_async,
+  .copy_stream_alloc = gmlp_cuda_copy_stream_alloc,
+  .free_after_copies = gmlp_cuda_free_after_copies,
 };
 
 /* The module's one exported symbol; see GmlpBackendGetFunc. */

@@ -1,8 +1,9 @@
 /* gmlp-cuda-event.c: events of the CUDA backend
  *
- * A GmlpBackendEvent is a cudaEvent_t recorded once, on the stream of the
- * device it was recorded on. Timing stays enabled so that two events can
- * measure the device time between them (benchmarks, profiling).
+ * A GmlpBackendEvent is a cudaEvent_t recorded once, on a stream of the
+ * device it was recorded on: the compute stream, or the copy stream for
+ * copy_async(). Timing stays enabled so that two events can measure the
+ * device time between them (benchmarks, profiling).
  *
  * SPDX-License-Identifier: LGPL-2.1-or-later
  */
@@ -11,15 +12,16 @@
 
 #include "gmlp-cuda-private.h"
 
+/* Records a new event on stream, the compute or the copy stream of device,
+ * which must be current already. Either way the event belongs to device:
+ * event_elapsed() may pair events of its two streams. */
 GmlpBackendEvent *
-gmlp_cuda_event_record (GmlpBackendDevice  *device,
-                        GError            **error)
+gmlp_cuda_event_record_on_stream (GmlpBackendDevice  *device,
+                                  cudaStream_t        stream,
+                                  GError            **error)
 {
   GmlpBackendEvent *event;
   cudaError_t err;
-
-  if (!gmlp_cuda_activate (device, error))
-    return NULL;
 
   event = g_new0 (GmlpBackendEvent, 1);
   event->ordinal = device->ordinal;
@@ -32,7 +34,7 @@ gmlp_cuda_event_record (GmlpBackendDevice  *device,
       return NULL;
     }
 
-  err = cudaEventRecord (event->event, device->stream);
+  err = cudaEventRecord (event->event, stream);
   if (err != cudaSuccess)
     {
       gmlp_cuda_fail (error, "cudaEventRecord", err);
@@ -41,6 +43,15 @@ gmlp_cuda_event_record (GmlpBackendDevice  *device,
       return NULL;
     }
   return event;
+}
+
+GmlpBackendEvent *
+gmlp_cuda_event_record (GmlpBackendDevice  *device,
+                        GError            **error)
+{
+  if (!gmlp_cuda_activate (device, error))
+    return NULL;
+  return gmlp_cuda_event_record_on_stream (device, device->stream, error);
 }
 
 /* Makes the event's device current on the calling thread, as every other

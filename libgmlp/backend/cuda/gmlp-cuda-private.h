@@ -21,10 +21,20 @@ G_BEGIN_DECLS
  * the quark of the same string is the same quark. */
 #define GMLP_CUDA_ERROR (g_quark_from_static_string ("gmlp-error-quark"))
 
+/* alloc (0) still hands out a distinct pointer of this many bytes, as do
+ * copy_stream_alloc (0) and host_alloc (0). */
+#define GMLP_CUDA_MIN_ALLOCATION 256
+
 struct _GmlpBackendDevice
 {
   int             ordinal;
+  /* The compute stream: all work but the offload copies. */
   cudaStream_t    stream;
+  /* The copy stream, so that offload copies overlap compute
+   * (gmlp-cuda-offload.c), and an event without timing that orders it after
+   * the compute stream; the event is re-recorded for every use. */
+  cudaStream_t    copy_stream;
+  cudaEvent_t     copy_after_compute;
   cudaMemPool_t   pool;
   /* Bound to stream, with cublas_workspace (from pool) as its workspace. */
   cublasHandle_t  cublas;
@@ -49,6 +59,10 @@ gboolean  gmlp_cuda_activate        (GmlpBackendDevice  *device,
                                      GError            **error);
 gpointer  gmlp_cuda_alloc           (GmlpBackendDevice  *device,
                                      gsize               nbytes,
+                                     GError            **error);
+gpointer  gmlp_cuda_alloc_on_stream (GmlpBackendDevice  *device,
+                                     gsize               nbytes,
+                                     cudaStream_t        stream,
                                      GError            **error);
 void      gmlp_cuda_free            (GmlpBackendDevice  *device,
                                      gpointer            ptr);
@@ -88,6 +102,9 @@ gboolean  gmlp_cuda_bias_grad       (GmlpBackendDevice   *device,
 /* gmlp-cuda-event.c */
 GmlpBackendEvent *gmlp_cuda_event_record      (GmlpBackendDevice  *device,
                                                GError            **error);
+GmlpBackendEvent *gmlp_cuda_event_record_on_stream (GmlpBackendDevice  *device,
+                                                    cudaStream_t        stream,
+                                                    GError            **error);
 gboolean          gmlp_cuda_event_synchronize (GmlpBackendEvent   *event,
                                                GError            **error);
 gboolean          gmlp_cuda_event_query       (GmlpBackendEvent   *event);
@@ -100,5 +117,24 @@ gboolean          gmlp_cuda_event_elapsed     (GmlpBackendEvent   *start,
                                                GError            **error);
 gpointer          gmlp_cuda_event_get_native  (GmlpBackendEvent   *event);
 void              gmlp_cuda_event_free        (GmlpBackendEvent   *event);
+
+/* gmlp-cuda-offload.c */
+gpointer          gmlp_cuda_host_alloc        (GmlpBackendDevice  *device,
+                                               gsize               nbytes,
+                                               GError            **error);
+void              gmlp_cuda_host_free         (GmlpBackendDevice  *device,
+                                               gpointer            ptr);
+GmlpBackendEvent *gmlp_cuda_copy_async        (GmlpBackendDevice  *device,
+                                               gpointer            dst,
+                                               gconstpointer       src,
+                                               gsize               nbytes,
+                                               gboolean            to_host,
+                                               gboolean            after_compute,
+                                               GError            **error);
+gpointer          gmlp_cuda_copy_stream_alloc (GmlpBackendDevice  *device,
+                                               gsize               nbytes,
+                                               GError            **error);
+void              gmlp_cuda_free_after_copies (GmlpBackendDevice  *device,
+                                               gpointer            ptr);
 
 G_END_DECLS
