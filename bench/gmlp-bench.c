@@ -241,7 +241,7 @@ bench_shape (GmlpDevice *device, const Shape *s, gboolean skew, GError **error)
 /* Activation offload: device memory held by saved activations with and
  * without offload, the copy rate, and the time of a training step of
  * several layers whose copies take less time than their compute. */
-#define OFFLOAD_LAYERS 6
+#define OFFLOAD_LAYERS 12
 
 typedef struct {
   GmlpDevice         *device;

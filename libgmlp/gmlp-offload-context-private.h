@@ -28,6 +28,10 @@ void                gmlp_offload_context_give_host      (GmlpOffloadContext  *se
 void                gmlp_offload_context_offloaded      (GmlpOffloadContext  *self,
                                                          GmlpSavedActivations *saved,
                                                          guint64              nbytes);
+/* A backward found the device copy still there: no reload was needed. */
+void                gmlp_offload_context_kept           (GmlpOffloadContext  *self,
+                                                         GmlpSavedActivations *saved,
+                                                         guint64              nbytes);
 void                gmlp_offload_context_reloading      (GmlpOffloadContext  *self,
                                                          GmlpSavedActivations *saved,
                                                          guint64              nbytes,

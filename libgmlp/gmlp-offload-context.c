@@ -30,7 +30,11 @@
  * Offloading copies every tensor of a [class@Gmlp.SavedActivations] on the
  * device's copy stream into host memory from the context's pool (pinned on a
  * GPU), after the forward that produced it, and lets go of the device memory,
- * which returns to the pool once the copy has read it. A backward reloads
+ * which returns to the pool once the copy has read it. The most recently
+ * offloaded activations keep their device copy until the next offload
+ * through the context (or [method@Gmlp.OffloadContext.flush]): the last
+ * layer's backward, which follows its forward at once, then needs no round
+ * trip through host memory. A backward reloads
  * its own activations only (waiting on the device for that copy alone) and
  * starts reloading the activations saved just before them, so that reload
  * overlaps this backward; [method@Gmlp.OffloadContext.prefetch] lets callers
@@ -54,6 +58,7 @@ struct _GmlpOffloadContext
   GMutex       lock;
   GList       *free_blocks;      /* HostBlock */
   GList       *offloaded;        /* GmlpSavedActivations, forward order; weak */
+  GmlpSavedActivations *recent;  /* the last offloaded, still with its device copy; weak */
   guint64      pool_bytes;
   guint64      bytes_offloaded;
   guint64      bytes_on_host;
@@ -119,6 +124,8 @@ saved_gone (gpointer  data,
 
   g_mutex_lock (&self->lock);
   self->offloaded = g_list_remove (self->offloaded, where_the_object_was);
+  if (self->recent == (gpointer) where_the_object_was)
+    self->recent = NULL;
   g_mutex_unlock (&self->lock);
 }
 
@@ -476,17 +483,67 @@ gmlp_offload_context_give_host (GmlpOffloadContext *self,
   g_mutex_unlock (&self->lock);
 }
 
+/* Takes the device copy away from the most recently offloaded activations. */
+static void
+release_recent (GmlpOffloadContext *self)
+{
+  GmlpSavedActivations *recent;
+
+  g_mutex_lock (&self->lock);
+  recent = self->recent != NULL ? g_object_ref (self->recent) : NULL;
+  self->recent = NULL;
+  g_mutex_unlock (&self->lock);
+  if (recent != NULL)
+    {
+      gmlp_saved_activations_release_device (recent);
+      g_object_unref (recent);
+    }
+}
+
 void
 gmlp_offload_context_offloaded (GmlpOffloadContext   *self,
                                 GmlpSavedActivations *saved,
                                 guint64               nbytes)
 {
+  release_recent (self);
   g_mutex_lock (&self->lock);
   self->bytes_offloaded += nbytes;
   self->bytes_on_host += nbytes;
   self->offloaded = g_list_append (self->offloaded, saved);
+  self->recent = saved;
   g_mutex_unlock (&self->lock);
   g_object_weak_ref (G_OBJECT (saved), saved_gone, self);
+}
+
+void
+gmlp_offload_context_kept (GmlpOffloadContext   *self,
+                           GmlpSavedActivations *saved,
+                           guint64               nbytes)
+{
+  g_mutex_lock (&self->lock);
+  self->bytes_on_host -= MIN (nbytes, self->bytes_on_host);
+  if (self->recent == saved)
+    self->recent = NULL;
+  g_mutex_unlock (&self->lock);
+}
+
+/**
+ * gmlp_offload_context_flush:
+ * @self: a #GmlpOffloadContext
+ *
+ * Lets go of the device copy that the most recently offloaded activations
+ * keep (see [class@Gmlp.OffloadContext]), so that all the context's saved
+ * activations are in host memory only; their backward will then reload
+ * them.
+ *
+ * Since: 0.1
+ */
+void
+gmlp_offload_context_flush (GmlpOffloadContext *self)
+{
+  g_return_if_fail (GMLP_IS_OFFLOAD_CONTEXT (self));
+
+  release_recent (self);
 }
 
 void

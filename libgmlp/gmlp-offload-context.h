@@ -38,6 +38,8 @@ gboolean            gmlp_offload_context_get_enabled            (GmlpOffloadCont
 GMLP_AVAILABLE_IN_0_1
 guint               gmlp_offload_context_get_depth              (void);
 GMLP_AVAILABLE_IN_0_1
+void                gmlp_offload_context_flush                  (GmlpOffloadContext    *self);
+GMLP_AVAILABLE_IN_0_1
 gboolean            gmlp_offload_context_prefetch               (GmlpOffloadContext    *self,
                                                                  GmlpSavedActivations  *saved,
                                                                  GError               **error);

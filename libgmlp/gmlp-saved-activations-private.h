@@ -42,7 +42,10 @@ gboolean              gmlp_saved_activations_apply_offload  (GmlpSavedActivation
 gboolean              gmlp_saved_activations_reload         (GmlpSavedActivations  *self,
                                                              gboolean               prefetch,
                                                              GError               **error);
+/* Whether a reload is still needed. */
 gboolean              gmlp_saved_activations_is_on_host     (GmlpSavedActivations  *self);
+/* Lets go of the device copy of tensors that are in host memory too. */
+void                  gmlp_saved_activations_release_device (GmlpSavedActivations  *self);
 GmlpOffloadContext   *gmlp_saved_activations_get_context    (GmlpSavedActivations  *self);
 
 G_END_DECLS

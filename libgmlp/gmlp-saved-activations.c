@@ -31,8 +31,9 @@
  * Since: 0.1
  */
 
-/* One saved tensor: on the device (tensor), or in host memory (host, with
- * the layout to rebuild it). */
+/* One saved tensor: on the device (tensor), in host memory (host, with the
+ * layout to rebuild it), or both while the most recently offloaded
+ * activations keep their device copy. */
 typedef struct {
   const char         *name;
   GmlpGroupedTensor  *tensor;
@@ -248,12 +249,51 @@ gmlp_saved_activations_apply_offload (GmlpSavedActivations  *self,
       gmlp_buffer_mark_copied (buffer);
       saved->offload_done = gmlp_event_new_for_backend (device, done);
       total += saved->layout.nbytes;
-      g_clear_object (&saved->tensor);
     }
 
+  /* The device copy stays until the next offload through the context (see
+   * gmlp_saved_activations_release_device()). */
   gmlp_offload_context_offloaded (context, self, total);
   g_object_notify_by_pspec (G_OBJECT (self), properties[PROP_OFFLOAD]);
   return TRUE;
+}
+
+void
+gmlp_saved_activations_release_device (GmlpSavedActivations *self)
+{
+  guint i;
+
+  for (i = 0; i < self->tensors->len; i++)
+    {
+      SavedTensor *saved = &g_array_index (self->tensors, SavedTensor, i);
+
+      if (saved->host != NULL)
+        g_clear_object (&saved->tensor);
+    }
+}
+
+/* Activations whose device copy is still there need no reload: the host copy
+ * goes back to the pool once its copy has completed. */
+static void
+drop_host_copies (GmlpSavedActivations *self)
+{
+  guint64 total = 0;
+  guint i;
+
+  for (i = 0; i < self->tensors->len; i++)
+    {
+      SavedTensor *saved = &g_array_index (self->tensors, SavedTensor, i);
+
+      if (saved->host == NULL || saved->tensor == NULL)
+        continue;
+      gmlp_offload_context_give_host (self->context, saved->host, saved->host_size,
+                                      saved->offload_done);
+      saved->host = NULL;
+      total += saved->layout.nbytes;
+      gmlp_tensor_layout_clear (&saved->layout);
+    }
+  if (total > 0)
+    gmlp_offload_context_kept (self->context, self, total);
 }
 
 gboolean
@@ -273,7 +313,7 @@ gmlp_saved_activations_reload (GmlpSavedActivations  *self,
       GmlpBackendEvent *done;
       gpointer data;
 
-      if (saved->host == NULL)
+      if (saved->host == NULL || saved->tensor != NULL)
         continue;
 
       /* Copy-stream order puts this after the offload copy. */
@@ -307,8 +347,11 @@ gmlp_saved_activations_is_on_host (GmlpSavedActivations *self)
   guint i;
 
   for (i = 0; i < self->tensors->len; i++)
-    if (g_array_index (self->tensors, SavedTensor, i).host != NULL)
-      return TRUE;
+    {
+      SavedTensor *saved = &g_array_index (self->tensors, SavedTensor, i);
+      if (saved->host != NULL && saved->tensor == NULL)
+        return TRUE;
+    }
   return FALSE;
 }
 
@@ -326,6 +369,7 @@ gmlp_saved_activations_get (GmlpSavedActivations  *self,
   SavedTensor *saved = find (self, name);
 
   g_assert (saved != NULL);
+  drop_host_copies (self);
   if (saved->host != NULL && !gmlp_saved_activations_reload (self, FALSE, error))
     return NULL;
   if (saved->reload_done != NULL)
@@ -405,8 +449,10 @@ gmlp_saved_activations_is_consumed (GmlpSavedActivations *self)
  * gmlp_saved_activations_get_nbytes:
  * @self: a #GmlpSavedActivations
  *
- * Counts the bytes of device storage the saved tensors hold now: 0 while
- * they are offloaded to host memory, and once consumed.
+ * Counts the bytes of device storage the saved tensors hold now: 0 once
+ * they are offloaded to host memory (the most recently offloaded ones keep
+ * their device copy until the next offload, see
+ * [method@Gmlp.OffloadContext.flush]), and once consumed.
  *
  * Returns: the number of bytes
  *
