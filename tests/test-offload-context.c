@@ -297,12 +297,15 @@ test_bit_identical (void)
       {
         g_autofree gint64 *rows = gmlp_test_random_rows (N_GROUPS, 40);
         guint64 seed = (guint64) g_test_rand_int ();
+        GmlpLinearFlags extra = delayed ? GMLP_LINEAR_DELAY_WGRAD_COMPUTE : 0;
+        g_autoptr(GPtrArray) plain = NULL;
+        g_autoptr(GPtrArray) offloaded = NULL;
+        guint i;
+
         /* At least one row, so that there is something to offload. */
         rows[0] = MAX (rows[0], 1);
-        GmlpLinearFlags extra = delayed ? GMLP_LINEAR_DELAY_WGRAD_COMPUTE : 0;
-        g_autoptr(GPtrArray) plain = run_chain (device, dtypes[d], extra, FALSE, seed, rows);
-        g_autoptr(GPtrArray) offloaded = run_chain (device, dtypes[d], extra, TRUE, seed, rows);
-        guint i;
+        plain = run_chain (device, dtypes[d], extra, FALSE, seed, rows);
+        offloaded = run_chain (device, dtypes[d], extra, TRUE, seed, rows);
 
         g_assert_cmpuint (plain->len, ==, offloaded->len);
         for (i = 0; i < plain->len; i++)
