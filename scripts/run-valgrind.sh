@@ -3,6 +3,6 @@
 # definite leak. Run after scripts/build.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-exec meson test -C build --suite cpu --no-suite bindings --print-errorlogs \
+exec meson test -C build --suite cpu --no-suite bindings --no-suite bench --print-errorlogs \
   --timeout-multiplier 10 \
   --wrap="valgrind --error-exitcode=1 --leak-check=full --errors-for-leak-kinds=definite --suppressions=/usr/share/glib-2.0/valgrind/glib.supp --suppressions=$PWD/tests/valgrind.supp" "$@"
