@@ -462,7 +462,6 @@ gmlp_buffer_new (GmlpDevice  *device,
                  gsize        nbytes,
                  GError     **error)
 {
-  GmlpBuffer *buffer;
   gpointer data;
 
   g_return_val_if_fail (GMLP_IS_DEVICE (device), NULL);
@@ -482,14 +481,7 @@ gmlp_buffer_new (GmlpDevice  *device,
       return NULL;
     }
 
-  buffer = g_new0 (GmlpBuffer, 1);
-  g_atomic_ref_count_init (&buffer->ref_count);
-  buffer->device = g_object_ref (device);
-  buffer->data = data;
-  buffer->nbytes = nbytes;
-  g_atomic_pointer_add ((gpointer *) &device->bytes_in_use, (gssize) nbytes);
-
-  return buffer;
+  return gmlp_buffer_new_wrapped (device, data, nbytes);
 }
 
 GmlpBuffer *
