@@ -10,7 +10,7 @@
 
 #include <gio/gio.h>
 
-#include "gmlp-grouped-linear.h"
+#include "gmlp-grouped-linear-private.h"
 #include "gmlp-device-private.h"
 #include "gmlp-enum-types.h"
 #include "gmlp-error.h"
@@ -1064,12 +1064,22 @@ gmlp_grouped_linear_forward (GmlpGroupedLinear     *self,
                              GmlpSavedActivations **saved,
                              GError               **error)
 {
-  g_autoptr(GmlpGroupedTensor) output = NULL;
-  const gint64 *rows;
-
   g_return_val_if_fail (GMLP_IS_GROUPED_LINEAR (self), NULL);
   g_return_val_if_fail (GMLP_IS_GROUPED_TENSOR (input), NULL);
   g_return_val_if_fail (error == NULL || *error == NULL, NULL);
+
+  return gmlp_grouped_linear_forward_full (self, input, TRUE, saved, error);
+}
+
+GmlpGroupedTensor *
+gmlp_grouped_linear_forward_full (GmlpGroupedLinear     *self,
+                                  GmlpGroupedTensor     *input,
+                                  gboolean               save_input,
+                                  GmlpSavedActivations **saved,
+                                  GError               **error)
+{
+  g_autoptr(GmlpGroupedTensor) output = NULL;
+  const gint64 *rows;
 
   if (saved != NULL)
     *saved = NULL;
@@ -1102,7 +1112,8 @@ gmlp_grouped_linear_forward (GmlpGroupedLinear     *self,
     {
       g_autoptr(GmlpSavedActivations) new_saved = gmlp_saved_activations_new (self->id);
 
-      gmlp_saved_activations_add (new_saved, "input", input);
+      if (save_input)
+        gmlp_saved_activations_add (new_saved, "input", input);
       if (!gmlp_saved_activations_apply_offload (new_saved, error))
         return NULL;
       *saved = g_steal_pointer (&new_saved);

@@ -34,8 +34,12 @@ G_BEGIN_DECLS
  * @GMLP_LINEAR_DELAY_WGRAD_COMPUTE: weight gradients are computed by
  *   [method@Gmlp.GroupedLinear.backward_dw], not by backward
  *   ([property@Gmlp.GroupedLinear:delay-wgrad-compute])
+ * @GMLP_LINEAR_RECOMPUTE_ACTIVATION: for [class@Gmlp.GroupedMLP] only: the
+ *   activation is recomputed in backward instead of saved
+ *   ([property@Gmlp.GroupedMLP:recompute-activation])
  *
- * Options of [ctor@Gmlp.GroupedLinear.new_full], one per construct property.
+ * Options of [ctor@Gmlp.GroupedLinear.new_full] and
+ * [ctor@Gmlp.GroupedMLP.new_full], one per construct property.
  *
  * Since: 0.1
  */
@@ -45,6 +49,7 @@ typedef enum /*< flags >*/ {
   GMLP_LINEAR_SINGLE_GROUPED_WEIGHT = 1 << 1,
   GMLP_LINEAR_FUSE_WGRAD_ACCUMULATION = 1 << 2,
   GMLP_LINEAR_DELAY_WGRAD_COMPUTE = 1 << 3,
+  GMLP_LINEAR_RECOMPUTE_ACTIVATION = 1 << 4,
 } GmlpLinearFlags;
 
 #define GMLP_TYPE_GROUPED_LINEAR (gmlp_grouped_linear_get_type ())

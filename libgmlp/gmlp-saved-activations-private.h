@@ -29,6 +29,11 @@ gboolean              gmlp_saved_activations_check          (GmlpSavedActivation
                                                              guint64                owner_id,
                                                              const char            *layer_name,
                                                              GError               **error);
+/* Saved activations of sub-layers (a GroupedMLP's fc1 and fc2). */
+void                  gmlp_saved_activations_add_child      (GmlpSavedActivations  *self,
+                                                             GmlpSavedActivations  *child);
+GmlpSavedActivations *gmlp_saved_activations_get_child      (GmlpSavedActivations  *self,
+                                                             guint                  index);
 /* Drops the saved tensors; the object can't be used again. */
 void                  gmlp_saved_activations_consume        (GmlpSavedActivations  *self);
 

@@ -51,6 +51,7 @@ struct _GmlpSavedActivations
   guint64             owner_id;
   GArray             *tensors;        /* SavedTensor */
   GmlpOffloadContext *context;        /* the context that offloaded them */
+  GPtrArray          *children;       /* GmlpSavedActivations of sub-layers */
   gboolean            offload;
   gboolean            consumed;
 };
@@ -88,6 +89,7 @@ release_tensors (GmlpSavedActivations *self)
   for (i = 0; i < self->tensors->len; i++)
     saved_tensor_clear (self, &g_array_index (self->tensors, SavedTensor, i));
   g_array_set_size (self->tensors, 0);
+  g_ptr_array_set_size (self->children, 0);
 }
 
 static void
@@ -97,6 +99,7 @@ gmlp_saved_activations_finalize (GObject *object)
 
   release_tensors (self);
   g_clear_pointer (&self->tensors, g_array_unref);
+  g_clear_pointer (&self->children, g_ptr_array_unref);
   g_clear_object (&self->context);
 
   G_OBJECT_CLASS (gmlp_saved_activations_parent_class)->finalize (object);
@@ -162,6 +165,7 @@ static void
 gmlp_saved_activations_init (GmlpSavedActivations *self)
 {
   self->tensors = g_array_new (FALSE, TRUE, sizeof (SavedTensor));
+  self->children = g_ptr_array_new_with_free_func (g_object_unref);
 }
 
 guint64
@@ -191,6 +195,20 @@ gmlp_saved_activations_add (GmlpSavedActivations *self,
   saved.name = name;
   saved.tensor = g_object_ref (tensor);
   g_array_append_val (self->tensors, saved);
+}
+
+void
+gmlp_saved_activations_add_child (GmlpSavedActivations *self,
+                                  GmlpSavedActivations *child)
+{
+  g_ptr_array_add (self->children, g_object_ref (child));
+}
+
+GmlpSavedActivations *
+gmlp_saved_activations_get_child (GmlpSavedActivations *self,
+                                  guint                 index)
+{
+  return g_ptr_array_index (self->children, index);
 }
 
 static SavedTensor *
@@ -472,6 +490,8 @@ gmlp_saved_activations_get_nbytes (GmlpSavedActivations *self)
       if (saved->tensor != NULL)
         total += gmlp_grouped_tensor_get_nbytes (saved->tensor);
     }
+  for (i = 0; i < self->children->len; i++)
+    total += gmlp_saved_activations_get_nbytes (self->children->pdata[i]);
   return total;
 }
 
@@ -497,5 +517,7 @@ gmlp_saved_activations_get_host_nbytes (GmlpSavedActivations *self)
       if (saved->host != NULL)
         total += saved->layout.nbytes;
     }
+  for (i = 0; i < self->children->len; i++)
+    total += gmlp_saved_activations_get_host_nbytes (self->children->pdata[i]);
   return total;
 }

@@ -17,4 +17,5 @@
 # include "gmlp-saved-activations.h"
 # include "gmlp-offload-context.h"
 # include "gmlp-grouped-linear.h"
+# include "gmlp-grouped-mlp.h"
 #undef GMLP_INSIDE

@@ -20,7 +20,7 @@ G_BEGIN_DECLS
 
 /* Bumped whenever the table changes; a module built for another version is
  * refused. */
-#define GMLP_BACKEND_ABI_VERSION 4
+#define GMLP_BACKEND_ABI_VERSION 5
 
 typedef struct _GmlpBackendDevice GmlpBackendDevice;
 typedef struct _GmlpBackendEvent GmlpBackendEvent;
@@ -65,6 +65,19 @@ typedef struct {
    * NULL overwrites every group. */
   const guint8       *accumulate;
 } GmlpBackendGemm;
+
+/* The activations of a grouped MLP; the values equal GmlpActivation's. The
+ * gated ones (SWIGLU, GEGLU) read rows of 2f values [a | b] and give
+ * act(a) * b. GELU is the tanh approximation:
+ *   gelu(x) = x/2 (1 + tanh (sqrt(2/pi) (x + 0.044715 x^3))),
+ *   silu(x) = x sigmoid(x), relu(x) = max(x, 0), srelu(x) = relu(x)^2. */
+enum {
+  GMLP_ACT_GELU = 0,
+  GMLP_ACT_RELU = 1,
+  GMLP_ACT_SRELU = 2,
+  GMLP_ACT_SWIGLU = 3,
+  GMLP_ACT_GEGLU = 4,
+};
 
 typedef struct {
   int          abi_version;
@@ -212,6 +225,24 @@ typedef struct {
    * both streams (a buffer a copy may still be reading). */
   void                (*free_after_copies) (GmlpBackendDevice  *device,
                                             gpointer            ptr);
+
+  /* Element-wise activation of every row of every group, in FP32, stored in
+   * dtype (FLOAT32, FLOAT16 or BFLOAT16). Rows are dense: in has f values per
+   * row (2f for gated activations), out and d_out f.
+   *   forward  (d_out == NULL): out_i = act(in_i)
+   *   backward (d_out given):   out_i = d in_i, the gradient with respect to
+   *                             in (2f wide for gated activations)
+   * Groups with no rows have nothing to write. */
+  gboolean            (*activation)        (GmlpBackendDevice  *device,
+                                            int                 activation,
+                                            guint               n_groups,
+                                            const gint64       *rows,
+                                            gint64              f,
+                                            int                 dtype,
+                                            const void * const *in,
+                                            const void * const *d_out,
+                                            void * const       *out,
+                                            GError            **error);
 } GmlpBackend;
 
 const GmlpBackend *gmlp_backend_cpu_get  (void);

@@ -8,6 +8,7 @@
 
 #include "config.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -455,6 +456,104 @@ cpu_copy_async (GmlpBackendDevice  *device,
   return cpu_event_record (device, error);
 }
 
+/* The activation functions and their derivatives, in FP32. */
+static float
+act_value (int act, float x)
+{
+  switch (act)
+    {
+    case GMLP_ACT_GELU:
+    case GMLP_ACT_GEGLU:
+      return 0.5f * x * (1.0f + tanhf (0.7978845608028654f * (x + 0.044715f * x * x * x)));
+    case GMLP_ACT_SWIGLU:
+      return x / (1.0f + expf (-x));
+    case GMLP_ACT_RELU:
+      return x > 0.0f ? x : 0.0f;
+    case GMLP_ACT_SRELU:
+      return x > 0.0f ? x * x : 0.0f;
+    default:
+      return 0.0f;
+    }
+}
+
+static float
+act_derivative (int act, float x)
+{
+  switch (act)
+    {
+    case GMLP_ACT_GELU:
+    case GMLP_ACT_GEGLU:
+      {
+        const float k = 0.7978845608028654f;
+        float t = tanhf (k * (x + 0.044715f * x * x * x));
+        return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * k * (1.0f + 3.0f * 0.044715f * x * x);
+      }
+    case GMLP_ACT_SWIGLU:
+      {
+        float s = 1.0f / (1.0f + expf (-x));
+        return s * (1.0f + x * (1.0f - s));
+      }
+    case GMLP_ACT_RELU:
+      return x > 0.0f ? 1.0f : 0.0f;
+    case GMLP_ACT_SRELU:
+      return x > 0.0f ? 2.0f * x : 0.0f;
+    default:
+      return 0.0f;
+    }
+}
+
+static gboolean
+cpu_activation (GmlpBackendDevice  *device,
+                int                 act,
+                guint               n_groups,
+                const gint64       *rows,
+                gint64              f,
+                int                 dtype,
+                const void * const *in,
+                const void * const *d_out,
+                void * const       *out,
+                GError            **error)
+{
+  gboolean gated = act == GMLP_ACT_SWIGLU || act == GMLP_ACT_GEGLU;
+  gint64 in_width = gated ? 2 * f : f;
+  guint g;
+
+  if (!cpu_check_float_dtype (dtype, error))
+    return FALSE;
+  if (act < GMLP_ACT_GELU || act > GMLP_ACT_GEGLU)
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_UNSUPPORTED, "Unknown activation %d", act);
+      return FALSE;
+    }
+
+  for (g = 0; g < n_groups; g++)
+    {
+      gint64 r, j;
+
+      for (r = 0; r < rows[g]; r++)
+        for (j = 0; j < f; j++)
+          {
+            guint64 ia = (guint64) (r * in_width + j), io = (guint64) (r * f + j);
+            float a = gmlp_num_load_float (in[g], dtype, ia);
+            float b = gated ? gmlp_num_load_float (in[g], dtype, ia + (guint64) f) : 1.0f;
+
+            if (d_out == NULL)
+              {
+                gmlp_num_store_float (out[g], dtype, io, act_value (act, a) * b);
+              }
+            else
+              {
+                float dy = gmlp_num_load_float (d_out[g], dtype, io);
+
+                gmlp_num_store_float (out[g], dtype, ia, dy * b * act_derivative (act, a));
+                if (gated)
+                  gmlp_num_store_float (out[g], dtype, ia + (guint64) f, dy * act_value (act, a));
+              }
+          }
+    }
+  return TRUE;
+}
+
 static const GmlpBackend cpu_backend = {
   .abi_version = GMLP_BACKEND_ABI_VERSION,
   .name = "cpu",
@@ -486,6 +585,7 @@ static const GmlpBackend cpu_backend = {
   .copy_async = cpu_copy_async,
   .copy_stream_alloc = cpu_alloc,
   .free_after_copies = cpu_free,
+  .activation = cpu_activation,
 };
 
 const GmlpBackend *

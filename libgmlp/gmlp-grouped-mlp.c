@@ -1,0 +1,706 @@
+/* gmlp-grouped-mlp.c
+ *
+ * SPDX-License-Identifier: LGPL-2.1-or-later
+ */
+
+#include "config.h"
+
+#include "gmlp-grouped-mlp.h"
+#include "gmlp-device-private.h"
+#include "gmlp-enum-types.h"
+#include "gmlp-error.h"
+#include "gmlp-grouped-linear-private.h"
+#include "gmlp-grouped-tensor-private.h"
+#include "gmlp-saved-activations-private.h"
+
+/**
+ * GmlpGroupedMLP:
+ *
+ * The expert block of a Mixture-of-Experts model: for every group,
+ * `y = FC2 (act (FC1 (x)))`, with FC1 `hidden → ffn_hidden` (twice as wide for
+ * the gated activations) and FC2 `ffn_hidden → hidden`, two
+ * [class@Gmlp.GroupedLinear] layers reachable with
+ * [method@Gmlp.GroupedMLP.get_fc1] and [method@Gmlp.GroupedMLP.get_fc2].
+ *
+ * The options and the gradient contract are those of GroupedLinear
+ * (docs/gradient-contract.md), applied to both layers; the MLP emits
+ * [signal@Gmlp.GroupedMLP::wgrad-ready] once per weight-gradient computation
+ * of the block, after both layers'. The activation runs in one pass that
+ * reads FC1's output once and writes FC2's input once, forward and backward.
+ *
+ * Backward needs FC1's input, FC1's output and FC2's input; with
+ * [property@Gmlp.GroupedMLP:recompute-activation] FC2's input is not saved
+ * but recomputed from FC1's output. Saved activations offload as a whole
+ * under an enabled [class@Gmlp.OffloadContext].
+ *
+ * Since: 0.1
+ */
+
+G_STATIC_ASSERT ((int) GMLP_ACTIVATION_GELU == GMLP_ACT_GELU);
+G_STATIC_ASSERT ((int) GMLP_ACTIVATION_RELU == GMLP_ACT_RELU);
+G_STATIC_ASSERT ((int) GMLP_ACTIVATION_SRELU == GMLP_ACT_SRELU);
+G_STATIC_ASSERT ((int) GMLP_ACTIVATION_SWIGLU == GMLP_ACT_SWIGLU);
+G_STATIC_ASSERT ((int) GMLP_ACTIVATION_GEGLU == GMLP_ACT_GEGLU);
+
+struct _GmlpGroupedMLP
+{
+  GObject             parent_instance;
+
+  GmlpDevice         *device;
+  guint               n_groups;
+  gint64              hidden;
+  gint64              ffn_hidden;
+  GmlpActivation      activation;
+  GmlpDType           dtype;
+  GmlpLinearFlags     flags;
+  guint64             id;
+
+  GmlpGroupedLinear  *fc1;
+  GmlpGroupedLinear  *fc2;
+};
+
+static void gmlp_grouped_mlp_initable_iface_init (GInitableIface *iface);
+
+G_DEFINE_FINAL_TYPE_WITH_CODE (GmlpGroupedMLP, gmlp_grouped_mlp, G_TYPE_OBJECT,
+                               G_IMPLEMENT_INTERFACE (G_TYPE_INITABLE,
+                                                      gmlp_grouped_mlp_initable_iface_init))
+
+enum {
+  PROP_0,
+  PROP_DEVICE,
+  PROP_N_GROUPS,
+  PROP_HIDDEN,
+  PROP_FFN_HIDDEN,
+  PROP_ACTIVATION,
+  PROP_DTYPE,
+  PROP_FLAGS,
+  PROP_RECOMPUTE_ACTIVATION,
+  N_PROPS
+};
+
+enum {
+  SIGNAL_WGRAD_READY,
+  N_SIGNALS
+};
+
+static GParamSpec *properties[N_PROPS];
+static guint signals[N_SIGNALS];
+
+static gboolean
+is_gated (GmlpActivation activation)
+{
+  return activation == GMLP_ACTIVATION_SWIGLU || activation == GMLP_ACTIVATION_GEGLU;
+}
+
+static void
+gmlp_grouped_mlp_finalize (GObject *object)
+{
+  GmlpGroupedMLP *self = (GmlpGroupedMLP *) object;
+
+  g_clear_object (&self->fc1);
+  g_clear_object (&self->fc2);
+  g_clear_object (&self->device);
+
+  G_OBJECT_CLASS (gmlp_grouped_mlp_parent_class)->finalize (object);
+}
+
+static void
+gmlp_grouped_mlp_get_property (GObject    *object,
+                               guint       prop_id,
+                               GValue     *value,
+                               GParamSpec *pspec)
+{
+  GmlpGroupedMLP *self = GMLP_GROUPED_MLP (object);
+
+  switch (prop_id)
+    {
+    case PROP_DEVICE:
+      g_value_set_object (value, self->device);
+      break;
+    case PROP_N_GROUPS:
+      g_value_set_uint (value, self->n_groups);
+      break;
+    case PROP_HIDDEN:
+      g_value_set_int64 (value, self->hidden);
+      break;
+    case PROP_FFN_HIDDEN:
+      g_value_set_int64 (value, self->ffn_hidden);
+      break;
+    case PROP_ACTIVATION:
+      g_value_set_enum (value, self->activation);
+      break;
+    case PROP_DTYPE:
+      g_value_set_enum (value, self->dtype);
+      break;
+    case PROP_FLAGS:
+      g_value_set_flags (value, self->flags);
+      break;
+    case PROP_RECOMPUTE_ACTIVATION:
+      g_value_set_boolean (value, (self->flags & GMLP_LINEAR_RECOMPUTE_ACTIVATION) != 0);
+      break;
+    default:
+      G_OBJECT_WARN_INVALID_PROPERTY_ID (object, prop_id, pspec);
+    }
+}
+
+static void
+gmlp_grouped_mlp_set_property (GObject      *object,
+                               guint         prop_id,
+                               const GValue *value,
+                               GParamSpec   *pspec)
+{
+  GmlpGroupedMLP *self = GMLP_GROUPED_MLP (object);
+
+  switch (prop_id)
+    {
+    case PROP_DEVICE:
+      self->device = g_value_dup_object (value);
+      break;
+    case PROP_N_GROUPS:
+      self->n_groups = g_value_get_uint (value);
+      break;
+    case PROP_HIDDEN:
+      self->hidden = g_value_get_int64 (value);
+      break;
+    case PROP_FFN_HIDDEN:
+      self->ffn_hidden = g_value_get_int64 (value);
+      break;
+    case PROP_ACTIVATION:
+      self->activation = g_value_get_enum (value);
+      break;
+    case PROP_DTYPE:
+      self->dtype = g_value_get_enum (value);
+      break;
+    case PROP_FLAGS:
+      self->flags = g_value_get_flags (value) | (self->flags & GMLP_LINEAR_RECOMPUTE_ACTIVATION);
+      break;
+    case PROP_RECOMPUTE_ACTIVATION:
+      if (g_value_get_boolean (value))
+        self->flags |= GMLP_LINEAR_RECOMPUTE_ACTIVATION;
+      else
+        self->flags &= ~GMLP_LINEAR_RECOMPUTE_ACTIVATION;
+      break;
+    default:
+      G_OBJECT_WARN_INVALID_PROPERTY_ID (object, prop_id, pspec);
+    }
+}
+
+static void
+gmlp_grouped_mlp_class_init (GmlpGroupedMLPClass *klass)
+{
+  GObjectClass *object_class = G_OBJECT_CLASS (klass);
+  const GParamFlags construct = G_PARAM_READWRITE | G_PARAM_CONSTRUCT_ONLY |
+                                G_PARAM_EXPLICIT_NOTIFY | G_PARAM_STATIC_STRINGS;
+
+  object_class->finalize = gmlp_grouped_mlp_finalize;
+  object_class->get_property = gmlp_grouped_mlp_get_property;
+  object_class->set_property = gmlp_grouped_mlp_set_property;
+
+  /**
+   * GmlpGroupedMLP:device:
+   *
+   * The device of the parameters and the computation.
+   *
+   * Since: 0.1
+   */
+  properties[PROP_DEVICE] = g_param_spec_object ("device", NULL, NULL, GMLP_TYPE_DEVICE, construct);
+
+  /**
+   * GmlpGroupedMLP:n-groups:
+   *
+   * The number of groups (experts).
+   *
+   * Since: 0.1
+   */
+  properties[PROP_N_GROUPS] = g_param_spec_uint ("n-groups", NULL, NULL, 0, G_MAXUINT, 1, construct);
+
+  /**
+   * GmlpGroupedMLP:hidden:
+   *
+   * The model width: columns of the input and of the output.
+   *
+   * Since: 0.1
+   */
+  properties[PROP_HIDDEN] = g_param_spec_int64 ("hidden", NULL, NULL, 0, G_MAXINT32, 1, construct);
+
+  /**
+   * GmlpGroupedMLP:ffn-hidden:
+   *
+   * The width between FC1 and FC2 (FC1 is twice as wide for the gated
+   * activations).
+   *
+   * Since: 0.1
+   */
+  properties[PROP_FFN_HIDDEN] = g_param_spec_int64 ("ffn-hidden", NULL, NULL, 0, G_MAXINT32, 1, construct);
+
+  /**
+   * GmlpGroupedMLP:activation:
+   *
+   * The activation between FC1 and FC2.
+   *
+   * Since: 0.1
+   */
+  properties[PROP_ACTIVATION] =
+    g_param_spec_enum ("activation", NULL, NULL, GMLP_TYPE_ACTIVATION, GMLP_ACTIVATION_GELU, construct);
+
+  /**
+   * GmlpGroupedMLP:dtype:
+   *
+   * The type of parameters, activations and gradients (FLOAT32, FLOAT16 or
+   * BFLOAT16).
+   *
+   * Since: 0.1
+   */
+  properties[PROP_DTYPE] =
+    g_param_spec_enum ("dtype", NULL, NULL, GMLP_TYPE_DTYPE, GMLP_DTYPE_FLOAT32, construct);
+
+  /**
+   * GmlpGroupedMLP:flags:
+   *
+   * The options of both layers, as for [ctor@Gmlp.GroupedLinear.new_full]
+   * (bias, single grouped weight, fused wgrad accumulation, delayed wgrad),
+   * and %GMLP_LINEAR_RECOMPUTE_ACTIVATION.
+   *
+   * Since: 0.1
+   */
+  properties[PROP_FLAGS] =
+    g_param_spec_flags ("flags", NULL, NULL, GMLP_TYPE_LINEAR_FLAGS,
+                        GMLP_LINEAR_SINGLE_GROUPED_WEIGHT, construct);
+
+  /**
+   * GmlpGroupedMLP:recompute-activation:
+   *
+   * Whether backward recomputes FC2's input from FC1's output instead of
+   * keeping it: less memory, one more activation pass.
+   *
+   * Since: 0.1
+   */
+  properties[PROP_RECOMPUTE_ACTIVATION] =
+    g_param_spec_boolean ("recompute-activation", NULL, NULL, FALSE, construct);
+
+  g_object_class_install_properties (object_class, N_PROPS, properties);
+
+  /**
+   * GmlpGroupedMLP::wgrad-ready:
+   * @self: the MLP
+   * @event: completes when the weight gradients of both layers are computed
+   *
+   * Emitted once per weight-gradient computation of the block (in backward,
+   * or in backward_dw when delayed), on the calling thread, once both
+   * layers' weight-gradient work is enqueued. See
+   * [signal@Gmlp.GroupedLinear::wgrad-ready].
+   *
+   * Since: 0.1
+   */
+  signals[SIGNAL_WGRAD_READY] =
+    g_signal_new ("wgrad-ready", G_TYPE_FROM_CLASS (klass), G_SIGNAL_RUN_LAST, 0,
+                  NULL, NULL, NULL, G_TYPE_NONE, 1, GMLP_TYPE_EVENT);
+}
+
+static void
+gmlp_grouped_mlp_init (GmlpGroupedMLP *self)
+{
+  self->n_groups = 1;
+  self->hidden = 1;
+  self->ffn_hidden = 1;
+  self->dtype = GMLP_DTYPE_FLOAT32;
+  self->flags = GMLP_LINEAR_SINGLE_GROUPED_WEIGHT;
+}
+
+static gboolean
+gmlp_grouped_mlp_initable_init (GInitable     *initable,
+                                GCancellable  *cancellable,
+                                GError       **error)
+{
+  GmlpGroupedMLP *self = GMLP_GROUPED_MLP (initable);
+  GmlpLinearFlags layer_flags = self->flags & ~GMLP_LINEAR_RECOMPUTE_ACTIVATION;
+  gint64 fc1_out;
+
+  if (self->device == NULL)
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT, "GroupedMLP needs a device");
+      return FALSE;
+    }
+  if ((guint) self->activation > GMLP_ACTIVATION_GEGLU)
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
+                   "Unknown activation %d", (int) self->activation);
+      return FALSE;
+    }
+  if (self->ffn_hidden <= 0 || self->ffn_hidden > G_MAXINT32 / 2)
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
+                   "ffn_hidden must be between 1 and %d, not %" G_GINT64_FORMAT,
+                   G_MAXINT32 / 2, self->ffn_hidden);
+      return FALSE;
+    }
+
+  fc1_out = is_gated (self->activation) ? 2 * self->ffn_hidden : self->ffn_hidden;
+  self->fc1 = gmlp_grouped_linear_new_full (self->device, self->n_groups, self->hidden, fc1_out,
+                                            self->dtype, layer_flags, error);
+  if (self->fc1 == NULL)
+    return FALSE;
+  self->fc2 = gmlp_grouped_linear_new_full (self->device, self->n_groups, self->ffn_hidden,
+                                            self->hidden, self->dtype, layer_flags, error);
+  if (self->fc2 == NULL)
+    return FALSE;
+
+  self->id = gmlp_layer_id_next ();
+  return gmlp_grouped_mlp_init_parameters (self, 0, error);
+}
+
+static void
+gmlp_grouped_mlp_initable_iface_init (GInitableIface *iface)
+{
+  iface->init = gmlp_grouped_mlp_initable_init;
+}
+
+/**
+ * gmlp_grouped_mlp_new:
+ * @device: the device
+ * @n_groups: the number of groups (experts)
+ * @hidden: the model width
+ * @ffn_hidden: the width between the layers
+ * @activation: the activation
+ * @error: return location for a #GError
+ *
+ * Creates an FP32 MLP with single grouped weights and no other option.
+ *
+ * Returns: (transfer full): the MLP, or %NULL with an error
+ *
+ * Since: 0.1
+ */
+GmlpGroupedMLP *
+gmlp_grouped_mlp_new (GmlpDevice      *device,
+                      guint            n_groups,
+                      gint64           hidden,
+                      gint64           ffn_hidden,
+                      GmlpActivation   activation,
+                      GError         **error)
+{
+  return gmlp_grouped_mlp_new_full (device, n_groups, hidden, ffn_hidden, activation,
+                                    GMLP_DTYPE_FLOAT32, GMLP_LINEAR_SINGLE_GROUPED_WEIGHT, error);
+}
+
+/**
+ * gmlp_grouped_mlp_new_full:
+ * @device: the device
+ * @n_groups: the number of groups (experts)
+ * @hidden: the model width
+ * @ffn_hidden: the width between the layers
+ * @activation: the activation
+ * @dtype: FLOAT32, FLOAT16 or BFLOAT16
+ * @flags: the options
+ * @error: return location for a #GError
+ *
+ * Creates an MLP with every construct property given.
+ *
+ * Returns: (transfer full): the MLP, or %NULL with
+ *   %GMLP_ERROR_INVALID_ARGUMENT or %GMLP_ERROR_UNSUPPORTED
+ *
+ * Since: 0.1
+ */
+GmlpGroupedMLP *
+gmlp_grouped_mlp_new_full (GmlpDevice       *device,
+                           guint             n_groups,
+                           gint64            hidden,
+                           gint64            ffn_hidden,
+                           GmlpActivation    activation,
+                           GmlpDType         dtype,
+                           GmlpLinearFlags   flags,
+                           GError          **error)
+{
+  g_return_val_if_fail (GMLP_IS_DEVICE (device), NULL);
+  g_return_val_if_fail (error == NULL || *error == NULL, NULL);
+
+  if (hidden < 0 || hidden > G_MAXINT32 || ffn_hidden < 0 || ffn_hidden > G_MAXINT32 ||
+      gmlp_dtype_get_size (dtype) == 0 || (guint) activation > GMLP_ACTIVATION_GEGLU)
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
+                   "Invalid GroupedMLP arguments (sizes, dtype or activation)");
+      return NULL;
+    }
+
+  return g_initable_new (GMLP_TYPE_GROUPED_MLP, NULL, error,
+                         "device", device, "n-groups", n_groups, "hidden", hidden,
+                         "ffn-hidden", ffn_hidden, "activation", activation, "dtype", dtype,
+                         "flags", flags & ~GMLP_LINEAR_RECOMPUTE_ACTIVATION,
+                         "recompute-activation", (flags & GMLP_LINEAR_RECOMPUTE_ACTIVATION) != 0,
+                         NULL);
+}
+
+/**
+ * gmlp_grouped_mlp_init_parameters:
+ * @self: a #GmlpGroupedMLP
+ * @seed: the seed
+ * @error: return location for a #GError
+ *
+ * Initialises both layers as [method@Gmlp.GroupedLinear.init_parameters]
+ * does, from @seed.
+ *
+ * Returns: %TRUE on success
+ *
+ * Since: 0.1
+ */
+gboolean
+gmlp_grouped_mlp_init_parameters (GmlpGroupedMLP  *self,
+                                  guint64          seed,
+                                  GError         **error)
+{
+  g_return_val_if_fail (GMLP_IS_GROUPED_MLP (self), FALSE);
+
+  return gmlp_grouped_linear_init_parameters (self->fc1, seed, error) &&
+         gmlp_grouped_linear_init_parameters (self->fc2, seed + 0x9e3779b97f4a7c15ull, error);
+}
+
+/* act(in) into a new tensor (forward), or the gradient of in from d_out. */
+static GmlpGroupedTensor *
+run_activation (GmlpGroupedMLP     *self,
+                GmlpGroupedTensor  *in,
+                GmlpGroupedTensor  *d_out,
+                GError            **error)
+{
+  const gint64 *rows = gmlp_grouped_tensor_peek_rows (in);
+  gint64 width = d_out != NULL ? gmlp_grouped_tensor_get_cols (in) : self->ffn_hidden;
+  g_autoptr(GmlpGroupedTensor) out = gmlp_grouped_tensor_new (self->device, self->dtype, rows,
+                                                              self->n_groups, width, error);
+  g_autofree gpointer *pin = NULL, *pdout = NULL, *pout = NULL;
+  guint g;
+
+  if (out == NULL)
+    return NULL;
+
+  pin = g_new (gpointer, self->n_groups);
+  pout = g_new (gpointer, self->n_groups);
+  pdout = d_out != NULL ? g_new (gpointer, self->n_groups) : NULL;
+  for (g = 0; g < self->n_groups; g++)
+    {
+      pin[g] = gmlp_grouped_tensor_get_member_data (in, g);
+      pout[g] = gmlp_grouped_tensor_get_member_data (out, g);
+      if (pdout != NULL)
+        pdout[g] = gmlp_grouped_tensor_get_member_data (d_out, g);
+    }
+
+  if (!GMLP_DEVICE_CALL (self->device, activation, (int) self->activation, self->n_groups, rows,
+                         self->ffn_hidden, (int) self->dtype, (const void * const *) pin,
+                         (const void * const *) pdout, (void * const *) pout, error))
+    return NULL;
+  return g_steal_pointer (&out);
+}
+
+/**
+ * gmlp_grouped_mlp_forward:
+ * @self: a #GmlpGroupedMLP
+ * @input: `n_groups` members of `rows_i × hidden`, of the MLP's dtype, on
+ *   its device, group sizes on the host
+ * @saved: (out) (transfer full) (optional): what backward needs
+ * @error: return location for a #GError
+ *
+ * Computes `FC2 (act (FC1 (x)))` for every group.
+ *
+ * Returns: (transfer full): the output, `rows_i × hidden` per group, or
+ *   %NULL with an error as for [method@Gmlp.GroupedLinear.forward]
+ *
+ * Since: 0.1
+ */
+GmlpGroupedTensor *
+gmlp_grouped_mlp_forward (GmlpGroupedMLP        *self,
+                          GmlpGroupedTensor     *input,
+                          GmlpSavedActivations **saved,
+                          GError               **error)
+{
+  gboolean recompute = (self->flags & GMLP_LINEAR_RECOMPUTE_ACTIVATION) != 0;
+  g_autoptr(GmlpSavedActivations) s1 = NULL, s2 = NULL, own = NULL;
+  g_autoptr(GmlpGroupedTensor) h = NULL, a = NULL, y = NULL;
+
+  g_return_val_if_fail (GMLP_IS_GROUPED_MLP (self), NULL);
+  g_return_val_if_fail (GMLP_IS_GROUPED_TENSOR (input), NULL);
+  g_return_val_if_fail (error == NULL || *error == NULL, NULL);
+
+  if (saved != NULL)
+    *saved = NULL;
+
+  h = gmlp_grouped_linear_forward_full (self->fc1, input, TRUE, saved ? &s1 : NULL, error);
+  if (h == NULL)
+    return NULL;
+  a = run_activation (self, h, NULL, error);
+  if (a == NULL)
+    return NULL;
+  y = gmlp_grouped_linear_forward_full (self->fc2, a, !recompute, saved ? &s2 : NULL, error);
+  if (y == NULL)
+    return NULL;
+
+  if (saved != NULL)
+    {
+      own = gmlp_saved_activations_new (self->id);
+      gmlp_saved_activations_add_child (own, s1);
+      gmlp_saved_activations_add_child (own, s2);
+      gmlp_saved_activations_add (own, "fc1-output", h);
+      if (!gmlp_saved_activations_apply_offload (own, error))
+        return NULL;
+      *saved = g_steal_pointer (&own);
+    }
+  return g_steal_pointer (&y);
+}
+
+static gboolean
+emit_wgrad_ready (GmlpGroupedMLP  *self,
+                  GError         **error)
+{
+  g_autoptr(GmlpEvent) event = gmlp_event_new_recorded (self->device, error);
+
+  if (event == NULL)
+    return FALSE;
+  g_signal_emit (self, signals[SIGNAL_WGRAD_READY], 0, event);
+  return TRUE;
+}
+
+/**
+ * gmlp_grouped_mlp_backward:
+ * @self: a #GmlpGroupedMLP
+ * @saved: what the forward returned; consumed by this call
+ * @grad_output: the gradient of the forward's output
+ * @error: return location for a #GError
+ *
+ * Computes the input gradient and, as the gradient contract says, the
+ * weight gradients of both layers.
+ *
+ * Returns: (transfer full): the input gradient, or %NULL with an error as
+ *   for [method@Gmlp.GroupedLinear.backward]
+ *
+ * Since: 0.1
+ */
+GmlpGroupedTensor *
+gmlp_grouped_mlp_backward (GmlpGroupedMLP        *self,
+                           GmlpSavedActivations  *saved,
+                           GmlpGroupedTensor     *grad_output,
+                           GError               **error)
+{
+  g_autoptr(GmlpGroupedTensor) da = NULL, dh = NULL, dx = NULL;
+  GmlpSavedActivations *s1, *s2;
+  GmlpGroupedTensor *h;
+
+  g_return_val_if_fail (GMLP_IS_GROUPED_MLP (self), NULL);
+  g_return_val_if_fail (GMLP_IS_SAVED_ACTIVATIONS (saved), NULL);
+  g_return_val_if_fail (GMLP_IS_GROUPED_TENSOR (grad_output), NULL);
+  g_return_val_if_fail (error == NULL || *error == NULL, NULL);
+
+  if (!gmlp_saved_activations_check (saved, self->id, "GroupedMLP", error))
+    return NULL;
+  s1 = gmlp_saved_activations_get_child (saved, 0);
+  s2 = gmlp_saved_activations_get_child (saved, 1);
+  h = gmlp_saved_activations_get (saved, "fc1-output", error);
+  if (h == NULL)
+    return NULL;
+
+  if ((self->flags & GMLP_LINEAR_RECOMPUTE_ACTIVATION) && !gmlp_saved_activations_is_consumed (s2))
+    {
+      g_autoptr(GmlpGroupedTensor) a = run_activation (self, h, NULL, error);
+
+      if (a == NULL)
+        return NULL;
+      gmlp_saved_activations_add (s2, "input", a);
+    }
+
+  da = gmlp_grouped_linear_backward (self->fc2, s2, grad_output, error);
+  if (da == NULL)
+    return NULL;
+  dh = run_activation (self, h, da, error);
+  if (dh == NULL)
+    return NULL;
+  dx = gmlp_grouped_linear_backward (self->fc1, s1, dh, error);
+  if (dx == NULL)
+    return NULL;
+
+  gmlp_saved_activations_consume (saved);
+  if (!(self->flags & GMLP_LINEAR_DELAY_WGRAD_COMPUTE) && !emit_wgrad_ready (self, error))
+    return NULL;
+  return g_steal_pointer (&dx);
+}
+
+/**
+ * gmlp_grouped_mlp_backward_dw:
+ * @self: a #GmlpGroupedMLP with delayed weight gradients
+ * @error: return location for a #GError
+ *
+ * Computes the weight gradients of both layers for the oldest backward
+ * still waiting for them, as [method@Gmlp.GroupedLinear.backward_dw] does.
+ *
+ * Returns: %TRUE on success; %FALSE with %GMLP_ERROR_INVALID_STATE when the
+ *   MLP does not delay weight gradients or none is pending
+ *
+ * Since: 0.1
+ */
+gboolean
+gmlp_grouped_mlp_backward_dw (GmlpGroupedMLP  *self,
+                              GError         **error)
+{
+  g_return_val_if_fail (GMLP_IS_GROUPED_MLP (self), FALSE);
+  g_return_val_if_fail (error == NULL || *error == NULL, FALSE);
+
+  return gmlp_grouped_linear_backward_dw (self->fc2, error) &&
+         gmlp_grouped_linear_backward_dw (self->fc1, error) &&
+         emit_wgrad_ready (self, error);
+}
+
+/**
+ * gmlp_grouped_mlp_get_fc1:
+ * @self: a #GmlpGroupedMLP
+ *
+ * Returns: (transfer none): the first layer, `hidden → ffn_hidden` (twice
+ *   as wide for gated activations)
+ *
+ * Since: 0.1
+ */
+GmlpGroupedLinear *
+gmlp_grouped_mlp_get_fc1 (GmlpGroupedMLP *self)
+{
+  g_return_val_if_fail (GMLP_IS_GROUPED_MLP (self), NULL);
+  return self->fc1;
+}
+
+/**
+ * gmlp_grouped_mlp_get_fc2:
+ * @self: a #GmlpGroupedMLP
+ *
+ * Returns: (transfer none): the second layer, `ffn_hidden → hidden`
+ *
+ * Since: 0.1
+ */
+GmlpGroupedLinear *
+gmlp_grouped_mlp_get_fc2 (GmlpGroupedMLP *self)
+{
+  g_return_val_if_fail (GMLP_IS_GROUPED_MLP (self), NULL);
+  return self->fc2;
+}
+
+/**
+ * gmlp_grouped_mlp_get_activation:
+ * @self: a #GmlpGroupedMLP
+ *
+ * Returns: the activation
+ *
+ * Since: 0.1
+ */
+GmlpActivation
+gmlp_grouped_mlp_get_activation (GmlpGroupedMLP *self)
+{
+  g_return_val_if_fail (GMLP_IS_GROUPED_MLP (self), GMLP_ACTIVATION_GELU);
+  return self->activation;
+}
+
+/**
+ * gmlp_grouped_mlp_get_grad_added_to_main_grad:
+ * @self: a #GmlpGroupedMLP
+ *
+ * Returns: whether the last weight-gradient computation added into the
+ *   layers' main_grad (see [property@Gmlp.GroupedLinear:grad-added-to-main-grad])
+ *
+ * Since: 0.1
+ */
+gboolean
+gmlp_grouped_mlp_get_grad_added_to_main_grad (GmlpGroupedMLP *self)
+{
+  g_return_val_if_fail (GMLP_IS_GROUPED_MLP (self), FALSE);
+  return gmlp_grouped_linear_get_grad_added_to_main_grad (self->fc1);
+}

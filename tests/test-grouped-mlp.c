@@ -1,0 +1,427 @@
+/* test-grouped-mlp.c: GroupedMLP against float64 references
+ *
+ * SPDX-License-Identifier: LGPL-2.1-or-later
+ */
+
+#include <math.h>
+#include <string.h>
+
+#include "gmlp-test-util.h"
+
+static const GmlpActivation activations[] = {
+  GMLP_ACTIVATION_GELU, GMLP_ACTIVATION_RELU, GMLP_ACTIVATION_SRELU,
+  GMLP_ACTIVATION_SWIGLU, GMLP_ACTIVATION_GEGLU,
+};
+
+static gboolean
+gated (GmlpActivation act)
+{
+  return act == GMLP_ACTIVATION_SWIGLU || act == GMLP_ACTIVATION_GEGLU;
+}
+
+/* The activations in float64, written independently of the library. */
+static double
+act_f (GmlpActivation act, double x)
+{
+  switch (act)
+    {
+    case GMLP_ACTIVATION_GELU:
+    case GMLP_ACTIVATION_GEGLU:
+      return 0.5 * x * (1.0 + tanh (sqrt (2.0 / G_PI) * (x + 0.044715 * x * x * x)));
+    case GMLP_ACTIVATION_SWIGLU:
+      return x / (1.0 + exp (-x));
+    case GMLP_ACTIVATION_RELU:
+      return x > 0 ? x : 0;
+    case GMLP_ACTIVATION_SRELU:
+      return x > 0 ? x * x : 0;
+    default:
+      g_assert_not_reached ();
+    }
+}
+
+/* The derivative by a central difference of the float64 function: an
+ * independent check of the library's closed forms. */
+static double
+act_df (GmlpActivation act, double x)
+{
+  const double h = 1e-6;
+
+  if ((act == GMLP_ACTIVATION_RELU || act == GMLP_ACTIVATION_SRELU) && fabs (x) < h)
+    return act == GMLP_ACTIVATION_RELU ? (x > 0) : 0.0;
+  return (act_f (act, x + h) - act_f (act, x - h)) / (2 * h);
+}
+
+static double *
+values_of (GmlpGroupedTensor *t)
+{
+  return gmlp_test_download (t, NULL);
+}
+
+/* y_i = x_i W_iᵀ + b_i over packed rows. */
+static double *
+linear_ref (const double *x, const double *w, const double *b, const gint64 *rows, guint n,
+            gint64 k, gint64 o, GmlpDType round_to)
+{
+  gint64 total = 0, r0 = 0;
+  double *y;
+  guint g;
+
+  for (g = 0; g < n; g++)
+    total += rows[g];
+  y = g_new0 (double, MAX (total * o, 1));
+  for (g = 0; g < n; g++)
+    {
+      gint64 r, j, c;
+      for (r = r0; r < r0 + rows[g]; r++)
+        for (j = 0; j < o; j++)
+          {
+            double acc = b != NULL ? b[g * o + j] : 0.0;
+            for (c = 0; c < k; c++)
+              acc += x[r * k + c] * w[(g * o + j) * k + c];
+            y[r * o + j] = gmlp_test_round (acc, round_to);
+          }
+      r0 += rows[g];
+    }
+  return y;
+}
+
+/* Forward and backward of a random MLP against the reference, with the
+ * intermediates rounded to the dtype as the library stores them. */
+static void
+check_mlp (GmlpDevice *device, GmlpActivation act, GmlpDType dtype, GmlpLinearFlags flags,
+           const gint64 *rows, guint n, gint64 hid, gint64 ffn)
+{
+  g_autoptr(GError) error = NULL;
+  g_autoptr(GmlpGroupedMLP) mlp = gmlp_grouped_mlp_new_full (device, n, hid, ffn, act, dtype,
+                                                             flags | GMLP_LINEAR_BIAS, &error);
+  g_autoptr(GmlpGroupedTensor) x = NULL, dy = NULL, y = NULL, dx = NULL;
+  g_autoptr(GmlpSavedActivations) saved = NULL;
+  g_autofree double *xv = NULL, *dyv = NULL, *w1 = NULL, *b1 = NULL, *w2 = NULL, *b2 = NULL;
+  g_autofree double *h = NULL, *a = NULL, *yref = NULL, *da = NULL, *dh = NULL, *dxref = NULL;
+  g_autofree double *got = NULL, *dw1 = NULL, *dw2 = NULL, *db1 = NULL, *db2 = NULL;
+  GmlpGroupedLinear *fc1, *fc2;
+  gint64 w1o = gated (act) ? 2 * ffn : ffn, total = 0, r, j, c, r0;
+  double tol = gmlp_test_tolerance (dtype) * 2;
+  guint g;
+
+  g_assert_no_error (error);
+  g_assert_true (gmlp_grouped_mlp_init_parameters (mlp, g_test_rand_int (), NULL));
+  fc1 = gmlp_grouped_mlp_get_fc1 (mlp);
+  fc2 = gmlp_grouped_mlp_get_fc2 (mlp);
+  g_assert_cmpint (gmlp_grouped_linear_get_out_features (fc1), ==, w1o);
+  for (g = 0; g < n; g++)
+    total += rows[g];
+
+  x = gmlp_test_random_tensor (device, dtype, rows, n, hid, 1.0, &xv);
+  dy = gmlp_test_random_tensor (device, dtype, rows, n, hid, 1.0, &dyv);
+  w1 = values_of (gmlp_grouped_linear_get_weight (fc1));
+  b1 = values_of (gmlp_grouped_linear_get_bias (fc1));
+  w2 = values_of (gmlp_grouped_linear_get_weight (fc2));
+  b2 = values_of (gmlp_grouped_linear_get_bias (fc2));
+
+  /* Forward reference. */
+  h = linear_ref (xv, w1, b1, rows, n, hid, w1o, dtype);
+  a = g_new0 (double, MAX (total * ffn, 1));
+  for (r = 0; r < total; r++)
+    for (j = 0; j < ffn; j++)
+      a[r * ffn + j] = gmlp_test_round (gated (act) ? act_f (act, h[r * w1o + j]) * h[r * w1o + ffn + j]
+                                                    : act_f (act, h[r * w1o + j]), dtype);
+  yref = linear_ref (a, w2, b2, rows, n, ffn, hid, GMLP_DTYPE_FLOAT32);
+
+  y = gmlp_grouped_mlp_forward (mlp, x, &saved, &error);
+  g_assert_no_error (error);
+  got = values_of (y);
+  gmlp_test_assert_close (got, yref, total * hid, tol, "mlp fprop");
+  g_clear_pointer (&got, g_free);
+
+  /* Backward reference: da = dy W2, dh = act'(h) da, dx = dh W1. */
+  da = g_new0 (double, MAX (total * ffn, 1));
+  dh = g_new0 (double, MAX (total * w1o, 1));
+  dxref = g_new0 (double, MAX (total * hid, 1));
+  dw1 = g_new0 (double, n * w1o * hid);
+  dw2 = g_new0 (double, n * hid * ffn);
+  db1 = g_new0 (double, n * w1o);
+  db2 = g_new0 (double, n * hid);
+  r0 = 0;
+  for (g = 0; g < n; g++)
+    {
+      for (r = r0; r < r0 + rows[g]; r++)
+        {
+          for (c = 0; c < ffn; c++)
+            {
+              double acc = 0;
+              for (j = 0; j < hid; j++)
+                acc += dyv[r * hid + j] * w2[(g * hid + j) * ffn + c];
+              da[r * ffn + c] = gmlp_test_round (acc, dtype);
+            }
+          for (c = 0; c < ffn; c++)
+            {
+              double hv = h[r * w1o + c];
+              if (gated (act))
+                {
+                  double bv = h[r * w1o + ffn + c];
+                  dh[r * w1o + c] = gmlp_test_round (da[r * ffn + c] * bv * act_df (act, hv), dtype);
+                  dh[r * w1o + ffn + c] = gmlp_test_round (da[r * ffn + c] * act_f (act, hv), dtype);
+                }
+              else
+                dh[r * w1o + c] = gmlp_test_round (da[r * ffn + c] * act_df (act, hv), dtype);
+            }
+          for (c = 0; c < hid; c++)
+            {
+              double acc = 0;
+              for (j = 0; j < w1o; j++)
+                acc += dh[r * w1o + j] * w1[(g * w1o + j) * hid + c];
+              dxref[r * hid + c] = acc;
+            }
+          for (j = 0; j < hid; j++)
+            {
+              db2[g * hid + j] += dyv[r * hid + j];
+              for (c = 0; c < ffn; c++)
+                dw2[(g * hid + j) * ffn + c] += dyv[r * hid + j] * a[r * ffn + c];
+            }
+          for (j = 0; j < w1o; j++)
+            {
+              db1[g * w1o + j] += dh[r * w1o + j];
+              for (c = 0; c < hid; c++)
+                dw1[(g * w1o + j) * hid + c] += dh[r * w1o + j] * xv[r * hid + c];
+            }
+        }
+      r0 += rows[g];
+    }
+
+  dx = gmlp_grouped_mlp_backward (mlp, saved, dy, &error);
+  g_assert_no_error (error);
+  got = values_of (dx);
+  gmlp_test_assert_close (got, dxref, total * hid, tol, "mlp dgrad");
+  g_clear_pointer (&got, g_free);
+  got = values_of (gmlp_grouped_linear_get_wgrad (fc2));
+  gmlp_test_assert_close (got, dw2, n * hid * ffn, tol, "fc2 wgrad");
+  g_clear_pointer (&got, g_free);
+  got = values_of (gmlp_grouped_linear_get_wgrad (fc1));
+  gmlp_test_assert_close (got, dw1, n * w1o * hid, tol, "fc1 wgrad");
+  g_clear_pointer (&got, g_free);
+  got = values_of (gmlp_grouped_linear_get_bgrad (fc1));
+  gmlp_test_assert_close (got, db1, n * w1o, tol, "fc1 dbias");
+  g_clear_pointer (&got, g_free);
+  got = values_of (gmlp_grouped_linear_get_bgrad (fc2));
+  gmlp_test_assert_close (got, db2, n * hid, tol, "fc2 dbias");
+}
+
+static void
+test_numerics (void)
+{
+  static const GmlpDType dtypes[] = { GMLP_DTYPE_FLOAT32, GMLP_DTYPE_BFLOAT16 };
+  g_autoptr(GmlpDevice) device = gmlp_test_device_or_skip ();
+  guint a, d;
+
+  if (device == NULL)
+    return;
+
+  for (a = 0; a < G_N_ELEMENTS (activations); a++)
+    for (d = 0; d < G_N_ELEMENTS (dtypes); d++)
+      {
+        guint n = g_test_rand_int_range (1, 6);
+        g_autofree gint64 *rows = gmlp_test_random_rows (n, 40);
+
+        g_test_message ("activation %d dtype %s", activations[a], gmlp_dtype_get_name (dtypes[d]));
+        check_mlp (device, activations[a], dtypes[d], GMLP_LINEAR_SINGLE_GROUPED_WEIGHT, rows, n,
+                   g_test_rand_int_range (1, 40), g_test_rand_int_range (1, 50));
+      }
+}
+
+/* Many experts (the batched GEMM path on CUDA) and recompute. */
+static void
+test_many_experts_recompute (void)
+{
+  g_autoptr(GmlpDevice) device = gmlp_test_device_or_skip ();
+  const guint n = 20;
+  g_autofree gint64 *rows = g_new (gint64, n);
+  guint g;
+
+  if (device == NULL)
+    return;
+
+  for (g = 0; g < n; g++)
+    rows[g] = g % 6 == 2 ? 0 : g_test_rand_int_range (100, 300);
+  check_mlp (device, GMLP_ACTIVATION_SWIGLU, GMLP_DTYPE_BFLOAT16,
+             GMLP_LINEAR_SINGLE_GROUPED_WEIGHT | GMLP_LINEAR_RECOMPUTE_ACTIVATION, rows, n, 64, 48);
+  check_mlp (device, GMLP_ACTIVATION_GELU, GMLP_DTYPE_FLOAT32,
+             GMLP_LINEAR_SINGLE_GROUPED_WEIGHT, rows, n, 32, 40);
+}
+
+/* Recompute and offload give the very same bits as the plain MLP. */
+static void
+test_recompute_offload_identical (void)
+{
+  g_autoptr(GmlpDevice) device = gmlp_test_device_or_skip ();
+  gint64 rows[] = { 17, 0, 33 };
+  GBytes *results[3][3];
+  guint mode, i;
+
+  if (device == NULL)
+    return;
+
+  for (mode = 0; mode < 3; mode++)
+    {
+      g_autoptr(GmlpGroupedMLP) mlp = gmlp_grouped_mlp_new_full (device, 3, 24, 40, GMLP_ACTIVATION_GEGLU,
+                                                                 GMLP_DTYPE_BFLOAT16,
+                                                                 GMLP_LINEAR_SINGLE_GROUPED_WEIGHT |
+                                                                 (mode == 1 ? GMLP_LINEAR_RECOMPUTE_ACTIVATION : 0),
+                                                                 NULL);
+      g_autoptr(GmlpOffloadContext) ctx = gmlp_offload_context_new (device, NULL);
+      g_autoptr(GmlpGroupedTensor) x = gmlp_grouped_tensor_new (device, GMLP_DTYPE_BFLOAT16, rows, 3, 24, NULL);
+      g_autoptr(GmlpGroupedTensor) y = NULL, dx = NULL;
+      g_autoptr(GmlpSavedActivations) saved = NULL;
+      g_autoptr(GError) error = NULL;
+
+      g_assert_true (gmlp_grouped_mlp_init_parameters (mlp, 11, NULL));
+      g_assert_true (gmlp_grouped_tensor_fill_random (x, 12, 1.0, NULL));
+      if (mode == 2)
+        gmlp_offload_context_push_thread_default (ctx, TRUE);
+      y = gmlp_grouped_mlp_forward (mlp, x, &saved, &error);
+      g_assert_no_error (error);
+      if (mode == 2)
+        {
+          g_assert_true (gmlp_offload_context_pop_thread_default (ctx, NULL));
+          g_assert_true (gmlp_saved_activations_get_offload (saved));
+          gmlp_offload_context_flush (ctx);
+          g_assert_cmpuint (gmlp_saved_activations_get_host_nbytes (saved), >, 0);
+        }
+      dx = gmlp_grouped_mlp_backward (mlp, saved, y, &error);
+      g_assert_no_error (error);
+      results[mode][0] = gmlp_grouped_tensor_to_bytes (dx, NULL);
+      results[mode][1] = gmlp_grouped_tensor_to_bytes (gmlp_grouped_linear_get_wgrad (gmlp_grouped_mlp_get_fc1 (mlp)), NULL);
+      results[mode][2] = gmlp_grouped_tensor_to_bytes (gmlp_grouped_linear_get_wgrad (gmlp_grouped_mlp_get_fc2 (mlp)), NULL);
+    }
+  for (mode = 1; mode < 3; mode++)
+    for (i = 0; i < 3; i++)
+      g_assert_true (g_bytes_equal (results[0][i], results[mode][i]));
+  for (mode = 0; mode < 3; mode++)
+    for (i = 0; i < 3; i++)
+      g_bytes_unref (results[mode][i]);
+}
+
+/* Finite differences on a tiny FP32 MLP on the CPU: the backward's weight
+ * and input gradients are the gradients of L = Σ y ⊙ R. */
+static void
+test_gradient_check (void)
+{
+  g_autoptr(GmlpDevice) cpu = gmlp_device_new (GMLP_DEVICE_KIND_CPU, 0, NULL);
+  guint a;
+
+  if (g_strcmp0 (g_getenv ("GMLP_TEST_DEVICE"), "cuda") == 0)
+    {
+      g_test_skip ("a CPU test");
+      return;
+    }
+
+  for (a = 0; a < G_N_ELEMENTS (activations); a++)
+    {
+      GmlpActivation act = activations[a];
+      gint64 rows[] = { 3, 2 };
+      const gint64 hid = 4, ffn = 5;
+      g_autoptr(GmlpGroupedMLP) mlp = gmlp_grouped_mlp_new (cpu, 2, hid, ffn, act, NULL);
+      GmlpGroupedLinear *fc1 = gmlp_grouped_mlp_get_fc1 (mlp);
+      g_autoptr(GmlpGroupedTensor) x = NULL, r = NULL, y = NULL, dx = NULL;
+      g_autoptr(GmlpSavedActivations) saved = NULL;
+      g_autofree double *rv = NULL, *wv = NULL, *dw = NULL, *dxv = NULL, *xv = NULL;
+      gint64 w1o = gmlp_grouped_linear_get_out_features (fc1);
+      gsize nw = 2 * w1o * hid, i;
+
+      g_assert_true (gmlp_grouped_mlp_init_parameters (mlp, g_test_rand_int (), NULL));
+      x = gmlp_test_random_tensor (cpu, GMLP_DTYPE_FLOAT32, rows, 2, hid, 1.0, &xv);
+      r = gmlp_test_random_tensor (cpu, GMLP_DTYPE_FLOAT32, rows, 2, hid, 1.0, &rv);
+      y = gmlp_grouped_mlp_forward (mlp, x, &saved, NULL);
+      dx = gmlp_grouped_mlp_backward (mlp, saved, r, NULL);   /* dL/dy = R */
+      dw = values_of (gmlp_grouped_linear_get_wgrad (fc1));
+      dxv = values_of (dx);
+      wv = values_of (gmlp_grouped_linear_get_weight (fc1));
+
+      /* Perturb every weight of FC1: L(w + e) - L(w - e) over 2e. */
+      for (i = 0; i < nw; i++)
+        {
+          double loss[2], e = 1e-2 * MAX (fabs (wv[i]), 0.1);
+          guint s;
+
+          for (s = 0; s < 2; s++)
+            {
+              g_autofree float *wf = g_new (float, nw);
+              g_autoptr(GBytes) wb = NULL;
+              g_autoptr(GmlpGroupedTensor) yy = NULL;
+              g_autofree double *yv = NULL;
+              gsize k, n_y;
+
+              for (k = 0; k < nw; k++)
+                wf[k] = (float) (wv[k] + (k == i ? (s ? -e : e) : 0.0));
+              wb = g_bytes_new (wf, nw * sizeof (float));
+              g_assert_true (gmlp_grouped_linear_set_weight_from_bytes (fc1, wb, NULL));
+              yy = gmlp_grouped_mlp_forward (mlp, x, NULL, NULL);
+              yv = gmlp_test_download (yy, &n_y);
+              loss[s] = 0;
+              for (k = 0; k < n_y; k++)
+                loss[s] += yv[k] * rv[k];
+            }
+          /* FP32 forward: compare to a few parts in a thousand. */
+          if (fabs ((loss[0] - loss[1]) / (2 * e) - dw[i]) > 2e-3 * (1 + fabs (dw[i])) + 1e-3)
+            g_error ("activation %d, fc1 weight %" G_GSIZE_FORMAT ": finite difference %g, backward %g",
+                     act, i, (loss[0] - loss[1]) / (2 * e), dw[i]);
+        }
+    }
+}
+
+static void
+test_bad_input (void)
+{
+  g_autoptr(GmlpDevice) device = gmlp_test_device_or_skip ();
+  g_autoptr(GmlpGroupedMLP) mlp = NULL, other = NULL;
+  g_autoptr(GmlpGroupedTensor) x = NULL, wide = NULL, y = NULL, y2 = NULL;
+  g_autoptr(GmlpSavedActivations) saved = NULL, other_saved = NULL;
+  g_autoptr(GError) error = NULL;
+  gint64 rows[] = { 2, 3 };
+
+  if (device == NULL)
+    return;
+
+  g_assert_null (gmlp_grouped_mlp_new (device, 2, 8, 8, (GmlpActivation) 17, &error));
+  g_assert_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT);
+  g_clear_error (&error);
+  g_assert_null (gmlp_grouped_mlp_new (device, 2, 8, 0, GMLP_ACTIVATION_RELU, &error));
+  g_assert_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT);
+  g_clear_error (&error);
+
+  mlp = gmlp_grouped_mlp_new (device, 2, 8, 6, GMLP_ACTIVATION_SWIGLU, NULL);
+  other = gmlp_grouped_mlp_new (device, 2, 8, 6, GMLP_ACTIVATION_SWIGLU, NULL);
+  x = gmlp_test_random_tensor (device, GMLP_DTYPE_FLOAT32, rows, 2, 8, 1.0, NULL);
+  wide = gmlp_test_random_tensor (device, GMLP_DTYPE_FLOAT32, rows, 2, 9, 1.0, NULL);
+
+  g_assert_null (gmlp_grouped_mlp_forward (mlp, wide, &saved, &error));
+  g_assert_error (error, GMLP_ERROR, GMLP_ERROR_SHAPE_MISMATCH);
+  g_assert_null (saved);
+  g_clear_error (&error);
+
+  y = gmlp_grouped_mlp_forward (mlp, x, &saved, &error);
+  y2 = gmlp_grouped_mlp_forward (other, x, &other_saved, &error);
+  g_assert_no_error (error);
+  g_assert_null (gmlp_grouped_mlp_backward (mlp, other_saved, y, &error));
+  g_assert_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT);
+  g_clear_error (&error);
+  g_assert_null (gmlp_grouped_mlp_backward (mlp, saved, wide, &error));
+  g_assert_error (error, GMLP_ERROR, GMLP_ERROR_SHAPE_MISMATCH);
+  g_clear_error (&error);
+  g_assert_false (gmlp_grouped_mlp_backward_dw (mlp, &error));
+  g_assert_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_STATE);
+}
+
+int
+main (int argc, char *argv[])
+{
+  g_test_init (&argc, &argv, NULL);
+
+  g_test_add_func ("/Gmlp/GroupedMLP/numerics", test_numerics);
+  g_test_add_func ("/Gmlp/GroupedMLP/many-experts-recompute", test_many_experts_recompute);
+  g_test_add_func ("/Gmlp/GroupedMLP/recompute-offload-identical", test_recompute_offload_identical);
+  g_test_add_func ("/Gmlp/GroupedMLP/gradient-check", test_gradient_check);
+  g_test_add_func ("/Gmlp/GroupedMLP/bad-input", test_bad_input);
+
+  return g_test_run ();
+}
