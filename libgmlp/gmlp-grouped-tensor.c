@@ -5,6 +5,7 @@
 
 #include "config.h"
 
+#include <math.h>
 #include <string.h>
 
 #include "gmlp-grouped-tensor-private.h"
@@ -1233,4 +1234,158 @@ GmlpBuffer *
 gmlp_grouped_tensor_get_buffer (GmlpGroupedTensor *self)
 {
   return self->buffer;
+}
+
+static gboolean
+check_arithmetic_dtype (GmlpGroupedTensor  *self,
+                        GError            **error)
+{
+  if (self->dtype != GMLP_DTYPE_FLOAT32 && self->dtype != GMLP_DTYPE_FLOAT16 &&
+      self->dtype != GMLP_DTYPE_BFLOAT16)
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_UNSUPPORTED,
+                   "Arithmetic on %s tensors is not supported (float32, float16, bfloat16)",
+                   gmlp_dtype_get_name (self->dtype));
+      return FALSE;
+    }
+  return TRUE;
+}
+
+static gboolean
+check_arithmetic_scale (double   alpha,
+                        GError **error)
+{
+  if (!isfinite (alpha))
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
+                   "The scale factor must be finite, not %g", alpha);
+      return FALSE;
+    }
+  return TRUE;
+}
+
+/**
+ * gmlp_grouped_tensor_add_scaled:
+ * @self: the tensor to update
+ * @alpha: the factor
+ * @other: a tensor of the same group sizes and columns on the same device;
+ *   its dtype may differ (for example an FP32 gradient into BF16 weights)
+ * @error: return location for a #GError
+ *
+ * Computes `self += alpha × other` element by element, in FP32, stream-ordered
+ * and in one launch: the update step of a plain SGD optimizer, or the
+ * difference of two outputs.
+ *
+ * Returns: %TRUE on success; %FALSE with %GMLP_ERROR_SHAPE_MISMATCH,
+ *   %GMLP_ERROR_INVALID_ARGUMENT (another device, a factor that is not
+ *   finite) or %GMLP_ERROR_UNSUPPORTED (integer or FP8 tensors), with @self
+ *   unchanged
+ *
+ * Since: 0.1
+ */
+gboolean
+gmlp_grouped_tensor_add_scaled (GmlpGroupedTensor  *self,
+                                double              alpha,
+                                GmlpGroupedTensor  *other,
+                                GError            **error)
+{
+  GmlpBackendShape shape;
+  guint g;
+
+  g_return_val_if_fail (GMLP_IS_GROUPED_TENSOR (self), FALSE);
+  g_return_val_if_fail (GMLP_IS_GROUPED_TENSOR (other), FALSE);
+  g_return_val_if_fail (error == NULL || *error == NULL, FALSE);
+
+  if (!check_arithmetic_dtype (self, error) || !check_arithmetic_dtype (other, error) ||
+      !check_arithmetic_scale (alpha, error))
+    return FALSE;
+  if (other->device != self->device)
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
+                   "The tensors are on two devices");
+      return FALSE;
+    }
+  if (other->n_groups != self->n_groups || other->cols != self->cols ||
+      (self->rows == NULL) != (other->rows == NULL) ||
+      (self->rows == NULL && (self->sizes != other->sizes || self->row_capacity != other->row_capacity)))
+    goto mismatch;
+  for (g = 0; self->rows != NULL && g < self->n_groups; g++)
+    if (self->rows[g] != other->rows[g])
+      goto mismatch;
+
+  if (!gmlp_grouped_tensor_get_backend_shape (self, &shape, error))
+    return FALSE;
+  return GMLP_DEVICE_CALL (self->device, axpby, &shape, gmlp_grouped_tensor_get_data (other),
+                           (int) other->dtype, gmlp_grouped_tensor_get_data (self), (int) self->dtype,
+                           (float) alpha, 1.0f, error);
+
+mismatch:
+  g_set_error (error, GMLP_ERROR, GMLP_ERROR_SHAPE_MISMATCH,
+               "The tensors differ in group sizes or columns");
+  return FALSE;
+}
+
+/**
+ * gmlp_grouped_tensor_scale:
+ * @self: the tensor to update
+ * @alpha: the factor
+ * @error: return location for a #GError
+ *
+ * Multiplies every element by @alpha, in FP32, stream-ordered.
+ *
+ * Returns: %TRUE on success; %FALSE with %GMLP_ERROR_UNSUPPORTED for
+ *   integer or FP8 tensors, or %GMLP_ERROR_INVALID_ARGUMENT for a factor that
+ *   is not finite
+ *
+ * Since: 0.1
+ */
+gboolean
+gmlp_grouped_tensor_scale (GmlpGroupedTensor  *self,
+                           double              alpha,
+                           GError            **error)
+{
+  GmlpBackendShape shape;
+
+  g_return_val_if_fail (GMLP_IS_GROUPED_TENSOR (self), FALSE);
+  g_return_val_if_fail (error == NULL || *error == NULL, FALSE);
+
+  if (!check_arithmetic_dtype (self, error) || !check_arithmetic_scale (alpha, error) ||
+      !gmlp_grouped_tensor_get_backend_shape (self, &shape, error))
+    return FALSE;
+  return GMLP_DEVICE_CALL (self->device, axpby, &shape, NULL, (int) self->dtype,
+                           gmlp_grouped_tensor_get_data (self), (int) self->dtype,
+                           0.0f, (float) alpha, error);
+}
+
+/**
+ * gmlp_grouped_tensor_sum_squares:
+ * @self: a #GmlpGroupedTensor
+ * @result: (out): return location for the sum of the squares of every
+ *   element
+ * @error: return location for a #GError
+ *
+ * Sums the squares of the elements (a loss, or a norm), accumulating in
+ * FP64 on the host side. Waits for the device.
+ *
+ * Returns: %TRUE on success; %FALSE with %GMLP_ERROR_UNSUPPORTED for
+ *   integer or FP8 tensors
+ *
+ * Since: 0.1
+ */
+gboolean
+gmlp_grouped_tensor_sum_squares (GmlpGroupedTensor  *self,
+                                 double             *result,
+                                 GError            **error)
+{
+  GmlpBackendShape shape;
+
+  g_return_val_if_fail (GMLP_IS_GROUPED_TENSOR (self), FALSE);
+  g_return_val_if_fail (result != NULL, FALSE);
+  g_return_val_if_fail (error == NULL || *error == NULL, FALSE);
+
+  *result = 0.0;
+  if (!check_arithmetic_dtype (self, error) || !gmlp_grouped_tensor_get_backend_shape (self, &shape, error))
+    return FALSE;
+  return GMLP_DEVICE_CALL (self->device, sum_squares, &shape, gmlp_grouped_tensor_get_data (self),
+                           (int) self->dtype, result, error);
 }

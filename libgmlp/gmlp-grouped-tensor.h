@@ -81,6 +81,19 @@ gboolean           gmlp_grouped_tensor_fill_random          (GmlpGroupedTensor  
                                                              double              scale,
                                                              GError            **error);
 GMLP_AVAILABLE_IN_0_1
+gboolean           gmlp_grouped_tensor_add_scaled           (GmlpGroupedTensor  *self,
+                                                             double              alpha,
+                                                             GmlpGroupedTensor  *other,
+                                                             GError            **error);
+GMLP_AVAILABLE_IN_0_1
+gboolean           gmlp_grouped_tensor_scale                (GmlpGroupedTensor  *self,
+                                                             double              alpha,
+                                                             GError            **error);
+GMLP_AVAILABLE_IN_0_1
+gboolean           gmlp_grouped_tensor_sum_squares          (GmlpGroupedTensor  *self,
+                                                             double             *result,
+                                                             GError            **error);
+GMLP_AVAILABLE_IN_0_1
 GmlpDevice        *gmlp_grouped_tensor_get_device           (GmlpGroupedTensor  *self);
 GMLP_AVAILABLE_IN_0_1
 GmlpDType          gmlp_grouped_tensor_get_dtype            (GmlpGroupedTensor  *self);

@@ -593,6 +593,88 @@ test_bad_input (void)
     g_assert_cmpint (gmlp_grouped_tensor_get_rows (t, i), ==, rows[i]);
 }
 
+/* self += alpha other, scale and the sum of squares, against float64, with
+ * padding, empty groups and mixed dtypes; bad input leaves self alone. */
+static void
+test_arithmetic (void)
+{
+  static const GmlpDType dtypes[] = { GMLP_DTYPE_FLOAT32, GMLP_DTYPE_FLOAT16, GMLP_DTYPE_BFLOAT16 };
+  g_autoptr(GmlpDevice) device = gmlp_test_device_or_skip ();
+  guint a, b;
+
+  if (device == NULL)
+    return;
+
+  for (a = 0; a < G_N_ELEMENTS (dtypes); a++)
+    for (b = 0; b < G_N_ELEMENTS (dtypes); b++)
+      {
+        guint n = g_test_rand_int_range (1, 9);
+        gint64 cols = g_test_rand_int_range (1, 150);
+        g_autofree gint64 *rows = gmlp_test_random_rows (n, 30);
+        g_autofree double *yv = NULL, *xv = NULL, *got = NULL, *want = NULL;
+        g_autoptr(GmlpGroupedTensor) y = gmlp_test_random_tensor (device, dtypes[a], rows, n, cols, 2.0, &yv);
+        g_autoptr(GmlpGroupedTensor) x = gmlp_test_random_tensor (device, dtypes[b], rows, n, cols, 2.0, &xv);
+        double alpha = g_test_rand_double_range (-3.0, 3.0), ss = -1.0, ss_want = 0.0;
+        g_autoptr(GError) error = NULL;
+        gsize count, i;
+
+        g_assert_true (gmlp_grouped_tensor_add_scaled (y, alpha, x, &error));
+        g_assert_no_error (error);
+        got = gmlp_test_download (y, &count);
+        want = g_new (double, MAX (count, 1));
+        for (i = 0; i < count; i++)
+          want[i] = gmlp_test_round ((float) ((float) alpha * (float) xv[i] + (float) yv[i]), dtypes[a]);
+        gmlp_test_assert_close (got, want, count, dtypes[a] == GMLP_DTYPE_FLOAT32 ? 1e-6 : 1e-2,
+                                "add_scaled");
+
+        g_assert_true (gmlp_grouped_tensor_scale (y, -0.5, &error));
+        g_clear_pointer (&got, g_free);
+        got = gmlp_test_download (y, NULL);
+        for (i = 0; i < count; i++)
+          {
+            want[i] = gmlp_test_round (-0.5 * want[i], dtypes[a]);
+            ss_want += got[i] * got[i];
+          }
+        gmlp_test_assert_close (got, want, count, 1e-2, "scale");
+        g_assert_true (gmlp_grouped_tensor_sum_squares (y, &ss, &error));
+        g_assert_no_error (error);
+        g_assert_cmpfloat (fabs (ss - ss_want), <=, 1e-5 * (ss_want + 1e-30));
+      }
+
+  /* Bad input: shapes, dtypes, factors; nothing changes. */
+  {
+    gint64 r1[] = { 3, 4 }, r2[] = { 4, 3 };
+    g_autoptr(GmlpGroupedTensor) y = gmlp_test_random_tensor (device, GMLP_DTYPE_FLOAT32, r1, 2, 8, 1.0, NULL);
+    g_autoptr(GmlpGroupedTensor) other_rows = gmlp_test_random_tensor (device, GMLP_DTYPE_FLOAT32, r2, 2, 8, 1.0, NULL);
+    g_autoptr(GmlpGroupedTensor) other_cols = gmlp_test_random_tensor (device, GMLP_DTYPE_FLOAT32, r1, 2, 9, 1.0, NULL);
+    g_autoptr(GmlpGroupedTensor) fp8 = gmlp_grouped_tensor_convert (y, GMLP_DTYPE_FLOAT8_E4M3, NULL);
+    g_autoptr(GBytes) before = gmlp_grouped_tensor_to_bytes (y, NULL);
+    g_autoptr(GBytes) after = NULL;
+    g_autoptr(GError) error = NULL;
+    double ss;
+
+    g_assert_false (gmlp_grouped_tensor_add_scaled (y, 1.0, other_rows, &error));
+    g_assert_error (error, GMLP_ERROR, GMLP_ERROR_SHAPE_MISMATCH);
+    g_clear_error (&error);
+    g_assert_false (gmlp_grouped_tensor_add_scaled (y, 1.0, other_cols, &error));
+    g_assert_error (error, GMLP_ERROR, GMLP_ERROR_SHAPE_MISMATCH);
+    g_clear_error (&error);
+    g_assert_false (gmlp_grouped_tensor_add_scaled (y, NAN, y, &error));
+    g_assert_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT);
+    g_clear_error (&error);
+    g_assert_false (gmlp_grouped_tensor_add_scaled (y, 1.0, fp8, &error));
+    g_assert_error (error, GMLP_ERROR, GMLP_ERROR_UNSUPPORTED);
+    g_clear_error (&error);
+    g_assert_false (gmlp_grouped_tensor_scale (fp8, 2.0, &error));
+    g_assert_error (error, GMLP_ERROR, GMLP_ERROR_UNSUPPORTED);
+    g_clear_error (&error);
+    g_assert_false (gmlp_grouped_tensor_sum_squares (fp8, &ss, &error));
+    g_assert_error (error, GMLP_ERROR, GMLP_ERROR_UNSUPPORTED);
+    after = gmlp_grouped_tensor_to_bytes (y, NULL);
+    assert_bytes_equal (before, after);
+  }
+}
+
 int
 main (int argc, char *argv[])
 {
@@ -607,6 +689,7 @@ main (int argc, char *argv[])
   g_test_add_func ("/Gmlp/GroupedTensor/device-sizes", test_device_sizes);
   g_test_add_func ("/Gmlp/GroupedTensor/fill-random", test_fill_random);
   g_test_add_func ("/Gmlp/GroupedTensor/bad-input", test_bad_input);
+  g_test_add_func ("/Gmlp/GroupedTensor/arithmetic", test_arithmetic);
 
   return g_test_run ();
 }

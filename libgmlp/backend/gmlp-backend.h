@@ -20,7 +20,7 @@ G_BEGIN_DECLS
 
 /* Bumped whenever the table changes; a module built for another version is
  * refused. */
-#define GMLP_BACKEND_ABI_VERSION 5
+#define GMLP_BACKEND_ABI_VERSION 6
 
 typedef struct _GmlpBackendDevice GmlpBackendDevice;
 typedef struct _GmlpBackendEvent GmlpBackendEvent;
@@ -243,6 +243,28 @@ typedef struct {
                                             const void * const *d_out,
                                             void * const       *out,
                                             GError            **error);
+
+  /* Element-wise over every member of two tensors of one shape (each laid
+   * out for its own dtype, padding untouched): y = alpha x + beta y in FP32,
+   * stored in y's dtype; with x NULL, y = beta y. Floating dtypes only. */
+  gboolean            (*axpby)             (GmlpBackendDevice      *device,
+                                            const GmlpBackendShape *shape,
+                                            gconstpointer           x,
+                                            int                     x_dtype,
+                                            gpointer                y,
+                                            int                     y_dtype,
+                                            float                   alpha,
+                                            float                   beta,
+                                            GError                **error);
+  /* The sum of squares of every element of every member (padding left
+   * out), accumulated in FP32 per element block and in FP64 overall,
+   * written to *result on the host: waits for the device. */
+  gboolean            (*sum_squares)       (GmlpBackendDevice      *device,
+                                            const GmlpBackendShape *shape,
+                                            gconstpointer           x,
+                                            int                     dtype,
+                                            double                 *result,
+                                            GError                **error);
 } GmlpBackend;
 
 const GmlpBackend *gmlp_backend_cpu_get  (void);

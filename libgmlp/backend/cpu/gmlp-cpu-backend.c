@@ -554,6 +554,106 @@ cpu_activation (GmlpBackendDevice  *device,
   return TRUE;
 }
 
+/* Calls fn on every member of a device-sized shape with the member's
+ * element count and its two offsets (for the layouts of two dtypes). */
+typedef void (*MemberFunc) (gpointer data, guint64 n, guint64 offset_a, guint64 offset_b);
+
+static void
+for_each_member (const GmlpBackendShape *shape,
+                 int                     dtype_a,
+                 int                     dtype_b,
+                 MemberFunc              fn,
+                 gpointer                data)
+{
+  guint64 row_a = (guint64) shape->cols * gmlp_num_dtype_size (dtype_a);
+  guint64 row_b = (guint64) shape->cols * gmlp_num_dtype_size (dtype_b);
+  guint64 offset_a = 0, offset_b = 0;
+  gint64 rows_left = shape->row_capacity;
+  guint g;
+
+  for (g = 0; g < shape->n_groups; g++)
+    {
+      gint64 rows = CLAMP (shape->device_rows[g], 0, rows_left);
+
+      fn (data, (guint64) rows * (guint64) shape->cols, offset_a, offset_b);
+      offset_a += gmlp_num_member_stride (rows, row_a);
+      offset_b += gmlp_num_member_stride (rows, row_b);
+      rows_left -= rows;
+    }
+}
+
+typedef struct {
+  const guint8 *x;
+  guint8       *y;
+  int           x_dtype, y_dtype;
+  float         alpha, beta;
+  double        sum;
+} ElementwiseArgs;
+
+static void
+axpby_member (gpointer data, guint64 n, guint64 offset_x, guint64 offset_y)
+{
+  ElementwiseArgs *e = data;
+  guint64 i;
+
+  for (i = 0; i < n; i++)
+    {
+      float v = e->beta * gmlp_num_load_float (e->y + offset_y, e->y_dtype, i);
+      if (e->x != NULL)
+        v += e->alpha * gmlp_num_load_float (e->x + offset_x, e->x_dtype, i);
+      gmlp_num_store_float (e->y + offset_y, e->y_dtype, i, v);
+    }
+}
+
+static gboolean
+cpu_axpby (GmlpBackendDevice      *device,
+           const GmlpBackendShape *shape,
+           gconstpointer           x,
+           int                     x_dtype,
+           gpointer                y,
+           int                     y_dtype,
+           float                   alpha,
+           float                   beta,
+           GError                **error)
+{
+  ElementwiseArgs e = { x, y, x_dtype, y_dtype, alpha, beta, 0.0 };
+
+  if ((x != NULL && !cpu_check_float_dtype (x_dtype, error)) || !cpu_check_float_dtype (y_dtype, error))
+    return FALSE;
+  for_each_member (shape, x != NULL ? x_dtype : y_dtype, y_dtype, axpby_member, &e);
+  return TRUE;
+}
+
+static void
+sum_squares_member (gpointer data, guint64 n, guint64 offset_x, guint64 unused)
+{
+  ElementwiseArgs *e = data;
+  guint64 i;
+
+  for (i = 0; i < n; i++)
+    {
+      double v = gmlp_num_load_float (e->x + offset_x, e->x_dtype, i);
+      e->sum += v * v;
+    }
+}
+
+static gboolean
+cpu_sum_squares (GmlpBackendDevice      *device,
+                 const GmlpBackendShape *shape,
+                 gconstpointer           x,
+                 int                     dtype,
+                 double                 *result,
+                 GError                **error)
+{
+  ElementwiseArgs e = { x, NULL, dtype, dtype, 0.0f, 0.0f, 0.0 };
+
+  if (!cpu_check_float_dtype (dtype, error))
+    return FALSE;
+  for_each_member (shape, dtype, dtype, sum_squares_member, &e);
+  *result = e.sum;
+  return TRUE;
+}
+
 static const GmlpBackend cpu_backend = {
   .abi_version = GMLP_BACKEND_ABI_VERSION,
   .name = "cpu",
@@ -586,6 +686,8 @@ static const GmlpBackend cpu_backend = {
   .copy_stream_alloc = cpu_alloc,
   .free_after_copies = cpu_free,
   .activation = cpu_activation,
+  .axpby = cpu_axpby,
+  .sum_squares = cpu_sum_squares,
 };
 
 const GmlpBackend *
