@@ -122,6 +122,77 @@ GmlpKernelStatus gmlp_kernel_grouped_bias      (const GmlpKernelBiasPlan  *plan,
                                                 void                      *scratch,
                                                 cudaStream_t               stream);
 
+/* Grouped activations of an MLP: one launch covers every group, with the
+ * group sizes known on the host. The codes equal GmlpActivation's (and the
+ * backend's GMLP_ACT_*). The gated ones read rows of 2f values [a | b]:
+ *
+ *   GELU    gelu(x) = x/2 (1 + tanh (sqrt(2/pi) (x + 0.044715 x^3)))
+ *   RELU    relu(x) = max(x, 0)
+ *   SRELU   srelu(x) = relu(x)^2
+ *   SWIGLU  silu(a) * b, silu(x) = x / (1 + exp(-x))
+ *   GEGLU   gelu(a) * b
+ *
+ * Forward:  out_i[r, :] = act(in_i[r, :]), f values per row.
+ * Backward: out_i[r, :] = d_out_i[r, :] * act'(in_i[r, :]); for the gated
+ *           ones the row of out is 2f wide: [d_out * b * act'(a) |
+ *           d_out * act(a)].
+ *
+ * Rows are dense (leading dimension f, or 2f for a gated in and backward
+ * out); all operands have the same dtype, FLOAT32, FLOAT16 or BFLOAT16, the
+ * arithmetic is in float and the results are rounded to nearest even. out
+ * may be the very pointer of an operand of the same row width (in place);
+ * any other overlap is undefined.
+ *
+ * As for the bias operations, the caller fills one GmlpKernelActivationGroup
+ * per group on the host, lets gmlp_kernel_grouped_activation_plan() number
+ * the groups' tiles of rows (first_tile), copies the table to device memory
+ * and launches with gmlp_kernel_grouped_activation(). */
+typedef enum {
+  GMLP_KERNEL_ACT_GELU = 0,
+  GMLP_KERNEL_ACT_RELU = 1,
+  GMLP_KERNEL_ACT_SRELU = 2,
+  GMLP_KERNEL_ACT_SWIGLU = 3,
+  GMLP_KERNEL_ACT_GEGLU = 4,
+} GmlpKernelActivation;
+
+typedef struct {
+  const void *in;          /* rows × f, or rows × 2f when gated */
+  const void *d_out;       /* rows × f; backward only (NULL for forward) */
+  void       *out;         /* forward rows × f; backward as wide as in */
+  int64_t     rows;
+  uint64_t    first_tile;  /* set by the plan: the group's first tile */
+} GmlpKernelActivationGroup;
+
+/* What the plan has worked out; the caller only reads n_tiles. */
+typedef struct {
+  int       activation;
+  int       dtype;
+  int       backward;
+  uint32_t  n_groups;
+  int64_t   f;
+  uint64_t  n_tiles;     /* 0: nothing to launch */
+  int       vectorised;
+} GmlpKernelActivationPlan;
+
+/* Checks the groups (host memory, n_groups entries) and sets their
+ * first_tile. backward is 0 for the forward pass, 1 for the gradient. Every
+ * group with rows must have its pointers set (d_out only when backward);
+ * they and f decide whether the vectorised kernels can be used. */
+GmlpKernelStatus gmlp_kernel_grouped_activation_plan (int                        activation,
+                                                      int                        dtype,
+                                                      int                        backward,
+                                                      int64_t                    f,
+                                                      GmlpKernelActivationGroup *groups,
+                                                      uint32_t                   n_groups,
+                                                      GmlpKernelActivationPlan  *plan);
+
+/* Enqueues the planned operation; device_groups is a device copy of the
+ * planned table, used only by the work enqueued here, so it may be released
+ * in stream order right after this returns. */
+GmlpKernelStatus gmlp_kernel_grouped_activation      (const GmlpKernelActivationPlan  *plan,
+                                                      const GmlpKernelActivationGroup *device_groups,
+                                                      cudaStream_t                     stream);
+
 /* Copies nbytes (a multiple of 8) of host memory to dst (8-byte aligned
  * device memory), stream-ordered, through kernel parameters: the host never
  * waits, src may be reused at once, and the copy can be graph-captured. */

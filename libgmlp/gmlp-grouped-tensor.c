@@ -1360,32 +1360,30 @@ gmlp_grouped_tensor_scale (GmlpGroupedTensor  *self,
 /**
  * gmlp_grouped_tensor_sum_squares:
  * @self: a #GmlpGroupedTensor
- * @result: (out): return location for the sum of the squares of every
- *   element
  * @error: return location for a #GError
  *
  * Sums the squares of the elements (a loss, or a norm), accumulating in
  * FP64 on the host side. Waits for the device.
  *
- * Returns: %TRUE on success; %FALSE with %GMLP_ERROR_UNSUPPORTED for
- *   integer or FP8 tensors
+ * Returns: the sum, or -1 with %GMLP_ERROR_UNSUPPORTED for integer or FP8
+ *   tensors
  *
  * Since: 0.1
  */
-gboolean
+double
 gmlp_grouped_tensor_sum_squares (GmlpGroupedTensor  *self,
-                                 double             *result,
                                  GError            **error)
 {
   GmlpBackendShape shape;
+  double result = 0.0;
 
-  g_return_val_if_fail (GMLP_IS_GROUPED_TENSOR (self), FALSE);
-  g_return_val_if_fail (result != NULL, FALSE);
-  g_return_val_if_fail (error == NULL || *error == NULL, FALSE);
+  g_return_val_if_fail (GMLP_IS_GROUPED_TENSOR (self), -1.0);
+  g_return_val_if_fail (error == NULL || *error == NULL, -1.0);
 
-  *result = 0.0;
-  if (!check_arithmetic_dtype (self, error) || !gmlp_grouped_tensor_get_backend_shape (self, &shape, error))
-    return FALSE;
-  return GMLP_DEVICE_CALL (self->device, sum_squares, &shape, gmlp_grouped_tensor_get_data (self),
-                           (int) self->dtype, result, error);
+  if (!check_arithmetic_dtype (self, error) ||
+      !gmlp_grouped_tensor_get_backend_shape (self, &shape, error) ||
+      !GMLP_DEVICE_CALL (self->device, sum_squares, &shape, gmlp_grouped_tensor_get_data (self),
+                         (int) self->dtype, &result, error))
+    return -1.0;
+  return result;
 }

@@ -90,8 +90,7 @@ gboolean           gmlp_grouped_tensor_scale                (GmlpGroupedTensor  
                                                              double              alpha,
                                                              GError            **error);
 GMLP_AVAILABLE_IN_0_1
-gboolean           gmlp_grouped_tensor_sum_squares          (GmlpGroupedTensor  *self,
-                                                             double             *result,
+double             gmlp_grouped_tensor_sum_squares          (GmlpGroupedTensor  *self,
                                                              GError            **error);
 GMLP_AVAILABLE_IN_0_1
 GmlpDevice        *gmlp_grouped_tensor_get_device           (GmlpGroupedTensor  *self);

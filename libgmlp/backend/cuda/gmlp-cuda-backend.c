@@ -14,8 +14,9 @@
  * the copies of offloaded activations (gmlp-cuda-offload.c).
  *
  * This file has the device, memory and element-wise entry points and the
- * backend table; the GEMMs, the bias operations, the events and offloading
- * have files of their own (gmlp-cuda-private.h lists what they share).
+ * backend table; the GEMMs, the bias operations, the activations, the events
+ * and offloading have files of their own (gmlp-cuda-private.h lists what
+ * they share).
  *
  * SPDX-License-Identifier: LGPL-2.1-or-later
  */
@@ -599,6 +600,8 @@ static const GmlpBackend gmlp_cuda_backend = {
   .copy_async = gmlp_cuda_copy_async,
   .copy_stream_alloc = gmlp_cuda_copy_stream_alloc,
   .free_after_copies = gmlp_cuda_free_after_copies,
+
+  .activation = gmlp_cuda_activation,
 };
 
 /* The module's one exported symbol; see GmlpBackendGetFunc. */

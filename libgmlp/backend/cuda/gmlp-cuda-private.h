@@ -99,6 +99,18 @@ gboolean  gmlp_cuda_bias_grad       (GmlpBackendDevice   *device,
                                      void * const        *dbias,
                                      GError             **error);
 
+/* gmlp-cuda-activation.c */
+gboolean  gmlp_cuda_activation      (GmlpBackendDevice   *device,
+                                     int                  activation,
+                                     guint                n_groups,
+                                     const gint64        *rows,
+                                     gint64               f,
+                                     int                  dtype,
+                                     const void * const  *in,
+                                     const void * const  *d_out,
+                                     void * const        *out,
+                                     GError             **error);
+
 /* gmlp-cuda-event.c */
 GmlpBackendEvent *gmlp_cuda_event_record      (GmlpBackendDevice  *device,
                                                GError            **error);

@@ -1,0 +1,340 @@
+/* impls/grouped_activation.cuh: activations of a grouped MLP and their
+ * gradients
+ *
+ * Laid out as the bias addition of grouped_bias.cuh: the host splits every
+ * group into tiles of kActTileRows rows and numbers the tiles of all groups
+ * in one list (GmlpKernelActivationGroup.first_tile is a prefix sum), so
+ * that blockIdx.x walks that list and the grid is spread evenly however MoE
+ * routing split the rows. blockIdx.y walks strips of columns: a warp's 32
+ * lanes cover kActLanes consecutive packs of one row (of out for the
+ * forward pass, of d_out for the backward one), and the block's warps take
+ * turns over the rows of the tile. A block finds its group with a binary
+ * search of the table, which stays in L1 after the first blocks.
+ *
+ * Element-wise, so every element of out is written by the thread that read
+ * the inputs it depends on: out may be an input of the same row width.
+ *
+ * SPDX-License-Identifier: LGPL-2.1-or-later
+ */
+
+#pragma once
+
+#include <math.h>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "impls/common.cuh"
+
+namespace gmlp {
+
+constexpr int kActThreads = 256;
+constexpr int kActLanes = 32;
+constexpr int kActWarps = kActThreads / kActLanes;
+/* One aligned 16-byte access per pack in the vectorised kernels. */
+constexpr int kActPackBytes = 16;
+/* Rows of a tile: 4 rows per thread, all loaded before any is computed,
+ * which keeps 64 bytes per operand and thread in flight, 192 for the gated
+ * gradient's three operands. That one needs about 120 registers (sm_90a),
+ * so 2 blocks per SM, which with 96 KB in flight per SM is still several
+ * times what it takes to cover the memory latency. */
+constexpr int kActTileRows = 32;
+constexpr int kActRowsPerThread = kActTileRows / kActWarps;
+
+static_assert (kActThreads % kActLanes == 0, "whole warps only");
+static_assert (kActTileRows % kActWarps == 0, "every warp gets the same rows");
+
+/* The tanh approximation of GELU. */
+constexpr float kGeluK = 0.7978845608028654f;   /* sqrt(2/pi) */
+constexpr float kGeluC = 0.044715f;
+constexpr float kGelu3C = 3.0f * kGeluC;
+
+struct GroupedActivationParams
+{
+  const GmlpKernelActivationGroup *groups;
+  uint32_t                         n_groups;
+  int64_t                          f;
+  uint64_t                         n_tiles;
+  uint64_t                         n_strips;   /* strips of kActLanes packs */
+};
+
+__host__ __device__ constexpr bool
+is_gated_activation (int activation)
+{
+  return activation == GMLP_KERNEL_ACT_SWIGLU || activation == GMLP_KERNEL_ACT_GEGLU;
+}
+
+/* Floating storage to float and back, as in grouped_bias.cuh (the names
+ * differ so that both headers may share a file). Widening is exact;
+ * narrowing rounds to nearest even, bit for bit as gmlp-numeric.h does but
+ * for NaN payloads. */
+template <int kDtype>
+__device__ __forceinline__ float
+act_to_float (StorageType<kDtype> v)
+{
+  if constexpr (kDtype == GMLP_NUM_FLOAT32)
+    return v;
+  else if constexpr (kDtype == GMLP_NUM_FLOAT16)
+    return __half2float (__ushort_as_half (v));
+  else
+    return __uint_as_float ((uint32_t) v << 16);
+}
+
+template <int kDtype>
+__device__ __forceinline__ StorageType<kDtype>
+act_from_float (float f)
+{
+  if constexpr (kDtype == GMLP_NUM_FLOAT32)
+    return f;
+  else if constexpr (kDtype == GMLP_NUM_FLOAT16)
+    return __half_as_ushort (__float2half_rn (f));
+  else
+    return __bfloat16_as_ushort (__float2bfloat16_rn (f));
+}
+
+/* An input pack that this launch reads exactly once: marked evict-first, so
+ * that streaming through the inputs does not push out of L2 the output the
+ * next GEMM reads. (ld.global.cs is coherent, so in-place use stays safe.) */
+template <typename PackType>
+__device__ __forceinline__ PackType
+act_load (const PackType *p)
+{
+  PackType out;
+
+  if constexpr (sizeof (PackType) == 16)
+    {
+      const uint4 v = __ldcs ((const uint4 *) p);
+      __builtin_memcpy (&out, &v, sizeof out);
+    }
+  else if constexpr (sizeof (PackType) == 4)
+    {
+      const unsigned int v = __ldcs ((const unsigned int *) p);
+      __builtin_memcpy (&out, &v, sizeof out);
+    }
+  else
+    {
+      const unsigned short v = __ldcs ((const unsigned short *) p);
+      __builtin_memcpy (&out, &v, sizeof out);
+    }
+  return out;
+}
+
+/* A pack of output, stored as an explicit global store with the default
+ * write-back policy (the next GEMM reads it): out comes from the table, so
+ * the compiler cannot tell its address space and would emit a generic
+ * store. */
+template <typename PackType>
+__device__ __forceinline__ void
+act_store (PackType *p, const PackType &value)
+{
+  if constexpr (sizeof (PackType) == 16)
+    {
+      uint4 v;
+      __builtin_memcpy (&v, &value, sizeof v);
+      __stwb ((uint4 *) p, v);
+    }
+  else if constexpr (sizeof (PackType) == 4)
+    {
+      unsigned int v;
+      __builtin_memcpy (&v, &value, sizeof v);
+      __stwb ((unsigned int *) p, v);
+    }
+  else
+    {
+      unsigned short v;
+      __builtin_memcpy (&v, &value, sizeof v);
+      __stwb ((unsigned short *) p, v);
+    }
+}
+
+/* act(x) and act'(x) of the (ungated) function behind an activation. Both
+ * are always computed: the compiler drops whichever the caller ignores.
+ * expf and tanhf, not the fast intrinsics, for accuracy. */
+struct ActValue
+{
+  float value;
+  float grad;
+};
+
+template <int kActivation>
+__device__ __forceinline__ ActValue
+act_eval (float x)
+{
+  ActValue r;
+
+  if constexpr (kActivation == GMLP_KERNEL_ACT_GELU || kActivation == GMLP_KERNEL_ACT_GEGLU)
+    {
+      const float t = tanhf (kGeluK * (x + kGeluC * x * x * x));
+
+      r.value = 0.5f * x * (1.0f + t);
+      r.grad = 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * kGeluK * (1.0f + kGelu3C * x * x);
+    }
+  else if constexpr (kActivation == GMLP_KERNEL_ACT_SWIGLU)
+    {
+      /* exp(-x) overflows to inf below x = -88, giving s = 0 and a value
+       * of -0: no NaN there. x / (1 + e) rounds once where x * s rounds
+       * twice, and is what the CPU backend computes. */
+      const float e1 = 1.0f + expf (-x);
+      const float s = 1.0f / e1;
+
+      r.value = x / e1;
+      r.grad = s * (1.0f + x * (1.0f - s));
+    }
+  else
+    {
+      /* NOTE: x > 0 rather than fmaxf, so that NaN and -0 both give +0,
+       * as in the CPU backend. */
+      const float relu = x > 0.0f ? x : 0.0f;
+
+      if constexpr (kActivation == GMLP_KERNEL_ACT_RELU)
+        {
+          r.value = relu;
+          r.grad = x > 0.0f ? 1.0f : 0.0f;
+        }
+      else
+        {
+          r.value = relu * relu;
+          r.grad = 2.0f * relu;
+        }
+    }
+  return r;
+}
+
+/* The group that tile belongs to: the last one whose first tile is at or
+ * before it (groups with no tiles share their first_tile with the next). */
+__device__ __forceinline__ uint32_t
+find_activation_group (const GmlpKernelActivationGroup *groups,
+                       uint32_t                         n_groups,
+                       uint64_t                         tile)
+{
+  uint32_t lo = 0, hi = n_groups - 1;
+
+  while (lo < hi)
+    {
+      uint32_t mid = hi - (hi - lo) / 2;
+
+      if (__ldg (&groups[mid].first_tile) <= tile)
+        lo = mid;
+      else
+        hi = mid - 1;
+    }
+  return lo;
+}
+
+/* One kernel for every (dtype, activation, direction, vector width). The
+ * packs of pack are those of columns pack·kVector .. +kVector-1 of the f
+ * columns; for a gated row, b and d_b lie f columns further on. */
+template <int kDtype, int kActivation, bool kBackward, int kVector>
+__global__ void __launch_bounds__ (kActThreads)
+activation_kernel (const __grid_constant__ GroupedActivationParams params)
+{
+  using Type = StorageType<kDtype>;
+  using TypePack = Pack<Type, kVector>;
+  constexpr bool kGated = is_gated_activation (kActivation);
+  /* Arrays of operands this instance does not use shrink to one pack that
+   * is never touched. */
+  constexpr int kGateRows = kGated ? kActRowsPerThread : 1;
+  constexpr int kGradRows = kBackward ? kActRowsPerThread : 1;
+
+  const int lane = threadIdx.x % kActLanes;
+  const int warp = threadIdx.x / kActLanes;
+  const uint64_t f = (uint64_t) params.f;
+  const uint64_t packs_per_row = f / kVector;
+  /* Leading dimensions: in is 2f wide when gated, and so is the gradient
+   * with respect to it. */
+  const uint64_t in_cols = kGated ? 2 * f : f;
+  const uint64_t out_cols = kBackward ? in_cols : f;
+
+  for (uint64_t tile = blockIdx.x; tile < params.n_tiles; tile += gridDim.x)
+    {
+      const uint32_t g = find_activation_group (params.groups, params.n_groups, tile);
+      const GmlpKernelActivationGroup group = params.groups[g];
+      const int64_t first_row = (int64_t) (tile - group.first_tile) * kActTileRows;
+      const int64_t rows = group.rows - first_row < kActTileRows ?
+                           group.rows - first_row : kActTileRows;
+      const Type *const in = (const Type *) group.in + (uint64_t) first_row * in_cols;
+      const Type *const d_out = kBackward ?
+                                (const Type *) group.d_out + (uint64_t) first_row * f : nullptr;
+      Type *const out = (Type *) group.out + (uint64_t) first_row * out_cols;
+
+      for (uint64_t strip = blockIdx.y; strip < params.n_strips; strip += gridDim.y)
+        {
+          const uint64_t pack = strip * kActLanes + lane;
+          TypePack a[kActRowsPerThread];
+          TypePack b[kGateRows];
+          TypePack dy[kGradRows];
+
+          if (pack >= packs_per_row)
+            continue;
+
+#pragma unroll
+          for (int u = 0; u < kActRowsPerThread; u++)
+            {
+              const uint64_t r = (uint64_t) (warp + u * kActWarps);
+              const Type *const row = in + r * in_cols;
+
+              if ((int64_t) r >= rows)
+                continue;
+              a[u] = act_load ((const TypePack *) row + pack);
+              if constexpr (kGated)
+                b[u] = act_load ((const TypePack *) (row + f) + pack);
+              if constexpr (kBackward)
+                dy[u] = act_load ((const TypePack *) (d_out + r * f) + pack);
+            }
+
+#pragma unroll
+          for (int u = 0; u < kActRowsPerThread; u++)
+            {
+              const uint64_t r = (uint64_t) (warp + u * kActWarps);
+              Type *const row = out + r * out_cols;
+              TypePack o;
+
+              if ((int64_t) r >= rows)
+                continue;
+
+              if constexpr (!kBackward)
+                {
+#pragma unroll
+                  for (int e = 0; e < kVector; e++)
+                    {
+                      float y = act_eval<kActivation> (act_to_float<kDtype> (a[u].v[e])).value;
+
+                      if constexpr (kGated)
+                        y *= act_to_float<kDtype> (b[u].v[e]);
+                      o.v[e] = act_from_float<kDtype> (y);
+                    }
+                  act_store ((TypePack *) row + pack, o);
+                }
+              else if constexpr (!kGated)
+                {
+#pragma unroll
+                  for (int e = 0; e < kVector; e++)
+                    {
+                      const float grad = act_eval<kActivation> (act_to_float<kDtype> (a[u].v[e])).grad;
+
+                      o.v[e] = act_from_float<kDtype> (act_to_float<kDtype> (dy[u].v[e]) * grad);
+                    }
+                  act_store ((TypePack *) row + pack, o);
+                }
+              else
+                {
+                  TypePack o_b;
+
+#pragma unroll
+                  for (int e = 0; e < kVector; e++)
+                    {
+                      const ActValue act = act_eval<kActivation> (act_to_float<kDtype> (a[u].v[e]));
+                      const float d = act_to_float<kDtype> (dy[u].v[e]);
+
+                      o.v[e] = act_from_float<kDtype> (d * act_to_float<kDtype> (b[u].v[e]) * act.grad);
+                      o_b.v[e] = act_from_float<kDtype> (d * act.value);
+                    }
+                  act_store ((TypePack *) row + pack, o);
+                  act_store ((TypePack *) (row + f) + pack, o_b);
+                }
+            }
+        }
+    }
+}
+
+}  // namespace gmlp

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# The main job on a fresh Debian 12 machine: install, build, and train a
+# Mixture-of-Experts expert block (GroupedMLP) on a teacher with gmlp-demo.
+# Arguments go to gmlp-demo (see --help).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/install-deps.sh
+scripts/build.sh
+exec build/examples/gmlp-demo "$@"
