@@ -201,6 +201,28 @@ GmlpKernelStatus gmlp_kernel_write_table      (void                         *dst
                                                size_t                        nbytes,
                                                cudaStream_t                  stream);
 
+/* y = alpha x + beta y over every member (x NULL: y = beta y), in FP32, each
+ * tensor laid out for its own dtype; FLOAT32, FLOAT16 and BFLOAT16 only. */
+GmlpKernelStatus gmlp_kernel_grouped_axpby    (const GmlpKernelGroupedShape *shape,
+                                               const void                   *x,
+                                               int                           x_dtype,
+                                               void                         *y,
+                                               int                           y_dtype,
+                                               float                         alpha,
+                                               float                         beta,
+                                               cudaStream_t                  stream);
+
+/* How many doubles gmlp_kernel_grouped_sum_squares() writes. */
+size_t           gmlp_kernel_grouped_sum_squares_partials (const GmlpKernelGroupedShape *shape);
+
+/* Partial sums of squares of every member's elements, one per block, into
+ * partials (device memory): the caller adds them in order. */
+GmlpKernelStatus gmlp_kernel_grouped_sum_squares (const GmlpKernelGroupedShape *shape,
+                                               const void                   *x,
+                                               int                           dtype,
+                                               double                       *partials,
+                                               cudaStream_t                  stream);
+
 #ifdef __cplusplus
 }
 #endif

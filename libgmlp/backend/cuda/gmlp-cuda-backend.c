@@ -602,6 +602,8 @@ static const GmlpBackend gmlp_cuda_backend = {
   .free_after_copies = gmlp_cuda_free_after_copies,
 
   .activation = gmlp_cuda_activation,
+  .axpby = gmlp_cuda_axpby,
+  .sum_squares = gmlp_cuda_sum_squares,
 };
 
 /* The module's one exported symbol; see GmlpBackendGetFunc. */

@@ -149,4 +149,21 @@ gpointer          gmlp_cuda_copy_stream_alloc (GmlpBackendDevice  *device,
 void              gmlp_cuda_free_after_copies (GmlpBackendDevice  *device,
                                                gpointer            ptr);
 
+/* Tensor arithmetic (gmlp-cuda-elementwise.c). */
+gboolean  gmlp_cuda_axpby           (GmlpBackendDevice      *device,
+                                     const GmlpBackendShape *shape,
+                                     gconstpointer           x,
+                                     int                     x_dtype,
+                                     gpointer                y,
+                                     int                     y_dtype,
+                                     float                   alpha,
+                                     float                   beta,
+                                     GError                **error);
+gboolean  gmlp_cuda_sum_squares     (GmlpBackendDevice      *device,
+                                     const GmlpBackendShape *shape,
+                                     gconstpointer           x,
+                                     int                     dtype,
+                                     double                 *result,
+                                     GError                **error);
+
 G_END_DECLS
