@@ -33,12 +33,14 @@ static char *only_shape = NULL;
 static gint iters = 100;
 static gint divide = 1;
 static gboolean offload_mode = FALSE;
+static gboolean mlp_mode = FALSE;
 
 static const GOptionEntry entries[] = {
   { "shape", 's', 0, G_OPTION_ARG_STRING, &only_shape, "Run one shape only", "NAME" },
   { "iters", 'n', 0, G_OPTION_ARG_INT, &iters, "Timed calls per measurement (default 100)", "N" },
   { "divide", 'd', 0, G_OPTION_ARG_INT, &divide, "Divide M, K and N by D (for the CPU)", "D" },
   { "offload", 0, 0, G_OPTION_ARG_NONE, &offload_mode, "Measure activation offload instead", NULL },
+  { "mlp", 0, 0, G_OPTION_ARG_NONE, &mlp_mode, "Time a SwiGLU GroupedMLP step instead", NULL },
   { NULL }
 };
 
@@ -235,6 +237,61 @@ bench_shape (GmlpDevice *device, const Shape *s, gboolean skew, GError **error)
   for (i = 0; i < n_saved; i++)
     g_clear_object (&b.saved[i]);
   g_free (b.saved);
+  return TRUE;
+}
+
+/* One forward+backward step of a BF16 SwiGLU GroupedMLP (hidden K,
+ * ffn_hidden N) per shape and routing, as bench/mlp_anchor.py times it with
+ * torch._grouped_mm: 18 M K N flops a step. */
+typedef struct {
+  GmlpGroupedMLP    *mlp;
+  GmlpGroupedTensor *x, *dy;
+} MlpBench;
+
+static gboolean
+op_mlp_step (gpointer data, guint i, GError **error)
+{
+  MlpBench *b = data;
+  g_autoptr(GmlpSavedActivations) saved = NULL;
+  g_autoptr(GmlpGroupedTensor) y = gmlp_grouped_mlp_forward (b->mlp, b->x, &saved, error);
+  g_autoptr(GmlpGroupedTensor) dx = y ? gmlp_grouped_mlp_backward (b->mlp, saved, b->dy, error) : NULL;
+
+  return dx != NULL;
+}
+
+static gboolean
+bench_mlp (GmlpDevice *device, const Shape *s, gboolean skew, GError **error)
+{
+  gint64 rows = s->rows / divide, k = MAX (s->in / divide, 1), n = MAX (s->out / divide, 1);
+  g_autofree gint64 *m = split_rows (s->experts, rows, skew);
+  g_autoptr(GmlpGroupedMLP) mlp = NULL;
+  g_autoptr(GmlpGroupedTensor) x = NULL, dy = NULL;
+  MlpBench b;
+  Timing t;
+  guint i;
+
+  mlp = gmlp_grouped_mlp_new_full (device, (guint) s->experts, k, n, GMLP_ACTIVATION_SWIGLU,
+                                   GMLP_DTYPE_BFLOAT16, GMLP_LINEAR_SINGLE_GROUPED_WEIGHT, error);
+  if (mlp == NULL)
+    return FALSE;
+  x = gmlp_grouped_tensor_new (device, GMLP_DTYPE_BFLOAT16, m, (guint) s->experts, k, error);
+  dy = gmlp_grouped_tensor_new (device, GMLP_DTYPE_BFLOAT16, m, (guint) s->experts, k, error);
+  if (x == NULL || dy == NULL || !gmlp_grouped_tensor_fill_random (x, 1, 1.0, error) ||
+      !gmlp_grouped_tensor_fill_random (dy, 2, 1.0, error))
+    return FALSE;
+  b.mlp = mlp;
+  b.x = x;
+  b.dy = dy;
+  for (i = 0; i < 2; i++)
+    if (!op_mlp_step (&b, i, error))
+      return FALSE;
+  if (!time_op (device, op_mlp_step, &b, (guint) MAX (iters / 4, 5), &t, error))
+    return FALSE;
+  g_print ("{\"bench\":\"gmlp-mlp\",\"device\":\"%s\",\"shape\":\"%s\",\"E\":%" G_GINT64_FORMAT
+           ",\"M\":%" G_GINT64_FORMAT ",\"K\":%" G_GINT64_FORMAT ",\"N\":%" G_GINT64_FORMAT
+           ",\"skew\":%s,\"activation\":\"swiglu\",\"ms\":%.4f,\"tflops\":%.4g,\"host_us\":%.1f}\n",
+           gmlp_device_get_name (device), s->name, s->experts, rows, k, n, skew ? "true" : "false",
+           t.ms, 18.0 * rows * k * n / (t.ms * 1e-3) / 1e12, t.host_us);
   return TRUE;
 }
 
@@ -458,7 +515,8 @@ main (int argc, char *argv[])
         continue;
       any = TRUE;
       for (skew = 0; skew < 2; skew++)
-        if (!bench_shape (device, &shapes[s], skew, &error))
+        if (!(mlp_mode ? bench_mlp (device, &shapes[s], skew, &error)
+                       : bench_shape (device, &shapes[s], skew, &error)))
           {
             g_printerr ("gmlp-bench: %s: %s\n", shapes[s].name, error->message);
             return EXIT_FAILURE;
