@@ -96,18 +96,6 @@ is_activation (int activation)
   return activation >= GMLP_KERNEL_ACT_GELU && activation <= GMLP_KERNEL_ACT_GEGLU;
 }
 
-bool
-is_aligned (const void *p, uint64_t alignment)
-{
-  return (uintptr_t) p % alignment == 0;
-}
-
-uint64_t
-min_u64 (uint64_t a, uint64_t b)
-{
-  return a < b ? a : b;
-}
-
 }  // namespace
 }  // namespace gmlp
 

@@ -70,18 +70,6 @@ is_bias_dtype (int dtype)
          dtype == GMLP_NUM_BFLOAT16;
 }
 
-bool
-is_aligned (const void *p, uint64_t alignment)
-{
-  return (uintptr_t) p % alignment == 0;
-}
-
-uint64_t
-min_u64 (uint64_t a, uint64_t b)
-{
-  return a < b ? a : b;
-}
-
 }  // namespace
 }  // namespace gmlp
 

@@ -112,12 +112,6 @@ describe_operand (GroupedOperand               *op,
   return true;
 }
 
-bool
-is_aligned (const void *p, uint64_t alignment)
-{
-  return (uintptr_t) p % alignment == 0;
-}
-
 }  // namespace
 }  // namespace gmlp
 

@@ -71,6 +71,19 @@ div_up (uint64_t a, uint64_t b)
   return (a + b - 1) / b;
 }
 
+/* Host-side helpers of the launch code. */
+inline bool
+is_aligned (const void *p, uint64_t alignment)
+{
+  return (uintptr_t) p % alignment == 0;
+}
+
+inline uint64_t
+min_u64 (uint64_t a, uint64_t b)
+{
+  return a < b ? a : b;
+}
+
 /* The number of SMs of the current device, for sizing grid-stride launches. */
 cudaError_t GMLP_KERNEL_INTERNAL current_sm_count (int *sm_count);
 
