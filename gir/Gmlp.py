@@ -3,6 +3,7 @@
 # SPDX-License-Identifier: LGPL-2.1-or-later
 
 import contextlib
+import ctypes
 
 from ..overrides import override
 from ..module import get_introspection_module
@@ -12,8 +13,47 @@ Gmlp = get_introspection_module('Gmlp')
 __all__ = []
 
 
+# DLPack: a capsule named "dltensor" around gmlp_grouped_tensor_to_dlpack()'s
+# DLManagedTensor. A consumer renames it and calls the deleter when done; a
+# capsule dropped unconsumed calls it here.
+class _DLManagedTensor(ctypes.Structure):
+    _fields_ = [('dl_tensor', ctypes.c_byte * 48),
+                ('manager_ctx', ctypes.c_void_p),
+                ('deleter', ctypes.CFUNCTYPE(None, ctypes.c_void_p))]
+
+
+_capsule_new = ctypes.pythonapi.PyCapsule_New
+_capsule_new.restype = ctypes.py_object
+_capsule_new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+_capsule_is_valid = ctypes.pythonapi.PyCapsule_IsValid
+_capsule_is_valid.restype = ctypes.c_int
+_capsule_is_valid.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+_capsule_get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+_capsule_get_pointer.restype = ctypes.c_void_p
+_capsule_get_pointer.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+
+
+@ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+def _dlpack_capsule_destructor(capsule):
+    if _capsule_is_valid(capsule, b'dltensor'):
+        pointer = _capsule_get_pointer(capsule, b'dltensor')
+        managed = _DLManagedTensor.from_address(pointer)
+        managed.deleter(pointer)
+
+
 class GroupedTensor(Gmlp.GroupedTensor):
-    """A grouped tensor; `len()` is the number of groups, `t[i]` a member view."""
+    """A grouped tensor; `len()` is the number of groups, `t[i]` a member view,
+    and the DLPack protocol exports it without a copy (`numpy.from_dlpack(t)`)."""
+
+    def __dlpack__(self, stream=None, **kwargs):
+        # to_dlpack() waits for the device, so any consumer stream may read.
+        pointer = self.to_dlpack()
+        return _capsule_new(pointer, b'dltensor',
+                            ctypes.cast(_dlpack_capsule_destructor, ctypes.c_void_p))
+
+    def __dlpack_device__(self):
+        device = self.get_device()
+        return (2 if device.get_kind() == Gmlp.DeviceKind.CUDA else 1, device.get_ordinal())
 
     def __len__(self):
         return self.get_n_groups()

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "gmlp-grouped-tensor-private.h"
+#include "gmlp-dlpack-private.h"
 #include "gmlp-enum-types.h"
 #include "gmlp-error.h"
 #include "gmlp-numeric.h"
@@ -1386,4 +1387,98 @@ gmlp_grouped_tensor_sum_squares (GmlpGroupedTensor  *self,
                          (int) self->dtype, &result, error))
     return -1.0;
   return result;
+}
+
+/* What a DLPack export keeps alive: the tensor (hence its storage) and the
+ * shape array. */
+typedef struct {
+  GmlpDLManagedTensor  managed;
+  GmlpGroupedTensor   *tensor;
+  int64_t              shape[2];
+} DLPackExport;
+
+static void
+dlpack_delete (GmlpDLManagedTensor *managed)
+{
+  DLPackExport *export = (DLPackExport *) managed;
+
+  g_object_unref (export->tensor);
+  g_free (export);
+}
+
+/**
+ * gmlp_grouped_tensor_to_dlpack:
+ * @self: a #GmlpGroupedTensor
+ * @error: return location for a #GError
+ *
+ * Exports the tensor without a copy as a DLPack `DLManagedTensor`: a
+ * two-dimensional `total_rows × cols` array over the storage. It keeps the
+ * tensor alive until its `deleter` is called. In Python the tensor supports
+ * the DLPack protocol (`numpy.from_dlpack (t)`, `torch.from_dlpack (t)`).
+ *
+ * Waits for the device, so the data is complete when a consumer on another
+ * stream reads it.
+ *
+ * Returns: (transfer full) (nullable): a `DLManagedTensor *`, or %NULL with
+ *   %GMLP_ERROR_UNSUPPORTED when the tensor is not one array (members padded
+ *   between each other; export a member view instead), its sizes are only on
+ *   the device, or its dtype has no DLPack code here (FP8)
+ *
+ * Since: 0.1
+ */
+gpointer
+gmlp_grouped_tensor_to_dlpack (GmlpGroupedTensor  *self,
+                               GError            **error)
+{
+  DLPackExport *export;
+  GmlpDLDataType dtype = { 0, 0, 1 };
+
+  g_return_val_if_fail (GMLP_IS_GROUPED_TENSOR (self), NULL);
+  g_return_val_if_fail (error == NULL || *error == NULL, NULL);
+
+  switch (self->dtype)
+    {
+    case GMLP_DTYPE_FLOAT32: dtype.code = GMLP_DL_FLOAT; dtype.bits = 32; break;
+    case GMLP_DTYPE_FLOAT16: dtype.code = GMLP_DL_FLOAT; dtype.bits = 16; break;
+    case GMLP_DTYPE_BFLOAT16: dtype.code = GMLP_DL_BFLOAT; dtype.bits = 16; break;
+    case GMLP_DTYPE_INT32: dtype.code = GMLP_DL_INT; dtype.bits = 32; break;
+    case GMLP_DTYPE_INT64: dtype.code = GMLP_DL_INT; dtype.bits = 64; break;
+    default:
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_UNSUPPORTED,
+                   "No DLPack export for %s tensors", gmlp_dtype_get_name (self->dtype));
+      return NULL;
+    }
+  if (self->rows == NULL)
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_UNSUPPORTED,
+                   "DLPack export needs the group sizes on the host");
+      return NULL;
+    }
+  if (has_padding (self))
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_UNSUPPORTED,
+                   "The members are padded apart (%" G_GINT64_FORMAT " columns of %s are not a "
+                   "multiple of %d bytes): export each member view instead",
+                   self->cols, gmlp_dtype_get_name (self->dtype), GMLP_MEMBER_ALIGNMENT);
+      return NULL;
+    }
+  if (!gmlp_device_synchronize (self->device, error))
+    return NULL;
+
+  export = g_new0 (DLPackExport, 1);
+  export->tensor = g_object_ref (self);
+  export->shape[0] = self->row_capacity;
+  export->shape[1] = self->cols;
+  export->managed.dl_tensor.data = gmlp_grouped_tensor_get_data (self);
+  export->managed.dl_tensor.device.device_type =
+    gmlp_device_get_kind (self->device) == GMLP_DEVICE_KIND_CUDA ? GMLP_DL_CUDA : GMLP_DL_CPU;
+  export->managed.dl_tensor.device.device_id = gmlp_device_get_ordinal (self->device);
+  export->managed.dl_tensor.ndim = 2;
+  export->managed.dl_tensor.dtype = dtype;
+  export->managed.dl_tensor.shape = export->shape;
+  export->managed.dl_tensor.strides = NULL;      /* row-major, compact */
+  export->managed.dl_tensor.byte_offset = 0;
+  export->managed.manager_ctx = export;
+  export->managed.deleter = dlpack_delete;
+  return &export->managed;
 }

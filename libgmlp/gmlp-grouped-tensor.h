@@ -93,6 +93,9 @@ GMLP_AVAILABLE_IN_0_1
 double             gmlp_grouped_tensor_sum_squares          (GmlpGroupedTensor  *self,
                                                              GError            **error);
 GMLP_AVAILABLE_IN_0_1
+gpointer           gmlp_grouped_tensor_to_dlpack            (GmlpGroupedTensor  *self,
+                                                             GError            **error);
+GMLP_AVAILABLE_IN_0_1
 GmlpDevice        *gmlp_grouped_tensor_get_device           (GmlpGroupedTensor  *self);
 GMLP_AVAILABLE_IN_0_1
 GmlpDType          gmlp_grouped_tensor_get_dtype            (GmlpGroupedTensor  *self);

@@ -8,6 +8,7 @@
 
 #include "gmlp-test-util.h"
 #include "gmlp-grouped-tensor-private.h"
+#include "gmlp-dlpack-private.h"
 
 static const GmlpDType all_dtypes[] = {
   GMLP_DTYPE_FLOAT32, GMLP_DTYPE_FLOAT16, GMLP_DTYPE_BFLOAT16, GMLP_DTYPE_FLOAT8_E4M3,
@@ -676,6 +677,54 @@ test_arithmetic (void)
   }
 }
 
+/* DLPack export: a 2-D view of the storage that keeps the tensor alive;
+ * padded, device-sized and FP8 tensors are refused. */
+static void
+test_dlpack (void)
+{
+  g_autoptr(GmlpDevice) device = gmlp_test_device_or_skip ();
+  gint64 rows[] = { 5, 0, 7 };
+  g_autoptr(GmlpGroupedTensor) padded = NULL, fp8 = NULL;
+  g_autoptr(GError) error = NULL;
+  GmlpGroupedTensor *t;
+  GmlpDLManagedTensor *m;
+  GWeakRef weak;
+
+  if (device == NULL)
+    return;
+
+  t = gmlp_test_random_tensor (device, GMLP_DTYPE_BFLOAT16, rows, 3, 128, 1.0, NULL);
+  m = gmlp_grouped_tensor_to_dlpack (t, &error);
+  g_assert_no_error (error);
+  g_assert_true (m->dl_tensor.data == gmlp_grouped_tensor_get_data (t));
+  g_assert_cmpint (m->dl_tensor.ndim, ==, 2);
+  g_assert_cmpint (m->dl_tensor.shape[0], ==, 12);
+  g_assert_cmpint (m->dl_tensor.shape[1], ==, 128);
+  g_assert_cmpint (m->dl_tensor.dtype.code, ==, GMLP_DL_BFLOAT);
+  g_assert_cmpint (m->dl_tensor.dtype.bits, ==, 16);
+  g_assert_cmpint (m->dl_tensor.device.device_type, ==,
+                   gmlp_device_get_kind (device) == GMLP_DEVICE_KIND_CUDA ? GMLP_DL_CUDA : GMLP_DL_CPU);
+  g_assert_null (m->dl_tensor.strides);
+
+  /* The export keeps the tensor until its deleter runs. */
+  g_weak_ref_init (&weak, t);
+  g_object_unref (t);
+  t = g_weak_ref_get (&weak);
+  g_assert_nonnull (t);
+  g_object_unref (t);
+  m->deleter (m);
+  g_assert_null (g_weak_ref_get (&weak));
+  g_weak_ref_clear (&weak);
+
+  padded = gmlp_grouped_tensor_new (device, GMLP_DTYPE_FLOAT32, rows, 3, 5, NULL);
+  g_assert_null (gmlp_grouped_tensor_to_dlpack (padded, &error));
+  g_assert_error (error, GMLP_ERROR, GMLP_ERROR_UNSUPPORTED);
+  g_clear_error (&error);
+  fp8 = gmlp_grouped_tensor_new_uniform (device, GMLP_DTYPE_FLOAT8_E4M3, 1, 4, 256, NULL);
+  g_assert_null (gmlp_grouped_tensor_to_dlpack (fp8, &error));
+  g_assert_error (error, GMLP_ERROR, GMLP_ERROR_UNSUPPORTED);
+}
+
 int
 main (int argc, char *argv[])
 {
@@ -691,6 +740,7 @@ main (int argc, char *argv[])
   g_test_add_func ("/Gmlp/GroupedTensor/fill-random", test_fill_random);
   g_test_add_func ("/Gmlp/GroupedTensor/bad-input", test_bad_input);
   g_test_add_func ("/Gmlp/GroupedTensor/arithmetic", test_arithmetic);
+  g_test_add_func ("/Gmlp/GroupedTensor/dlpack", test_dlpack);
 
   return g_test_run ();
 }

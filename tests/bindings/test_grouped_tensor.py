@@ -122,9 +122,46 @@ def test_device_sizes():
     assert len(t.to_bytes().get_data()) == 6 * 8 * 2
 
 
+def test_dlpack():
+    try:
+        import numpy
+    except ImportError:
+        return
+    import gc
+    dev = Gmlp.Device.new(Gmlp.DeviceKind.CPU, 0)
+    rows = [3, 0, 5]
+    values = [random.uniform(-1, 1) for _ in range(8 * 64)]
+    data = struct.pack('<%df' % len(values), *values)
+    t = Gmlp.GroupedTensor.new_from_bytes(dev, Gmlp.DType.FLOAT32, rows, 64, GLib.Bytes.new(data))
+    assert t.__dlpack_device__() == (1, 0)
+    a = numpy.from_dlpack(t)
+    assert a.shape == (8, 64) and a.dtype == numpy.float32
+    assert a.tobytes() == data
+    # Zero copy: a write through the tensor shows in the array, which keeps
+    # the storage alive after the tensor object goes.
+    t[2].fill_zero()
+    assert not a[3:].any() and a[:3].tobytes() == data[:3 * 64 * 4]
+    del t
+    gc.collect()
+    assert a[:3].tobytes() == data[:3 * 64 * 4]
+    # Padded members are not one array: a clear error, views export.
+    p = Gmlp.GroupedTensor.new_uniform(dev, Gmlp.DType.FLOAT32, 2, 3, 5)
+    try:
+        numpy.from_dlpack(p)
+        raise AssertionError('padded members exported')
+    except GLib.Error as e:
+        assert e.matches(Gmlp.error_quark(), Gmlp.Error.UNSUPPORTED), e
+    p.fill_random(3, 1.0)
+    assert numpy.from_dlpack(p[1]).shape == (3, 5)
+    # An unconsumed capsule frees its export.
+    cap = p[1].__dlpack__()
+    del cap
+
+
 random.seed(int(os.environ.get('GMLP_TEST_SEED', random.randrange(1 << 30))))
 for name, fn in [('round-trip', test_round_trip), ('convert', test_convert),
-                 ('errors', test_errors), ('device-sizes', test_device_sizes)]:
+                 ('errors', test_errors), ('device-sizes', test_device_sizes),
+                 ('dlpack', test_dlpack)]:
     check(name, fn)
 
 print('1..%d' % len(results))
