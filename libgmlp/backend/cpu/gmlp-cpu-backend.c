@@ -144,37 +144,6 @@ convert_elements (const guint8 *src,
 }
 
 static gboolean
-cpu_convert (GmlpBackendDevice      *device,
-             const GmlpBackendShape *shape,
-             gconstpointer           src,
-             int                     src_dtype,
-             gpointer                dst,
-             int                     dst_dtype,
-             GError                **error)
-{
-  guint64 src_row_bytes = (guint64) shape->cols * gmlp_num_dtype_size (src_dtype);
-  guint64 dst_row_bytes = (guint64) shape->cols * gmlp_num_dtype_size (dst_dtype);
-  guint64 src_offset = 0, dst_offset = 0;
-  gint64 rows_left = shape->row_capacity;
-  guint g;
-
-  for (g = 0; g < shape->n_groups; g++)
-    {
-      /* Clamp as the CUDA kernels do: never beyond the row capacity. */
-      gint64 rows = CLAMP (shape->device_rows[g], 0, rows_left);
-
-      convert_elements ((const guint8 *) src + src_offset, src_dtype,
-                        (guint8 *) dst + dst_offset, dst_dtype,
-                        (guint64) rows * (guint64) shape->cols);
-      src_offset += gmlp_num_member_stride (rows, src_row_bytes);
-      dst_offset += gmlp_num_member_stride (rows, dst_row_bytes);
-      rows_left -= rows;
-    }
-
-  return TRUE;
-}
-
-static gboolean
 cpu_fill_random (GmlpBackendDevice  *device,
                  gpointer            dst,
                  int                 dtype,
@@ -603,6 +572,36 @@ axpby_member (gpointer data, guint64 n, guint64 offset_x, guint64 offset_y)
         v += e->alpha * gmlp_num_load_float (e->x + offset_x, e->x_dtype, i);
       gmlp_num_store_float (e->y + offset_y, e->y_dtype, i, v);
     }
+}
+
+typedef struct {
+  const guint8 *src;
+  guint8       *dst;
+  int           src_dtype, dst_dtype;
+} ConvertArgs;
+
+static void
+convert_member (gpointer data, guint64 n, guint64 offset_src, guint64 offset_dst)
+{
+  ConvertArgs *c = data;
+
+  convert_elements (c->src + offset_src, c->src_dtype, c->dst + offset_dst, c->dst_dtype, n);
+}
+
+static gboolean
+cpu_convert (GmlpBackendDevice      *device,
+             const GmlpBackendShape *shape,
+             gconstpointer           src,
+             int                     src_dtype,
+             gpointer                dst,
+             int                     dst_dtype,
+             GError                **error)
+{
+  ConvertArgs c = { src, dst, src_dtype, dst_dtype };
+
+  /* Clamped to the row capacity as the CUDA kernels clamp. */
+  for_each_member (shape, src_dtype, dst_dtype, convert_member, &c);
+  return TRUE;
 }
 
 static gboolean
