@@ -332,7 +332,7 @@ test_gradient_check (void)
       g_autoptr(GmlpSavedActivations) saved = NULL;
       g_autofree double *rv = NULL, *wv = NULL, *dw = NULL, *dxv = NULL, *xv = NULL;
       gint64 w1o = gmlp_grouped_linear_get_out_features (fc1);
-      gsize nw = 2 * w1o * hid, i;
+      gsize nw = 2 * w1o * hid, i, skipped = 0;
 
       g_assert_true (gmlp_grouped_mlp_init_parameters (mlp, g_test_rand_int (), NULL));
       x = gmlp_test_random_tensor (cpu, GMLP_DTYPE_FLOAT32, rows, 2, hid, 1.0, &xv);
@@ -343,35 +343,53 @@ test_gradient_check (void)
       dxv = values_of (dx);
       wv = values_of (gmlp_grouped_linear_get_weight (fc1));
 
-      /* Perturb every weight of FC1: L(w + e) - L(w - e) over 2e. */
+      /* Perturb every weight of FC1: L(w + e) - L(w - e) over 2e, at two
+       * step sizes. Where they disagree the step crossed a kink of ReLU or
+       * squared ReLU and the estimate says nothing; such weights (only for
+       * those two, and few) are left out. */
       for (i = 0; i < nw; i++)
         {
-          double loss[2], e = 1e-2 * MAX (fabs (wv[i]), 0.1);
-          guint s;
+          double fd[2];
+          guint h;
 
-          for (s = 0; s < 2; s++)
+          for (h = 0; h < 2; h++)
             {
-              g_autofree float *wf = g_new (float, nw);
-              g_autoptr(GBytes) wb = NULL;
-              g_autoptr(GmlpGroupedTensor) yy = NULL;
-              g_autofree double *yv = NULL;
-              gsize k, n_y;
+              double loss[2], e = (h == 0 ? 1e-3 : 5e-4) * MAX (fabs (wv[i]), 0.1);
+              guint sign;
 
-              for (k = 0; k < nw; k++)
-                wf[k] = (float) (wv[k] + (k == i ? (s ? -e : e) : 0.0));
-              wb = g_bytes_new (wf, nw * sizeof (float));
-              g_assert_true (gmlp_grouped_linear_set_weight_from_bytes (fc1, wb, NULL));
-              yy = gmlp_grouped_mlp_forward (mlp, x, NULL, NULL);
-              yv = gmlp_test_download (yy, &n_y);
-              loss[s] = 0;
-              for (k = 0; k < n_y; k++)
-                loss[s] += yv[k] * rv[k];
+              for (sign = 0; sign < 2; sign++)
+                {
+                  g_autofree float *wf = g_new (float, nw);
+                  g_autoptr(GBytes) wb = NULL;
+                  g_autoptr(GmlpGroupedTensor) yy = NULL;
+                  g_autofree double *yv = NULL;
+                  gsize k, n_y;
+
+                  for (k = 0; k < nw; k++)
+                    wf[k] = (float) (wv[k] + (k == i ? (sign ? -e : e) : 0.0));
+                  wb = g_bytes_new (wf, nw * sizeof (float));
+                  g_assert_true (gmlp_grouped_linear_set_weight_from_bytes (fc1, wb, NULL));
+                  yy = gmlp_grouped_mlp_forward (mlp, x, NULL, NULL);
+                  yv = gmlp_test_download (yy, &n_y);
+                  loss[sign] = 0;
+                  for (k = 0; k < n_y; k++)
+                    loss[sign] += yv[k] * rv[k];
+                }
+              fd[h] = (loss[0] - loss[1]) / (2 * e);
             }
-          /* FP32 forward: compare to a few parts in a thousand. */
-          if (fabs ((loss[0] - loss[1]) / (2 * e) - dw[i]) > 2e-3 * (1 + fabs (dw[i])) + 1e-3)
+
+          if (fabs (fd[0] - fd[1]) > 1e-2 * (1 + fabs (fd[0])))
+            {
+              g_assert_true (act == GMLP_ACTIVATION_RELU || act == GMLP_ACTIVATION_SRELU);
+              skipped++;
+              continue;
+            }
+          /* FP32 forward: agree to a few parts in a thousand. */
+          if (fabs (fd[0] - dw[i]) > 5e-3 * (1 + fabs (dw[i])))
             g_error ("activation %d, fc1 weight %" G_GSIZE_FORMAT ": finite difference %g, backward %g",
-                     act, i, (loss[0] - loss[1]) / (2 * e), dw[i]);
+                     act, i, fd[0], dw[i]);
         }
+      g_assert_cmpuint (skipped, <=, nw / 10);
     }
 }
 
