@@ -301,27 +301,27 @@ check_rows (const gint64  *rows,
   return TRUE;
 }
 
+/* A tensor of this layout with no storage yet: the host sizes, the member
+ * offsets and the span it needs. */
 static GmlpGroupedTensor *
-grouped_tensor_new_internal (GmlpDevice     *device,
-                             GmlpDType       dtype,
-                             const gint64   *rows,
-                             guint           n_groups,
-                             gint64          cols,
-                             gint64          row_capacity,
-                             GError        **error)
+grouped_tensor_new_layout (GmlpDevice     *device,
+                           GmlpDType       dtype,
+                           const gint64   *rows,
+                           guint           n_groups,
+                           gint64          cols,
+                           gint64          row_capacity)
 {
-  g_autoptr(GmlpGroupedTensor) self = NULL;
+  GmlpGroupedTensor *self = g_object_new (GMLP_TYPE_GROUPED_TENSOR, NULL);
   guint64 row_bytes = (guint64) cols * gmlp_dtype_get_size (dtype);
   gsize offset = 0;
   guint g;
 
-  self = g_object_new (GMLP_TYPE_GROUPED_TENSOR, NULL);
   self->device = g_object_ref (device);
   self->dtype = dtype;
   self->n_groups = n_groups;
   self->cols = cols;
   self->row_capacity = row_capacity;
-  self->uniform = TRUE;
+  self->uniform = rows != NULL;
 
   if (rows != NULL)
     {
@@ -335,12 +335,23 @@ grouped_tensor_new_internal (GmlpDevice     *device,
             self->uniform = FALSE;
         }
     }
-  else
-    {
-      self->uniform = FALSE;
-    }
 
   self->nbytes = gmlp_grouped_tensor_layout_bytes (n_groups, rows, row_capacity, row_bytes);
+  return self;
+}
+
+static GmlpGroupedTensor *
+grouped_tensor_new_internal (GmlpDevice     *device,
+                             GmlpDType       dtype,
+                             const gint64   *rows,
+                             guint           n_groups,
+                             gint64          cols,
+                             gint64          row_capacity,
+                             GError        **error)
+{
+  g_autoptr(GmlpGroupedTensor) self = grouped_tensor_new_layout (device, dtype, rows, n_groups,
+                                                                 cols, row_capacity);
+
   self->buffer = gmlp_buffer_new (device, self->nbytes, error);
   if (self->buffer == NULL)
     return NULL;
@@ -1197,37 +1208,15 @@ GmlpGroupedTensor *
 gmlp_grouped_tensor_new_with_buffer (const GmlpTensorLayout *layout,
                                      GmlpBuffer             *buffer)
 {
-  GmlpGroupedTensor *self = g_object_new (GMLP_TYPE_GROUPED_TENSOR, NULL);
-  guint64 row_bytes = (guint64) layout->cols * gmlp_dtype_get_size (layout->dtype);
-  gsize offset = 0;
-  guint g;
+  GmlpGroupedTensor *self = grouped_tensor_new_layout (layout->device, layout->dtype, layout->rows,
+                                                       layout->n_groups, layout->cols,
+                                                       layout->row_capacity);
 
-  g_assert (buffer->nbytes >= layout->nbytes);
+  g_assert (self->nbytes == layout->nbytes && buffer->nbytes >= layout->nbytes);
 
-  self->device = g_object_ref (layout->device);
-  self->dtype = layout->dtype;
-  self->n_groups = layout->n_groups;
-  self->cols = layout->cols;
-  self->row_capacity = layout->row_capacity;
-  self->uniform = layout->rows != NULL;
-  if (layout->rows != NULL)
-    {
-      self->rows = g_memdup2 (layout->rows, sizeof (gint64) * layout->n_groups);
-      self->offsets = g_new (gint64, layout->n_groups);
-      for (g = 0; g < layout->n_groups; g++)
-        {
-          self->offsets[g] = (gint64) offset;
-          offset += gmlp_num_member_stride (layout->rows[g], row_bytes);
-          if (layout->rows[g] != layout->rows[0])
-            self->uniform = FALSE;
-        }
-    }
-  else
-    {
-      self->sizes = g_object_ref (layout->sizes);
-    }
+  if (layout->rows == NULL)
+    self->sizes = g_object_ref (layout->sizes);
   self->buffer = gmlp_buffer_ref (buffer);
-  self->nbytes = layout->nbytes;
   return self;
 }
 

@@ -518,6 +518,16 @@ gmlp_cuda_synchronize (GmlpBackendDevice  *device,
   return TRUE;
 }
 
+void
+gmlp_cuda_kernel_shape (const GmlpBackendShape *shape,
+                        GmlpKernelGroupedShape *kernel_shape)
+{
+  kernel_shape->device_rows = (const int64_t *) shape->device_rows;
+  kernel_shape->n_groups = shape->n_groups;
+  kernel_shape->cols = shape->cols;
+  kernel_shape->row_capacity = shape->row_capacity;
+}
+
 static gboolean
 gmlp_cuda_convert (GmlpBackendDevice       *device,
                    const GmlpBackendShape  *shape,
@@ -532,10 +542,7 @@ gmlp_cuda_convert (GmlpBackendDevice       *device,
   if (!gmlp_cuda_activate (device, error))
     return FALSE;
 
-  kernel_shape.device_rows = (const int64_t *) shape->device_rows;
-  kernel_shape.n_groups = shape->n_groups;
-  kernel_shape.cols = shape->cols;
-  kernel_shape.row_capacity = shape->row_capacity;
+  gmlp_cuda_kernel_shape (shape, &kernel_shape);
 
   return gmlp_cuda_kernel_result (gmlp_kernel_convert_grouped (&kernel_shape,
                                                                src, src_dtype,

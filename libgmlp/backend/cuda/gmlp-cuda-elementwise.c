@@ -7,16 +7,6 @@
 
 #include "gmlp-cuda-private.h"
 
-static void
-kernel_shape_of (const GmlpBackendShape *shape,
-                 GmlpKernelGroupedShape *kernel_shape)
-{
-  kernel_shape->device_rows = (const int64_t *) shape->device_rows;
-  kernel_shape->n_groups = shape->n_groups;
-  kernel_shape->cols = shape->cols;
-  kernel_shape->row_capacity = shape->row_capacity;
-}
-
 gboolean
 gmlp_cuda_axpby (GmlpBackendDevice      *device,
                  const GmlpBackendShape *shape,
@@ -32,7 +22,7 @@ gmlp_cuda_axpby (GmlpBackendDevice      *device,
 
   if (!gmlp_cuda_activate (device, error))
     return FALSE;
-  kernel_shape_of (shape, &kernel_shape);
+  gmlp_cuda_kernel_shape (shape, &kernel_shape);
   return gmlp_cuda_kernel_result (gmlp_kernel_grouped_axpby (&kernel_shape, x, x_dtype, y, y_dtype,
                                                              alpha, beta, device->stream),
                                   "gmlp_kernel_grouped_axpby", error);
@@ -56,7 +46,7 @@ gmlp_cuda_sum_squares (GmlpBackendDevice      *device,
   *result = 0.0;
   if (!gmlp_cuda_activate (device, error))
     return FALSE;
-  kernel_shape_of (shape, &kernel_shape);
+  gmlp_cuda_kernel_shape (shape, &kernel_shape);
   n = gmlp_kernel_grouped_sum_squares_partials (&kernel_shape);
   if (n == 0)
     return TRUE;

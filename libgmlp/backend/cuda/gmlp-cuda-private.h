@@ -149,6 +149,10 @@ gpointer          gmlp_cuda_copy_stream_alloc (GmlpBackendDevice  *device,
 void              gmlp_cuda_free_after_copies (GmlpBackendDevice  *device,
                                                gpointer            ptr);
 
+/* The kernels' view of a backend shape. */
+void      gmlp_cuda_kernel_shape    (const GmlpBackendShape *shape,
+                                     GmlpKernelGroupedShape *kernel_shape);
+
 /* Tensor arithmetic (gmlp-cuda-elementwise.c). */
 gboolean  gmlp_cuda_axpby           (GmlpBackendDevice      *device,
                                      const GmlpBackendShape *shape,
