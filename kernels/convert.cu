@@ -81,36 +81,6 @@ select_kernel (int src_dtype, int dst_dtype, bool vectorised)
     }
 }
 
-/* Fills in one operand; false when its allocation bound cannot be
- * represented (see kMaxTensorBytes). */
-bool
-describe_operand (GroupedOperand               *op,
-                  const void                   *data,
-                  uint32_t                      element_size,
-                  const GmlpKernelGroupedShape *shape)
-{
-  uint64_t row_bytes, padding, capacity;
-
-  if ((uint64_t) shape->cols > kMaxTensorBytes / element_size)
-    return false;
-  row_bytes = (uint64_t) shape->cols * element_size;
-
-  /* The allocation bound of a grouped tensor: members padded to
-   * kGmlpMemberAlignment take up to 255 extra bytes each, unless every
-   * row is a multiple of the alignment already. */
-  padding = row_bytes % kGmlpMemberAlignment == 0 ?
-            0 : (uint64_t) shape->n_groups * (kGmlpMemberAlignment - 1);
-  if ((uint64_t) shape->row_capacity > (kMaxTensorBytes - padding) / row_bytes)
-    return false;
-  capacity = (uint64_t) shape->row_capacity * row_bytes + padding;
-  capacity = div_up (capacity, kGmlpMemberAlignment) * kGmlpMemberAlignment;
-
-  op->data = (uint8_t *) data;
-  op->row_bytes = row_bytes;
-  op->capacity = capacity;
-  op->overflow_rows = (int64_t) (capacity / row_bytes + 1);
-  return true;
-}
 
 }  // namespace
 }  // namespace gmlp

@@ -223,6 +223,79 @@ GmlpKernelStatus gmlp_kernel_grouped_sum_squares (const GmlpKernelGroupedShape *
                                                double                       *partials,
                                                cudaStream_t                  stream);
 
+/* Grouped products with the group sizes on the device (the layouts of
+ * GmlpBackendGemmDevice in libgmlp/backend/gmlp-backend.h):
+ *
+ *   FPROP  c_rows_i (m_i × n) = a_i (m_i × k) · weight_iᵀ     [+ bias_i]
+ *   DGRAD  c_rows_i (m_i × k) = a_i (m_i × n) · weight_i
+ *   WGRAD  wgrad_i  (n × k)  [+]= a_iᵀ (m_i × n) · b_rows_i (m_i × k)
+ *
+ * m_i = device_rows[i] is read on the device only: a negative size is 0,
+ * and a group gets only the rows that fit, from its offset, in every
+ * row-grouped operand (member i at Σ_{j<i} gmlp_num_member_stride (m_j,
+ * cols × size), each operand holding row_capacity rows plus its padding).
+ * The host arrays weight, wgrad, bias and accumulate (n_groups entries each)
+ * are passed to the device through kernel parameters, into the workspace, so
+ * a call never allocates, never synchronizes and can be captured in a graph.
+ * The workspace is used by the work enqueued by the call only: successive
+ * calls on one stream may share one. */
+typedef enum {
+  GMLP_KERNEL_GEMM_FPROP = 0,
+  GMLP_KERNEL_GEMM_DGRAD = 1,
+  GMLP_KERNEL_GEMM_WGRAD = 2,
+} GmlpKernelGemmKind;
+
+typedef struct {
+  GmlpKernelGemmKind  kind;
+  uint32_t            n_groups;
+  const int64_t      *device_rows;   /* device memory */
+  int64_t             row_capacity;
+  int64_t             n;
+  int64_t             k;
+  int                 ab_dtype;
+  int                 c_dtype;       /* ab_dtype or FLOAT32 */
+  const void         *a;
+  const void         *b_rows;        /* WGRAD */
+  void               *c_rows;        /* FPROP, DGRAD */
+  const void * const *weight;        /* host array: FPROP, DGRAD */
+  void * const       *wgrad;         /* host array: WGRAD */
+  const void * const *bias;          /* host array or NULL: FPROP, c_dtype */
+  const uint8_t      *accumulate;    /* host array or NULL: WGRAD */
+} GmlpKernelDeviceGemm;
+
+/* libgmlp's Hopper kernel (sm_90a: TMA, wgmma, a persistent device-side
+ * scheduler). _check says whether it covers the arguments (SUCCESS), and if
+ * not why (*reason, a static string); the launch checks again. */
+GmlpKernelStatus gmlp_kernel_device_gemm_sm90_check (const GmlpKernelDeviceGemm *gemm,
+                                                     int                         device_major,
+                                                     int                         device_minor,
+                                                     const char                **reason);
+size_t           gmlp_kernel_device_gemm_sm90_workspace_bytes (const GmlpKernelDeviceGemm *gemm);
+GmlpKernelStatus gmlp_kernel_device_gemm_sm90       (const GmlpKernelDeviceGemm *gemm,
+                                                     void                       *workspace,
+                                                     int                         n_sms,
+                                                     cudaStream_t                stream);
+
+/* The portable kernel: any GPU, FLOAT32, FLOAT16 or BFLOAT16 operands,
+ * FP32 accumulation. Correct everywhere; slow next to the Hopper kernel. */
+size_t           gmlp_kernel_device_gemm_simt_workspace_bytes (const GmlpKernelDeviceGemm *gemm);
+GmlpKernelStatus gmlp_kernel_device_gemm_simt       (const GmlpKernelDeviceGemm *gemm,
+                                                     void                       *workspace,
+                                                     cudaStream_t                stream);
+
+/* dbias_i[j] = Σ_r a_i[r, j] for a tensor whose sizes are on the device
+ * (shape), summed in FP32 in a fixed order and stored as dtype (FLOAT32,
+ * FLOAT16 or BFLOAT16); zero for an empty group. dbias is a host array of
+ * n_groups device pointers, passed through kernel parameters into the
+ * workspace. */
+size_t           gmlp_kernel_grouped_bias_grad_device_workspace_bytes (const GmlpKernelGroupedShape *shape);
+GmlpKernelStatus gmlp_kernel_grouped_bias_grad_device (const GmlpKernelGroupedShape *shape,
+                                                       int                           dtype,
+                                                       const void                   *a,
+                                                       void * const                 *dbias,
+                                                       void                         *workspace,
+                                                       cudaStream_t                  stream);
+
 #ifdef __cplusplus
 }
 #endif

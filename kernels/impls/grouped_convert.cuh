@@ -19,17 +19,10 @@
 #pragma once
 
 #include "impls/common.cuh"
+#include "impls/grouped_operand.cuh"
 
 namespace gmlp {
 
-/* Offsets saturate here: any offset at or past it is far beyond every
- * allocation (the entry point limits capacities to kMaxTensorBytes). Two
- * saturated values still add without overflowing 64 bits. */
-constexpr uint64_t kOffsetSaturation = 1ull << 62;
-constexpr uint64_t kMaxTensorBytes = 1ull << 60;
-
-static_assert (2 * kMaxTensorBytes + 2 * kGmlpMemberAlignment < kOffsetSaturation,
-               "a clamped member stride must stay below the saturation point");
 
 /* Elements per pack in the vectorised kernels: 8 to 64 bytes, and every
  * member start (a multiple of kGmlpMemberAlignment) allows it. */
@@ -48,15 +41,6 @@ constexpr int kMaxUnroll = 8;
 /* Groups whose sizes one block scans at a time: one per thread. */
 constexpr int kGroupsPerChunk = kElementwiseThreads;
 
-/* One side (source or destination) of a conversion. */
-struct GroupedOperand
-{
-  uint8_t  *data;          /* start of member 0 */
-  uint64_t  row_bytes;     /* cols * element size, > 0 */
-  uint64_t  capacity;      /* bytes of the allocation */
-  int64_t   overflow_rows; /* capacity / row_bytes + 1: any member this long
-                              already crosses the end of the allocation */
-};
 
 struct GroupedConvertParams
 {
@@ -67,17 +51,6 @@ struct GroupedConvertParams
   GroupedOperand  dst;
 };
 
-/* Addition that sticks at kOffsetSaturation; associative, so it scans. */
-struct SaturatingAdd
-{
-  __device__ __forceinline__ uint64_t
-  operator() (uint64_t a, uint64_t b) const
-  {
-    uint64_t s = a + b;   /* a, b <= kOffsetSaturation: no overflow */
-
-    return s < kOffsetSaturation ? s : kOffsetSaturation;
-  }
-};
 
 struct Add
 {
@@ -88,29 +61,7 @@ struct Add
   }
 };
 
-/* gmlp_num_member_stride() of a group as it counts towards the offsets of
- * later groups. A group longer than the allocation is cut to
- * overflow_rows first: the offsets after it land beyond the capacity either
- * way, and the product can no longer overflow. */
-__device__ __forceinline__ uint64_t
-member_stride (int64_t rows, const GroupedOperand &op)
-{
-  if (rows > op.overflow_rows)
-    rows = op.overflow_rows;
-  return gmlp_num_member_stride (rows, op.row_bytes);
-}
 
-/* How many of rows rows starting at offset fit in the allocation. */
-__device__ __forceinline__ int64_t
-rows_that_fit (int64_t rows, uint64_t offset, const GroupedOperand &op)
-{
-  uint64_t fit;
-
-  if (rows <= 0 || offset >= op.capacity)
-    return 0;
-  fit = (op.capacity - offset) / op.row_bytes;
-  return (uint64_t) rows < fit ? rows : (int64_t) fit;
-}
 
 /* Block-wide scan of kN values per thread under op, whose identity is 0:
  * v[] becomes the inclusive and excl[] the exclusive result, total[] the

@@ -20,10 +20,11 @@ G_BEGIN_DECLS
 
 /* Bumped whenever the table changes; a module built for another version is
  * refused. */
-#define GMLP_BACKEND_ABI_VERSION 6
+#define GMLP_BACKEND_ABI_VERSION 7
 
 typedef struct _GmlpBackendDevice GmlpBackendDevice;
 typedef struct _GmlpBackendEvent GmlpBackendEvent;
+typedef struct _GmlpBackendGraph GmlpBackendGraph;
 
 /* A grouped shape whose group sizes are in device memory (n_groups INT64
  * values). Members are laid out with gmlp_num_member_stride(). Sizes beyond
@@ -71,6 +72,44 @@ typedef struct {
  * act(a) * b. GELU is the tanh approximation:
  *   gelu(x) = x/2 (1 + tanh (sqrt(2/pi) (x + 0.044715 x^3))),
  *   silu(x) = x sigmoid(x), relu(x) = max(x, 0), srelu(x) = relu(x)^2. */
+/* The grouped products of a GroupedLinear whose group sizes are only on the
+ * device (gemm_device). m_i = device_rows[i], read by the device, never by the
+ * host (so that the call can be captured in a graph); a negative size counts
+ * as 0 and sizes that overrun the capacity are clamped as in
+ * docs/memory-layout.md (a group gets the rows that fit in every grouped
+ * operand).
+ *
+ * Operands grouped by rows are given by the base pointer of their grouped
+ * tensor (member i at Σ_{j<i} align256(m_j × cols × size), row_capacity rows
+ * in all); the per-group matrices of fixed shape by host arrays of n_groups
+ * device pointers:
+ *
+ *   FPROP  c_rows_i (m_i × n) = a_i (m_i × k) · weight_iᵀ (n × k) [+ bias_i]
+ *   DGRAD  c_rows_i (m_i × k) = a_i (m_i × n) · weight_i  (n × k)
+ *   WGRAD  wgrad_i  (n × k)  [+]= a_iᵀ (m_i × n) · b_rows_i (m_i × k)
+ *
+ * a, b_rows, weight: ab_dtype (FLOAT16, BFLOAT16; FLOAT32 where the backend
+ * has a path for it); c_rows, wgrad and bias: c_dtype (ab_dtype or FLOAT32).
+ * WGRAD of a group with no rows writes zeros (or leaves an accumulating
+ * wgrad_i as it is). */
+typedef struct {
+  GmlpGemmKind        kind;
+  guint               n_groups;
+  const gint64       *device_rows;   /* device memory, n_groups sizes */
+  gint64              row_capacity;  /* rows each row-grouped operand can hold */
+  gint64              n;             /* out_features */
+  gint64              k;             /* in_features */
+  int                 ab_dtype;
+  int                 c_dtype;
+  gconstpointer       a;             /* x (FPROP) or dy (DGRAD, WGRAD) */
+  gconstpointer       b_rows;        /* WGRAD: x; else NULL */
+  gpointer            c_rows;        /* FPROP: y, DGRAD: dx; WGRAD: NULL */
+  const void * const *weight;        /* FPROP, DGRAD: W_i; else NULL */
+  void * const       *wgrad;         /* WGRAD: dW_i; else NULL */
+  const void * const *bias;          /* FPROP, optional: bias_i (n values) */
+  const guint8       *accumulate;    /* WGRAD, optional, host: 1 adds into dW_i */
+} GmlpBackendGemmDevice;
+
 enum {
   GMLP_ACT_GELU = 0,
   GMLP_ACT_RELU = 1,
@@ -265,6 +304,38 @@ typedef struct {
                                             int                     dtype,
                                             double                 *result,
                                             GError                **error);
+
+  /* Group sizes on the device (see GmlpBackendGemmDevice). Neither op reads
+   * the sizes on the host, synchronizes or allocates per call, so both can
+   * be captured in a graph. */
+  gboolean            (*gemm_device)       (GmlpBackendDevice            *device,
+                                            const GmlpBackendGemmDevice  *gemm,
+                                            GError                      **error);
+  /* bias_grad for a tensor whose sizes are on the device: dbias_i[j] =
+   * Σ_r A_i[r, j] in FP32, stored as dtype; zero for an empty group. */
+  gboolean            (*bias_grad_device)  (GmlpBackendDevice            *device,
+                                            const GmlpBackendShape       *shape,
+                                            int                           dtype,
+                                            gconstpointer                 a,
+                                            void * const                 *dbias,
+                                            GError                      **error);
+
+  /* Graphs. Between capture_begin and capture_end, the work enqueued on the
+   * device's compute stream is recorded, not run; capture_end turns it into
+   * a graph that graph_launch replays on the compute stream. Memory
+   * allocated while capturing stays valid for as long as either its owner
+   * or the graph holds it. Backends without graphs fail with UNSUPPORTED. */
+  gboolean            (*capture_begin)     (GmlpBackendDevice  *device,
+                                            GError            **error);
+  GmlpBackendGraph   *(*capture_end)       (GmlpBackendDevice  *device,
+                                            GError            **error);
+  /* TRUE while the device's compute stream is being captured. */
+  gboolean            (*is_capturing)      (GmlpBackendDevice  *device);
+  gboolean            (*graph_launch)      (GmlpBackendGraph   *graph,
+                                            GError            **error);
+  void                (*graph_free)        (GmlpBackendGraph   *graph);
+
+  /* FP8 quantization (gmlp-quantizer): entries below this line. */
 } GmlpBackend;
 
 const GmlpBackend *gmlp_backend_cpu_get  (void);

@@ -653,6 +653,69 @@ cpu_sum_squares (GmlpBackendDevice      *device,
   return TRUE;
 }
 
+/* Device group sizes: the CPU "device" is host memory, so these read the
+ * sizes directly. */
+static gboolean
+cpu_gemm_device (GmlpBackendDevice            *device,
+                 const GmlpBackendGemmDevice  *gemm,
+                 GError                      **error)
+{
+  g_set_error (error, GMLP_ERROR, GMLP_ERROR_UNSUPPORTED,
+               "CPU: grouped products with device sizes are not implemented yet");
+  return FALSE;
+}
+
+static gboolean
+cpu_bias_grad_device (GmlpBackendDevice       *device,
+                      const GmlpBackendShape  *shape,
+                      int                      dtype,
+                      gconstpointer            a,
+                      void * const            *dbias,
+                      GError                 **error)
+{
+  g_set_error (error, GMLP_ERROR, GMLP_ERROR_UNSUPPORTED,
+               "CPU: bias gradients with device sizes are not implemented yet");
+  return FALSE;
+}
+
+/* Work on the CPU runs as it is enqueued: there is nothing to record. */
+static gboolean
+cpu_capture_begin (GmlpBackendDevice  *device,
+                   GError            **error)
+{
+  g_set_error (error, GMLP_ERROR, GMLP_ERROR_UNSUPPORTED,
+               "graph capture needs a GPU device; the CPU runs work as it is enqueued");
+  return FALSE;
+}
+
+static GmlpBackendGraph *
+cpu_capture_end (GmlpBackendDevice  *device,
+                 GError            **error)
+{
+  g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_STATE,
+               "no graph capture is in progress on the CPU");
+  return NULL;
+}
+
+static gboolean
+cpu_is_capturing (GmlpBackendDevice *device)
+{
+  return FALSE;
+}
+
+static gboolean
+cpu_graph_launch (GmlpBackendGraph  *graph,
+                  GError           **error)
+{
+  g_set_error (error, GMLP_ERROR, GMLP_ERROR_UNSUPPORTED, "the CPU has no graphs");
+  return FALSE;
+}
+
+static void
+cpu_graph_free (GmlpBackendGraph *graph)
+{
+}
+
 static const GmlpBackend cpu_backend = {
   .abi_version = GMLP_BACKEND_ABI_VERSION,
   .name = "cpu",
@@ -687,6 +750,14 @@ static const GmlpBackend cpu_backend = {
   .activation = cpu_activation,
   .axpby = cpu_axpby,
   .sum_squares = cpu_sum_squares,
+  .gemm_device = cpu_gemm_device,
+  .bias_grad_device = cpu_bias_grad_device,
+  .capture_begin = cpu_capture_begin,
+  .capture_end = cpu_capture_end,
+  .is_capturing = cpu_is_capturing,
+  .graph_launch = cpu_graph_launch,
+  .graph_free = cpu_graph_free,
+  /* FP8 quantization (gmlp-quantizer): entries below this line. */
 };
 
 const GmlpBackend *

@@ -611,6 +611,17 @@ static const GmlpBackend gmlp_cuda_backend = {
   .activation = gmlp_cuda_activation,
   .axpby = gmlp_cuda_axpby,
   .sum_squares = gmlp_cuda_sum_squares,
+
+  .gemm_device = gmlp_cuda_gemm_device,
+  .bias_grad_device = gmlp_cuda_bias_grad_device,
+
+  .capture_begin = gmlp_cuda_capture_begin,
+  .capture_end = gmlp_cuda_capture_end,
+  .is_capturing = gmlp_cuda_is_capturing,
+  .graph_launch = gmlp_cuda_graph_launch,
+  .graph_free = gmlp_cuda_graph_free,
+
+  /* FP8 quantization (gmlp-quantizer): entries below this line. */
 };
 
 /* The module's one exported symbol; see GmlpBackendGetFunc. */

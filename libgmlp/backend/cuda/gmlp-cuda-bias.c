@@ -124,3 +124,16 @@ gmlp_cuda_bias_grad (GmlpBackendDevice   *device,
   return gmlp_cuda_bias_run (device, GMLP_KERNEL_BIAS_GRAD, n_groups, rows, n, dtype,
                              (void * const *) a, dbias, error);
 }
+
+gboolean
+gmlp_cuda_bias_grad_device (GmlpBackendDevice       *device,
+                            const GmlpBackendShape  *shape,
+                            int                      dtype,
+                            gconstpointer            a,
+                            void * const            *dbias,
+                            GError                 **error)
+{
+  g_set_error (error, GMLP_CUDA_ERROR, GMLP_ERROR_UNSUPPORTED,
+               "CUDA: bias gradients with device sizes are not implemented yet");
+  return FALSE;
+}

@@ -170,4 +170,27 @@ gboolean  gmlp_cuda_sum_squares     (GmlpBackendDevice      *device,
                                      double                 *result,
                                      GError                **error);
 
+/* Group sizes on the device (gmlp-cuda-gemm-device.c): libgmlp's own
+ * Hopper kernel where it applies, a portable kernel elsewhere. */
+gboolean  gmlp_cuda_gemm_device     (GmlpBackendDevice            *device,
+                                     const GmlpBackendGemmDevice  *gemm,
+                                     GError                      **error);
+/* gmlp-cuda-bias.c */
+gboolean  gmlp_cuda_bias_grad_device (GmlpBackendDevice            *device,
+                                      const GmlpBackendShape       *shape,
+                                      int                           dtype,
+                                      gconstpointer                 a,
+                                      void * const                 *dbias,
+                                      GError                      **error);
+
+/* Graphs (gmlp-cuda-graph.c). */
+gboolean          gmlp_cuda_capture_begin  (GmlpBackendDevice  *device,
+                                            GError            **error);
+GmlpBackendGraph *gmlp_cuda_capture_end    (GmlpBackendDevice  *device,
+                                            GError            **error);
+gboolean          gmlp_cuda_is_capturing   (GmlpBackendDevice  *device);
+gboolean          gmlp_cuda_graph_launch   (GmlpBackendGraph   *graph,
+                                            GError            **error);
+void              gmlp_cuda_graph_free     (GmlpBackendGraph   *graph);
+
 G_END_DECLS
