@@ -29,7 +29,7 @@ def lines(path):
 gmlp = {}
 for r in lines(sys.argv[1]):
     if r.get('bench') == 'gmlp':
-        gmlp[(r['shape'], bool(r['skew']), r['op'])] = r
+        gmlp[(r.get('sizes', 'host'), r['shape'], bool(r['skew']), r['op'])] = r
 torch = {(r['shape'], bool(r['skew'])): r for r in lines(sys.argv[2]) if 'shape' in r}
 cublas = {(r['shape'], bool(r['skew'])): r for r in lines(sys.argv[3]) if 'shape' in r}
 
@@ -42,36 +42,51 @@ def ratio(a, b):
     return '–' if a is None or not b else '%.2f×' % (a / b)
 
 
-shapes = []
-for (shape, skew, op) in gmlp:
-    if (shape, skew) not in shapes:
-        shapes.append((shape, skew))
+TITLES = {'host': 'group sizes on the host (cuBLAS paths)',
+          'device': "group sizes on the device (libgmlp's Hopper kernel)"}
 
-print('### fprop (y = x Wᵀ), BF16, TFLOP/s\n')
-print('| shape | routing | libgmlp | cuBLAS loop | cuBLAS 4 streams | cuBLAS grouped batched | torch._grouped_mm | vs loop | vs grouped batched | vs best anchor | host µs/call |')
-print('|---|---|---|---|---|---|---|---|---|---|---|')
-for shape, skew in shapes:
-    g = gmlp.get((shape, skew, 'fprop'), {})
-    c = cublas.get((shape, skew), {})
-    t = torch.get((shape, skew), {})
-    ours = g.get('tflops')
-    loop = c.get('cublas_loop1_tflops')
-    loop4 = c.get('cublas_loop4stream_tflops')
-    grouped = c.get('cublas_grouped_batched_tflops')
-    tg = t.get('grouped_fprop_tflops')
-    best = max([v for v in (loop, loop4, grouped, tg) if v] or [0])
-    print('| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %.0f |' % (
-        shape, 'skewed' if skew else 'balanced', f(ours), f(loop), f(loop4), f(grouped), f(tg),
-        ratio(ours, loop), ratio(ours, grouped), ratio(ours, best), g.get('host_us', 0)))
 
-print('\n### wgrad (dW = dyᵀ x) and dgrad (dx = dy W), BF16, TFLOP/s\n')
-print('| shape | routing | libgmlp wgrad | torch loop wgrad | torch._grouped_mm wgrad | wgrad vs torch grouped | libgmlp dgrad | dgrad host µs | wgrad host µs |')
-print('|---|---|---|---|---|---|---|---|---|')
-for shape, skew in shapes:
-    w = gmlp.get((shape, skew, 'wgrad'), {})
-    d = gmlp.get((shape, skew, 'dgrad'), {})
-    t = torch.get((shape, skew), {})
-    print('| %s | %s | %s | %s | %s | %s | %s | %.0f | %.0f |' % (
-        shape, 'skewed' if skew else 'balanced', f(w.get('tflops')), f(t.get('loop_wgrad_tflops')),
-        f(t.get('grouped_wgrad_tflops')), ratio(w.get('tflops'), t.get('grouped_wgrad_tflops')),
-        f(d.get('tflops')), d.get('host_us', 0), w.get('host_us', 0)))
+def report(sizes):
+    shapes = []
+    for (path, shape, skew, op) in gmlp:
+        if path == sizes and (shape, skew) not in shapes:
+            shapes.append((shape, skew))
+    if not shapes:
+        return
+
+    print('## %s\n' % TITLES.get(sizes, sizes))
+    print('### fprop (y = x Wᵀ), BF16, TFLOP/s\n')
+    print('| shape | routing | libgmlp | cuBLAS loop | cuBLAS 4 streams | cuBLAS grouped batched | torch._grouped_mm | vs loop | vs grouped batched | vs best anchor | skewed / balanced | host µs/call |')
+    print('|---|---|---|---|---|---|---|---|---|---|---|---|')
+    for shape, skew in shapes:
+        g = gmlp.get((sizes, shape, skew, 'fprop'), {})
+        bal = gmlp.get((sizes, shape, False, 'fprop'), {})
+        c = cublas.get((shape, skew), {})
+        t = torch.get((shape, skew), {})
+        ours = g.get('tflops')
+        loop = c.get('cublas_loop1_tflops')
+        loop4 = c.get('cublas_loop4stream_tflops')
+        grouped = c.get('cublas_grouped_batched_tflops')
+        tg = t.get('grouped_fprop_tflops')
+        best = max([v for v in (loop, loop4, grouped, tg) if v] or [0])
+        print('| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %.0f |' % (
+            shape, 'skewed' if skew else 'balanced', f(ours), f(loop), f(loop4), f(grouped), f(tg),
+            ratio(ours, loop), ratio(ours, grouped), ratio(ours, best),
+            ratio(ours, bal.get('tflops')) if skew else '', g.get('host_us', 0)))
+
+    print('\n### wgrad (dW = dyᵀ x) and dgrad (dx = dy W), BF16, TFLOP/s\n')
+    print('| shape | routing | libgmlp wgrad | torch loop wgrad | torch._grouped_mm wgrad | wgrad vs torch grouped | libgmlp dgrad | dgrad host µs | wgrad host µs |')
+    print('|---|---|---|---|---|---|---|---|---|')
+    for shape, skew in shapes:
+        w = gmlp.get((sizes, shape, skew, 'wgrad'), {})
+        d = gmlp.get((sizes, shape, skew, 'dgrad'), {})
+        t = torch.get((shape, skew), {})
+        print('| %s | %s | %s | %s | %s | %s | %s | %.0f | %.0f |' % (
+            shape, 'skewed' if skew else 'balanced', f(w.get('tflops')), f(t.get('loop_wgrad_tflops')),
+            f(t.get('grouped_wgrad_tflops')), ratio(w.get('tflops'), t.get('grouped_wgrad_tflops')),
+            f(d.get('tflops')), d.get('host_us', 0), w.get('host_us', 0)))
+    print()
+
+
+for sizes in ('host', 'device'):
+    report(sizes)

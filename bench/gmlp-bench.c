@@ -34,6 +34,7 @@ static gint iters = 100;
 static gint divide = 1;
 static gboolean offload_mode = FALSE;
 static gboolean mlp_mode = FALSE;
+static gboolean device_sizes = FALSE;
 
 static const GOptionEntry entries[] = {
   { "shape", 's', 0, G_OPTION_ARG_STRING, &only_shape, "Run one shape only", "NAME" },
@@ -41,6 +42,8 @@ static const GOptionEntry entries[] = {
   { "divide", 'd', 0, G_OPTION_ARG_INT, &divide, "Divide M, K and N by D (for the CPU)", "D" },
   { "offload", 0, 0, G_OPTION_ARG_NONE, &offload_mode, "Measure activation offload instead", NULL },
   { "mlp", 0, 0, G_OPTION_ARG_NONE, &mlp_mode, "Time a SwiGLU GroupedMLP step instead", NULL },
+  { "device-sizes", 0, 0, G_OPTION_ARG_NONE, &device_sizes,
+    "Keep the group sizes on the device only (libgmlp's own grouped GEMM)", NULL },
   { NULL }
 };
 
@@ -173,6 +176,16 @@ op_wgrad (gpointer data, guint i, GError **error)
   return gmlp_grouped_linear_backward_dw (b->layer, error);
 }
 
+/* The group sizes as a device tensor: one member of n INT64 values. */
+static GmlpGroupedTensor *
+device_sizes_tensor (GmlpDevice *device, const gint64 *m, guint n, GError **error)
+{
+  gint64 len = n;
+  g_autoptr(GBytes) bytes = g_bytes_new (m, n * sizeof (gint64));
+
+  return gmlp_grouped_tensor_new_from_bytes (device, GMLP_DTYPE_INT64, &len, 1, 1, bytes, error);
+}
+
 static gboolean
 bench_shape (GmlpDevice *device, const Shape *s, gboolean skew, GError **error)
 {
@@ -191,8 +204,20 @@ bench_shape (GmlpDevice *device, const Shape *s, gboolean skew, GError **error)
                                         GMLP_LINEAR_DELAY_WGRAD_COMPUTE, error);
   if (layer == NULL)
     return FALSE;
-  x = gmlp_grouped_tensor_new (device, GMLP_DTYPE_BFLOAT16, m, (guint) s->experts, in, error);
-  dy = gmlp_grouped_tensor_new (device, GMLP_DTYPE_BFLOAT16, m, (guint) s->experts, out, error);
+  if (device_sizes)
+    {
+      g_autoptr(GmlpGroupedTensor) sizes = device_sizes_tensor (device, m, (guint) s->experts, error);
+
+      if (sizes == NULL)
+        return FALSE;
+      x = gmlp_grouped_tensor_new_with_device_sizes (device, GMLP_DTYPE_BFLOAT16, sizes, rows, in, error);
+      dy = gmlp_grouped_tensor_new_with_device_sizes (device, GMLP_DTYPE_BFLOAT16, sizes, rows, out, error);
+    }
+  else
+    {
+      x = gmlp_grouped_tensor_new (device, GMLP_DTYPE_BFLOAT16, m, (guint) s->experts, in, error);
+      dy = gmlp_grouped_tensor_new (device, GMLP_DTYPE_BFLOAT16, m, (guint) s->experts, out, error);
+    }
   if (x == NULL || dy == NULL ||
       !gmlp_grouped_tensor_fill_random (x, 1, 1.0, error) ||
       !gmlp_grouped_tensor_fill_random (dy, 2, 1.0, error))
@@ -229,9 +254,9 @@ bench_shape (GmlpDevice *device, const Shape *s, gboolean skew, GError **error)
         return FALSE;
       g_print ("{\"bench\":\"gmlp\",\"device\":\"%s\",\"shape\":\"%s\",\"E\":%" G_GINT64_FORMAT
                ",\"M\":%" G_GINT64_FORMAT ",\"K\":%" G_GINT64_FORMAT ",\"N\":%" G_GINT64_FORMAT
-               ",\"skew\":%s,\"op\":\"%s\",\"dtype\":\"bf16\",\"ms\":%.4f,\"tflops\":%.4g,\"host_us\":%.1f}\n",
+               ",\"skew\":%s,\"sizes\":\"%s\",\"op\":\"%s\",\"dtype\":\"bf16\",\"ms\":%.4f,\"tflops\":%.4g,\"host_us\":%.1f}\n",
                gmlp_device_get_name (device), s->name, s->experts, rows, in, out,
-               skew ? "true" : "false", names[k], t.ms, flops / (t.ms * 1e-3) / 1e12, t.host_us);
+               skew ? "true" : "false", device_sizes ? "device" : "host", names[k], t.ms, flops / (t.ms * 1e-3) / 1e12, t.host_us);
     }
 
   for (i = 0; i < n_saved; i++)

@@ -296,6 +296,81 @@ GmlpKernelStatus gmlp_kernel_grouped_bias_grad_device (const GmlpKernelGroupedSh
                                                        void                         *workspace,
                                                        cudaStream_t                  stream);
 
+/* FP8 quantization of grouped tensors (quantize.cu). The recipe codes
+ * (GMLP_QUANT_*, = GmlpScalingRecipe), flags, block geometry, state layout
+ * and all the arithmetic are those of gmlp-quantize-numeric.h, which the CPU
+ * backend shares, so both give the same bits; docs/fp8.md has the formulas.
+ *
+ * Every output is a grouped layout over the group sizes of shape (read on
+ * the device, clamped to the capacity as everywhere): member i of
+ *   data         the FP8 values, m_i × cols, the layout of src;
+ *   scale_inv    gmlp_quant_blocks_along (m_i, block_rows) ×
+ *                gmlp_quant_blocks_along (cols, block_cols) scales (FP32, or
+ *                E8M0 bytes for MXFP8), rowwise blocks of gmlp_quant_blocks();
+ *   columnwise   or NULL: the transposed copy, cols × m_i, in the member
+ *                layout of data;
+ *   columnwise_scale_inv  its scales, in the same way for the columnwise
+ *                blocks, where gmlp_quant_columnwise_has_scales() (else the
+ *                copy uses scale_inv);
+ *   derived_rows or NULL: n_groups INT64, gmlp_quant_blocks_along (m_i, b)
+ *                for b = gmlp_quant_derived_row_block(), the sizes of the
+ *                scale tensors whose rows are blocks of rows.
+ * DELAYED reads each group's scale from state (n_groups rows of
+ * gmlp_quant_state_stride (history_length) floats) and max-es the group's
+ * amax into the row's amax; CURRENT runs an amax pass first, into
+ * workspace (gmlp_kernel_grouped_quantize_workspace_bytes(): zeroed here).
+ * At most three stream operations, whatever the number of groups. */
+typedef struct {
+  GmlpKernelGroupedShape  shape;
+  int                     recipe;
+  int                     flags;
+  int                     src_dtype;              /* FLOAT32, FLOAT16 or BFLOAT16 */
+  int                     fp8_dtype;              /* FLOAT8_E4M3 or FLOAT8_E5M2 */
+  const void             *src;
+  void                   *data;
+  void                   *scale_inv;
+  void                   *columnwise;
+  void                   *columnwise_scale_inv;
+  int64_t                *derived_rows;
+  float                  *state;
+  uint32_t                history_length;
+} GmlpKernelQuantize;
+
+/* SUCCESS when the kernels cover the call; otherwise why not (*reason, a
+ * static string), so that the caller can refuse it before any launch. */
+GmlpKernelStatus gmlp_kernel_grouped_quantize_check           (const GmlpKernelQuantize *q,
+                                                               const char              **reason);
+size_t           gmlp_kernel_grouped_quantize_workspace_bytes (const GmlpKernelQuantize *q);
+GmlpKernelStatus gmlp_kernel_grouped_quantize                 (const GmlpKernelQuantize *q,
+                                                               void                     *workspace,
+                                                               cudaStream_t              stream);
+
+/* dst = data × scale_inv per element, by the rowwise blocks of the recipe
+ * and flags; dst is FLOAT32, FLOAT16 or BFLOAT16, laid out like data with
+ * its own element size. One launch. */
+typedef struct {
+  GmlpKernelGroupedShape  shape;
+  int                     recipe;
+  int                     flags;
+  int                     fp8_dtype;
+  const void             *data;
+  const void             *scale_inv;
+  void                   *dst;
+  int                     dst_dtype;
+} GmlpKernelDequantize;
+
+GmlpKernelStatus gmlp_kernel_grouped_dequantize (const GmlpKernelDequantize *d,
+                                                 cudaStream_t                stream);
+
+/* gmlp_quant_delayed_update() of each of the n_groups state rows, one
+ * launch. */
+GmlpKernelStatus gmlp_kernel_quantizer_update   (float                      *state,
+                                                 uint32_t                    n_groups,
+                                                 uint32_t                    history_length,
+                                                 int                         fp8_dtype,
+                                                 int                         margin,
+                                                 cudaStream_t                stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -38,6 +38,18 @@ void               gmlp_buffer_unref               (GmlpBuffer  *buffer);
 
 G_DEFINE_AUTOPTR_CLEANUP_FUNC (GmlpBuffer, gmlp_buffer_unref)
 
+/* Fails with GMLP_ERROR_INVALID_STATE while self is capturing a graph, for
+ * the calls that wait for the device or read its memory on the host: a
+ * graph cannot record them, and trying would break the capture. Call it
+ * before touching the stream; what names the call in the message ("Reading
+ * a tensor to the host"). */
+gboolean           gmlp_device_check_not_capturing (GmlpDevice  *self,
+                                                    const char  *what,
+                                                    GError     **error);
+/* The number of the capture in progress on self, counting from 1, or 0 when
+ * self is not capturing; events remember it (gmlp-event.c). */
+guint              gmlp_device_get_capture_serial  (GmlpDevice  *self);
+
 /* Calls a backend entry point with the device's backend handle. */
 #define GMLP_DEVICE_CALL(device, func, ...) \
   (gmlp_device_get_backend (device)->func (gmlp_device_get_backend_device (device), __VA_ARGS__))

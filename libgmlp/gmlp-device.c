@@ -11,6 +11,7 @@
 #include "gmlp-device-private.h"
 #include "gmlp-enum-types.h"
 #include "gmlp-error.h"
+#include "gmlp-graph-private.h"
 
 /**
  * GmlpDevice:
@@ -28,6 +29,9 @@
  * driver: the CPU then serves, and asking for a CUDA device fails with
  * %GMLP_ERROR_NO_DEVICE.
  *
+ * The work enqueued on a GPU's stream can also be recorded into a
+ * [class@Gmlp.Graph] and replayed ([method@Gmlp.Device.begin_capture]).
+ *
  * Since: 0.1
  */
 
@@ -41,6 +45,7 @@ struct _GmlpDevice
   const GmlpBackend  *backend;
   GmlpBackendDevice  *backend_device;
   gssize              bytes_in_use;   /* atomic; pointer-sized for g_atomic_pointer_add */
+  int                 capture_serial; /* atomic: the number of captures begun */
 };
 
 G_DEFINE_FINAL_TYPE (GmlpDevice, gmlp_device, G_TYPE_OBJECT)
@@ -421,7 +426,8 @@ gmlp_device_get_bytes_in_use (GmlpDevice *self)
  * the copies of offloaded activations.
  *
  * Returns: %TRUE on success; %FALSE with %GMLP_ERROR_BACKEND if the device
- *   reported an error
+ *   reported an error, or %GMLP_ERROR_INVALID_STATE while @self is capturing
+ *   a graph
  *
  * Since: 0.1
  */
@@ -432,7 +438,133 @@ gmlp_device_synchronize (GmlpDevice  *self,
   g_return_val_if_fail (GMLP_IS_DEVICE (self), FALSE);
   g_return_val_if_fail (self->backend != NULL, FALSE);
 
+  if (!gmlp_device_check_not_capturing (self, "Synchronizing", error))
+    return FALSE;
   return self->backend->synchronize (self->backend_device, error);
+}
+
+/**
+ * gmlp_device_begin_capture:
+ * @self: a #GmlpDevice
+ * @error: return location for a #GError
+ *
+ * Starts recording the work enqueued on @self's stream into a graph instead
+ * of running it, until [method@Gmlp.Device.end_capture]. Every libgmlp call
+ * that only enqueues work may be captured (tensor arithmetic, conversions,
+ * grouped linear and MLP forward and backward with device group sizes);
+ * those that wait for the device or read its memory on the host
+ * ([method@Gmlp.Device.synchronize], [method@Gmlp.GroupedTensor.to_bytes],
+ * [method@Gmlp.GroupedTensor.sum_squares], offloading activations, ...) fail
+ * with %GMLP_ERROR_INVALID_STATE meanwhile, and the capture goes on.
+ *
+ * The capture records what every thread enqueues on @self. Tensors
+ * allocated during it are allocated at once, outside the graph, and data
+ * uploaded from the host during it (such as
+ * [ctor@Gmlp.GroupedTensor.new_from_bytes]) is copied at once, not at every
+ * replay. See `docs/graphs.md`.
+ *
+ * Returns: %TRUE on success; %FALSE with %GMLP_ERROR_UNSUPPORTED on the CPU,
+ *   which has no graphs, or %GMLP_ERROR_INVALID_STATE when @self is capturing
+ *   already (captures do not nest)
+ *
+ * Since: 0.1
+ */
+gboolean
+gmlp_device_begin_capture (GmlpDevice  *self,
+                           GError     **error)
+{
+  g_return_val_if_fail (GMLP_IS_DEVICE (self), FALSE);
+  g_return_val_if_fail (error == NULL || *error == NULL, FALSE);
+
+  if (gmlp_device_is_capturing (self))
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_STATE,
+                   "%s is capturing a graph already; captures do not nest", self->name);
+      return FALSE;
+    }
+
+  /* Before the capture starts, so that an event recorded by the first
+   * captured call already carries the new number. */
+  g_atomic_int_inc (&self->capture_serial);
+  return self->backend->capture_begin (self->backend_device, error);
+}
+
+/**
+ * gmlp_device_end_capture:
+ * @self: a #GmlpDevice
+ * @error: return location for a #GError
+ *
+ * Stops the capture that [method@Gmlp.Device.begin_capture] started and
+ * makes the recorded work into a graph. Whether or not it succeeds, @self
+ * runs the work enqueued after this call again.
+ *
+ * Returns: (transfer full): the graph, or %NULL with
+ *   %GMLP_ERROR_INVALID_STATE when no capture is in progress, or
+ *   %GMLP_ERROR_BACKEND when something recorded broke the capture (for
+ *   example a CUDA call made on the device's stream from outside libgmlp
+ *   that cannot be captured) or the graph could not be built
+ *
+ * Since: 0.1
+ */
+GmlpGraph *
+gmlp_device_end_capture (GmlpDevice  *self,
+                         GError     **error)
+{
+  GmlpBackendGraph *graph;
+
+  g_return_val_if_fail (GMLP_IS_DEVICE (self), NULL);
+  g_return_val_if_fail (error == NULL || *error == NULL, NULL);
+
+  if (!gmlp_device_is_capturing (self))
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_STATE,
+                   "No graph capture is in progress on %s", self->name);
+      return NULL;
+    }
+
+  graph = self->backend->capture_end (self->backend_device, error);
+  if (graph == NULL)
+    return NULL;
+  return gmlp_graph_new_for_backend (self, graph);
+}
+
+/**
+ * gmlp_device_is_capturing:
+ * @self: a #GmlpDevice
+ *
+ * Returns: %TRUE between [method@Gmlp.Device.begin_capture] and
+ *   [method@Gmlp.Device.end_capture]
+ *
+ * Since: 0.1
+ */
+gboolean
+gmlp_device_is_capturing (GmlpDevice *self)
+{
+  g_return_val_if_fail (GMLP_IS_DEVICE (self), FALSE);
+
+  return self->backend->is_capturing (self->backend_device);
+}
+
+gboolean
+gmlp_device_check_not_capturing (GmlpDevice  *self,
+                                 const char  *what,
+                                 GError     **error)
+{
+  if (!self->backend->is_capturing (self->backend_device))
+    return TRUE;
+
+  g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_STATE,
+               "%s cannot be captured in a graph, and %s is capturing one "
+               "(docs/graphs.md says what can be)", what, self->name);
+  return FALSE;
+}
+
+guint
+gmlp_device_get_capture_serial (GmlpDevice *self)
+{
+  if (!self->backend->is_capturing (self->backend_device))
+    return 0;
+  return (guint) g_atomic_int_get (&self->capture_serial);
 }
 
 const GmlpBackend *
@@ -457,6 +589,26 @@ poison_allocations (void)
   return g_atomic_int_get (&poison);
 }
 
+/* Fills fresh memory with 0xff bytes. While capturing, a fill would be
+ * recorded and redone by every replay, over what an upload (which happens at
+ * once during a capture, docs/graphs.md) put there meanwhile: the poison is
+ * uploaded instead, once. */
+static gboolean
+poison_buffer (GmlpDevice  *device,
+               gpointer     data,
+               gsize        nbytes,
+               GError     **error)
+{
+  g_autofree guint8 *poison = NULL;
+
+  if (!device->backend->is_capturing (device->backend_device))
+    return device->backend->fill_bytes (device->backend_device, data, 0xff, nbytes, error);
+
+  poison = g_malloc (nbytes);
+  memset (poison, 0xff, nbytes);
+  return device->backend->upload (device->backend_device, data, poison, nbytes, error);
+}
+
 GmlpBuffer *
 gmlp_buffer_new (GmlpDevice  *device,
                  gsize        nbytes,
@@ -474,8 +626,7 @@ gmlp_buffer_new (GmlpDevice  *device,
   /* With GMLP_POISON set (the test suites set it), fresh memory holds 0xff
    * bytes (NaN in every floating type), so an output that a kernel forgot to
    * write shows up in the tests. */
-  if (nbytes > 0 && poison_allocations () &&
-      !device->backend->fill_bytes (device->backend_device, data, 0xff, nbytes, error))
+  if (nbytes > 0 && poison_allocations () && !poison_buffer (device, data, nbytes, error))
     {
       device->backend->free (device->backend_device, data);
       return NULL;

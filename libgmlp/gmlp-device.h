@@ -31,6 +31,9 @@ typedef enum {
 
 #define GMLP_TYPE_DEVICE (gmlp_device_get_type ())
 
+/* Declared in gmlp-graph.h, which needs GmlpDevice. */
+typedef struct _GmlpGraph GmlpGraph;
+
 GMLP_AVAILABLE_IN_0_1
 G_DECLARE_FINAL_TYPE (GmlpDevice, gmlp_device, GMLP, DEVICE, GObject)
 
@@ -56,5 +59,13 @@ guint64         gmlp_device_get_bytes_in_use   (GmlpDevice      *self);
 GMLP_AVAILABLE_IN_0_1
 gboolean        gmlp_device_synchronize        (GmlpDevice      *self,
                                                 GError         **error);
+GMLP_AVAILABLE_IN_0_1
+gboolean        gmlp_device_begin_capture      (GmlpDevice      *self,
+                                                GError         **error);
+GMLP_AVAILABLE_IN_0_1
+GmlpGraph      *gmlp_device_end_capture        (GmlpDevice      *self,
+                                                GError         **error);
+GMLP_AVAILABLE_IN_0_1
+gboolean        gmlp_device_is_capturing       (GmlpDevice      *self);
 
 G_END_DECLS

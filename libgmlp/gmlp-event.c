@@ -23,6 +23,11 @@
  * all-reduce as soon as [signal@Gmlp.GroupedLinear::wgrad-ready]'s event
  * completes. On the CPU events are complete when they are made.
  *
+ * An event recorded while its device captures a graph marks a point in the
+ * graph, not in time (see [method@Gmlp.Device.begin_capture]): the host
+ * cannot wait for it or poll it, and only the capturing device's own stream
+ * may wait for it, during that capture.
+ *
  * Since: 0.1
  */
 
@@ -32,7 +37,27 @@ struct _GmlpEvent
 
   GmlpDevice        *device;
   GmlpBackendEvent  *event;
+  /* The capture it was recorded in (gmlp_device_get_capture_serial()), or
+   * 0: the backend refuses host waits for such an event, and a capture that
+   * tries one breaks. */
+  guint              capture_serial;
 };
+
+/* Host waits and waits of other streams for an event recorded during a
+ * capture. */
+static gboolean
+check_not_captured (GmlpEvent   *self,
+                    const char  *what,
+                    GError     **error)
+{
+  if (self->capture_serial == 0)
+    return TRUE;
+
+  g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_STATE,
+               "%s an event recorded during a graph capture cannot be captured in a graph "
+               "nor done after it: the event marks a point in the graph, not in time", what);
+  return FALSE;
+}
 
 G_DEFINE_FINAL_TYPE (GmlpEvent, gmlp_event, G_TYPE_OBJECT)
 
@@ -87,6 +112,7 @@ gmlp_event_new_recorded (GmlpDevice  *device,
   self = g_object_new (GMLP_TYPE_EVENT, NULL);
   self->device = g_object_ref (device);
   self->event = event;
+  self->capture_serial = gmlp_device_get_capture_serial (device);
   return self;
 }
 
@@ -123,7 +149,8 @@ gmlp_event_get_device (GmlpEvent *self)
  *
  * Polls the event without blocking.
  *
- * Returns: %TRUE once the work before the event has completed
+ * Returns: %TRUE once the work before the event has completed; %FALSE for
+ *   an event recorded during a graph capture
  *
  * Since: 0.1
  */
@@ -131,6 +158,10 @@ gboolean
 gmlp_event_is_complete (GmlpEvent *self)
 {
   g_return_val_if_fail (GMLP_IS_EVENT (self), FALSE);
+
+  /* CUDA forbids the query, and it would break a capture in progress. */
+  if (self->capture_serial != 0)
+    return FALSE;
 
   return gmlp_device_get_backend (self->device)->event_query (self->event);
 }
@@ -143,7 +174,8 @@ gmlp_event_is_complete (GmlpEvent *self)
  * Blocks the calling thread until the event has completed.
  *
  * Returns: %TRUE on success; %FALSE with %GMLP_ERROR_BACKEND if the device
- *   reported an error
+ *   reported an error, or %GMLP_ERROR_INVALID_STATE for an event recorded
+ *   during a graph capture
  *
  * Since: 0.1
  */
@@ -153,6 +185,9 @@ gmlp_event_synchronize (GmlpEvent  *self,
 {
   g_return_val_if_fail (GMLP_IS_EVENT (self), FALSE);
   g_return_val_if_fail (error == NULL || *error == NULL, FALSE);
+
+  if (!check_not_captured (self, "Waiting on the host for", error))
+    return FALSE;
 
   return gmlp_device_get_backend (self->device)->event_synchronize (self->event, error);
 }
@@ -168,7 +203,9 @@ gmlp_event_synchronize (GmlpEvent  *self,
  * wait.
  *
  * Returns: %TRUE on success; %FALSE with %GMLP_ERROR_UNSUPPORTED if @device
- *   is of another kind than the event's device
+ *   is of another kind than the event's device, or
+ *   %GMLP_ERROR_INVALID_STATE for an event recorded during a graph capture
+ *   unless @device is the event's device and still in that capture
  *
  * Since: 0.1
  */
@@ -180,6 +217,13 @@ gmlp_event_wait_on_device (GmlpEvent   *self,
   g_return_val_if_fail (GMLP_IS_EVENT (self), FALSE);
   g_return_val_if_fail (GMLP_IS_DEVICE (device), FALSE);
   g_return_val_if_fail (error == NULL || *error == NULL, FALSE);
+
+  /* Within the capture the wait is an edge of the graph; any other stream
+   * would be pulled into the capture, or cross its boundary. */
+  if (self->capture_serial != 0 &&
+      (device != self->device || gmlp_device_get_capture_serial (device) != self->capture_serial) &&
+      !check_not_captured (self, "Waiting from another stream or capture for", error))
+    return FALSE;
 
   if (gmlp_device_get_backend (device) != gmlp_device_get_backend (self->device))
     {
@@ -207,7 +251,8 @@ gmlp_event_wait_on_device (GmlpEvent   *self,
  * before the work and one after, then ask. Waits for @end.
  *
  * Returns: %TRUE on success; %FALSE with %GMLP_ERROR_INVALID_ARGUMENT for
- *   events of two devices
+ *   events of two devices, or %GMLP_ERROR_INVALID_STATE for an event
+ *   recorded during a graph capture
  *
  * Since: 0.1
  */
@@ -223,6 +268,9 @@ gmlp_event_elapsed_ms (GmlpEvent  *start,
   g_return_val_if_fail (error == NULL || *error == NULL, FALSE);
 
   *ms = 0.0;
+  if (!check_not_captured (start, "Timing", error) ||
+      !check_not_captured (end, "Timing", error))
+    return FALSE;
   if (start->device != end->device)
     {
       g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,

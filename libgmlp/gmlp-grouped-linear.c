@@ -67,6 +67,19 @@
  *
  * docs/gradient-contract.md has the same contract as a table.
  *
+ * ## Group sizes on the device
+ *
+ * The input may have its group sizes only on the device (for example
+ * written by a router kernel; see
+ * [ctor@Gmlp.GroupedTensor.new_with_device_sizes]). Forward, backward and
+ * backward_dw then never read the sizes on the host and never wait for the
+ * device, and allocate nothing but their outputs, which share the input's
+ * sizes tensor and row capacity. Sizes that add up to more than the
+ * capacity are clamped as docs/memory-layout.md says. The output gradient
+ * given to backward must have device sizes of the same values and the same
+ * row capacity (see [method@Gmlp.GroupedLinear.backward]); every option and
+ * the gradient contract are the same.
+ *
  * Since: 0.1
  */
 
@@ -960,13 +973,6 @@ check_activation (GmlpGroupedLinear  *self,
                    what, gmlp_grouped_tensor_get_cols (tensor), cols);
       return FALSE;
     }
-  if (!gmlp_grouped_tensor_has_host_sizes (tensor))
-    {
-      g_set_error (error, GMLP_ERROR, GMLP_ERROR_UNSUPPORTED,
-                   "%s has its group sizes only on the device; this GroupedLinear path "
-                   "needs them on the host", what);
-      return FALSE;
-    }
   return TRUE;
 }
 
@@ -1006,50 +1012,155 @@ member_pointers (GmlpGroupedTensor  *grouped,
   return ptrs;
 }
 
-static gboolean
-run_gemm (GmlpGroupedLinear  *self,
-          GmlpGemmKind        kind,
-          const gint64       *rows,
-          GmlpGroupedTensor  *a,
-          GmlpGroupedTensor  *b,
-          Param              *c_param,
-          GmlpGroupedTensor  *c,
-          GmlpDType           c_dtype,
-          const guint8       *accumulate,
-          GError            **error)
+/* A new activation of @cols columns with the group sizes of @like: the
+ * same host sizes, or, for device-only sizes, the same sizes tensor and row
+ * capacity (so nothing on the host needs to read them). */
+static GmlpGroupedTensor *
+new_activation_like (GmlpGroupedLinear  *self,
+                     GmlpGroupedTensor  *like,
+                     gint64              cols,
+                     GError            **error)
 {
-  g_autofree gpointer *pa = member_pointers (a, NULL, self->n_groups);
-  g_autofree gpointer *pb = member_pointers (b, NULL, self->n_groups);
-  g_autofree gpointer *pc = c_param != NULL ? member_pointers (NULL, c_param->members, self->n_groups)
-                                            : member_pointers (c, NULL, self->n_groups);
-  GmlpBackendGemm gemm = {
-    .kind = kind,
-    .n_groups = self->n_groups,
-    .rows = rows,
-    .n = self->out_features,
-    .k = self->in_features,
-    .ab_dtype = (int) self->dtype,
-    .c_dtype = (int) c_dtype,
-    .a = (const void * const *) pa,
-    .b = (const void * const *) pb,
-    .c = (void * const *) pc,
-    .accumulate = accumulate,
-  };
+  GmlpGroupedTensor *sizes;
 
-  return GMLP_DEVICE_CALL (self->device, gemm, &gemm, error);
+  if (gmlp_grouped_tensor_has_host_sizes (like))
+    return gmlp_grouped_tensor_new (self->device, self->dtype, gmlp_grouped_tensor_peek_rows (like),
+                                    self->n_groups, cols, error);
+
+  sizes = gmlp_grouped_tensor_get_sizes (like, error);
+  if (sizes == NULL)
+    return NULL;
+  return gmlp_grouped_tensor_new_with_device_sizes (self->device, self->dtype, sizes,
+                                                    gmlp_grouped_tensor_get_row_capacity (like),
+                                                    cols, error);
+}
+
+/* One grouped product of the layer (GmlpGemmKind: FPROP y = x Wᵀ [+ b],
+ * DGRAD dx = dy W, WGRAD dW [+]= dyᵀ x). The operands grouped by rows are
+ * tensors; the matrices of fixed shape are the members of a parameter.
+ * With the sizes of sized_by on the host it is the backend's gemm (and
+ * add_bias); with them only on the device, its gemm_device, which reads
+ * them on the device only and fuses the bias. */
+typedef struct {
+  GmlpGemmKind        kind;
+  GmlpGroupedTensor  *sized_by;    /* whose group sizes apply: the forward's input */
+  GmlpGroupedTensor  *a;           /* x (FPROP) or dy */
+  GmlpGroupedTensor  *b_rows;      /* WGRAD: x */
+  GmlpGroupedTensor  *c_rows;      /* FPROP: y; DGRAD: dx */
+  Param              *fixed;       /* FPROP, DGRAD: the weights; WGRAD: wgrad or main_grad */
+  GmlpDType           c_dtype;
+  gboolean            bias;        /* FPROP: add the layer's bias */
+  const guint8       *accumulate;  /* WGRAD: per group, add into main_grad */
+} Product;
+
+static gboolean
+run_product (GmlpGroupedLinear  *self,
+             const Product      *product,
+             GError            **error)
+{
+  gboolean wgrad = product->kind == GMLP_GEMM_WGRAD;
+  GmlpGroupedTensor *second = wgrad ? product->b_rows : product->c_rows;
+  const gint64 *rows = gmlp_grouped_tensor_peek_rows (product->sized_by);
+  g_autofree gpointer *fixed = member_pointers (NULL, product->fixed->members, self->n_groups);
+  g_autofree gpointer *bias = product->bias ? member_pointers (NULL, self->bias.members,
+                                                               self->n_groups) : NULL;
+  GmlpBackendShape shape;
+
+  if (rows != NULL)
+    {
+      g_autofree gpointer *pa = member_pointers (product->a, NULL, self->n_groups);
+      g_autofree gpointer *psecond = member_pointers (second, NULL, self->n_groups);
+      GmlpBackendGemm gemm = {
+        .kind = product->kind,
+        .n_groups = self->n_groups,
+        .rows = rows,
+        .n = self->out_features,
+        .k = self->in_features,
+        .ab_dtype = (int) self->dtype,
+        .c_dtype = (int) product->c_dtype,
+        .a = (const void * const *) pa,
+        .b = (const void * const *) (wgrad ? psecond : fixed),
+        .c = (void * const *) (wgrad ? fixed : psecond),
+        .accumulate = product->accumulate,
+      };
+
+      if (!GMLP_DEVICE_CALL (self->device, gemm, &gemm, error))
+        return FALSE;
+      return bias == NULL ||
+             GMLP_DEVICE_CALL (self->device, add_bias, self->n_groups, rows, self->out_features,
+                               (int) product->c_dtype, (void * const *) psecond,
+                               (const void * const *) bias, error);
+    }
+
+  if (!gmlp_grouped_tensor_get_backend_shape (product->sized_by, &shape, error))
+    return FALSE;
+  {
+    GmlpBackendGemmDevice gemm = {
+      .kind = product->kind,
+      .n_groups = self->n_groups,
+      .device_rows = shape.device_rows,
+      .row_capacity = shape.row_capacity,
+      .n = self->out_features,
+      .k = self->in_features,
+      .ab_dtype = (int) self->dtype,
+      .c_dtype = (int) product->c_dtype,
+      .a = gmlp_grouped_tensor_get_data (product->a),
+      .b_rows = wgrad ? gmlp_grouped_tensor_get_data (second) : NULL,
+      .c_rows = wgrad ? NULL : gmlp_grouped_tensor_get_data (second),
+      .weight = wgrad ? NULL : (const void * const *) fixed,
+      .wgrad = wgrad ? (void * const *) fixed : NULL,
+      .bias = (const void * const *) bias,
+      .accumulate = product->accumulate,
+    };
+
+    return GMLP_DEVICE_CALL (self->device, gemm_device, &gemm, error);
+  }
+}
+
+/* db_i = Σ_rows dy_i into bgrad, over the group sizes of @sized_by. */
+static gboolean
+run_bias_grad (GmlpGroupedLinear  *self,
+               GmlpGroupedTensor  *sized_by,
+               GmlpGroupedTensor  *grad_output,
+               GError            **error)
+{
+  g_autofree gpointer *pdb = member_pointers (NULL, self->bgrad.members, self->n_groups);
+  const gint64 *rows = gmlp_grouped_tensor_peek_rows (sized_by);
+  GmlpBackendShape shape;
+
+  if (rows != NULL)
+    {
+      g_autofree gpointer *pa = member_pointers (grad_output, NULL, self->n_groups);
+
+      return GMLP_DEVICE_CALL (self->device, bias_grad, self->n_groups, rows, self->out_features,
+                               (int) self->dtype, (const void * const *) pa,
+                               (void * const *) pdb, error);
+    }
+
+  if (!gmlp_grouped_tensor_get_backend_shape (sized_by, &shape, error))
+    return FALSE;
+  shape.cols = self->out_features;
+  return GMLP_DEVICE_CALL (self->device, bias_grad_device, &shape, (int) self->dtype,
+                           gmlp_grouped_tensor_get_data (grad_output), (void * const *) pdb,
+                           error);
 }
 
 /**
  * gmlp_grouped_linear_forward:
  * @self: a #GmlpGroupedLinear
  * @input: `x`: `n_groups` members of `rows_i × in_features`, of the layer's
- *   dtype, on its device, group sizes on the host
+ *   dtype, on its device; group sizes on the host, or only on the device
  * @saved: (out) (transfer full) (optional): what backward needs; pass it to
  *   [method@Gmlp.GroupedLinear.backward]
  * @error: return location for a #GError
  *
  * Computes `y_i = x_i W_iᵀ (+ b_i)` for every group, enqueued on the
  * device's stream. Groups with no rows are valid and produce no rows.
+ *
+ * When @input has its group sizes only on the device (see
+ * [ctor@Gmlp.GroupedTensor.new_with_device_sizes]), so does the output: it
+ * shares @input's sizes tensor and row capacity, and the call neither reads
+ * the sizes on the host nor waits for the device.
  *
  * Returns: (transfer full): the output, `rows_i × out_features` per group, or
  *   %NULL with %GMLP_ERROR_SHAPE_MISMATCH, %GMLP_ERROR_DTYPE_MISMATCH,
@@ -1079,7 +1190,8 @@ gmlp_grouped_linear_forward_full (GmlpGroupedLinear     *self,
                                   GError               **error)
 {
   g_autoptr(GmlpGroupedTensor) output = NULL;
-  const gint64 *rows;
+  Product fprop = { .kind = GMLP_GEMM_FPROP, .sized_by = input, .a = input, .fixed = &self->weight,
+                    .c_dtype = self->dtype, .bias = self->bias.grouped != NULL };
 
   if (saved != NULL)
     *saved = NULL;
@@ -1087,26 +1199,12 @@ gmlp_grouped_linear_forward_full (GmlpGroupedLinear     *self,
       !check_offload_context (self, error))
     return NULL;
 
-  rows = gmlp_grouped_tensor_peek_rows (input);
-  output = gmlp_grouped_tensor_new (self->device, self->dtype, rows, self->n_groups,
-                                    self->out_features, error);
+  output = new_activation_like (self, input, self->out_features, error);
   if (output == NULL)
     return NULL;
-
-  if (!run_gemm (self, GMLP_GEMM_FPROP, rows, input, self->weight.grouped, NULL, output,
-                 self->dtype, NULL, error))
+  fprop.c_rows = output;
+  if (!run_product (self, &fprop, error))
     return NULL;
-
-  if (self->bias.grouped != NULL)
-    {
-      g_autofree gpointer *pc = member_pointers (output, NULL, self->n_groups);
-      g_autofree gpointer *pbias = member_pointers (self->bias.grouped, NULL, self->n_groups);
-
-      if (!GMLP_DEVICE_CALL (self->device, add_bias, self->n_groups, rows, self->out_features,
-                             (int) self->dtype, (void * const *) pc,
-                             (const void * const *) pbias, error))
-        return NULL;
-    }
 
   if (saved != NULL)
     {
@@ -1155,31 +1253,21 @@ compute_wgrad (GmlpGroupedLinear  *self,
                GError            **error)
 {
   gboolean fused = has_flag (self, GMLP_LINEAR_FUSE_WGRAD_ACCUMULATION);
-  const gint64 *rows = gmlp_grouped_tensor_peek_rows (input);
+  Product wgrad = {
+    .kind = GMLP_GEMM_WGRAD,
+    .sized_by = input,
+    .a = grad_output,
+    .b_rows = input,
+    .fixed = fused ? &self->main_grad : &self->wgrad,
+    .c_dtype = fused ? GMLP_DTYPE_FLOAT32 : self->dtype,
+    .accumulate = fused ? self->accumulate : NULL,
+  };
   g_autoptr(GmlpEvent) event = NULL;
 
-  if (fused)
-    {
-      if (!run_gemm (self, GMLP_GEMM_WGRAD, rows, grad_output, input, &self->main_grad, NULL,
-                     GMLP_DTYPE_FLOAT32, self->accumulate, error))
-        return FALSE;
-    }
-  else if (!run_gemm (self, GMLP_GEMM_WGRAD, rows, grad_output, input, NULL,
-                      self->wgrad.grouped, self->dtype, NULL, error))
-    {
-      return FALSE;
-    }
-
-  if (self->bias.grouped != NULL)
-    {
-      g_autofree gpointer *pa = member_pointers (grad_output, NULL, self->n_groups);
-      g_autofree gpointer *pdb = member_pointers (self->bgrad.grouped, NULL, self->n_groups);
-
-      if (!GMLP_DEVICE_CALL (self->device, bias_grad, self->n_groups, rows, self->out_features,
-                             (int) self->dtype, (const void * const *) pa,
-                             (void * const *) pdb, error))
-        return FALSE;
-    }
+  if (!run_product (self, &wgrad, error))
+    return FALSE;
+  if (self->bias.grouped != NULL && !run_bias_grad (self, input, grad_output, error))
+    return FALSE;
 
   event = gmlp_event_new_recorded (self->device, error);
   if (event == NULL)
@@ -1195,15 +1283,50 @@ compute_wgrad (GmlpGroupedLinear  *self,
   return TRUE;
 }
 
+/* The output gradient must have the group sizes of the forward's input:
+ * the same host sizes, or device-only sizes in a tensor of the same row
+ * capacity (their values cannot be compared without waiting for the
+ * device: that is the caller's promise). */
 static gboolean
-same_rows (GmlpGroupedTensor *a,
-           GmlpGroupedTensor *b)
+check_same_sizes (GmlpGroupedTensor  *input,
+                  GmlpGroupedTensor  *grad_output,
+                  GError            **error)
 {
+  gboolean input_on_host = gmlp_grouped_tensor_has_host_sizes (input);
   guint g;
 
-  for (g = 0; g < gmlp_grouped_tensor_get_n_groups (a); g++)
-    if (gmlp_grouped_tensor_get_rows (a, g) != gmlp_grouped_tensor_get_rows (b, g))
+  if (input_on_host != gmlp_grouped_tensor_has_host_sizes (grad_output))
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
+                   "The output gradient has its group sizes %s, the forward input %s; "
+                   "both must have them in the same place",
+                   input_on_host ? "only on the device" : "on the host",
+                   input_on_host ? "on the host" : "only on the device");
       return FALSE;
+    }
+
+  if (!input_on_host)
+    {
+      if (gmlp_grouped_tensor_get_row_capacity (input) !=
+          gmlp_grouped_tensor_get_row_capacity (grad_output))
+        {
+          g_set_error (error, GMLP_ERROR, GMLP_ERROR_SHAPE_MISMATCH,
+                       "The output gradient has a row capacity of %" G_GINT64_FORMAT
+                       ", the forward input %" G_GINT64_FORMAT "; with device sizes they "
+                       "must be the same", gmlp_grouped_tensor_get_row_capacity (grad_output),
+                       gmlp_grouped_tensor_get_row_capacity (input));
+          return FALSE;
+        }
+      return TRUE;
+    }
+
+  for (g = 0; g < gmlp_grouped_tensor_get_n_groups (input); g++)
+    if (gmlp_grouped_tensor_get_rows (input, g) != gmlp_grouped_tensor_get_rows (grad_output, g))
+      {
+        g_set_error (error, GMLP_ERROR, GMLP_ERROR_SHAPE_MISMATCH,
+                     "The output gradient's group sizes differ from the forward input's");
+        return FALSE;
+      }
   return TRUE;
 }
 
@@ -1220,10 +1343,23 @@ same_rows (GmlpGroupedTensor *a,
  * for [method@Gmlp.GroupedLinear.backward_dw] when delayed. Enqueued on the
  * device's stream; no host synchronisation.
  *
+ * If the forward's input had its group sizes only on the device, @grad_output
+ * must too, with the same row capacity, and the input gradient shares the
+ * input's sizes tensor. The values of the sizes cannot be compared on the
+ * host without waiting for the device, so they are the caller's promise:
+ * @grad_output's sizes must hold the forward's values, and the sizes tensor
+ * of the forward's input must not change until this backward (and, with
+ * [property@Gmlp.GroupedLinear:delay-wgrad-compute], its backward_dw) has
+ * been enqueued. The products follow the forward input's sizes; different
+ * values give wrong gradients, but nothing outside the tensors is touched.
+ *
  * Returns: (transfer full): the input gradient, or %NULL with
- *   %GMLP_ERROR_INVALID_ARGUMENT for activations of another layer,
- *   %GMLP_ERROR_INVALID_STATE for activations already used, or a shape,
- *   dtype or device error (nothing is written then)
+ *   %GMLP_ERROR_INVALID_ARGUMENT for activations of another layer or an
+ *   output gradient whose sizes are on the host when the input's were not
+ *   (or the other way round), %GMLP_ERROR_INVALID_STATE for activations
+ *   already used, %GMLP_ERROR_SHAPE_MISMATCH for other group sizes or
+ *   another row capacity, or a dtype or device error (nothing is written
+ *   then)
  *
  * Since: 0.1
  */
@@ -1235,7 +1371,7 @@ gmlp_grouped_linear_backward (GmlpGroupedLinear     *self,
 {
   g_autoptr(GmlpGroupedTensor) grad_input = NULL;
   GmlpGroupedTensor *input;
-  const gint64 *rows;
+  Product dgrad = { .kind = GMLP_GEMM_DGRAD };
 
   g_return_val_if_fail (GMLP_IS_GROUPED_LINEAR (self), NULL);
   g_return_val_if_fail (GMLP_IS_SAVED_ACTIVATIONS (saved), NULL);
@@ -1251,21 +1387,19 @@ gmlp_grouped_linear_backward (GmlpGroupedLinear     *self,
     return NULL;
   if (gmlp_saved_activations_get_context (saved) != NULL)
     gmlp_offload_context_backward_started (gmlp_saved_activations_get_context (saved), saved);
-  if (!same_rows (input, grad_output))
-    {
-      g_set_error (error, GMLP_ERROR, GMLP_ERROR_SHAPE_MISMATCH,
-                   "The output gradient's group sizes differ from the forward input's");
-      return NULL;
-    }
+  if (!check_same_sizes (input, grad_output, error))
+    return NULL;
 
-  rows = gmlp_grouped_tensor_peek_rows (input);
-  grad_input = gmlp_grouped_tensor_new (self->device, self->dtype, rows, self->n_groups,
-                                        self->in_features, error);
+  grad_input = new_activation_like (self, input, self->in_features, error);
   if (grad_input == NULL || !ensure_wgrad_storage (self, error))
     return NULL;
 
-  if (!run_gemm (self, GMLP_GEMM_DGRAD, rows, grad_output, self->weight.grouped, NULL,
-                 grad_input, self->dtype, NULL, error))
+  dgrad.sized_by = input;
+  dgrad.a = grad_output;
+  dgrad.c_rows = grad_input;
+  dgrad.fixed = &self->weight;
+  dgrad.c_dtype = self->dtype;
+  if (!run_product (self, &dgrad, error))
     return NULL;
 
   if (has_flag (self, GMLP_LINEAR_DELAY_WGRAD_COMPUTE))

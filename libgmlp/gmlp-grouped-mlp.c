@@ -453,6 +453,22 @@ gmlp_grouped_mlp_init_parameters (GmlpGroupedMLP  *self,
          gmlp_grouped_linear_init_parameters (self->fc2, seed + 0x9e3779b97f4a7c15ull, error);
 }
 
+/* The activation kernels take the group sizes from the host, so an MLP
+ * cannot run on a tensor whose sizes are only on the device (GroupedLinear
+ * can). Said before anything is enqueued. */
+static gboolean
+check_host_sizes (GmlpGroupedTensor  *tensor,
+                  const char         *what,
+                  GError            **error)
+{
+  if (gmlp_grouped_tensor_has_host_sizes (tensor))
+    return TRUE;
+  g_set_error (error, GMLP_ERROR, GMLP_ERROR_UNSUPPORTED,
+               "GroupedMLP: the %s has its group sizes only on the device; the MLP's "
+               "activations need them on the host (GroupedLinear takes device sizes)", what);
+  return FALSE;
+}
+
 /* act(in) into a new tensor (forward), or the gradient of in from d_out. */
 static GmlpGroupedTensor *
 run_activation (GmlpGroupedMLP     *self,
@@ -498,8 +514,12 @@ run_activation (GmlpGroupedMLP     *self,
  *
  * Computes `FC2 (act (FC1 (x)))` for every group.
  *
+ * Unlike [class@Gmlp.GroupedLinear], the MLP needs the group sizes on the
+ * host: its activation kernels take them from there.
+ *
  * Returns: (transfer full): the output, `rows_i × hidden` per group, or
- *   %NULL with an error as for [method@Gmlp.GroupedLinear.forward]
+ *   %NULL with an error as for [method@Gmlp.GroupedLinear.forward], or
+ *   %GMLP_ERROR_UNSUPPORTED for an input whose sizes are only on the device
  *
  * Since: 0.1
  */
@@ -519,6 +539,8 @@ gmlp_grouped_mlp_forward (GmlpGroupedMLP        *self,
 
   if (saved != NULL)
     *saved = NULL;
+  if (!check_host_sizes (input, "input", error))
+    return NULL;
 
   h = gmlp_grouped_linear_forward_full (self->fc1, input, TRUE, saved ? &s1 : NULL, error);
   if (h == NULL)
@@ -566,7 +588,8 @@ emit_wgrad_ready (GmlpGroupedMLP  *self,
  * weight gradients of both layers.
  *
  * Returns: (transfer full): the input gradient, or %NULL with an error as
- *   for [method@Gmlp.GroupedLinear.backward]
+ *   for [method@Gmlp.GroupedLinear.backward], or %GMLP_ERROR_UNSUPPORTED for
+ *   an output gradient whose sizes are only on the device
  *
  * Since: 0.1
  */
@@ -585,7 +608,8 @@ gmlp_grouped_mlp_backward (GmlpGroupedMLP        *self,
   g_return_val_if_fail (GMLP_IS_GROUPED_TENSOR (grad_output), NULL);
   g_return_val_if_fail (error == NULL || *error == NULL, NULL);
 
-  if (!gmlp_saved_activations_check (saved, self->id, "GroupedMLP", error))
+  if (!gmlp_saved_activations_check (saved, self->id, "GroupedMLP", error) ||
+      !check_host_sizes (grad_output, "output gradient", error))
     return NULL;
   s1 = gmlp_saved_activations_get_child (saved, 0);
   s2 = gmlp_saved_activations_get_child (saved, 1);

@@ -130,3 +130,29 @@ gint64            *gmlp_grouped_tensor_read_sizes           (GmlpGroupedTensor  
                                                              GError            **error);
 
 G_END_DECLS
+
+/* FP8: tensors made by a GmlpQuantizer carry their scales (gmlp-quantizer.c
+ * makes them; the accessors are at the end of gmlp-grouped-tensor.c). */
+
+#include "gmlp-scaling-recipe.h"
+
+G_BEGIN_DECLS
+
+GMLP_AVAILABLE_IN_0_1
+GmlpScalingRecipe  gmlp_grouped_tensor_get_scaling_recipe   (GmlpGroupedTensor  *self);
+GMLP_AVAILABLE_IN_0_1
+GmlpGroupedTensor *gmlp_grouped_tensor_get_scale_inv        (GmlpGroupedTensor  *self);
+GMLP_AVAILABLE_IN_0_1
+gboolean           gmlp_grouped_tensor_get_scale_block      (GmlpGroupedTensor  *self,
+                                                             gint64             *block_rows,
+                                                             gint64             *block_cols);
+GMLP_AVAILABLE_IN_0_1
+GmlpGroupedTensor *gmlp_grouped_tensor_get_columnwise       (GmlpGroupedTensor  *self);
+GMLP_AVAILABLE_IN_0_1
+gboolean           gmlp_grouped_tensor_is_columnwise        (GmlpGroupedTensor  *self);
+GMLP_AVAILABLE_IN_0_1
+GmlpGroupedTensor *gmlp_grouped_tensor_dequantize           (GmlpGroupedTensor  *self,
+                                                             GmlpDType           dtype,
+                                                             GError            **error);
+
+G_END_DECLS

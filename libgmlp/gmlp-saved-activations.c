@@ -236,6 +236,12 @@ gmlp_saved_activations_apply_offload (GmlpSavedActivations  *self,
   context = gmlp_offload_context_peek_innermost (&enabled);
   if (context == NULL || !enabled)
     return TRUE;
+  /* The copies run on the copy stream, outside any graph, into host memory
+   * that is handed out again: nothing a replay could repeat. */
+  if (!gmlp_device_check_not_capturing (gmlp_offload_context_get_device (context),
+                                        "Offloading saved activations (disable the offload "
+                                        "context around the capture)", error))
+    return FALSE;
 
   self->offload = TRUE;
   self->context = g_object_ref (context);
@@ -333,6 +339,8 @@ gmlp_saved_activations_reload (GmlpSavedActivations  *self,
 
       if (saved->host == NULL || saved->tensor != NULL)
         continue;
+      if (!gmlp_device_check_not_capturing (device, "Reloading offloaded activations", error))
+        return FALSE;
 
       /* Copy-stream order puts this after the offload copy. */
       data = GMLP_DEVICE_CALL (device, copy_stream_alloc, saved->layout.nbytes, error);
@@ -392,7 +400,11 @@ gmlp_saved_activations_get (GmlpSavedActivations  *self,
     return NULL;
   if (saved->reload_done != NULL)
     {
-      /* The compute stream waits for this reload only. */
+      /* The compute stream waits for this reload only. That wait would
+       * cross the boundary of a capture. */
+      if (!gmlp_device_check_not_capturing (gmlp_grouped_tensor_get_device (saved->tensor),
+                                            "Using activations reloaded from the host", error))
+        return NULL;
       if (!gmlp_event_wait_on_device (saved->reload_done,
                                       gmlp_grouped_tensor_get_device (saved->tensor), error))
         return NULL;

@@ -7,6 +7,8 @@
 #include <string.h>
 
 #include "gmlp-test-util.h"
+/* Host views over tensors with device sizes, and raw device copies. */
+#include "gmlp-grouped-tensor-private.h"
 
 static const GmlpDType layer_dtypes[] = {
   GMLP_DTYPE_FLOAT32, GMLP_DTYPE_FLOAT16, GMLP_DTYPE_BFLOAT16,
@@ -209,6 +211,177 @@ new_layer (GmlpDevice *device, guint n, gint64 k, gint64 o, GmlpDType dtype, Gml
   return layer;
 }
 
+/* ---- Group sizes on the device --------------------------------------------
+ *
+ * The layer reads device sizes on the device only. A test builds such a
+ * tensor from the host-sizes tensor of a Problem (the same bytes: the
+ * layouts agree on every member that has rows) and reads the results back
+ * through host-sizes views of the same storage, with the rows the kernels
+ * use, which the test works out itself from docs/memory-layout.md. */
+
+/* The sizes tensor: one member of n INT64 values. */
+static GmlpGroupedTensor *
+sizes_tensor (GmlpDevice *device, const gint64 *sizes, guint n)
+{
+  g_autoptr(GBytes) bytes = g_bytes_new (sizes, n * sizeof (gint64));
+  g_autoptr(GError) error = NULL;
+  gint64 len = n;
+  GmlpGroupedTensor *t = gmlp_grouped_tensor_new_from_bytes (device, GMLP_DTYPE_INT64, &len, 1, 1,
+                                                             bytes, &error);
+
+  g_assert_no_error (error);
+  return t;
+}
+
+static gint64
+round_up_256 (gint64 bytes)
+{
+  return (bytes + 255) / 256 * 256;
+}
+
+/* The rows each group gets from device sizes, by docs/memory-layout.md: a
+ * negative size counts as 0; member g starts at Σ_{j<g} align256 (size_j ×
+ * row_bytes) with the sizes as given; and it keeps the rows that fit, from
+ * there, in the allocation of every operand (row_bytes[o] wide): capacity
+ * rows plus 255 bytes per member (none when rows are multiples of 256),
+ * rounded up to 256. */
+static gint64 *
+fitting_rows (const gint64 *sizes, guint n, gint64 capacity, const gint64 *row_bytes, guint n_ops)
+{
+  gint64 *fit = g_new (gint64, n);
+  gint64 alloc[2], offset[2] = { 0, 0 };
+  guint g, o;
+
+  g_assert_cmpuint (n_ops, <=, 2);
+  for (o = 0; o < n_ops; o++)
+    alloc[o] = round_up_256 (capacity * row_bytes[o] + (row_bytes[o] % 256 != 0 ? 255 * (gint64) n : 0));
+  for (g = 0; g < n; g++)
+    {
+      gint64 rows = MAX (sizes[g], 0);
+
+      fit[g] = rows;
+      for (o = 0; o < n_ops; o++)
+        {
+          gint64 room = offset[o] < alloc[o] ? (alloc[o] - offset[o]) / row_bytes[o] : 0;
+          fit[g] = MIN (fit[g], room);
+        }
+      for (o = 0; o < n_ops; o++)
+        offset[o] += round_up_256 (rows * row_bytes[o]);
+    }
+  return fit;
+}
+
+/* A tensor with device sizes @sizes and @capacity rows holding the
+ * members of @host (whose rows are the fitting rows: the member offsets
+ * then agree wherever there are rows). Poisoned past @host's bytes. */
+static GmlpGroupedTensor *
+device_sized_copy (GmlpGroupedTensor *host, GmlpGroupedTensor *sizes, gint64 capacity)
+{
+  GmlpDevice *device = gmlp_grouped_tensor_get_device (host);
+  g_autoptr(GError) error = NULL;
+  GmlpGroupedTensor *t;
+
+  t = gmlp_grouped_tensor_new_with_device_sizes (device, gmlp_grouped_tensor_get_dtype (host), sizes,
+                                                 capacity, gmlp_grouped_tensor_get_cols (host), &error);
+  g_assert_no_error (error);
+  g_assert_false (gmlp_grouped_tensor_has_host_sizes (t));
+  g_assert_cmpuint (gmlp_grouped_tensor_get_nbytes (host), <=, gmlp_grouped_tensor_get_nbytes (t));
+  g_assert_true (GMLP_DEVICE_CALL (device, copy, gmlp_grouped_tensor_get_data (t),
+                                   gmlp_grouped_tensor_get_data (host),
+                                   gmlp_grouped_tensor_get_nbytes (host), &error));
+  g_assert_no_error (error);
+  return t;
+}
+
+/* A host-sizes view of @t's storage whose members have @rows rows (the
+ * fitting rows), to read results where the kernels put them. */
+static GmlpGroupedTensor *
+host_view (GmlpGroupedTensor *t, const gint64 *rows)
+{
+  guint n = gmlp_grouped_tensor_get_n_groups (t);
+  GmlpTensorLayout layout;
+  GmlpGroupedTensor *view;
+  gint64 total = 0;
+  guint g;
+
+  for (g = 0; g < n; g++)
+    total += rows[g];
+  gmlp_grouped_tensor_get_layout (t, &layout);
+  g_clear_object (&layout.sizes);
+  layout.rows = g_memdup2 (rows, n * sizeof (gint64));
+  layout.row_capacity = total;
+  layout.nbytes = gmlp_grouped_tensor_layout_bytes (n, rows, total,
+                                                    layout.cols * gmlp_dtype_get_size (layout.dtype));
+  view = gmlp_grouped_tensor_new_with_buffer (&layout, gmlp_grouped_tensor_get_buffer (t));
+  gmlp_tensor_layout_clear (&layout);
+  return view;
+}
+
+/* Outside the first rows[g] rows of each member (laid out by @sizes), every
+ * byte of @t still holds the poison of fresh memory (GMLP_POISON: 0xff): the
+ * kernels wrote nothing else. */
+static void
+assert_only_rows_written (GmlpGroupedTensor *t, const gint64 *sizes, const gint64 *rows)
+{
+  GmlpDevice *device = gmlp_grouped_tensor_get_device (t);
+  guint n = gmlp_grouped_tensor_get_n_groups (t);
+  gsize nbytes = gmlp_grouped_tensor_get_nbytes (t);
+  gint64 row_bytes = gmlp_grouped_tensor_get_cols (t) * gmlp_dtype_get_size (gmlp_grouped_tensor_get_dtype (t));
+  g_autofree guint8 *bytes = g_malloc (nbytes);
+  g_autofree guint8 *written = g_malloc0 (nbytes);
+  g_autoptr(GError) error = NULL;
+  gint64 offset = 0;
+  gsize i;
+  guint g;
+
+  if (g_getenv ("GMLP_POISON") == NULL)
+    return;
+  g_assert_true (GMLP_DEVICE_CALL (device, download, bytes, gmlp_grouped_tensor_get_data (t), nbytes, &error));
+  g_assert_no_error (error);
+  for (g = 0; g < n; g++)
+    {
+      if (rows[g] > 0)
+        {
+          g_assert_cmpint (offset + rows[g] * row_bytes, <=, (gint64) nbytes);
+          memset (written + offset, 1, rows[g] * row_bytes);
+        }
+      offset += round_up_256 (MAX (sizes[g], 0) * row_bytes);
+    }
+  for (i = 0; i < nbytes; i++)
+    if (!written[i] && bytes[i] != 0xff)
+      g_error ("byte %" G_GSIZE_FORMAT " of %" G_GSIZE_FORMAT " outside the rows was written", i, nbytes);
+}
+
+/* Replaces the host-sizes tensors *x and *dy by copies whose sizes (the
+ * same values: rows, all of which fit) are only on the device; dy gets a
+ * sizes tensor of its own. */
+static void
+move_sizes_to_device (GmlpGroupedTensor **x, GmlpGroupedTensor **dy, const gint64 *rows, guint n,
+                      gint64 slack)
+{
+  GmlpDevice *device = gmlp_grouped_tensor_get_device (*x);
+  g_autoptr(GmlpGroupedTensor) x_sizes = sizes_tensor (device, rows, n);
+  g_autoptr(GmlpGroupedTensor) dy_sizes = sizes_tensor (device, rows, n);
+  GmlpGroupedTensor *x_dev, *dy_dev;
+  gint64 capacity = slack;
+  guint g;
+
+  for (g = 0; g < n; g++)
+    capacity += rows[g];
+  x_dev = device_sized_copy (*x, x_sizes, capacity);
+  dy_dev = device_sized_copy (*dy, dy_sizes, capacity);
+  g_object_unref (*x);
+  g_object_unref (*dy);
+  *x = x_dev;
+  *dy = dy_dev;
+}
+
+static gboolean
+on_cpu (GmlpDevice *device)
+{
+  return gmlp_device_get_kind (device) == GMLP_DEVICE_KIND_CPU;
+}
+
 /* One forward and backward of a fresh problem on @layer, every result
  * checked against the float64 reference within the dtype's tolerance. */
 static void
@@ -362,6 +535,7 @@ check_contract_state (GmlpGroupedLinear *layer, const Combo *c, gboolean compute
   GmlpGroupedTensor *main_grad = face (layer, c->single, gmlp_grouped_linear_get_main_grad,
                                        gmlp_grouped_linear_get_main_grad_member);
   gsize wlen = p->o * p->k;
+  double tol = MAX (gmlp_test_tolerance (gmlp_grouped_linear_get_dtype (layer)), 2e-5);
   guint g;
 
   /* Exists iff the table says so. */
@@ -383,13 +557,13 @@ check_contract_state (GmlpGroupedLinear *layer, const Combo *c, gboolean compute
         {
           GmlpGroupedTensor *t = c->single ? wgrad : gmlp_grouped_linear_get_wgrad_member (layer, g);
           g_autofree double *got = gmlp_test_download (t, NULL);
-          gmlp_test_assert_close (got + (c->single ? g * wlen : 0), dw, wlen, 2e-5, name);
+          gmlp_test_assert_close (got + (c->single ? g * wlen : 0), dw, wlen, tol, name);
         }
       if (bgrad != NULL)
         {
           GmlpGroupedTensor *t = c->single ? bgrad : gmlp_grouped_linear_get_bgrad_member (layer, g);
           g_autofree double *got = gmlp_test_download (t, NULL);
-          gmlp_test_assert_close (got + (c->single ? g * p->o : 0), p->db + g * p->o, p->o, 2e-5, name);
+          gmlp_test_assert_close (got + (c->single ? g * p->o : 0), p->db + g * p->o, p->o, tol, name);
         }
       if (main_grad != NULL)
         {
@@ -403,13 +577,14 @@ check_contract_state (GmlpGroupedLinear *layer, const Combo *c, gboolean compute
           for (i = 0; i < wlen; i++)
             want[i] = !computed ? main_grad_before[g * wlen + i] :
                       mask[g] ? main_grad_before[g * wlen + i] + dw[i] : dw[i];
-          gmlp_test_assert_close (got + (c->single ? g * wlen : 0), want, wlen, 2e-5, name);
+          gmlp_test_assert_close (got + (c->single ? g * wlen : 0), want, wlen, tol, name);
         }
     }
 }
 
+/* The contract holds the same with the group sizes only on the device. */
 static void
-test_contract (void)
+run_contract (gboolean device_sizes)
 {
   g_autoptr(GmlpDevice) device = gmlp_test_device_or_skip ();
   guint combo;
@@ -417,26 +592,36 @@ test_contract (void)
   if (device == NULL)
     return;
 
-  for (combo = 0; combo < 8; combo++)
+  /* FP32 with odd features, and BF16 with features the Hopper kernel takes
+   * (its epilogue adds into the FP32 main_grad). */
+  for (combo = 0; combo < 16; combo++)
     {
       Combo c = { combo & 1, (combo >> 1) & 1, (combo >> 2) & 1 };
+      const gboolean bf16 = combo >= 8;
+      const GmlpDType dtype = bf16 ? GMLP_DTYPE_BFLOAT16 : GMLP_DTYPE_FLOAT32;
+      const gint64 k = bf16 ? 16 : 9, o = bf16 ? 24 : 6;
       GmlpLinearFlags flags = GMLP_LINEAR_BIAS |
                               (c.delay ? GMLP_LINEAR_DELAY_WGRAD_COMPUTE : 0) |
                               (c.fused ? GMLP_LINEAR_FUSE_WGRAD_ACCUMULATION : 0) |
                               (c.single ? GMLP_LINEAR_SINGLE_GROUPED_WEIGHT : 0);
       const guint n = 4;
-      gint64 rows[] = { 7, 0, 12, 3 };
-      gboolean mask[] = { TRUE, TRUE, FALSE, TRUE };
-      g_autoptr(GmlpGroupedLinear) layer = new_layer (device, n, 9, 6, GMLP_DTYPE_FLOAT32, flags);
+      /* Every case of the mask: rows added, rows written, no rows and
+       * main_grad left alone, no rows and main_grad zeroed. */
+      gint64 rows[] = { 7, 0, 12, 0 };
+      gboolean mask[] = { TRUE, TRUE, FALSE, FALSE };
+      g_autoptr(GmlpGroupedLinear) layer = new_layer (device, n, k, o, dtype, flags);
       g_autoptr(GmlpGroupedTensor) x = NULL, dy = NULL, y = NULL, dx = NULL;
       g_autoptr(GmlpSavedActivations) saved = NULL;
       g_autoptr(GError) error = NULL;
       g_autoptr(Problem) p = problem_new (layer, rows, &x, &dy);
-      g_autofree double *main_grad_before = g_new0 (double, n * 6 * 9);
+      g_autofree double *main_grad_before = g_new0 (double, n * o * k);
       GmlpGroupedTensor *separate[4] = { NULL, };
       guint g;
 
-      g_test_message ("delay=%d fused=%d single=%d", c.delay, c.fused, c.single);
+      g_test_message ("delay=%d fused=%d single=%d device-sizes=%d %s", c.delay, c.fused, c.single,
+                      device_sizes, gmlp_dtype_get_name (dtype));
+      if (device_sizes)
+        move_sizes_to_device (&x, &dy, rows, n, 3);
       wgrad_ready_count = 0;
       g_signal_connect (layer, "wgrad-ready", G_CALLBACK (count_wgrad_ready), NULL);
 
@@ -446,20 +631,20 @@ test_contract (void)
           if (c.single)
             {
               g_autoptr(GmlpGroupedTensor) mg = NULL;
-              gint64 wr[] = { 6, 6, 6, 6 };
+              gint64 wr[] = { o, o, o, o };
               g_autofree double *vals = NULL;
-              mg = gmlp_test_random_tensor (device, GMLP_DTYPE_FLOAT32, wr, n, 9, 1.0, &vals);
-              memcpy (main_grad_before, vals, sizeof (double) * n * 54);
+              mg = gmlp_test_random_tensor (device, GMLP_DTYPE_FLOAT32, wr, n, k, 1.0, &vals);
+              memcpy (main_grad_before, vals, sizeof (double) * n * o * k);
               g_assert_true (gmlp_grouped_linear_set_main_grad (layer, mg, &error));
               g_assert_no_error (error);
             }
           else
             for (g = 0; g < n; g++)
               {
-                gint64 six = 6;
+                gint64 rows_o = o;
                 g_autofree double *vals = NULL;
-                separate[g] = gmlp_test_random_tensor (device, GMLP_DTYPE_FLOAT32, &six, 1, 9, 1.0, &vals);
-                memcpy (main_grad_before + g * 54, vals, sizeof (double) * 54);
+                separate[g] = gmlp_test_random_tensor (device, GMLP_DTYPE_FLOAT32, &rows_o, 1, k, 1.0, &vals);
+                memcpy (main_grad_before + g * o * k, vals, sizeof (double) * o * k);
                 g_assert_true (gmlp_grouped_linear_set_main_grad_member (layer, g, separate[g], &error));
                 g_assert_no_error (error);
               }
@@ -487,9 +672,17 @@ test_contract (void)
       g_assert_false (gmlp_grouped_linear_backward_dw (layer, &error));
       g_assert_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_STATE);
 
+      if (device_sizes)
+        g_assert_false (gmlp_grouped_tensor_has_host_sizes (dx));
       for (g = 0; g < n; g++)
         g_clear_object (&separate[g]);
     }
+}
+
+static void
+test_contract (void)
+{
+  run_contract (FALSE);
 }
 
 /* A handler that waits on the event sees the finished gradients. */
@@ -587,7 +780,7 @@ test_wgrad_ready (void)
 /* Several microbatches in flight; backwards in reverse order; delayed
  * weight gradients computed oldest first; fused accumulation sums them. */
 static void
-test_microbatches (void)
+run_microbatches (gboolean device_sizes)
 {
   g_autoptr(GmlpDevice) device = gmlp_test_device_or_skip ();
   guint delayed;
@@ -629,6 +822,8 @@ test_microbatches (void)
               g_free (p[i]->y); g_free (p[i]->dx); g_free (p[i]->dw); g_free (p[i]->db);
               problem_reference (p[i]);
             }
+          if (device_sizes)
+            move_sizes_to_device (&x[i], &dy[i], rows, n, i);
           y = gmlp_grouped_linear_forward (layer, x[i], &saved[i], &error);
           g_assert_no_error (error);
           check_output (y, p[i]->y, p[i], 11, "fprop");
@@ -670,6 +865,12 @@ test_microbatches (void)
     }
 }
 
+static void
+test_microbatches (void)
+{
+  run_microbatches (FALSE);
+}
+
 /* Bad input: the right error, nothing written, nothing allocated. */
 static void
 test_bad_input (void)
@@ -677,7 +878,7 @@ test_bad_input (void)
   g_autoptr(GmlpDevice) device = gmlp_test_device_or_skip ();
   g_autoptr(GmlpGroupedLinear) layer = NULL, other = NULL;
   g_autoptr(GmlpGroupedTensor) x = NULL, dy = NULL, y = NULL, dx = NULL, x16 = NULL;
-  g_autoptr(GmlpGroupedTensor) wide = NULL, three = NULL, dy_short = NULL, sizes = NULL, dev_x = NULL;
+  g_autoptr(GmlpGroupedTensor) wide = NULL, three = NULL, dy_short = NULL;
   g_autoptr(GmlpSavedActivations) saved = NULL, other_saved = NULL;
   g_autoptr(GBytes) weight_before = NULL, weight_after = NULL, short_bytes = NULL;
   g_autoptr(GError) error = NULL;
@@ -698,12 +899,6 @@ test_bad_input (void)
   wide = gmlp_test_random_tensor (device, GMLP_DTYPE_FLOAT32, rows, 4, 17, 1.0, NULL);
   three = gmlp_test_random_tensor (device, GMLP_DTYPE_FLOAT32, rows3, 3, 16, 1.0, NULL);
   dy_short = gmlp_test_random_tensor (device, GMLP_DTYPE_FLOAT32, rows_short, 4, 8, 1.0, NULL);
-  {
-    gint64 four = 4;
-    g_autoptr(GBytes) sb = g_bytes_new (rows, sizeof rows);
-    sizes = gmlp_grouped_tensor_new_from_bytes (device, GMLP_DTYPE_INT64, &four, 1, 1, sb, NULL);
-    dev_x = gmlp_grouped_tensor_new_with_device_sizes (device, GMLP_DTYPE_FLOAT32, sizes, 10, 16, NULL);
-  }
   y = gmlp_grouped_linear_forward (other, x, &other_saved, &error);
   g_assert_no_error (error);
   g_clear_object (&y);
@@ -726,7 +921,6 @@ test_bad_input (void)
   EXPECT_NULL (gmlp_grouped_linear_forward (layer, x16, &_s, &_e), GMLP_ERROR_DTYPE_MISMATCH);
   EXPECT_NULL (gmlp_grouped_linear_forward (layer, wide, &_s, &_e), GMLP_ERROR_SHAPE_MISMATCH);
   EXPECT_NULL (gmlp_grouped_linear_forward (layer, three, &_s, &_e), GMLP_ERROR_SHAPE_MISMATCH);
-  EXPECT_NULL (gmlp_grouped_linear_forward (layer, dev_x, &_s, &_e), GMLP_ERROR_UNSUPPORTED);
 
   /* Saved activations of another layer, output gradients of the wrong shape. */
   y = gmlp_grouped_linear_forward (layer, x, &saved, &error);
@@ -870,6 +1064,460 @@ test_properties (void)
   }
 }
 
+/* ---- Group sizes on the device -------------------------------------------- */
+
+/* One forward and backward with the group sizes only on the device
+ * (@sizes, as a router would write them: maybe negative, maybe adding up to
+ * more than @capacity), against the float64 reference of the rows the
+ * kernels use; the outputs start poisoned and nothing outside those rows is
+ * written. */
+static void
+run_device_sizes (GmlpGroupedLinear *layer, const gint64 *sizes, gint64 capacity)
+{
+  GmlpDevice *device = gmlp_grouped_linear_get_device (layer);
+  guint n = gmlp_grouped_linear_get_n_groups (layer);
+  gint64 k = gmlp_grouped_linear_get_in_features (layer);
+  gint64 o = gmlp_grouped_linear_get_out_features (layer);
+  GmlpDType dtype = gmlp_grouped_linear_get_dtype (layer);
+  gboolean has_bias = (gmlp_grouped_linear_get_flags (layer) & GMLP_LINEAR_BIAS) != 0;
+  gint64 row_bytes[2] = { k * (gint64) gmlp_dtype_get_size (dtype), o * (gint64) gmlp_dtype_get_size (dtype) };
+  /* The products use the rows that fit in both operands; the bias gradient
+   * reads dy alone, so it may see more of dy's rows. */
+  g_autofree gint64 *rows = fitting_rows (sizes, n, capacity, row_bytes, 2);
+  g_autofree gint64 *dy_rows = fitting_rows (sizes, n, capacity, &row_bytes[1], 1);
+  g_autoptr(GmlpGroupedTensor) x_host = NULL, dy_host = NULL, dy_full = NULL;
+  g_autoptr(GmlpGroupedTensor) x_sizes = NULL, dy_sizes = NULL;
+  g_autoptr(GmlpGroupedTensor) x = NULL, dy = NULL, y = NULL, dx = NULL, y_view = NULL, dx_view = NULL;
+  g_autoptr(GmlpSavedActivations) saved = NULL;
+  g_autoptr(GError) error = NULL;
+  g_autoptr(Problem) p = problem_new (layer, rows, &x_host, &dy_host);
+  double tol = gmlp_test_tolerance (dtype);
+  guint g;
+
+  x_sizes = sizes_tensor (device, sizes, n);
+  /* The output gradient's sizes: the same values, in the same tensor or
+   * in one of its own. */
+  dy_sizes = g_test_rand_bit () ? g_object_ref (x_sizes) : sizes_tensor (device, sizes, n);
+  x = device_sized_copy (x_host, x_sizes, capacity);
+
+  /* dy: the problem's rows of each group, then those only the bias
+   * gradient sees. */
+  {
+    gint64 dy_total = 0, r0 = 0, q0 = 0, r, j;
+    g_autofree double *values = NULL;
+    g_autoptr(GBytes) bytes = NULL;
+
+    for (g = 0; g < n; g++)
+      dy_total += dy_rows[g];
+    values = g_new (double, MAX (dy_total * o, 1));
+    for (g = 0; g < n; g++)
+      {
+        g_assert_cmpint (dy_rows[g], >=, rows[g]);
+        memcpy (values + q0 * o, p->dy + r0 * o, sizeof (double) * rows[g] * o);
+        for (r = rows[g]; r < dy_rows[g]; r++)
+          for (j = 0; j < o; j++)
+            {
+              double v = gmlp_test_round ((float) g_test_rand_double_range (-1.0, 1.0), dtype);
+              values[(q0 + r) * o + j] = v;
+              p->db[g * o + j] += v;
+            }
+        r0 += rows[g];
+        q0 += dy_rows[g];
+      }
+    bytes = encode_values (values, dy_total * o, dtype);
+    dy_full = gmlp_grouped_tensor_new_from_bytes (device, dtype, dy_rows, n, o, bytes, &error);
+    g_assert_no_error (error);
+  }
+  dy = device_sized_copy (dy_full, dy_sizes, capacity);
+
+  y = gmlp_grouped_linear_forward (layer, x, &saved, &error);
+  g_assert_no_error (error);
+  g_assert_false (gmlp_grouped_tensor_has_host_sizes (y));
+  g_assert_true (gmlp_grouped_tensor_get_sizes (y, NULL) == x_sizes);
+  g_assert_cmpint (gmlp_grouped_tensor_get_row_capacity (y), ==, capacity);
+  g_assert_cmpint (gmlp_grouped_tensor_get_cols (y), ==, o);
+  y_view = host_view (y, rows);
+  check_output (y_view, p->y, p, o, "fprop (device sizes)");
+  assert_only_rows_written (y, sizes, rows);
+
+  dx = gmlp_grouped_linear_backward (layer, saved, dy, &error);
+  g_assert_no_error (error);
+  g_assert_true (gmlp_saved_activations_is_consumed (saved));
+  g_assert_false (gmlp_grouped_tensor_has_host_sizes (dx));
+  g_assert_true (gmlp_grouped_tensor_get_sizes (dx, NULL) == x_sizes);
+  g_assert_cmpint (gmlp_grouped_tensor_get_row_capacity (dx), ==, capacity);
+  dx_view = host_view (dx, rows);
+  check_output (dx_view, p->dx, p, k, "dgrad (device sizes)");
+  assert_only_rows_written (dx, sizes, rows);
+  check_per_group (gmlp_grouped_linear_get_wgrad (layer), p->dw, p, o * k, tol, "wgrad (device sizes)");
+  if (has_bias)
+    check_per_group (gmlp_grouped_linear_get_bgrad (layer), p->db, p, o, tol, "dbias (device sizes)");
+}
+
+static gint64
+sum_of_sizes (const gint64 *sizes, guint n)
+{
+  gint64 total = 0;
+  guint g;
+
+  for (g = 0; g < n; g++)
+    total += MAX (sizes[g], 0);
+  return total;
+}
+
+/* Every dtype, random shapes and sizes: empty groups, odd sizes, negative
+ * sizes, room to spare, and sizes past the capacity. */
+static void
+test_device_sizes_numerics (void)
+{
+  g_autoptr(GmlpDevice) device = gmlp_test_device_or_skip ();
+  guint d, iter;
+
+  if (device == NULL)
+    return;
+
+  for (d = 0; d < G_N_ELEMENTS (layer_dtypes); d++)
+    for (iter = 0; iter < 6; iter++)
+      {
+        guint n = g_test_rand_int_range (1, 7);
+        gint64 k = g_test_rand_int_range (1, 90), o = g_test_rand_int_range (1, 90);
+        GmlpLinearFlags flags = GMLP_LINEAR_SINGLE_GROUPED_WEIGHT | (iter % 2 ? GMLP_LINEAR_BIAS : 0);
+        g_autoptr(GmlpGroupedLinear) layer = new_layer (device, n, k, o, layer_dtypes[d], flags);
+        g_autofree gint64 *sizes = gmlp_test_random_rows (n, 70);
+        gint64 total, capacity;
+
+        if (iter % 3 == 1)
+          sizes[g_test_rand_int_range (0, n)] = -g_test_rand_int_range (1, 6);
+        total = sum_of_sizes (sizes, n);
+        capacity = iter % 3 == 2 ? total * 2 / 3 : total + g_test_rand_int_range (0, 20);
+        g_test_message ("%s n=%u k=%" G_GINT64_FORMAT " o=%" G_GINT64_FORMAT " capacity=%"
+                        G_GINT64_FORMAT " of %" G_GINT64_FORMAT, gmlp_dtype_get_name (layer_dtypes[d]),
+                        n, k, o, capacity, total);
+        run_device_sizes (layer, sizes, capacity);
+      }
+}
+
+/* One group, one group holding every row, 256 groups, odd sizes, sizes far
+ * past the capacity, a capacity of zero, no rows at all; FP32 too (the
+ * portable kernel on a GPU). */
+static void
+test_device_sizes_shapes (void)
+{
+  g_autoptr(GmlpDevice) device = gmlp_test_device_or_skip ();
+  guint shape;
+
+  if (device == NULL)
+    return;
+
+  for (shape = 0; shape < 8; shape++)
+    {
+      static const guint n_of[] = { 1, 5, 256, 5, 4, 3, 3, 2 };
+      guint n = n_of[shape];
+      gint64 k = shape == 3 ? 33 : shape == 7 ? 130 : 24, o = shape == 3 ? 17 : shape == 7 ? 70 : 40;
+      GmlpDType dtype = shape % 2 ? GMLP_DTYPE_FLOAT32 : GMLP_DTYPE_BFLOAT16;
+      g_autofree gint64 *sizes = g_new0 (gint64, n);
+      g_autoptr(GmlpGroupedLinear) layer = NULL;
+      gint64 capacity;
+      guint g;
+
+      switch (shape)
+        {
+        case 0: sizes[0] = 37; break;
+        case 1: sizes[3] = 123; break;
+        case 2:
+          for (g = 0; g < n; g++)
+            sizes[g] = g_test_rand_int_range (0, 6);
+          break;
+        case 3:
+          for (g = 0; g < n; g++)
+            sizes[g] = g_test_rand_int_range (1, 31);
+          break;
+        case 4: sizes[0] = 1000; sizes[1] = 50; sizes[2] = -3; sizes[3] = 7; break;
+        case 5: sizes[0] = 5; sizes[2] = 2; break;
+        case 6: break;
+        default: sizes[0] = 300; sizes[1] = 129; break;
+        }
+      capacity = shape == 4 ? 40 : shape == 5 ? 0 : shape == 6 ? 10 :
+                 sum_of_sizes (sizes, n) + (shape == 3 ? 9 : 0);
+
+      layer = new_layer (device, n, k, o, dtype, GMLP_LINEAR_SINGLE_GROUPED_WEIGHT | GMLP_LINEAR_BIAS);
+      run_device_sizes (layer, sizes, capacity);
+    }
+}
+
+/* More output tiles than a GPU holds blocks at once (the kernels stride
+ * over the tile list), groups of several bias tiles, and more groups than
+ * one pass of the device-side scan covers (256). */
+static void
+test_device_sizes_many_tiles (void)
+{
+  g_autoptr(GmlpDevice) device = gmlp_test_device_or_skip ();
+  guint shape;
+
+  if (device == NULL)
+    return;
+
+  for (shape = 0; shape < 2; shape++)
+    {
+      guint n = shape == 0 ? 4 : 300;
+      gint64 k = shape == 0 ? 8 : 70, o = shape == 0 ? 1500 : 130;
+      g_autofree gint64 *sizes = g_new (gint64, n);
+      g_autoptr(GmlpGroupedLinear) layer = NULL;
+      guint g;
+
+      for (g = 0; g < n; g++)
+        sizes[g] = shape == 0 ? g_test_rand_int_range (900, 1100) : g_test_rand_int_range (0, 10);
+      layer = new_layer (device, n, k, o, shape == 0 ? GMLP_DTYPE_BFLOAT16 : GMLP_DTYPE_FLOAT16,
+                         GMLP_LINEAR_SINGLE_GROUPED_WEIGHT | GMLP_LINEAR_BIAS);
+      run_device_sizes (layer, sizes, sum_of_sizes (sizes, n) + 17);
+    }
+}
+
+/* Shapes the Hopper kernel takes on an H100/H200 (16-bit operands,
+ * features multiples of 8): several 128 × 256 output tiles with partial
+ * ones at both edges, a reduction that ends inside a 64-deep block, row
+ * counts that are not multiples of the tiles, empty groups, one group with
+ * every row, 1 and 256 groups. */
+static void
+test_device_sizes_tiles (void)
+{
+  g_autoptr(GmlpDevice) device = gmlp_test_device_or_skip ();
+  guint shape;
+
+  if (device == NULL)
+    return;
+
+  for (shape = 0; shape < 6; shape++)
+    {
+      static const guint n_of[] = { 1, 3, 256, 4, 2, 5 };
+      guint n = n_of[shape];
+      gint64 k = shape == 2 ? 72 : 136, o = shape == 2 ? 56 : 264;
+      GmlpDType dtype = shape % 2 ? GMLP_DTYPE_FLOAT16 : GMLP_DTYPE_BFLOAT16;
+      GmlpLinearFlags flags = GMLP_LINEAR_SINGLE_GROUPED_WEIGHT | GMLP_LINEAR_BIAS;
+      g_autofree gint64 *sizes = g_new0 (gint64, n);
+      g_autoptr(GmlpGroupedLinear) layer = NULL;
+      guint g;
+
+      switch (shape)
+        {
+        case 0: sizes[0] = 301; break;
+        case 1: sizes[0] = 129; sizes[2] = 77; break;
+        case 2:
+          for (g = 0; g < n; g++)
+            sizes[g] = g_test_rand_int_range (0, 40);
+          break;
+        case 3: sizes[2] = 1000; break;
+        case 4: sizes[0] = 63; sizes[1] = 65; break;
+        default:
+          for (g = 0; g < n; g++)
+            sizes[g] = g_test_rand_int_range (0, 300);
+          break;
+        }
+      layer = new_layer (device, n, k, o, dtype, flags);
+      run_device_sizes (layer, sizes, sum_of_sizes (sizes, n) + (shape == 5 ? 100 : 0));
+    }
+}
+
+/* On the same data, the device-sizes path gives the results of the
+ * host-sizes path: the same bits on the CPU (the same arithmetic), within
+ * the dtype's tolerance on a GPU (other kernels, another summation order). */
+static void
+test_device_sizes_same_as_host (void)
+{
+  g_autoptr(GmlpDevice) device = gmlp_test_device_or_skip ();
+  guint d;
+
+  if (device == NULL)
+    return;
+
+  for (d = 0; d < G_N_ELEMENTS (layer_dtypes); d++)
+    {
+      const guint n = 6;
+      GmlpDType dtype = layer_dtypes[d];
+      g_autoptr(GmlpGroupedLinear) layer = new_layer (device, n, 40, 24, dtype,
+                                                      GMLP_LINEAR_SINGLE_GROUPED_WEIGHT | GMLP_LINEAR_BIAS);
+      g_autofree gint64 *rows = gmlp_test_random_rows (n, 50);
+      g_autoptr(GmlpGroupedTensor) x = NULL, dy = NULL, x_dev = NULL, dy_dev = NULL;
+      g_autoptr(Problem) p = problem_new (layer, rows, &x, &dy);
+      GBytes *host[4], *dev[4];
+      const char *what[4] = { "fprop", "dgrad", "wgrad", "dbias" };
+      guint pass, i;
+
+      x_dev = g_object_ref (x);
+      dy_dev = g_object_ref (dy);
+      move_sizes_to_device (&x_dev, &dy_dev, rows, n, 5);
+
+      for (pass = 0; pass < 2; pass++)
+        {
+          g_autoptr(GmlpGroupedTensor) y = NULL, dx = NULL;
+          g_autoptr(GmlpSavedActivations) saved = NULL;
+          g_autoptr(GError) error = NULL;
+          GBytes **out = pass == 0 ? host : dev;
+
+          y = gmlp_grouped_linear_forward (layer, pass == 0 ? x : x_dev, &saved, &error);
+          g_assert_no_error (error);
+          dx = gmlp_grouped_linear_backward (layer, saved, pass == 0 ? dy : dy_dev, &error);
+          g_assert_no_error (error);
+          g_assert_true (gmlp_grouped_tensor_has_host_sizes (dx) == (pass == 0));
+          out[0] = gmlp_grouped_tensor_to_bytes (y, &error);
+          out[1] = gmlp_grouped_tensor_to_bytes (dx, &error);
+          out[2] = gmlp_grouped_tensor_to_bytes (gmlp_grouped_linear_get_wgrad (layer), &error);
+          out[3] = gmlp_grouped_tensor_to_bytes (gmlp_grouped_linear_get_bgrad (layer), &error);
+          g_assert_no_error (error);
+        }
+
+      for (i = 0; i < 4; i++)
+        {
+          gsize len = g_bytes_get_size (host[i]) / gmlp_dtype_get_size (dtype), j;
+          g_autofree double *h = g_new (double, MAX (len, 1));
+          g_autofree double *v = g_new (double, MAX (len, 1));
+
+          g_assert_cmpuint (g_bytes_get_size (dev[i]), ==, g_bytes_get_size (host[i]));
+          if (on_cpu (device))
+            g_assert_true (g_bytes_equal (host[i], dev[i]));
+          for (j = 0; j < len; j++)
+            {
+              h[j] = gmlp_test_decode (g_bytes_get_data (host[i], NULL), dtype, j);
+              v[j] = gmlp_test_decode (g_bytes_get_data (dev[i], NULL), dtype, j);
+            }
+          gmlp_test_assert_close (v, h, len, gmlp_test_tolerance (dtype), what[i]);
+          g_bytes_unref (host[i]);
+          g_bytes_unref (dev[i]);
+        }
+    }
+}
+
+static void
+test_device_sizes_contract (void)
+{
+  run_contract (TRUE);
+}
+
+static void
+test_device_sizes_microbatches (void)
+{
+  run_microbatches (TRUE);
+}
+
+/* Host sizes on one side and device sizes on the other, another row
+ * capacity, another number of groups: an error, nothing written or
+ * allocated, and the saved activations still usable. */
+static void
+test_device_sizes_bad_input (void)
+{
+  g_autoptr(GmlpDevice) device = gmlp_test_device_or_skip ();
+  g_autoptr(GmlpGroupedLinear) layer = NULL;
+  g_autoptr(GmlpGroupedTensor) x = NULL, dy = NULL, x_dev = NULL, dy_dev = NULL, dy_cap = NULL;
+  g_autoptr(GmlpGroupedTensor) sizes = NULL, sizes3 = NULL, x3 = NULL, dy_wide = NULL;
+  g_autoptr(GmlpGroupedTensor) y = NULL, y_dev = NULL, dx = NULL, dx_dev = NULL;
+  g_autoptr(GmlpSavedActivations) saved = NULL, saved_dev = NULL;
+  g_autoptr(GError) error = NULL;
+  g_autoptr(Problem) p = NULL;
+  gint64 rows[] = { 5, 0, 3, 2 };
+  guint64 in_use;
+
+  if (device == NULL)
+    return;
+
+  layer = new_layer (device, 4, 16, 8, GMLP_DTYPE_FLOAT32, GMLP_LINEAR_SINGLE_GROUPED_WEIGHT | GMLP_LINEAR_BIAS);
+  p = problem_new (layer, rows, &x, &dy);
+  sizes = sizes_tensor (device, rows, 4);
+  sizes3 = sizes_tensor (device, rows, 3);
+  x_dev = device_sized_copy (x, sizes, 12);
+  dy_dev = device_sized_copy (dy, sizes, 12);
+  dy_cap = device_sized_copy (dy, sizes, 13);
+  x3 = gmlp_grouped_tensor_new_with_device_sizes (device, GMLP_DTYPE_FLOAT32, sizes3, 12, 16, &error);
+  g_assert_no_error (error);
+  dy_wide = gmlp_grouped_tensor_new_with_device_sizes (device, GMLP_DTYPE_FLOAT32, sizes, 12, 9, &error);
+  g_assert_no_error (error);
+
+  y = gmlp_grouped_linear_forward (layer, x, &saved, &error);
+  g_assert_no_error (error);
+  y_dev = gmlp_grouped_linear_forward (layer, x_dev, &saved_dev, &error);
+  g_assert_no_error (error);
+  g_assert_true (gmlp_device_synchronize (device, NULL));
+  in_use = gmlp_device_get_bytes_in_use (device);
+
+#define EXPECT_NULL(call, code) \
+  G_STMT_START { \
+    g_autoptr(GError) _e = NULL; \
+    g_autoptr(GmlpSavedActivations) _s = NULL; \
+    gpointer _r = (call); \
+    g_assert_null (_r); \
+    g_assert_error (_e, GMLP_ERROR, (code)); \
+    g_assert_null (_s); \
+    g_assert_cmpuint (gmlp_device_get_bytes_in_use (device), ==, in_use); \
+  } G_STMT_END
+
+  EXPECT_NULL (gmlp_grouped_linear_forward (layer, x3, &_s, &_e), GMLP_ERROR_SHAPE_MISMATCH);
+  EXPECT_NULL (gmlp_grouped_linear_backward (layer, saved, dy_dev, &_e), GMLP_ERROR_INVALID_ARGUMENT);
+  EXPECT_NULL (gmlp_grouped_linear_backward (layer, saved_dev, dy, &_e), GMLP_ERROR_INVALID_ARGUMENT);
+  EXPECT_NULL (gmlp_grouped_linear_backward (layer, saved_dev, dy_cap, &_e), GMLP_ERROR_SHAPE_MISMATCH);
+  EXPECT_NULL (gmlp_grouped_linear_backward (layer, saved_dev, dy_wide, &_e), GMLP_ERROR_SHAPE_MISMATCH);
+#undef EXPECT_NULL
+
+  g_assert_false (gmlp_saved_activations_is_consumed (saved));
+  g_assert_false (gmlp_saved_activations_is_consumed (saved_dev));
+  g_assert_null (gmlp_grouped_linear_get_wgrad (layer));
+
+  /* Then both work. */
+  dx_dev = gmlp_grouped_linear_backward (layer, saved_dev, dy_dev, &error);
+  g_assert_no_error (error);
+  check_output (dx_dev, p->dx, p, 16, "dgrad (device sizes)");
+  check_per_group (gmlp_grouped_linear_get_wgrad (layer), p->dw, p, 8 * 16, 2e-5, "wgrad (device sizes)");
+  check_per_group (gmlp_grouped_linear_get_bgrad (layer), p->db, p, 8, 2e-5, "dbias (device sizes)");
+  dx = gmlp_grouped_linear_backward (layer, saved, dy, &error);
+  g_assert_no_error (error);
+  check_output (dx, p->dx, p, 16, "dgrad");
+}
+
+/* Saved activations with device sizes offload and reload their whole
+ * allocation, and backward computes from the reloaded copy. */
+static void
+test_device_sizes_offload (void)
+{
+  g_autoptr(GmlpDevice) device = gmlp_test_device_or_skip ();
+  g_autoptr(GmlpOffloadContext) ctx = NULL;
+  g_autoptr(GmlpGroupedLinear) layer = NULL;
+  g_autoptr(GmlpGroupedTensor) x = NULL, dy = NULL, y = NULL, dx = NULL;
+  g_autoptr(GmlpSavedActivations) saved = NULL;
+  g_autoptr(GError) error = NULL;
+  g_autoptr(Problem) p = NULL;
+  gint64 rows[] = { 9, 0, 14, 3 };
+
+  if (device == NULL)
+    return;
+
+  layer = new_layer (device, 4, 24, 16, GMLP_DTYPE_FLOAT32,
+                     GMLP_LINEAR_SINGLE_GROUPED_WEIGHT | GMLP_LINEAR_BIAS);
+  p = problem_new (layer, rows, &x, &dy);
+  move_sizes_to_device (&x, &dy, rows, 4, 5);
+  ctx = gmlp_offload_context_new (device, &error);
+  g_assert_no_error (error);
+
+  gmlp_offload_context_push_thread_default (ctx, TRUE);
+  y = gmlp_grouped_linear_forward (layer, x, &saved, &error);
+  g_assert_true (gmlp_offload_context_pop_thread_default (ctx, NULL));
+  g_assert_no_error (error);
+  check_output (y, p->y, p, 16, "fprop (device sizes, offloaded)");
+
+  g_assert_true (gmlp_saved_activations_get_offload (saved));
+  gmlp_offload_context_flush (ctx);
+  g_assert_cmpuint (gmlp_saved_activations_get_nbytes (saved), ==, 0);
+  g_assert_cmpuint (gmlp_saved_activations_get_host_nbytes (saved), ==, gmlp_grouped_tensor_get_nbytes (x));
+
+  /* The caller's input changes: backward must use the offloaded copy. */
+  g_assert_true (gmlp_device_synchronize (device, NULL));
+  g_assert_true (gmlp_grouped_tensor_fill_zero (x, NULL));
+
+  dx = gmlp_grouped_linear_backward (layer, saved, dy, &error);
+  g_assert_no_error (error);
+  g_assert_false (gmlp_grouped_tensor_has_host_sizes (dx));
+  check_output (dx, p->dx, p, 24, "dgrad (device sizes, reloaded)");
+  check_per_group (gmlp_grouped_linear_get_wgrad (layer), p->dw, p, 16 * 24, 2e-5, "wgrad (reloaded)");
+  check_per_group (gmlp_grouped_linear_get_bgrad (layer), p->db, p, 16, 2e-5, "dbias (reloaded)");
+}
+
 int
 main (int argc, char *argv[])
 {
@@ -884,6 +1532,15 @@ main (int argc, char *argv[])
   g_test_add_func ("/Gmlp/GroupedLinear/bad-input", test_bad_input);
   g_test_add_func ("/Gmlp/GroupedLinear/main-grad-checks", test_main_grad_checks);
   g_test_add_func ("/Gmlp/GroupedLinear/properties", test_properties);
+  g_test_add_func ("/Gmlp/GroupedLinear/device-sizes/numerics", test_device_sizes_numerics);
+  g_test_add_func ("/Gmlp/GroupedLinear/device-sizes/shapes", test_device_sizes_shapes);
+  g_test_add_func ("/Gmlp/GroupedLinear/device-sizes/many-tiles", test_device_sizes_many_tiles);
+  g_test_add_func ("/Gmlp/GroupedLinear/device-sizes/tiles", test_device_sizes_tiles);
+  g_test_add_func ("/Gmlp/GroupedLinear/device-sizes/same-as-host", test_device_sizes_same_as_host);
+  g_test_add_func ("/Gmlp/GroupedLinear/device-sizes/contract", test_device_sizes_contract);
+  g_test_add_func ("/Gmlp/GroupedLinear/device-sizes/microbatches", test_device_sizes_microbatches);
+  g_test_add_func ("/Gmlp/GroupedLinear/device-sizes/bad-input", test_device_sizes_bad_input);
+  g_test_add_func ("/Gmlp/GroupedLinear/device-sizes/offload", test_device_sizes_offload);
 
   return g_test_run ();
 }

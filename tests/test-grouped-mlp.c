@@ -436,6 +436,58 @@ test_bad_input (void)
   g_assert_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_STATE);
 }
 
+/* The MLP's activation kernels take host sizes: a tensor whose sizes are
+ * only on the device is refused before anything is enqueued or allocated,
+ * in forward and in backward (where the saved activations stay usable). */
+static void
+test_device_sizes_unsupported (void)
+{
+  g_autoptr(GmlpDevice) device = gmlp_test_device_or_skip ();
+  g_autoptr(GmlpGroupedMLP) mlp = NULL;
+  g_autoptr(GmlpGroupedTensor) x = NULL, dy = NULL, sizes = NULL, x_dev = NULL, dy_dev = NULL;
+  g_autoptr(GmlpGroupedTensor) y = NULL, dx = NULL;
+  g_autoptr(GmlpSavedActivations) saved = NULL, saved_dev = NULL;
+  g_autoptr(GBytes) size_bytes = NULL;
+  g_autoptr(GError) error = NULL;
+  gint64 rows[] = { 3, 0, 4 };
+  gint64 three = 3;
+  guint64 in_use;
+
+  if (device == NULL)
+    return;
+
+  mlp = gmlp_grouped_mlp_new (device, 3, 8, 6, GMLP_ACTIVATION_GELU, &error);
+  g_assert_no_error (error);
+  x = gmlp_test_random_tensor (device, GMLP_DTYPE_FLOAT32, rows, 3, 8, 1.0, NULL);
+  dy = gmlp_test_random_tensor (device, GMLP_DTYPE_FLOAT32, rows, 3, 8, 1.0, NULL);
+  size_bytes = g_bytes_new (rows, sizeof rows);
+  sizes = gmlp_grouped_tensor_new_from_bytes (device, GMLP_DTYPE_INT64, &three, 1, 1, size_bytes, &error);
+  g_assert_no_error (error);
+  x_dev = gmlp_grouped_tensor_new_with_device_sizes (device, GMLP_DTYPE_FLOAT32, sizes, 7, 8, &error);
+  g_assert_no_error (error);
+  dy_dev = gmlp_grouped_tensor_new_with_device_sizes (device, GMLP_DTYPE_FLOAT32, sizes, 7, 8, &error);
+  g_assert_no_error (error);
+
+  y = gmlp_grouped_mlp_forward (mlp, x, &saved, &error);
+  g_assert_no_error (error);
+  g_assert_true (gmlp_device_synchronize (device, NULL));
+  in_use = gmlp_device_get_bytes_in_use (device);
+
+  g_assert_null (gmlp_grouped_mlp_forward (mlp, x_dev, &saved_dev, &error));
+  g_assert_error (error, GMLP_ERROR, GMLP_ERROR_UNSUPPORTED);
+  g_assert_null (saved_dev);
+  g_clear_error (&error);
+  g_assert_null (gmlp_grouped_mlp_backward (mlp, saved, dy_dev, &error));
+  g_assert_error (error, GMLP_ERROR, GMLP_ERROR_UNSUPPORTED);
+  g_clear_error (&error);
+  g_assert_cmpuint (gmlp_device_get_bytes_in_use (device), ==, in_use);
+  g_assert_false (gmlp_saved_activations_is_consumed (saved));
+
+  dx = gmlp_grouped_mlp_backward (mlp, saved, dy, &error);
+  g_assert_no_error (error);
+  g_assert_true (gmlp_saved_activations_is_consumed (saved));
+}
+
 int
 main (int argc, char *argv[])
 {
@@ -446,6 +498,7 @@ main (int argc, char *argv[])
   g_test_add_func ("/Gmlp/GroupedMLP/recompute-offload-identical", test_recompute_offload_identical);
   g_test_add_func ("/Gmlp/GroupedMLP/gradient-check", test_gradient_check);
   g_test_add_func ("/Gmlp/GroupedMLP/bad-input", test_bad_input);
+  g_test_add_func ("/Gmlp/GroupedMLP/device-sizes-unsupported", test_device_sizes_unsupported);
 
   return g_test_run ();
 }

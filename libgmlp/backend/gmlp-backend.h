@@ -336,6 +336,60 @@ typedef struct {
   void                (*graph_free)        (GmlpBackendGraph   *graph);
 
   /* FP8 quantization (gmlp-quantizer): entries below this line. */
+
+  /* Quantizes every member of src (shape; src_dtype FLOAT32, FLOAT16 or
+   * BFLOAT16) to fp8_dtype by a recipe (GmlpScalingRecipe's values) and the
+   * GMLP_QUANT_FLAG_* flags of kernels/gmlp-quantize-numeric.h, whose
+   * arithmetic every backend uses, in a constant number of device
+   * operations whatever the number of groups; the sizes are read where
+   * they are, on the device. The outputs, laid out over the clamped group
+   * sizes of shape (kernels/gmlp-kernels.h, GmlpKernelQuantize, has the
+   * details): data (the layout of src, one byte per element); scale_inv
+   * (the rowwise scales); columnwise (or NULL: member i transposed, cols ×
+   * m_i, in the layout of data) and columnwise_scale_inv (its scales, where
+   * gmlp_quant_columnwise_has_scales(), else NULL); derived_rows (or NULL:
+   * gmlp_quant_blocks_along (m_i, gmlp_quant_derived_row_block()) per
+   * group). DELAYED reads each group's scale from state (n_groups rows of
+   * gmlp_quant_state_stride (history_length) floats) and max-es the group's
+   * amax into it. Backends that cannot do a case fail with UNSUPPORTED and
+   * the reason, before anything is written. */
+  gboolean            (*quantize)          (GmlpBackendDevice       *device,
+                                            const GmlpBackendShape  *shape,
+                                            int                      recipe,
+                                            int                      flags,
+                                            gconstpointer            src,
+                                            int                      src_dtype,
+                                            int                      fp8_dtype,
+                                            gpointer                 data,
+                                            gpointer                 scale_inv,
+                                            gpointer                 columnwise,
+                                            gpointer                 columnwise_scale_inv,
+                                            gint64                  *derived_rows,
+                                            float                   *state,
+                                            guint                    history_length,
+                                            GError                 **error);
+  /* dst = data × scale_inv, element by element, by the rowwise blocks of
+   * recipe and flags; dst (FLOAT32, FLOAT16 or BFLOAT16) laid out like data
+   * with its own element size. */
+  gboolean            (*dequantize)        (GmlpBackendDevice       *device,
+                                            const GmlpBackendShape  *shape,
+                                            int                      recipe,
+                                            int                      flags,
+                                            gconstpointer            data,
+                                            int                      fp8_dtype,
+                                            gconstpointer            scale_inv,
+                                            gpointer                 dst,
+                                            int                      dst_dtype,
+                                            GError                 **error);
+  /* gmlp_quant_delayed_update() of each of the n_groups rows of state,
+   * stream-ordered, without waiting. */
+  gboolean            (*quantizer_update)  (GmlpBackendDevice       *device,
+                                            float                   *state,
+                                            guint                    n_groups,
+                                            guint                    history_length,
+                                            int                      fp8_dtype,
+                                            int                      margin,
+                                            GError                 **error);
 } GmlpBackend;
 
 const GmlpBackend *gmlp_backend_cpu_get  (void);

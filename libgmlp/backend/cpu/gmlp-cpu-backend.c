@@ -15,6 +15,7 @@
 #include <cblas.h>
 
 #include "backend/gmlp-backend.h"
+#include "backend/cpu/gmlp-cpu-quantize.h"
 #include "gmlp-error.h"
 #include "gmlp-numeric.h"
 
@@ -654,15 +655,184 @@ cpu_sum_squares (GmlpBackendDevice      *device,
 }
 
 /* Device group sizes: the CPU "device" is host memory, so these read the
- * sizes directly. */
+ * sizes directly, work out where each member lies and how many of its rows
+ * fit exactly as the CUDA kernels do (impls/grouped_operand.cuh: a negative
+ * size counts as 0, and a group gets the rows that fit, from its offset, in
+ * the allocation of every row-grouped operand), then run the host-sizes
+ * code on those rows. */
+
+/* Offsets stick here (far beyond any allocation), as in the kernels. */
+#define CPU_OFFSET_SATURATION (G_GUINT64_CONSTANT (1) << 62)
+#define CPU_MAX_TENSOR_BYTES  (G_GUINT64_CONSTANT (1) << 60)
+
+/* One operand grouped by rows, and where the walk over its members is. */
+typedef struct {
+  guint8  *data;
+  guint64  row_bytes;
+  guint64  capacity;       /* bytes of the allocation */
+  gint64   overflow_rows;  /* a member this long crosses the end anyway */
+  guint64  offset;         /* of the next member */
+} CpuRowsOperand;
+
+static gboolean
+cpu_rows_operand_init (CpuRowsOperand  *op,
+                       gconstpointer    data,
+                       gint64           cols,
+                       int              dtype,
+                       guint            n_groups,
+                       gint64           row_capacity,
+                       GError         **error)
+{
+  guint64 row_bytes, padding;
+
+  if (data == NULL || cols <= 0 || cols > G_MAXINT32 || row_capacity < 0)
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
+                   "CPU: a grouped operand needs data, columns and a row capacity");
+      return FALSE;
+    }
+  row_bytes = (guint64) cols * gmlp_num_dtype_size (dtype);
+  /* The allocation of a tensor with device sizes (docs/memory-layout.md). */
+  padding = row_bytes % kGmlpMemberAlignment == 0 ? 0 : (guint64) n_groups * (kGmlpMemberAlignment - 1);
+  if ((guint64) row_capacity > (CPU_MAX_TENSOR_BYTES - padding) / row_bytes)
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
+                   "CPU: a row capacity of %" G_GINT64_FORMAT " is too large", row_capacity);
+      return FALSE;
+    }
+  op->data = (guint8 *) data;
+  op->row_bytes = row_bytes;
+  op->capacity = ((guint64) row_capacity * row_bytes + padding + kGmlpMemberAlignment - 1) &
+                 ~(guint64) (kGmlpMemberAlignment - 1);
+  op->overflow_rows = (gint64) (op->capacity / row_bytes + 1);
+  op->offset = 0;
+  return TRUE;
+}
+
+/* How many of rows rows fit from the operand's current offset. */
+static gint64
+cpu_rows_operand_fit (const CpuRowsOperand *op,
+                      gint64                rows)
+{
+  guint64 fit;
+
+  if (rows <= 0 || op->offset >= op->capacity)
+    return 0;
+  fit = (op->capacity - op->offset) / op->row_bytes;
+  return (guint64) rows < fit ? rows : (gint64) fit;
+}
+
+/* Moves past a member of rows rows (the size as given, not as clamped). */
+static void
+cpu_rows_operand_advance (CpuRowsOperand *op,
+                          gint64          rows)
+{
+  guint64 stride = gmlp_num_member_stride (MIN (rows, op->overflow_rows), op->row_bytes);
+
+  op->offset = MIN (op->offset + stride, CPU_OFFSET_SATURATION);
+}
+
+/* The rows each group gets and its member pointers in each operand. */
+static void
+cpu_walk_device_rows (const gint64   *device_rows,
+                      guint           n_groups,
+                      CpuRowsOperand *ops,
+                      guint           n_ops,
+                      gint64         *rows,
+                      gpointer      **members)
+{
+  guint g, o;
+
+  for (g = 0; g < n_groups; g++)
+    {
+      gint64 fit = device_rows[g];
+
+      for (o = 0; o < n_ops; o++)
+        fit = cpu_rows_operand_fit (&ops[o], fit);
+      rows[g] = MAX (fit, 0);
+      for (o = 0; o < n_ops; o++)
+        {
+          /* An empty member is never touched: keep its pointer inside the
+           * allocation. */
+          members[o][g] = rows[g] > 0 ? ops[o].data + ops[o].offset : ops[o].data;
+          cpu_rows_operand_advance (&ops[o], device_rows[g]);
+        }
+    }
+}
+
 static gboolean
 cpu_gemm_device (GmlpBackendDevice            *device,
                  const GmlpBackendGemmDevice  *gemm,
                  GError                      **error)
 {
-  g_set_error (error, GMLP_ERROR, GMLP_ERROR_UNSUPPORTED,
-               "CPU: grouped products with device sizes are not implemented yet");
-  return FALSE;
+  gboolean wgrad = gemm->kind == GMLP_GEMM_WGRAD;
+  gint64 first_cols, second_cols;
+  int second_dtype;
+  CpuRowsOperand ops[2];
+  g_autofree gint64 *rows = NULL;
+  g_autofree gpointer *first = NULL, *second = NULL;
+  gpointer *members[2];
+  GmlpBackendGemm host;
+
+  if (gemm->kind != GMLP_GEMM_FPROP && gemm->kind != GMLP_GEMM_DGRAD && !wgrad)
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT, "CPU: unknown GEMM kind %d",
+                   (int) gemm->kind);
+      return FALSE;
+    }
+  if (gemm->n_groups == 0)
+    return TRUE;
+  if (gemm->n <= 0 || gemm->k <= 0)
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_UNSUPPORTED,
+                   "CPU: grouped products with device sizes need n and k of at least 1");
+      return FALSE;
+    }
+  if (gemm->device_rows == NULL || gemm->a == NULL ||
+      (wgrad ? (gemm->b_rows == NULL || gemm->wgrad == NULL)
+             : (gemm->c_rows == NULL || gemm->weight == NULL)))
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
+                   "CPU: a grouped product with device sizes is missing an operand");
+      return FALSE;
+    }
+
+  /* The two operands grouped by rows: x or dy, then y, dx or (WGRAD) x. */
+  first_cols = gemm->kind == GMLP_GEMM_FPROP ? gemm->k : gemm->n;
+  second_cols = gemm->kind == GMLP_GEMM_FPROP ? gemm->n : gemm->k;
+  second_dtype = wgrad ? gemm->ab_dtype : gemm->c_dtype;
+  if (!cpu_check_float_dtype (gemm->ab_dtype, error) ||
+      !cpu_check_float_dtype (gemm->c_dtype, error) ||
+      !cpu_rows_operand_init (&ops[0], gemm->a, first_cols, gemm->ab_dtype, gemm->n_groups,
+                              gemm->row_capacity, error) ||
+      !cpu_rows_operand_init (&ops[1], wgrad ? gemm->b_rows : gemm->c_rows, second_cols,
+                              second_dtype, gemm->n_groups, gemm->row_capacity, error))
+    return FALSE;
+
+  rows = g_new (gint64, gemm->n_groups);
+  members[0] = first = g_new (gpointer, gemm->n_groups);
+  members[1] = second = g_new (gpointer, gemm->n_groups);
+  cpu_walk_device_rows (gemm->device_rows, gemm->n_groups, ops, 2, rows, members);
+
+  host = (GmlpBackendGemm) {
+    .kind = gemm->kind,
+    .n_groups = gemm->n_groups,
+    .rows = rows,
+    .n = gemm->n,
+    .k = gemm->k,
+    .ab_dtype = gemm->ab_dtype,
+    .c_dtype = gemm->c_dtype,
+    .a = (const void * const *) first,
+    .b = wgrad ? (const void * const *) second : gemm->weight,
+    .c = wgrad ? gemm->wgrad : (void * const *) second,
+    .accumulate = wgrad ? gemm->accumulate : NULL,
+  };
+  if (!cpu_gemm (device, &host, error))
+    return FALSE;
+  if (gemm->kind == GMLP_GEMM_FPROP && gemm->bias != NULL)
+    return cpu_add_bias (device, gemm->n_groups, rows, gemm->n, gemm->c_dtype,
+                         (void * const *) second, gemm->bias, error);
+  return TRUE;
 }
 
 static gboolean
@@ -673,9 +843,29 @@ cpu_bias_grad_device (GmlpBackendDevice       *device,
                       void * const            *dbias,
                       GError                 **error)
 {
-  g_set_error (error, GMLP_ERROR, GMLP_ERROR_UNSUPPORTED,
-               "CPU: bias gradients with device sizes are not implemented yet");
-  return FALSE;
+  CpuRowsOperand op;
+  g_autofree gint64 *rows = NULL;
+  g_autofree gpointer *members = NULL;
+
+  if (!cpu_check_float_dtype (dtype, error))
+    return FALSE;
+  if (shape->n_groups == 0 || shape->cols == 0)
+    return TRUE;
+  if (shape->device_rows == NULL || dbias == NULL)
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
+                   "CPU: bias_grad_device needs the sizes and the gradients");
+      return FALSE;
+    }
+  if (!cpu_rows_operand_init (&op, a, shape->cols, dtype, shape->n_groups, shape->row_capacity,
+                              error))
+    return FALSE;
+
+  rows = g_new (gint64, shape->n_groups);
+  members = g_new (gpointer, shape->n_groups);
+  cpu_walk_device_rows (shape->device_rows, shape->n_groups, &op, 1, rows, &members);
+  return cpu_bias_grad (device, shape->n_groups, rows, shape->cols, dtype,
+                        (const void * const *) members, dbias, error);
 }
 
 /* Work on the CPU runs as it is enqueued: there is nothing to record. */
@@ -758,6 +948,9 @@ static const GmlpBackend cpu_backend = {
   .graph_launch = cpu_graph_launch,
   .graph_free = cpu_graph_free,
   /* FP8 quantization (gmlp-quantizer): entries below this line. */
+  .quantize = gmlp_cpu_quantize,
+  .dequantize = gmlp_cpu_dequantize,
+  .quantizer_update = gmlp_cpu_quantizer_update,
 };
 
 const GmlpBackend *

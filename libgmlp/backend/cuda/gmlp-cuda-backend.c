@@ -24,8 +24,10 @@
 #include "config.h"
 
 #include <stdint.h>
+#include <string.h>
 
 #include "gmlp-cuda-private.h"
+#include "gmlp-cuda-quantize.h"
 
 __attribute__((visibility ("default")))
 const GmlpBackend *gmlp_backend_cuda_get (void);
@@ -126,10 +128,14 @@ gmlp_cuda_close_device (GmlpBackendDevice *device)
   if (device == NULL)
     return;
 
+  /* First: a capture left running would record the frees below. */
+  gmlp_cuda_graph_fini_device (device);
   if (cudaSetDevice (device->ordinal) == cudaSuccess)
     {
       /* Before the stream goes: the workspace is freed on it. */
       gmlp_cuda_cublas_fini (device);
+      /* The device-sizes kernels' scratch (cudaFree waits for them). */
+      gmlp_cuda_device_workspace_fini (device);
       /* Copies still in flight write to host memory that the caller frees
        * once the device is closed. */
       if (device->copy_stream != NULL)
@@ -175,6 +181,7 @@ gmlp_cuda_open_device (int      ordinal,
 
   device = g_new0 (GmlpBackendDevice, 1);
   device->ordinal = ordinal;
+  gmlp_cuda_graph_init_device (device);
 
   if (!gmlp_cuda_activate (device, error))
     goto fail;
@@ -305,17 +312,34 @@ gmlp_cuda_alloc (GmlpBackendDevice  *device,
                  gsize               nbytes,
                  GError            **error)
 {
-  return gmlp_cuda_alloc_on_stream (device, nbytes, device->stream, error);
+  gpointer ptr;
+
+  /* While the compute stream is captured, an allocation on it would become
+   * a node of the graph, which could then not be replayed twice:
+   * gmlp-cuda-graph.c allocates outside the capture. The lock keeps a
+   * capture from beginning in between. */
+  g_mutex_lock (&device->capture_lock);
+  if (device->capture != NULL)
+    ptr = gmlp_cuda_capture_alloc (device, nbytes, error);
+  else
+    ptr = gmlp_cuda_alloc_on_stream (device, nbytes, device->stream, error);
+  g_mutex_unlock (&device->capture_lock);
+  return ptr;
 }
 
 void
 gmlp_cuda_free (GmlpBackendDevice *device,
                 gpointer           ptr)
 {
-  cudaError_t err;
+  if (ptr != NULL)
+    gmlp_cuda_release (device, ptr, FALSE);
+}
 
-  if (ptr == NULL)
-    return;
+void
+gmlp_cuda_free_now (GmlpBackendDevice *device,
+                    gpointer           ptr)
+{
+  cudaError_t err;
 
   err = cudaSetDevice (device->ordinal);
   if (err == cudaSuccess)
@@ -333,11 +357,11 @@ gmlp_cuda_free (GmlpBackendDevice *device,
 /* Allocates table_bytes, rounded up to the pool's 256-byte alignment, plus
  * extra_bytes from the pool and enqueues one copy of the host table into
  * the start of it; the extra bytes follow at the rounded offset (*extra,
- * when extra is not NULL). The table is the caller's own pageable memory,
- * which the runtime has copied out by the time cudaMemcpyAsync() returns
- * (see gmlp_cuda_upload()): the caller may free it at once, and nothing
- * waits for the stream. Free the result with gmlp_cuda_free() once the work
- * using it is enqueued. */
+ * when extra is not NULL). The copy goes through kernel parameters: the
+ * caller may free its table at once, nothing waits for the stream, and the
+ * copy can be captured in a graph (which a copy from the caller's pageable
+ * memory could not: the memory would be gone at a replay). Free the result
+ * with gmlp_cuda_free() once the work using it is enqueued. */
 gpointer
 gmlp_cuda_upload_table (GmlpBackendDevice  *device,
                         gconstpointer       table,
@@ -348,8 +372,10 @@ gmlp_cuda_upload_table (GmlpBackendDevice  *device,
 {
   gsize table_space = (table_bytes + GMLP_CUDA_MIN_ALLOCATION - 1) /
                       GMLP_CUDA_MIN_ALLOCATION * GMLP_CUDA_MIN_ALLOCATION;
+  g_autofree guint64 *words = NULL;
+  gsize word_bytes = (table_bytes + sizeof (guint64) - 1) / sizeof (guint64) * sizeof (guint64);
+  GmlpKernelStatus status;
   gpointer ptr;
-  cudaError_t err;
 
   if (table_space < table_bytes || extra_bytes > G_MAXSIZE - table_space)
     {
@@ -367,25 +393,18 @@ gmlp_cuda_upload_table (GmlpBackendDevice  *device,
   if (table_bytes == 0)
     return ptr;
 
-  /* Tables of whole 8-byte words (pointers, int64 sizes) go through kernel
-   * parameters, which never make the host wait for the stream; others
-   * through a staged copy. */
-  if (table_bytes % sizeof (guint64) == 0)
+  /* The kernel writes whole 8-byte words: a table of another length is
+   * padded with zeros, which land in the rounding to table_space. */
+  if (word_bytes != table_bytes)
     {
-      GmlpKernelStatus status = gmlp_kernel_write_table (ptr, table, table_bytes, device->stream);
-      if (status != GMLP_KERNEL_SUCCESS)
-        {
-          gmlp_cuda_kernel_result (status, "gmlp_kernel_write_table", error);
-          gmlp_cuda_free (device, ptr);
-          return NULL;
-        }
-      return ptr;
+      words = g_new0 (guint64, word_bytes / sizeof (guint64));
+      memcpy (words, table, table_bytes);
+      table = words;
     }
-
-  err = cudaMemcpyAsync (ptr, table, table_bytes, cudaMemcpyHostToDevice, device->stream);
-  if (err != cudaSuccess)
+  status = gmlp_kernel_write_table (ptr, table, word_bytes, device->stream);
+  if (status != GMLP_KERNEL_SUCCESS)
     {
-      gmlp_cuda_fail (error, "cudaMemcpyAsync", err);
+      gmlp_cuda_kernel_result (status, "gmlp_kernel_write_table", error);
       gmlp_cuda_free (device, ptr);
       return NULL;
     }
@@ -424,6 +443,8 @@ gmlp_cuda_memcpy (GmlpBackendDevice  *device,
     return TRUE;
   if (!gmlp_cuda_activate (device, error))
     return FALSE;
+  if (wait && !gmlp_cuda_check_not_capturing (device, "a copy that waits for the stream", error))
+    return FALSE;
 
   err = cudaMemcpyAsync (dst, src, nbytes, kind, device->stream);
   if (err != cudaSuccess)
@@ -448,7 +469,12 @@ gmlp_cuda_upload (GmlpBackendDevice  *device,
    * buffers before cudaMemcpyAsync() returns, so the caller may reuse its
    * buffer at once while the copy to the device is still in flight. From
    * pinned or managed memory the DMA reads the source itself, later: there,
-   * wait for the copy so that the same promise holds. */
+   * wait for the copy so that the same promise holds. During a capture the
+   * copy is made at once, outside it: a replay would find the host buffer
+   * gone. */
+  if (nbytes > 0 && gmlp_cuda_is_capturing (device))
+    return gmlp_cuda_activate (device, error) &&
+           gmlp_cuda_capture_upload (device, dst, src, nbytes, error);
   return gmlp_cuda_memcpy (device, dst, src, nbytes, cudaMemcpyHostToDevice,
                            nbytes > 0 && gmlp_cuda_host_is_pinned (src), error);
 }
@@ -505,7 +531,8 @@ gmlp_cuda_synchronize (GmlpBackendDevice  *device,
 {
   cudaError_t err;
 
-  if (!gmlp_cuda_activate (device, error))
+  if (!gmlp_cuda_activate (device, error) ||
+      !gmlp_cuda_check_not_capturing (device, "a synchronization", error))
     return FALSE;
 
   /* Everything enqueued on the device: the copies of offloaded activations
@@ -622,6 +649,9 @@ static const GmlpBackend gmlp_cuda_backend = {
   .graph_free = gmlp_cuda_graph_free,
 
   /* FP8 quantization (gmlp-quantizer): entries below this line. */
+  .quantize = gmlp_cuda_quantize,
+  .dequantize = gmlp_cuda_dequantize,
+  .quantizer_update = gmlp_cuda_quantizer_update,
 };
 
 /* The module's one exported symbol; see GmlpBackendGetFunc. */
@@ -629,4 +659,92 @@ const GmlpBackend *
 gmlp_backend_cuda_get (void)
 {
   return &gmlp_cuda_backend;
+}
+
+/* ---- Scratch workspace of the device-sizes kernels ------------------------
+ *
+ * One buffer per device, for the tables and scratch that the kernels of
+ * gmlp-kernels.h taking device group sizes need (gmlp-cuda-gemm-device.c,
+ * gmlp-cuda-bias.c). Those calls write their tables into it in stream order,
+ * so calls on the compute stream can share it. It is allocated with
+ * cudaMalloc, outside the pool: the pool's stream-ordered allocation would
+ * become a node of a graph being captured, and memory a graph may use must
+ * outlive it anyway. */
+
+static GMutex workspace_lock;
+
+gpointer
+gmlp_cuda_device_workspace (GmlpBackendDevice  *device,
+                            gsize               nbytes,
+                            GError            **error)
+{
+  enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  const gsize granule = 64 * 1024;
+  gpointer ptr = NULL;
+  gsize size;
+  cudaError_t err;
+
+  g_mutex_lock (&workspace_lock);
+  if (device->workspace != NULL && device->workspace_bytes >= nbytes)
+    {
+      ptr = device->workspace;
+      g_mutex_unlock (&workspace_lock);
+      return ptr;
+    }
+
+  /* At least double, so that a layer whose sizes creep up reallocates only
+   * a few times; never empty, so that the result is a real pointer. */
+  size = MAX (MAX (nbytes, 2 * device->workspace_bytes), granule);
+  if (size > G_MAXSIZE - granule)
+    {
+      g_mutex_unlock (&workspace_lock);
+      g_set_error (error, GMLP_CUDA_ERROR, GMLP_ERROR_OUT_OF_MEMORY,
+                   "CUDA: a workspace of %" G_GSIZE_FORMAT " bytes does not fit in memory", nbytes);
+      return NULL;
+    }
+  size = (size + granule - 1) / granule * granule;
+
+  if (!gmlp_cuda_activate (device, error))
+    {
+      g_mutex_unlock (&workspace_lock);
+      return NULL;
+    }
+  /* NOTE: cudaMalloc is refused while a stream is captured in the global
+   * or thread-local mode; this thread may do it in the relaxed mode, and it
+   * does not touch the stream being captured. */
+  err = cudaThreadExchangeStreamCaptureMode (&mode);
+  if (err == cudaSuccess)
+    {
+      err = cudaMalloc (&ptr, size);
+      (void) cudaThreadExchangeStreamCaptureMode (&mode);
+    }
+  if (err != cudaSuccess)
+    {
+      g_mutex_unlock (&workspace_lock);
+      gmlp_cuda_fail (error, "cudaMalloc (workspace)", err);
+      return NULL;
+    }
+
+  if (device->workspace != NULL)
+    device->workspace_retired = g_slist_prepend (device->workspace_retired, device->workspace);
+  device->workspace = ptr;
+  device->workspace_bytes = size;
+  g_mutex_unlock (&workspace_lock);
+  return ptr;
+}
+
+void
+gmlp_cuda_device_workspace_fini (GmlpBackendDevice *device)
+{
+  GSList *l;
+
+  g_mutex_lock (&workspace_lock);
+  for (l = device->workspace_retired; l != NULL; l = l->next)
+    (void) cudaFree (l->data);
+  g_clear_pointer (&device->workspace_retired, g_slist_free);
+  if (device->workspace != NULL)
+    (void) cudaFree (device->workspace);
+  device->workspace = NULL;
+  device->workspace_bytes = 0;
+  g_mutex_unlock (&workspace_lock);
 }

@@ -1,9 +1,11 @@
-/* gmlp-cuda-bias.c: add_bias and bias_grad of the CUDA backend
+/* gmlp-cuda-bias.c: add_bias, bias_grad and bias_grad_device of the CUDA
+ * backend
  *
- * Both are one planned launch of the grouped bias kernels (gmlp-kernels.h):
- * the per-group table is built and planned on the host, goes up in one
- * copy into a pool allocation that also holds the gradient's scratch, and
- * the allocation is released, stream-ordered, once the launch is enqueued.
+ * With host sizes, both are one planned launch of the grouped bias kernels
+ * (gmlp-kernels.h): the per-group table is built and planned on the host,
+ * goes up in one copy into a pool allocation that also holds the gradient's
+ * scratch, and the allocation is released, stream-ordered, once the launch
+ * is enqueued. With device sizes, see gmlp_cuda_bias_grad_device().
  *
  * SPDX-License-Identifier: LGPL-2.1-or-later
  */
@@ -125,6 +127,9 @@ gmlp_cuda_bias_grad (GmlpBackendDevice   *device,
                              (void * const *) a, dbias, error);
 }
 
+/* The sizes stay on the device: the kernels find the members themselves,
+ * with the dbias pointers and their partial sums in the device's scratch
+ * workspace, so nothing is allocated or waited for (graph-capturable). */
 gboolean
 gmlp_cuda_bias_grad_device (GmlpBackendDevice       *device,
                             const GmlpBackendShape  *shape,
@@ -133,7 +138,29 @@ gmlp_cuda_bias_grad_device (GmlpBackendDevice       *device,
                             void * const            *dbias,
                             GError                 **error)
 {
-  g_set_error (error, GMLP_CUDA_ERROR, GMLP_ERROR_UNSUPPORTED,
-               "CUDA: bias gradients with device sizes are not implemented yet");
-  return FALSE;
+  GmlpKernelGroupedShape kernel_shape;
+  gsize workspace_bytes;
+  gpointer workspace;
+
+  gmlp_cuda_kernel_shape (shape, &kernel_shape);
+  if (!gmlp_cuda_activate (device, error))
+    return FALSE;
+
+  workspace_bytes = gmlp_kernel_grouped_bias_grad_device_workspace_bytes (&kernel_shape);
+  if (workspace_bytes == 0 && shape->n_groups > 0 && shape->cols > 0)
+    {
+      g_set_error (error, GMLP_CUDA_ERROR, GMLP_ERROR_UNSUPPORTED,
+                   "CUDA: bias_grad_device: %u groups of %" G_GINT64_FORMAT " columns and %"
+                   G_GINT64_FORMAT " rows are too large", shape->n_groups, shape->cols,
+                   shape->row_capacity);
+      return FALSE;
+    }
+  workspace = gmlp_cuda_device_workspace (device, workspace_bytes, error);
+  if (workspace == NULL)
+    return FALSE;
+
+  return gmlp_cuda_kernel_result (gmlp_kernel_grouped_bias_grad_device (&kernel_shape, dtype, a,
+                                                                        dbias, workspace,
+                                                                        device->stream),
+                                  "gmlp_kernel_grouped_bias_grad_device", error);
 }

@@ -144,11 +144,18 @@ void
 gmlp_cuda_free_after_copies (GmlpBackendDevice *device,
                              gpointer           ptr)
 {
+  /* Through the table of memory that graphs keep (gmlp-cuda-graph.c): a
+   * graph captured after the copy may still read it. */
+  if (ptr != NULL)
+    gmlp_cuda_release (device, ptr, TRUE);
+}
+
+void
+gmlp_cuda_free_after_copies_now (GmlpBackendDevice *device,
+                                 gpointer           ptr)
+{
   const char *what = "cudaSetDevice";
   cudaError_t err;
-
-  if (ptr == NULL)
-    return;
 
   /* Freed on the copy stream once it has caught up with the compute
    * stream, the memory goes back to the pool only after the work enqueued

@@ -25,6 +25,9 @@ G_BEGIN_DECLS
  * copy_stream_alloc (0) and host_alloc (0). */
 #define GMLP_CUDA_MIN_ALLOCATION 256
 
+/* A capture in progress (gmlp-cuda-graph.c). */
+typedef struct _GmlpCudaCapture GmlpCudaCapture;
+
 struct _GmlpBackendDevice
 {
   int             ordinal;
@@ -40,6 +43,23 @@ struct _GmlpBackendDevice
   cublasHandle_t  cublas;
   void           *cublas_workspace;
   char           *name;
+
+  /* Graphs (gmlp-cuda-graph.c). capture_lock guards capture and kept, and
+   * the use of outside_stream: memory is freed from any thread. */
+  GMutex            capture_lock;
+  GmlpCudaCapture  *capture;         /* the capture of stream in progress, or NULL */
+  GHashTable       *kept;            /* device pointer -> its references from graphs */
+  /* Allocations and uploads during a capture run here, outside it, after
+   * capture_start, recorded on stream just before the capture began. */
+  cudaStream_t      outside_stream;
+  cudaEvent_t       capture_start;
+
+  /* Scratch of the device-sizes kernels (gmlp_cuda_device_workspace()):
+   * the buffer in use, its size, and the smaller buffers it replaced, which
+   * graphs captured earlier may still use; all freed by close_device. */
+  void             *workspace;
+  gsize             workspace_bytes;
+  GSList           *workspace_retired;
 };
 
 struct _GmlpBackendEvent
@@ -64,7 +84,13 @@ gpointer  gmlp_cuda_alloc_on_stream (GmlpBackendDevice  *device,
                                      gsize               nbytes,
                                      cudaStream_t        stream,
                                      GError            **error);
+/* Lets go of memory from alloc: back to the pool in compute-stream order,
+ * or, where a graph or the capture in progress keeps it, once they let go
+ * too (gmlp_cuda_release()). */
 void      gmlp_cuda_free            (GmlpBackendDevice  *device,
+                                     gpointer            ptr);
+/* The real free, in compute-stream order, whatever graphs hold. */
+void      gmlp_cuda_free_now        (GmlpBackendDevice  *device,
                                      gpointer            ptr);
 gpointer  gmlp_cuda_upload_table    (GmlpBackendDevice  *device,
                                      gconstpointer       table,
@@ -148,6 +174,9 @@ gpointer          gmlp_cuda_copy_stream_alloc (GmlpBackendDevice  *device,
                                                GError            **error);
 void              gmlp_cuda_free_after_copies (GmlpBackendDevice  *device,
                                                gpointer            ptr);
+/* The real free after the copies, whatever graphs hold. */
+void              gmlp_cuda_free_after_copies_now (GmlpBackendDevice  *device,
+                                                   gpointer            ptr);
 
 /* The kernels' view of a backend shape. */
 void      gmlp_cuda_kernel_shape    (const GmlpBackendShape *shape,
@@ -175,6 +204,18 @@ gboolean  gmlp_cuda_sum_squares     (GmlpBackendDevice      *device,
 gboolean  gmlp_cuda_gemm_device     (GmlpBackendDevice            *device,
                                      const GmlpBackendGemmDevice  *gemm,
                                      GError                      **error);
+/* Scratch for the device-sizes kernels (end of gmlp-cuda-backend.c): a
+ * device buffer of at least nbytes for work enqueued on the compute stream.
+ * Successive calls return the same buffer until one needs more; the buffer
+ * is then replaced by a larger one, and the old one stays allocated until
+ * close_device, because graphs captured earlier may still use it. Works
+ * while the stream is being captured; never waits for the stream (growing
+ * it calls cudaMalloc). */
+gpointer  gmlp_cuda_device_workspace      (GmlpBackendDevice  *device,
+                                           gsize               nbytes,
+                                           GError            **error);
+/* Frees every workspace buffer; close_device calls it. */
+void      gmlp_cuda_device_workspace_fini (GmlpBackendDevice  *device);
 /* gmlp-cuda-bias.c */
 gboolean  gmlp_cuda_bias_grad_device (GmlpBackendDevice            *device,
                                       const GmlpBackendShape       *shape,
@@ -184,6 +225,28 @@ gboolean  gmlp_cuda_bias_grad_device (GmlpBackendDevice            *device,
                                       GError                      **error);
 
 /* Graphs (gmlp-cuda-graph.c). */
+void              gmlp_cuda_graph_init_device (GmlpBackendDevice  *device);
+void              gmlp_cuda_graph_fini_device (GmlpBackendDevice  *device);
+/* Drops the owner's reference to device memory (after_copies: freed with
+ * free_after_copies): frees it now when no graph or capture keeps it. */
+void              gmlp_cuda_release        (GmlpBackendDevice  *device,
+                                            gpointer            ptr,
+                                            gboolean            after_copies);
+/* alloc while capturing, with the capture lock held: memory from the pool
+ * outside the capture, kept by it as well as by its owner. */
+gpointer          gmlp_cuda_capture_alloc  (GmlpBackendDevice  *device,
+                                            gsize               nbytes,
+                                            GError            **error);
+/* upload while capturing: copied at once, outside the capture. */
+gboolean          gmlp_cuda_capture_upload (GmlpBackendDevice  *device,
+                                            gpointer            dst,
+                                            gconstpointer       src,
+                                            gsize               nbytes,
+                                            GError            **error);
+/* GMLP_ERROR_INVALID_STATE while capturing, for what waits for the stream. */
+gboolean          gmlp_cuda_check_not_capturing (GmlpBackendDevice  *device,
+                                                 const char         *what,
+                                                 GError            **error);
 gboolean          gmlp_cuda_capture_begin  (GmlpBackendDevice  *device,
                                             GError            **error);
 GmlpBackendGraph *gmlp_cuda_capture_end    (GmlpBackendDevice  *device,

@@ -1,0 +1,470 @@
+/* grouped_gemm_sm90.cu: launch code of the Hopper grouped GEMM (device sizes)
+ *
+ * The host knows the shapes that do not depend on the group sizes: it
+ * checks them, encodes one TMA tensor map template per operand, passes the
+ * per-group pointers through kernel parameters into the workspace, and
+ * enqueues the plan and the GEMM (impls/grouped_gemm_sm90.cuh). Nothing
+ * here reads the sizes, synchronizes or allocates, so the whole call can be
+ * captured in a CUDA graph.
+ *
+ * This file is compiled for sm_90a only (kernels/meson.build).
+ *
+ * SPDX-License-Identifier: LGPL-2.1-or-later
+ */
+
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
+#include <cub/block/block_scan.cuh>
+
+#include "gmlp-kernels.h"
+#include "impls/grouped_gemm_sm90.cuh"
+
+namespace gmlp {
+namespace sm90 {
+namespace {
+
+constexpr int kPlanThreads = 512;
+
+struct PlanParams
+{
+  TensorMap             template_a;
+  TensorMap             template_b;
+  const int64_t        *device_rows;
+  uint32_t              n_groups;
+  int                   kind;          /* GMLP_KERNEL_GEMM_* */
+  GroupedOperand        a;             /* x (FPROP) or dy */
+  GroupedOperand        rows2;         /* c_rows, or b_rows for WGRAD */
+  uint32_t              tiles_n;       /* output tiles across */
+  uint32_t              tiles_m_fixed; /* WGRAD: output tiles down */
+  const uint64_t       *matrix_table;  /* weight (FPROP, DGRAD) or wgrad pointers */
+  const uint64_t       *bias_table;    /* or NULL */
+  const uint8_t        *accumulate_table; /* or NULL */
+  uint32_t             *tile_begin;    /* out: n_groups + 1 */
+  GroupWork            *groups;        /* out */
+  TensorMap            *maps;          /* out: A and B map of each group */
+};
+
+__device__ __forceinline__ void
+copy_map (TensorMap *dst, const TensorMap &src)
+{
+  for (int i = 0; i < 16; i++)
+    dst->bytes[i] = src.bytes[i];
+}
+
+__global__ void __launch_bounds__ (kPlanThreads)
+plan_kernel (const __grid_constant__ PlanParams p)
+{
+  using Scan = cub::BlockScan<uint64_t, kPlanThreads>;
+  __shared__ typename Scan::TempStorage scan_storage;
+  __shared__ uint64_t carry[3];   /* offsets of a and rows2, tiles so far */
+  const bool wgrad = p.kind == GMLP_KERNEL_GEMM_WGRAD;
+
+  if (threadIdx.x == 0)
+    carry[0] = carry[1] = carry[2] = 0;
+  __syncthreads ();
+
+  for (uint32_t base = 0; base < p.n_groups; base += kPlanThreads)
+    {
+      const uint32_t g = base + threadIdx.x;
+      const bool valid = g < p.n_groups;
+      const int64_t raw = valid && p.device_rows[g] > 0 ? p.device_rows[g] : 0;
+      uint64_t off_a, off_2, total_a, total_2, tile_off, tile_total, tiles;
+      int64_t rows;
+
+      Scan (scan_storage).ExclusiveScan (valid ? member_stride (raw, p.a) : 0, off_a,
+                                         (uint64_t) 0, SaturatingAdd (), total_a);
+      __syncthreads ();
+      Scan (scan_storage).ExclusiveScan (valid ? member_stride (raw, p.rows2) : 0, off_2,
+                                         (uint64_t) 0, SaturatingAdd (), total_2);
+      __syncthreads ();
+      off_a = SaturatingAdd () (off_a, carry[0]);
+      off_2 = SaturatingAdd () (off_2, carry[1]);
+      rows = rows_that_fit (raw, off_a, p.a);
+      if (rows_that_fit (raw, off_2, p.rows2) < rows)
+        rows = rows_that_fit (raw, off_2, p.rows2);
+
+      if (!valid)
+        tiles = 0;
+      else if (wgrad)
+        tiles = (uint64_t) p.tiles_m_fixed * p.tiles_n;
+      else
+        tiles = div_up (rows, kBlockM) * p.tiles_n;
+      Scan (scan_storage).ExclusiveSum (tiles, tile_off, tile_total);
+      tile_off += carry[2];
+
+      if (valid)
+        {
+          GroupWork w;
+          TensorMap *map_a = p.maps + 2 * (uint64_t) g;
+          TensorMap *map_b = map_a + 1;
+          const uint8_t *a_data = rows > 0 ? p.a.data + off_a : p.a.data;
+          const uint8_t *rows2_data = rows > 0 ? p.rows2.data + off_2 : p.rows2.data;
+          const uint32_t map_rows = rows > 0 ? (uint32_t) rows : 1;
+
+          w.c = wgrad ? (void *) p.matrix_table[g] : (void *) rows2_data;
+          w.bias = p.bias_table != nullptr ? (const void *) p.bias_table[g] : nullptr;
+          w.rows = rows;
+          w.accumulate = p.accumulate_table != nullptr ? p.accumulate_table[g] : 0;
+          w.pad = 0;
+          p.groups[g] = w;
+          p.tile_begin[g] = (uint32_t) tile_off;
+
+          copy_map (map_a, p.template_a);
+          tensormap_set_address (map_a, a_data);
+          tensormap_set_rows (map_a, map_rows);
+          copy_map (map_b, p.template_b);
+          if (wgrad)
+            {
+              tensormap_set_address (map_b, rows2_data);
+              tensormap_set_rows (map_b, map_rows);
+            }
+          else
+            {
+              tensormap_set_address (map_b, (const void *) p.matrix_table[g]);
+            }
+        }
+
+      __syncthreads ();   /* everyone has read carry and the scan storage */
+      if (threadIdx.x == 0)
+        {
+          carry[0] = SaturatingAdd () (carry[0], total_a);
+          carry[1] = SaturatingAdd () (carry[1], total_2);
+          carry[2] += tile_total;
+        }
+      __syncthreads ();
+    }
+
+  if (threadIdx.x == 0)
+    p.tile_begin[p.n_groups] = (uint32_t) carry[2];
+  tensormap_release ();
+}
+
+
+/* The TMA inner box is one 128-byte row; coordinates are 32-bit. */
+constexpr int64_t kMaxExtent = INT32_MAX - kBlockN;
+
+struct WorkspaceLayout
+{
+  size_t tile_begin;
+  size_t groups;
+  size_t matrix_table;
+  size_t bias_table;
+  size_t accumulate_table;
+  size_t maps;
+  size_t total;
+};
+
+size_t
+round_up (size_t n, size_t alignment)
+{
+  return (n + alignment - 1) / alignment * alignment;
+}
+
+WorkspaceLayout
+workspace_layout (uint32_t n_groups)
+{
+  WorkspaceLayout l;
+  size_t off = 0;
+
+  l.tile_begin = off;
+  off = round_up (off + (n_groups + 1) * sizeof (uint32_t), 256);
+  l.groups = off;
+  off = round_up (off + n_groups * sizeof (GroupWork), 256);
+  /* The three host tables are contiguous: one write through parameters. */
+  l.matrix_table = off;
+  l.bias_table = l.matrix_table + n_groups * sizeof (uint64_t);
+  l.accumulate_table = l.bias_table + n_groups * sizeof (uint64_t);
+  off = round_up (l.accumulate_table + round_up (n_groups, 8), 256);
+  l.maps = off;
+  off += (size_t) n_groups * 2 * sizeof (TensorMap);
+  l.total = off;
+  return l;
+}
+
+PFN_cuTensorMapEncodeTiled_v12000
+encode_tiled (void)
+{
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void *f = nullptr;
+    cudaDriverEntryPointQueryResult found;
+
+    if (cudaGetDriverEntryPointByVersion ("cuTensorMapEncodeTiled", &f, 12000,
+                                          cudaEnableDefault, &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess)
+      return (PFN_cuTensorMapEncodeTiled_v12000) nullptr;
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000> (f);
+  } ();
+
+  return fn;
+}
+
+/* A row-major [rows × cols] 16-bit matrix at data, read in boxes of 64
+ * columns × box_rows rows with the 128-byte swizzle. */
+bool
+encode_map (TensorMap *map, const void *data, int64_t rows, int64_t cols, int dtype,
+            uint32_t box_rows)
+{
+  PFN_cuTensorMapEncodeTiled_v12000 encode = encode_tiled ();
+  const cuuint64_t dims[2] = { (cuuint64_t) cols, (cuuint64_t) (rows > 0 ? rows : 1) };
+  const cuuint64_t strides[1] = { (cuuint64_t) cols * 2 };
+  const cuuint32_t box[2] = { (cuuint32_t) kChunk, box_rows };
+  const cuuint32_t element_strides[2] = { 1, 1 };
+  static_assert (sizeof (TensorMap) == sizeof (CUtensorMap), "a tensor map is 128 bytes");
+
+  if (encode == nullptr)
+    return false;
+  return encode (reinterpret_cast<CUtensorMap *> (map),
+                 dtype == GMLP_NUM_BFLOAT16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 :
+                                              CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+                 2, const_cast<void *> (data), dims, strides, box, element_strides,
+                 CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+/* The columns of the row-grouped operand a, of rows2 (c_rows or b_rows)
+ * and of the output; the reduction length when it is fixed. */
+struct Extents
+{
+  int64_t a_cols;
+  int64_t rows2_cols;
+  int64_t out_cols;
+  int64_t reduction;
+};
+
+Extents
+extents_of (const GmlpKernelDeviceGemm *g)
+{
+  switch (g->kind)
+    {
+    case GMLP_KERNEL_GEMM_FPROP: return { g->k, g->n, g->n, g->k };
+    case GMLP_KERNEL_GEMM_DGRAD: return { g->n, g->k, g->k, g->n };
+    case GMLP_KERNEL_GEMM_WGRAD:
+    default:                     return { g->n, g->k, g->k, 0 };
+    }
+}
+
+bool
+pointers_ok (const void * const *table, uint32_t n)
+{
+  if (table == nullptr)
+    return false;
+  for (uint32_t i = 0; i < n; i++)
+    if (table[i] == nullptr || !is_aligned (table[i], 16))
+      return false;
+  return true;
+}
+
+uint64_t
+tile_bound (const GmlpKernelDeviceGemm *g)
+{
+  const Extents e = extents_of (g);
+  const uint64_t tiles_n = div_up (e.out_cols, kBlockN);
+
+  if (g->kind == GMLP_KERNEL_GEMM_WGRAD)
+    return (uint64_t) g->n_groups * div_up (g->n, kBlockM) * tiles_n;
+  return (div_up (g->row_capacity, kBlockM) + g->n_groups) * tiles_n;
+}
+
+template <bool kBf16>
+GmlpKernelStatus
+launch_kind (int kind, const GemmParams &params, int n_sms, cudaStream_t stream)
+{
+  switch (kind)
+    {
+    case GMLP_KERNEL_GEMM_FPROP: return launch_gemm<kBf16, GMLP_KERNEL_GEMM_FPROP> (params, n_sms, stream);
+    case GMLP_KERNEL_GEMM_DGRAD: return launch_gemm<kBf16, GMLP_KERNEL_GEMM_DGRAD> (params, n_sms, stream);
+    default:                     return launch_gemm<kBf16, GMLP_KERNEL_GEMM_WGRAD> (params, n_sms, stream);
+    }
+}
+
+}  // namespace
+}  // namespace sm90
+}  // namespace gmlp
+
+extern "C" GmlpKernelStatus
+gmlp_kernel_device_gemm_sm90_check (const GmlpKernelDeviceGemm *gemm,
+                                    int                         device_major,
+                                    int                         device_minor,
+                                    const char                **reason)
+{
+  using namespace gmlp;
+  using namespace gmlp::sm90;
+  const char *unused;
+  bool wgrad;
+
+  if (reason == nullptr)
+    reason = &unused;
+  *reason = nullptr;
+  if (gemm == nullptr || gemm->n_groups == 0 || gemm->device_rows == nullptr ||
+      gemm->row_capacity < 0 || gemm->n <= 0 || gemm->k <= 0 || gemm->a == nullptr ||
+      (gemm->kind != GMLP_KERNEL_GEMM_FPROP && gemm->kind != GMLP_KERNEL_GEMM_DGRAD &&
+       gemm->kind != GMLP_KERNEL_GEMM_WGRAD))
+    {
+      *reason = "invalid arguments";
+      return GMLP_KERNEL_INVALID_VALUE;
+    }
+  wgrad = gemm->kind == GMLP_KERNEL_GEMM_WGRAD;
+  if (wgrad ? (gemm->b_rows == nullptr || !pointers_ok ((const void * const *) gemm->wgrad, gemm->n_groups))
+            : (gemm->c_rows == nullptr || !pointers_ok (gemm->weight, gemm->n_groups)))
+    {
+      *reason = "an operand pointer is missing or not 16-byte aligned";
+      return GMLP_KERNEL_INVALID_VALUE;
+    }
+  if (gemm->bias != nullptr &&
+      (gemm->kind != GMLP_KERNEL_GEMM_FPROP || !pointers_ok (gemm->bias, gemm->n_groups)))
+    {
+      *reason = "a bias is added only by FPROP, and needs every group's pointer";
+      return GMLP_KERNEL_INVALID_VALUE;
+    }
+  if (device_major != 9 || device_minor != 0)
+    {
+      *reason = "the Hopper kernel needs a compute capability 9.0 GPU";
+      return GMLP_KERNEL_UNSUPPORTED;
+    }
+  if (gemm->ab_dtype != GMLP_NUM_BFLOAT16 && gemm->ab_dtype != GMLP_NUM_FLOAT16)
+    {
+      *reason = "the Hopper kernel multiplies bfloat16 or float16 operands";
+      return GMLP_KERNEL_UNSUPPORTED;
+    }
+  if (gemm->c_dtype != gemm->ab_dtype && gemm->c_dtype != GMLP_NUM_FLOAT32)
+    {
+      *reason = "the Hopper kernel writes the operands' dtype or float32";
+      return GMLP_KERNEL_UNSUPPORTED;
+    }
+  if (gemm->n % 8 != 0 || gemm->k % 8 != 0)
+    {
+      *reason = "TMA needs rows of whole 16-byte units: in and out features multiples of 8";
+      return GMLP_KERNEL_UNSUPPORTED;
+    }
+  if (gemm->n > kMaxExtent || gemm->k > kMaxExtent || gemm->row_capacity > kMaxExtent ||
+      tile_bound (gemm) > (uint64_t) INT32_MAX)
+    {
+      *reason = "the shapes exceed the kernel's 32-bit coordinates";
+      return GMLP_KERNEL_UNSUPPORTED;
+    }
+  return GMLP_KERNEL_SUCCESS;
+}
+
+extern "C" size_t
+gmlp_kernel_device_gemm_sm90_workspace_bytes (const GmlpKernelDeviceGemm *gemm)
+{
+  return gemm != nullptr ? gmlp::sm90::workspace_layout (gemm->n_groups).total : 0;
+}
+
+extern "C" GmlpKernelStatus
+gmlp_kernel_device_gemm_sm90 (const GmlpKernelDeviceGemm *gemm,
+                              void                       *workspace,
+                              int                         n_sms,
+                              cudaStream_t                stream)
+{
+  using namespace gmlp;
+  using namespace gmlp::sm90;
+  int device, major = 0, minor = 0;
+  GmlpKernelStatus status;
+  WorkspaceLayout layout;
+  GmlpKernelGroupedShape shape;
+  PlanParams plan;
+  GemmParams params;
+  uint8_t *ws = static_cast<uint8_t *> (workspace);
+  uint64_t *table;
+  size_t table_bytes;
+  const bool wgrad = gemm != nullptr && gemm->kind == GMLP_KERNEL_GEMM_WGRAD;
+  const uint32_t a_size = 2, c_size = gemm != nullptr ? gmlp_num_dtype_size (gemm->c_dtype) : 0;
+  Extents e;
+
+  if (cudaGetDevice (&device) != cudaSuccess ||
+      cudaDeviceGetAttribute (&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute (&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess)
+    return GMLP_KERNEL_LAUNCH_FAILED;
+  status = gmlp_kernel_device_gemm_sm90_check (gemm, major, minor, nullptr);
+  if (status != GMLP_KERNEL_SUCCESS)
+    return status;
+  if (workspace == nullptr || !is_aligned (workspace, 256) || n_sms <= 0)
+    return GMLP_KERNEL_INVALID_VALUE;
+
+  layout = workspace_layout (gemm->n_groups);
+  e = extents_of (gemm);
+
+  memset (&plan, 0, sizeof plan);
+  shape.device_rows = gemm->device_rows;
+  shape.n_groups = gemm->n_groups;
+  shape.row_capacity = gemm->row_capacity;
+  shape.cols = e.a_cols;
+  if (!describe_operand (&plan.a, gemm->a, a_size, &shape))
+    return GMLP_KERNEL_INVALID_VALUE;
+  shape.cols = e.rows2_cols;
+  if (!describe_operand (&plan.rows2, wgrad ? gemm->b_rows : gemm->c_rows,
+                         wgrad ? a_size : c_size, &shape))
+    return GMLP_KERNEL_INVALID_VALUE;
+
+  /* Templates: the plan edits each copy's address and, for row-grouped
+   * operands, its row count. */
+  if (wgrad)
+    {
+      if (!encode_map (&plan.template_a, gemm->a, 1, gemm->n, gemm->ab_dtype, kBlockK) ||
+          !encode_map (&plan.template_b, gemm->b_rows, 1, gemm->k, gemm->ab_dtype, kBlockK))
+        return GMLP_KERNEL_LAUNCH_FAILED;
+    }
+  else
+    {
+      const bool dgrad = gemm->kind == GMLP_KERNEL_GEMM_DGRAD;
+
+      if (!encode_map (&plan.template_a, gemm->a, 1, e.a_cols, gemm->ab_dtype, kBlockM) ||
+          !encode_map (&plan.template_b, gemm->weight[0], gemm->n, gemm->k, gemm->ab_dtype,
+                       dgrad ? kBlockK : kBlockN))
+        return GMLP_KERNEL_LAUNCH_FAILED;
+    }
+
+  /* The host tables, through kernel parameters. */
+  table_bytes = layout.maps - layout.matrix_table;
+  table = static_cast<uint64_t *> (calloc (1, table_bytes));
+  if (table == nullptr)
+    return GMLP_KERNEL_INVALID_VALUE;
+  for (uint32_t g = 0; g < gemm->n_groups; g++)
+    {
+      table[g] = (uint64_t) (uintptr_t) (wgrad ? gemm->wgrad[g] : gemm->weight[g]);
+      table[gemm->n_groups + g] = gemm->bias != nullptr ? (uint64_t) (uintptr_t) gemm->bias[g] : 0;
+    }
+  if (gemm->accumulate != nullptr)
+    memcpy (table + 2 * gemm->n_groups, gemm->accumulate, gemm->n_groups);
+  status = gmlp_kernel_write_table (ws + layout.matrix_table, table, table_bytes, stream);
+  free (table);
+  if (status != GMLP_KERNEL_SUCCESS)
+    return status;
+
+  plan.device_rows = gemm->device_rows;
+  plan.n_groups = gemm->n_groups;
+  plan.kind = gemm->kind;
+  plan.tiles_n = (uint32_t) div_up (e.out_cols, kBlockN);
+  plan.tiles_m_fixed = wgrad ? (uint32_t) div_up (gemm->n, kBlockM) : 0;
+  plan.matrix_table = reinterpret_cast<const uint64_t *> (ws + layout.matrix_table);
+  plan.bias_table = gemm->bias != nullptr ?
+    reinterpret_cast<const uint64_t *> (ws + layout.bias_table) : nullptr;
+  plan.accumulate_table = gemm->accumulate != nullptr ? ws + layout.accumulate_table : nullptr;
+  plan.tile_begin = reinterpret_cast<uint32_t *> (ws + layout.tile_begin);
+  plan.groups = reinterpret_cast<GroupWork *> (ws + layout.groups);
+  plan.maps = reinterpret_cast<TensorMap *> (ws + layout.maps);
+  plan_kernel<<<1, kPlanThreads, 0, stream>>> (plan);
+  status = check_launch ();
+  if (status != GMLP_KERNEL_SUCCESS)
+    return status;
+
+  params.tile_begin = plan.tile_begin;
+  params.groups = plan.groups;
+  params.maps = plan.maps;
+  params.n_groups = gemm->n_groups;
+  params.tiles_n = plan.tiles_n;
+  params.tiles_m_fixed = plan.tiles_m_fixed;
+  params.out_rows_fixed = wgrad ? gemm->n : 0;
+  params.out_cols = e.out_cols;
+  params.reduction = e.reduction;
+  params.c_dtype = gemm->c_dtype;
+  if (gemm->ab_dtype == GMLP_NUM_BFLOAT16)
+    return launch_kind<true> (gemm->kind, params, n_sms, stream);
+  return launch_kind<false> (gemm->kind, params, n_sms, stream);
+}

@@ -1,0 +1,466 @@
+/* impls/grouped_gemm_sm90.cuh: libgmlp's Hopper grouped GEMM, sizes on the device
+ *
+ * Two launches, neither of which needs the host to know the group sizes:
+ *
+ * 1. The plan (one block): scans the device sizes into each group's member
+ *    offsets, clamped rows and first output tile, and writes two TMA tensor
+ *    maps per group into the workspace, copies of the host-built templates
+ *    edited on the device (tensormap.replace) to point at the group's
+ *    matrices with the group's row count. Rows past a group's end then read
+ *    as zeros, which is what makes any row count work without padding.
+ *
+ * 2. The persistent GEMM (one CTA per SM): CTA b takes tiles b, b + grid,
+ *    ... of the list of all groups' output tiles, and finds each tile's
+ *    group by walking the plan's tile offsets. Per CTA, warpgroup 0 is the
+ *    producer: one thread issues the TMA copies of A and B tiles into a
+ *    kStages-deep shared-memory ring, each stage guarded by a "full"
+ *    mbarrier (copy bytes landed) and an "empty" one (both consumers done).
+ *    Warpgroups 1 and 2 are the consumers: each multiplies one 64-row half
+ *    of the 128 × 256 output tile with wgmma (FP32 accumulators in
+ *    registers) and writes it out, adding bias or the old FP32 value of an
+ *    accumulating output. While they write, the producer is already filling
+ *    the ring for their next tile.
+ *
+ * Layouts (C = A · Bᵀ, reduction over r, every matrix row-major):
+ *   FPROP  A = x_g   [m × k]  K-major    B = W_g  [n × k]  K-major
+ *   DGRAD  A = dy_g  [m × n]  K-major    B = W_g  [n × k]  MN-major
+ *   WGRAD  A = dy_g  [m × n]  MN-major   B = x_g  [m × k]  MN-major
+ * K-major tiles arrive as one box of 64 reduction elements × rows; MN-major
+ * tiles as 64-element chunks of M or N × 64 reduction rows. Both use the
+ * 128-byte swizzle that wgmma reads directly.
+ *
+ * SPDX-License-Identifier: LGPL-2.1-or-later
+ */
+
+#pragma once
+
+#include "gmlp-numeric.h"
+#include "impls/common.cuh"
+#include "impls/grouped_operand.cuh"
+#include "impls/sm90_ptx.cuh"
+#include "impls/sm90_wgmma.cuh"
+
+namespace gmlp {
+namespace sm90 {
+
+constexpr int kBlockM = 128;
+constexpr int kBlockN = 256;
+constexpr int kBlockK = 64;
+constexpr int kStages = 4;
+constexpr int kChunk = 64;           /* 16-bit elements per 128-byte row */
+constexpr int kConsumers = 2;
+/* Row tiles of one raster panel (locate_tile()): 2048 rows of A. */
+constexpr uint32_t kPanelTiles = 16;
+constexpr int kThreads = 128 * (1 + kConsumers);
+constexpr uint32_t kChunkBytes = kChunk * kBlockK * 2;       /* 8 KiB */
+constexpr uint32_t kTileABytes = kBlockM * kBlockK * 2;
+constexpr uint32_t kTileBBytes = kBlockN * kBlockK * 2;
+constexpr uint32_t kStageBytes = kTileABytes + kTileBBytes;
+/* The epilogue stages each consumer's 64-row half of the output tile
+ * through shared memory, 64 columns of FP32 at a time (staging_index()). */
+constexpr int kStageCols = 64;
+constexpr uint32_t kEpilogueBytes = 64 * kStageCols * 4;
+/* The ring, the epilogue buffers, the barriers, and slack to align the ring
+ * to the 1024 bytes of a swizzle atom. */
+constexpr uint32_t kSmemBytes = kStages * kStageBytes + kConsumers * kEpilogueBytes +
+                                2 * kStages * 8 + 1024;
+static_assert (kSmemBytes <= 227 * 1024, "the kernel needs more shared memory than an SM has");
+
+
+/* What the GEMM needs of each group, written by the plan. */
+struct GroupWork
+{
+  void       *c;           /* output matrix of the group */
+  const void *bias;        /* FPROP: bias_g or NULL */
+  int64_t     rows;        /* m_g, clamped */
+  uint32_t    accumulate;  /* WGRAD: add into c */
+  uint32_t    pad;
+};
+
+
+struct GemmParams
+{
+  const uint32_t  *tile_begin;
+  const GroupWork *groups;
+  const TensorMap *maps;
+  uint32_t         n_groups;
+  uint32_t         tiles_n;         /* output tiles across */
+  uint32_t         tiles_m_fixed;   /* WGRAD */
+  int64_t          out_rows_fixed;  /* WGRAD: n */
+  int64_t          out_cols;        /* columns and leading dimension of C */
+  int64_t          reduction;       /* FPROP: k, DGRAD: n; WGRAD: m_g */
+  int              c_dtype;
+};
+
+/* The tile schedule both roles follow: tile t of the whole list, found in
+ * its group by walking forwards (each CTA's tiles only ever increase). */
+struct Tile
+{
+  uint32_t group;
+  int64_t  m0;        /* first output row */
+  int64_t  n0;        /* first output column */
+  uint32_t k_blocks;  /* kBlockK-deep steps of the reduction */
+};
+
+template <int kKind>
+__device__ __forceinline__ void
+locate_tile (const GemmParams &p, uint32_t t, uint32_t &group, Tile &tile)
+{
+  uint32_t local, tiles_m;
+  int64_t rows, reduction;
+
+  while (p.tile_begin[group + 1] <= t)
+    group++;
+  rows = p.groups[group].rows;
+  local = t - p.tile_begin[group];
+  if (kKind == GMLP_KERNEL_GEMM_WGRAD)
+    {
+      tiles_m = p.tiles_m_fixed;
+      reduction = rows;
+    }
+  else
+    {
+      tiles_m = (uint32_t) div_up (rows, kBlockM);
+      reduction = p.reduction;
+    }
+  /* Panels of kPanelTiles row tiles: down a panel's rows first, then
+   * across its columns, then the next panel. CTAs running at once share B
+   * tiles, and a panel's A rows stay in L2 while its columns are swept,
+   * however many rows the group has (a big group would otherwise have its
+   * A read again for every column of tiles). */
+  {
+    const uint32_t panel_tiles = kPanelTiles * p.tiles_n;
+    const uint32_t panel = local / panel_tiles;
+    const uint32_t in_panel = local % panel_tiles;
+    const uint32_t panel_rows = min (kPanelTiles, tiles_m - panel * kPanelTiles);
+
+    tile.group = group;
+    tile.m0 = (int64_t) (panel * kPanelTiles + in_panel % panel_rows) * kBlockM;
+    tile.n0 = (int64_t) (in_panel / panel_rows) * kBlockN;
+  }
+  tile.k_blocks = (uint32_t) div_up (reduction, kBlockK);
+}
+
+template <int kKind>
+__device__ __forceinline__ void
+produce (const GemmParams &p, uint8_t *ring, uint64_t *full, uint64_t *empty)
+{
+  constexpr bool kTransA = kKind == GMLP_KERNEL_GEMM_WGRAD;
+  constexpr bool kTransB = kKind != GMLP_KERNEL_GEMM_FPROP;
+  const uint32_t total = p.tile_begin[p.n_groups];
+  uint32_t group = 0, acquired = 0xffffffffu, stage = 0, phase = 0;
+  Tile tile;
+
+  for (uint32_t t = blockIdx.x; t < total; t += gridDim.x)
+    {
+      const TensorMap *map_a, *map_b;
+
+      locate_tile<kKind> (p, t, group, tile);
+      map_a = p.maps + 2 * (uint64_t) group;
+      map_b = map_a + 1;
+      if (group != acquired)
+        {
+          tensormap_acquire (map_a);
+          tensormap_acquire (map_b);
+          acquired = group;
+        }
+
+      for (uint32_t kb = 0; kb < tile.k_blocks; kb++)
+        {
+          uint8_t *tile_a = ring + stage * kStageBytes;
+          uint8_t *tile_b = tile_a + kTileABytes;
+          const int32_t k0 = (int32_t) kb * kBlockK;
+
+          mbarrier_wait (&empty[stage], phase ^ 1);
+          mbarrier_arrive_expect_tx (&full[stage], kStageBytes);
+          if (kTransA)
+            {
+              for (int c = 0; c < kBlockM / kChunk; c++)
+                tma_load_2d (tile_a + c * kChunkBytes, map_a, &full[stage],
+                             (int32_t) tile.m0 + c * kChunk, k0);
+            }
+          else
+            {
+              tma_load_2d (tile_a, map_a, &full[stage], k0, (int32_t) tile.m0);
+            }
+          if (kTransB)
+            {
+              for (int c = 0; c < kBlockN / kChunk; c++)
+                tma_load_2d (tile_b + c * kChunkBytes, map_b, &full[stage],
+                             (int32_t) tile.n0 + c * kChunk, k0);
+            }
+          else
+            {
+              tma_load_2d (tile_b, map_b, &full[stage], k0, (int32_t) tile.n0);
+            }
+          if (++stage == kStages)
+            {
+              stage = 0;
+              phase ^= 1;
+            }
+        }
+    }
+}
+
+/* Writes four adjacent results v (FP32) at element index of C in its dtype,
+ * adding the old values first when accumulating. The epilogue calls it
+ * from a loop that is not unrolled: small code keeps the instruction cache
+ * warm for the main loop (an unrolled epilogue was measured 2× slower). */
+__device__ __forceinline__ void
+store_quad (void *c, int c_dtype, uint64_t index, float4 v, bool accumulate)
+{
+  if (c_dtype == GMLP_NUM_FLOAT32)
+    {
+      float4 *dst = reinterpret_cast<float4 *> (static_cast<float *> (c) + index);
+
+      if (accumulate)
+        {
+          const float4 old = *dst;
+          v.x += old.x;
+          v.y += old.y;
+          v.z += old.z;
+          v.w += old.w;
+        }
+      *dst = v;
+    }
+  else
+    {
+      uint2 *dst = reinterpret_cast<uint2 *> (static_cast<uint16_t *> (c) + index);
+      uint16_t h[4];
+      float f[4] = { v.x, v.y, v.z, v.w };
+
+      if (accumulate)
+        {
+          const uint2 old = *dst;
+          f[0] += gmlp_num_load_float (&old.x, c_dtype, 0);
+          f[1] += gmlp_num_load_float (&old.x, c_dtype, 1);
+          f[2] += gmlp_num_load_float (&old.y, c_dtype, 0);
+          f[3] += gmlp_num_load_float (&old.y, c_dtype, 1);
+        }
+      for (int i = 0; i < 4; i++)
+        h[i] = c_dtype == GMLP_NUM_BFLOAT16 ? gmlp_num_float_to_bfloat16 (f[i])
+                                            : gmlp_num_float_to_half (f[i]);
+      *dst = make_uint2 ((uint32_t) h[0] | ((uint32_t) h[1] << 16),
+                         (uint32_t) h[2] | ((uint32_t) h[3] << 16));
+    }
+}
+
+/* Where result (row, col) of a 64 × 64 chunk is staged: the 8-column
+ * groups of each row are permuted by the row's low bits, so that the
+ * fragment stores of a warp (8 rows, same columns) and the row reads of
+ * the copy-out both spread over all the banks. */
+__device__ __forceinline__ int
+staging_index (int row, int col)
+{
+  return row * kStageCols + (col ^ ((row & 7) << 3));
+}
+
+/* Synchronises the 128 threads of one consumer warpgroup (named barrier
+ * 1 + half; barrier 0 is __syncthreads()). */
+__device__ __forceinline__ void
+consumer_sync (int half)
+{
+  asm volatile ("bar.sync %0, 128;" :: "r" (1 + half) : "memory");
+}
+
+/* Writes one consumer's 64 × kBlockN half of an output tile: 64 columns at
+ * a time, the fragments go to shared memory, then every thread copies
+ * whole rows of 4 results out, so that a warp's stores are contiguous. */
+template <int kKind>
+__device__ __forceinline__ void
+write_tile (const GemmParams &p, const Tile &tile, const float (&acc)[kBlockN / 2],
+            float *staging, int half)
+{
+  const GroupWork w = p.groups[tile.group];
+  const int64_t out_rows = kKind == GMLP_KERNEL_GEMM_WGRAD ? p.out_rows_fixed : w.rows;
+  const int64_t row_base = tile.m0 + half * 64;
+  const int thread = threadIdx.x % 128;
+  const int lane = thread % 32;
+  const int frag_row = (thread / 32) * 16 + lane / 4;
+  const int frag_col = 2 * (lane % 4);
+  const bool accumulate = w.accumulate != 0;
+
+  if (kKind == GMLP_KERNEL_GEMM_WGRAD && tile.k_blocks == 0 && accumulate)
+    return;   /* adding zero */
+
+#pragma unroll
+  for (int chunk = 0; chunk < kBlockN / kStageCols; chunk++)
+    {
+      const int64_t col_base = tile.n0 + chunk * kStageCols;
+
+      consumer_sync (half);   /* the previous chunk has been copied out */
+#pragma unroll
+      for (int j = 0; j < kStageCols / 8; j++)
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+          {
+            const int a = 4 * (chunk * kStageCols / 8 + j) + 2 * h;
+
+            *reinterpret_cast<float2 *> (staging + staging_index (frag_row + 8 * h, 8 * j + frag_col)) =
+              make_float2 (acc[a], acc[a + 1]);
+          }
+      consumer_sync (half);
+
+      if (col_base >= p.out_cols)
+        continue;
+      /* 16 threads per row of 64 results, 8 rows per pass. */
+#pragma unroll 1
+      for (int r = thread / 16; r < 64; r += 8)
+        {
+          const int64_t row = row_base + r;
+          const int c4 = 4 * (thread % 16);
+          const int64_t col = col_base + c4;
+          float4 v;
+
+          if (row >= out_rows || col >= p.out_cols)
+            continue;
+          v = *reinterpret_cast<const float4 *> (staging + staging_index (r, c4));
+          if (w.bias != nullptr)
+            {
+              v.x += gmlp_num_load_float (w.bias, p.c_dtype, col);
+              v.y += gmlp_num_load_float (w.bias, p.c_dtype, col + 1);
+              v.z += gmlp_num_load_float (w.bias, p.c_dtype, col + 2);
+              v.w += gmlp_num_load_float (w.bias, p.c_dtype, col + 3);
+            }
+          store_quad (w.c, p.c_dtype, (uint64_t) row * p.out_cols + col, v, accumulate);
+        }
+    }
+}
+
+template <bool kBf16, int kKind>
+__device__ __forceinline__ void
+consume (const GemmParams &p, uint8_t *ring, uint64_t *full, uint64_t *empty, float *staging,
+         int half)
+{
+  constexpr int kTransA = kKind == GMLP_KERNEL_GEMM_WGRAD;
+  constexpr int kTransB = kKind != GMLP_KERNEL_GEMM_FPROP;
+  using Mma = Wgmma<kBlockN, kBf16, kTransA, kTransB>;
+  const uint32_t total = p.tile_begin[p.n_groups];
+  const bool leader = threadIdx.x % 128 == 0;
+  const uint32_t ring_address = smem_address (ring);
+  uint32_t group = 0, stage = 0, phase = 0;
+  float acc[kBlockN / 2];
+  Tile tile;
+
+  for (uint32_t t = blockIdx.x; t < total; t += gridDim.x)
+    {
+      uint32_t held = 0;
+
+      locate_tile<kKind> (p, t, group, tile);
+
+      for (uint32_t kb = 0; kb < tile.k_blocks; kb++)
+        {
+          const uint32_t tile_a = ring_address + stage * kStageBytes;
+          const uint32_t tile_b = tile_a + kTileABytes;
+
+          mbarrier_wait (&full[stage], phase);
+          wgmma_fence ();
+          for (int s = 0; s < kBlockK / 16; s++)
+            {
+              /* K-major: 16 elements further along the 128-byte row.
+               * MN-major: 16 rows further down each chunk. */
+              const uint64_t desc_a = kTransA ?
+                smem_descriptor (tile_a + half * kChunkBytes + s * 16 * 128, kChunkBytes) :
+                smem_descriptor (tile_a + half * 64 * 128 + s * 32, 0);
+              const uint64_t desc_b = kTransB ?
+                smem_descriptor (tile_b + s * 16 * 128, kChunkBytes) :
+                smem_descriptor (tile_b + s * 32, 0);
+
+              Mma::run (acc, desc_a, desc_b, kb > 0 || s > 0);
+            }
+          wgmma_commit ();
+          /* The stage before this one is no longer read: give it back. */
+          wgmma_wait<1> ();
+          if (kb > 0 && leader)
+            mbarrier_arrive (&empty[held]);
+          held = stage;
+          if (++stage == kStages)
+            {
+              stage = 0;
+              phase ^= 1;
+            }
+        }
+      wgmma_wait<0> ();
+      if (tile.k_blocks > 0 && leader)
+        mbarrier_arrive (&empty[held]);
+      if (tile.k_blocks == 0)
+        {
+#pragma unroll
+          for (int i = 0; i < kBlockN / 2; i++)
+            acc[i] = 0.0f;
+        }
+
+      write_tile<kKind> (p, tile, acc, staging, half);
+    }
+}
+
+template <bool kBf16, int kKind>
+__global__ void __launch_bounds__ (kThreads, 1)
+gemm_kernel (const __grid_constant__ GemmParams p)
+{
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t *ring = reinterpret_cast<uint8_t *> (
+    (reinterpret_cast<uintptr_t> (smem_raw) + 1023) & ~(uintptr_t) 1023);
+  float *staging = reinterpret_cast<float *> (ring + kStages * kStageBytes);
+  uint64_t *full = reinterpret_cast<uint64_t *> (ring + kStages * kStageBytes +
+                                                 kConsumers * kEpilogueBytes);
+  uint64_t *empty = full + kStages;
+  const int warpgroup = threadIdx.x / 128;
+
+  if (threadIdx.x == 0)
+    {
+      for (int s = 0; s < kStages; s++)
+        {
+          mbarrier_init (&full[s], 1);
+          mbarrier_init (&empty[s], kConsumers);
+        }
+      mbarrier_init_fence ();
+    }
+  __syncthreads ();
+
+  if (warpgroup == 0)
+    {
+      registers_decrease<40> ();
+      if (threadIdx.x == 0)
+        produce<kKind> (p, ring, full, empty);
+    }
+  else
+    {
+      registers_increase<232> ();
+      consume<kBf16, kKind> (p, ring, full, empty,
+                             staging + (warpgroup - 1) * (kEpilogueBytes / 4), warpgroup - 1);
+    }
+}
+
+}  // namespace sm90
+}  // namespace gmlp
+
+namespace gmlp {
+namespace sm90 {
+
+/* Enqueues gemm_kernel<kBf16, kKind>; each kind is instantiated in a file
+ * of its own (grouped_gemm_sm90_<kind>.cu) so that they compile in
+ * parallel. */
+template <bool kBf16, int kKind>
+GmlpKernelStatus launch_gemm (const GemmParams &params, int n_sms, cudaStream_t stream);
+
+#define GMLP_SM90_DEFINE_LAUNCH(kKind)                                              \
+  template <bool kBf16, int kKindArg>                                               \
+  GmlpKernelStatus                                                                  \
+  launch_gemm (const GemmParams &params, int n_sms, cudaStream_t stream)            \
+  {                                                                                 \
+    /* Set on every call: the attribute belongs to the current device. */           \
+    const cudaError_t configured =                                                  \
+      cudaFuncSetAttribute (gemm_kernel<kBf16, kKindArg>,                           \
+                            cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes); \
+                                                                                    \
+    if (configured != cudaSuccess)                                                  \
+      return record_cuda_error (configured);                                        \
+    gemm_kernel<kBf16, kKindArg><<<n_sms, kThreads, kSmemBytes, stream>>> (params); \
+    return check_launch ();                                                         \
+  }                                                                                 \
+  template GmlpKernelStatus launch_gemm<true, kKind> (const GemmParams &, int, cudaStream_t); \
+  template GmlpKernelStatus launch_gemm<false, kKind> (const GemmParams &, int, cudaStream_t);
+
+}  // namespace sm90
+}  // namespace gmlp

@@ -1,0 +1,215 @@
+/* impls/sm90_ptx.cuh: the Hopper instructions the grouped GEMM is built from
+ *
+ * Thin wrappers over inline PTX for sm_90a: mbarriers, the bulk tensor copy
+ * engine (TMA), tensor maps edited on the device, and warpgroup matrix
+ * multiply-accumulate (wgmma). Each wrapper is one instruction or one
+ * short, fixed sequence; the kernels decide the protocol.
+ *
+ * Compiled only for sm_90a (kernels/meson.build); the bodies are empty on
+ * anything else, where the host never launches these kernels.
+ *
+ * SPDX-License-Identifier: LGPL-2.1-or-later
+ */
+
+#pragma once
+
+#include <stdint.h>
+
+namespace gmlp {
+namespace sm90 {
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define GMLP_SM90_ENABLED 1
+#else
+#define GMLP_SM90_ENABLED 0
+#endif
+
+__device__ __forceinline__ uint32_t
+smem_address (const void *ptr)
+{
+  return static_cast<uint32_t> (__cvta_generic_to_shared (ptr));
+}
+
+/* mbarriers ---------------------------------------------------------------- */
+
+__device__ __forceinline__ void
+mbarrier_init (uint64_t *bar, uint32_t count)
+{
+#if GMLP_SM90_ENABLED
+  asm volatile ("mbarrier.init.shared::cta.b64 [%0], %1;"
+                :: "r" (smem_address (bar)), "r" (count) : "memory");
+#endif
+}
+
+/* Makes the barriers' initialisation visible to the copy engine. */
+__device__ __forceinline__ void
+mbarrier_init_fence ()
+{
+#if GMLP_SM90_ENABLED
+  asm volatile ("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void
+mbarrier_arrive_expect_tx (uint64_t *bar, uint32_t bytes)
+{
+#if GMLP_SM90_ENABLED
+  asm volatile ("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
+                :: "r" (smem_address (bar)), "r" (bytes) : "memory");
+#endif
+}
+
+__device__ __forceinline__ void
+mbarrier_arrive (uint64_t *bar)
+{
+#if GMLP_SM90_ENABLED
+  asm volatile ("mbarrier.arrive.shared::cta.b64 _, [%0];"
+                :: "r" (smem_address (bar)) : "memory");
+#endif
+}
+
+/* Waits until the phase of parity `phase` has completed. */
+__device__ __forceinline__ void
+mbarrier_wait (uint64_t *bar, uint32_t phase)
+{
+#if GMLP_SM90_ENABLED
+  asm volatile ("{\n"
+                "  .reg .pred done;\n"
+                "wait_%=:\n"
+                "  mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+                "  @!done bra wait_%=;\n"
+                "}"
+                :: "r" (smem_address (bar)), "r" (phase) : "memory");
+#endif
+}
+
+/* Tensor maps and the copy engine ------------------------------------------ */
+
+/* A CUtensorMap: 128 opaque bytes, 64-byte aligned wherever it lives. */
+struct alignas (128) TensorMap
+{
+  uint64_t bytes[16];
+};
+
+/* Points the tensor map at a new global address and sets the extent of its
+ * outer (row) dimension; both are edits of a tensor map in global memory. */
+__device__ __forceinline__ void
+tensormap_set_address (TensorMap *map, const void *address)
+{
+#if GMLP_SM90_ENABLED
+  asm volatile ("tensormap.replace.tile.global_address.global.b1024.b64 [%0], %1;"
+                :: "l" (map), "l" (address) : "memory");
+#endif
+}
+
+__device__ __forceinline__ void
+tensormap_set_rows (TensorMap *map, uint32_t rows)
+{
+#if GMLP_SM90_ENABLED
+  asm volatile ("tensormap.replace.tile.global_dim.global.b1024.b32 [%0], 1, %1;"
+                :: "l" (map), "r" (rows) : "memory");
+#endif
+}
+
+/* The writer of edited tensor maps releases them, the reader acquires each
+ * before its first copy: tensor maps are read through their own proxy. */
+__device__ __forceinline__ void
+tensormap_release ()
+{
+#if GMLP_SM90_ENABLED
+  asm volatile ("fence.proxy.tensormap::generic.release.gpu;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void
+tensormap_acquire (const TensorMap *map)
+{
+#if GMLP_SM90_ENABLED
+  asm volatile ("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;"
+                :: "l" (map) : "memory");
+#endif
+}
+
+/* Copies the box at (inner, outer) of a 2-D tensor into shared memory;
+ * the barrier's transaction count goes down by the box's bytes (all of
+ * them, out-of-bounds elements being filled with zeros). */
+__device__ __forceinline__ void
+tma_load_2d (void *dst, const TensorMap *map, uint64_t *bar, int32_t inner, int32_t outer)
+{
+#if GMLP_SM90_ENABLED
+  asm volatile ("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                " [%0], [%1, {%3, %4}], [%2];"
+                :: "r" (smem_address (dst)), "l" (map), "r" (smem_address (bar)),
+                   "r" (inner), "r" (outer)
+                : "memory");
+#endif
+}
+
+/* Warpgroup matrix multiply-accumulate -------------------------------------- */
+
+/* Register budget per thread for warpgroups that issue copies and for
+ * those that do the arithmetic (setmaxnreg, sm_90a). */
+template <uint32_t kRegisters>
+__device__ __forceinline__ void
+registers_decrease ()
+{
+#if GMLP_SM90_ENABLED
+  asm volatile ("setmaxnreg.dec.sync.aligned.u32 %0;" :: "n" (kRegisters));
+#endif
+}
+
+template <uint32_t kRegisters>
+__device__ __forceinline__ void
+registers_increase ()
+{
+#if GMLP_SM90_ENABLED
+  asm volatile ("setmaxnreg.inc.sync.aligned.u32 %0;" :: "n" (kRegisters));
+#endif
+}
+
+__device__ __forceinline__ void
+wgmma_fence ()
+{
+#if GMLP_SM90_ENABLED
+  asm volatile ("wgmma.fence.sync.aligned;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void
+wgmma_commit ()
+{
+#if GMLP_SM90_ENABLED
+  asm volatile ("wgmma.commit_group.sync.aligned;" ::: "memory");
+#endif
+}
+
+template <int kPending>
+__device__ __forceinline__ void
+wgmma_wait ()
+{
+#if GMLP_SM90_ENABLED
+  asm volatile ("wgmma.wait_group.sync.aligned %0;" :: "n" (kPending) : "memory");
+#endif
+}
+
+/* The shared-memory matrix descriptor of wgmma, for 128-byte swizzled
+ * tiles: each 128-byte row holds 64 16-bit elements, 8 rows make one
+ * 1024-byte swizzle atom.
+ *   K-major (the reduction dimension contiguous): rows are M or N, the
+ *     stride between 8-row groups (SBO) is 1024; LBO is unused.
+ *   MN-major: rows are K, and 64-element chunks of M or N lie `chunk_bytes`
+ *     apart (LBO); the stride between 8-row groups of K (SBO) is 1024. */
+__device__ __forceinline__ uint64_t
+smem_descriptor (uint32_t address, uint32_t leading_bytes)
+{
+  uint64_t desc = 0;
+
+  desc |= (uint64_t) ((address & 0x3ffff) >> 4);
+  desc |= (uint64_t) ((leading_bytes & 0x3ffff) >> 4) << 16;
+  desc |= (uint64_t) (1024 >> 4) << 32;
+  desc |= 1ull << 62;   /* 128-byte swizzle */
+  return desc;
+}
+
+}  // namespace sm90
+}  // namespace gmlp

@@ -1,0 +1,303 @@
+/* gmlp-cpu-quantize.c: FP8 quantization on the CPU backend
+ *
+ * The reference for the CUDA kernels: the same arithmetic
+ * (gmlp-quantize-numeric.h), the same layouts and the same clamping of the
+ * group sizes, visited block by block in plain loops. Since every amax is an
+ * exact maximum and every scale and element a pure function of its inputs,
+ * the order of the loops does not change a bit of the result.
+ *
+ * SPDX-License-Identifier: LGPL-2.1-or-later
+ */
+
+#include "config.h"
+
+#include "backend/cpu/gmlp-cpu-quantize.h"
+#include "gmlp-error.h"
+#include "gmlp-numeric.h"
+#include "gmlp-quantize-numeric.h"
+
+/* The layouts a call walks, in this order. */
+enum {
+  LAYOUT_SRC,
+  LAYOUT_DATA,          /* and the columnwise copy */
+  LAYOUT_SCALE,
+  LAYOUT_COLUMN_SCALE,  /* dequantize: the output */
+  N_LAYOUTS
+};
+
+/* Member i has gmlp_quant_blocks_along (m_i, row_block) rows of row_bytes. */
+typedef struct {
+  gint64   row_block;
+  guint64  row_bytes;
+} Layout;
+
+/* One group of a quantize call, where its members are. */
+typedef struct {
+  int           recipe;
+  int           flags;
+  int           fp8_dtype;
+  int           src_dtype;
+  const guint8 *src;
+  gint64        m;
+  gint64        k;
+  guint32       scale_size;
+} Group;
+
+static float
+group_value (const Group *grp,
+             gint64       r,
+             gint64       c)
+{
+  return gmlp_num_load_float (grp->src, grp->src_dtype, (guint64) r * (guint64) grp->k + (guint64) c);
+}
+
+static guint32
+group_amax (const Group *grp,
+            gint64       r0,
+            gint64       r1,
+            gint64       c0,
+            gint64       c1)
+{
+  guint32 amax = 0;
+  gint64 r, c;
+
+  for (r = r0; r < r1; r++)
+    for (c = c0; c < c1; c++)
+      amax = gmlp_quant_amax_fold_for (grp->recipe, amax, group_value (grp, r, c));
+  return amax;
+}
+
+/* Quantizes a group block by block, blocks of block_rows × block_cols (0:
+ * the whole extent). member_scale, when given, is the scale of every block
+ * (per-tensor recipes); otherwise each block's amax gives its scale. The
+ * scales go to scales (a grid of scale_cols columns) unless it is NULL; the
+ * values go to out, transposed (out[c × m + r]) for the columnwise copy. */
+static void
+quantize_blocks (const Group               *grp,
+                 gint64                     block_rows,
+                 gint64                     block_cols,
+                 const GmlpQuantBlockScale *member_scale,
+                 guint8                    *scales,
+                 gint64                     scale_cols,
+                 guint8                    *out,
+                 gboolean                   transposed)
+{
+  gint64 n_down = gmlp_quant_blocks_along (grp->m, block_rows);
+  gint64 n_across = gmlp_quant_blocks_along (grp->k, block_cols);
+  gint64 bi, bj, r, c;
+
+  for (bi = 0; bi < n_down; bi++)
+    for (bj = 0; bj < n_across; bj++)
+      {
+        gint64 r0 = block_rows ? bi * block_rows : 0;
+        gint64 r1 = block_rows ? MIN (r0 + block_rows, grp->m) : grp->m;
+        gint64 c0 = block_cols ? bj * block_cols : 0;
+        gint64 c1 = block_cols ? MIN (c0 + block_cols, grp->k) : grp->k;
+        GmlpQuantBlockScale s;
+
+        if (member_scale != NULL)
+          s = *member_scale;
+        else
+          s = gmlp_quant_block_scale (grp->recipe, grp->flags, grp->fp8_dtype,
+                                      group_amax (grp, r0, r1, c0, c1), 0.0f);
+
+        if (scales != NULL)
+          {
+            gint64 index = bi * scale_cols + bj;
+
+            if (grp->scale_size == 1)
+              scales[index] = s.e8m0;
+            else
+              ((float *) scales)[index] = s.scale_inv;
+          }
+
+        for (r = r0; r < r1; r++)
+          for (c = c0; c < c1; c++)
+            {
+              guint8 q = gmlp_quant_encode (group_value (grp, r, c), &s, grp->fp8_dtype);
+
+              if (transposed)
+                out[(guint64) c * (guint64) grp->m + (guint64) r] = q;
+              else
+                out[(guint64) r * (guint64) grp->k + (guint64) c] = q;
+            }
+      }
+}
+
+gboolean
+gmlp_cpu_quantize (GmlpBackendDevice       *device,
+                   const GmlpBackendShape  *shape,
+                   int                      recipe,
+                   int                      flags,
+                   gconstpointer            src,
+                   int                      src_dtype,
+                   int                      fp8_dtype,
+                   gpointer                 data,
+                   gpointer                 scale_inv,
+                   gpointer                 columnwise,
+                   gpointer                 columnwise_scale_inv,
+                   gint64                  *derived_rows,
+                   float                   *state,
+                   guint                    history_length,
+                   GError                 **error)
+{
+  gint64 block_rows, block_cols, col_block_rows, col_block_cols, scale_cols, col_scale_cols;
+  gint64 derived_block, rows_left = shape->row_capacity;
+  gboolean own_column_scales = columnwise != NULL && gmlp_quant_columnwise_has_scales (recipe, flags);
+  guint32 stride = gmlp_quant_state_stride (history_length);
+  guint64 offset[N_LAYOUTS] = { 0, 0, 0, 0 };
+  Layout layouts[N_LAYOUTS];
+  Group grp;
+  guint g;
+  int l;
+
+  if (recipe < GMLP_QUANT_DELAYED || recipe > GMLP_QUANT_MXFP8 ||
+      (recipe == GMLP_QUANT_DELAYED && (state == NULL || history_length < 1)))
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
+                   "CPU: invalid quantization arguments");
+      return FALSE;
+    }
+
+  gmlp_quant_blocks (recipe, flags, 0, &block_rows, &block_cols);
+  gmlp_quant_blocks (recipe, flags, 1, &col_block_rows, &col_block_cols);
+  scale_cols = gmlp_quant_blocks_along (shape->cols, block_cols);
+  col_scale_cols = gmlp_quant_blocks_along (shape->cols, col_block_cols);
+  derived_block = gmlp_quant_derived_row_block (recipe, flags, columnwise != NULL);
+
+  grp.recipe = recipe;
+  grp.flags = flags;
+  grp.fp8_dtype = fp8_dtype;
+  grp.src_dtype = src_dtype;
+  grp.k = shape->cols;
+  grp.scale_size = gmlp_quant_scale_size (recipe);
+
+  layouts[LAYOUT_SRC] = (Layout) { 1, (guint64) shape->cols * gmlp_num_dtype_size (src_dtype) };
+  layouts[LAYOUT_DATA] = (Layout) { 1, (guint64) shape->cols };
+  layouts[LAYOUT_SCALE] = (Layout) { block_rows, (guint64) scale_cols * grp.scale_size };
+  layouts[LAYOUT_COLUMN_SCALE] = (Layout) { col_block_rows, (guint64) col_scale_cols * grp.scale_size };
+
+  for (g = 0; g < shape->n_groups; g++)
+    {
+      guint8 *group_data = (guint8 *) data + offset[LAYOUT_DATA];
+      guint8 *group_scales = (guint8 *) scale_inv + offset[LAYOUT_SCALE];
+      GmlpQuantBlockScale member;
+      const GmlpQuantBlockScale *member_scale = NULL;
+
+      /* Clamped to the capacity as the CUDA kernels clamp. */
+      grp.m = CLAMP (shape->device_rows[g], 0, rows_left);
+      rows_left -= grp.m;
+      grp.src = (const guint8 *) src + offset[LAYOUT_SRC];
+
+      if (block_rows == 0)
+        {
+          /* Per tensor: the scale of the whole group. */
+          guint32 amax = group_amax (&grp, 0, grp.m, 0, grp.k);
+          float delayed = 0.0f;
+
+          if (recipe == GMLP_QUANT_DELAYED)
+            {
+              float *row = state + (gsize) g * stride;
+              guint32 seen = gmlp_num_float_bits (row[GMLP_QUANT_STATE_AMAX]);
+
+              delayed = row[GMLP_QUANT_STATE_SCALE];
+              if (amax > seen)
+                row[GMLP_QUANT_STATE_AMAX] = gmlp_num_bits_float (amax);
+            }
+          member = gmlp_quant_block_scale (recipe, flags, fp8_dtype, amax, delayed);
+          member_scale = &member;
+        }
+
+      quantize_blocks (&grp, block_rows, block_cols, member_scale, group_scales, scale_cols,
+                       group_data, FALSE);
+      if (columnwise != NULL)
+        {
+          guint8 *group_columnwise = (guint8 *) columnwise + offset[LAYOUT_DATA];
+
+          if (own_column_scales)
+            quantize_blocks (&grp, col_block_rows, col_block_cols, NULL,
+                             (guint8 *) columnwise_scale_inv + offset[LAYOUT_COLUMN_SCALE],
+                             col_scale_cols, group_columnwise, TRUE);
+          else
+            quantize_blocks (&grp, block_rows, block_cols, member_scale, NULL, 0,
+                             group_columnwise, TRUE);
+        }
+      if (derived_rows != NULL && derived_block > 0)
+        derived_rows[g] = gmlp_quant_blocks_along (grp.m, derived_block);
+
+      for (l = 0; l < N_LAYOUTS; l++)
+        offset[l] += gmlp_num_member_stride (gmlp_quant_blocks_along (grp.m, layouts[l].row_block),
+                                             layouts[l].row_bytes);
+    }
+  return TRUE;
+}
+
+gboolean
+gmlp_cpu_dequantize (GmlpBackendDevice       *device,
+                     const GmlpBackendShape  *shape,
+                     int                      recipe,
+                     int                      flags,
+                     gconstpointer            data,
+                     int                      fp8_dtype,
+                     gconstpointer            scale_inv,
+                     gpointer                 dst,
+                     int                      dst_dtype,
+                     GError                 **error)
+{
+  gint64 block_rows, block_cols, scale_cols, rows_left = shape->row_capacity;
+  guint32 scale_size = gmlp_quant_scale_size (recipe);
+  guint64 offset[N_LAYOUTS] = { 0, 0, 0, 0 };
+  Layout layouts[N_LAYOUTS];
+  guint g;
+  int l;
+
+  gmlp_quant_blocks (recipe, flags, 0, &block_rows, &block_cols);
+  scale_cols = gmlp_quant_blocks_along (shape->cols, block_cols);
+  layouts[LAYOUT_SRC] = (Layout) { 1, 0 };   /* unused */
+  layouts[LAYOUT_DATA] = (Layout) { 1, (guint64) shape->cols };
+  layouts[LAYOUT_SCALE] = (Layout) { block_rows, (guint64) scale_cols * scale_size };
+  layouts[LAYOUT_COLUMN_SCALE] = (Layout) { 1, (guint64) shape->cols * gmlp_num_dtype_size (dst_dtype) };
+
+  for (g = 0; g < shape->n_groups; g++)
+    {
+      const guint8 *q = (const guint8 *) data + offset[LAYOUT_DATA];
+      const guint8 *scales = (const guint8 *) scale_inv + offset[LAYOUT_SCALE];
+      guint8 *out = (guint8 *) dst + offset[LAYOUT_COLUMN_SCALE];
+      gint64 m = CLAMP (shape->device_rows[g], 0, rows_left);
+      gint64 r, c;
+
+      rows_left -= m;
+      for (r = 0; r < m; r++)
+        for (c = 0; c < shape->cols; c++)
+          {
+            guint64 i = (guint64) r * (guint64) shape->cols + (guint64) c;
+            gint64 s = (block_rows ? r / block_rows : 0) * scale_cols + (block_cols ? c / block_cols : 0);
+            float factor = scale_size == 1 ? gmlp_quant_e8m0_to_float (scales[s])
+                                           : ((const float *) scales)[s];
+
+            gmlp_num_store_float (out, dst_dtype, i, gmlp_quant_decode (q[i], factor, fp8_dtype));
+          }
+
+      for (l = 0; l < N_LAYOUTS; l++)
+        offset[l] += gmlp_num_member_stride (gmlp_quant_blocks_along (m, layouts[l].row_block),
+                                             layouts[l].row_bytes);
+    }
+  return TRUE;
+}
+
+gboolean
+gmlp_cpu_quantizer_update (GmlpBackendDevice       *device,
+                           float                   *state,
+                           guint                    n_groups,
+                           guint                    history_length,
+                           int                      fp8_dtype,
+                           int                      margin,
+                           GError                 **error)
+{
+  guint g;
+
+  for (g = 0; g < n_groups; g++)
+    gmlp_quant_delayed_update (state + (gsize) g * gmlp_quant_state_stride (history_length),
+                               history_length, fp8_dtype, margin);
+  return TRUE;
+}

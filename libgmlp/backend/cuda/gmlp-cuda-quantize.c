@@ -1,0 +1,125 @@
+/* gmlp-cuda-quantize.c: FP8 quantization of the CUDA backend
+ *
+ * Host side of the kernels of kernels/quantize.cu. A quantize call is
+ * checked first, so that a case the kernels do not cover is refused with
+ * its reason before anything is enqueued; current scaling takes a small
+ * amax workspace from the stream-ordered pool and gives it back in stream
+ * order. Nothing here waits for the device.
+ *
+ * SPDX-License-Identifier: LGPL-2.1-or-later
+ */
+
+#include "config.h"
+
+#include "gmlp-cuda-private.h"
+#include "gmlp-cuda-quantize.h"
+
+gboolean
+gmlp_cuda_quantize (GmlpBackendDevice       *device,
+                    const GmlpBackendShape  *shape,
+                    int                      recipe,
+                    int                      flags,
+                    gconstpointer            src,
+                    int                      src_dtype,
+                    int                      fp8_dtype,
+                    gpointer                 data,
+                    gpointer                 scale_inv,
+                    gpointer                 columnwise,
+                    gpointer                 columnwise_scale_inv,
+                    gint64                  *derived_rows,
+                    float                   *state,
+                    guint                    history_length,
+                    GError                 **error)
+{
+  GmlpKernelQuantize q = { 0 };
+  GmlpKernelStatus status;
+  const char *reason = NULL;
+  gpointer workspace = NULL;
+  gsize workspace_bytes;
+
+  if (!gmlp_cuda_activate (device, error))
+    return FALSE;
+
+  gmlp_cuda_kernel_shape (shape, &q.shape);
+  q.recipe = recipe;
+  q.flags = flags;
+  q.src_dtype = src_dtype;
+  q.fp8_dtype = fp8_dtype;
+  q.src = src;
+  q.data = data;
+  q.scale_inv = scale_inv;
+  q.columnwise = columnwise;
+  q.columnwise_scale_inv = columnwise_scale_inv;
+  q.derived_rows = (int64_t *) derived_rows;
+  q.state = state;
+  q.history_length = history_length;
+
+  status = gmlp_kernel_grouped_quantize_check (&q, &reason);
+  if (status == GMLP_KERNEL_UNSUPPORTED || status == GMLP_KERNEL_INVALID_VALUE)
+    {
+      g_set_error (error, GMLP_CUDA_ERROR,
+                   status == GMLP_KERNEL_UNSUPPORTED ? GMLP_ERROR_UNSUPPORTED : GMLP_ERROR_INVALID_ARGUMENT,
+                   "CUDA: FP8 quantization: %s", reason != NULL ? reason : "invalid arguments");
+      return FALSE;
+    }
+  if (status != GMLP_KERNEL_SUCCESS)
+    return gmlp_cuda_kernel_result (status, "gmlp_kernel_grouped_quantize_check", error);
+
+  workspace_bytes = gmlp_kernel_grouped_quantize_workspace_bytes (&q);
+  if (workspace_bytes > 0)
+    {
+      workspace = gmlp_cuda_alloc (device, workspace_bytes, error);
+      if (workspace == NULL)
+        return FALSE;
+    }
+  status = gmlp_kernel_grouped_quantize (&q, workspace, device->stream);
+  /* Used only by the work just enqueued: back to the pool in stream order. */
+  gmlp_cuda_free (device, workspace);
+  return gmlp_cuda_kernel_result (status, "gmlp_kernel_grouped_quantize", error);
+}
+
+gboolean
+gmlp_cuda_dequantize (GmlpBackendDevice       *device,
+                      const GmlpBackendShape  *shape,
+                      int                      recipe,
+                      int                      flags,
+                      gconstpointer            data,
+                      int                      fp8_dtype,
+                      gconstpointer            scale_inv,
+                      gpointer                 dst,
+                      int                      dst_dtype,
+                      GError                 **error)
+{
+  GmlpKernelDequantize d = { 0 };
+
+  if (!gmlp_cuda_activate (device, error))
+    return FALSE;
+
+  gmlp_cuda_kernel_shape (shape, &d.shape);
+  d.recipe = recipe;
+  d.flags = flags;
+  d.fp8_dtype = fp8_dtype;
+  d.data = data;
+  d.scale_inv = scale_inv;
+  d.dst = dst;
+  d.dst_dtype = dst_dtype;
+  return gmlp_cuda_kernel_result (gmlp_kernel_grouped_dequantize (&d, device->stream),
+                                  "gmlp_kernel_grouped_dequantize", error);
+}
+
+gboolean
+gmlp_cuda_quantizer_update (GmlpBackendDevice       *device,
+                            float                   *state,
+                            guint                    n_groups,
+                            guint                    history_length,
+                            int                      fp8_dtype,
+                            int                      margin,
+                            GError                 **error)
+{
+  if (!gmlp_cuda_activate (device, error))
+    return FALSE;
+
+  return gmlp_cuda_kernel_result (gmlp_kernel_quantizer_update (state, n_groups, history_length,
+                                                                fp8_dtype, margin, device->stream),
+                                  "gmlp_kernel_quantizer_update", error);
+}

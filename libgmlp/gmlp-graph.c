@@ -1,0 +1,182 @@
+/* gmlp-graph.c
+ *
+ * SPDX-License-Identifier: LGPL-2.1-or-later
+ */
+
+#include "config.h"
+
+#include "gmlp-graph-private.h"
+#include "gmlp-device-private.h"
+#include "gmlp-error.h"
+
+/**
+ * GmlpGraph:
+ *
+ * The work that was enqueued on a [class@Gmlp.Device] between
+ * [method@Gmlp.Device.begin_capture] and [method@Gmlp.Device.end_capture],
+ * recorded instead of run, which [method@Gmlp.Graph.replay] enqueues again as
+ * one launch: a whole forward and backward costs the host one call.
+ *
+ * ```c
+ * gmlp_device_begin_capture (device, &error);
+ * y = gmlp_grouped_linear_forward (layer, x, &saved, &error);   // recorded
+ * dx = gmlp_grouped_linear_backward (layer, saved, dy, &error);  // recorded
+ * graph = gmlp_device_end_capture (device, &error);
+ * for (step = 0; step < n_steps; step++)
+ *   {
+ *     // write new inputs (and device group sizes) into x and dy, then
+ *     gmlp_graph_replay (graph, &error);
+ *   }
+ * ```
+ *
+ * A replay reads and writes the very tensors the captured calls were given
+ * or returned, so new inputs go into those tensors (device sizes included,
+ * which is how one graph serves any routing of tokens to experts). Tensors
+ * created during the capture hold their results only after a replay.
+ *
+ * Calls that wait for the device or read its memory on the host cannot be
+ * recorded: while a device is capturing they fail with
+ * %GMLP_ERROR_INVALID_STATE and leave the capture as it was. Memory that the
+ * captured work uses stays allocated for as long as the graph exists, even
+ * when its tensor is freed first. `docs/graphs.md` has the details.
+ *
+ * Graphs need a GPU: on the CPU, [method@Gmlp.Device.begin_capture] fails
+ * with %GMLP_ERROR_UNSUPPORTED.
+ *
+ * Since: 0.1
+ */
+
+struct _GmlpGraph
+{
+  GObject            parent_instance;
+
+  GmlpDevice        *device;
+  GmlpBackendGraph  *graph;
+};
+
+G_DEFINE_FINAL_TYPE (GmlpGraph, gmlp_graph, G_TYPE_OBJECT)
+
+enum {
+  PROP_0,
+  PROP_DEVICE,
+  N_PROPS
+};
+
+static GParamSpec *properties[N_PROPS];
+
+static void
+gmlp_graph_finalize (GObject *object)
+{
+  GmlpGraph *self = (GmlpGraph *) object;
+
+  /* Replays still in flight finish first: the backend frees the graph and
+   * the memory it kept in stream order. */
+  if (self->graph != NULL)
+    gmlp_device_get_backend (self->device)->graph_free (self->graph);
+  g_clear_object (&self->device);
+
+  G_OBJECT_CLASS (gmlp_graph_parent_class)->finalize (object);
+}
+
+static void
+gmlp_graph_get_property (GObject    *object,
+                         guint       prop_id,
+                         GValue     *value,
+                         GParamSpec *pspec)
+{
+  GmlpGraph *self = GMLP_GRAPH (object);
+
+  switch (prop_id)
+    {
+    case PROP_DEVICE:
+      g_value_set_object (value, self->device);
+      break;
+    default:
+      G_OBJECT_WARN_INVALID_PROPERTY_ID (object, prop_id, pspec);
+    }
+}
+
+static void
+gmlp_graph_class_init (GmlpGraphClass *klass)
+{
+  GObjectClass *object_class = G_OBJECT_CLASS (klass);
+
+  object_class->finalize = gmlp_graph_finalize;
+  object_class->get_property = gmlp_graph_get_property;
+
+  /**
+   * GmlpGraph:device:
+   *
+   * The device whose stream was captured, and on which the graph replays.
+   *
+   * Since: 0.1
+   */
+  properties[PROP_DEVICE] =
+    g_param_spec_object ("device", NULL, NULL,
+                         GMLP_TYPE_DEVICE,
+                         G_PARAM_READABLE | G_PARAM_EXPLICIT_NOTIFY | G_PARAM_STATIC_STRINGS);
+
+  g_object_class_install_properties (object_class, N_PROPS, properties);
+}
+
+static void
+gmlp_graph_init (GmlpGraph *self)
+{
+}
+
+GmlpGraph *
+gmlp_graph_new_for_backend (GmlpDevice       *device,
+                            GmlpBackendGraph *graph)
+{
+  GmlpGraph *self = g_object_new (GMLP_TYPE_GRAPH, NULL);
+
+  self->device = g_object_ref (device);
+  self->graph = graph;
+  return self;
+}
+
+/**
+ * gmlp_graph_replay:
+ * @self: a #GmlpGraph
+ * @error: return location for a #GError
+ *
+ * Enqueues one replay of the captured work on the device's stream, after the
+ * work enqueued so far; like every other call it returns without waiting for
+ * the device. Replays of one graph run one after the other.
+ *
+ * Returns: %TRUE on success; %FALSE with %GMLP_ERROR_INVALID_STATE while the
+ *   device is capturing (a graph cannot be replayed inside another capture),
+ *   or %GMLP_ERROR_BACKEND if the launch failed
+ *
+ * Since: 0.1
+ */
+gboolean
+gmlp_graph_replay (GmlpGraph  *self,
+                   GError    **error)
+{
+  g_return_val_if_fail (GMLP_IS_GRAPH (self), FALSE);
+  g_return_val_if_fail (error == NULL || *error == NULL, FALSE);
+
+  /* Recorded into another graph, the replay would use memory that only
+   * this graph keeps alive. */
+  if (!gmlp_device_check_not_capturing (self->device, "Replaying a graph", error))
+    return FALSE;
+
+  return gmlp_device_get_backend (self->device)->graph_launch (self->graph, error);
+}
+
+/**
+ * gmlp_graph_get_device:
+ * @self: a #GmlpGraph
+ *
+ * Returns: (transfer none): the device whose stream was captured
+ *
+ * Since: 0.1
+ */
+GmlpDevice *
+gmlp_graph_get_device (GmlpGraph *self)
+{
+  g_return_val_if_fail (GMLP_IS_GRAPH (self), NULL);
+
+  return self->device;
+}

@@ -1,0 +1,39 @@
+/* gmlp-quantizer-private.h: what the layers need of quantized tensors
+ *
+ * A quantized tensor is an FP8 GmlpGroupedTensor that carries its scales
+ * (and optionally a columnwise copy); the functions for that live at the end
+ * of gmlp-grouped-tensor.c.
+ *
+ * SPDX-License-Identifier: LGPL-2.1-or-later
+ */
+
+#pragma once
+
+#include "gmlp-grouped-tensor.h"
+#include "gmlp-quantizer.h"
+
+G_BEGIN_DECLS
+
+/* Makes self (FP8) a quantized tensor of recipe and flags (the
+ * GMLP_QUANT_FLAG_* of gmlp-quantize-numeric.h) with its scales; for the
+ * rowwise tensor, columnwise is its transposed copy or NULL; is_columnwise
+ * marks the copy itself. Refs what it is given. */
+void      gmlp_grouped_tensor_set_quantized       (GmlpGroupedTensor  *self,
+                                                   GmlpScalingRecipe   recipe,
+                                                   int                 flags,
+                                                   GmlpGroupedTensor  *scale_inv,
+                                                   GmlpGroupedTensor  *columnwise,
+                                                   gboolean            is_columnwise);
+/* The GMLP_QUANT_FLAG_* a quantized tensor was made with (0 otherwise). */
+int       gmlp_grouped_tensor_get_quantize_flags  (GmlpGroupedTensor  *self);
+
+/* For the FP8 products: whether a and b are both quantized, rowwise, with
+ * scales, by the same recipe; otherwise a GError that says what is wrong
+ * (%GMLP_ERROR_INVALID_ARGUMENT for a tensor without scales or a columnwise
+ * copy, %GMLP_ERROR_DTYPE_MISMATCH for one that is not FP8,
+ * %GMLP_ERROR_UNSUPPORTED for two recipes). */
+gboolean  gmlp_quantized_check_compatible         (GmlpGroupedTensor  *a,
+                                                   GmlpGroupedTensor  *b,
+                                                   GError            **error);
+
+G_END_DECLS
