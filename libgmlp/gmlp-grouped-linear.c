@@ -977,7 +977,9 @@ check_activation (GmlpGroupedLinear  *self,
 }
 
 /* An enabled offload context of another device cannot take this layer's
- * activations: said before anything is written. */
+ * activations, and offload cannot be captured in a graph (its copies go to
+ * pinned host buffers that the host recycles): both said before anything
+ * is written. */
 static gboolean
 check_offload_context (GmlpGroupedLinear  *self,
                        GError            **error)
@@ -991,6 +993,13 @@ check_offload_context (GmlpGroupedLinear  *self,
                    "The innermost offload context is for %s, the layer is on %s",
                    gmlp_device_get_name (gmlp_offload_context_get_device (context)),
                    gmlp_device_get_name (self->device));
+      return FALSE;
+    }
+  if (context != NULL && enabled && gmlp_device_is_capturing (self->device))
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_UNSUPPORTED,
+                   "Offloading saved activations cannot be captured in a graph: disable the "
+                   "offload context (push_thread_default (FALSE)) around the captured step");
       return FALSE;
     }
   return TRUE;

@@ -34,6 +34,9 @@
 
 #pragma once
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
 #include "gmlp-numeric.h"
 #include "impls/common.cuh"
 #include "impls/grouped_operand.cuh"
@@ -327,6 +330,85 @@ write_tile (const GemmParams &p, const Tile &tile, const float (&acc)[kBlockN / 
     }
 }
 
+/* The common epilogue, straight from the accumulators: an output that is
+ * overwritten (no accumulation), with or without a bias. Each thread
+ * stores its pairs (rows r and r + 8 of its warp's 16, columns
+ * 8j + 2 (lane % 4) + {0, 1}) converted by the hardware (round to nearest
+ * even), a few instructions per pair, with no shared-memory round trip.
+ * Returns false, having written nothing, when the staged path must do it. */
+template <int kKind>
+__device__ __forceinline__ bool
+write_tile_direct (const GemmParams &p, const Tile &tile, const float (&acc)[kBlockN / 2],
+                   int half)
+{
+  const GroupWork w = p.groups[tile.group];
+  const int64_t out_rows = kKind == GMLP_KERNEL_GEMM_WGRAD ? p.out_rows_fixed : w.rows;
+  const int thread = threadIdx.x % 128;
+  const int lane = thread % 32;
+  const int64_t row = tile.m0 + half * 64 + (thread / 32) * 16 + lane / 4;
+  const int64_t col0 = tile.n0 + 2 * (lane % 4);
+  const bool row0_in = row < out_rows, row1_in = row + 8 < out_rows;
+  const int c_dtype = p.c_dtype;
+
+  if (w.accumulate != 0)
+    return false;
+
+#pragma unroll
+  for (int j = 0; j < kBlockN / 8; j++)
+    {
+      const int64_t col = col0 + 8 * j;
+      float2 v0 = make_float2 (acc[4 * j], acc[4 * j + 1]);
+      float2 v1 = make_float2 (acc[4 * j + 2], acc[4 * j + 3]);
+
+      if (col >= p.out_cols)
+        break;   /* columns only grow with j */
+      if (w.bias != nullptr)
+        {
+          const float b0 = gmlp_num_load_float (w.bias, c_dtype, col);
+          const float b1 = gmlp_num_load_float (w.bias, c_dtype, col + 1);
+
+          v0.x += b0;
+          v0.y += b1;
+          v1.x += b0;
+          v1.y += b1;
+        }
+      if (c_dtype == GMLP_NUM_FLOAT32)
+        {
+          float *c = static_cast<float *> (w.c) + row * p.out_cols + col;
+
+          if (row0_in)
+            *reinterpret_cast<float2 *> (c) = v0;
+          if (row1_in)
+            *reinterpret_cast<float2 *> (c + 8 * p.out_cols) = v1;
+        }
+      else
+        {
+          uint16_t *c = static_cast<uint16_t *> (w.c) + row * p.out_cols + col;
+          uint32_t pair0, pair1;
+
+          if (c_dtype == GMLP_NUM_BFLOAT16)
+            {
+              const __nv_bfloat162 h0 = __floats2bfloat162_rn (v0.x, v0.y);
+              const __nv_bfloat162 h1 = __floats2bfloat162_rn (v1.x, v1.y);
+              pair0 = *reinterpret_cast<const uint32_t *> (&h0);
+              pair1 = *reinterpret_cast<const uint32_t *> (&h1);
+            }
+          else
+            {
+              const __half2 h0 = __floats2half2_rn (v0.x, v0.y);
+              const __half2 h1 = __floats2half2_rn (v1.x, v1.y);
+              pair0 = *reinterpret_cast<const uint32_t *> (&h0);
+              pair1 = *reinterpret_cast<const uint32_t *> (&h1);
+            }
+          if (row0_in)
+            *reinterpret_cast<uint32_t *> (c) = pair0;
+          if (row1_in)
+            *reinterpret_cast<uint32_t *> (c + 8 * p.out_cols) = pair1;
+        }
+    }
+  return true;
+}
+
 template <bool kBf16, int kKind>
 __device__ __forceinline__ void
 consume (const GemmParams &p, uint8_t *ring, uint64_t *full, uint64_t *empty, float *staging,
@@ -390,7 +472,8 @@ consume (const GemmParams &p, uint8_t *ring, uint64_t *full, uint64_t *empty, fl
             acc[i] = 0.0f;
         }
 
-      write_tile<kKind> (p, tile, acc, staging, half);
+      if (!write_tile_direct<kKind> (p, tile, acc, half))
+        write_tile<kKind> (p, tile, acc, staging, half);
     }
 }
 

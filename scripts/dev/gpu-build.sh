@@ -6,10 +6,7 @@
 #   scripts/dev/gpu-build.sh && . build-gpu/env
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-for f in .debs/*.deb; do dpkg -x "$f" /; done
-ldconfig
-export PKG_CONFIG_PATH="/usr/lib/x86_64-linux-gnu/openblas-pthread/pkgconfig:/usr/lib/x86_64-linux-gnu/pkgconfig"
-export PATH="/usr/local/cuda/bin:$PATH"
+. scripts/gpu-host-env.sh
 if [ ! -f build-gpu/build.ninja ]; then
   meson setup build-gpu -Dcuda=enabled -Dintrospection=disabled -Dvapi=disabled \
     -Dbuildtype=release

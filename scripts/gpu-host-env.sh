@@ -1,0 +1,8 @@
+# Sourced by the GPU-host scripts: unpacks GLib and OpenBLAS from the
+# Debian files in .debs/ (scripts/fetch-gpu-debs.sh) and sets the paths the
+# build and the programs need. Run from the repository root.
+for f in .debs/*.deb; do dpkg -x "$f" /; done
+ldconfig
+export PKG_CONFIG_PATH="/usr/lib/x86_64-linux-gnu/openblas-pthread/pkgconfig:/usr/lib/x86_64-linux-gnu/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
+export LD_LIBRARY_PATH="/usr/lib/x86_64-linux-gnu/openblas-pthread${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export PATH="/usr/local/cuda/bin:$PATH"
