@@ -33,6 +33,7 @@ struct PlanParams
 {
   TensorMap             template_a;
   TensorMap             template_b;
+  TensorMap             template_c;
   const int64_t        *device_rows;
   uint32_t              n_groups;
   int                   kind;          /* GMLP_KERNEL_GEMM_* */
@@ -99,8 +100,9 @@ plan_kernel (const __grid_constant__ PlanParams p)
       if (valid)
         {
           GroupWork w;
-          TensorMap *map_a = p.maps + 2 * (uint64_t) g;
+          TensorMap *map_a = p.maps + kMapsPerGroup * (uint64_t) g;
           TensorMap *map_b = map_a + 1;
+          TensorMap *map_c = map_a + 2;
           const uint8_t *a_data = rows > 0 ? p.a.data + off_a : p.a.data;
           const uint8_t *rows2_data = rows > 0 ? p.rows2.data + off_2 : p.rows2.data;
           const uint32_t map_rows = rows > 0 ? (uint32_t) rows : 1;
@@ -113,6 +115,16 @@ plan_kernel (const __grid_constant__ PlanParams p)
           p.groups[g] = w;
           p.tile_begin[g] = (uint32_t) tile_off;
 
+          copy_map (map_c, p.template_c);
+          if (wgrad)
+            {
+              tensormap_set_address (map_c, (const void *) p.matrix_table[g]);
+            }
+          else
+            {
+              tensormap_set_address (map_c, rows2_data);
+              tensormap_set_rows (map_c, map_rows);
+            }
           copy_map (map_a, p.template_a);
           tensormap_set_address (map_a, a_data);
           tensormap_set_rows (map_a, map_rows);
@@ -180,7 +192,7 @@ workspace_layout (uint32_t n_groups)
   l.accumulate_table = l.bias_table + n_groups * sizeof (uint64_t);
   off = round_up (l.accumulate_table + round_up (n_groups, 8), 256);
   l.maps = off;
-  off += (size_t) n_groups * 2 * sizeof (TensorMap);
+  off += (size_t) n_groups * kMapsPerGroup * sizeof (TensorMap);
   l.total = off;
   return l;
 }
@@ -202,16 +214,18 @@ encode_tiled (void)
   return fn;
 }
 
-/* A row-major [rows × cols] 16-bit matrix at data, read in boxes of 64
- * columns × box_rows rows with the 128-byte swizzle. */
+/* A row-major [rows × cols] matrix at data, of a 16-bit float dtype or
+ * FLOAT32, read or written in boxes of one 128-byte row segment × box_rows
+ * rows with the 128-byte swizzle. */
 bool
 encode_map (TensorMap *map, const void *data, int64_t rows, int64_t cols, int dtype,
             uint32_t box_rows)
 {
   PFN_cuTensorMapEncodeTiled_v12000 encode = encode_tiled ();
+  const uint32_t size = gmlp_num_dtype_size (dtype);
   const cuuint64_t dims[2] = { (cuuint64_t) cols, (cuuint64_t) (rows > 0 ? rows : 1) };
-  const cuuint64_t strides[1] = { (cuuint64_t) cols * 2 };
-  const cuuint32_t box[2] = { (cuuint32_t) kChunk, box_rows };
+  const cuuint64_t strides[1] = { (cuuint64_t) cols * size };
+  const cuuint32_t box[2] = { 128 / size, box_rows };
   const cuuint32_t element_strides[2] = { 1, 1 };
   static_assert (sizeof (TensorMap) == sizeof (CUtensorMap), "a tensor map is 128 bytes");
 
@@ -219,7 +233,8 @@ encode_map (TensorMap *map, const void *data, int64_t rows, int64_t cols, int dt
     return false;
   return encode (reinterpret_cast<CUtensorMap *> (map),
                  dtype == GMLP_NUM_BFLOAT16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 :
-                                              CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+                 dtype == GMLP_NUM_FLOAT16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 :
+                                             CU_TENSOR_MAP_DATA_TYPE_FLOAT32,
                  2, const_cast<void *> (data), dims, strides, box, element_strides,
                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                  CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
@@ -403,7 +418,10 @@ gmlp_kernel_device_gemm_sm90 (const GmlpKernelDeviceGemm *gemm,
     return GMLP_KERNEL_INVALID_VALUE;
 
   /* Templates: the plan edits each copy's address and, for row-grouped
-   * operands, its row count. */
+   * operands, its row count. C is written in boxes of 64 rows. */
+  if (!encode_map (&plan.template_c, wgrad ? gemm->wgrad[0] : gemm->c_rows,
+                   wgrad ? gemm->n : 1, e.out_cols, gemm->c_dtype, 64))
+    return GMLP_KERNEL_LAUNCH_FAILED;
   if (wgrad)
     {
       if (!encode_map (&plan.template_a, gemm->a, 1, gemm->n, gemm->ab_dtype, kBlockK) ||

@@ -52,6 +52,8 @@ constexpr int kBlockK = 64;
 constexpr int kStages = 4;
 constexpr int kChunk = 64;           /* 16-bit elements per 128-byte row */
 constexpr int kConsumers = 2;
+/* Tensor maps of each group in the plan's list: A, B and C. */
+constexpr int kMapsPerGroup = 3;
 /* Row tiles of one raster panel (locate_tile()): 2048 rows of A. */
 constexpr uint32_t kPanelTiles = 16;
 constexpr int kThreads = 128 * (1 + kConsumers);
@@ -159,7 +161,7 @@ produce (const GemmParams &p, uint8_t *ring, uint64_t *full, uint64_t *empty)
       const TensorMap *map_a, *map_b;
 
       locate_tile<kKind> (p, t, group, tile);
-      map_a = p.maps + 2 * (uint64_t) group;
+      map_a = p.maps + kMapsPerGroup * (uint64_t) group;
       map_b = map_a + 1;
       if (group != acquired)
         {
@@ -285,6 +287,8 @@ write_tile (const GemmParams &p, const Tile &tile, const float (&acc)[kBlockN / 
 
   if (kKind == GMLP_KERNEL_GEMM_WGRAD && tile.k_blocks == 0 && accumulate)
     return;   /* adding zero */
+  if (thread == 0)
+    bulk_wait_read<0> ();   /* earlier TMA stores no longer read the buffer */
 
 #pragma unroll
   for (int chunk = 0; chunk < kBlockN / kStageCols; chunk++)
@@ -330,80 +334,121 @@ write_tile (const GemmParams &p, const Tile &tile, const float (&acc)[kBlockN / 
     }
 }
 
-/* The common epilogue, straight from the accumulators: an output that is
- * overwritten (no accumulation), with or without a bias. Each thread
- * stores its pairs (rows r and r + 8 of its warp's 16, columns
- * 8j + 2 (lane % 4) + {0, 1}) converted by the hardware (round to nearest
- * even), a few instructions per pair, with no shared-memory round trip.
- * Returns false, having written nothing, when the staged path must do it. */
+/* The TMA epilogue: the common case, and the one that overlaps the next
+ * tile's products. Each consumer writes its 64 × kBlockN half in 64-column
+ * subtiles: the fragments, bias added and rounded to C's dtype (by the
+ * hardware, to nearest even), go into one of two 8 KiB slots of its buffer
+ * in the 128-byte swizzled layout of C's tensor map, then one thread hands
+ * the subtile to the copy engine, which stores it (or adds it into an FP32
+ * C) and clips what lies outside the group's matrix. The warpgroup goes on
+ * to its next tile while the stores drain; a slot is written again only
+ * once its previous store has read it. An FP32 subtile takes both slots
+ * (two boxes of 32 columns). Returns false, having written nothing, for a
+ * 16-bit C that is accumulated into (write_tile() does that). */
 template <int kKind>
 __device__ __forceinline__ bool
-write_tile_direct (const GemmParams &p, const Tile &tile, const float (&acc)[kBlockN / 2],
-                   int half)
+write_tile_tma (const GemmParams &p, const Tile &tile, const GroupWork &w,
+                const float (&acc)[kBlockN / 2], uint8_t *slots, int half)
 {
-  const GroupWork w = p.groups[tile.group];
-  const int64_t out_rows = kKind == GMLP_KERNEL_GEMM_WGRAD ? p.out_rows_fixed : w.rows;
+  const bool fp32 = p.c_dtype == GMLP_NUM_FLOAT32;
+  const bool accumulate = w.accumulate != 0;
   const int thread = threadIdx.x % 128;
   const int lane = thread % 32;
-  const int64_t row = tile.m0 + half * 64 + (thread / 32) * 16 + lane / 4;
-  const int64_t col0 = tile.n0 + 2 * (lane % 4);
-  const bool row0_in = row < out_rows, row1_in = row + 8 < out_rows;
-  const int c_dtype = p.c_dtype;
+  const int frag_row = (thread / 32) * 16 + lane / 4;
+  const int t = lane % 4;
+  const TensorMap *map_c = p.maps + kMapsPerGroup * (uint64_t) tile.group + 2;
+  const int32_t out_row = (int32_t) (tile.m0 + half * 64);
 
-  if (w.accumulate != 0)
+  if (accumulate && !fp32)
     return false;
+  if (kKind == GMLP_KERNEL_GEMM_WGRAD && tile.k_blocks == 0 && accumulate)
+    return true;   /* adding zero */
 
 #pragma unroll
-  for (int j = 0; j < kBlockN / 8; j++)
+  for (int sub = 0; sub < kBlockN / 64; sub++)
     {
-      const int64_t col = col0 + 8 * j;
-      float2 v0 = make_float2 (acc[4 * j], acc[4 * j + 1]);
-      float2 v1 = make_float2 (acc[4 * j + 2], acc[4 * j + 3]);
+      const int32_t col0 = (int32_t) tile.n0 + sub * 64;
+      uint8_t *slot = slots + (fp32 ? 0 : (sub % 2) * 8192);
 
-      if (col >= p.out_cols)
-        break;   /* columns only grow with j */
-      if (w.bias != nullptr)
+      if (col0 >= p.out_cols)
+        break;   /* uniform over the warpgroup */
+      /* The slot's last store has read it (16-bit C: the other slot's may
+       * still be running). */
+      if (thread == 0)
         {
-          const float b0 = gmlp_num_load_float (w.bias, c_dtype, col);
-          const float b1 = gmlp_num_load_float (w.bias, c_dtype, col + 1);
-
-          v0.x += b0;
-          v0.y += b1;
-          v1.x += b0;
-          v1.y += b1;
+          if (fp32)
+            bulk_wait_read<0> ();
+          else
+            bulk_wait_read<1> ();
         }
-      if (c_dtype == GMLP_NUM_FLOAT32)
-        {
-          float *c = static_cast<float *> (w.c) + row * p.out_cols + col;
+      consumer_sync (half);
 
-          if (row0_in)
-            *reinterpret_cast<float2 *> (c) = v0;
-          if (row1_in)
-            *reinterpret_cast<float2 *> (c + 8 * p.out_cols) = v1;
-        }
-      else
+#pragma unroll
+      for (int jj = 0; jj < 8; jj++)
         {
-          uint16_t *c = static_cast<uint16_t *> (w.c) + row * p.out_cols + col;
-          uint32_t pair0, pair1;
+          const int j = sub * 8 + jj;
+          const int64_t col = col0 + 8 * jj + 2 * t;
+          float b0 = 0.0f, b1 = 0.0f;
 
-          if (c_dtype == GMLP_NUM_BFLOAT16)
+          if (w.bias != nullptr && col < p.out_cols)
             {
-              const __nv_bfloat162 h0 = __floats2bfloat162_rn (v0.x, v0.y);
-              const __nv_bfloat162 h1 = __floats2bfloat162_rn (v1.x, v1.y);
-              pair0 = *reinterpret_cast<const uint32_t *> (&h0);
-              pair1 = *reinterpret_cast<const uint32_t *> (&h1);
+              b0 = gmlp_num_load_float (w.bias, p.c_dtype, col);
+              b1 = gmlp_num_load_float (w.bias, p.c_dtype, col + 1);
+            }
+#pragma unroll
+          for (int h = 0; h < 2; h++)
+            {
+              const int r = frag_row + 8 * h;
+              const float v0 = acc[4 * j + 2 * h] + b0, v1 = acc[4 * j + 2 * h + 1] + b1;
+
+              if (fp32)
+                {
+                  /* Box jj / 4 of 32 columns; 16-byte chunk 2 (jj % 4) + t / 2. */
+                  const int chunk = 2 * (jj % 4) + t / 2;
+                  *reinterpret_cast<float2 *> (slot + (jj / 4) * 8192 + r * 128 +
+                                               ((chunk ^ (r % 8)) * 16) + 8 * (t % 2)) =
+                    make_float2 (v0, v1);
+                }
+              else
+                {
+                  uint32_t pair;
+
+                  if (p.c_dtype == GMLP_NUM_BFLOAT16)
+                    {
+                      const __nv_bfloat162 v = __floats2bfloat162_rn (v0, v1);
+                      pair = *reinterpret_cast<const uint32_t *> (&v);
+                    }
+                  else
+                    {
+                      const __half2 v = __floats2half2_rn (v0, v1);
+                      pair = *reinterpret_cast<const uint32_t *> (&v);
+                    }
+                  *reinterpret_cast<uint32_t *> (slot + r * 128 + ((jj ^ (r % 8)) * 16) + 4 * t) = pair;
+                }
+            }
+        }
+      fence_async_shared ();
+      consumer_sync (half);
+      if (thread == 0)
+        {
+          if (fp32)
+            {
+              if (accumulate)
+                {
+                  tma_store_2d<true> (map_c, slot, col0, out_row);
+                  tma_store_2d<true> (map_c, slot + 8192, col0 + 32, out_row);
+                }
+              else
+                {
+                  tma_store_2d<false> (map_c, slot, col0, out_row);
+                  tma_store_2d<false> (map_c, slot + 8192, col0 + 32, out_row);
+                }
             }
           else
             {
-              const __half2 h0 = __floats2half2_rn (v0.x, v0.y);
-              const __half2 h1 = __floats2half2_rn (v1.x, v1.y);
-              pair0 = *reinterpret_cast<const uint32_t *> (&h0);
-              pair1 = *reinterpret_cast<const uint32_t *> (&h1);
+              tma_store_2d<false> (map_c, slot, col0, out_row);
             }
-          if (row0_in)
-            *reinterpret_cast<uint32_t *> (c) = pair0;
-          if (row1_in)
-            *reinterpret_cast<uint32_t *> (c + 8 * p.out_cols) = pair1;
+          bulk_commit ();
         }
     }
   return true;
@@ -420,15 +465,23 @@ consume (const GemmParams &p, uint8_t *ring, uint64_t *full, uint64_t *empty, fl
   const uint32_t total = p.tile_begin[p.n_groups];
   const bool leader = threadIdx.x % 128 == 0;
   const uint32_t ring_address = smem_address (ring);
-  uint32_t group = 0, stage = 0, phase = 0;
+  uint32_t group = 0, stage = 0, phase = 0, acquired = 0xffffffffu;
   float acc[kBlockN / 2];
-  Tile tile;
+  Tile tile, next;
 
+  if (blockIdx.x < total)
+    locate_tile<kKind> (p, blockIdx.x, group, next);
   for (uint32_t t = blockIdx.x; t < total; t += gridDim.x)
     {
       uint32_t held = 0;
+      const GroupWork w = p.groups[next.group];   /* read now, used after the products */
 
-      locate_tile<kKind> (p, t, group, tile);
+      tile = next;
+      if (leader && tile.group != acquired)
+        {
+          tensormap_acquire (p.maps + kMapsPerGroup * (uint64_t) tile.group + 2);
+          acquired = tile.group;
+        }
 
       for (uint32_t kb = 0; kb < tile.k_blocks; kb++)
         {
@@ -451,6 +504,10 @@ consume (const GemmParams &p, uint8_t *ring, uint64_t *full, uint64_t *empty, fl
               Mma::run (acc, desc_a, desc_b, kb > 0 || s > 0);
             }
           wgmma_commit ();
+          /* While the first products run, find the next tile: its reads
+           * of the plan are not on the critical path then. */
+          if (kb == 0 && t + gridDim.x < total)
+            locate_tile<kKind> (p, t + gridDim.x, group, next);
           /* The stage before this one is no longer read: give it back. */
           wgmma_wait<1> ();
           if (kb > 0 && leader)
@@ -470,11 +527,15 @@ consume (const GemmParams &p, uint8_t *ring, uint64_t *full, uint64_t *empty, fl
 #pragma unroll
           for (int i = 0; i < kBlockN / 2; i++)
             acc[i] = 0.0f;
+          if (t + gridDim.x < total)
+            locate_tile<kKind> (p, t + gridDim.x, group, next);
         }
 
-      if (!write_tile_direct<kKind> (p, tile, acc, half))
+      if (!write_tile_tma<kKind> (p, tile, w, acc, reinterpret_cast<uint8_t *> (staging), half))
         write_tile<kKind> (p, tile, acc, staging, half);
     }
+  if (leader)
+    bulk_wait_all ();
 }
 
 template <bool kBf16, int kKind>

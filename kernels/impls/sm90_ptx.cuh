@@ -145,6 +145,65 @@ tma_load_2d (void *dst, const TensorMap *map, uint64_t *bar, int32_t inner, int3
 #endif
 }
 
+/* Stores (or, with kAdd, adds into FP32 or 16-bit float memory) the
+ * shared-memory box at (inner, outer) of a 2-D tensor; elements outside the
+ * tensor are not written. One bulk group per commit_bulk(). */
+template <bool kAdd>
+__device__ __forceinline__ void
+tma_store_2d (const TensorMap *map, const void *src, int32_t inner, int32_t outer)
+{
+#if GMLP_SM90_ENABLED
+  if (kAdd)
+    asm volatile ("cp.reduce.async.bulk.tensor.2d.global.shared::cta.add.tile.bulk_group"
+                  " [%0, {%2, %3}], [%1];"
+                  :: "l" (map), "r" (smem_address (src)), "r" (inner), "r" (outer)
+                  : "memory");
+  else
+    asm volatile ("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group"
+                  " [%0, {%2, %3}], [%1];"
+                  :: "l" (map), "r" (smem_address (src)), "r" (inner), "r" (outer)
+                  : "memory");
+#endif
+}
+
+__device__ __forceinline__ void
+bulk_commit ()
+{
+#if GMLP_SM90_ENABLED
+  asm volatile ("cp.async.bulk.commit_group;" ::: "memory");
+#endif
+}
+
+/* Waits until at most kPending of this thread's bulk groups still read
+ * their shared-memory source. */
+template <int kPending>
+__device__ __forceinline__ void
+bulk_wait_read ()
+{
+#if GMLP_SM90_ENABLED
+  asm volatile ("cp.async.bulk.wait_group.read %0;" :: "n" (kPending) : "memory");
+#endif
+}
+
+/* Waits until every bulk group of this thread has completed. */
+__device__ __forceinline__ void
+bulk_wait_all ()
+{
+#if GMLP_SM90_ENABLED
+  asm volatile ("cp.async.bulk.wait_group 0;" ::: "memory");
+#endif
+}
+
+/* Makes this thread's ordinary shared-memory stores visible to the copy
+ * engine (before the barrier that precedes a TMA store). */
+__device__ __forceinline__ void
+fence_async_shared ()
+{
+#if GMLP_SM90_ENABLED
+  asm volatile ("fence.proxy.async.shared::cta;" ::: "memory");
+#endif
+}
+
 /* Warpgroup matrix multiply-accumulate -------------------------------------- */
 
 /* Register budget per thread for warpgroups that issue copies and for
