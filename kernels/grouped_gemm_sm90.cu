@@ -41,9 +41,15 @@ struct PlanParams
   GroupedOperand        rows2;         /* c_rows, or b_rows for WGRAD */
   uint32_t              tiles_n;       /* output tiles across */
   uint32_t              tiles_m_fixed; /* WGRAD: output tiles down */
-  const uint64_t       *matrix_table;  /* weight (FPROP, DGRAD) or wgrad pointers */
-  const uint64_t       *bias_table;    /* or NULL */
-  const uint8_t        *accumulate_table; /* or NULL */
+  /* The host tables: weight (FPROP, DGRAD) or wgrad pointers, bias
+   * pointers, accumulate flags; in the workspace, or in the kernel's
+   * InlineTables parameter when inline_tables. */
+  const uint64_t       *matrix_table;
+  const uint64_t       *bias_table;
+  const uint8_t        *accumulate_table;
+  int                   inline_tables;
+  int                   has_bias;
+  int                   has_accumulate;
   uint32_t             *tile_begin;    /* out: n_groups + 1 */
   GroupWork            *groups;        /* out */
   TensorMap            *maps;          /* out: A and B map of each group */
@@ -56,9 +62,44 @@ copy_map (TensorMap *dst, const TensorMap &src)
     dst->bytes[i] = src.bytes[i];
 }
 
-__global__ void __launch_bounds__ (kPlanThreads)
-plan_kernel (const __grid_constant__ PlanParams p)
+/* The host tables passed by value: matrix pointers at words [0, n), bias
+ * pointers at [n, 2n), accumulate flags as bytes from word 2n. */
+template <int kWords>
+struct InlineTables
 {
+  uint64_t words[kWords > 0 ? kWords : 1];
+};
+
+constexpr int kInlineSmall = 2 * 256 + 32;   /* up to 256 groups */
+constexpr int kInlineLarge = 3800;           /* up to 1788 groups, under 32 KiB */
+
+template <int kWords>
+__device__ __forceinline__ void
+group_tables (const PlanParams &p, const InlineTables<kWords> &tables, uint32_t g,
+              uint64_t *matrix, uint64_t *bias, uint32_t *accumulate)
+{
+  if (kWords > 0)
+    {
+      *matrix = tables.words[g];
+      *bias = p.has_bias ? tables.words[p.n_groups + g] : 0;
+      *accumulate = p.has_accumulate ?
+        reinterpret_cast<const uint8_t *> (tables.words + 2 * p.n_groups)[g] : 0;
+    }
+  else
+    {
+      *matrix = p.matrix_table[g];
+      *bias = p.has_bias ? p.bias_table[g] : 0;
+      *accumulate = p.has_accumulate ? p.accumulate_table[g] : 0;
+    }
+}
+
+template <int kWords>
+__global__ void __launch_bounds__ (kPlanThreads)
+plan_kernel (const __grid_constant__ PlanParams p, const __grid_constant__ InlineTables<kWords> tables)
+{
+  /* The GEMM may be scheduled now: it waits for this grid's results
+   * (griddepcontrol.wait) after its own set-up. */
+  launch_dependents ();
   using Scan = cub::BlockScan<uint64_t, kPlanThreads>;
   __shared__ typename Scan::TempStorage scan_storage;
   __shared__ uint64_t carry[3];   /* offsets of a and rows2, tiles so far */
@@ -99,6 +140,8 @@ plan_kernel (const __grid_constant__ PlanParams p)
 
       if (valid)
         {
+          uint64_t matrix, bias;
+          uint32_t accumulate;
           GroupWork w;
           TensorMap *map_a = p.maps + kMapsPerGroup * (uint64_t) g;
           TensorMap *map_b = map_a + 1;
@@ -107,10 +150,11 @@ plan_kernel (const __grid_constant__ PlanParams p)
           const uint8_t *rows2_data = rows > 0 ? p.rows2.data + off_2 : p.rows2.data;
           const uint32_t map_rows = rows > 0 ? (uint32_t) rows : 1;
 
-          w.c = wgrad ? (void *) p.matrix_table[g] : (void *) rows2_data;
-          w.bias = p.bias_table != nullptr ? (const void *) p.bias_table[g] : nullptr;
+          group_tables (p, tables, g, &matrix, &bias, &accumulate);
+          w.c = wgrad ? (void *) matrix : (void *) rows2_data;
+          w.bias = (const void *) bias;
           w.rows = rows;
-          w.accumulate = p.accumulate_table != nullptr ? p.accumulate_table[g] : 0;
+          w.accumulate = accumulate;
           w.pad = 0;
           p.groups[g] = w;
           p.tile_begin[g] = (uint32_t) tile_off;
@@ -118,7 +162,7 @@ plan_kernel (const __grid_constant__ PlanParams p)
           copy_map (map_c, p.template_c);
           if (wgrad)
             {
-              tensormap_set_address (map_c, (const void *) p.matrix_table[g]);
+              tensormap_set_address (map_c, (const void *) matrix);
             }
           else
             {
@@ -136,7 +180,7 @@ plan_kernel (const __grid_constant__ PlanParams p)
             }
           else
             {
-              tensormap_set_address (map_b, (const void *) p.matrix_table[g]);
+              tensormap_set_address (map_b, (const void *) matrix);
             }
         }
 
@@ -285,6 +329,19 @@ tile_bound (const GmlpKernelDeviceGemm *g)
   return (div_up (g->row_capacity, kBlockM) + g->n_groups) * tiles_n;
 }
 
+template <int kWords>
+GmlpKernelStatus
+launch_plan (const PlanParams &plan, const uint64_t *table, size_t n_words, cudaStream_t stream)
+{
+  InlineTables<kWords> tables;
+
+  memset (&tables, 0, sizeof tables);
+  if (kWords > 0)
+    memcpy (tables.words, table, n_words * sizeof (uint64_t));
+  plan_kernel<kWords><<<1, kPlanThreads, 0, stream>>> (plan, tables);
+  return check_launch ();
+}
+
 template <bool kBf16>
 GmlpKernelStatus
 launch_kind (int kind, const GemmParams &params, int n_sms, cudaStream_t stream)
@@ -387,7 +444,7 @@ gmlp_kernel_device_gemm_sm90 (const GmlpKernelDeviceGemm *gemm,
   GemmParams params;
   uint8_t *ws = static_cast<uint8_t *> (workspace);
   uint64_t *table;
-  size_t table_bytes;
+  size_t table_words;
   const bool wgrad = gemm != nullptr && gemm->kind == GMLP_KERNEL_GEMM_WGRAD;
   const uint32_t a_size = 2, c_size = gemm != nullptr ? gmlp_num_dtype_size (gemm->c_dtype) : 0;
   Extents e;
@@ -438,9 +495,21 @@ gmlp_kernel_device_gemm_sm90 (const GmlpKernelDeviceGemm *gemm,
         return GMLP_KERNEL_LAUNCH_FAILED;
     }
 
-  /* The host tables, through kernel parameters. */
-  table_bytes = layout.maps - layout.matrix_table;
-  table = static_cast<uint64_t *> (calloc (1, table_bytes));
+  plan.device_rows = gemm->device_rows;
+  plan.n_groups = gemm->n_groups;
+  plan.kind = gemm->kind;
+  plan.tiles_n = (uint32_t) div_up (e.out_cols, kBlockN);
+  plan.tiles_m_fixed = wgrad ? (uint32_t) div_up (gemm->n, kBlockM) : 0;
+  plan.has_bias = gemm->bias != nullptr;
+  plan.has_accumulate = gemm->accumulate != nullptr;
+  plan.tile_begin = reinterpret_cast<uint32_t *> (ws + layout.tile_begin);
+  plan.groups = reinterpret_cast<GroupWork *> (ws + layout.groups);
+  plan.maps = reinterpret_cast<TensorMap *> (ws + layout.maps);
+
+  /* The host tables go by kernel parameter: inside the plan's own launch
+   * when they fit, else written into the workspace first. */
+  table_words = (layout.maps - layout.matrix_table) / sizeof (uint64_t);
+  table = static_cast<uint64_t *> (calloc (table_words, sizeof (uint64_t)));
   if (table == nullptr)
     return GMLP_KERNEL_INVALID_VALUE;
   for (uint32_t g = 0; g < gemm->n_groups; g++)
@@ -450,25 +519,21 @@ gmlp_kernel_device_gemm_sm90 (const GmlpKernelDeviceGemm *gemm,
     }
   if (gemm->accumulate != nullptr)
     memcpy (table + 2 * gemm->n_groups, gemm->accumulate, gemm->n_groups);
-  status = gmlp_kernel_write_table (ws + layout.matrix_table, table, table_bytes, stream);
+  if (table_words <= (size_t) kInlineSmall)
+    status = launch_plan<kInlineSmall> (plan, table, table_words, stream);
+  else if (table_words <= (size_t) kInlineLarge)
+    status = launch_plan<kInlineLarge> (plan, table, table_words, stream);
+  else
+    {
+      status = gmlp_kernel_write_table (ws + layout.matrix_table, table,
+                                        table_words * sizeof (uint64_t), stream);
+      plan.matrix_table = reinterpret_cast<const uint64_t *> (ws + layout.matrix_table);
+      plan.bias_table = reinterpret_cast<const uint64_t *> (ws + layout.bias_table);
+      plan.accumulate_table = ws + layout.accumulate_table;
+      if (status == GMLP_KERNEL_SUCCESS)
+        status = launch_plan<0> (plan, table, 0, stream);
+    }
   free (table);
-  if (status != GMLP_KERNEL_SUCCESS)
-    return status;
-
-  plan.device_rows = gemm->device_rows;
-  plan.n_groups = gemm->n_groups;
-  plan.kind = gemm->kind;
-  plan.tiles_n = (uint32_t) div_up (e.out_cols, kBlockN);
-  plan.tiles_m_fixed = wgrad ? (uint32_t) div_up (gemm->n, kBlockM) : 0;
-  plan.matrix_table = reinterpret_cast<const uint64_t *> (ws + layout.matrix_table);
-  plan.bias_table = gemm->bias != nullptr ?
-    reinterpret_cast<const uint64_t *> (ws + layout.bias_table) : nullptr;
-  plan.accumulate_table = gemm->accumulate != nullptr ? ws + layout.accumulate_table : nullptr;
-  plan.tile_begin = reinterpret_cast<uint32_t *> (ws + layout.tile_begin);
-  plan.groups = reinterpret_cast<GroupWork *> (ws + layout.groups);
-  plan.maps = reinterpret_cast<TensorMap *> (ws + layout.maps);
-  plan_kernel<<<1, kPlanThreads, 0, stream>>> (plan);
-  status = check_launch ();
   if (status != GMLP_KERNEL_SUCCESS)
     return status;
 

@@ -561,6 +561,8 @@ gemm_kernel (const __grid_constant__ GemmParams p)
       mbarrier_init_fence ();
     }
   __syncthreads ();
+  /* Launched as a dependent of the plan: its results are read from here on. */
+  grid_dependency_wait ();
 
   if (warpgroup == 0)
     {
@@ -593,14 +595,29 @@ GmlpKernelStatus launch_gemm (const GemmParams &params, int n_sms, cudaStream_t 
   GmlpKernelStatus                                                                  \
   launch_gemm (const GemmParams &params, int n_sms, cudaStream_t stream)            \
   {                                                                                 \
-    /* Set on every call: the attribute belongs to the current device. */           \
-    const cudaError_t configured =                                                  \
-      cudaFuncSetAttribute (gemm_kernel<kBf16, kKindArg>,                           \
-                            cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes); \
+    cudaLaunchConfig_t config = {};                                                 \
+    cudaLaunchAttribute attribute;                                                  \
+    cudaError_t err;                                                                \
                                                                                     \
-    if (configured != cudaSuccess)                                                  \
-      return record_cuda_error (configured);                                        \
-    gemm_kernel<kBf16, kKindArg><<<n_sms, kThreads, kSmemBytes, stream>>> (params); \
+    /* Set on every call: the attribute belongs to the current device. */           \
+    err = cudaFuncSetAttribute (gemm_kernel<kBf16, kKindArg>,                       \
+                                cudaFuncAttributeMaxDynamicSharedMemorySize,        \
+                                kSmemBytes);                                        \
+    if (err != cudaSuccess)                                                         \
+      return record_cuda_error (err);                                               \
+    /* A dependent of the plan (programmatic stream serialization): its CTAs     \
+     * set up while the plan runs. */                                               \
+    attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;              \
+    attribute.val.programmaticStreamSerializationAllowed = 1;                       \
+    config.gridDim = dim3 (n_sms);                                                  \
+    config.blockDim = dim3 (kThreads);                                              \
+    config.dynamicSmemBytes = kSmemBytes;                                           \
+    config.stream = stream;                                                         \
+    config.attrs = &attribute;                                                      \
+    config.numAttrs = 1;                                                            \
+    err = cudaLaunchKernelEx (&config, gemm_kernel<kBf16, kKindArg>, params);        \
+    if (err != cudaSuccess)                                                         \
+      return record_cuda_error (err);                                               \
     return check_launch ();                                                         \
   }                                                                                 \
   template GmlpKernelStatus launch_gemm<true, kKind> (const GemmParams &, int, cudaStream_t); \

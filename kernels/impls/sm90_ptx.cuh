@@ -30,6 +30,26 @@ smem_address (const void *ptr)
   return static_cast<uint32_t> (__cvta_generic_to_shared (ptr));
 }
 
+/* Programmatic dependent launch: a grid launched with programmatic stream
+ * serialization may start before the grid ahead of it has finished; it
+ * waits for that grid's completion and memory with grid_dependency_wait().
+ * launch_dependents() lets the next grid be scheduled early. */
+__device__ __forceinline__ void
+launch_dependents ()
+{
+#if GMLP_SM90_ENABLED
+  asm volatile ("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void
+grid_dependency_wait ()
+{
+#if GMLP_SM90_ENABLED
+  asm volatile ("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 /* mbarriers ---------------------------------------------------------------- */
 
 __device__ __forceinline__ void
