@@ -2,12 +2,14 @@
  *
  * Two launches, neither of which needs the host to know the group sizes:
  *
- * 1. The plan (one block): scans the device sizes into each group's member
- *    offsets, clamped rows and first output tile, and writes two TMA tensor
- *    maps per group into the workspace, copies of the host-built templates
- *    edited on the device (tensormap.replace) to point at the group's
- *    matrices with the group's row count. Rows past a group's end then read
- *    as zeros, which is what makes any row count work without padding.
+ * 1. The plan (one block, grouped_gemm_sm90.cu): scans the device sizes
+ *    into each group's member offsets, clamped rows and first output tile,
+ *    and writes three TMA tensor maps per group (A, B, C) into the
+ *    workspace, copies of the host-built templates edited on the device
+ *    (tensormap.replace) to point at the group's matrices with the group's
+ *    row count. Rows past a group's end then read as zeros and are not
+ *    written, which is what makes any row count work without padding. The
+ *    GEMM is launched as its programmatic dependent.
  *
  * 2. The persistent GEMM (one CTA per SM): CTA b takes tiles b, b + grid,
  *    ... of the list of all groups' output tiles, and finds each tile's
@@ -17,9 +19,9 @@
  *    mbarrier (copy bytes landed) and an "empty" one (both consumers done).
  *    Warpgroups 1 and 2 are the consumers: each multiplies one 64-row half
  *    of the 128 × 256 output tile with wgmma (FP32 accumulators in
- *    registers) and writes it out, adding bias or the old FP32 value of an
- *    accumulating output. While they write, the producer is already filling
- *    the ring for their next tile.
+ *    registers) and hands it, bias added, to TMA stores (reduce-add for an
+ *    accumulating FP32 output) that drain while the next tile computes;
+ *    the producer is already filling the ring for that tile.
  *
  * Layouts (C = A · Bᵀ, reduction over r, every matrix row-major):
  *   FPROP  A = x_g   [m × k]  K-major    B = W_g  [n × k]  K-major
