@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 # Merges gmlp-bench's JSON lines with the anchors of ../shared/bench measured
 # in the same run (anchors.py, cublas_anchor) into a Markdown table of
-# TFLOP/s and ratios.
+# TFLOP/s and ratios. Lines of gmlp-bench --fp8 ("dtype":"fp8-RECIPE") get
+# a table of their own, against torch._scaled_grouped_mm (FP8 rowwise).
 #
 #   compare.py GMLP.jsonl ANCHORS.jsonl CUBLAS.jsonl
 #
@@ -27,8 +28,14 @@ def lines(path):
 
 
 gmlp = {}
+fp8 = {}
 for r in lines(sys.argv[1]):
-    if r.get('bench') == 'gmlp':
+    if r.get('bench') != 'gmlp':
+        continue
+    dtype = r.get('dtype', 'bf16')
+    if dtype.startswith('fp8-'):
+        fp8[(dtype[4:], r.get('sizes', 'host'), r['shape'], bool(r['skew']), r['op'])] = r
+    else:
         gmlp[(r.get('sizes', 'host'), r['shape'], bool(r['skew']), r['op'])] = r
 torch = {(r['shape'], bool(r['skew'])): r for r in lines(sys.argv[2]) if 'shape' in r}
 cublas = {(r['shape'], bool(r['skew'])): r for r in lines(sys.argv[3]) if 'shape' in r}
@@ -90,3 +97,43 @@ def report(sizes):
 
 for sizes in ('host', 'device'):
     report(sizes)
+
+
+# The goals of the FP8 issue against torch._scaled_grouped_mm, per shape.
+FP8_GOALS = {'mixtral-fc1': 1.3, 'dsv3-fc1': 1.3, 'qwen3-fc1': 1.5, 'small-e64': 1.5}
+
+
+def report_fp8():
+    recipes = []
+    for (recipe, sizes, shape, skew, op) in fp8:
+        if recipe not in recipes:
+            recipes.append(recipe)
+    for recipe in recipes:
+        for sizes in ('host', 'device'):
+            shapes = []
+            for (rc, sz, shape, skew, op) in fp8:
+                if rc == recipe and sz == sizes and (shape, skew) not in shapes:
+                    shapes.append((shape, skew))
+            if not shapes:
+                continue
+            print('## FP8, %s scaling, %s\n' % (recipe, TITLES.get(sizes, sizes)))
+            print('TFLOP/s of 2 M K N, quantization included (fprop: x and W; dgrad: dy).\n')
+            print('| shape | routing | fprop | torch._scaled_grouped_mm | vs torch | goal | vs libgmlp BF16 fprop | dgrad | wgrad | fprop host µs |')
+            print('|---|---|---|---|---|---|---|---|---|---|')
+            for shape, skew in shapes:
+                fw = fp8.get((recipe, sizes, shape, skew, 'fprop'), {})
+                dg = fp8.get((recipe, sizes, shape, skew, 'dgrad'), {})
+                wg = fp8.get((recipe, sizes, shape, skew, 'wgrad'), {})
+                t = torch.get((shape, skew), {})
+                bf16 = gmlp.get((sizes, shape, skew, 'fprop'), {})
+                ours = fw.get('tflops')
+                anchor = t.get('fp8_grouped_fprop_tflops')
+                goal = FP8_GOALS.get(shape)
+                print('| %s | %s | %s | %s | %s | %s | %s | %s | %s | %.0f |' % (
+                    shape, 'skewed' if skew else 'balanced', f(ours), f(anchor), ratio(ours, anchor),
+                    '≥ %.1f×' % goal if goal else '–', ratio(ours, bf16.get('tflops')),
+                    f(dg.get('tflops')), f(wg.get('tflops')), fw.get('host_us', 0)))
+            print()
+
+
+report_fp8()

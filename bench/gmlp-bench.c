@@ -7,7 +7,14 @@
  * device events and the median taken, as the anchors are. The skewed split is
  * the one cublas_anchor.cu uses.
  *
- *   gmlp-bench [--shape NAME] [--iters N] [--divide D]
+ *   gmlp-bench [--shape NAME] [--iters N] [--divide D] [--fp8[=RECIPE]]
+ *
+ * With --fp8 the layer has quantizers of RECIPE (delayed, the default,
+ * current, blockwise or mxfp8; the HYBRID format) and each timed call
+ * includes its quantization: fprop quantizes x and W (no columnwise
+ * copies: an inference forward), dgrad quantizes dy, wgrad multiplies the
+ * operands the forward and backward quantized. The lines say
+ * "dtype":"fp8-RECIPE"; FLOP/s count the same 2 M K N.
  *
  * SPDX-License-Identifier: LGPL-2.1-or-later
  */
@@ -35,6 +42,30 @@ static gint divide = 1;
 static gboolean offload_mode = FALSE;
 static gboolean mlp_mode = FALSE;
 static gboolean device_sizes = FALSE;
+static GmlpScalingRecipe fp8_recipe = GMLP_SCALING_RECIPE_NONE;
+
+static const char *const fp8_recipe_names[] = { NULL, "delayed", "current", "blockwise", "mxfp8" };
+
+static gboolean
+parse_fp8 (const char *option, const char *value, gpointer data, GError **error)
+{
+  guint i;
+
+  if (value == NULL)
+    {
+      fp8_recipe = GMLP_SCALING_RECIPE_DELAYED;
+      return TRUE;
+    }
+  for (i = 1; i < G_N_ELEMENTS (fp8_recipe_names); i++)
+    if (strcmp (value, fp8_recipe_names[i]) == 0)
+      {
+        fp8_recipe = (GmlpScalingRecipe) i;
+        return TRUE;
+      }
+  g_set_error (error, G_OPTION_ERROR, G_OPTION_ERROR_BAD_VALUE,
+               "--fp8 takes delayed, current, blockwise or mxfp8, not %s", value);
+  return FALSE;
+}
 
 static const GOptionEntry entries[] = {
   { "shape", 's', 0, G_OPTION_ARG_STRING, &only_shape, "Run one shape only", "NAME" },
@@ -44,6 +75,8 @@ static const GOptionEntry entries[] = {
   { "mlp", 0, 0, G_OPTION_ARG_NONE, &mlp_mode, "Time a SwiGLU GroupedMLP step instead", NULL },
   { "device-sizes", 0, 0, G_OPTION_ARG_NONE, &device_sizes,
     "Keep the group sizes on the device only (libgmlp's own grouped GEMM)", NULL },
+  { "fp8", 0, G_OPTION_FLAG_OPTIONAL_ARG, G_OPTION_ARG_CALLBACK, (gpointer) parse_fp8,
+    "Time FP8 products through quantizers (delayed by default)", "RECIPE" },
   { NULL }
 };
 
@@ -196,6 +229,7 @@ bench_shape (GmlpDevice *device, const Shape *s, gboolean skew, GError **error)
   double flops = 2.0 * rows * in * out;
   static const char *names[] = { "fprop", "dgrad", "wgrad" };
   static const Op ops[] = { op_fprop, op_dgrad, op_wgrad };
+  g_autofree char *dtype_name = NULL;
   Bench b;
   guint n_saved = (guint) iters + 3, i, k;
 
@@ -204,6 +238,21 @@ bench_shape (GmlpDevice *device, const Shape *s, gboolean skew, GError **error)
                                         GMLP_LINEAR_DELAY_WGRAD_COMPUTE, error);
   if (layer == NULL)
     return FALSE;
+  dtype_name = g_strdup ("bf16");
+  if (fp8_recipe != GMLP_SCALING_RECIPE_NONE)
+    {
+      g_autoptr(GmlpQuantizer) qx = gmlp_quantizer_new (device, fp8_recipe, GMLP_FP8_FORMAT_HYBRID,
+                                                        GMLP_QUANTIZER_ROLE_INPUT);
+      g_autoptr(GmlpQuantizer) qw = gmlp_quantizer_new (device, fp8_recipe, GMLP_FP8_FORMAT_HYBRID,
+                                                        GMLP_QUANTIZER_ROLE_WEIGHT);
+      g_autoptr(GmlpQuantizer) qdy = gmlp_quantizer_new (device, fp8_recipe, GMLP_FP8_FORMAT_HYBRID,
+                                                         GMLP_QUANTIZER_ROLE_GRAD_OUTPUT);
+
+      if (!gmlp_grouped_linear_set_quantizers (layer, qx, qw, qdy, error))
+        return FALSE;
+      g_free (dtype_name);
+      dtype_name = g_strdup_printf ("fp8-%s", fp8_recipe_names[fp8_recipe]);
+    }
   if (device_sizes)
     {
       g_autoptr(GmlpGroupedTensor) sizes = device_sizes_tensor (device, m, (guint) s->experts, error);
@@ -238,6 +287,9 @@ bench_shape (GmlpDevice *device, const Shape *s, gboolean skew, GError **error)
       g_clear_object (&warm);
       if (dx == NULL || !gmlp_grouped_linear_backward_dw (layer, error))
         return FALSE;
+      /* Delayed scaling: the timed steps use scales from the warm-up's. */
+      if (!gmlp_grouped_linear_update_quantizers (layer, error))
+        return FALSE;
     }
   for (i = 0; i < n_saved; i++)
     {
@@ -254,9 +306,10 @@ bench_shape (GmlpDevice *device, const Shape *s, gboolean skew, GError **error)
         return FALSE;
       g_print ("{\"bench\":\"gmlp\",\"device\":\"%s\",\"shape\":\"%s\",\"E\":%" G_GINT64_FORMAT
                ",\"M\":%" G_GINT64_FORMAT ",\"K\":%" G_GINT64_FORMAT ",\"N\":%" G_GINT64_FORMAT
-               ",\"skew\":%s,\"sizes\":\"%s\",\"op\":\"%s\",\"dtype\":\"bf16\",\"ms\":%.4f,\"tflops\":%.4g,\"host_us\":%.1f}\n",
+               ",\"skew\":%s,\"sizes\":\"%s\",\"op\":\"%s\",\"dtype\":\"%s\",\"ms\":%.4f,\"tflops\":%.4g,\"host_us\":%.1f}\n",
                gmlp_device_get_name (device), s->name, s->experts, rows, in, out,
-               skew ? "true" : "false", device_sizes ? "device" : "host", names[k], t.ms, flops / (t.ms * 1e-3) / 1e12, t.host_us);
+               skew ? "true" : "false", device_sizes ? "device" : "host", names[k], dtype_name, t.ms,
+               flops / (t.ms * 1e-3) / 1e12, t.host_us);
     }
 
   for (i = 0; i < n_saved; i++)

@@ -16,6 +16,7 @@
 #include "gmlp-error.h"
 #include "gmlp-grouped-tensor-private.h"
 #include "gmlp-offload-context-private.h"
+#include "gmlp-quantizer-private.h"
 #include "gmlp-saved-activations-private.h"
 
 /**
@@ -80,6 +81,23 @@
  * row capacity (see [method@Gmlp.GroupedLinear.backward]); every option and
  * the gradient contract are the same.
  *
+ * ## FP8
+ *
+ * With quantizers for the input, the weights and the output gradient
+ * ([method@Gmlp.GroupedLinear.set_quantizers], or the construct properties
+ * [property@Gmlp.GroupedLinear:input-quantizer],
+ * [property@Gmlp.GroupedLinear:weight-quantizer] and
+ * [property@Gmlp.GroupedLinear:grad-output-quantizer]), forward quantizes
+ * `x` and `W` and backward quantizes `dy`, and the three products multiply
+ * FP8 values with FP32 sums; outputs and gradients keep the layer's dtype
+ * and the gradient contract is the same. The input and the output gradient
+ * may also be given quantized already (made by a quantizer whose recipe
+ * meets the others'). The saved activations hold the quantized input, every
+ * part of it offloaded with it. Delayed scaling needs
+ * [method@Gmlp.GroupedLinear.update_quantizers] (or
+ * [method@Gmlp.Quantizer.update]) once a training step, from the caller:
+ * the layer cannot tell where a step ends. docs/fp8.md has the details.
+ *
  * Since: 0.1
  */
 
@@ -111,11 +129,17 @@ struct _GmlpGroupedLinear
   GQueue              pending;     /* of PendingWgrad, oldest first */
   gboolean            wgrad_valid;
   gboolean            grad_added_to_main_grad;
+
+  /* FP8 (the FP8 section at the end): all three, or none. */
+  GmlpQuantizer      *input_quantizer;
+  GmlpQuantizer      *weight_quantizer;
+  GmlpQuantizer      *grad_output_quantizer;
 };
 
 typedef struct {
-  GmlpGroupedTensor *input;
-  GmlpGroupedTensor *grad_output;
+  GmlpGroupedTensor *input;            /* FP8: quantized */
+  GmlpGroupedTensor *grad_output;      /* FP8: NULL when given quantized */
+  GmlpGroupedTensor *grad_output_fp8;  /* FP8: quantized; else NULL */
 } PendingWgrad;
 
 static void gmlp_grouped_linear_initable_iface_init (GInitableIface *iface);
@@ -137,6 +161,9 @@ enum {
   PROP_DELAY_WGRAD_COMPUTE,
   PROP_GRAD_ADDED_TO_MAIN_GRAD,
   PROP_PENDING_WGRADS,
+  PROP_INPUT_QUANTIZER,
+  PROP_WEIGHT_QUANTIZER,
+  PROP_GRAD_OUTPUT_QUANTIZER,
   N_PROPS
 };
 
@@ -157,6 +184,23 @@ static const struct {
   { PROP_FUSE_WGRAD_ACCUMULATION, GMLP_LINEAR_FUSE_WGRAD_ACCUMULATION },
   { PROP_DELAY_WGRAD_COMPUTE, GMLP_LINEAR_DELAY_WGRAD_COMPUTE },
 };
+
+/* FP8 (the FP8 section at the end of the file). */
+static gboolean           fp8_check_quantizers (GmlpGroupedLinear     *self,
+                                                GmlpQuantizer         *input,
+                                                GmlpQuantizer         *weight,
+                                                GmlpQuantizer         *grad_output,
+                                                GError               **error);
+static GmlpGroupedTensor *fp8_forward          (GmlpGroupedLinear     *self,
+                                                GmlpGroupedTensor     *input,
+                                                gboolean               save_input,
+                                                GmlpSavedActivations **saved,
+                                                GError               **error);
+static GmlpGroupedTensor *fp8_backward         (GmlpGroupedLinear     *self,
+                                                GmlpSavedActivations  *saved,
+                                                GmlpGroupedTensor     *grad_output,
+                                                GError               **error);
+static GmlpDType          fp8_fallback_dtype   (GmlpGroupedLinear     *self);
 
 static void
 param_clear (Param *param,
@@ -211,7 +255,8 @@ pending_wgrad_free (gpointer data)
   PendingWgrad *pending = data;
 
   g_object_unref (pending->input);
-  g_object_unref (pending->grad_output);
+  g_clear_object (&pending->grad_output);
+  g_clear_object (&pending->grad_output_fp8);
   g_free (pending);
 }
 
@@ -227,6 +272,9 @@ gmlp_grouped_linear_finalize (GObject *object)
   param_clear (&self->main_grad, self->n_groups);
   g_queue_clear_full (&self->pending, pending_wgrad_free);
   g_clear_pointer (&self->accumulate, g_free);
+  g_clear_object (&self->input_quantizer);
+  g_clear_object (&self->weight_quantizer);
+  g_clear_object (&self->grad_output_quantizer);
   g_clear_object (&self->device);
 
   G_OBJECT_CLASS (gmlp_grouped_linear_parent_class)->finalize (object);
@@ -271,6 +319,15 @@ gmlp_grouped_linear_get_property (GObject    *object,
     case PROP_PENDING_WGRADS:
       g_value_set_uint (value, self->pending.length);
       break;
+    case PROP_INPUT_QUANTIZER:
+      g_value_set_object (value, self->input_quantizer);
+      break;
+    case PROP_WEIGHT_QUANTIZER:
+      g_value_set_object (value, self->weight_quantizer);
+      break;
+    case PROP_GRAD_OUTPUT_QUANTIZER:
+      g_value_set_object (value, self->grad_output_quantizer);
+      break;
     default:
       G_OBJECT_WARN_INVALID_PROPERTY_ID (object, prop_id, pspec);
     }
@@ -311,6 +368,16 @@ gmlp_grouped_linear_set_property (GObject      *object,
       break;
     case PROP_DTYPE:
       self->dtype = g_value_get_enum (value);
+      break;
+    /* Construct-only; initable_init checks them together. */
+    case PROP_INPUT_QUANTIZER:
+      self->input_quantizer = g_value_dup_object (value);
+      break;
+    case PROP_WEIGHT_QUANTIZER:
+      self->weight_quantizer = g_value_dup_object (value);
+      break;
+    case PROP_GRAD_OUTPUT_QUANTIZER:
+      self->grad_output_quantizer = g_value_dup_object (value);
       break;
     default:
       G_OBJECT_WARN_INVALID_PROPERTY_ID (object, prop_id, pspec);
@@ -447,6 +514,41 @@ gmlp_grouped_linear_class_init (GmlpGroupedLinearClass *klass)
   properties[PROP_PENDING_WGRADS] =
     g_param_spec_uint ("pending-wgrads", NULL, NULL, 0, G_MAXUINT, 0, readable);
 
+  /**
+   * GmlpGroupedLinear:input-quantizer:
+   *
+   * The quantizer of the input (role %GMLP_QUANTIZER_ROLE_INPUT), or %NULL
+   * for a layer that computes in its dtype. Set at construction, or with the
+   * other two by [method@Gmlp.GroupedLinear.set_quantizers].
+   *
+   * Since: 0.1
+   */
+  properties[PROP_INPUT_QUANTIZER] =
+    g_param_spec_object ("input-quantizer", NULL, NULL, GMLP_TYPE_QUANTIZER, construct);
+
+  /**
+   * GmlpGroupedLinear:weight-quantizer:
+   *
+   * The quantizer of the weights (role %GMLP_QUANTIZER_ROLE_WEIGHT), or
+   * %NULL; see [property@Gmlp.GroupedLinear:input-quantizer].
+   *
+   * Since: 0.1
+   */
+  properties[PROP_WEIGHT_QUANTIZER] =
+    g_param_spec_object ("weight-quantizer", NULL, NULL, GMLP_TYPE_QUANTIZER, construct);
+
+  /**
+   * GmlpGroupedLinear:grad-output-quantizer:
+   *
+   * The quantizer of the output gradient (role
+   * %GMLP_QUANTIZER_ROLE_GRAD_OUTPUT), or %NULL; see
+   * [property@Gmlp.GroupedLinear:input-quantizer].
+   *
+   * Since: 0.1
+   */
+  properties[PROP_GRAD_OUTPUT_QUANTIZER] =
+    g_param_spec_object ("grad-output-quantizer", NULL, NULL, GMLP_TYPE_QUANTIZER, construct);
+
   g_object_class_install_properties (object_class, N_PROPS, properties);
 
   /**
@@ -533,6 +635,9 @@ gmlp_grouped_linear_initable_init (GInitable     *initable,
                    "(FP8 goes through a quantizer)", gmlp_dtype_get_name (self->dtype));
       return FALSE;
     }
+  if (!fp8_check_quantizers (self, self->input_quantizer, self->weight_quantizer,
+                             self->grad_output_quantizer, error))
+    return FALSE;
 
   self->id = gmlp_layer_id_next ();
   self->accumulate = g_malloc (self->n_groups);
@@ -1060,6 +1165,9 @@ typedef struct {
   GmlpDType           c_dtype;
   gboolean            bias;        /* FPROP: add the layer's bias */
   const guint8       *accumulate;  /* WGRAD: per group, add into main_grad */
+  /* FP8: a, b_rows and fixed (but for WGRAD) hold dequantized values in
+   * fp8_fallback_dtype() rather than the layer's dtype. */
+  gboolean            dequantized;
 } Product;
 
 static gboolean
@@ -1073,6 +1181,7 @@ run_product (GmlpGroupedLinear  *self,
   g_autofree gpointer *fixed = member_pointers (NULL, product->fixed->members, self->n_groups);
   g_autofree gpointer *bias = product->bias ? member_pointers (NULL, self->bias.members,
                                                                self->n_groups) : NULL;
+  int ab_dtype = (int) (product->dequantized ? fp8_fallback_dtype (self) : self->dtype);
   GmlpBackendShape shape;
 
   if (rows != NULL)
@@ -1085,7 +1194,7 @@ run_product (GmlpGroupedLinear  *self,
         .rows = rows,
         .n = self->out_features,
         .k = self->in_features,
-        .ab_dtype = (int) self->dtype,
+        .ab_dtype = ab_dtype,
         .c_dtype = (int) product->c_dtype,
         .a = (const void * const *) pa,
         .b = (const void * const *) (wgrad ? psecond : fixed),
@@ -1111,7 +1220,7 @@ run_product (GmlpGroupedLinear  *self,
       .row_capacity = shape.row_capacity,
       .n = self->out_features,
       .k = self->in_features,
-      .ab_dtype = (int) self->dtype,
+      .ab_dtype = ab_dtype,
       .c_dtype = (int) product->c_dtype,
       .a = gmlp_grouped_tensor_get_data (product->a),
       .b_rows = wgrad ? gmlp_grouped_tensor_get_data (second) : NULL,
@@ -1204,6 +1313,9 @@ gmlp_grouped_linear_forward_full (GmlpGroupedLinear     *self,
 
   if (saved != NULL)
     *saved = NULL;
+  /* FP8: with quantizers, or for an input that is quantized already. */
+  if (self->input_quantizer != NULL || gmlp_dtype_is_fp8 (gmlp_grouped_tensor_get_dtype (input)))
+    return fp8_forward (self, input, save_input, saved, error);
   if (!check_activation (self, input, self->in_features, "The input", error) ||
       !check_offload_context (self, error))
     return NULL;
@@ -1253,12 +1365,21 @@ ensure_wgrad_storage (GmlpGroupedLinear  *self,
   return TRUE;
 }
 
+static gboolean fp8_wgrad (GmlpGroupedLinear  *self,
+                           const Product      *wgrad,
+                           GmlpGroupedTensor  *input,
+                           GmlpGroupedTensor  *grad_output,
+                           GmlpGroupedTensor  *grad_output_fp8,
+                           GError            **error);
+
 /* One weight-gradient computation: dW = dyᵀ x (into wgrad or main_grad) and
- * db = Σ dy, then wgrad-ready. */
+ * db = Σ dy, then wgrad-ready. FP8 (grad_output_fp8 given): input is
+ * quantized too, and grad_output, the unquantized dy, may be NULL. */
 static gboolean
 compute_wgrad (GmlpGroupedLinear  *self,
                GmlpGroupedTensor  *input,
                GmlpGroupedTensor  *grad_output,
+               GmlpGroupedTensor  *grad_output_fp8,
                GError            **error)
 {
   gboolean fused = has_flag (self, GMLP_LINEAR_FUSE_WGRAD_ACCUMULATION);
@@ -1273,10 +1394,16 @@ compute_wgrad (GmlpGroupedLinear  *self,
   };
   g_autoptr(GmlpEvent) event = NULL;
 
-  if (!run_product (self, &wgrad, error))
-    return FALSE;
-  if (self->bias.grouped != NULL && !run_bias_grad (self, input, grad_output, error))
-    return FALSE;
+  if (grad_output_fp8 != NULL)
+    {
+      if (!fp8_wgrad (self, &wgrad, input, grad_output, grad_output_fp8, error))
+        return FALSE;
+    }
+  else if (!run_product (self, &wgrad, error) ||
+           (self->bias.grouped != NULL && !run_bias_grad (self, input, grad_output, error)))
+    {
+      return FALSE;
+    }
 
   event = gmlp_event_new_recorded (self->device, error);
   if (event == NULL)
@@ -1387,8 +1514,12 @@ gmlp_grouped_linear_backward (GmlpGroupedLinear     *self,
   g_return_val_if_fail (GMLP_IS_GROUPED_TENSOR (grad_output), NULL);
   g_return_val_if_fail (error == NULL || *error == NULL, NULL);
 
-  if (!gmlp_saved_activations_check (saved, self->id, "GroupedLinear", error) ||
-      !check_activation (self, grad_output, self->out_features, "The output gradient", error))
+  if (!gmlp_saved_activations_check (saved, self->id, "GroupedLinear", error))
+    return NULL;
+  /* FP8: whatever the layer's quantizers are now, the forward was. */
+  if (gmlp_saved_activations_contains (saved, "weight-fp8"))
+    return fp8_backward (self, saved, grad_output, error);
+  if (!check_activation (self, grad_output, self->out_features, "The output gradient", error))
     return NULL;
 
   input = gmlp_saved_activations_get (saved, "input", error);
@@ -1417,10 +1548,11 @@ gmlp_grouped_linear_backward (GmlpGroupedLinear     *self,
 
       pending->input = g_object_ref (input);
       pending->grad_output = g_object_ref (grad_output);
+      pending->grad_output_fp8 = NULL;
       g_queue_push_tail (&self->pending, pending);
       g_object_notify_by_pspec (G_OBJECT (self), properties[PROP_PENDING_WGRADS]);
     }
-  else if (!compute_wgrad (self, input, grad_output, error))
+  else if (!compute_wgrad (self, input, grad_output, NULL, error))
     {
       return NULL;
     }
@@ -1469,7 +1601,7 @@ gmlp_grouped_linear_backward_dw (GmlpGroupedLinear  *self,
     return FALSE;
 
   pending = g_queue_pop_head (&self->pending);
-  ok = compute_wgrad (self, pending->input, pending->grad_output, error);
+  ok = compute_wgrad (self, pending->input, pending->grad_output, pending->grad_output_fp8, error);
   pending_wgrad_free (pending);
   g_object_notify_by_pspec (G_OBJECT (self), properties[PROP_PENDING_WGRADS]);
   return ok;
@@ -1798,4 +1930,733 @@ gmlp_grouped_linear_get_grad_added_to_main_grad (GmlpGroupedLinear *self)
 {
   g_return_val_if_fail (GMLP_IS_GROUPED_LINEAR (self), FALSE);
   return self->grad_added_to_main_grad;
+}
+
+/* ---- FP8 ------------------------------------------------------------------
+ *
+ * With quantizers, the three products take FP8 operands. Per-tensor recipes
+ * (DELAYED, CURRENT) with host group sizes multiply FP8 on the backend's
+ * gemm_fp8, whose operands are all K-major: FPROP x·Wᵀ reads x and W
+ * rowwise, DGRAD dy·W reads dy rowwise and W's columnwise copy, WGRAD dyᵀ·x
+ * the columnwise copies of dy and x; the quantizers write the copies in the
+ * same pass when the backward will need them. Blockwise and MXFP8, and every
+ * recipe with device-only group sizes (or operands given without the copies),
+ * dequantize the FP8 operands to fp8_fallback_dtype() and run the layer's
+ * usual products: correct, not fast, until native kernels come.
+ *
+ * The forward saves the quantized input ("input": offload moves every part
+ * of it) and the quantized weights ("weight-fp8", resident on the device);
+ * a backward is FP8 when its forward was, whatever the quantizers are by
+ * then. */
+
+static gboolean
+fp8_per_tensor (GmlpScalingRecipe recipe)
+{
+  return recipe == GMLP_SCALING_RECIPE_DELAYED || recipe == GMLP_SCALING_RECIPE_CURRENT;
+}
+
+/* Whether one product can take operands of these recipes: the same one, or
+ * two with one scale per group (the product only multiplies the two). */
+static gboolean
+fp8_recipes_combine (GmlpScalingRecipe a,
+                     GmlpScalingRecipe b)
+{
+  return a == b || (fp8_per_tensor (a) && fp8_per_tensor (b));
+}
+
+static const char *
+fp8_recipe_name (GmlpScalingRecipe recipe)
+{
+  g_autoptr(GEnumClass) klass = g_type_class_ref (GMLP_TYPE_SCALING_RECIPE);
+  GEnumValue *value = g_enum_get_value (klass, recipe);
+
+  /* Nicks are static strings of the registered type. */
+  return value != NULL ? value->value_nick : "invalid";
+}
+
+static const char *
+fp8_role_name (GmlpQuantizerRole role)
+{
+  g_autoptr(GEnumClass) klass = g_type_class_ref (GMLP_TYPE_QUANTIZER_ROLE);
+  GEnumValue *value = g_enum_get_value (klass, role);
+
+  return value != NULL ? value->value_nick : "invalid";
+}
+
+/* The dtype the fallback multiplies dequantized operands in: 16 bits, for
+ * the tensor cores; FP16 for an FP16 layer, whose outputs the backends'
+ * products only write from FP16 or FP32 operands. */
+static GmlpDType
+fp8_fallback_dtype (GmlpGroupedLinear *self)
+{
+  return self->dtype == GMLP_DTYPE_FLOAT16 ? GMLP_DTYPE_FLOAT16 : GMLP_DTYPE_BFLOAT16;
+}
+
+/* The products that multiply two operands, named by their quantizers'
+ * roles: FPROP x·W, DGRAD dy·W, WGRAD dy·x. */
+static const struct {
+  const char        *name;
+  GmlpQuantizerRole  first, second;
+} fp8_products[] = {
+  { "FPROP", GMLP_QUANTIZER_ROLE_INPUT, GMLP_QUANTIZER_ROLE_WEIGHT },
+  { "DGRAD", GMLP_QUANTIZER_ROLE_GRAD_OUTPUT, GMLP_QUANTIZER_ROLE_WEIGHT },
+  { "WGRAD", GMLP_QUANTIZER_ROLE_GRAD_OUTPUT, GMLP_QUANTIZER_ROLE_INPUT },
+};
+
+/* The rules of the per-tensor products for two operands (of recipes and
+ * FP8 dtypes): features multiples of 16, and no E5M2 × E5M2 (which
+ * cuBLASLt has no kernel for); the same on every backend, so that what runs
+ * on the CPU runs on a GPU. */
+static gboolean
+fp8_check_native_rules (GmlpGroupedLinear  *self,
+                        const char         *product,
+                        GmlpScalingRecipe   recipe_a,
+                        GmlpDType           dtype_a,
+                        GmlpScalingRecipe   recipe_b,
+                        GmlpDType           dtype_b,
+                        GError            **error)
+{
+  if (!fp8_per_tensor (recipe_a) || !fp8_per_tensor (recipe_b))
+    return TRUE;
+  if (self->in_features % 16 != 0 || self->out_features % 16 != 0)
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_UNSUPPORTED,
+                   "FP8 products with per-tensor scales need in_features and out_features that "
+                   "are multiples of 16 (16-byte FP8 rows); the layer has %" G_GINT64_FORMAT
+                   " → %" G_GINT64_FORMAT, self->in_features, self->out_features);
+      return FALSE;
+    }
+  if (dtype_a == GMLP_DTYPE_FLOAT8_E5M2 && dtype_b == GMLP_DTYPE_FLOAT8_E5M2)
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_UNSUPPORTED,
+                   "The %s product would multiply E5M2 by E5M2, which the FP8 GEMMs do not do: "
+                   "use the E4M3 or HYBRID format", product);
+      return FALSE;
+    }
+  return TRUE;
+}
+
+static gboolean
+fp8_check_quantizers (GmlpGroupedLinear  *self,
+                      GmlpQuantizer      *input,
+                      GmlpQuantizer      *weight,
+                      GmlpQuantizer      *grad_output,
+                      GError            **error)
+{
+  GmlpQuantizer *by_role[3];
+  guint i, given = 0;
+
+  /* Indexed by GmlpQuantizerRole. */
+  by_role[GMLP_QUANTIZER_ROLE_INPUT] = input;
+  by_role[GMLP_QUANTIZER_ROLE_WEIGHT] = weight;
+  by_role[GMLP_QUANTIZER_ROLE_GRAD_OUTPUT] = grad_output;
+
+  for (i = 0; i < 3; i++)
+    given += by_role[i] != NULL;
+  if (given == 0)
+    return TRUE;
+  if (given != 3)
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
+                   "FP8 takes three quantizers (input, weight and grad-output), or none");
+      return FALSE;
+    }
+
+  for (i = 0; i < 3; i++)
+    {
+      GmlpQuantizer *q = by_role[i];
+
+      if (gmlp_quantizer_get_device (q) != self->device)
+        {
+          g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
+                       "The %s quantizer is for %s, the layer is on %s", fp8_role_name (i),
+                       gmlp_device_get_name (gmlp_quantizer_get_device (q)),
+                       gmlp_device_get_name (self->device));
+          return FALSE;
+        }
+      if (gmlp_quantizer_get_role (q) != (GmlpQuantizerRole) i)
+        {
+          g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
+                       "The %s quantizer has the role %s; it must have the role %s",
+                       fp8_role_name (i), fp8_role_name (gmlp_quantizer_get_role (q)),
+                       fp8_role_name (i));
+          return FALSE;
+        }
+    }
+
+  for (i = 0; i < G_N_ELEMENTS (fp8_products); i++)
+    {
+      GmlpQuantizer *a = by_role[fp8_products[i].first], *b = by_role[fp8_products[i].second];
+
+      if (!fp8_recipes_combine (gmlp_quantizer_get_recipe (a), gmlp_quantizer_get_recipe (b)))
+        {
+          g_set_error (error, GMLP_ERROR, GMLP_ERROR_UNSUPPORTED,
+                       "The %s product cannot combine the %s recipe (%s quantizer) with the %s "
+                       "recipe (%s quantizer): use one recipe, or the two per-tensor ones",
+                       fp8_products[i].name, fp8_recipe_name (gmlp_quantizer_get_recipe (a)),
+                       fp8_role_name (fp8_products[i].first),
+                       fp8_recipe_name (gmlp_quantizer_get_recipe (b)),
+                       fp8_role_name (fp8_products[i].second));
+          return FALSE;
+        }
+      if (!fp8_check_native_rules (self, fp8_products[i].name,
+                                   gmlp_quantizer_get_recipe (a), gmlp_quantizer_get_dtype (a),
+                                   gmlp_quantizer_get_recipe (b), gmlp_quantizer_get_dtype (b),
+                                   error))
+        return FALSE;
+    }
+  return TRUE;
+}
+
+/* The recipe and FP8 dtype an operand has, or will have once @quantizer
+ * has quantized it. */
+static GmlpScalingRecipe
+fp8_operand_recipe (GmlpGroupedTensor *tensor,
+                    GmlpQuantizer     *quantizer)
+{
+  if (gmlp_dtype_is_fp8 (gmlp_grouped_tensor_get_dtype (tensor)))
+    return gmlp_grouped_tensor_get_scaling_recipe (tensor);
+  return quantizer != NULL ? gmlp_quantizer_get_recipe (quantizer) : GMLP_SCALING_RECIPE_NONE;
+}
+
+static GmlpDType
+fp8_operand_dtype (GmlpGroupedTensor *tensor,
+                   GmlpQuantizer     *quantizer)
+{
+  if (gmlp_dtype_is_fp8 (gmlp_grouped_tensor_get_dtype (tensor)) || quantizer == NULL)
+    return gmlp_grouped_tensor_get_dtype (tensor);
+  return gmlp_quantizer_get_dtype (quantizer);
+}
+
+/* An activation operand of an FP8 product (the input or the output
+ * gradient): of the layer's dtype, for @quantizer to quantize, or
+ * quantized already, rowwise, with its scales; either way of a recipe that
+ * meets @partner's (an operand it is multiplied with) in @product. */
+static gboolean
+fp8_check_activation (GmlpGroupedLinear  *self,
+                      GmlpGroupedTensor  *tensor,
+                      gint64              cols,
+                      const char         *what,
+                      GmlpQuantizer      *quantizer,
+                      const char         *product,
+                      GmlpGroupedTensor  *partner,
+                      GmlpQuantizer      *partner_quantizer,
+                      GError            **error)
+{
+  GmlpDType dtype = gmlp_grouped_tensor_get_dtype (tensor);
+  GmlpScalingRecipe recipe, partner_recipe;
+
+  if (gmlp_grouped_tensor_get_device (tensor) != self->device)
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
+                   "%s is on %s, the layer on %s", what,
+                   gmlp_device_get_name (gmlp_grouped_tensor_get_device (tensor)),
+                   gmlp_device_get_name (self->device));
+      return FALSE;
+    }
+  if (!gmlp_dtype_is_fp8 (dtype))
+    {
+      if (dtype != self->dtype)
+        {
+          g_set_error (error, GMLP_ERROR, GMLP_ERROR_DTYPE_MISMATCH,
+                       "%s is %s; the layer computes in %s (or takes FP8 made by a "
+                       "GmlpQuantizer)", what, gmlp_dtype_get_name (dtype),
+                       gmlp_dtype_get_name (self->dtype));
+          return FALSE;
+        }
+      if (quantizer == NULL)
+        {
+          g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_STATE,
+                       "%s is %s and the layer has no quantizers now, but this backward "
+                       "belongs to an FP8 forward: set the quantizers again, or give it "
+                       "quantized", what, gmlp_dtype_get_name (dtype));
+          return FALSE;
+        }
+    }
+  else if (gmlp_grouped_tensor_get_scale_inv (tensor) == NULL)
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
+                   "%s is %s without scales: FP8 operands must come from a GmlpQuantizer "
+                   "(a conversion or a member view has none)", what, gmlp_dtype_get_name (dtype));
+      return FALSE;
+    }
+  else if (gmlp_grouped_tensor_is_columnwise (tensor))
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_UNSUPPORTED,
+                   "%s is the columnwise (transposed) copy of a quantized tensor; give the "
+                   "rowwise tensor", what);
+      return FALSE;
+    }
+  else if (self->weight_quantizer == NULL && partner == NULL)
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_DTYPE_MISMATCH,
+                   "%s is %s: FP8 operands need the layer's quantizers (set_quantizers())",
+                   what, gmlp_dtype_get_name (dtype));
+      return FALSE;
+    }
+
+  if (gmlp_grouped_tensor_get_n_groups (tensor) != self->n_groups)
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_SHAPE_MISMATCH,
+                   "%s has %u groups; the layer has %u", what,
+                   gmlp_grouped_tensor_get_n_groups (tensor), self->n_groups);
+      return FALSE;
+    }
+  if (gmlp_grouped_tensor_get_cols (tensor) != cols)
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_SHAPE_MISMATCH,
+                   "%s has %" G_GINT64_FORMAT " columns; the layer needs %" G_GINT64_FORMAT,
+                   what, gmlp_grouped_tensor_get_cols (tensor), cols);
+      return FALSE;
+    }
+
+  recipe = fp8_operand_recipe (tensor, quantizer);
+  partner_recipe = partner != NULL ? gmlp_grouped_tensor_get_scaling_recipe (partner)
+                                   : gmlp_quantizer_get_recipe (partner_quantizer);
+  if (!fp8_recipes_combine (recipe, partner_recipe))
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_UNSUPPORTED,
+                   "%s has the %s recipe, which the %s product cannot combine with the %s "
+                   "recipe of its other operand", what, fp8_recipe_name (recipe), product,
+                   fp8_recipe_name (partner_recipe));
+      return FALSE;
+    }
+  return fp8_check_native_rules (self, product, recipe, fp8_operand_dtype (tensor, quantizer),
+                                 partner_recipe,
+                                 partner != NULL ? gmlp_grouped_tensor_get_dtype (partner)
+                                                 : gmlp_quantizer_get_dtype (partner_quantizer),
+                                 error);
+}
+
+/* @tensor quantized by @quantizer (with the columnwise copy when asked), or
+ * @tensor itself when it is quantized already. */
+static GmlpGroupedTensor *
+fp8_quantize (GmlpGroupedTensor  *tensor,
+              GmlpQuantizer      *quantizer,
+              gboolean            columnwise,
+              GError            **error)
+{
+  if (gmlp_dtype_is_fp8 (gmlp_grouped_tensor_get_dtype (tensor)))
+    return g_object_ref (tensor);
+  return gmlp_quantizer_quantize_full (quantizer, tensor, columnwise, error);
+}
+
+/* Whether a product of a and b runs on gemm_fp8: per-tensor scales, host
+ * sizes (of sized_by), and the K-major operands it reads (the columnwise
+ * copies, for the transposed ones; NULL otherwise). */
+static gboolean
+fp8_native (GmlpGroupedTensor *sized_by,
+            GmlpGroupedTensor *a,
+            GmlpGroupedTensor *b)
+{
+  return gmlp_grouped_tensor_has_host_sizes (sized_by) && a != NULL && b != NULL &&
+         fp8_per_tensor (gmlp_grouped_tensor_get_scaling_recipe (a)) &&
+         fp8_per_tensor (gmlp_grouped_tensor_get_scaling_recipe (b));
+}
+
+/* C_i = A_i B_iᵀ on the backend's gemm_fp8 (see GmlpBackendGemmFp8: a and b
+ * K-major, rowwise tensors or columnwise copies, each with its scales). */
+static gboolean
+fp8_run_native (GmlpGroupedLinear  *self,
+                GmlpGemmKind        kind,
+                const gint64       *rows,
+                GmlpGroupedTensor  *a,
+                GmlpGroupedTensor  *b,
+                void * const       *c,
+                GmlpDType           c_dtype,
+                const guint8       *accumulate,
+                GError            **error)
+{
+  g_autofree gpointer *pa = member_pointers (a, NULL, self->n_groups);
+  g_autofree gpointer *pb = member_pointers (b, NULL, self->n_groups);
+  g_autofree gpointer *sa = member_pointers (gmlp_grouped_tensor_get_scale_inv (a), NULL, self->n_groups);
+  g_autofree gpointer *sb = member_pointers (gmlp_grouped_tensor_get_scale_inv (b), NULL, self->n_groups);
+  GmlpBackendGemmFp8 gemm = {
+    .kind = kind,
+    .n_groups = self->n_groups,
+    .rows = rows,
+    .n = self->out_features,
+    .k = self->in_features,
+    .a_dtype = (int) gmlp_grouped_tensor_get_dtype (a),
+    .b_dtype = (int) gmlp_grouped_tensor_get_dtype (b),
+    .c_dtype = (int) c_dtype,
+    .a = (const void * const *) pa,
+    .b = (const void * const *) pb,
+    .a_scale_inv = (const float * const *) sa,
+    .b_scale_inv = (const float * const *) sb,
+    .c = c,
+    .accumulate = accumulate,
+  };
+
+  return GMLP_DEVICE_CALL (self->device, gemm_fp8, &gemm, error);
+}
+
+/* @product on dequantized operands: a8, b_rows8 (WGRAD's x) and weight8
+ * (FPROP's and DGRAD's W) are dequantized to fp8_fallback_dtype() and the
+ * layer's usual product runs on them, host or device sizes alike. */
+static gboolean
+fp8_run_dequantized (GmlpGroupedLinear  *self,
+                     const Product      *product,
+                     GmlpGroupedTensor  *a8,
+                     GmlpGroupedTensor  *b_rows8,
+                     GmlpGroupedTensor  *weight8,
+                     GError            **error)
+{
+  GmlpDType dtype = fp8_fallback_dtype (self);
+  g_autoptr(GmlpGroupedTensor) a = NULL;
+  g_autoptr(GmlpGroupedTensor) b_rows = NULL;
+  g_autoptr(GmlpGroupedTensor) weight = NULL;
+  Param weight_param = { NULL, NULL };
+  Product dequantized = *product;
+  gboolean ok;
+
+  a = gmlp_grouped_tensor_dequantize (a8, dtype, error);
+  if (a == NULL)
+    return FALSE;
+  if (b_rows8 != NULL && (b_rows = gmlp_grouped_tensor_dequantize (b_rows8, dtype, error)) == NULL)
+    return FALSE;
+  if (weight8 != NULL &&
+      ((weight = gmlp_grouped_tensor_dequantize (weight8, dtype, error)) == NULL ||
+       !param_set (&weight_param, weight, self->n_groups, error)))
+    return FALSE;
+
+  dequantized.a = a;
+  dequantized.b_rows = b_rows;
+  if (weight != NULL)
+    dequantized.fixed = &weight_param;
+  dequantized.dequantized = TRUE;
+  ok = run_product (self, &dequantized, error);
+  param_clear (&weight_param, self->n_groups);
+  return ok;
+}
+
+static GmlpGroupedTensor *
+fp8_forward (GmlpGroupedLinear     *self,
+             GmlpGroupedTensor     *input,
+             gboolean               save_input,
+             GmlpSavedActivations **saved,
+             GError               **error)
+{
+  g_autoptr(GmlpGroupedTensor) x8 = NULL;
+  g_autoptr(GmlpGroupedTensor) w8 = NULL;
+  g_autoptr(GmlpGroupedTensor) output = NULL;
+  const gint64 *rows = gmlp_grouped_tensor_peek_rows (input);
+  gboolean native, training = saved != NULL;
+
+  if (!fp8_check_activation (self, input, self->in_features, "The input", self->input_quantizer,
+                             "FPROP", NULL, self->weight_quantizer, error) ||
+      !check_offload_context (self, error))
+    return NULL;
+
+  /* The columnwise copies are written only for a backward that reads
+   * them: DGRAD reads W's, WGRAD x's. */
+  native = rows != NULL && fp8_per_tensor (fp8_operand_recipe (input, self->input_quantizer)) &&
+           fp8_per_tensor (gmlp_quantizer_get_recipe (self->weight_quantizer));
+  x8 = fp8_quantize (input, self->input_quantizer, training && native, error);
+  if (x8 == NULL)
+    return NULL;
+  w8 = gmlp_quantizer_quantize_full (self->weight_quantizer, self->weight.grouped,
+                                     training && native, error);
+  if (w8 == NULL)
+    return NULL;
+  output = new_activation_like (self, input, self->out_features, error);
+  if (output == NULL)
+    return NULL;
+
+  if (native)
+    {
+      g_autofree gpointer *py = member_pointers (output, NULL, self->n_groups);
+
+      if (!fp8_run_native (self, GMLP_GEMM_FPROP, rows, x8, w8, (void * const *) py, self->dtype,
+                           NULL, error))
+        return NULL;
+      if (self->bias.grouped != NULL)
+        {
+          g_autofree gpointer *pb = member_pointers (NULL, self->bias.members, self->n_groups);
+
+          if (!GMLP_DEVICE_CALL (self->device, add_bias, self->n_groups, rows, self->out_features,
+                                 (int) self->dtype, (void * const *) py,
+                                 (const void * const *) pb, error))
+            return NULL;
+        }
+    }
+  else
+    {
+      Product fprop = { .kind = GMLP_GEMM_FPROP, .sized_by = input, .c_rows = output,
+                        .c_dtype = self->dtype, .bias = self->bias.grouped != NULL };
+
+      if (!fp8_run_dequantized (self, &fprop, x8, NULL, w8, error))
+        return NULL;
+    }
+
+  if (saved != NULL)
+    {
+      g_autoptr(GmlpSavedActivations) new_saved = gmlp_saved_activations_new (self->id);
+
+      /* Without the input (GroupedMLP saves its own), the backward is the
+       * layer's usual one. */
+      if (save_input)
+        {
+          gmlp_saved_activations_add (new_saved, "input", x8);
+          gmlp_saved_activations_add_resident (new_saved, "weight-fp8", w8);
+        }
+      if (!gmlp_saved_activations_apply_offload (new_saved, error))
+        return NULL;
+      *saved = g_steal_pointer (&new_saved);
+    }
+
+  return g_steal_pointer (&output);
+}
+
+static GmlpGroupedTensor *
+fp8_backward (GmlpGroupedLinear     *self,
+              GmlpSavedActivations  *saved,
+              GmlpGroupedTensor     *grad_output,
+              GError               **error)
+{
+  g_autoptr(GmlpGroupedTensor) dy8 = NULL;
+  g_autoptr(GmlpGroupedTensor) grad_input = NULL;
+  GmlpGroupedTensor *input, *w8, *unquantized;
+  const gint64 *rows;
+  gboolean native_wgrad;
+
+  /* Resident: no reload, nothing to wait for. */
+  w8 = gmlp_saved_activations_get (saved, "weight-fp8", error);
+  if (w8 == NULL ||
+      !fp8_check_activation (self, grad_output, self->out_features, "The output gradient",
+                             self->grad_output_quantizer, "DGRAD", w8, NULL, error))
+    return NULL;
+
+  input = gmlp_saved_activations_get (saved, "input", error);
+  if (input == NULL)
+    return NULL;
+  if (gmlp_saved_activations_get_context (saved) != NULL)
+    gmlp_offload_context_backward_started (gmlp_saved_activations_get_context (saved), saved);
+  if (!fp8_check_activation (self, grad_output, self->out_features, "The output gradient",
+                             self->grad_output_quantizer, "WGRAD", input, NULL, error) ||
+      !check_same_sizes (input, grad_output, error))
+    return NULL;
+
+  grad_input = new_activation_like (self, input, self->in_features, error);
+  if (grad_input == NULL || !ensure_wgrad_storage (self, error))
+    return NULL;
+
+  /* WGRAD reads dy's columnwise copy when it can run on FP8. */
+  rows = gmlp_grouped_tensor_peek_rows (input);
+  native_wgrad = rows != NULL && gmlp_grouped_tensor_get_columnwise (input) != NULL &&
+                 fp8_per_tensor (fp8_operand_recipe (grad_output, self->grad_output_quantizer)) &&
+                 fp8_per_tensor (gmlp_grouped_tensor_get_scaling_recipe (input));
+  dy8 = fp8_quantize (grad_output, self->grad_output_quantizer, native_wgrad, error);
+  if (dy8 == NULL)
+    return NULL;
+
+  if (fp8_native (input, dy8, gmlp_grouped_tensor_get_columnwise (w8)))
+    {
+      g_autofree gpointer *pdx = member_pointers (grad_input, NULL, self->n_groups);
+
+      if (!fp8_run_native (self, GMLP_GEMM_DGRAD, rows, dy8, gmlp_grouped_tensor_get_columnwise (w8),
+                           (void * const *) pdx, self->dtype, NULL, error))
+        return NULL;
+    }
+  else
+    {
+      Product dgrad = { .kind = GMLP_GEMM_DGRAD, .sized_by = input, .c_rows = grad_input,
+                        .c_dtype = self->dtype };
+
+      if (!fp8_run_dequantized (self, &dgrad, dy8, NULL, w8, error))
+        return NULL;
+    }
+
+  unquantized = gmlp_dtype_is_fp8 (gmlp_grouped_tensor_get_dtype (grad_output)) ? NULL : grad_output;
+  if (has_flag (self, GMLP_LINEAR_DELAY_WGRAD_COMPUTE))
+    {
+      PendingWgrad *pending = g_new (PendingWgrad, 1);
+
+      pending->input = g_object_ref (input);
+      pending->grad_output = unquantized != NULL ? g_object_ref (unquantized) : NULL;
+      pending->grad_output_fp8 = g_object_ref (dy8);
+      g_queue_push_tail (&self->pending, pending);
+      g_object_notify_by_pspec (G_OBJECT (self), properties[PROP_PENDING_WGRADS]);
+    }
+  else if (!compute_wgrad (self, input, unquantized, dy8, error))
+    {
+      return NULL;
+    }
+
+  gmlp_saved_activations_consume (saved);
+  return g_steal_pointer (&grad_input);
+}
+
+/* The weight gradients of an FP8 backward: dW from the quantized x and dy
+ * (into wgrad->fixed, as compute_wgrad() set it up), db from the
+ * unquantized dy, or, when dy came quantized, from its dequantized values. */
+static gboolean
+fp8_wgrad (GmlpGroupedLinear  *self,
+           const Product      *wgrad,
+           GmlpGroupedTensor  *input,
+           GmlpGroupedTensor  *grad_output,
+           GmlpGroupedTensor  *grad_output_fp8,
+           GError            **error)
+{
+  GmlpGroupedTensor *x_t = gmlp_grouped_tensor_get_columnwise (input);
+  GmlpGroupedTensor *dy_t = gmlp_grouped_tensor_get_columnwise (grad_output_fp8);
+  g_autoptr(GmlpGroupedTensor) dequantized_dy = NULL;
+
+  if (fp8_native (input, dy_t, x_t))
+    {
+      g_autofree gpointer *pdw = member_pointers (NULL, wgrad->fixed->members, self->n_groups);
+
+      if (!fp8_run_native (self, GMLP_GEMM_WGRAD, gmlp_grouped_tensor_peek_rows (input), dy_t, x_t,
+                           (void * const *) pdw, wgrad->c_dtype, wgrad->accumulate, error))
+        return FALSE;
+    }
+  else if (!fp8_run_dequantized (self, wgrad, grad_output_fp8, input, NULL, error))
+    {
+      return FALSE;
+    }
+
+  if (self->bias.grouped == NULL)
+    return TRUE;
+  if (grad_output == NULL)
+    {
+      dequantized_dy = gmlp_grouped_tensor_dequantize (grad_output_fp8, self->dtype, error);
+      if (dequantized_dy == NULL)
+        return FALSE;
+      grad_output = dequantized_dy;
+    }
+  return run_bias_grad (self, input, grad_output, error);
+}
+
+/**
+ * gmlp_grouped_linear_set_quantizers:
+ * @self: a #GmlpGroupedLinear
+ * @input: (nullable): the quantizer of the input, of role
+ *   %GMLP_QUANTIZER_ROLE_INPUT
+ * @weight: (nullable): the quantizer of the weights, of role
+ *   %GMLP_QUANTIZER_ROLE_WEIGHT
+ * @grad_output: (nullable): the quantizer of the output gradient, of role
+ *   %GMLP_QUANTIZER_ROLE_GRAD_OUTPUT
+ * @error: return location for a #GError
+ *
+ * Makes the layer's products FP8 (all three quantizers), or takes FP8 away
+ * (all %NULL). The quantizers must be on the layer's device and have the
+ * roles above. The products combine operands of one recipe, or of the two
+ * per-tensor recipes (%GMLP_SCALING_RECIPE_DELAYED and
+ * %GMLP_SCALING_RECIPE_CURRENT); with those, the features must be
+ * multiples of 16 and no product may multiply E5M2 by E5M2 (the
+ * %GMLP_FP8_FORMAT_E5M2 format). docs/fp8.md has the rules and the
+ * accuracy of each recipe.
+ *
+ * The layer asks its quantizers for the columnwise copies its backward
+ * needs, whatever their [property@Gmlp.Quantizer:columnwise] says. The
+ * caller updates delayed-scaling quantizers: see
+ * [method@Gmlp.GroupedLinear.update_quantizers]. Activations saved by
+ * earlier forwards keep what they were made with: a backward is FP8 when
+ * its forward was.
+ *
+ * Returns: %TRUE on success; %FALSE with %GMLP_ERROR_INVALID_ARGUMENT for
+ *   one or two quantizers, another device or a wrong role, or
+ *   %GMLP_ERROR_UNSUPPORTED for recipes that no product can combine, or
+ *   features or formats the FP8 products do not take (the layer is
+ *   unchanged then)
+ *
+ * Since: 0.1
+ */
+gboolean
+gmlp_grouped_linear_set_quantizers (GmlpGroupedLinear  *self,
+                                    GmlpQuantizer      *input,
+                                    GmlpQuantizer      *weight,
+                                    GmlpQuantizer      *grad_output,
+                                    GError            **error)
+{
+  g_return_val_if_fail (GMLP_IS_GROUPED_LINEAR (self), FALSE);
+  g_return_val_if_fail (input == NULL || GMLP_IS_QUANTIZER (input), FALSE);
+  g_return_val_if_fail (weight == NULL || GMLP_IS_QUANTIZER (weight), FALSE);
+  g_return_val_if_fail (grad_output == NULL || GMLP_IS_QUANTIZER (grad_output), FALSE);
+  g_return_val_if_fail (error == NULL || *error == NULL, FALSE);
+
+  if (!fp8_check_quantizers (self, input, weight, grad_output, error))
+    return FALSE;
+
+  g_object_freeze_notify (G_OBJECT (self));
+  if (g_set_object (&self->input_quantizer, input))
+    g_object_notify_by_pspec (G_OBJECT (self), properties[PROP_INPUT_QUANTIZER]);
+  if (g_set_object (&self->weight_quantizer, weight))
+    g_object_notify_by_pspec (G_OBJECT (self), properties[PROP_WEIGHT_QUANTIZER]);
+  if (g_set_object (&self->grad_output_quantizer, grad_output))
+    g_object_notify_by_pspec (G_OBJECT (self), properties[PROP_GRAD_OUTPUT_QUANTIZER]);
+  g_object_thaw_notify (G_OBJECT (self));
+  return TRUE;
+}
+
+/**
+ * gmlp_grouped_linear_get_quantizer:
+ * @self: a #GmlpGroupedLinear
+ * @role: which quantizer
+ *
+ * Returns: (transfer none) (nullable): the quantizer of @role, or %NULL for
+ *   a layer without FP8
+ *
+ * Since: 0.1
+ */
+GmlpQuantizer *
+gmlp_grouped_linear_get_quantizer (GmlpGroupedLinear *self,
+                                   GmlpQuantizerRole  role)
+{
+  g_return_val_if_fail (GMLP_IS_GROUPED_LINEAR (self), NULL);
+
+  switch (role)
+    {
+    case GMLP_QUANTIZER_ROLE_INPUT:
+      return self->input_quantizer;
+    case GMLP_QUANTIZER_ROLE_WEIGHT:
+      return self->weight_quantizer;
+    case GMLP_QUANTIZER_ROLE_GRAD_OUTPUT:
+      return self->grad_output_quantizer;
+    default:
+      g_return_val_if_reached (NULL);
+    }
+}
+
+/**
+ * gmlp_grouped_linear_update_quantizers:
+ * @self: a #GmlpGroupedLinear
+ * @error: return location for a #GError
+ *
+ * Ends a training step for the layer's quantizers: calls
+ * [method@Gmlp.Quantizer.update] on each (once on a quantizer shared by
+ * several roles or layers per call). Delayed scaling needs it once a step,
+ * after the step's last backward and backward_dw, so that the next step
+ * quantizes with scales from the amaxes seen so far; the other recipes have
+ * nothing to update. The layer never calls it itself: it cannot tell where
+ * a step ends (microbatches, gradient accumulation, delayed weight
+ * gradients). Stream-ordered; nothing waits.
+ *
+ * Returns: %TRUE on success (also for a layer without quantizers)
+ *
+ * Since: 0.1
+ */
+gboolean
+gmlp_grouped_linear_update_quantizers (GmlpGroupedLinear  *self,
+                                       GError            **error)
+{
+  GmlpQuantizer *quantizers[3];
+  guint i, j;
+
+  g_return_val_if_fail (GMLP_IS_GROUPED_LINEAR (self), FALSE);
+  g_return_val_if_fail (error == NULL || *error == NULL, FALSE);
+
+  quantizers[0] = self->input_quantizer;
+  quantizers[1] = self->weight_quantizer;
+  quantizers[2] = self->grad_output_quantizer;
+  for (i = 0; i < 3; i++)
+    {
+      gboolean seen = FALSE;
+
+      for (j = 0; j < i; j++)
+        seen |= quantizers[j] == quantizers[i];
+      if (quantizers[i] != NULL && !seen && !gmlp_quantizer_update (quantizers[i], error))
+        return FALSE;
+    }
+  return TRUE;
 }

@@ -16,6 +16,7 @@
 #include "gmlp-dtype.h"
 #include "gmlp-event.h"
 #include "gmlp-grouped-tensor.h"
+#include "gmlp-quantizer.h"
 #include "gmlp-saved-activations.h"
 
 G_BEGIN_DECLS
@@ -155,5 +156,20 @@ GMLP_AVAILABLE_IN_0_1
 GmlpLinearFlags       gmlp_grouped_linear_get_flags               (GmlpGroupedLinear     *self);
 GMLP_AVAILABLE_IN_0_1
 gboolean              gmlp_grouped_linear_get_grad_added_to_main_grad (GmlpGroupedLinear *self);
+
+/* FP8: the products through quantizers (the FP8 section of
+ * gmlp-grouped-linear.c). */
+GMLP_AVAILABLE_IN_0_1
+gboolean              gmlp_grouped_linear_set_quantizers          (GmlpGroupedLinear     *self,
+                                                                   GmlpQuantizer         *input,
+                                                                   GmlpQuantizer         *weight,
+                                                                   GmlpQuantizer         *grad_output,
+                                                                   GError               **error);
+GMLP_AVAILABLE_IN_0_1
+GmlpQuantizer        *gmlp_grouped_linear_get_quantizer           (GmlpGroupedLinear     *self,
+                                                                   GmlpQuantizerRole      role);
+GMLP_AVAILABLE_IN_0_1
+gboolean              gmlp_grouped_linear_update_quantizers       (GmlpGroupedLinear     *self,
+                                                                   GError               **error);
 
 G_END_DECLS

@@ -27,6 +27,14 @@ void      gmlp_grouped_tensor_set_quantized       (GmlpGroupedTensor  *self,
 /* The GMLP_QUANT_FLAG_* a quantized tensor was made with (0 otherwise). */
 int       gmlp_grouped_tensor_get_quantize_flags  (GmlpGroupedTensor  *self);
 
+/* gmlp_quantizer_quantize() with or without the columnwise copy, whatever
+ * the quantizer's columnwise property says (the FP8 layers ask for the
+ * copy when their backward needs it). */
+GmlpGroupedTensor *gmlp_quantizer_quantize_full   (GmlpQuantizer      *self,
+                                                   GmlpGroupedTensor  *src,
+                                                   gboolean            with_columnwise,
+                                                   GError            **error);
+
 /* For the FP8 products: whether a and b are both quantized, rowwise, with
  * scales, by the same recipe; otherwise a GError that says what is wrong
  * (%GMLP_ERROR_INVALID_ARGUMENT for a tensor without scales or a columnwise

@@ -543,6 +543,19 @@ gmlp_quantizer_quantize (GmlpQuantizer      *self,
                          GmlpGroupedTensor  *src,
                          GError            **error)
 {
+  g_return_val_if_fail (GMLP_IS_QUANTIZER (self), NULL);
+
+  return gmlp_quantizer_quantize_full (self, src, self->columnwise, error);
+}
+
+/* FP8 layers: quantize() with the columnwise copy asked for by the caller
+ * (what its backward needs) rather than by the property. */
+GmlpGroupedTensor *
+gmlp_quantizer_quantize_full (GmlpQuantizer      *self,
+                              GmlpGroupedTensor  *src,
+                              gboolean            with_columnwise,
+                              GError            **error)
+{
   g_autoptr(GmlpGroupedTensor) data = NULL;
   g_autoptr(GmlpGroupedTensor) scale_inv = NULL;
   g_autoptr(GmlpGroupedTensor) columnwise = NULL;
@@ -570,8 +583,8 @@ gmlp_quantizer_quantize (GmlpQuantizer      *self,
   scale_dtype = self->recipe == GMLP_SCALING_RECIPE_MXFP8 ? E8M0_CONTAINER_DTYPE : GMLP_DTYPE_FLOAT32;
   gmlp_quant_blocks ((int) self->recipe, flags, FALSE, &block_rows, &block_cols);
   gmlp_quant_blocks ((int) self->recipe, flags, TRUE, &col_block_rows, &col_block_cols);
-  own_column_scales = self->columnwise && gmlp_quant_columnwise_has_scales ((int) self->recipe, flags);
-  derived_block = gmlp_quant_derived_row_block ((int) self->recipe, flags, self->columnwise);
+  own_column_scales = with_columnwise && gmlp_quant_columnwise_has_scales ((int) self->recipe, flags);
+  derived_block = gmlp_quant_derived_row_block ((int) self->recipe, flags, with_columnwise);
 
   if (self->recipe == GMLP_SCALING_RECIPE_DELAYED && !ensure_state (self, n_groups, error))
     return NULL;
@@ -594,7 +607,7 @@ gmlp_quantizer_quantize (GmlpQuantizer      *self,
                                   gmlp_quant_blocks_along (cols, block_cols), derived, error);
   if (scale_inv == NULL)
     return NULL;
-  if (self->columnwise)
+  if (with_columnwise)
     {
       columnwise = new_blocked_tensor (src, dtype, 1, cols, NULL, error);
       if (columnwise == NULL)

@@ -16,7 +16,14 @@ G_BEGIN_DECLS
 guint64               gmlp_layer_id_next                    (void);
 
 GmlpSavedActivations *gmlp_saved_activations_new            (guint64                owner_id);
+/* Saves a tensor; a quantized one (FP8 with scales) with every part, which
+ * offload moves and get() gives back as the same quantized tensor. */
 void                  gmlp_saved_activations_add            (GmlpSavedActivations  *self,
+                                                             const char            *name,
+                                                             GmlpGroupedTensor     *tensor);
+/* Saves a tensor that offload leaves on the device (a layer's FP8 copy of
+ * its weights: not an activation). */
+void                  gmlp_saved_activations_add_resident   (GmlpSavedActivations  *self,
                                                              const char            *name,
                                                              GmlpGroupedTensor     *tensor);
 /* The tensor for a backward on @device's compute stream: reloaded if it was
@@ -24,6 +31,9 @@ void                  gmlp_saved_activations_add            (GmlpSavedActivation
 GmlpGroupedTensor    *gmlp_saved_activations_get            (GmlpSavedActivations  *self,
                                                              const char            *name,
                                                              GError               **error);
+/* Whether a tensor was saved under @name; reloads nothing. */
+gboolean              gmlp_saved_activations_contains       (GmlpSavedActivations  *self,
+                                                             const char            *name);
 /* Checks that @self came from the layer @owner_id and was not used yet. */
 gboolean              gmlp_saved_activations_check          (GmlpSavedActivations  *self,
                                                              guint64                owner_id,

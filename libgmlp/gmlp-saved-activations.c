@@ -11,6 +11,7 @@
 #include "gmlp-event-private.h"
 #include "gmlp-grouped-tensor-private.h"
 #include "gmlp-offload-context-private.h"
+#include "gmlp-quantizer-private.h"
 
 /**
  * GmlpSavedActivations:
@@ -28,20 +29,42 @@
  * do not write into a tensor you passed to a forward until its backward has
  * run.
  *
+ * A saved FP8 tensor made by a [class@Gmlp.Quantizer] moves with every part
+ * of it: its data, its scale inverses and its columnwise copy with that
+ * copy's scales, and comes back as the same quantized tensor. The FP8 copy
+ * of the weights that an FP8 layer keeps for its backward stays on the
+ * device (it is not an activation); it counts in
+ * [method@Gmlp.SavedActivations.get_nbytes].
+ *
  * Since: 0.1
  */
 
 /* One saved tensor: on the device (tensor), in host memory (host, with the
  * layout to rebuild it), or both while the most recently offloaded
- * activations keep their device copy. */
+ * activations keep their device copy.
+ *
+ * A quantized tensor (FP8 with scales, see gmlp-quantizer-private.h) is
+ * saved as one entry for its data and one per other part (name NULL: the
+ * scale inverses, the columnwise copy and its scales when they are its
+ * own), so that offload moves every byte; get() puts it back together.
+ * Resident entries are never offloaded. */
 typedef struct {
-  const char         *name;
+  const char         *name;           /* NULL for a part of a quantized tensor */
   GmlpGroupedTensor  *tensor;
   GmlpTensorLayout    layout;
   gpointer            host;
   gsize               host_size;
   GmlpEvent          *offload_done;
   GmlpEvent          *reload_done;    /* not yet waited for by the compute stream */
+  gboolean            resident;
+  /* Quantized tensors: the recipe, its flags and the indices of the parts'
+   * entries (-1: none). */
+  gboolean            quantized;
+  GmlpScalingRecipe   recipe;
+  int                 quantize_flags;
+  int                 scale_inv_part;
+  int                 columnwise_part;
+  int                 columnwise_scale_inv_part;
 } SavedTensor;
 
 struct _GmlpSavedActivations
@@ -185,16 +208,66 @@ gmlp_saved_activations_new (guint64 owner_id)
   return self;
 }
 
-void
-gmlp_saved_activations_add (GmlpSavedActivations *self,
-                            const char           *name,
-                            GmlpGroupedTensor    *tensor)
+/* Appends an entry and returns its index. */
+static int
+append_entry (GmlpSavedActivations *self,
+              const char           *name,
+              GmlpGroupedTensor    *tensor,
+              gboolean              resident)
 {
   SavedTensor saved = { 0, };
 
   saved.name = name;
   saved.tensor = g_object_ref (tensor);
+  saved.resident = resident;
+  saved.scale_inv_part = saved.columnwise_part = saved.columnwise_scale_inv_part = -1;
   g_array_append_val (self->tensors, saved);
+  return (int) self->tensors->len - 1;
+}
+
+void
+gmlp_saved_activations_add (GmlpSavedActivations *self,
+                            const char           *name,
+                            GmlpGroupedTensor    *tensor)
+{
+  GmlpGroupedTensor *scale_inv = gmlp_grouped_tensor_get_scale_inv (tensor);
+  GmlpGroupedTensor *columnwise, *columnwise_scale_inv;
+  int index, scale_part, columnwise_part = -1, columnwise_scale_part = -1;
+  SavedTensor *saved;
+
+  index = append_entry (self, name, tensor, FALSE);
+  if (scale_inv == NULL)
+    return;
+
+  /* A quantized tensor: its parts are entries of their own. The columnwise
+   * copy shares the rowwise scales in per-tensor recipes and 128 × 128
+   * tiles: they are saved once. */
+  scale_part = append_entry (self, NULL, scale_inv, FALSE);
+  columnwise = gmlp_grouped_tensor_get_columnwise (tensor);
+  if (columnwise != NULL)
+    {
+      columnwise_part = append_entry (self, NULL, columnwise, FALSE);
+      columnwise_scale_inv = gmlp_grouped_tensor_get_scale_inv (columnwise);
+      columnwise_scale_part = columnwise_scale_inv == scale_inv
+                              ? scale_part
+                              : append_entry (self, NULL, columnwise_scale_inv, FALSE);
+    }
+
+  saved = &g_array_index (self->tensors, SavedTensor, index);
+  saved->quantized = TRUE;
+  saved->recipe = gmlp_grouped_tensor_get_scaling_recipe (tensor);
+  saved->quantize_flags = gmlp_grouped_tensor_get_quantize_flags (tensor);
+  saved->scale_inv_part = scale_part;
+  saved->columnwise_part = columnwise_part;
+  saved->columnwise_scale_inv_part = columnwise_scale_part;
+}
+
+void
+gmlp_saved_activations_add_resident (GmlpSavedActivations *self,
+                                     const char           *name,
+                                     GmlpGroupedTensor    *tensor)
+{
+  append_entry (self, name, tensor, TRUE);
 }
 
 void
@@ -218,8 +291,12 @@ find (GmlpSavedActivations *self,
   guint i;
 
   for (i = 0; i < self->tensors->len; i++)
-    if (g_str_equal (g_array_index (self->tensors, SavedTensor, i).name, name))
-      return &g_array_index (self->tensors, SavedTensor, i);
+    {
+      const char *entry = g_array_index (self->tensors, SavedTensor, i).name;
+
+      if (entry != NULL && g_str_equal (entry, name))
+        return &g_array_index (self->tensors, SavedTensor, i);
+    }
   return NULL;
 }
 
@@ -255,6 +332,8 @@ gmlp_saved_activations_apply_offload (GmlpSavedActivations  *self,
 
       g_assert (saved->tensor != NULL);
       g_assert (gmlp_grouped_tensor_get_device (saved->tensor) == device);
+      if (saved->resident)
+        continue;
 
       gmlp_grouped_tensor_get_layout (saved->tensor, &saved->layout);
       saved->host = gmlp_offload_context_take_host (context, saved->layout.nbytes,
@@ -387,30 +466,84 @@ gmlp_saved_activations_get_context (GmlpSavedActivations *self)
   return self->context;
 }
 
+/* Makes the compute stream wait for the reload of one entry (index -1:
+ * none). */
+static gboolean
+wait_for_reload (GmlpSavedActivations  *self,
+                 int                    index,
+                 GError               **error)
+{
+  SavedTensor *saved;
+
+  if (index < 0)
+    return TRUE;
+  saved = &g_array_index (self->tensors, SavedTensor, index);
+  if (saved->reload_done == NULL)
+    return TRUE;
+  /* The compute stream waits for this reload only. That wait would
+   * cross the boundary of a capture. */
+  if (!gmlp_device_check_not_capturing (gmlp_grouped_tensor_get_device (saved->tensor),
+                                        "Using activations reloaded from the host", error))
+    return FALSE;
+  if (!gmlp_event_wait_on_device (saved->reload_done,
+                                  gmlp_grouped_tensor_get_device (saved->tensor), error))
+    return FALSE;
+  g_clear_object (&saved->reload_done);
+  return TRUE;
+}
+
+static GmlpGroupedTensor *
+part_tensor (GmlpSavedActivations *self,
+             int                   index)
+{
+  return index >= 0 ? g_array_index (self->tensors, SavedTensor, index).tensor : NULL;
+}
+
 GmlpGroupedTensor *
 gmlp_saved_activations_get (GmlpSavedActivations  *self,
                             const char            *name,
                             GError               **error)
 {
   SavedTensor *saved = find (self, name);
+  int index;
 
   g_assert (saved != NULL);
+  index = (int) (saved - &g_array_index (self->tensors, SavedTensor, 0));
   drop_host_copies (self);
   if (saved->host != NULL && !gmlp_saved_activations_reload (self, FALSE, error))
     return NULL;
-  if (saved->reload_done != NULL)
+  if (!wait_for_reload (self, index, error))
+    return NULL;
+  saved = &g_array_index (self->tensors, SavedTensor, index);
+  if (!saved->quantized)
+    return saved->tensor;
+
+  if (!wait_for_reload (self, saved->scale_inv_part, error) ||
+      !wait_for_reload (self, saved->columnwise_part, error) ||
+      !wait_for_reload (self, saved->columnwise_scale_inv_part, error))
+    return NULL;
+  saved = &g_array_index (self->tensors, SavedTensor, index);
+  if (gmlp_grouped_tensor_get_scale_inv (saved->tensor) == NULL)
     {
-      /* The compute stream waits for this reload only. That wait would
-       * cross the boundary of a capture. */
-      if (!gmlp_device_check_not_capturing (gmlp_grouped_tensor_get_device (saved->tensor),
-                                            "Using activations reloaded from the host", error))
-        return NULL;
-      if (!gmlp_event_wait_on_device (saved->reload_done,
-                                      gmlp_grouped_tensor_get_device (saved->tensor), error))
-        return NULL;
-      g_clear_object (&saved->reload_done);
+      /* Reloaded as plain FP8 storage: the same quantized tensor again. */
+      GmlpGroupedTensor *columnwise = part_tensor (self, saved->columnwise_part);
+
+      if (columnwise != NULL)
+        gmlp_grouped_tensor_set_quantized (columnwise, saved->recipe, saved->quantize_flags,
+                                           part_tensor (self, saved->columnwise_scale_inv_part),
+                                           NULL, TRUE);
+      gmlp_grouped_tensor_set_quantized (saved->tensor, saved->recipe, saved->quantize_flags,
+                                         part_tensor (self, saved->scale_inv_part), columnwise,
+                                         FALSE);
     }
   return saved->tensor;
+}
+
+gboolean
+gmlp_saved_activations_contains (GmlpSavedActivations *self,
+                                 const char           *name)
+{
+  return find (self, name) != NULL;
 }
 
 gboolean

@@ -118,6 +118,49 @@ enum {
   GMLP_ACT_GEGLU = 4,
 };
 
+/* FP8 grouped products (gemm_fp8), for tensors quantized with per-tensor
+ * scales (GmlpScalingRecipe DELAYED or CURRENT: one FP32 scale inverse per
+ * group and operand). Every product is C_i = A_i · B_iᵀ with both operands
+ * "K-major" (row-major, the summed dimension contiguous), which is how the
+ * layer has them, the transposed ones being the quantizer's columnwise
+ * copies (member i of a columnwise copy is the transpose, cols × m_i):
+ *
+ *   FPROP  C_i (m_i × n)    = x_i (m_i × k) · W_i (n × k)ᵀ
+ *          a = x rowwise, b = W rowwise
+ *   DGRAD  C_i (m_i × k)    = dy_i (m_i × n) · Wᵀ_i (k × n)ᵀ
+ *          a = dy rowwise, b = W columnwise
+ *   WGRAD  C_i (n × k)    (+)= dyᵀ_i (n × m_i) · xᵀ_i (k × m_i)ᵀ
+ *          a = dy columnwise, b = x columnwise
+ *
+ * An FP8 value q of operand a in group i stands for q × *a_scale_inv[i]
+ * (the same for b). Sums are FP32, with the partial sums promoted to FP32
+ * (no reduced-precision "fast accumulation"), then scaled by both scale
+ * inverses and stored in c_dtype, or, for a WGRAD group whose accumulate
+ * entry is 1, added to C_i (c_dtype FLOAT32, main_grad). A WGRAD group with
+ * m_i = 0 gives C_i = 0, or leaves an accumulating C_i as it is; FPROP and
+ * DGRAD groups with no rows have nothing to write. Alignment rules are the
+ * backend's (CUDA: n and k multiples of 16; any m_i); what a backend cannot
+ * do is refused with UNSUPPORTED and the reason before anything is
+ * enqueued. */
+typedef struct {
+  GmlpGemmKind         kind;
+  guint                n_groups;
+  const gint64        *rows;          /* host: m_i of each group */
+  gint64               n;             /* out_features */
+  gint64               k;             /* in_features */
+  int                  a_dtype;       /* FLOAT8_E4M3 or FLOAT8_E5M2 */
+  int                  b_dtype;
+  int                  c_dtype;       /* FLOAT32, FLOAT16 or BFLOAT16 */
+  const void * const  *a;             /* host arrays of n_groups device pointers */
+  const void * const  *b;
+  const float * const *a_scale_inv;   /* per group: a device pointer to one FP32 */
+  const float * const *b_scale_inv;
+  void * const        *c;
+  /* WGRAD only: per group, 1 adds into C (C_i += A_i B_iᵀ), 0 overwrites;
+   * NULL overwrites every group. */
+  const guint8        *accumulate;
+} GmlpBackendGemmFp8;
+
 typedef struct {
   int          abi_version;
   const char  *name;
@@ -390,6 +433,12 @@ typedef struct {
                                             int                      fp8_dtype,
                                             int                      margin,
                                             GError                 **error);
+
+  /* FP8 grouped products with per-tensor scales (GmlpBackendGemmFp8
+   * above); one call enqueues every group. */
+  gboolean            (*gemm_fp8)          (GmlpBackendDevice          *device,
+                                            const GmlpBackendGemmFp8   *gemm,
+                                            GError                    **error);
 } GmlpBackend;
 
 const GmlpBackend *gmlp_backend_cpu_get  (void);

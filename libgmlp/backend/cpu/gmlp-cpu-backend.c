@@ -16,6 +16,7 @@
 
 #include "backend/gmlp-backend.h"
 #include "backend/cpu/gmlp-cpu-quantize.h"
+#include "backend/cpu/gmlp-cpu-gemm-fp8.h"
 #include "gmlp-error.h"
 #include "gmlp-numeric.h"
 
@@ -951,6 +952,7 @@ static const GmlpBackend cpu_backend = {
   .quantize = gmlp_cpu_quantize,
   .dequantize = gmlp_cpu_dequantize,
   .quantizer_update = gmlp_cpu_quantizer_update,
+  .gemm_fp8 = gmlp_cpu_gemm_fp8,
 };
 
 const GmlpBackend *

@@ -134,6 +134,7 @@ gmlp_cuda_close_device (GmlpBackendDevice *device)
     {
       /* Before the stream goes: the workspace is freed on it. */
       gmlp_cuda_cublas_fini (device);
+      gmlp_cuda_cublaslt_fini (device);
       /* The device-sizes kernels' scratch (cudaFree waits for them). */
       gmlp_cuda_device_workspace_fini (device);
       /* Copies still in flight write to host memory that the caller frees
@@ -267,6 +268,8 @@ gmlp_cuda_open_device (int      ordinal,
     }
 
   if (!gmlp_cuda_cublas_init (device, error))
+    goto fail;
+  if (!gmlp_cuda_cublaslt_init (device, error))
     goto fail;
 
   return device;
@@ -652,6 +655,7 @@ static const GmlpBackend gmlp_cuda_backend = {
   .quantize = gmlp_cuda_quantize,
   .dequantize = gmlp_cuda_dequantize,
   .quantizer_update = gmlp_cuda_quantizer_update,
+  .gemm_fp8 = gmlp_cuda_gemm_fp8,
 };
 
 /* The module's one exported symbol; see GmlpBackendGetFunc. */

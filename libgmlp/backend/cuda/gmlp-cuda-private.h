@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cublas_v2.h>
+#include <cublasLt.h>
 #include <cuda_runtime_api.h>
 
 #include "gmlp-error.h"
@@ -42,6 +43,10 @@ struct _GmlpBackendDevice
   /* Bound to stream, with cublas_workspace (from pool) as its workspace. */
   cublasHandle_t  cublas;
   void           *cublas_workspace;
+  /* FP8 products (gmlp-cuda-gemm-fp8.c): cuBLASLt, with its own workspace
+   * from pool, used in compute-stream order. */
+  cublasLtHandle_t cublaslt;
+  void           *cublaslt_workspace;
   char           *name;
 
   /* Graphs (gmlp-cuda-graph.c). capture_lock guards capture and kept, and
@@ -106,6 +111,14 @@ void      gmlp_cuda_cublas_fini     (GmlpBackendDevice  *device);
 gboolean  gmlp_cuda_gemm            (GmlpBackendDevice      *device,
                                      const GmlpBackendGemm  *gemm,
                                      GError                **error);
+
+/* gmlp-cuda-gemm-fp8.c: FP8 products on cuBLASLt (the gemm_fp8 entry). */
+gboolean  gmlp_cuda_cublaslt_init   (GmlpBackendDevice  *device,
+                                     GError            **error);
+void      gmlp_cuda_cublaslt_fini   (GmlpBackendDevice  *device);
+gboolean  gmlp_cuda_gemm_fp8        (GmlpBackendDevice          *device,
+                                     const GmlpBackendGemmFp8   *gemm,
+                                     GError                    **error);
 
 /* gmlp-cuda-bias.c */
 gboolean  gmlp_cuda_add_bias        (GmlpBackendDevice   *device,

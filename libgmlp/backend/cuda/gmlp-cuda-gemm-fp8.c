@@ -1,0 +1,777 @@
+/* gmlp-cuda-gemm-fp8.c: FP8 grouped products of the CUDA backend, on cuBLASLt
+ *
+ * One cublasLtMatmul per group, with per-tensor scales: the groups' scale
+ * inverses are the matmul's A and B scale pointers (device memory, read by
+ * the kernel, so nothing waits), the sums are FP32 with the partial sums
+ * promoted (CUBLASLT_MATMUL_DESC_FAST_ACCUM = 0), and the output is BF16,
+ * FP16 or FP32.
+ *
+ * cuBLASLt's FP8 kernels on Hopper and Ada take only the "TN" layout: both
+ * operands K-major, the summed dimension contiguous. The backend's
+ * operands are given that way (see GmlpBackendGemmFp8: the transposed ones
+ * are the quantizer's columnwise copies). With row-major C (R × C) = A (R ×
+ * D) · B (C × D)ᵀ, cuBLAS (column-major) computes Cᵀ (C × R, ld C) =
+ * op(A') op(B') with A' = our B stored D × C (ld D), transposed, and B' =
+ * our A stored D × R (ld D), as is: TN.
+ *
+ * Alignment: cuBLASLt wants FP8 pointers and leading dimensions on 16
+ * bytes, and the summed dimension a multiple of 16. For FPROP and DGRAD
+ * that is k and n (the layer's features), refused with the reason
+ * otherwise; for WGRAD it is m_i, any number of tokens, so a group whose
+ * m_i is not a multiple of 16 gets both operands copied (one 2D copy each)
+ * into zeroed scratch whose rows are padded to the next multiple of 16:
+ * zeros add nothing to the sums. Everything that can be checked, the
+ * cuBLASLt heuristics included, is checked before anything is enqueued.
+ *
+ * SPDX-License-Identifier: LGPL-2.1-or-later
+ */
+
+#include "config.h"
+
+#include <string.h>
+
+#include "gmlp-numeric.h"
+#include "gmlp-cuda-private.h"
+
+/* As for cuBLAS: enough for every kernel cuBLASLt picks on Hopper. */
+#define GMLP_CUDA_CUBLASLT_WORKSPACE ((gsize) 32 << 20)
+
+/* cuBLASLt's FP8 rule for pointers, leading dimensions and the summed
+ * dimension, in bytes (one FP8 element is one byte). */
+#define GMLP_CUDA_FP8_ALIGNMENT 16
+
+/* The padded scratch of WGRAD starts every operand on this boundary, as
+ * grouped tensors start their members. */
+#define GMLP_CUDA_FP8_SCRATCH_ALIGNMENT 256
+
+/* Heuristic results are kept per shape; past this many the cache starts
+ * over (a layer has a handful of shapes a step, but group sizes vary). */
+#define GMLP_CUDA_FP8_ALGO_CACHE_MAX 8192
+
+/* One group as cuBLASLt sees it (column-major, see the top). */
+typedef struct {
+  guint                   group;
+  int                     m, n, k;        /* cuBLAS: C' (m × n), summing over k (padded) */
+  int                     depth;          /* the real length of the sums */
+  const void             *a, *b;          /* cuBLAS's A' (our b) and B' (our a) */
+  const float            *a_scale;        /* of A' (our b) */
+  const float            *b_scale;        /* of B' (our a) */
+  void                   *c;
+  float                   beta;
+  /* WGRAD with depth not a multiple of 16: a and b are copied from these
+   * into scratch at these offsets, rows padded to k. */
+  gboolean                padded;
+  const void             *src_a, *src_b;
+  gsize                   scratch_a, scratch_b;
+  cublasLtMatrixLayout_t  layout_a, layout_b, layout_c;
+  cublasLtMatmulAlgo_t    algo;
+} GmlpCudaFp8Product;
+
+/* What the heuristics depend on. */
+typedef struct {
+  int      ordinal;
+  int      m, n, k;
+  int      a_type, b_type, c_type;
+  int      accumulate;
+  guint32  align_a, align_b, align_c;
+} GmlpCudaFp8AlgoKey;
+
+static GMutex algo_cache_lock;
+static GHashTable *algo_cache;   /* GmlpCudaFp8AlgoKey -> cublasLtMatmulAlgo_t */
+
+static guint
+algo_key_hash (gconstpointer p)
+{
+  const GmlpCudaFp8AlgoKey *key = p;
+  guint h = 5381;
+
+  h = h * 33 + (guint) key->ordinal;
+  h = h * 33 + (guint) key->m;
+  h = h * 33 + (guint) key->n;
+  h = h * 33 + (guint) key->k;
+  h = h * 33 + (guint) (key->a_type * 64 + key->b_type * 8 + key->c_type);
+  h = h * 33 + (guint) key->accumulate;
+  h = h * 33 + key->align_a * 7 + key->align_b * 3 + key->align_c;
+  return h;
+}
+
+static gboolean
+algo_key_equal (gconstpointer a,
+                gconstpointer b)
+{
+  const GmlpCudaFp8AlgoKey *x = a, *y = b;
+
+  return x->ordinal == y->ordinal && x->m == y->m && x->n == y->n && x->k == y->k &&
+         x->a_type == y->a_type && x->b_type == y->b_type && x->c_type == y->c_type &&
+         x->accumulate == y->accumulate && x->align_a == y->align_a &&
+         x->align_b == y->align_b && x->align_c == y->align_c;
+}
+
+static gboolean
+algo_cache_lookup (const GmlpCudaFp8AlgoKey *key,
+                   cublasLtMatmulAlgo_t     *algo)
+{
+  cublasLtMatmulAlgo_t *found = NULL;
+
+  g_mutex_lock (&algo_cache_lock);
+  if (algo_cache != NULL)
+    found = g_hash_table_lookup (algo_cache, key);
+  if (found != NULL)
+    *algo = *found;
+  g_mutex_unlock (&algo_cache_lock);
+  return found != NULL;
+}
+
+static void
+algo_cache_insert (const GmlpCudaFp8AlgoKey   *key,
+                   const cublasLtMatmulAlgo_t *algo)
+{
+  g_mutex_lock (&algo_cache_lock);
+  if (algo_cache == NULL || g_hash_table_size (algo_cache) >= GMLP_CUDA_FP8_ALGO_CACHE_MAX)
+    {
+      g_clear_pointer (&algo_cache, g_hash_table_unref);
+      algo_cache = g_hash_table_new_full (algo_key_hash, algo_key_equal, g_free, g_free);
+    }
+  g_hash_table_replace (algo_cache, g_memdup2 (key, sizeof *key), g_memdup2 (algo, sizeof *algo));
+  g_mutex_unlock (&algo_cache_lock);
+}
+
+static const char *
+kind_name (GmlpGemmKind kind)
+{
+  switch (kind)
+    {
+    case GMLP_GEMM_FPROP: return "FPROP";
+    case GMLP_GEMM_DGRAD: return "DGRAD";
+    case GMLP_GEMM_WGRAD: return "WGRAD";
+    default:              return "?";
+    }
+}
+
+static int
+cublas_error_code (cublasStatus_t status)
+{
+  switch (status)
+    {
+    case CUBLAS_STATUS_ALLOC_FAILED:
+      return GMLP_ERROR_OUT_OF_MEMORY;
+    case CUBLAS_STATUS_INVALID_VALUE:
+      return GMLP_ERROR_INVALID_ARGUMENT;
+    case CUBLAS_STATUS_NOT_SUPPORTED:
+    case CUBLAS_STATUS_ARCH_MISMATCH:
+      return GMLP_ERROR_UNSUPPORTED;
+    default:
+      return GMLP_ERROR_BACKEND;
+    }
+}
+
+G_GNUC_PRINTF (4, 5)
+static gboolean
+cublaslt_fail (GError         **error,
+               const char      *what,
+               cublasStatus_t   status,
+               const char      *detail_format,
+               ...)
+{
+  g_autofree char *detail = NULL;
+  va_list args;
+
+  /* A failed launch inside cuBLASLt may have left a runtime error behind. */
+  (void) cudaGetLastError ();
+
+  va_start (args, detail_format);
+  detail = g_strdup_vprintf (detail_format, args);
+  va_end (args);
+
+  g_set_error (error, GMLP_CUDA_ERROR, cublas_error_code (status),
+               "cuBLASLt: %s failed: %s (%s)", what, cublasGetStatusName (status), detail);
+  return FALSE;
+}
+
+gboolean
+gmlp_cuda_cublaslt_init (GmlpBackendDevice  *device,
+                         GError            **error)
+{
+  cublasStatus_t status;
+
+  status = cublasLtCreate (&device->cublaslt);
+  if (status != CUBLAS_STATUS_SUCCESS)
+    {
+      device->cublaslt = NULL;
+      return cublaslt_fail (error, "cublasLtCreate", status, "cuda:%d", device->ordinal);
+    }
+
+  /* cuBLASLt takes its workspace per call; one buffer from the pool serves
+   * every call, which all run on the compute stream, in order. */
+  device->cublaslt_workspace = gmlp_cuda_alloc (device, GMLP_CUDA_CUBLASLT_WORKSPACE, error);
+  return device->cublaslt_workspace != NULL;
+}
+
+/* Safe on a partly initialised device. The caller has made the device
+ * current and still has its stream. */
+void
+gmlp_cuda_cublaslt_fini (GmlpBackendDevice *device)
+{
+  if (device->cublaslt != NULL)
+    (void) cublasLtDestroy (device->cublaslt);
+  device->cublaslt = NULL;
+
+  /* Stream-ordered: after the products that may still use it. */
+  if (device->cublaslt_workspace != NULL && device->stream != NULL)
+    (void) cudaFreeAsync (device->cublaslt_workspace, device->stream);
+  device->cublaslt_workspace = NULL;
+}
+
+static gboolean
+fp8_type (int             dtype,
+          cudaDataType_t *type)
+{
+  switch (dtype)
+    {
+    case GMLP_NUM_FLOAT8_E4M3:
+      *type = CUDA_R_8F_E4M3;
+      return TRUE;
+    case GMLP_NUM_FLOAT8_E5M2:
+      *type = CUDA_R_8F_E5M2;
+      return TRUE;
+    default:
+      return FALSE;
+    }
+}
+
+static gboolean
+output_type (int             dtype,
+             cudaDataType_t *type)
+{
+  switch (dtype)
+    {
+    case GMLP_NUM_FLOAT32:
+      *type = CUDA_R_32F;
+      return TRUE;
+    case GMLP_NUM_FLOAT16:
+      *type = CUDA_R_16F;
+      return TRUE;
+    case GMLP_NUM_BFLOAT16:
+      *type = CUDA_R_16BF;
+      return TRUE;
+    default:
+      return FALSE;
+    }
+}
+
+/* The largest power of two up to 256 that divides the address. */
+static guint32
+pointer_alignment (const void *p)
+{
+  guintptr u = (guintptr) p;
+  guint32 align = 256;
+
+  while (align > 1 && u % align != 0)
+    align /= 2;
+  return align;
+}
+
+static gsize
+round_up (gsize n,
+          gsize to)
+{
+  return (n + to - 1) / to * to;
+}
+
+/* The summed extent of group i and the shape of its output, row-major. */
+static void
+group_sizes (const GmlpBackendGemmFp8 *gemm,
+             guint                     i,
+             gint64                   *rows,
+             gint64                   *cols,
+             gint64                   *depth)
+{
+  gint64 m = gemm->rows[i];
+
+  switch (gemm->kind)
+    {
+    case GMLP_GEMM_FPROP:
+      *rows = m, *cols = gemm->n, *depth = gemm->k;
+      break;
+    case GMLP_GEMM_DGRAD:
+      *rows = m, *cols = gemm->k, *depth = gemm->n;
+      break;
+    case GMLP_GEMM_WGRAD:
+    default:
+      *rows = gemm->n, *cols = gemm->k, *depth = m;
+      break;
+    }
+}
+
+static gboolean
+accumulates (const GmlpBackendGemmFp8 *gemm,
+             guint                     i)
+{
+  return gemm->kind == GMLP_GEMM_WGRAD && gemm->accumulate != NULL && gemm->accumulate[i];
+}
+
+/* What a call is, once checked. */
+typedef struct {
+  cudaDataType_t  a_type, b_type, c_type;   /* our a, b and C */
+  GArray         *products;                 /* GmlpCudaFp8Product */
+  GArray         *zeroed;                   /* guint: groups whose C_i = 0 */
+  gsize           scratch_bytes;
+} GmlpCudaFp8Plan;
+
+static void
+plan_clear (GmlpCudaFp8Plan *plan)
+{
+  if (plan->products != NULL)
+    {
+      for (guint j = 0; j < plan->products->len; j++)
+        {
+          GmlpCudaFp8Product *p = &g_array_index (plan->products, GmlpCudaFp8Product, j);
+
+          if (p->layout_a != NULL)
+            (void) cublasLtMatrixLayoutDestroy (p->layout_a);
+          if (p->layout_b != NULL)
+            (void) cublasLtMatrixLayoutDestroy (p->layout_b);
+          if (p->layout_c != NULL)
+            (void) cublasLtMatrixLayoutDestroy (p->layout_c);
+        }
+      g_clear_pointer (&plan->products, g_array_unref);
+    }
+  g_clear_pointer (&plan->zeroed, g_array_unref);
+}
+
+/* Checks the call and lists its products; enqueues nothing. */
+static gboolean
+fp8_validate (const GmlpBackendGemmFp8  *gemm,
+              GmlpCudaFp8Plan           *plan,
+              GError                   **error)
+{
+  const char *kind = kind_name (gemm->kind);
+  gsize c_size;
+
+  if (gemm->kind != GMLP_GEMM_FPROP && gemm->kind != GMLP_GEMM_DGRAD &&
+      gemm->kind != GMLP_GEMM_WGRAD)
+    {
+      g_set_error (error, GMLP_CUDA_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
+                   "CUDA: FP8 GEMM: no such kind of product (%d)", (int) gemm->kind);
+      return FALSE;
+    }
+  if (!fp8_type (gemm->a_dtype, &plan->a_type) || !fp8_type (gemm->b_dtype, &plan->b_type))
+    {
+      g_set_error (error, GMLP_CUDA_ERROR, GMLP_ERROR_UNSUPPORTED,
+                   "CUDA: FP8 GEMM %s takes FLOAT8_E4M3 or FLOAT8_E5M2 operands, not dtypes %d "
+                   "and %d", kind, gemm->a_dtype, gemm->b_dtype);
+      return FALSE;
+    }
+  if (gemm->a_dtype == GMLP_NUM_FLOAT8_E5M2 && gemm->b_dtype == GMLP_NUM_FLOAT8_E5M2)
+    {
+      g_set_error (error, GMLP_CUDA_ERROR, GMLP_ERROR_UNSUPPORTED,
+                   "CUDA: FP8 GEMM %s: cuBLASLt has no E5M2 × E5M2 product (use E4M3 for "
+                   "one operand: the E4M3 or HYBRID format)", kind);
+      return FALSE;
+    }
+  if (!output_type (gemm->c_dtype, &plan->c_type))
+    {
+      g_set_error (error, GMLP_CUDA_ERROR, GMLP_ERROR_UNSUPPORTED,
+                   "CUDA: FP8 GEMM %s writes FLOAT32, FLOAT16 or BFLOAT16, not dtype %d",
+                   kind, gemm->c_dtype);
+      return FALSE;
+    }
+  if (gemm->n < 0 || gemm->k < 0 || gemm->n > G_MAXINT || gemm->k > G_MAXINT)
+    {
+      g_set_error (error, GMLP_CUDA_ERROR, GMLP_ERROR_UNSUPPORTED,
+                   "CUDA: FP8 GEMM %s: sizes out of range (n=%" G_GINT64_FORMAT ", k=%"
+                   G_GINT64_FORMAT ")", kind, gemm->n, gemm->k);
+      return FALSE;
+    }
+  if (gemm->n_groups == 0)
+    return TRUE;
+  if (gemm->n % GMLP_CUDA_FP8_ALIGNMENT != 0 || gemm->k % GMLP_CUDA_FP8_ALIGNMENT != 0)
+    {
+      g_set_error (error, GMLP_CUDA_ERROR, GMLP_ERROR_UNSUPPORTED,
+                   "CUDA: FP8 GEMM %s: cuBLASLt's FP8 products need in_features and "
+                   "out_features that are multiples of %d (16-byte rows); got k=%" G_GINT64_FORMAT
+                   ", n=%" G_GINT64_FORMAT, kind, GMLP_CUDA_FP8_ALIGNMENT, gemm->k, gemm->n);
+      return FALSE;
+    }
+  if (gemm->rows == NULL || gemm->a == NULL || gemm->b == NULL || gemm->c == NULL ||
+      gemm->a_scale_inv == NULL || gemm->b_scale_inv == NULL)
+    {
+      g_set_error (error, GMLP_CUDA_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
+                   "CUDA: FP8 GEMM %s: missing group sizes, operands or scales", kind);
+      return FALSE;
+    }
+
+  c_size = gmlp_num_dtype_size (gemm->c_dtype);
+  plan->products = g_array_new (FALSE, TRUE, sizeof (GmlpCudaFp8Product));
+  plan->zeroed = g_array_new (FALSE, FALSE, sizeof (guint));
+
+  for (guint i = 0; i < gemm->n_groups; i++)
+    {
+      gint64 rows, cols, depth, padded_depth;
+      GmlpCudaFp8Product p = { 0, };
+
+      if (gemm->rows[i] < 0 || gemm->rows[i] > G_MAXINT - GMLP_CUDA_FP8_ALIGNMENT)
+        {
+          g_set_error (error, GMLP_CUDA_ERROR, GMLP_ERROR_UNSUPPORTED,
+                       "CUDA: FP8 GEMM %s: group %u has %" G_GINT64_FORMAT " rows", kind, i,
+                       gemm->rows[i]);
+          return FALSE;
+        }
+      group_sizes (gemm, i, &rows, &cols, &depth);
+      if (rows == 0 || cols == 0)
+        continue;
+      if (gemm->c[i] == NULL || (guintptr) gemm->c[i] % GMLP_CUDA_FP8_ALIGNMENT != 0)
+        {
+          g_set_error (error, GMLP_CUDA_ERROR, GMLP_ERROR_UNSUPPORTED,
+                       "CUDA: FP8 GEMM %s: the output of group %u is missing or not aligned "
+                       "to %d bytes", kind, i, GMLP_CUDA_FP8_ALIGNMENT);
+          return FALSE;
+        }
+      if (depth == 0)
+        {
+          /* An empty sum is zero; cuBLASLt is not asked for one. */
+          if (!accumulates (gemm, i))
+            g_array_append_val (plan->zeroed, i);
+          continue;
+        }
+      if (gemm->a[i] == NULL || gemm->b[i] == NULL ||
+          gemm->a_scale_inv[i] == NULL || gemm->b_scale_inv[i] == NULL)
+        {
+          g_set_error (error, GMLP_CUDA_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
+                       "CUDA: FP8 GEMM %s: group %u is missing an operand or a scale", kind, i);
+          return FALSE;
+        }
+      if ((guintptr) gemm->a_scale_inv[i] % sizeof (float) != 0 ||
+          (guintptr) gemm->b_scale_inv[i] % sizeof (float) != 0)
+        {
+          g_set_error (error, GMLP_CUDA_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
+                       "CUDA: FP8 GEMM %s: a scale of group %u is not aligned to 4 bytes", kind, i);
+          return FALSE;
+        }
+
+      padded_depth = (gint64) round_up ((gsize) depth, GMLP_CUDA_FP8_ALIGNMENT);
+      p.group = i;
+      p.m = (int) cols;
+      p.n = (int) rows;
+      p.k = (int) padded_depth;
+      p.depth = (int) depth;
+      p.a = gemm->b[i];
+      p.b = gemm->a[i];
+      p.a_scale = gemm->b_scale_inv[i];
+      p.b_scale = gemm->a_scale_inv[i];
+      p.c = gemm->c[i];
+      p.beta = accumulates (gemm, i) ? 1.0f : 0.0f;
+
+      if (padded_depth != depth ||
+          (guintptr) p.a % GMLP_CUDA_FP8_ALIGNMENT != 0 || (guintptr) p.b % GMLP_CUDA_FP8_ALIGNMENT != 0)
+        {
+          /* Only WGRAD sums over the tokens; FPROP and DGRAD sum over
+           * features, checked above, and their operands are members of
+           * grouped tensors, on 256-byte boundaries. */
+          if (gemm->kind != GMLP_GEMM_WGRAD)
+            {
+              g_set_error (error, GMLP_CUDA_ERROR, GMLP_ERROR_UNSUPPORTED,
+                           "CUDA: FP8 GEMM %s: an operand of group %u is not aligned to %d bytes",
+                           kind, i, GMLP_CUDA_FP8_ALIGNMENT);
+              return FALSE;
+            }
+          p.padded = TRUE;
+          p.src_a = p.a;
+          p.src_b = p.b;
+          p.scratch_a = plan->scratch_bytes;
+          plan->scratch_bytes += round_up ((gsize) p.m * (gsize) p.k, GMLP_CUDA_FP8_SCRATCH_ALIGNMENT);
+          p.scratch_b = plan->scratch_bytes;
+          plan->scratch_bytes += round_up ((gsize) p.n * (gsize) p.k, GMLP_CUDA_FP8_SCRATCH_ALIGNMENT);
+        }
+      if (((gsize) p.m * c_size) % GMLP_CUDA_FP8_ALIGNMENT != 0)
+        {
+          g_set_error (error, GMLP_CUDA_ERROR, GMLP_ERROR_UNSUPPORTED,
+                       "CUDA: FP8 GEMM %s: output rows of %d values are not a multiple of %d bytes",
+                       kind, p.m, GMLP_CUDA_FP8_ALIGNMENT);
+          return FALSE;
+        }
+      g_array_append_val (plan->products, p);
+    }
+  return TRUE;
+}
+
+/* Makes the layouts of every product and finds each its algorithm, from
+ * the cache or the heuristics. Enqueues nothing. The scale pointers of the
+ * first product stand in for all: the heuristics never read them. */
+static gboolean
+fp8_prepare (GmlpBackendDevice          *device,
+             const GmlpBackendGemmFp8   *gemm,
+             GmlpCudaFp8Plan            *plan,
+             cublasLtMatmulDesc_t        desc,
+             GError                    **error)
+{
+  cublasLtMatmulPreference_t pref = NULL;
+  const size_t workspace = GMLP_CUDA_CUBLASLT_WORKSPACE;
+  cublasStatus_t status;
+  gboolean ok = FALSE;
+
+  status = cublasLtMatmulPreferenceCreate (&pref);
+  if (status != CUBLAS_STATUS_SUCCESS)
+    return cublaslt_fail (error, "cublasLtMatmulPreferenceCreate", status, "FP8 %s",
+                          kind_name (gemm->kind));
+  status = cublasLtMatmulPreferenceSetAttribute (pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                 &workspace, sizeof workspace);
+  if (status != CUBLAS_STATUS_SUCCESS)
+    {
+      cublaslt_fail (error, "cublasLtMatmulPreferenceSetAttribute", status, "workspace");
+      goto out;
+    }
+
+  for (guint j = 0; j < plan->products->len; j++)
+    {
+      GmlpCudaFp8Product *p = &g_array_index (plan->products, GmlpCudaFp8Product, j);
+      GmlpCudaFp8AlgoKey key;
+      cublasLtMatmulHeuristicResult_t result;
+      int n_results = 0;
+
+      if ((status = cublasLtMatrixLayoutCreate (&p->layout_a, plan->b_type, p->k, p->m, p->k)) != CUBLAS_STATUS_SUCCESS ||
+          (status = cublasLtMatrixLayoutCreate (&p->layout_b, plan->a_type, p->k, p->n, p->k)) != CUBLAS_STATUS_SUCCESS ||
+          (status = cublasLtMatrixLayoutCreate (&p->layout_c, plan->c_type, p->m, p->n, p->m)) != CUBLAS_STATUS_SUCCESS)
+        {
+          cublaslt_fail (error, "cublasLtMatrixLayoutCreate", status, "FP8 %s group %u",
+                         kind_name (gemm->kind), p->group);
+          goto out;
+        }
+
+      memset (&key, 0, sizeof key);
+      key.ordinal = device->ordinal;
+      key.m = p->m;
+      key.n = p->n;
+      key.k = p->k;
+      key.a_type = (int) plan->b_type;
+      key.b_type = (int) plan->a_type;
+      key.c_type = (int) plan->c_type;
+      key.accumulate = p->beta != 0.0f;
+      /* The padded scratch is allocated on 256-byte boundaries. */
+      key.align_a = p->padded ? GMLP_CUDA_FP8_SCRATCH_ALIGNMENT : pointer_alignment (p->a);
+      key.align_b = p->padded ? GMLP_CUDA_FP8_SCRATCH_ALIGNMENT : pointer_alignment (p->b);
+      key.align_c = pointer_alignment (p->c);
+      if (algo_cache_lookup (&key, &p->algo))
+        continue;
+
+      if ((status = cublasLtMatmulPreferenceSetAttribute (pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                                                          &key.align_a, sizeof key.align_a)) != CUBLAS_STATUS_SUCCESS ||
+          (status = cublasLtMatmulPreferenceSetAttribute (pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                                                          &key.align_b, sizeof key.align_b)) != CUBLAS_STATUS_SUCCESS ||
+          (status = cublasLtMatmulPreferenceSetAttribute (pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                                                          &key.align_c, sizeof key.align_c)) != CUBLAS_STATUS_SUCCESS ||
+          (status = cublasLtMatmulPreferenceSetAttribute (pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+                                                          &key.align_c, sizeof key.align_c)) != CUBLAS_STATUS_SUCCESS)
+        {
+          cublaslt_fail (error, "cublasLtMatmulPreferenceSetAttribute", status, "alignment");
+          goto out;
+        }
+
+      status = cublasLtMatmulAlgoGetHeuristic (device->cublaslt, desc, p->layout_a, p->layout_b,
+                                               p->layout_c, p->layout_c, pref, 1, &result,
+                                               &n_results);
+      if (status != CUBLAS_STATUS_SUCCESS || n_results == 0)
+        {
+          g_set_error (error, GMLP_CUDA_ERROR, GMLP_ERROR_UNSUPPORTED,
+                       "CUDA: FP8 GEMM %s: cuBLASLt has no kernel for group %u (%d × %d × %d, "
+                       "FP8 types %d × %d into %d%s): %s", kind_name (gemm->kind), p->group,
+                       p->n, p->m, p->depth, gemm->a_dtype, gemm->b_dtype, gemm->c_dtype,
+                       p->beta != 0.0f ? ", accumulating" : "",
+                       status != CUBLAS_STATUS_SUCCESS ? cublasGetStatusName (status)
+                                                       : "no algorithm found");
+          (void) cudaGetLastError ();
+          goto out;
+        }
+      p->algo = result.algo;
+      algo_cache_insert (&key, &p->algo);
+    }
+  ok = TRUE;
+
+out:
+  (void) cublasLtMatmulPreferenceDestroy (pref);
+  return ok;
+}
+
+/* FP8 tensor cores: compute capability 8.9 (Ada) and 9.0 (Hopper) on. */
+static gboolean
+fp8_check_device (GmlpBackendDevice  *device,
+                  GError            **error)
+{
+  int major = 0, minor = 0;
+  cudaError_t err;
+
+  err = cudaDeviceGetAttribute (&major, cudaDevAttrComputeCapabilityMajor, device->ordinal);
+  if (err == cudaSuccess)
+    err = cudaDeviceGetAttribute (&minor, cudaDevAttrComputeCapabilityMinor, device->ordinal);
+  if (err != cudaSuccess)
+    return gmlp_cuda_fail (error, "cudaDeviceGetAttribute", err);
+  if (major * 10 + minor < 89)
+    {
+      g_set_error (error, GMLP_CUDA_ERROR, GMLP_ERROR_UNSUPPORTED,
+                   "CUDA: FP8 GEMM: %s (cuda:%d, compute capability %d.%d) has no FP8 tensor "
+                   "cores (8.9 or later needed); use the blockwise or MXFP8 recipe, which "
+                   "multiply dequantized values", device->name, device->ordinal, major, minor);
+      return FALSE;
+    }
+  return TRUE;
+}
+
+static gboolean
+fp8_set_desc (cublasLtMatmulDesc_t       desc,
+              cublasLtMatmulDescAttributes_t attr,
+              const void                *value,
+              size_t                     size,
+              GError                   **error)
+{
+  cublasStatus_t status = cublasLtMatmulDescSetAttribute (desc, attr, value, size);
+
+  if (status != CUBLAS_STATUS_SUCCESS)
+    return cublaslt_fail (error, "cublasLtMatmulDescSetAttribute", status, "attribute %d", (int) attr);
+  return TRUE;
+}
+
+/* Copies the operands of the padded WGRAD groups into zeroed scratch. */
+static gboolean
+fp8_pad_operands (GmlpBackendDevice  *device,
+                  GmlpCudaFp8Plan    *plan,
+                  guint8             *scratch,
+                  GError            **error)
+{
+  cudaError_t err;
+
+  err = cudaMemsetAsync (scratch, 0, plan->scratch_bytes, device->stream);
+  if (err != cudaSuccess)
+    return gmlp_cuda_fail (error, "cudaMemsetAsync", err);
+
+  for (guint j = 0; j < plan->products->len; j++)
+    {
+      GmlpCudaFp8Product *p = &g_array_index (plan->products, GmlpCudaFp8Product, j);
+
+      if (!p->padded)
+        continue;
+      /* A' is m rows (of the transposed weight gradient's columns) of depth
+       * bytes, B' n rows; each row padded to k. */
+      err = cudaMemcpy2DAsync (scratch + p->scratch_a, (size_t) p->k, p->src_a, (size_t) p->depth,
+                               (size_t) p->depth, (size_t) p->m, cudaMemcpyDeviceToDevice,
+                               device->stream);
+      if (err == cudaSuccess)
+        err = cudaMemcpy2DAsync (scratch + p->scratch_b, (size_t) p->k, p->src_b, (size_t) p->depth,
+                                 (size_t) p->depth, (size_t) p->n, cudaMemcpyDeviceToDevice,
+                                 device->stream);
+      if (err != cudaSuccess)
+        return gmlp_cuda_fail (error, "cudaMemcpy2DAsync", err);
+      p->a = scratch + p->scratch_a;
+      p->b = scratch + p->scratch_b;
+    }
+  return TRUE;
+}
+
+gboolean
+gmlp_cuda_gemm_fp8 (GmlpBackendDevice          *device,
+                    const GmlpBackendGemmFp8   *gemm,
+                    GError                    **error)
+{
+  GmlpCudaFp8Plan plan = { 0, };
+  cublasLtMatmulDesc_t desc = NULL;
+  const cublasOperation_t transa = CUBLAS_OP_T, transb = CUBLAS_OP_N;
+  const int8_t fast_accum = 0;
+  const float alpha = 1.0f;
+  gpointer scratch = NULL;
+  cublasStatus_t status;
+  gsize c_size;
+  gboolean ok = FALSE;
+
+  if (!fp8_validate (gemm, &plan, error))
+    goto out;
+  if (plan.products == NULL || (plan.products->len == 0 && plan.zeroed->len == 0))
+    {
+      ok = TRUE;
+      goto out;
+    }
+  if (!gmlp_cuda_activate (device, error))
+    goto out;
+
+  c_size = gmlp_num_dtype_size (gemm->c_dtype);
+  if (plan.products->len > 0)
+    {
+      const GmlpCudaFp8Product *first = &g_array_index (plan.products, GmlpCudaFp8Product, 0);
+
+      if (!fp8_check_device (device, error))
+        goto out;
+      status = cublasLtMatmulDescCreate (&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+      if (status != CUBLAS_STATUS_SUCCESS)
+        {
+          desc = NULL;
+          cublaslt_fail (error, "cublasLtMatmulDescCreate", status, "FP8 %s", kind_name (gemm->kind));
+          goto out;
+        }
+      /* TN, FP32 sums promoted out of the tensor cores' accumulators. */
+      if (!fp8_set_desc (desc, CUBLASLT_MATMUL_DESC_TRANSA, &transa, sizeof transa, error) ||
+          !fp8_set_desc (desc, CUBLASLT_MATMUL_DESC_TRANSB, &transb, sizeof transb, error) ||
+          !fp8_set_desc (desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast_accum, sizeof fast_accum, error) ||
+          !fp8_set_desc (desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &first->a_scale,
+                         sizeof first->a_scale, error) ||
+          !fp8_set_desc (desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &first->b_scale,
+                         sizeof first->b_scale, error))
+        goto out;
+      if (!fp8_prepare (device, gemm, &plan, desc, error))
+        goto out;
+    }
+
+  /* Checked: from here on, work is enqueued. */
+  if (plan.scratch_bytes > 0)
+    {
+      scratch = gmlp_cuda_alloc (device, plan.scratch_bytes, error);
+      if (scratch == NULL || !fp8_pad_operands (device, &plan, scratch, error))
+        goto out;
+    }
+
+  for (guint j = 0; j < plan.zeroed->len; j++)
+    {
+      guint i = g_array_index (plan.zeroed, guint, j);
+      gint64 rows, cols, depth;
+      cudaError_t err;
+
+      group_sizes (gemm, i, &rows, &cols, &depth);
+      err = cudaMemsetAsync (gemm->c[i], 0, (gsize) rows * (gsize) cols * c_size, device->stream);
+      if (err != cudaSuccess)
+        {
+          gmlp_cuda_fail (error, "cudaMemsetAsync", err);
+          goto out;
+        }
+    }
+
+  for (guint j = 0; j < plan.products->len; j++)
+    {
+      const GmlpCudaFp8Product *p = &g_array_index (plan.products, GmlpCudaFp8Product, j);
+
+      /* The pointers are read now, on the host: one descriptor serves all
+       * groups. */
+      if (!fp8_set_desc (desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &p->a_scale,
+                         sizeof p->a_scale, error) ||
+          !fp8_set_desc (desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &p->b_scale,
+                         sizeof p->b_scale, error))
+        goto out;
+      status = cublasLtMatmul (device->cublaslt, desc, &alpha, p->a, p->layout_a, p->b, p->layout_b,
+                               &p->beta, p->c, p->layout_c, p->c, p->layout_c, &p->algo,
+                               device->cublaslt_workspace, GMLP_CUDA_CUBLASLT_WORKSPACE,
+                               device->stream);
+      if (status != CUBLAS_STATUS_SUCCESS)
+        {
+          cublaslt_fail (error, "cublasLtMatmul", status, "FP8 %s group %u, m=%" G_GINT64_FORMAT
+                         ", n=%" G_GINT64_FORMAT ", k=%" G_GINT64_FORMAT, kind_name (gemm->kind),
+                         p->group, gemm->rows[p->group], gemm->n, gemm->k);
+          goto out;
+        }
+    }
+  ok = TRUE;
+
+out:
+  /* Stream-ordered: the products enqueued above still read it. */
+  if (scratch != NULL)
+    gmlp_cuda_free (device, scratch);
+  if (desc != NULL)
+    (void) cublasLtMatmulDescDestroy (desc);
+  plan_clear (&plan);
+  return ok;
+}
