@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "gmlp-test-util.h"
+#include "gmlp-grouped-tensor-private.h"
 
 GmlpDevice *
 gmlp_test_device_or_skip (void)
@@ -275,4 +276,50 @@ gmlp_test_assert_close (const double *got,
     }
   if (!(sqrt (diff) <= tol * sqrt (norm)))
     g_error ("%s: relative error %.3g > tolerance %.3g", what, sqrt (diff / norm), tol);
+}
+
+/* A tensor with device sizes @sizes and @capacity rows holding the
+ * members of @host (whose rows are the fitting rows: the member offsets
+ * then agree wherever there are rows). Poisoned past @host's bytes. */
+GmlpGroupedTensor *
+gmlp_test_device_sized_copy (GmlpGroupedTensor *host, GmlpGroupedTensor *sizes, gint64 capacity)
+{
+  GmlpDevice *device = gmlp_grouped_tensor_get_device (host);
+  g_autoptr(GError) error = NULL;
+  GmlpGroupedTensor *t;
+
+  t = gmlp_grouped_tensor_new_with_device_sizes (device, gmlp_grouped_tensor_get_dtype (host), sizes,
+                                                 capacity, gmlp_grouped_tensor_get_cols (host), &error);
+  g_assert_no_error (error);
+  g_assert_false (gmlp_grouped_tensor_has_host_sizes (t));
+  g_assert_cmpuint (gmlp_grouped_tensor_get_nbytes (host), <=, gmlp_grouped_tensor_get_nbytes (t));
+  g_assert_true (GMLP_DEVICE_CALL (device, copy, gmlp_grouped_tensor_get_data (t),
+                                   gmlp_grouped_tensor_get_data (host),
+                                   gmlp_grouped_tensor_get_nbytes (host), &error));
+  g_assert_no_error (error);
+  return t;
+}
+
+/* A host-sizes view of @t's storage whose members have @rows rows (the
+ * fitting rows), to read results where the kernels put them. */
+GmlpGroupedTensor *
+gmlp_test_host_view (GmlpGroupedTensor *t, const gint64 *rows)
+{
+  guint n = gmlp_grouped_tensor_get_n_groups (t);
+  GmlpTensorLayout layout;
+  GmlpGroupedTensor *view;
+  gint64 total = 0;
+  guint g;
+
+  for (g = 0; g < n; g++)
+    total += rows[g];
+  gmlp_grouped_tensor_get_layout (t, &layout);
+  g_clear_object (&layout.sizes);
+  layout.rows = g_memdup2 (rows, n * sizeof (gint64));
+  layout.row_capacity = total;
+  layout.nbytes = gmlp_grouped_tensor_layout_bytes (n, rows, total,
+                                                    layout.cols * gmlp_dtype_get_size (layout.dtype));
+  view = gmlp_grouped_tensor_new_with_buffer (&layout, gmlp_grouped_tensor_get_buffer (t));
+  gmlp_tensor_layout_clear (&layout);
+  return view;
 }

@@ -72,4 +72,15 @@ void               gmlp_test_assert_close      (const double   *got,
                                                 double          tol,
                                                 const char     *what);
 
+/* A tensor with the group sizes of @sizes (device-only) and row capacity
+ * @capacity holding a byte copy of @host's members (whose rows are the
+ * rows that fit, so the member offsets agree wherever there are rows). */
+GmlpGroupedTensor *gmlp_test_device_sized_copy (GmlpGroupedTensor *host,
+                                                GmlpGroupedTensor *sizes,
+                                                gint64             capacity);
+/* A host-sizes view of @t's storage whose members have @rows rows, to read
+ * results where the kernels put them. */
+GmlpGroupedTensor *gmlp_test_host_view         (GmlpGroupedTensor *t,
+                                                const gint64      *rows);
+
 G_END_DECLS

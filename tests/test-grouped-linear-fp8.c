@@ -911,7 +911,6 @@ device_sized_copy (GmlpGroupedTensor *host, const gint64 *rows, guint n)
   g_autoptr(GBytes) size_bytes = g_bytes_new (rows, n * sizeof (gint64));
   g_autoptr(GmlpGroupedTensor) sizes = NULL;
   g_autoptr(GError) error = NULL;
-  GmlpGroupedTensor *t;
   gint64 len = n, capacity = 0;
   guint g;
 
@@ -919,38 +918,7 @@ device_sized_copy (GmlpGroupedTensor *host, const gint64 *rows, guint n)
     capacity += rows[g];
   sizes = gmlp_grouped_tensor_new_from_bytes (device, GMLP_DTYPE_INT64, &len, 1, 1, size_bytes, &error);
   g_assert_no_error (error);
-  t = gmlp_grouped_tensor_new_with_device_sizes (device, gmlp_grouped_tensor_get_dtype (host), sizes,
-                                                 capacity, gmlp_grouped_tensor_get_cols (host), &error);
-  g_assert_no_error (error);
-  g_assert_cmpuint (gmlp_grouped_tensor_get_nbytes (host), <=, gmlp_grouped_tensor_get_nbytes (t));
-  g_assert_true (GMLP_DEVICE_CALL (device, copy, gmlp_grouped_tensor_get_data (t),
-                                   gmlp_grouped_tensor_get_data (host),
-                                   gmlp_grouped_tensor_get_nbytes (host), &error));
-  g_assert_no_error (error);
-  return t;
-}
-
-/* A host-sizes view of a device-sized result, to read it. */
-static GmlpGroupedTensor *
-host_view (GmlpGroupedTensor *t, const gint64 *rows)
-{
-  guint n = gmlp_grouped_tensor_get_n_groups (t);
-  GmlpTensorLayout layout;
-  GmlpGroupedTensor *view;
-  gint64 total = 0;
-  guint g;
-
-  for (g = 0; g < n; g++)
-    total += rows[g];
-  gmlp_grouped_tensor_get_layout (t, &layout);
-  g_clear_object (&layout.sizes);
-  layout.rows = g_memdup2 (rows, n * sizeof (gint64));
-  layout.row_capacity = total;
-  layout.nbytes = gmlp_grouped_tensor_layout_bytes (n, rows, total,
-                                                    layout.cols * gmlp_dtype_get_size (layout.dtype));
-  view = gmlp_grouped_tensor_new_with_buffer (&layout, gmlp_grouped_tensor_get_buffer (t));
-  gmlp_tensor_layout_clear (&layout);
-  return view;
+  return gmlp_test_device_sized_copy (host, sizes, capacity);
 }
 
 static void
@@ -995,8 +963,8 @@ test_device_sizes (void)
       g_assert_no_error (error);
       g_assert_false (gmlp_grouped_tensor_has_host_sizes (dx));
 
-      yv = host_view (y, rows);
-      dxv = host_view (dx, rows);
+      yv = gmlp_test_host_view (y, rows);
+      dxv = gmlp_test_host_view (dx, rows);
       got_y = gmlp_test_download (yv, &n);
       got_dx = gmlp_test_download (dxv, &n);
       got_dw = gmlp_test_download (gmlp_grouped_linear_get_wgrad (layer), &n);

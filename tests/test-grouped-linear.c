@@ -271,52 +271,6 @@ fitting_rows (const gint64 *sizes, guint n, gint64 capacity, const gint64 *row_b
   return fit;
 }
 
-/* A tensor with device sizes @sizes and @capacity rows holding the
- * members of @host (whose rows are the fitting rows: the member offsets
- * then agree wherever there are rows). Poisoned past @host's bytes. */
-static GmlpGroupedTensor *
-device_sized_copy (GmlpGroupedTensor *host, GmlpGroupedTensor *sizes, gint64 capacity)
-{
-  GmlpDevice *device = gmlp_grouped_tensor_get_device (host);
-  g_autoptr(GError) error = NULL;
-  GmlpGroupedTensor *t;
-
-  t = gmlp_grouped_tensor_new_with_device_sizes (device, gmlp_grouped_tensor_get_dtype (host), sizes,
-                                                 capacity, gmlp_grouped_tensor_get_cols (host), &error);
-  g_assert_no_error (error);
-  g_assert_false (gmlp_grouped_tensor_has_host_sizes (t));
-  g_assert_cmpuint (gmlp_grouped_tensor_get_nbytes (host), <=, gmlp_grouped_tensor_get_nbytes (t));
-  g_assert_true (GMLP_DEVICE_CALL (device, copy, gmlp_grouped_tensor_get_data (t),
-                                   gmlp_grouped_tensor_get_data (host),
-                                   gmlp_grouped_tensor_get_nbytes (host), &error));
-  g_assert_no_error (error);
-  return t;
-}
-
-/* A host-sizes view of @t's storage whose members have @rows rows (the
- * fitting rows), to read results where the kernels put them. */
-static GmlpGroupedTensor *
-host_view (GmlpGroupedTensor *t, const gint64 *rows)
-{
-  guint n = gmlp_grouped_tensor_get_n_groups (t);
-  GmlpTensorLayout layout;
-  GmlpGroupedTensor *view;
-  gint64 total = 0;
-  guint g;
-
-  for (g = 0; g < n; g++)
-    total += rows[g];
-  gmlp_grouped_tensor_get_layout (t, &layout);
-  g_clear_object (&layout.sizes);
-  layout.rows = g_memdup2 (rows, n * sizeof (gint64));
-  layout.row_capacity = total;
-  layout.nbytes = gmlp_grouped_tensor_layout_bytes (n, rows, total,
-                                                    layout.cols * gmlp_dtype_get_size (layout.dtype));
-  view = gmlp_grouped_tensor_new_with_buffer (&layout, gmlp_grouped_tensor_get_buffer (t));
-  gmlp_tensor_layout_clear (&layout);
-  return view;
-}
-
 /* Outside the first rows[g] rows of each member (laid out by @sizes), every
  * byte of @t still holds the poison of fresh memory (GMLP_POISON: 0xff): the
  * kernels wrote nothing else. */
@@ -368,8 +322,8 @@ move_sizes_to_device (GmlpGroupedTensor **x, GmlpGroupedTensor **dy, const gint6
 
   for (g = 0; g < n; g++)
     capacity += rows[g];
-  x_dev = device_sized_copy (*x, x_sizes, capacity);
-  dy_dev = device_sized_copy (*dy, dy_sizes, capacity);
+  x_dev = gmlp_test_device_sized_copy (*x, x_sizes, capacity);
+  dy_dev = gmlp_test_device_sized_copy (*dy, dy_sizes, capacity);
   g_object_unref (*x);
   g_object_unref (*dy);
   *x = x_dev;
@@ -1098,7 +1052,7 @@ run_device_sizes (GmlpGroupedLinear *layer, const gint64 *sizes, gint64 capacity
   /* The output gradient's sizes: the same values, in the same tensor or
    * in one of its own. */
   dy_sizes = g_test_rand_bit () ? g_object_ref (x_sizes) : sizes_tensor (device, sizes, n);
-  x = device_sized_copy (x_host, x_sizes, capacity);
+  x = gmlp_test_device_sized_copy (x_host, x_sizes, capacity);
 
   /* dy: the problem's rows of each group, then those only the bias
    * gradient sees. */
@@ -1128,7 +1082,7 @@ run_device_sizes (GmlpGroupedLinear *layer, const gint64 *sizes, gint64 capacity
     dy_full = gmlp_grouped_tensor_new_from_bytes (device, dtype, dy_rows, n, o, bytes, &error);
     g_assert_no_error (error);
   }
-  dy = device_sized_copy (dy_full, dy_sizes, capacity);
+  dy = gmlp_test_device_sized_copy (dy_full, dy_sizes, capacity);
 
   y = gmlp_grouped_linear_forward (layer, x, &saved, &error);
   g_assert_no_error (error);
@@ -1136,7 +1090,7 @@ run_device_sizes (GmlpGroupedLinear *layer, const gint64 *sizes, gint64 capacity
   g_assert_true (gmlp_grouped_tensor_get_sizes (y, NULL) == x_sizes);
   g_assert_cmpint (gmlp_grouped_tensor_get_row_capacity (y), ==, capacity);
   g_assert_cmpint (gmlp_grouped_tensor_get_cols (y), ==, o);
-  y_view = host_view (y, rows);
+  y_view = gmlp_test_host_view (y, rows);
   check_output (y_view, p->y, p, o, "fprop (device sizes)");
   assert_only_rows_written (y, sizes, rows);
 
@@ -1146,7 +1100,7 @@ run_device_sizes (GmlpGroupedLinear *layer, const gint64 *sizes, gint64 capacity
   g_assert_false (gmlp_grouped_tensor_has_host_sizes (dx));
   g_assert_true (gmlp_grouped_tensor_get_sizes (dx, NULL) == x_sizes);
   g_assert_cmpint (gmlp_grouped_tensor_get_row_capacity (dx), ==, capacity);
-  dx_view = host_view (dx, rows);
+  dx_view = gmlp_test_host_view (dx, rows);
   check_output (dx_view, p->dx, p, k, "dgrad (device sizes)");
   assert_only_rows_written (dx, sizes, rows);
   check_per_group (gmlp_grouped_linear_get_wgrad (layer), p->dw, p, o * k, tol, "wgrad (device sizes)");
@@ -1423,9 +1377,9 @@ test_device_sizes_bad_input (void)
   p = problem_new (layer, rows, &x, &dy);
   sizes = sizes_tensor (device, rows, 4);
   sizes3 = sizes_tensor (device, rows, 3);
-  x_dev = device_sized_copy (x, sizes, 12);
-  dy_dev = device_sized_copy (dy, sizes, 12);
-  dy_cap = device_sized_copy (dy, sizes, 13);
+  x_dev = gmlp_test_device_sized_copy (x, sizes, 12);
+  dy_dev = gmlp_test_device_sized_copy (dy, sizes, 12);
+  dy_cap = gmlp_test_device_sized_copy (dy, sizes, 13);
   x3 = gmlp_grouped_tensor_new_with_device_sizes (device, GMLP_DTYPE_FLOAT32, sizes3, 12, 16, &error);
   g_assert_no_error (error);
   dy_wide = gmlp_grouped_tensor_new_with_device_sizes (device, GMLP_DTYPE_FLOAT32, sizes, 12, 9, &error);

@@ -148,46 +148,6 @@ kind_name (GmlpGemmKind kind)
     }
 }
 
-static int
-cublas_error_code (cublasStatus_t status)
-{
-  switch (status)
-    {
-    case CUBLAS_STATUS_ALLOC_FAILED:
-      return GMLP_ERROR_OUT_OF_MEMORY;
-    case CUBLAS_STATUS_INVALID_VALUE:
-      return GMLP_ERROR_INVALID_ARGUMENT;
-    case CUBLAS_STATUS_NOT_SUPPORTED:
-    case CUBLAS_STATUS_ARCH_MISMATCH:
-      return GMLP_ERROR_UNSUPPORTED;
-    default:
-      return GMLP_ERROR_BACKEND;
-    }
-}
-
-G_GNUC_PRINTF (4, 5)
-static gboolean
-cublaslt_fail (GError         **error,
-               const char      *what,
-               cublasStatus_t   status,
-               const char      *detail_format,
-               ...)
-{
-  g_autofree char *detail = NULL;
-  va_list args;
-
-  /* A failed launch inside cuBLASLt may have left a runtime error behind. */
-  (void) cudaGetLastError ();
-
-  va_start (args, detail_format);
-  detail = g_strdup_vprintf (detail_format, args);
-  va_end (args);
-
-  g_set_error (error, GMLP_CUDA_ERROR, cublas_error_code (status),
-               "cuBLASLt: %s failed: %s (%s)", what, cublasGetStatusName (status), detail);
-  return FALSE;
-}
-
 gboolean
 gmlp_cuda_cublaslt_init (GmlpBackendDevice  *device,
                          GError            **error)
@@ -198,7 +158,7 @@ gmlp_cuda_cublaslt_init (GmlpBackendDevice  *device,
   if (status != CUBLAS_STATUS_SUCCESS)
     {
       device->cublaslt = NULL;
-      return cublaslt_fail (error, "cublasLtCreate", status, "cuda:%d", device->ordinal);
+      return gmlp_cuda_blas_fail (error, "cuBLASLt", "cublasLtCreate", status, "cuda:%d", device->ordinal);
     }
 
   /* cuBLASLt takes its workspace per call; one buffer from the pool serves
@@ -512,13 +472,13 @@ fp8_prepare (GmlpBackendDevice          *device,
 
   status = cublasLtMatmulPreferenceCreate (&pref);
   if (status != CUBLAS_STATUS_SUCCESS)
-    return cublaslt_fail (error, "cublasLtMatmulPreferenceCreate", status, "FP8 %s",
+    return gmlp_cuda_blas_fail (error, "cuBLASLt", "cublasLtMatmulPreferenceCreate", status, "FP8 %s",
                           kind_name (gemm->kind));
   status = cublasLtMatmulPreferenceSetAttribute (pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                  &workspace, sizeof workspace);
   if (status != CUBLAS_STATUS_SUCCESS)
     {
-      cublaslt_fail (error, "cublasLtMatmulPreferenceSetAttribute", status, "workspace");
+      gmlp_cuda_blas_fail (error, "cuBLASLt", "cublasLtMatmulPreferenceSetAttribute", status, "workspace");
       goto out;
     }
 
@@ -533,7 +493,7 @@ fp8_prepare (GmlpBackendDevice          *device,
           (status = cublasLtMatrixLayoutCreate (&p->layout_b, plan->a_type, p->k, p->n, p->k)) != CUBLAS_STATUS_SUCCESS ||
           (status = cublasLtMatrixLayoutCreate (&p->layout_c, plan->c_type, p->m, p->n, p->m)) != CUBLAS_STATUS_SUCCESS)
         {
-          cublaslt_fail (error, "cublasLtMatrixLayoutCreate", status, "FP8 %s group %u",
+          gmlp_cuda_blas_fail (error, "cuBLASLt", "cublasLtMatrixLayoutCreate", status, "FP8 %s group %u",
                          kind_name (gemm->kind), p->group);
           goto out;
         }
@@ -563,7 +523,7 @@ fp8_prepare (GmlpBackendDevice          *device,
           (status = cublasLtMatmulPreferenceSetAttribute (pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
                                                           &key.align_c, sizeof key.align_c)) != CUBLAS_STATUS_SUCCESS)
         {
-          cublaslt_fail (error, "cublasLtMatmulPreferenceSetAttribute", status, "alignment");
+          gmlp_cuda_blas_fail (error, "cuBLASLt", "cublasLtMatmulPreferenceSetAttribute", status, "alignment");
           goto out;
         }
 
@@ -626,7 +586,7 @@ fp8_set_desc (cublasLtMatmulDesc_t       desc,
   cublasStatus_t status = cublasLtMatmulDescSetAttribute (desc, attr, value, size);
 
   if (status != CUBLAS_STATUS_SUCCESS)
-    return cublaslt_fail (error, "cublasLtMatmulDescSetAttribute", status, "attribute %d", (int) attr);
+    return gmlp_cuda_blas_fail (error, "cuBLASLt", "cublasLtMatmulDescSetAttribute", status, "attribute %d", (int) attr);
   return TRUE;
 }
 
@@ -702,7 +662,7 @@ gmlp_cuda_gemm_fp8 (GmlpBackendDevice          *device,
       if (status != CUBLAS_STATUS_SUCCESS)
         {
           desc = NULL;
-          cublaslt_fail (error, "cublasLtMatmulDescCreate", status, "FP8 %s", kind_name (gemm->kind));
+          gmlp_cuda_blas_fail (error, "cuBLASLt", "cublasLtMatmulDescCreate", status, "FP8 %s", kind_name (gemm->kind));
           goto out;
         }
       /* TN, FP32 sums promoted out of the tensor cores' accumulators. */
@@ -758,7 +718,7 @@ gmlp_cuda_gemm_fp8 (GmlpBackendDevice          *device,
                                device->stream);
       if (status != CUBLAS_STATUS_SUCCESS)
         {
-          cublaslt_fail (error, "cublasLtMatmul", status, "FP8 %s group %u, m=%" G_GINT64_FORMAT
+          gmlp_cuda_blas_fail (error, "cuBLASLt", "cublasLtMatmul", status, "FP8 %s group %u, m=%" G_GINT64_FORMAT
                          ", n=%" G_GINT64_FORMAT ", k=%" G_GINT64_FORMAT, kind_name (gemm->kind),
                          p->group, gemm->rows[p->group], gemm->n, gemm->k);
           goto out;

@@ -98,16 +98,16 @@ gmlp_cuda_cublas_error_code (cublasStatus_t status)
     }
 }
 
-/* Reports a failed cuBLAS call; detail, when not NULL, says which
- * product. A failed launch inside cuBLAS may have left a runtime error on
- * this thread: it is cleared, as gmlp_cuda_fail() does. */
-G_GNUC_PRINTF (4, 5)
-static gboolean
-gmlp_cuda_cublas_fail (GError         **error,
-                       const char      *what,
-                       cublasStatus_t   status,
-                       const char      *detail_format,
-                       ...)
+/* Reports a failed call of cuBLAS or cuBLASLt (library); detail says
+ * which product. A failed launch inside the library may have left a
+ * runtime error on this thread: it is cleared, as gmlp_cuda_fail() does. */
+gboolean
+gmlp_cuda_blas_fail (GError         **error,
+                     const char      *library,
+                     const char      *what,
+                     cublasStatus_t   status,
+                     const char      *detail_format,
+                     ...)
 {
   g_autofree char *detail = NULL;
   va_list args;
@@ -119,8 +119,8 @@ gmlp_cuda_cublas_fail (GError         **error,
   va_end (args);
 
   g_set_error (error, GMLP_CUDA_ERROR, gmlp_cuda_cublas_error_code (status),
-               "cuBLAS: %s failed: %s (%s)",
-               what, cublasGetStatusName (status), detail);
+               "%s: %s failed: %s (%s)",
+               library, what, cublasGetStatusName (status), detail);
   return FALSE;
 }
 
@@ -134,7 +134,7 @@ gmlp_cuda_cublas_init (GmlpBackendDevice  *device,
   if (status != CUBLAS_STATUS_SUCCESS)
     {
       device->cublas = NULL;
-      return gmlp_cuda_cublas_fail (error, "cublasCreate", status, "cuda:%d", device->ordinal);
+      return gmlp_cuda_blas_fail (error, "cuBLAS", "cublasCreate", status, "cuda:%d", device->ordinal);
     }
 
   /* cublasSetStream() puts back cuBLAS's own workspace, so ours is set
@@ -142,7 +142,7 @@ gmlp_cuda_cublas_init (GmlpBackendDevice  *device,
    * is the order cuBLAS uses it in. */
   status = cublasSetStream (device->cublas, device->stream);
   if (status != CUBLAS_STATUS_SUCCESS)
-    return gmlp_cuda_cublas_fail (error, "cublasSetStream", status, "cuda:%d", device->ordinal);
+    return gmlp_cuda_blas_fail (error, "cuBLAS", "cublasSetStream", status, "cuda:%d", device->ordinal);
 
   device->cublas_workspace = gmlp_cuda_alloc (device, GMLP_CUDA_CUBLAS_WORKSPACE, error);
   if (device->cublas_workspace == NULL)
@@ -150,7 +150,7 @@ gmlp_cuda_cublas_init (GmlpBackendDevice  *device,
   status = cublasSetWorkspace (device->cublas, device->cublas_workspace,
                                GMLP_CUDA_CUBLAS_WORKSPACE);
   if (status != CUBLAS_STATUS_SUCCESS)
-    return gmlp_cuda_cublas_fail (error, "cublasSetWorkspace", status, "cuda:%d", device->ordinal);
+    return gmlp_cuda_blas_fail (error, "cuBLAS", "cublasSetWorkspace", status, "cuda:%d", device->ordinal);
 
   /* No TF32 or other reduced-precision tensor-core paths for FP32 (the
    * default mode already, but the default may change), and no split-K
@@ -160,12 +160,12 @@ gmlp_cuda_cublas_init (GmlpBackendDevice  *device,
                               (cublasMath_t) (CUBLAS_DEFAULT_MATH |
                                               CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION));
   if (status != CUBLAS_STATUS_SUCCESS)
-    return gmlp_cuda_cublas_fail (error, "cublasSetMathMode", status, "cuda:%d", device->ordinal);
+    return gmlp_cuda_blas_fail (error, "cuBLAS", "cublasSetMathMode", status, "cuda:%d", device->ordinal);
 
   /* alpha and beta live on the host. */
   status = cublasSetPointerMode (device->cublas, CUBLAS_POINTER_MODE_HOST);
   if (status != CUBLAS_STATUS_SUCCESS)
-    return gmlp_cuda_cublas_fail (error, "cublasSetPointerMode", status, "cuda:%d", device->ordinal);
+    return gmlp_cuda_blas_fail (error, "cuBLAS", "cublasSetPointerMode", status, "cuda:%d", device->ordinal);
 
   return TRUE;
 }
@@ -500,7 +500,7 @@ gmlp_cuda_gemm_loop (GmlpBackendDevice       *device,
                              &p.beta, p.c, plan->c_type, p.ldc,
                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
       if (status != CUBLAS_STATUS_SUCCESS)
-        return gmlp_cuda_cublas_fail (error, "cublasGemmEx", status,
+        return gmlp_cuda_blas_fail (error, "cuBLAS", "cublasGemmEx", status,
                                       "%s group %u, m=%" G_GINT64_FORMAT ", n=%"
                                       G_GINT64_FORMAT ", k=%" G_GINT64_FORMAT,
                                       gmlp_cuda_gemm_kind_name (gemm->kind), i,
@@ -577,7 +577,7 @@ gmlp_cuda_run_batched (GmlpBackendDevice       *device,
                                 (int) count, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
   gmlp_cuda_free (device, device_pointers);
   if (status != CUBLAS_STATUS_SUCCESS)
-    return gmlp_cuda_cublas_fail (error, "cublasGemmBatchedEx", status,
+    return gmlp_cuda_blas_fail (error, "cuBLAS", "cublasGemmBatchedEx", status,
                                   "%s, %u products of %d × %d × %d",
                                   gmlp_cuda_gemm_kind_name (gemm->kind), count, p->m, p->n, p->k);
   return TRUE;
@@ -678,7 +678,7 @@ gmlp_cuda_run_grouped (GmlpBackendDevice       *device,
       return FALSE;
     }
   if (status != CUBLAS_STATUS_SUCCESS)
-    return gmlp_cuda_cublas_fail (error, "cublasGemmGroupedBatchedEx", status,
+    return gmlp_cuda_blas_fail (error, "cuBLAS", "cublasGemmGroupedBatchedEx", status,
                                   "%s, %u products in %u shapes, n=%" G_GINT64_FORMAT
                                   ", k=%" G_GINT64_FORMAT, gmlp_cuda_gemm_kind_name (gemm->kind),
                                   count, n_shapes, gemm->n, gemm->k);
@@ -783,7 +783,7 @@ gmlp_cuda_gemm_grouped (GmlpBackendDevice       *device,
                              p->ldb, &p->beta, p->c, plan->c_type, p->ldc,
                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
       if (status != CUBLAS_STATUS_SUCCESS)
-        return gmlp_cuda_cublas_fail (error, "cublasGemmEx", status, "%s leftover rows",
+        return gmlp_cuda_blas_fail (error, "cuBLAS", "cublasGemmEx", status, "%s leftover rows",
                                       gmlp_cuda_gemm_kind_name (gemm->kind));
     }
   return TRUE;

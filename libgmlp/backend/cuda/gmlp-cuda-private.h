@@ -105,6 +105,13 @@ gpointer  gmlp_cuda_upload_table    (GmlpBackendDevice  *device,
                                      GError            **error);
 
 /* gmlp-cuda-gemm.c */
+G_GNUC_PRINTF (5, 6)
+gboolean  gmlp_cuda_blas_fail       (GError            **error,
+                                     const char         *library,
+                                     const char         *what,
+                                     cublasStatus_t      status,
+                                     const char         *detail_format,
+                                     ...);
 gboolean  gmlp_cuda_cublas_init     (GmlpBackendDevice  *device,
                                      GError            **error);
 void      gmlp_cuda_cublas_fini     (GmlpBackendDevice  *device);
