@@ -116,8 +116,20 @@ locate_tile (const GemmParams &p, uint32_t t, uint32_t &group, Tile &tile)
   uint32_t local, tiles_m;
   int64_t rows, reduction;
 
-  while (p.tile_begin[group + 1] <= t)
-    group++;
+  /* A whole warp walks the offsets 32 groups per load: tile_begin only
+   * grows, so the lanes whose group starts at or before t are a prefix,
+   * and their count is how far to go. (A thread alone would wait out one
+   * load per group it passes: many tiny groups made that the bottleneck.) */
+  for (;;)
+    {
+      const uint32_t g = group + 1 + threadIdx.x % 32;
+      const bool passed = g <= p.n_groups && p.tile_begin[g] <= t;
+      const uint32_t ballot = __ballot_sync (0xffffffffu, passed);
+
+      group += __popc (ballot);
+      if (ballot != 0xffffffffu)
+        break;
+    }
   rows = p.groups[group].rows;
   local = t - p.tile_begin[group];
   if (kKind == GMLP_KERNEL_GEMM_WGRAD)
@@ -155,6 +167,7 @@ produce (const GemmParams &p, uint8_t *ring, uint64_t *full, uint64_t *empty)
   constexpr bool kTransA = kKind == GMLP_KERNEL_GEMM_WGRAD;
   constexpr bool kTransB = kKind != GMLP_KERNEL_GEMM_FPROP;
   const uint32_t total = p.tile_begin[p.n_groups];
+  const bool leader = threadIdx.x % 32 == 0;
   uint32_t group = 0, acquired = 0xffffffffu, stage = 0, phase = 0;
   Tile tile;
 
@@ -165,7 +178,7 @@ produce (const GemmParams &p, uint8_t *ring, uint64_t *full, uint64_t *empty)
       locate_tile<kKind> (p, t, group, tile);
       map_a = p.maps + kMapsPerGroup * (uint64_t) group;
       map_b = map_a + 1;
-      if (group != acquired)
+      if (leader && group != acquired)
         {
           tensormap_acquire (map_a);
           tensormap_acquire (map_b);
@@ -179,26 +192,30 @@ produce (const GemmParams &p, uint8_t *ring, uint64_t *full, uint64_t *empty)
           const int32_t k0 = (int32_t) kb * kBlockK;
 
           mbarrier_wait (&empty[stage], phase ^ 1);
-          mbarrier_arrive_expect_tx (&full[stage], kStageBytes);
-          if (kTransA)
+          /* One lane issues the copies; the others only help locate tiles. */
+          if (leader)
             {
-              for (int c = 0; c < kBlockM / kChunk; c++)
-                tma_load_2d (tile_a + c * kChunkBytes, map_a, &full[stage],
-                             (int32_t) tile.m0 + c * kChunk, k0);
-            }
-          else
-            {
-              tma_load_2d (tile_a, map_a, &full[stage], k0, (int32_t) tile.m0);
-            }
-          if (kTransB)
-            {
-              for (int c = 0; c < kBlockN / kChunk; c++)
-                tma_load_2d (tile_b + c * kChunkBytes, map_b, &full[stage],
-                             (int32_t) tile.n0 + c * kChunk, k0);
-            }
-          else
-            {
-              tma_load_2d (tile_b, map_b, &full[stage], k0, (int32_t) tile.n0);
+              mbarrier_arrive_expect_tx (&full[stage], kStageBytes);
+              if (kTransA)
+                {
+                  for (int c = 0; c < kBlockM / kChunk; c++)
+                    tma_load_2d (tile_a + c * kChunkBytes, map_a, &full[stage],
+                                 (int32_t) tile.m0 + c * kChunk, k0);
+                }
+              else
+                {
+                  tma_load_2d (tile_a, map_a, &full[stage], k0, (int32_t) tile.m0);
+                }
+              if (kTransB)
+                {
+                  for (int c = 0; c < kBlockN / kChunk; c++)
+                    tma_load_2d (tile_b + c * kChunkBytes, map_b, &full[stage],
+                                 (int32_t) tile.n0 + c * kChunk, k0);
+                }
+              else
+                {
+                  tma_load_2d (tile_b, map_b, &full[stage], k0, (int32_t) tile.n0);
+                }
             }
           if (++stage == kStages)
             {
@@ -569,7 +586,7 @@ gemm_kernel (const __grid_constant__ GemmParams p)
   if (warpgroup == 0)
     {
       registers_decrease<40> ();
-      if (threadIdx.x == 0)
+      if (threadIdx.x < 32)
         produce<kKind> (p, ring, full, empty);
     }
   else
