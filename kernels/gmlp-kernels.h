@@ -371,6 +371,49 @@ GmlpKernelStatus gmlp_kernel_quantizer_update   (float                      *sta
                                                  int                         margin,
                                                  cudaStream_t                stream);
 
+/* Activation and FP8 quantization in one pass (activation_quantize.cu):
+ * the FC2 input of an FP8 GroupedMLP. The activation (the codes of
+ * GmlpKernelActivation, the arithmetic of gmlp-activation-numeric.h) of
+ * in, rounded to dtype as gmlp_kernel_grouped_activation() stores it, is
+ * quantized exactly as gmlp_kernel_grouped_quantize() would quantize that
+ * stored tensor: the same bytes and scales, the same amax recorded into a
+ * DELAYED state, without the activation ever being written out.
+ *
+ * shape: the group sizes (read on the device, clamped to the capacity as
+ * everywhere) and row capacity of in and of the outputs; cols = f, the
+ * columns of the activation's output. in has f values per row, 2f for the
+ * gated activations ([a | b]), in the member layout of its own row size.
+ * The outputs, recipe, flags, state and derived_rows are those of
+ * GmlpKernelQuantize. One launch reads in once and writes the FP8 data, its
+ * scales and the columnwise copy; CURRENT launches the kernel twice (the
+ * per-group amaxes of the activation into workspace, zeroed here, then the
+ * quantization, which computes the activation again). */
+typedef struct {
+  GmlpKernelGroupedShape  shape;                  /* cols = f */
+  int                     activation;
+  int                     dtype;                  /* of in: FLOAT32, FLOAT16 or BFLOAT16 */
+  const void             *in;
+  int                     recipe;
+  int                     flags;
+  int                     fp8_dtype;
+  void                   *data;
+  void                   *scale_inv;
+  void                   *columnwise;
+  void                   *columnwise_scale_inv;
+  int64_t                *derived_rows;
+  float                  *state;
+  uint32_t                history_length;
+} GmlpKernelActivationQuantize;
+
+/* SUCCESS when the kernels cover the call; otherwise why not (*reason, a
+ * static string), so that the caller can refuse it before any launch. */
+GmlpKernelStatus gmlp_kernel_grouped_activation_quantize_check (const GmlpKernelActivationQuantize *q,
+                                                                const char                        **reason);
+size_t           gmlp_kernel_grouped_activation_quantize_workspace_bytes (const GmlpKernelActivationQuantize *q);
+GmlpKernelStatus gmlp_kernel_grouped_activation_quantize       (const GmlpKernelActivationQuantize *q,
+                                                                void                               *workspace,
+                                                                cudaStream_t                        stream);
+
 #ifdef __cplusplus
 }
 #endif

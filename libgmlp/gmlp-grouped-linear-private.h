@@ -10,7 +10,10 @@
 G_BEGIN_DECLS
 
 /* forward(), optionally without saving the input (the caller puts it into
- * the saved activations, under "input", before the backward). */
+ * the saved activations, under "input", before the backward: quantized by
+ * the layer's input quantizer, with its columnwise copy where the per-tensor
+ * products read it, when the forward was FP8; an FP8 forward saves its
+ * quantized weights in any case). */
 GmlpGroupedTensor *gmlp_grouped_linear_forward_full (GmlpGroupedLinear     *self,
                                                      GmlpGroupedTensor     *input,
                                                      gboolean               save_input,

@@ -2393,13 +2393,12 @@ fp8_forward (GmlpGroupedLinear     *self,
     {
       g_autoptr(GmlpSavedActivations) new_saved = gmlp_saved_activations_new (self->id);
 
-      /* Without the input (GroupedMLP saves its own), the backward is the
-       * layer's usual one. */
+      /* Without the input (GroupedMLP's recompute adds the quantized
+       * input before the backward), the FP8 weights are saved all the
+       * same: a backward is FP8 when its forward was. */
       if (save_input)
-        {
-          gmlp_saved_activations_add (new_saved, "input", x8);
-          gmlp_saved_activations_add_resident (new_saved, "weight-fp8", w8);
-        }
+        gmlp_saved_activations_add (new_saved, "input", x8);
+      gmlp_saved_activations_add_resident (new_saved, "weight-fp8", w8);
       if (!gmlp_saved_activations_apply_offload (new_saved, error))
         return NULL;
       *saved = g_steal_pointer (&new_saved);

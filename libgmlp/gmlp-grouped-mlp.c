@@ -6,11 +6,14 @@
 #include "config.h"
 
 #include "gmlp-grouped-mlp.h"
+#include "gmlp-grouped-mlp-private.h"
 #include "gmlp-device-private.h"
 #include "gmlp-enum-types.h"
 #include "gmlp-error.h"
 #include "gmlp-grouped-linear-private.h"
 #include "gmlp-grouped-tensor-private.h"
+#include "gmlp-quantize-numeric.h"
+#include "gmlp-quantizer-private.h"
 #include "gmlp-saved-activations-private.h"
 
 /**
@@ -33,6 +36,29 @@
  * but recomputed from FC1's output. Saved activations offload as a whole
  * under an enabled [class@Gmlp.OffloadContext].
  *
+ * ## FP8
+ *
+ * With [property@Gmlp.GroupedMLP:fp8-recipe] (or
+ * [method@Gmlp.GroupedMLP.set_fp8_recipe]) the MLP makes six
+ * [class@Gmlp.Quantizer]s, the input, weight and output-gradient quantizers
+ * of FC1 and of FC2, and both layers multiply in FP8 as an FP8
+ * [class@Gmlp.GroupedLinear] does. Quantizers of other settings can be put
+ * on the layers themselves ([method@Gmlp.GroupedLinear.set_quantizers] on
+ * [method@Gmlp.GroupedMLP.get_fc1] and [method@Gmlp.GroupedMLP.get_fc2]);
+ * each forward uses what the layers have then.
+ *
+ * When FC2 has quantizers, the activation writes FC2's input quantized: one
+ * pass reads FC1's output and writes the FP8 values, their scales and the
+ * columnwise copy FC2's weight gradient reads (for the per-tensor recipes,
+ * or when the input quantizer asks for it), never the activation itself;
+ * the bytes are those of the activation followed by FC2's input quantizer.
+ * Delayed scaling, blockwise and MXFP8 take one pass; current scaling two
+ * (the amaxes, then the quantization). The backward computes the
+ * activation's gradient from FC1's output, in the MLP's dtype, as without
+ * FP8, and FC2's output gradient goes through FC2's output-gradient
+ * quantizer. Delayed scaling needs [method@Gmlp.GroupedMLP.update_quantizers]
+ * once a training step. docs/fp8.md has the details and the accuracy.
+ *
  * Since: 0.1
  */
 
@@ -54,6 +80,9 @@ struct _GmlpGroupedMLP
   GmlpDType           dtype;
   GmlpLinearFlags     flags;
   guint64             id;
+  /* What the MLP made its quantizers with (NONE: no FP8 of its making). */
+  GmlpScalingRecipe   fp8_recipe;
+  GmlpFp8Format       fp8_format;
 
   GmlpGroupedLinear  *fc1;
   GmlpGroupedLinear  *fc2;
@@ -75,6 +104,8 @@ enum {
   PROP_DTYPE,
   PROP_FLAGS,
   PROP_RECOMPUTE_ACTIVATION,
+  PROP_FP8_RECIPE,
+  PROP_FP8_FORMAT,
   N_PROPS
 };
 
@@ -138,6 +169,12 @@ gmlp_grouped_mlp_get_property (GObject    *object,
     case PROP_RECOMPUTE_ACTIVATION:
       g_value_set_boolean (value, (self->flags & GMLP_LINEAR_RECOMPUTE_ACTIVATION) != 0);
       break;
+    case PROP_FP8_RECIPE:
+      g_value_set_enum (value, self->fp8_recipe);
+      break;
+    case PROP_FP8_FORMAT:
+      g_value_set_enum (value, self->fp8_format);
+      break;
     default:
       G_OBJECT_WARN_INVALID_PROPERTY_ID (object, prop_id, pspec);
     }
@@ -179,6 +216,12 @@ gmlp_grouped_mlp_set_property (GObject      *object,
         self->flags |= GMLP_LINEAR_RECOMPUTE_ACTIVATION;
       else
         self->flags &= ~GMLP_LINEAR_RECOMPUTE_ACTIVATION;
+      break;
+    case PROP_FP8_RECIPE:
+      self->fp8_recipe = g_value_get_enum (value);
+      break;
+    case PROP_FP8_FORMAT:
+      self->fp8_format = g_value_get_enum (value);
       break;
     default:
       G_OBJECT_WARN_INVALID_PROPERTY_ID (object, prop_id, pspec);
@@ -278,6 +321,34 @@ gmlp_grouped_mlp_class_init (GmlpGroupedMLPClass *klass)
   properties[PROP_RECOMPUTE_ACTIVATION] =
     g_param_spec_boolean ("recompute-activation", NULL, NULL, FALSE, construct);
 
+  /**
+   * GmlpGroupedMLP:fp8-recipe:
+   *
+   * The scaling recipe of the six quantizers the MLP made for FC1 and FC2
+   * (their input, weights and output gradient), or
+   * %GMLP_SCALING_RECIPE_NONE for no FP8 of the MLP's making. Set at
+   * construction or with [method@Gmlp.GroupedMLP.set_fp8_recipe];
+   * quantizers put on the layers directly do not change it.
+   *
+   * Since: 0.1
+   */
+  properties[PROP_FP8_RECIPE] =
+    g_param_spec_enum ("fp8-recipe", NULL, NULL, GMLP_TYPE_SCALING_RECIPE,
+                       GMLP_SCALING_RECIPE_NONE, construct);
+
+  /**
+   * GmlpGroupedMLP:fp8-format:
+   *
+   * The FP8 format of the quantizers the MLP makes
+   * ([property@Gmlp.GroupedMLP:fp8-recipe]): %GMLP_FP8_FORMAT_HYBRID, E4M3
+   * forward and E5M2 for the gradients, by default.
+   *
+   * Since: 0.1
+   */
+  properties[PROP_FP8_FORMAT] =
+    g_param_spec_enum ("fp8-format", NULL, NULL, GMLP_TYPE_FP8_FORMAT,
+                       GMLP_FP8_FORMAT_HYBRID, construct);
+
   g_object_class_install_properties (object_class, N_PROPS, properties);
 
   /**
@@ -305,7 +376,14 @@ gmlp_grouped_mlp_init (GmlpGroupedMLP *self)
   self->ffn_hidden = 1;
   self->dtype = GMLP_DTYPE_FLOAT32;
   self->flags = GMLP_LINEAR_SINGLE_GROUPED_WEIGHT;
+  self->fp8_recipe = GMLP_SCALING_RECIPE_NONE;
+  self->fp8_format = GMLP_FP8_FORMAT_HYBRID;
 }
+
+static gboolean apply_fp8_recipe (GmlpGroupedMLP     *self,
+                                  GmlpScalingRecipe   recipe,
+                                  GmlpFp8Format       format,
+                                  GError            **error);
 
 static gboolean
 gmlp_grouped_mlp_initable_init (GInitable     *initable,
@@ -346,6 +424,9 @@ gmlp_grouped_mlp_initable_init (GInitable     *initable,
     return FALSE;
 
   self->id = gmlp_layer_id_next ();
+  if (self->fp8_recipe != GMLP_SCALING_RECIPE_NONE &&
+      !apply_fp8_recipe (self, self->fp8_recipe, self->fp8_format, error))
+    return FALSE;
   return gmlp_grouped_mlp_init_parameters (self, 0, error);
 }
 
@@ -504,6 +585,212 @@ run_activation (GmlpGroupedMLP     *self,
   return g_steal_pointer (&out);
 }
 
+/* ---- FP8: the fused activation and quantization of FC2's input ---------- */
+
+/* Keys of the MLP's saved activations with recompute: the quantizer FC2's
+ * input was quantized by, and whether with the columnwise copy, so that the
+ * backward recomputes the very tensor the forward multiplied. */
+#define SAVED_FC2_INPUT_QUANTIZER  "gmlp-mlp-fc2-input-quantizer"
+#define SAVED_FC2_INPUT_COLUMNWISE "gmlp-mlp-fc2-input-columnwise"
+
+static gboolean
+per_tensor_recipe (GmlpScalingRecipe recipe)
+{
+  return recipe == GMLP_SCALING_RECIPE_DELAYED || recipe == GMLP_SCALING_RECIPE_CURRENT;
+}
+
+/* Whether a training forward writes the columnwise copy of FC2's input:
+ * where FC2's weight gradient multiplies FP8 (per-tensor recipes, host
+ * sizes: always here) it reads the copy, as GroupedLinear asks its own
+ * quantizers for it; otherwise only when the quantizer asks. */
+static gboolean
+fc2_input_wants_columnwise (GmlpGroupedMLP *self,
+                            GmlpQuantizer  *quantizer)
+{
+  GmlpQuantizer *weight = gmlp_grouped_linear_get_quantizer (self->fc2, GMLP_QUANTIZER_ROLE_WEIGHT);
+
+  if (gmlp_quantizer_get_columnwise (quantizer))
+    return TRUE;
+  return weight != NULL && per_tensor_recipe (gmlp_quantizer_get_recipe (quantizer)) &&
+         per_tensor_recipe (gmlp_quantizer_get_recipe (weight));
+}
+
+/* A scale tensor over the groups of rows: member i has
+ * gmlp_quant_blocks_along (rows_i, row_block) rows of cols scales (one row,
+ * an empty group's too, for per-tensor scales), as the quantizer lays its
+ * scales out. */
+static GmlpGroupedTensor *
+new_scale_tensor (GmlpGroupedMLP  *self,
+                  const gint64    *rows,
+                  GmlpDType        dtype,
+                  gint64           row_block,
+                  gint64           cols,
+                  GError         **error)
+{
+  g_autofree gint64 *block_rows = NULL;
+  guint g;
+
+  if (row_block == 0)
+    return gmlp_grouped_tensor_new_uniform (self->device, dtype, self->n_groups, 1, cols, error);
+  block_rows = g_new (gint64, self->n_groups);
+  for (g = 0; g < self->n_groups; g++)
+    block_rows[g] = gmlp_quant_blocks_along (rows[g], row_block);
+  return gmlp_grouped_tensor_new (self->device, dtype, block_rows, self->n_groups, cols, error);
+}
+
+/* act(h) quantized by @quantizer (with the columnwise copy when asked), in
+ * one backend call: the tensor gmlp_quantizer_quantize_full() would make of
+ * run_activation()'s output, bit for bit, with every part it carries. */
+static GmlpGroupedTensor *
+run_activation_quantize (GmlpGroupedMLP     *self,
+                         GmlpGroupedTensor  *h,
+                         GmlpQuantizer      *quantizer,
+                         gboolean            with_columnwise,
+                         GError            **error)
+{
+  const gint64 *rows = gmlp_grouped_tensor_peek_rows (h);
+  GmlpScalingRecipe recipe = gmlp_quantizer_get_recipe (quantizer);
+  GmlpDType fp8_dtype = gmlp_quantizer_get_dtype (quantizer);
+  /* MXFP8's E8M0 scales are bytes, held in a one-byte dtype (as the
+   * quantizer holds them). */
+  GmlpDType scale_dtype = recipe == GMLP_SCALING_RECIPE_MXFP8 ? GMLP_DTYPE_FLOAT8_E4M3
+                                                               : GMLP_DTYPE_FLOAT32;
+  int flags = gmlp_quantizer_get_quantize_flags (quantizer);
+  g_autoptr(GmlpGroupedTensor) data = NULL, scale_inv = NULL;
+  g_autoptr(GmlpGroupedTensor) columnwise = NULL, columnwise_scale_inv = NULL;
+  gint64 block_rows, block_cols, col_block_rows, col_block_cols;
+  gboolean own_column_scales;
+  GmlpBackendShape shape;
+  float *state = NULL;
+
+  if (gmlp_quantizer_get_device (quantizer) != self->device)
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
+                   "FC2's input quantizer is for %s, the MLP is on %s",
+                   gmlp_device_get_name (gmlp_quantizer_get_device (quantizer)),
+                   gmlp_device_get_name (self->device));
+      return NULL;
+    }
+  if (!gmlp_quantizer_get_state_for (quantizer, self->n_groups, &state, error))
+    return NULL;
+
+  gmlp_quant_blocks ((int) recipe, flags, FALSE, &block_rows, &block_cols);
+  gmlp_quant_blocks ((int) recipe, flags, TRUE, &col_block_rows, &col_block_cols);
+  own_column_scales = with_columnwise && gmlp_quant_columnwise_has_scales ((int) recipe, flags);
+
+  data = gmlp_grouped_tensor_new (self->device, fp8_dtype, rows, self->n_groups, self->ffn_hidden, error);
+  if (data == NULL)
+    return NULL;
+  scale_inv = new_scale_tensor (self, rows, scale_dtype, block_rows,
+                                gmlp_quant_blocks_along (self->ffn_hidden, block_cols), error);
+  if (scale_inv == NULL)
+    return NULL;
+  if (with_columnwise)
+    {
+      columnwise = gmlp_grouped_tensor_new (self->device, fp8_dtype, rows, self->n_groups,
+                                            self->ffn_hidden, error);
+      if (columnwise == NULL)
+        return NULL;
+      if (own_column_scales)
+        {
+          columnwise_scale_inv = new_scale_tensor (self, rows, scale_dtype, col_block_rows,
+                                                   gmlp_quant_blocks_along (self->ffn_hidden, col_block_cols),
+                                                   error);
+          if (columnwise_scale_inv == NULL)
+            return NULL;
+        }
+    }
+
+  /* The sizes of h, which are those of every output; the shape's columns
+   * are the activation's output's. */
+  if (!gmlp_grouped_tensor_get_backend_shape (h, &shape, error))
+    return NULL;
+  shape.cols = self->ffn_hidden;
+  if (!GMLP_DEVICE_CALL (self->device, activation_quantize, &shape, (int) self->activation,
+                         gmlp_grouped_tensor_get_data (h), (int) self->dtype, (int) recipe, flags,
+                         (int) fp8_dtype, gmlp_grouped_tensor_get_data (data),
+                         gmlp_grouped_tensor_get_data (scale_inv),
+                         columnwise != NULL ? gmlp_grouped_tensor_get_data (columnwise) : NULL,
+                         columnwise_scale_inv != NULL ? gmlp_grouped_tensor_get_data (columnwise_scale_inv) : NULL,
+                         NULL, state, gmlp_quantizer_get_amax_history_length (quantizer), error))
+    return NULL;
+
+  if (columnwise != NULL)
+    gmlp_grouped_tensor_set_quantized (columnwise, recipe, flags,
+                                       own_column_scales ? columnwise_scale_inv : scale_inv,
+                                       NULL, TRUE);
+  gmlp_grouped_tensor_set_quantized (data, recipe, flags, scale_inv, columnwise, FALSE);
+  return g_steal_pointer (&data);
+}
+
+/* For the tests (gmlp-grouped-mlp-private.h): the two passes, with the
+ * checks of a forward's input. */
+static gboolean
+check_fc1_output (GmlpGroupedMLP     *self,
+                  GmlpGroupedTensor  *h,
+                  GError            **error)
+{
+  GmlpGroupedLinear *fc1 = self->fc1;
+
+  if (!check_host_sizes (h, "FC1 output", error))
+    return FALSE;
+  if (gmlp_grouped_tensor_get_device (h) != self->device ||
+      gmlp_grouped_tensor_get_dtype (h) != self->dtype ||
+      gmlp_grouped_tensor_get_n_groups (h) != self->n_groups ||
+      gmlp_grouped_tensor_get_cols (h) != gmlp_grouped_linear_get_out_features (fc1))
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_SHAPE_MISMATCH,
+                   "FC1's output must be on the MLP's device, of its dtype, with %u groups of %"
+                   G_GINT64_FORMAT " columns", self->n_groups,
+                   gmlp_grouped_linear_get_out_features (fc1));
+      return FALSE;
+    }
+  return TRUE;
+}
+
+GmlpGroupedTensor *
+gmlp_grouped_mlp_run_activation (GmlpGroupedMLP     *self,
+                                 GmlpGroupedTensor  *h,
+                                 GError            **error)
+{
+  g_return_val_if_fail (GMLP_IS_GROUPED_MLP (self), NULL);
+  g_return_val_if_fail (GMLP_IS_GROUPED_TENSOR (h), NULL);
+
+  if (!check_fc1_output (self, h, error))
+    return NULL;
+  return run_activation (self, h, NULL, error);
+}
+
+GmlpGroupedTensor *
+gmlp_grouped_mlp_run_activation_quantize (GmlpGroupedMLP     *self,
+                                          GmlpGroupedTensor  *h,
+                                          GmlpQuantizer      *quantizer,
+                                          gboolean            with_columnwise,
+                                          GError            **error)
+{
+  g_return_val_if_fail (GMLP_IS_GROUPED_MLP (self), NULL);
+  g_return_val_if_fail (GMLP_IS_GROUPED_TENSOR (h), NULL);
+  g_return_val_if_fail (GMLP_IS_QUANTIZER (quantizer), NULL);
+
+  if (!check_fc1_output (self, h, error))
+    return NULL;
+  return run_activation_quantize (self, h, quantizer, with_columnwise, error);
+}
+
+/* FC2's input from FC1's output: quantized in the same pass when FC2 has
+ * quantizers (@quantizer, its input quantizer), else the plain activation. */
+static GmlpGroupedTensor *
+make_fc2_input (GmlpGroupedMLP     *self,
+                GmlpGroupedTensor  *h,
+                GmlpQuantizer      *quantizer,
+                gboolean            with_columnwise,
+                GError            **error)
+{
+  if (quantizer != NULL)
+    return run_activation_quantize (self, h, quantizer, with_columnwise, error);
+  return run_activation (self, h, NULL, error);
+}
+
 /**
  * gmlp_grouped_mlp_forward:
  * @self: a #GmlpGroupedMLP
@@ -512,14 +799,18 @@ run_activation (GmlpGroupedMLP     *self,
  * @saved: (out) (transfer full) (optional): what backward needs
  * @error: return location for a #GError
  *
- * Computes `FC2 (act (FC1 (x)))` for every group.
+ * Computes `FC2 (act (FC1 (x)))` for every group. When FC2 has quantizers
+ * (FP8), the activation writes FC2's input quantized by FC2's input
+ * quantizer, in the same pass.
  *
  * Unlike [class@Gmlp.GroupedLinear], the MLP needs the group sizes on the
  * host: its activation kernels take them from there.
  *
  * Returns: (transfer full): the output, `rows_i × hidden` per group, or
- *   %NULL with an error as for [method@Gmlp.GroupedLinear.forward], or
- *   %GMLP_ERROR_UNSUPPORTED for an input whose sizes are only on the device
+ *   %NULL with an error as for [method@Gmlp.GroupedLinear.forward],
+ *   %GMLP_ERROR_UNSUPPORTED for an input whose sizes are only on the
+ *   device, or %GMLP_ERROR_SHAPE_MISMATCH when FC2's input quantizer keeps
+ *   delayed scales for another number of groups
  *
  * Since: 0.1
  */
@@ -532,6 +823,8 @@ gmlp_grouped_mlp_forward (GmlpGroupedMLP        *self,
   gboolean recompute = (self->flags & GMLP_LINEAR_RECOMPUTE_ACTIVATION) != 0;
   g_autoptr(GmlpSavedActivations) s1 = NULL, s2 = NULL, own = NULL;
   g_autoptr(GmlpGroupedTensor) h = NULL, a = NULL, y = NULL;
+  GmlpQuantizer *fc2_quantizer;
+  gboolean columnwise = FALSE;
 
   g_return_val_if_fail (GMLP_IS_GROUPED_MLP (self), NULL);
   g_return_val_if_fail (GMLP_IS_GROUPED_TENSOR (input), NULL);
@@ -542,10 +835,22 @@ gmlp_grouped_mlp_forward (GmlpGroupedMLP        *self,
   if (!check_host_sizes (input, "input", error))
     return NULL;
 
+  /* FP8: FC2's input comes quantized out of the activation. A delayed
+   * scaling state that does not fit is refused before FC1 runs. */
+  fc2_quantizer = gmlp_grouped_linear_get_quantizer (self->fc2, GMLP_QUANTIZER_ROLE_INPUT);
+  if (fc2_quantizer != NULL)
+    {
+      float *state;
+
+      if (!gmlp_quantizer_get_state_for (fc2_quantizer, self->n_groups, &state, error))
+        return NULL;
+      columnwise = saved != NULL && fc2_input_wants_columnwise (self, fc2_quantizer);
+    }
+
   h = gmlp_grouped_linear_forward_full (self->fc1, input, TRUE, saved ? &s1 : NULL, error);
   if (h == NULL)
     return NULL;
-  a = run_activation (self, h, NULL, error);
+  a = make_fc2_input (self, h, fc2_quantizer, columnwise, error);
   if (a == NULL)
     return NULL;
   y = gmlp_grouped_linear_forward_full (self->fc2, a, !recompute, saved ? &s2 : NULL, error);
@@ -558,6 +863,12 @@ gmlp_grouped_mlp_forward (GmlpGroupedMLP        *self,
       gmlp_saved_activations_add_child (own, s1);
       gmlp_saved_activations_add_child (own, s2);
       gmlp_saved_activations_add (own, "fc1-output", h);
+      if (recompute && fc2_quantizer != NULL)
+        {
+          g_object_set_data_full (G_OBJECT (own), SAVED_FC2_INPUT_QUANTIZER,
+                                  g_object_ref (fc2_quantizer), g_object_unref);
+          g_object_set_data (G_OBJECT (own), SAVED_FC2_INPUT_COLUMNWISE, GINT_TO_POINTER (columnwise));
+        }
       if (!gmlp_saved_activations_apply_offload (own, error))
         return NULL;
       *saved = g_steal_pointer (&own);
@@ -585,7 +896,10 @@ emit_wgrad_ready (GmlpGroupedMLP  *self,
  * @error: return location for a #GError
  *
  * Computes the input gradient and, as the gradient contract says, the
- * weight gradients of both layers.
+ * weight gradients of both layers. The backward of an FP8 forward is FP8:
+ * each layer's output gradient goes through its output-gradient quantizer
+ * (see [method@Gmlp.GroupedLinear.backward]); the activation's gradient is
+ * computed from FC1's output in the MLP's dtype.
  *
  * Returns: (transfer full): the input gradient, or %NULL with an error as
  *   for [method@Gmlp.GroupedLinear.backward], or %GMLP_ERROR_UNSUPPORTED for
@@ -617,9 +931,16 @@ gmlp_grouped_mlp_backward (GmlpGroupedMLP        *self,
   if (h == NULL)
     return NULL;
 
-  if ((self->flags & GMLP_LINEAR_RECOMPUTE_ACTIVATION) && !gmlp_saved_activations_is_consumed (s2))
+  /* Recompute: FC2's input as the forward made it (with an FP8 forward,
+   * quantized by the same quantizer, whose scales do not change before the
+   * step's update). */
+  if ((self->flags & GMLP_LINEAR_RECOMPUTE_ACTIVATION) && !gmlp_saved_activations_is_consumed (s2) &&
+      !gmlp_saved_activations_contains (s2, "input"))
     {
-      g_autoptr(GmlpGroupedTensor) a = run_activation (self, h, NULL, error);
+      GmlpQuantizer *quantizer = g_object_get_data (G_OBJECT (saved), SAVED_FC2_INPUT_QUANTIZER);
+      gboolean columnwise = GPOINTER_TO_INT (g_object_get_data (G_OBJECT (saved),
+                                                                SAVED_FC2_INPUT_COLUMNWISE));
+      g_autoptr(GmlpGroupedTensor) a = make_fc2_input (self, h, quantizer, columnwise, error);
 
       if (a == NULL)
         return NULL;
@@ -727,4 +1048,184 @@ gmlp_grouped_mlp_get_grad_added_to_main_grad (GmlpGroupedMLP *self)
 {
   g_return_val_if_fail (GMLP_IS_GROUPED_MLP (self), FALSE);
   return gmlp_grouped_linear_get_grad_added_to_main_grad (self->fc1);
+}
+
+/* Makes six quantizers of @recipe and @format (none for NONE) and gives
+ * them to both layers, both or neither: a layer that refuses them leaves
+ * the MLP as it was. */
+static gboolean
+apply_fp8_recipe (GmlpGroupedMLP     *self,
+                  GmlpScalingRecipe   recipe,
+                  GmlpFp8Format       format,
+                  GError            **error)
+{
+  static const GmlpQuantizerRole roles[] = {
+    GMLP_QUANTIZER_ROLE_INPUT, GMLP_QUANTIZER_ROLE_WEIGHT, GMLP_QUANTIZER_ROLE_GRAD_OUTPUT,
+  };
+  GmlpGroupedLinear *layers[2] = { self->fc1, self->fc2 };
+  GmlpQuantizer *made[2][3] = { { NULL } };
+  GmlpQuantizer *old_fc1[3];
+  gboolean ok = FALSE;
+  guint l, r;
+
+  if ((guint) recipe > GMLP_SCALING_RECIPE_MXFP8 || (guint) format > GMLP_FP8_FORMAT_HYBRID)
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
+                   "Unknown FP8 recipe %d or format %d", (int) recipe, (int) format);
+      return FALSE;
+    }
+
+  if (recipe != GMLP_SCALING_RECIPE_NONE)
+    for (l = 0; l < 2; l++)
+      for (r = 0; r < 3; r++)
+        made[l][r] = gmlp_quantizer_new (self->device, recipe, format, roles[r]);
+  for (r = 0; r < 3; r++)
+    {
+      old_fc1[r] = gmlp_grouped_linear_get_quantizer (self->fc1, roles[r]);
+      if (old_fc1[r] != NULL)
+        g_object_ref (old_fc1[r]);
+    }
+
+  if (gmlp_grouped_linear_set_quantizers (layers[0], made[0][0], made[0][1], made[0][2], error))
+    {
+      ok = gmlp_grouped_linear_set_quantizers (layers[1], made[1][0], made[1][1], made[1][2], error);
+      /* FC1 took them and FC2 did not: FC1 as it was (it took these before). */
+      if (!ok && !gmlp_grouped_linear_set_quantizers (layers[0], old_fc1[0], old_fc1[1], old_fc1[2], NULL))
+        g_warn_if_reached ();
+    }
+
+  for (r = 0; r < 3; r++)
+    {
+      g_clear_object (&old_fc1[r]);
+      for (l = 0; l < 2; l++)
+        g_clear_object (&made[l][r]);
+    }
+  if (!ok)
+    return FALSE;
+
+  g_object_freeze_notify (G_OBJECT (self));
+  if (self->fp8_recipe != recipe)
+    {
+      self->fp8_recipe = recipe;
+      g_object_notify_by_pspec (G_OBJECT (self), properties[PROP_FP8_RECIPE]);
+    }
+  if (self->fp8_format != format)
+    {
+      self->fp8_format = format;
+      g_object_notify_by_pspec (G_OBJECT (self), properties[PROP_FP8_FORMAT]);
+    }
+  g_object_thaw_notify (G_OBJECT (self));
+  return TRUE;
+}
+
+/**
+ * gmlp_grouped_mlp_set_fp8_recipe:
+ * @self: a #GmlpGroupedMLP
+ * @recipe: the scaling recipe, or %GMLP_SCALING_RECIPE_NONE to take FP8
+ *   away
+ * @format: the FP8 format
+ * @error: return location for a #GError
+ *
+ * Makes both layers FP8: six new [class@Gmlp.Quantizer]s of @recipe and
+ * @format (default settings otherwise: an amax history of 1024 for delayed
+ * scaling), the input, weight and output-gradient quantizers of FC1 and of
+ * FC2, given to the layers with [method@Gmlp.GroupedLinear.set_quantizers].
+ * With %GMLP_SCALING_RECIPE_NONE both layers lose their quantizers. New
+ * quantizers start afresh (delayed scaling: scale 1 until the first
+ * update).
+ *
+ * The rules are GroupedLinear's, for both layers: the per-tensor recipes
+ * need `hidden` and `ffn_hidden` multiples of 16 and a format other than
+ * %GMLP_FP8_FORMAT_E5M2. Saved activations of earlier forwards keep what
+ * they were made with.
+ *
+ * Returns: %TRUE on success; %FALSE with %GMLP_ERROR_INVALID_ARGUMENT for
+ *   an unknown recipe or format, or %GMLP_ERROR_UNSUPPORTED for sizes or a
+ *   format the FP8 products do not take; neither layer is changed then
+ *
+ * Since: 0.1
+ */
+gboolean
+gmlp_grouped_mlp_set_fp8_recipe (GmlpGroupedMLP     *self,
+                                 GmlpScalingRecipe   recipe,
+                                 GmlpFp8Format       format,
+                                 GError            **error)
+{
+  g_return_val_if_fail (GMLP_IS_GROUPED_MLP (self), FALSE);
+  g_return_val_if_fail (error == NULL || *error == NULL, FALSE);
+
+  return apply_fp8_recipe (self, recipe, format, error);
+}
+
+/**
+ * gmlp_grouped_mlp_get_fp8_recipe:
+ * @self: a #GmlpGroupedMLP
+ *
+ * Returns: the value of [property@Gmlp.GroupedMLP:fp8-recipe]
+ *
+ * Since: 0.1
+ */
+GmlpScalingRecipe
+gmlp_grouped_mlp_get_fp8_recipe (GmlpGroupedMLP *self)
+{
+  g_return_val_if_fail (GMLP_IS_GROUPED_MLP (self), GMLP_SCALING_RECIPE_NONE);
+  return self->fp8_recipe;
+}
+
+/**
+ * gmlp_grouped_mlp_get_fp8_format:
+ * @self: a #GmlpGroupedMLP
+ *
+ * Returns: the value of [property@Gmlp.GroupedMLP:fp8-format]
+ *
+ * Since: 0.1
+ */
+GmlpFp8Format
+gmlp_grouped_mlp_get_fp8_format (GmlpGroupedMLP *self)
+{
+  g_return_val_if_fail (GMLP_IS_GROUPED_MLP (self), GMLP_FP8_FORMAT_HYBRID);
+  return self->fp8_format;
+}
+
+/**
+ * gmlp_grouped_mlp_update_quantizers:
+ * @self: a #GmlpGroupedMLP
+ * @error: return location for a #GError
+ *
+ * Ends a training step for the quantizers of both layers:
+ * [method@Gmlp.Quantizer.update] once on each, a quantizer that several
+ * roles or both layers share included. Delayed scaling needs it once a
+ * step, after the step's last backward (and backward_dw), as
+ * [method@Gmlp.GroupedLinear.update_quantizers] explains; the other recipes
+ * have nothing to update. Stream-ordered; nothing waits.
+ *
+ * Returns: %TRUE on success (also without quantizers)
+ *
+ * Since: 0.1
+ */
+gboolean
+gmlp_grouped_mlp_update_quantizers (GmlpGroupedMLP  *self,
+                                    GError         **error)
+{
+  GmlpQuantizer *all[6];
+  guint i, j;
+
+  g_return_val_if_fail (GMLP_IS_GROUPED_MLP (self), FALSE);
+  g_return_val_if_fail (error == NULL || *error == NULL, FALSE);
+
+  for (i = 0; i < 3; i++)
+    {
+      all[i] = gmlp_grouped_linear_get_quantizer (self->fc1, (GmlpQuantizerRole) i);
+      all[3 + i] = gmlp_grouped_linear_get_quantizer (self->fc2, (GmlpQuantizerRole) i);
+    }
+  for (i = 0; i < G_N_ELEMENTS (all); i++)
+    {
+      gboolean seen = FALSE;
+
+      for (j = 0; j < i; j++)
+        seen |= all[j] == all[i];
+      if (all[i] != NULL && !seen && !gmlp_quantizer_update (all[i], error))
+        return FALSE;
+    }
+  return TRUE;
 }

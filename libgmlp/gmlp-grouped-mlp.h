@@ -86,4 +86,19 @@ GmlpActivation      gmlp_grouped_mlp_get_activation      (GmlpGroupedMLP        
 GMLP_AVAILABLE_IN_0_1
 gboolean            gmlp_grouped_mlp_get_grad_added_to_main_grad (GmlpGroupedMLP *self);
 
+/* FP8: the quantizers of both layers, and the fused activation and
+ * quantization of FC2's input. */
+GMLP_AVAILABLE_IN_0_1
+gboolean            gmlp_grouped_mlp_set_fp8_recipe      (GmlpGroupedMLP        *self,
+                                                          GmlpScalingRecipe      recipe,
+                                                          GmlpFp8Format          format,
+                                                          GError               **error);
+GMLP_AVAILABLE_IN_0_1
+GmlpScalingRecipe   gmlp_grouped_mlp_get_fp8_recipe      (GmlpGroupedMLP        *self);
+GMLP_AVAILABLE_IN_0_1
+GmlpFp8Format       gmlp_grouped_mlp_get_fp8_format      (GmlpGroupedMLP        *self);
+GMLP_AVAILABLE_IN_0_1
+gboolean            gmlp_grouped_mlp_update_quantizers   (GmlpGroupedMLP        *self,
+                                                          GError               **error);
+
 G_END_DECLS

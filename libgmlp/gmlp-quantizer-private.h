@@ -44,4 +44,17 @@ gboolean  gmlp_quantized_check_compatible         (GmlpGroupedTensor  *a,
                                                    GmlpGroupedTensor  *b,
                                                    GError            **error);
 
+/* For the producers that write a quantizer's tensors themselves
+ * (GmlpGroupedMLP's fused activation and quantization, through the
+ * backend's activation_quantize): the GMLP_QUANT_FLAG_* of the quantizer's
+ * quantize calls, and its delayed-scaling state for n_groups groups (made,
+ * with scale 1, if it has none yet): *state is the device pointer, or NULL
+ * for the other recipes. FALSE with %GMLP_ERROR_SHAPE_MISMATCH when the
+ * state has another number of groups. */
+int       gmlp_quantizer_get_quantize_flags       (GmlpQuantizer      *self);
+gboolean  gmlp_quantizer_get_state_for            (GmlpQuantizer      *self,
+                                                   guint               n_groups,
+                                                   float             **state,
+                                                   GError            **error);
+
 G_END_DECLS

@@ -1115,3 +1115,31 @@ gmlp_quantizer_set_columnwise (GmlpQuantizer *self,
   self->columnwise = columnwise;
   g_object_notify_by_pspec (G_OBJECT (self), properties[PROP_COLUMNWISE]);
 }
+
+/* ---- For fused producers (gmlp-quantizer-private.h) ---------------------- */
+
+int
+gmlp_quantizer_get_quantize_flags (GmlpQuantizer *self)
+{
+  g_return_val_if_fail (GMLP_IS_QUANTIZER (self), 0);
+
+  return quantize_flags (self);
+}
+
+gboolean
+gmlp_quantizer_get_state_for (GmlpQuantizer  *self,
+                              guint           n_groups,
+                              float         **state,
+                              GError        **error)
+{
+  g_return_val_if_fail (GMLP_IS_QUANTIZER (self), FALSE);
+  g_return_val_if_fail (state != NULL, FALSE);
+
+  *state = NULL;
+  if (self->recipe != GMLP_SCALING_RECIPE_DELAYED)
+    return TRUE;
+  if (!ensure_state (self, n_groups, error))
+    return FALSE;
+  *state = gmlp_grouped_tensor_get_data (self->state);
+  return TRUE;
+}

@@ -24,6 +24,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "gmlp-activation-numeric.h"
 #include "impls/common.cuh"
 
 namespace gmlp {
@@ -43,11 +44,6 @@ constexpr int kActRowsPerThread = kActTileRows / kActWarps;
 
 static_assert (kActThreads % kActLanes == 0, "whole warps only");
 static_assert (kActTileRows % kActWarps == 0, "every warp gets the same rows");
-
-/* The tanh approximation of GELU. */
-constexpr float kGeluK = 0.7978845608028654f;   /* sqrt(2/pi) */
-constexpr float kGeluC = 0.044715f;
-constexpr float kGelu3C = 3.0f * kGeluC;
 
 struct GroupedActivationParams
 {
@@ -147,9 +143,10 @@ act_store (PackType *p, const PackType &value)
     }
 }
 
-/* act(x) and act'(x) of the (ungated) function behind an activation. Both
- * are always computed: the compiler drops whichever the caller ignores.
- * expf and tanhf, not the fast intrinsics, for accuracy. */
+/* act(x) and act'(x) of the (ungated) function behind an activation, from
+ * gmlp-activation-numeric.h: the same bits as the CPU backend and the fused
+ * activation + quantization. Both are always computed: the compiler drops
+ * whichever the caller ignores. */
 struct ActValue
 {
   float value;
@@ -160,44 +157,9 @@ template <int kActivation>
 __device__ __forceinline__ ActValue
 act_eval (float x)
 {
-  ActValue r;
+  const GmlpActValue v = gmlp_act_eval (kActivation, x);
 
-  if constexpr (kActivation == GMLP_KERNEL_ACT_GELU || kActivation == GMLP_KERNEL_ACT_GEGLU)
-    {
-      const float t = tanhf (kGeluK * (x + kGeluC * x * x * x));
-
-      r.value = 0.5f * x * (1.0f + t);
-      r.grad = 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * kGeluK * (1.0f + kGelu3C * x * x);
-    }
-  else if constexpr (kActivation == GMLP_KERNEL_ACT_SWIGLU)
-    {
-      /* exp(-x) overflows to inf below x = -88, giving s = 0 and a value
-       * of -0: no NaN there. x / (1 + e) rounds once where x * s rounds
-       * twice, and is what the CPU backend computes. */
-      const float e1 = 1.0f + expf (-x);
-      const float s = 1.0f / e1;
-
-      r.value = x / e1;
-      r.grad = s * (1.0f + x * (1.0f - s));
-    }
-  else
-    {
-      /* NOTE: x > 0 rather than fmaxf, so that NaN and -0 both give +0,
-       * as in the CPU backend. */
-      const float relu = x > 0.0f ? x : 0.0f;
-
-      if constexpr (kActivation == GMLP_KERNEL_ACT_RELU)
-        {
-          r.value = relu;
-          r.grad = x > 0.0f ? 1.0f : 0.0f;
-        }
-      else
-        {
-          r.value = relu * relu;
-          r.grad = 2.0f * relu;
-        }
-    }
-  return r;
+  return ActValue { v.value, v.grad };
 }
 
 /* The group that tile belongs to: the last one whose first tile is at or

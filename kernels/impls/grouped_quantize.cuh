@@ -440,7 +440,8 @@ grouped_quantize_kernel (const __grid_constant__ GroupedQuantizeParams p)
     }
 }
 
-__global__ void __launch_bounds__ (kQuantThreads)
+/* static: defined in a header that several .cu files include. */
+static __global__ void __launch_bounds__ (kQuantThreads)
 grouped_dequantize_kernel (const __grid_constant__ GroupedDequantizeParams p)
 {
   __shared__ GroupPlace place;
@@ -471,7 +472,7 @@ grouped_dequantize_kernel (const __grid_constant__ GroupedDequantizeParams p)
 }
 
 /* One thread per group: gmlp_quant_delayed_update() of its state row. */
-__global__ void
+static __global__ void
 quantizer_update_kernel (float   *state,
                          uint32_t n_groups,
                          uint32_t history_length,

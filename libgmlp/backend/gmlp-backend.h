@@ -439,6 +439,36 @@ typedef struct {
   gboolean            (*gemm_fp8)          (GmlpBackendDevice          *device,
                                             const GmlpBackendGemmFp8   *gemm,
                                             GError                    **error);
+
+  /* GroupedMLP, FP8: the activation of in, quantized, in one pass over in
+   * (two for CURRENT, whose scale needs the amax of the whole group first:
+   * the first pass only finds the amaxes). The FP8 result, every output
+   * byte and every scale, is what the activation entry followed by the
+   * quantize entry of its output would give, bit for bit: act(in) in FP32,
+   * rounded to dtype, then quantized. shape: the group sizes (read where
+   * they are) and row capacity of in and of the outputs, cols = f, the
+   * columns of the activation's output; in (dtype FLOAT32, FLOAT16 or
+   * BFLOAT16) has f values per row, 2f for the gated activations. recipe,
+   * flags, fp8_dtype, the outputs, derived_rows, state and history_length
+   * are those of quantize (DELAYED: the scale from state, the amax of the
+   * activation's output max-ed into it). Refused with UNSUPPORTED (and the
+   * reason) before anything is written where a backend cannot do it. */
+  gboolean            (*activation_quantize) (GmlpBackendDevice       *device,
+                                              const GmlpBackendShape  *shape,
+                                              int                      activation,
+                                              gconstpointer            in,
+                                              int                      dtype,
+                                              int                      recipe,
+                                              int                      flags,
+                                              int                      fp8_dtype,
+                                              gpointer                 data,
+                                              gpointer                 scale_inv,
+                                              gpointer                 columnwise,
+                                              gpointer                 columnwise_scale_inv,
+                                              gint64                  *derived_rows,
+                                              float                   *state,
+                                              guint                    history_length,
+                                              GError                 **error);
 } GmlpBackend;
 
 const GmlpBackend *gmlp_backend_cpu_get  (void);

@@ -17,6 +17,8 @@
 #include "backend/gmlp-backend.h"
 #include "backend/cpu/gmlp-cpu-quantize.h"
 #include "backend/cpu/gmlp-cpu-gemm-fp8.h"
+#include "backend/cpu/gmlp-cpu-activation-quantize.h"
+#include "gmlp-activation-numeric.h"
 #include "gmlp-error.h"
 #include "gmlp-numeric.h"
 
@@ -427,50 +429,18 @@ cpu_copy_async (GmlpBackendDevice  *device,
   return cpu_event_record (device, error);
 }
 
-/* The activation functions and their derivatives, in FP32. */
+/* The activation functions and their derivatives, in FP32: those of
+ * gmlp-activation-numeric.h, the same bits as the CUDA kernels'. */
 static float
 act_value (int act, float x)
 {
-  switch (act)
-    {
-    case GMLP_ACT_GELU:
-    case GMLP_ACT_GEGLU:
-      return 0.5f * x * (1.0f + tanhf (0.7978845608028654f * (x + 0.044715f * x * x * x)));
-    case GMLP_ACT_SWIGLU:
-      return x / (1.0f + expf (-x));
-    case GMLP_ACT_RELU:
-      return x > 0.0f ? x : 0.0f;
-    case GMLP_ACT_SRELU:
-      return x > 0.0f ? x * x : 0.0f;
-    default:
-      return 0.0f;
-    }
+  return gmlp_act_eval (act, x).value;
 }
 
 static float
 act_derivative (int act, float x)
 {
-  switch (act)
-    {
-    case GMLP_ACT_GELU:
-    case GMLP_ACT_GEGLU:
-      {
-        const float k = 0.7978845608028654f;
-        float t = tanhf (k * (x + 0.044715f * x * x * x));
-        return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * k * (1.0f + 3.0f * 0.044715f * x * x);
-      }
-    case GMLP_ACT_SWIGLU:
-      {
-        float s = 1.0f / (1.0f + expf (-x));
-        return s * (1.0f + x * (1.0f - s));
-      }
-    case GMLP_ACT_RELU:
-      return x > 0.0f ? 1.0f : 0.0f;
-    case GMLP_ACT_SRELU:
-      return x > 0.0f ? 2.0f * x : 0.0f;
-    default:
-      return 0.0f;
-    }
+  return gmlp_act_eval (act, x).grad;
 }
 
 static gboolean
@@ -953,6 +923,7 @@ static const GmlpBackend cpu_backend = {
   .dequantize = gmlp_cpu_dequantize,
   .quantizer_update = gmlp_cpu_quantizer_update,
   .gemm_fp8 = gmlp_cpu_gemm_fp8,
+  .activation_quantize = gmlp_cpu_activation_quantize,
 };
 
 const GmlpBackend *

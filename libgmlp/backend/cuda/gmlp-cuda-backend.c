@@ -28,6 +28,7 @@
 
 #include "gmlp-cuda-private.h"
 #include "gmlp-cuda-quantize.h"
+#include "gmlp-cuda-activation-quantize.h"
 
 __attribute__((visibility ("default")))
 const GmlpBackend *gmlp_backend_cuda_get (void);
@@ -656,6 +657,7 @@ static const GmlpBackend gmlp_cuda_backend = {
   .dequantize = gmlp_cuda_dequantize,
   .quantizer_update = gmlp_cuda_quantizer_update,
   .gemm_fp8 = gmlp_cuda_gemm_fp8,
+  .activation_quantize = gmlp_cuda_activation_quantize,
 };
 
 /* The module's one exported symbol; see GmlpBackendGetFunc. */

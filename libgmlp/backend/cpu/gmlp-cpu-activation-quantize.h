@@ -1,0 +1,31 @@
+/* gmlp-cpu-activation-quantize.h: the fused activation and FP8 quantization
+ * of the CPU backend
+ *
+ * SPDX-License-Identifier: LGPL-2.1-or-later
+ */
+
+#pragma once
+
+#include "backend/gmlp-backend.h"
+
+G_BEGIN_DECLS
+
+/* See the activation_quantize entry of GmlpBackend. */
+gboolean gmlp_cpu_activation_quantize (GmlpBackendDevice       *device,
+                                       const GmlpBackendShape  *shape,
+                                       int                      activation,
+                                       gconstpointer            in,
+                                       int                      dtype,
+                                       int                      recipe,
+                                       int                      flags,
+                                       int                      fp8_dtype,
+                                       gpointer                 data,
+                                       gpointer                 scale_inv,
+                                       gpointer                 columnwise,
+                                       gpointer                 columnwise_scale_inv,
+                                       gint64                  *derived_rows,
+                                       float                   *state,
+                                       guint                    history_length,
+                                       GError                 **error);
+
+G_END_DECLS

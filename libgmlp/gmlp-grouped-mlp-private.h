@@ -1,0 +1,26 @@
+/* gmlp-grouped-mlp-private.h: the MLP's activation passes, for the tests
+ *
+ * SPDX-License-Identifier: LGPL-2.1-or-later
+ */
+
+#pragma once
+
+#include "gmlp-grouped-mlp.h"
+#include "gmlp-quantizer.h"
+
+G_BEGIN_DECLS
+
+/* The MLP's activation of FC1's output @h (rows × fc1's out_features, the
+ * MLP's dtype): act(h), rows × ffn_hidden. */
+GmlpGroupedTensor *gmlp_grouped_mlp_run_activation          (GmlpGroupedMLP     *self,
+                                                             GmlpGroupedTensor  *h,
+                                                             GError            **error);
+/* The fused pass: act(h) quantized by @quantizer, with the columnwise copy
+ * when @with_columnwise, as the FP8 forward makes FC2's input. */
+GmlpGroupedTensor *gmlp_grouped_mlp_run_activation_quantize (GmlpGroupedMLP     *self,
+                                                             GmlpGroupedTensor  *h,
+                                                             GmlpQuantizer      *quantizer,
+                                                             gboolean            with_columnwise,
+                                                             GError            **error);
+
+G_END_DECLS
