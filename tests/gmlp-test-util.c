@@ -249,6 +249,41 @@ gmlp_test_tolerance (GmlpDType dtype)
     }
 }
 
+/* ‖got − want‖² into *diff and ‖want‖² into *norm; every value of got
+ * must be finite (poisoned memory is NaN). */
+static void
+sums_of_squares (const double *got,
+                 const double *want,
+                 gsize         n,
+                 const char   *what,
+                 double       *diff,
+                 double       *norm)
+{
+  gsize i;
+
+  *diff = 0.0;
+  *norm = 0.0;
+  for (i = 0; i < n; i++)
+    {
+      if (!isfinite (got[i]))
+        g_error ("%s [%" G_GSIZE_FORMAT "] is %g (unwritten or overflowed)", what, i, got[i]);
+      *diff += (got[i] - want[i]) * (got[i] - want[i]);
+      *norm += want[i] * want[i];
+    }
+}
+
+double
+gmlp_test_relative_error (const double *got,
+                          const double *want,
+                          gsize         n,
+                          const char   *what)
+{
+  double diff, norm;
+
+  sums_of_squares (got, want, n, what, &diff, &norm);
+  return norm > 0.0 ? sqrt (diff / norm) : sqrt (diff);
+}
+
 void
 gmlp_test_assert_close (const double *got,
                         const double *want,
@@ -256,17 +291,10 @@ gmlp_test_assert_close (const double *got,
                         double        tol,
                         const char   *what)
 {
-  double diff = 0.0, norm = 0.0;
+  double diff, norm;
   gsize i;
 
-  for (i = 0; i < n; i++)
-    {
-      if (!isfinite (got[i]))
-        g_error ("%s [%" G_GSIZE_FORMAT "] is %g (unwritten or overflowed)", what, i, got[i]);
-      diff += (got[i] - want[i]) * (got[i] - want[i]);
-      norm += want[i] * want[i];
-    }
-
+  sums_of_squares (got, want, n, what, &diff, &norm);
   if (norm == 0.0)
     {
       for (i = 0; i < n; i++)
@@ -322,4 +350,105 @@ gmlp_test_host_view (GmlpGroupedTensor *t, const gint64 *rows)
   view = gmlp_grouped_tensor_new_with_buffer (&layout, gmlp_grouped_tensor_get_buffer (t));
   gmlp_tensor_layout_clear (&layout);
   return view;
+}
+
+const char *
+gmlp_test_recipe_name (GmlpScalingRecipe recipe)
+{
+  static const char *const names[] = { "none", "delayed", "current", "blockwise", "mxfp8" };
+
+  g_assert_cmpuint (recipe, <, G_N_ELEMENTS (names));
+  return names[recipe];
+}
+
+double *
+gmlp_test_dequantize (GmlpGroupedTensor *q)
+{
+  g_autoptr(GError) error = NULL;
+  GmlpGroupedTensor *scales = gmlp_grouped_tensor_get_scale_inv (q);
+  g_autoptr(GBytes) data = gmlp_grouped_tensor_to_bytes (q, &error);
+  g_autoptr(GBytes) scale_bytes = NULL;
+  gboolean mx = gmlp_grouped_tensor_get_scaling_recipe (q) == GMLP_SCALING_RECIPE_MXFP8;
+  GmlpDType dtype = gmlp_grouped_tensor_get_dtype (q);
+  guint n = gmlp_grouped_tensor_get_n_groups (q), g;
+  gint64 cols = gmlp_grouped_tensor_get_cols (q), br, bc;
+  const guint8 *d, *s;
+  gsize i = 0, s0 = 0;
+  double *values;
+
+  g_assert_no_error (error);
+  g_assert_nonnull (data);
+  g_assert_nonnull (scales);
+  g_assert_true (gmlp_grouped_tensor_get_scale_block (q, &br, &bc));
+  scale_bytes = gmlp_grouped_tensor_to_bytes (scales, &error);
+  g_assert_no_error (error);
+  d = g_bytes_get_data (data, NULL);
+  s = g_bytes_get_data (scale_bytes, NULL);
+  values = g_new (double, MAX (g_bytes_get_size (data), 1));
+
+  for (g = 0; g < n; g++)
+    {
+      gint64 m = gmlp_grouped_tensor_get_rows (q, g), r, c;
+      gint64 grid_rows = br == 0 ? 1 : (m + br - 1) / br;
+      gint64 grid_cols = bc == 0 ? 1 : (cols + bc - 1) / bc;
+
+      for (r = 0; r < m; r++)
+        for (c = 0; c < cols; c++, i++)
+          {
+            gsize at = s0 + (gsize) ((br == 0 ? 0 : r / br) * grid_cols + (bc == 0 ? 0 : c / bc));
+            double scale;
+
+            if (mx)
+              scale = s[at] == 255 ? NAN : ldexp (1.0, (int) s[at] - 127);
+            else
+              {
+                float f;
+                memcpy (&f, s + at * sizeof (float), sizeof f);
+                scale = f;
+              }
+            values[i] = gmlp_test_decode (d, dtype, i) * scale;
+          }
+      /* Per-tensor scales have a member for an empty group too. */
+      s0 += (gsize) (grid_rows * grid_cols);
+    }
+  g_assert_cmpuint (i * gmlp_dtype_get_size (dtype), ==, g_bytes_get_size (data));
+  return values;
+}
+
+void
+gmlp_test_assert_same_bytes (GmlpGroupedTensor *a,
+                             GmlpGroupedTensor *b,
+                             const char        *what)
+{
+  g_autoptr(GError) error = NULL;
+  g_autoptr(GBytes) x = NULL, y = NULL;
+  const guint8 *p, *q;
+  gsize i, n;
+
+  g_assert_nonnull (a);
+  g_assert_nonnull (b);
+  g_assert_cmpint (gmlp_grouped_tensor_get_dtype (a), ==, gmlp_grouped_tensor_get_dtype (b));
+  g_assert_cmpint (gmlp_grouped_tensor_get_n_groups (a), ==, gmlp_grouped_tensor_get_n_groups (b));
+  g_assert_cmpint (gmlp_grouped_tensor_get_cols (a), ==, gmlp_grouped_tensor_get_cols (b));
+  for (i = 0; i < gmlp_grouped_tensor_get_n_groups (a); i++)
+    g_assert_cmpint (gmlp_grouped_tensor_get_rows (a, i), ==, gmlp_grouped_tensor_get_rows (b, i));
+  x = gmlp_grouped_tensor_to_bytes (a, &error);
+  g_assert_no_error (error);
+  y = gmlp_grouped_tensor_to_bytes (b, &error);
+  g_assert_no_error (error);
+  g_assert_cmpuint (g_bytes_get_size (x), ==, g_bytes_get_size (y));
+  p = g_bytes_get_data (x, &n);
+  q = g_bytes_get_data (y, NULL);
+  for (i = 0; i < n; i++)
+    if (p[i] != q[i])
+      g_error ("%s: byte %" G_GSIZE_FORMAT " of %" G_GSIZE_FORMAT " differs: 0x%02x, 0x%02x",
+               what, i, n, p[i], q[i]);
+}
+
+void
+gmlp_test_count_notify (GObject    *object,
+                        GParamSpec *pspec,
+                        gpointer    counter)
+{
+  (*(guint *) counter)++;
 }

@@ -36,6 +36,11 @@ GBytes     *gmlp_test_random_bytes        (GmlpDType dtype, gsize n_elements, do
 /* n_groups random sizes in [0, max_rows], with about one in five empty. */
 gint64     *gmlp_test_random_rows         (guint n_groups, gint64 max_rows);
 
+/* A GObject::notify handler that counts: counter is a guint. */
+void        gmlp_test_count_notify        (GObject    *object,
+                                           GParamSpec *pspec,
+                                           gpointer    counter);
+
 /* Asserts that two doubles agree: both NaN, or equal including the sign of
  * zero. */
 #define gmlp_assert_same_value(a, b, what, index) \
@@ -71,6 +76,12 @@ void               gmlp_test_assert_close      (const double   *got,
                                                 gsize           n,
                                                 double          tol,
                                                 const char     *what);
+/* ‖got − want‖ / ‖want‖ (‖got − want‖ where want is all zero); every value
+ * must be finite (poisoned memory is NaN). */
+double             gmlp_test_relative_error    (const double   *got,
+                                                const double   *want,
+                                                gsize           n,
+                                                const char     *what);
 
 /* A tensor with the group sizes of @sizes (device-only) and row capacity
  * @capacity holding a byte copy of @host's members (whose rows are the
@@ -82,5 +93,19 @@ GmlpGroupedTensor *gmlp_test_device_sized_copy (GmlpGroupedTensor *host,
  * results where the kernels put them. */
 GmlpGroupedTensor *gmlp_test_host_view         (GmlpGroupedTensor *t,
                                                 const gint64      *rows);
+
+/* FP8 tensors. */
+
+/* The recipe's name in messages: "delayed", "current", ... */
+const char        *gmlp_test_recipe_name       (GmlpScalingRecipe  recipe);
+/* A quantized tensor's values, packed, decoded independently of the
+ * library: the FP8 bits (gmlp_test_decode()) times the scale of their block
+ * (FP32, or 2^(b − 127) for an E8M0 byte b), in float64. Host sizes. */
+double            *gmlp_test_dequantize        (GmlpGroupedTensor *q);
+/* Asserts that two tensors have the same dtype, shape and bytes (the
+ * first byte that differs, if one does). */
+void               gmlp_test_assert_same_bytes (GmlpGroupedTensor *a,
+                                                GmlpGroupedTensor *b,
+                                                const char        *what);
 
 G_END_DECLS

@@ -53,13 +53,6 @@ per_tensor (GmlpScalingRecipe recipe)
   return recipe == GMLP_SCALING_RECIPE_DELAYED || recipe == GMLP_SCALING_RECIPE_CURRENT;
 }
 
-static const char *
-recipe_name (GmlpScalingRecipe recipe)
-{
-  static const char *names[] = { "none", "delayed", "current", "blockwise", "mxfp8" };
-  return names[recipe];
-}
-
 /* ---- Layers, quantizers and data ----------------------------------------- */
 
 typedef struct {
@@ -206,62 +199,6 @@ problem_new (GmlpGroupedLinear *layer, const gint64 *rows, double amplitude)
 
 /* ---- References ----------------------------------------------------------- */
 
-/* A quantized tensor's values, packed, decoded independently of the
- * library: the FP8 bits (gmlp_test_decode) times the scale of their block
- * (FP32, or 2^(b − 127) for an E8M0 byte b), in float64. Host sizes. */
-static double *
-dequantize_reference (GmlpGroupedTensor *q)
-{
-  g_autoptr(GError) error = NULL;
-  GmlpGroupedTensor *scales = gmlp_grouped_tensor_get_scale_inv (q);
-  g_autoptr(GBytes) data = gmlp_grouped_tensor_to_bytes (q, &error);
-  g_autoptr(GBytes) scale_bytes = NULL;
-  gboolean mx = gmlp_grouped_tensor_get_scaling_recipe (q) == GMLP_SCALING_RECIPE_MXFP8;
-  GmlpDType dtype = gmlp_grouped_tensor_get_dtype (q);
-  guint n = gmlp_grouped_tensor_get_n_groups (q), g;
-  gint64 cols = gmlp_grouped_tensor_get_cols (q), br, bc;
-  const guint8 *d, *s;
-  gsize i = 0, s0 = 0;
-  double *values;
-
-  g_assert_no_error (error);
-  g_assert_nonnull (scales);
-  g_assert_true (gmlp_grouped_tensor_get_scale_block (q, &br, &bc));
-  scale_bytes = gmlp_grouped_tensor_to_bytes (scales, &error);
-  g_assert_no_error (error);
-  d = g_bytes_get_data (data, NULL);
-  s = g_bytes_get_data (scale_bytes, NULL);
-  values = g_new (double, MAX (g_bytes_get_size (data), 1));
-
-  for (g = 0; g < n; g++)
-    {
-      gint64 m = gmlp_grouped_tensor_get_rows (q, g), r, c;
-      gint64 grid_rows = br == 0 ? 1 : (m + br - 1) / br;
-      gint64 grid_cols = bc == 0 ? 1 : (cols + bc - 1) / bc;
-
-      for (r = 0; r < m; r++)
-        for (c = 0; c < cols; c++, i++)
-          {
-            gsize at = s0 + (gsize) ((br == 0 ? 0 : r / br) * grid_cols + (bc == 0 ? 0 : c / bc));
-            double scale;
-
-            if (mx)
-              scale = s[at] == 255 ? NAN : ldexp (1.0, (int) s[at] - 127);
-            else
-              {
-                float f;
-                memcpy (&f, s + at * sizeof (float), sizeof f);
-                scale = f;
-              }
-            values[i] = gmlp_test_decode (d, dtype, i) * scale;
-          }
-      /* Per-tensor scales have a member for an empty group too. */
-      s0 += (gsize) (grid_rows * grid_cols);
-    }
-  g_assert_cmpuint (i * gmlp_dtype_get_size (dtype), ==, g_bytes_get_size (data));
-  return values;
-}
-
 typedef struct {
   double *y, *dx, *dw, *db;
 } Results;
@@ -338,9 +275,9 @@ reference_quantized (const Problem *p, const Quantizers *q, Results *out)
   g_autofree double *xq = NULL, *wq = NULL, *dyq = NULL;
 
   g_assert_no_error (error);
-  xq = dequantize_reference (x8);
-  wq = dequantize_reference (w8);
-  dyq = dequantize_reference (dy8);
+  xq = gmlp_test_dequantize (x8);
+  wq = gmlp_test_dequantize (w8);
+  dyq = gmlp_test_dequantize (dy8);
   reference (p, xq, wq, dyq, p->dy, out);
 }
 
@@ -371,21 +308,6 @@ download_weight_grads (GmlpGroupedLinear *layer, guint n, gint64 len)
       memcpy (all + g * len, one, len * sizeof (double));
     }
   return all;
-}
-
-static double
-relative_error (const double *got, const double *want, gsize n)
-{
-  double diff = 0.0, norm = 0.0;
-  gsize i;
-
-  for (i = 0; i < n; i++)
-    {
-      g_assert_true (isfinite (got[i]));
-      diff += (got[i] - want[i]) * (got[i] - want[i]);
-      norm += want[i] * want[i];
-    }
-  return norm > 0.0 ? sqrt (diff / norm) : sqrt (diff);
 }
 
 /* Group by group, so that an empty reference group must be exactly zero. */
@@ -555,9 +477,9 @@ measure_b (GmlpDevice *device, const Problem *p, GmlpLinearFlags flags, const Ou
     g_assert_true (gmlp_grouped_linear_set_bias_from_bytes (bf16, p->b_bytes, &error));
   g_assert_no_error (error);
   run_layer (bf16, &bp, &ref);
-  err[0] = relative_error (fp8->y, ref.y, ref.n_y);
-  err[1] = relative_error (fp8->dx, ref.dx, ref.n_dx);
-  err[2] = relative_error (fp8->dw, ref.dw, p->n * p->o * p->k);
+  err[0] = gmlp_test_relative_error (fp8->y, ref.y, ref.n_y, "(b) fprop");
+  err[1] = gmlp_test_relative_error (fp8->dx, ref.dx, ref.n_dx, "(b) dgrad");
+  err[2] = gmlp_test_relative_error (fp8->dw, ref.dw, p->n * p->o * p->k, "(b) wgrad");
   outputs_clear (&ref);
 }
 
@@ -592,7 +514,7 @@ test_recipes (void)
           for (step = 0; step < (recipe == GMLP_SCALING_RECIPE_DELAYED ? 2u : 1u); step++)
             {
               g_autoptr(Problem) p = problem_new (layer, rows, 1.0);
-              g_autofree char *what = g_strdup_printf ("%s %s %s step %u", recipe_name (recipe),
+              g_autofree char *what = g_strdup_printf ("%s %s %s step %u", gmlp_test_recipe_name (recipe),
                                                        test_formats[f] == GMLP_FP8_FORMAT_HYBRID ? "hybrid" : "e4m3",
                                                        gmlp_dtype_get_name (layer_dtypes[d]), step);
               Results ref = { 0, };
@@ -603,9 +525,9 @@ test_recipes (void)
               run_layer (layer, p, &out);
               check_a (p, &ref, &out, tol, tol, NULL, NULL, what);
               g_test_message ("(a) %s: fprop %.2e dgrad %.2e wgrad %.2e", what,
-                              relative_error (out.y, ref.y, out.n_y),
-                              relative_error (out.dx, ref.dx, out.n_dx),
-                              relative_error (out.dw, ref.dw, p->n * p->o * p->k));
+                              gmlp_test_relative_error (out.y, ref.y, out.n_y, what),
+                              gmlp_test_relative_error (out.dx, ref.dx, out.n_dx, what),
+                              gmlp_test_relative_error (out.dw, ref.dw, p->n * p->o * p->k, what));
 
               if (p->dtype == GMLP_DTYPE_BFLOAT16)
                 {
@@ -688,7 +610,7 @@ test_shapes (void)
               rows[g] = pass == 1 ? 0 : g == 0 ? 1 : g_test_rand_int_range (0, 5) == 0 ? 0
                                                       : g_test_rand_int_range (1, 70);
             p = problem_new (layer, rows, 1.0);
-            what = g_strdup_printf ("%s, case %u, pass %u", recipe_name (recipe), c, pass);
+            what = g_strdup_printf ("%s, case %u, pass %u", gmlp_test_recipe_name (recipe), c, pass);
             if (fused)
               base = download_weight_grads (layer, p->n, p->o * p->k);
             reference_quantized (p, &q, &ref);
@@ -838,7 +760,8 @@ test_prequantized (void)
         g_autoptr(GError) error = NULL;
         g_autofree double *xq = NULL, *dyq = NULL, *dw = NULL, *dyd = NULL;
         g_autofree gint64 *len_y = g_new (gint64, 4), *len_dx = g_new (gint64, 4), *len_w = g_new (gint64, 4);
-        g_autofree char *what = g_strdup_printf ("prequantized %s, copies %u", recipe_name (recipe), with_copies);
+        g_autofree char *what = g_strdup_printf ("prequantized %s, copies %u", gmlp_test_recipe_name (recipe),
+                                                 with_copies);
         Quantizers q = { 0, };
         Results ref = { 0, };
         double tol;
@@ -854,14 +777,14 @@ test_prequantized (void)
         x8 = gmlp_quantizer_quantize (q.input, p->xt, &error);
         dy8 = gmlp_quantizer_quantize (q.grad_output, p->dyt, &error);
         g_assert_no_error (error);
-        xq = dequantize_reference (x8);
-        dyq = dequantize_reference (dy8);
+        xq = gmlp_test_dequantize (x8);
+        dyq = gmlp_test_dequantize (dy8);
         {
           g_autoptr(GmlpGroupedTensor) w8 = gmlp_quantizer_quantize (q.weight, p->wt, &error);
           g_autofree double *wq = NULL;
 
           g_assert_no_error (error);
-          wq = dequantize_reference (w8);
+          wq = gmlp_test_dequantize (w8);
           /* db from dy's dequantized values (rounded to the layer's dtype). */
           dyd = g_new (double, MAX (p->total * p->o, 1));
           for (gint64 i = 0; i < p->total * p->o; i++)
@@ -939,7 +862,7 @@ test_device_sizes (void)
       g_autoptr(GmlpGroupedTensor) x = NULL, dy = NULL, y = NULL, dx = NULL, yv = NULL, dxv = NULL;
       g_autoptr(GmlpSavedActivations) saved = NULL;
       g_autoptr(GError) error = NULL;
-      g_autofree char *what = g_strdup_printf ("device sizes, %s", recipe_name (recipe));
+      g_autofree char *what = g_strdup_printf ("device sizes, %s", gmlp_test_recipe_name (recipe));
       g_autofree double *got_y = NULL, *got_dx = NULL, *got_dw = NULL;
       g_autofree gint64 *len_y = g_new (gint64, 4), *len_dx = g_new (gint64, 4), *len_w = g_new (gint64, 4);
       double tol = tolerance_a (GMLP_DTYPE_BFLOAT16, TRUE);
@@ -992,21 +915,6 @@ raw_bytes (GmlpGroupedTensor *t)
 
   g_assert_no_error (error);
   return bytes;
-}
-
-static void
-assert_same_bytes (GmlpGroupedTensor *a, GmlpGroupedTensor *b, const char *what)
-{
-  g_autoptr(GBytes) x = NULL, y = NULL;
-
-  g_assert_nonnull (a);
-  g_assert_nonnull (b);
-  g_assert_cmpint (gmlp_grouped_tensor_get_dtype (a), ==, gmlp_grouped_tensor_get_dtype (b));
-  g_assert_cmpuint (gmlp_grouped_tensor_get_nbytes (a), ==, gmlp_grouped_tensor_get_nbytes (b));
-  x = gmlp_grouped_tensor_to_bytes (a, NULL);
-  y = gmlp_grouped_tensor_to_bytes (b, NULL);
-  if (!g_bytes_equal (x, y))
-    g_error ("%s: the bytes differ", what);
 }
 
 /* Offload of FP8 saved activations: forward, backward and the weight
@@ -1091,10 +999,10 @@ test_offload (void)
       dx1 = gmlp_grouped_linear_backward (layer, saved1, p->dyt, &error);
       g_assert_no_error (error);
 
-      assert_same_bytes (y0, y1, "fprop (offloaded)");
-      assert_same_bytes (dx0, dx1, "dgrad (reloaded)");
-      assert_same_bytes (dw0, gmlp_grouped_linear_get_wgrad (layer), "wgrad (reloaded)");
-      assert_same_bytes (db0, gmlp_grouped_linear_get_bgrad (layer), "dbias (reloaded)");
+      gmlp_test_assert_same_bytes (y0, y1, "fprop (offloaded)");
+      gmlp_test_assert_same_bytes (dx0, dx1, "dgrad (reloaded)");
+      gmlp_test_assert_same_bytes (dw0, gmlp_grouped_linear_get_wgrad (layer), "wgrad (reloaded)");
+      gmlp_test_assert_same_bytes (db0, gmlp_grouped_linear_get_bgrad (layer), "dbias (reloaded)");
       quantizers_clear (&q);
     }
 }
@@ -1304,12 +1212,6 @@ test_bad_input (void)
 
 /* The construct properties, the getter, notifications and update. */
 static void
-on_notify (GObject *object, GParamSpec *pspec, gpointer data)
-{
-  (*(guint *) data)++;
-}
-
-static void
 test_properties (void)
 {
   g_autoptr(GmlpDevice) device = device_or_skip ();
@@ -1340,8 +1242,8 @@ test_properties (void)
   g_assert_true (gmlp_grouped_linear_update_quantizers (layer, &error));
   g_assert_no_error (error);
 
-  g_signal_connect (layer, "notify::input-quantizer", G_CALLBACK (on_notify), &notified);
-  g_signal_connect (layer, "notify::grad-output-quantizer", G_CALLBACK (on_notify), &notified);
+  g_signal_connect (layer, "notify::input-quantizer", G_CALLBACK (gmlp_test_count_notify), &notified);
+  g_signal_connect (layer, "notify::grad-output-quantizer", G_CALLBACK (gmlp_test_count_notify), &notified);
   g_assert_true (gmlp_grouped_linear_set_quantizers (layer, q.input, q.weight, q.grad_output, &error));
   g_assert_cmpuint (notified, ==, 0);
   g_assert_true (gmlp_grouped_linear_set_quantizers (layer, NULL, NULL, NULL, &error));

@@ -31,7 +31,6 @@ static const GmlpActivation activations[] = {
   GMLP_ACTIVATION_SWIGLU, GMLP_ACTIVATION_GEGLU,
 };
 static const char *const activation_names[] = { "gelu", "relu", "srelu", "swiglu", "geglu" };
-static const char *const recipe_names[] = { "none", "delayed", "current", "blockwise", "mxfp8" };
 
 /* Bounds of the relative errors (‖fp8 − bf16‖ / ‖bf16‖) of the FP8 MLP
  * (HYBRID) against the BF16 MLP with the same parameters; docs/fp8.md
@@ -117,135 +116,38 @@ act_df (GmlpActivation act, double x)
     }
 }
 
-/* A quantized tensor's values, packed, decoded independently of the
- * library: FP8 bits times the scale of their block (FP32, or 2^(b − 127)
- * for an E8M0 byte b). Host sizes. */
-static double *
-dequantize_reference (GmlpGroupedTensor *q)
-{
-  GmlpGroupedTensor *scales = gmlp_grouped_tensor_get_scale_inv (q);
-  g_autoptr(GBytes) data = gmlp_grouped_tensor_to_bytes (q, NULL);
-  g_autoptr(GBytes) scale_bytes = NULL;
-  gboolean mx = gmlp_grouped_tensor_get_scaling_recipe (q) == GMLP_SCALING_RECIPE_MXFP8;
-  GmlpDType dtype = gmlp_grouped_tensor_get_dtype (q);
-  guint n = gmlp_grouped_tensor_get_n_groups (q), g;
-  gint64 cols = gmlp_grouped_tensor_get_cols (q), br, bc;
-  const guint8 *d, *s;
-  gsize i = 0, s0 = 0;
-  double *values;
-
-  g_assert_nonnull (data);
-  g_assert_nonnull (scales);
-  g_assert_true (gmlp_grouped_tensor_get_scale_block (q, &br, &bc));
-  scale_bytes = gmlp_grouped_tensor_to_bytes (scales, NULL);
-  d = g_bytes_get_data (data, NULL);
-  s = g_bytes_get_data (scale_bytes, NULL);
-  values = g_new (double, MAX (g_bytes_get_size (data), 1));
-
-  for (g = 0; g < n; g++)
-    {
-      gint64 m = gmlp_grouped_tensor_get_rows (q, g), r, c;
-      gint64 grid_rows = br == 0 ? 1 : (m + br - 1) / br;
-      gint64 grid_cols = bc == 0 ? 1 : (cols + bc - 1) / bc;
-
-      for (r = 0; r < m; r++)
-        for (c = 0; c < cols; c++, i++)
-          {
-            gsize at = s0 + (gsize) ((br == 0 ? 0 : r / br) * grid_cols + (bc == 0 ? 0 : c / bc));
-            double scale;
-
-            if (mx)
-              scale = s[at] == 255 ? NAN : ldexp (1.0, (int) s[at] - 127);
-            else
-              {
-                float f;
-                memcpy (&f, s + at * sizeof (float), sizeof f);
-                scale = f;
-              }
-            values[i] = gmlp_test_decode (d, dtype, i) * scale;
-          }
-      s0 += (gsize) (grid_rows * grid_cols);
-    }
-  return values;
-}
-
-static double
-relative_error (const double *got, const double *want, gsize n, const char *what)
-{
-  double diff = 0.0, norm = 0.0;
-  gsize i;
-
-  for (i = 0; i < n; i++)
-    {
-      if (!isfinite (got[i]))
-        g_error ("%s [%" G_GSIZE_FORMAT "] is %g (unwritten or overflowed)", what, i, got[i]);
-      diff += (got[i] - want[i]) * (got[i] - want[i]);
-      norm += want[i] * want[i];
-    }
-  return norm > 0.0 ? sqrt (diff / norm) : sqrt (diff);
-}
-
 /* ---- Comparing quantized tensors ----------------------------------------- */
-
-static void
-assert_same_bytes (GmlpGroupedTensor *a, GmlpGroupedTensor *b, const char *what)
-{
-  g_autoptr(GError) error = NULL;
-  g_autoptr(GBytes) x = NULL, y = NULL;
-  const guint8 *p, *q;
-  gsize i, n;
-
-  g_assert_nonnull (a);
-  g_assert_nonnull (b);
-  g_assert_cmpint (gmlp_grouped_tensor_get_dtype (a), ==, gmlp_grouped_tensor_get_dtype (b));
-  g_assert_cmpint (gmlp_grouped_tensor_get_n_groups (a), ==, gmlp_grouped_tensor_get_n_groups (b));
-  g_assert_cmpint (gmlp_grouped_tensor_get_cols (a), ==, gmlp_grouped_tensor_get_cols (b));
-  for (i = 0; i < gmlp_grouped_tensor_get_n_groups (a); i++)
-    g_assert_cmpint (gmlp_grouped_tensor_get_rows (a, i), ==, gmlp_grouped_tensor_get_rows (b, i));
-  x = gmlp_grouped_tensor_to_bytes (a, &error);
-  g_assert_no_error (error);
-  y = gmlp_grouped_tensor_to_bytes (b, &error);
-  g_assert_no_error (error);
-  g_assert_cmpuint (g_bytes_get_size (x), ==, g_bytes_get_size (y));
-  p = g_bytes_get_data (x, &n);
-  q = g_bytes_get_data (y, NULL);
-  for (i = 0; i < n; i++)
-    if (p[i] != q[i])
-      g_error ("%s: byte %" G_GSIZE_FORMAT " of %" G_GSIZE_FORMAT " differs: 0x%02x, 0x%02x",
-               what, i, n, p[i], q[i]);
-}
 
 /* Two quantized tensors are the same: recipe, blocks, FP8 values, scales,
  * and the columnwise copies with their scales. */
 static void
 assert_same_quantized (GmlpGroupedTensor *a, GmlpGroupedTensor *b, const char *what)
 {
+  static const char *const part_names[] = { "data", "scales", "columnwise copy", "columnwise scales" };
   GmlpGroupedTensor *ca = gmlp_grouped_tensor_get_columnwise (a);
   GmlpGroupedTensor *cb = gmlp_grouped_tensor_get_columnwise (b);
-  g_autofree char *name = NULL;
+  GmlpGroupedTensor *parts_a[] = { a, gmlp_grouped_tensor_get_scale_inv (a), ca, NULL };
+  GmlpGroupedTensor *parts_b[] = { b, gmlp_grouped_tensor_get_scale_inv (b), cb, NULL };
   gint64 br[2], bc[2];
+  guint i;
 
   g_assert_cmpint (gmlp_grouped_tensor_get_scaling_recipe (a), ==, gmlp_grouped_tensor_get_scaling_recipe (b));
   g_assert_true (gmlp_grouped_tensor_get_scale_block (a, &br[0], &bc[0]));
   g_assert_true (gmlp_grouped_tensor_get_scale_block (b, &br[1], &bc[1]));
   g_assert_cmpint (br[0], ==, br[1]);
   g_assert_cmpint (bc[0], ==, bc[1]);
-  name = g_strdup_printf ("%s: data", what);
-  assert_same_bytes (a, b, name);
-  g_free (name);
-  name = g_strdup_printf ("%s: scales", what);
-  assert_same_bytes (gmlp_grouped_tensor_get_scale_inv (a), gmlp_grouped_tensor_get_scale_inv (b), name);
   g_assert_true ((ca == NULL) == (cb == NULL));
   if (ca != NULL)
     {
       g_assert_true (gmlp_grouped_tensor_is_columnwise (ca));
       g_assert_true (gmlp_grouped_tensor_is_columnwise (cb));
-      g_free (name);
-      name = g_strdup_printf ("%s: columnwise copy", what);
-      assert_same_bytes (ca, cb, name);
-      g_free (name);
-      name = g_strdup_printf ("%s: columnwise scales", what);
-      assert_same_bytes (gmlp_grouped_tensor_get_scale_inv (ca), gmlp_grouped_tensor_get_scale_inv (cb), name);
+      parts_a[3] = gmlp_grouped_tensor_get_scale_inv (ca);
+      parts_b[3] = gmlp_grouped_tensor_get_scale_inv (cb);
+    }
+  for (i = 0; i < (ca != NULL ? 4u : 2u); i++)
+    {
+      g_autofree char *name = g_strdup_printf ("%s: %s", what, part_names[i]);
+      gmlp_test_assert_same_bytes (parts_a[i], parts_b[i], name);
     }
 }
 
@@ -357,7 +259,8 @@ check_fused (GmlpDevice *device, GmlpActivation act, GmlpDType dtype, GmlpScalin
   g_autoptr(GmlpGroupedTensor) h = NULL, a = NULL, fused = NULL, plain = NULL;
   g_autofree double *hv = NULL, *av = NULL, *want = NULL, *deq = NULL;
   g_autofree char *what = g_strdup_printf ("%s %s %s %s%s", activation_names[act], gmlp_dtype_get_name (dtype),
-                                           recipe_names[recipe], format == GMLP_FP8_FORMAT_E5M2 ? "e5m2" : "e4m3",
+                                           gmlp_test_recipe_name (recipe),
+                                           format == GMLP_FP8_FORMAT_E5M2 ? "e5m2" : "e4m3",
                                            columnwise ? " columnwise" : "");
   double err;
   guint g;
@@ -398,7 +301,7 @@ check_fused (GmlpDevice *device, GmlpActivation act, GmlpDType dtype, GmlpScalin
         want[r * ffn + c] = v;
       }
   av = gmlp_test_download (a, NULL);
-  err = relative_error (av, want, total * ffn, what);
+  err = gmlp_test_relative_error (av, want, total * ffn, what);
   if (!(err <= (dtype == GMLP_DTYPE_FLOAT32 ? 1e-6 : dtype == GMLP_DTYPE_FLOAT16 ? 1e-3 : 5e-3)))
     g_error ("%s: the activation's relative error is %.3g", what, err);
   if (recipe == GMLP_SCALING_RECIPE_DELAYED && saturates (plain_q, rows, n, av, ffn))
@@ -406,8 +309,8 @@ check_fused (GmlpDevice *device, GmlpActivation act, GmlpDType dtype, GmlpScalin
       g_test_message ("%s: the stale delayed scale saturates (bytes compared only)", what);
       return;
     }
-  deq = dequantize_reference (fused);
-  err = relative_error (deq, av, total * ffn, what);
+  deq = gmlp_test_dequantize (fused);
+  err = gmlp_test_relative_error (deq, av, total * ffn, what);
   if (!(err <= (format == GMLP_FP8_FORMAT_E5M2 ? 0.12 : 0.06) +
                (recipe == GMLP_SCALING_RECIPE_MXFP8 ? 0.02 : 0.0)))
     g_error ("%s: the FP8 values' relative error is %.3g", what, err);
@@ -474,7 +377,7 @@ test_cpu_gpu_identical (void)
           g_autoptr(GmlpGroupedTensor) f_c = NULL, f_g = NULL;
           g_autoptr(GVariant) state = NULL;
           g_autofree char *what = g_strdup_printf ("cpu/gpu %s %s %s", activation_names[act],
-                                                   gmlp_dtype_get_name (dtypes[d]), recipe_names[recipe]);
+                                                   gmlp_dtype_get_name (dtypes[d]), gmlp_test_recipe_name (recipe));
 
           mlp_c = gmlp_grouped_mlp_new_full (cpu, n, 16, ffn, act, dtypes[d], GMLP_LINEAR_SINGLE_GROUPED_WEIGHT, &error);
           g_assert_no_error (error);
@@ -497,7 +400,7 @@ test_cpu_gpu_identical (void)
           g_assert_no_error (error);
           a_g = gmlp_grouped_mlp_run_activation (mlp_g, h_g, &error);
           g_assert_no_error (error);
-          assert_same_bytes (a_c, a_g, what);
+          gmlp_test_assert_same_bytes (a_c, a_g, what);
 
           f_c = gmlp_grouped_mlp_run_activation_quantize (mlp_c, h_c, q_c, TRUE, &error);
           g_assert_no_error (error);
@@ -754,10 +657,10 @@ measure (const Problem *p, const Outputs *fp8, const Outputs *bf16, const double
   for (i = 0; i < 4; i++)
     {
       g_autofree char *name = g_strdup_printf ("%s: %s", what, output_names[i]);
-      double e_bf16 = relative_error (base[i], want[i], len[i], name);
+      double e_bf16 = gmlp_test_relative_error (base[i], want[i], len[i], name);
 
-      err[i] = relative_error (got[i], base[i], len[i], name);
-      exact_err[i] = relative_error (got[i], want[i], len[i], name);
+      err[i] = gmlp_test_relative_error (got[i], base[i], len[i], name);
+      exact_err[i] = gmlp_test_relative_error (got[i], want[i], len[i], name);
       /* The BF16 MLP itself: a few roundings to BF16 (for ReLU, the gates
        * that BF16 flips, a tenth of what FP8 flips). */
       if (!(e_bf16 <= (p->act == GMLP_ACTIVATION_RELU ? 0.10 : 0.01)))
@@ -797,7 +700,7 @@ test_recipes (void)
             g_autoptr(GmlpGroupedMLP) mlp16 = new_mlp (device, 4, 64, 48, activations[a],
                                                        GMLP_SCALING_RECIPE_NONE, 0);
             g_autoptr(Problem) p = NULL;
-            g_autofree char *what = g_strdup_printf ("%s %s", recipe_names[recipe], activation_names[a]);
+            g_autofree char *what = g_strdup_printf ("%s %s", gmlp_test_recipe_name (recipe), activation_names[a]);
             const double *bound = bounds_for (recipe, activations[a]);
             Outputs o8 = { 0, }, o16 = { 0, };
             double err[4], exact_err[4];
@@ -827,7 +730,7 @@ test_recipes (void)
           }
         g_test_message ("largest, %s %s over %u runs: against BF16 y %.4f dx %.4f fc1 dW %.4f "
                         "fc2 dW %.4f; against float64 %.4f %.4f %.4f %.4f",
-                        recipe_names[all_recipes[r]], activation_names[a], runs, worst[0], worst[1],
+                        gmlp_test_recipe_name (all_recipes[r]), activation_names[a], runs, worst[0], worst[1],
                         worst[2], worst[3], worst_exact[0], worst_exact[1], worst_exact[2], worst_exact[3]);
         }
     }
@@ -852,7 +755,7 @@ test_empty_groups (void)
                                                    GMLP_SCALING_RECIPE_NONE, 0);
         g_autoptr(Problem) p = NULL;
         Outputs o8 = { 0, }, o16 = { 0, }, exact = { 0, };
-        g_autofree char *what = g_strdup_printf ("%s, pass %u", recipe_names[all_recipes[r]], pass);
+        g_autofree char *what = g_strdup_printf ("%s, pass %u", gmlp_test_recipe_name (all_recipes[r]), pass);
         gsize i;
 
         g_assert_true (gmlp_grouped_mlp_init_parameters (mlp, g_test_rand_int (), NULL));
@@ -1082,7 +985,8 @@ test_recompute_offload_identical (void)
         for (mode = 1; mode < 4; mode++)
           for (i = 0; i < 4; i++)
             if (!g_bytes_equal (results[0][i], results[mode][i]))
-              g_error ("%s %s: %s differs with%s%s", recipe_names[all_recipes[r]], activation_names[activations[a]],
+              g_error ("%s %s: %s differs with%s%s", gmlp_test_recipe_name (all_recipes[r]),
+                       activation_names[activations[a]],
                        i == 0 ? "y" : i == 1 ? "dx" : i == 2 ? "fc1 wgrad" : "fc2 wgrad",
                        (mode & 1) ? " recompute" : "", (mode & 2) ? " offload" : "");
         for (mode = 0; mode < 4; mode++)
@@ -1210,12 +1114,6 @@ test_bad_input (void)
   g_assert_false (gmlp_saved_activations_is_consumed (saved));
 }
 
-static void
-count_notify (GObject *object, GParamSpec *pspec, gpointer data)
-{
-  (*(guint *) data)++;
-}
-
 /* fp8-recipe and fp8-format: construct properties, the quantizers they
  * make, notifications, NONE. */
 static void
@@ -1253,8 +1151,8 @@ test_properties (void)
   g_assert_true (gmlp_grouped_linear_get_quantizer (gmlp_grouped_mlp_get_fc1 (mlp), GMLP_QUANTIZER_ROLE_INPUT) !=
                  gmlp_grouped_linear_get_quantizer (gmlp_grouped_mlp_get_fc2 (mlp), GMLP_QUANTIZER_ROLE_INPUT));
 
-  g_signal_connect (mlp, "notify::fp8-recipe", G_CALLBACK (count_notify), &notified);
-  g_signal_connect (mlp, "notify::fp8-format", G_CALLBACK (count_notify), &notified);
+  g_signal_connect (mlp, "notify::fp8-recipe", G_CALLBACK (gmlp_test_count_notify), &notified);
+  g_signal_connect (mlp, "notify::fp8-format", G_CALLBACK (gmlp_test_count_notify), &notified);
   /* The same again: nothing changes, nothing is notified. */
   g_assert_true (gmlp_grouped_mlp_set_fp8_recipe (mlp, GMLP_SCALING_RECIPE_MXFP8, GMLP_FP8_FORMAT_E4M3, &error));
   g_assert_no_error (error);

@@ -19,6 +19,12 @@
  * backend, so both give the same bits; amaxes are combined with atomicMax on
  * their bit patterns, which is exact in any order.
  *
+ * The kernel's body, quantize_grouped_tiles(), takes where the values of a
+ * tile come from as its Source, so that the fused activation and
+ * quantization (grouped_activation_quantize.cuh) is the same code; so are
+ * the host's checks, description and launches (at the end), shared by
+ * quantize.cu and activation_quantize.cu.
+ *
  * SPDX-License-Identifier: LGPL-2.1-or-later
  */
 
@@ -300,9 +306,30 @@ tile_scale_at (const GmlpQuantBlockScale *scales,
   return scales[(r / (int) block_rows) * (kQuantTile / (int) block_cols) + c / (int) block_cols];
 }
 
-template <int kPass>
-__global__ void __launch_bounds__ (kQuantThreads)
-grouped_quantize_kernel (const __grid_constant__ GroupedQuantizeParams p)
+/* Where a tile's values come from: quantize_grouped_tiles() asks its
+ * Source for element (r0 + r, c0 + c) of the group's member of the source
+ * (whose bytes start at member; k columns to a row of the output), as
+ * float. StoredSource reads the stored values; ActivatedSource
+ * (grouped_activation_quantize.cuh) computes them. */
+struct StoredSource
+{
+  const GroupedQuantizeParams &p;
+
+  __device__ __forceinline__ float
+  operator() (const uint8_t *member, int64_t k, int64_t r0, int64_t c0, int r, int c) const
+  {
+    return gmlp_num_load_float (member, p.src_dtype, (uint64_t) (r0 + r) * (uint64_t) k + (uint64_t) (c0 + c));
+  }
+};
+
+/* The body of the quantize kernels: the group's tiles, each staged from
+ * source and quantized. The amax pass (CURRENT's first launch) stages and
+ * reduces the tiles and writes nothing but the amaxes. */
+template <typename Source>
+__device__ __forceinline__ void
+quantize_grouped_tiles (const GroupedQuantizeParams &p,
+                        const bool                   amax_pass,
+                        const Source                &source)
 {
   extern __shared__ float tile[];                      /* kQuantTile × kQuantTilePitch */
   __shared__ GmlpQuantBlockScale row_scales[kQuantMaxTileBlocks];
@@ -326,10 +353,10 @@ grouped_quantize_kernel (const __grid_constant__ GroupedQuantizeParams p)
 
   if (p.recipe == GMLP_QUANT_DELAYED)
     amax_target = (uint32_t *) (p.state + (uint64_t) g * p.state_stride + GMLP_QUANT_STATE_AMAX);
-  else if (p.recipe == GMLP_QUANT_CURRENT && kPass == kPassAmax)
+  else if (p.recipe == GMLP_QUANT_CURRENT && amax_pass)
     amax_target = p.amax + g;
 
-  if (kPass == kPassQuantize && threadIdx.x == 0)
+  if (!amax_pass && threadIdx.x == 0)
     {
       if (per_tensor)
         {
@@ -366,7 +393,7 @@ grouped_quantize_kernel (const __grid_constant__ GroupedQuantizeParams p)
           float v = 0.0f;
 
           if (r < tr && c < tc)
-            v = gmlp_num_load_float (src, p.src_dtype, (uint64_t) (r0 + r) * (uint64_t) k + (uint64_t) (c0 + c));
+            v = source (src, k, r0, c0, r, c);
           tile[r * kQuantTilePitch + c] = v;
         }
       __syncthreads ();
@@ -383,7 +410,7 @@ grouped_quantize_kernel (const __grid_constant__ GroupedQuantizeParams p)
               if (threadIdx.x == 0 && amax != 0)
                 atomicMax (amax_target, amax);
             }
-          if (kPass == kPassAmax)
+          if (amax_pass)
             {
               __syncthreads ();
               continue;
@@ -440,6 +467,13 @@ grouped_quantize_kernel (const __grid_constant__ GroupedQuantizeParams p)
     }
 }
 
+template <int kPass>
+__global__ void __launch_bounds__ (kQuantThreads)
+grouped_quantize_kernel (const __grid_constant__ GroupedQuantizeParams p)
+{
+  quantize_grouped_tiles (p, kPass == kPassAmax, StoredSource { p });
+}
+
 /* static: defined in a header that several .cu files include. */
 static __global__ void __launch_bounds__ (kQuantThreads)
 grouped_dequantize_kernel (const __grid_constant__ GroupedDequantizeParams p)
@@ -484,6 +518,250 @@ quantizer_update_kernel (float   *state,
   if (g < n_groups)
     gmlp_quant_delayed_update (state + g * gmlp_quant_state_stride (history_length),
                                history_length, fp8_dtype, margin);
+}
+
+/* ---- Host side, shared by quantize.cu and activation_quantize.cu ---------- */
+
+/* gridDim.y is the group. */
+constexpr uint32_t kQuantMaxGroups = 65535;
+/* Sizes beyond these are refused: they keep every offset far from overflow
+ * (the grouped tensors of libgmlp stay well below). kQuantMaxCols bounds the
+ * rows of the source (2f for a gated activation's input). */
+constexpr int64_t kQuantMaxRows = int64_t (1) << 40;
+constexpr int64_t kQuantMaxCols = int64_t (1) << 31;
+
+static inline bool
+is_quant_source_dtype (int dtype)
+{
+  return dtype == GMLP_NUM_FLOAT32 || dtype == GMLP_NUM_FLOAT16 || dtype == GMLP_NUM_BFLOAT16;
+}
+
+static inline bool
+is_fp8_dtype (int dtype)
+{
+  return dtype == GMLP_NUM_FLOAT8_E4M3 || dtype == GMLP_NUM_FLOAT8_E5M2;
+}
+
+static inline bool
+is_quant_recipe (int recipe)
+{
+  return recipe >= GMLP_QUANT_DELAYED && recipe <= GMLP_QUANT_MXFP8;
+}
+
+/* Sizes on the device, at least one group and one column, and rows within
+ * kQuantMaxRows; the callers bound the columns. */
+static inline bool
+grouped_quant_shape_ok (const GmlpKernelGroupedShape &shape)
+{
+  return shape.device_rows != nullptr && shape.n_groups >= 1 && shape.cols >= 1 &&
+         shape.row_capacity >= 0 && shape.row_capacity <= kQuantMaxRows;
+}
+
+static inline GmlpKernelStatus
+refuse (const char **reason, const char *why, GmlpKernelStatus status)
+{
+  *reason = why;
+  return status;
+}
+
+/* Checks the quantization of a call whose shape the caller has checked and
+ * fills in *p; *reason says what is wrong. q is a GmlpKernelQuantize or a
+ * GmlpKernelActivationQuantize, which name their shape, scaling and outputs
+ * alike; the source is src, src_cols values of src_dtype per row. */
+template <typename Call>
+inline GmlpKernelStatus
+describe_grouped_quantize (const Call            &q,
+                           const void            *src,
+                           int                    src_dtype,
+                           int64_t                src_cols,
+                           GroupedQuantizeParams *p,
+                           const char           **reason)
+{
+  int64_t derived;
+
+  if (!is_quant_recipe (q.recipe))
+    return refuse (reason, "unknown scaling recipe", GMLP_KERNEL_INVALID_VALUE);
+  if (!is_quant_source_dtype (src_dtype))
+    return refuse (reason, "the source must be float32, float16 or bfloat16", GMLP_KERNEL_INVALID_VALUE);
+  if (!is_fp8_dtype (q.fp8_dtype))
+    return refuse (reason, "the target must be an FP8 dtype", GMLP_KERNEL_INVALID_VALUE);
+  if (q.shape.n_groups > kQuantMaxGroups)
+    return refuse (reason, "more than 65535 groups", GMLP_KERNEL_UNSUPPORTED);
+  if (src == nullptr || q.data == nullptr || q.scale_inv == nullptr)
+    return refuse (reason, "missing operand", GMLP_KERNEL_INVALID_VALUE);
+  if (q.recipe == GMLP_QUANT_DELAYED &&
+      (q.state == nullptr || q.history_length < 1 || q.history_length > kGmlpQuantMaxHistory))
+    return refuse (reason, "delayed scaling needs its state", GMLP_KERNEL_INVALID_VALUE);
+  if (q.columnwise != nullptr && gmlp_quant_columnwise_has_scales (q.recipe, q.flags) &&
+      q.columnwise_scale_inv == nullptr)
+    return refuse (reason, "the columnwise copy needs its scales", GMLP_KERNEL_INVALID_VALUE);
+
+  p->device_rows = q.shape.device_rows;
+  p->n_groups = q.shape.n_groups;
+  p->cols = q.shape.cols;
+  p->row_capacity = q.shape.row_capacity;
+  p->recipe = q.recipe;
+  p->flags = q.flags;
+  p->src_dtype = src_dtype;
+  p->fp8_dtype = q.fp8_dtype;
+  p->src = (const uint8_t *) src;
+  p->data = (uint8_t *) q.data;
+  p->scale_inv = (uint8_t *) q.scale_inv;
+  p->columnwise = (uint8_t *) q.columnwise;
+  p->columnwise_scale_inv = q.columnwise != nullptr &&
+                            gmlp_quant_columnwise_has_scales (q.recipe, q.flags) ?
+                            (uint8_t *) q.columnwise_scale_inv : nullptr;
+  derived = gmlp_quant_derived_row_block (q.recipe, q.flags, q.columnwise != nullptr);
+  p->derived_rows = derived > 0 ? q.derived_rows : nullptr;
+  p->derived_block = derived;
+  p->state = q.state;
+  p->state_stride = gmlp_quant_state_stride (q.history_length);
+  p->amax = nullptr;
+  gmlp_quant_blocks (q.recipe, q.flags, 0, &p->block_rows, &p->block_cols);
+  gmlp_quant_blocks (q.recipe, q.flags, 1, &p->col_block_rows, &p->col_block_cols);
+  p->scale_cols = gmlp_quant_blocks_along (q.shape.cols, p->block_cols);
+  p->col_scale_cols = gmlp_quant_blocks_along (q.shape.cols, p->col_block_cols);
+  p->scale_size = gmlp_quant_scale_size (q.recipe);
+
+  p->n_layouts = p->columnwise_scale_inv != nullptr ? 4 : 3;
+  p->layouts[kLayoutSrc] = { 1, (uint64_t) src_cols * gmlp_num_dtype_size (src_dtype) };
+  p->layouts[kLayoutData] = { 1, (uint64_t) q.shape.cols };
+  p->layouts[kLayoutScale] = { p->block_rows, (uint64_t) p->scale_cols * p->scale_size };
+  p->layouts[kLayoutColumnScale] = { p->col_block_rows, (uint64_t) p->col_scale_cols * p->scale_size };
+  return GMLP_KERNEL_SUCCESS;
+}
+
+/* CURRENT's amax workspace: one amax per group. */
+template <typename Call>
+inline size_t
+grouped_quantize_workspace_bytes (const Call *q)
+{
+  if (q == nullptr || q->recipe != GMLP_QUANT_CURRENT)
+    return 0;
+  return sizeof (uint32_t) * q->shape.n_groups;
+}
+
+/* Whether the GPU gives kernel its staged tile (dynamic shared memory)
+ * beside the kernel's own shared memory; *why says why not. */
+template <typename Params>
+inline GmlpKernelStatus
+quantize_kernel_fits (void (*kernel) (Params), const char **why)
+{
+  int device = 0, optin = 0;
+  cudaFuncAttributes attrs;
+  cudaError_t err;
+
+  err = cudaGetDevice (&device);
+  if (err == cudaSuccess)
+    err = cudaDeviceGetAttribute (&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  if (err == cudaSuccess)
+    err = cudaFuncGetAttributes (&attrs, kernel);
+  if (err != cudaSuccess)
+    return refuse (why, "cannot query the device", record_cuda_error (err));
+  if (attrs.sharedSizeBytes + kQuantTileBytes > (size_t) optin)
+    return refuse (why, "the GPU has too little shared memory per block (about 80 KB needed)",
+                   GMLP_KERNEL_UNSUPPORTED);
+  return GMLP_KERNEL_SUCCESS;
+}
+
+/* What a _check() entry answers once describe() has said status (and why):
+ * whether the kernel fits as well, and why not in *reason where asked. */
+template <typename Params>
+inline GmlpKernelStatus
+quantize_check_result (GmlpKernelStatus   status,
+                       void             (*kernel) (Params),
+                       const char        *why,
+                       const char       **reason)
+{
+  if (status == GMLP_KERNEL_SUCCESS)
+    status = quantize_kernel_fits (kernel, &why);
+  if (reason != nullptr)
+    *reason = why;
+  return status;
+}
+
+/* Blocks along x for each group: enough to fill the GPU for one group that
+ * holds every row, no more than that group could use. */
+static inline cudaError_t
+quant_blocks_per_group (uint64_t work_units, int resident_per_sm, unsigned *blocks)
+{
+  int sm_count = 1;
+  cudaError_t err = current_sm_count (&sm_count);
+  uint64_t cap;
+
+  if (err != cudaSuccess)
+    return err;
+  cap = (uint64_t) sm_count * (uint64_t) (resident_per_sm > 0 ? resident_per_sm : 1);
+  if (work_units > cap)
+    work_units = cap;
+  *blocks = (unsigned) (work_units > 0 ? work_units : 1);
+  return cudaSuccess;
+}
+
+/* For launch_grouped_quantize(), which sets the amaxes' workspace. */
+static inline GroupedQuantizeParams &
+quantize_part (GroupedQuantizeParams &p)
+{
+  return p;
+}
+
+/* Launches the quantization that params describe (describe_grouped_quantize()
+ * of its quantize_part()), one block row per group: for CURRENT, the amax
+ * pass (amax_kernel with amax_params) into workspace, zeroed first, then
+ * kernel with params. */
+template <typename Params>
+inline GmlpKernelStatus
+launch_grouped_quantize (void         (*kernel) (Params),
+                         void         (*amax_kernel) (Params),
+                         Params         params,
+                         Params         amax_params,
+                         void          *workspace,
+                         cudaStream_t   stream)
+{
+  const GroupedQuantizeParams &p = quantize_part (params);
+  int resident = 0;
+  unsigned blocks = 1;
+  uint64_t tiles;
+  GmlpKernelStatus status;
+  cudaError_t err;
+
+  if (p.recipe == GMLP_QUANT_CURRENT)
+    {
+      if (workspace == nullptr)
+        return GMLP_KERNEL_INVALID_VALUE;
+      quantize_part (params).amax = (uint32_t *) workspace;
+      quantize_part (amax_params).amax = (uint32_t *) workspace;
+    }
+
+  err = cudaFuncSetAttribute (kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) kQuantTileBytes);
+  if (err == cudaSuccess && amax_kernel != kernel)
+    err = cudaFuncSetAttribute (amax_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int) kQuantTileBytes);
+  if (err == cudaSuccess)
+    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor (&resident, kernel, kQuantThreads, kQuantTileBytes);
+  /* The tiles one group could have if it held every row. */
+  tiles = (uint64_t) gmlp_quant_blocks_along (p.row_capacity, kQuantTile) *
+          (uint64_t) gmlp_quant_blocks_along (p.cols, kQuantTile);
+  if (err == cudaSuccess)
+    err = quant_blocks_per_group (tiles, resident, &blocks);
+  if (err != cudaSuccess)
+    return record_cuda_error (err);
+
+  const dim3 grid (blocks, p.n_groups);
+
+  if (p.recipe == GMLP_QUANT_CURRENT)
+    {
+      /* The amaxes first: a per-tensor scale needs the whole group. */
+      err = cudaMemsetAsync (workspace, 0, sizeof (uint32_t) * p.n_groups, stream);
+      if (err != cudaSuccess)
+        return record_cuda_error (err);
+      amax_kernel<<<grid, kQuantThreads, kQuantTileBytes, stream>>> (amax_params);
+      status = check_launch ();
+      if (status != GMLP_KERNEL_SUCCESS)
+        return status;
+    }
+  kernel<<<grid, kQuantThreads, kQuantTileBytes, stream>>> (params);
+  return check_launch ();
 }
 
 }  // namespace gmlp

@@ -93,10 +93,9 @@ gmlp_cpu_activation_quantize (GmlpBackendDevice       *device,
                               GError                 **error)
 {
   const gboolean gated = gmlp_act_is_gated (activation);
-  gint64 f = shape->cols, in_cols, block_rows, block_cols, col_block_rows, col_block_cols;
+  gint64 f = shape->cols, in_cols;
   gint64 rows_left = shape->row_capacity;
-  guint64 in_row_bytes, scale_row_bytes, col_scale_row_bytes;
-  guint64 in_offset = 0, data_offset = 0, scale_offset = 0, col_scale_offset = 0;
+  GmlpCpuQuantLayout layout;
   gboolean own_column_scales;
   guint32 stride, size;
   guint g;
@@ -109,11 +108,8 @@ gmlp_cpu_activation_quantize (GmlpBackendDevice       *device,
 
   size = gmlp_num_dtype_size (dtype);
   in_cols = gated ? 2 * f : f;
-  in_row_bytes = (guint64) in_cols * size;
-  gmlp_quant_blocks (recipe, flags, 0, &block_rows, &block_cols);
-  gmlp_quant_blocks (recipe, flags, 1, &col_block_rows, &col_block_cols);
-  scale_row_bytes = (guint64) gmlp_quant_blocks_along (f, block_cols) * gmlp_quant_scale_size (recipe);
-  col_scale_row_bytes = (guint64) gmlp_quant_blocks_along (f, col_block_cols) * gmlp_quant_scale_size (recipe);
+  /* The outputs' members lie where a quantization of in would put them. */
+  gmlp_cpu_quant_layout_init (&layout, recipe, flags, f, (guint64) in_cols * size);
   own_column_scales = columnwise != NULL && gmlp_quant_columnwise_has_scales (recipe, flags);
   stride = gmlp_quant_state_stride (history_length);
 
@@ -121,7 +117,7 @@ gmlp_cpu_activation_quantize (GmlpBackendDevice       *device,
     {
       /* Clamped to the capacity as every backend clamps. */
       gint64 m = CLAMP (shape->device_rows[g], 0, rows_left);
-      const guint8 *group_in = (const guint8 *) in + in_offset;
+      const guint8 *group_in = (const guint8 *) in + layout.offset[GMLP_CPU_QUANT_SRC];
       g_autofree guint8 *act = g_malloc (MAX ((gsize) m * (gsize) f * size, 1));
       GmlpBackendShape one = { .device_rows = &m, .n_groups = 1, .cols = f, .row_capacity = m };
       gint64 r, j;
@@ -139,20 +135,19 @@ gmlp_cpu_activation_quantize (GmlpBackendDevice       *device,
           }
 
       if (!gmlp_cpu_quantize (device, &one, recipe, flags, act, dtype, fp8_dtype,
-                              (guint8 *) data + data_offset,
-                              (guint8 *) scale_inv + scale_offset,
-                              columnwise != NULL ? (guint8 *) columnwise + data_offset : NULL,
-                              own_column_scales ? (guint8 *) columnwise_scale_inv + col_scale_offset : NULL,
+                              (guint8 *) data + layout.offset[GMLP_CPU_QUANT_DATA],
+                              (guint8 *) scale_inv + layout.offset[GMLP_CPU_QUANT_SCALE],
+                              columnwise != NULL ? (guint8 *) columnwise + layout.offset[GMLP_CPU_QUANT_DATA]
+                                                 : NULL,
+                              own_column_scales ? (guint8 *) columnwise_scale_inv +
+                                                  layout.offset[GMLP_CPU_QUANT_COLUMN_SCALE]
+                                                : NULL,
                               derived_rows != NULL ? derived_rows + g : NULL,
                               state != NULL ? state + (gsize) g * stride : NULL,
                               history_length, error))
         return FALSE;
 
-      in_offset += gmlp_num_member_stride (m, in_row_bytes);
-      data_offset += gmlp_num_member_stride (m, (guint64) f);
-      scale_offset += gmlp_num_member_stride (gmlp_quant_blocks_along (m, block_rows), scale_row_bytes);
-      col_scale_offset += gmlp_num_member_stride (gmlp_quant_blocks_along (m, col_block_rows),
-                                                  col_scale_row_bytes);
+      gmlp_cpu_quant_layout_next_group (&layout, m);
     }
   return TRUE;
 }

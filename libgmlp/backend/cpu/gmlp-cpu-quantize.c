@@ -4,7 +4,9 @@
  * (gmlp-quantize-numeric.h), the same layouts and the same clamping of the
  * group sizes, visited block by block in plain loops. Since every amax is an
  * exact maximum and every scale and element a pure function of its inputs,
- * the order of the loops does not change a bit of the result.
+ * the order of the loops does not change a bit of the result. The layouts
+ * (GmlpCpuQuantLayout) are shared with the fused activation and
+ * quantization (gmlp-cpu-activation-quantize.c).
  *
  * SPDX-License-Identifier: LGPL-2.1-or-later
  */
@@ -15,21 +17,6 @@
 #include "gmlp-error.h"
 #include "gmlp-numeric.h"
 #include "gmlp-quantize-numeric.h"
-
-/* The layouts a call walks, in this order. */
-enum {
-  LAYOUT_SRC,
-  LAYOUT_DATA,          /* and the columnwise copy */
-  LAYOUT_SCALE,
-  LAYOUT_COLUMN_SCALE,  /* dequantize: the output */
-  N_LAYOUTS
-};
-
-/* Member i has gmlp_quant_blocks_along (m_i, row_block) rows of row_bytes. */
-typedef struct {
-  gint64   row_block;
-  guint64  row_bytes;
-} Layout;
 
 /* One group of a quantize call, where its members are. */
 typedef struct {
@@ -124,6 +111,44 @@ quantize_blocks (const Group               *grp,
       }
 }
 
+void
+gmlp_cpu_quant_layout_init (GmlpCpuQuantLayout *layout,
+                            int                 recipe,
+                            int                 flags,
+                            gint64              cols,
+                            guint64             src_row_bytes)
+{
+  int l;
+
+  gmlp_quant_blocks (recipe, flags, 0, &layout->block_rows, &layout->block_cols);
+  gmlp_quant_blocks (recipe, flags, 1, &layout->col_block_rows, &layout->col_block_cols);
+  layout->scale_cols = gmlp_quant_blocks_along (cols, layout->block_cols);
+  layout->col_scale_cols = gmlp_quant_blocks_along (cols, layout->col_block_cols);
+  layout->scale_size = gmlp_quant_scale_size (recipe);
+
+  layout->row_block[GMLP_CPU_QUANT_SRC] = 1;
+  layout->row_bytes[GMLP_CPU_QUANT_SRC] = src_row_bytes;
+  layout->row_block[GMLP_CPU_QUANT_DATA] = 1;
+  layout->row_bytes[GMLP_CPU_QUANT_DATA] = (guint64) cols;
+  layout->row_block[GMLP_CPU_QUANT_SCALE] = layout->block_rows;
+  layout->row_bytes[GMLP_CPU_QUANT_SCALE] = (guint64) layout->scale_cols * layout->scale_size;
+  layout->row_block[GMLP_CPU_QUANT_COLUMN_SCALE] = layout->col_block_rows;
+  layout->row_bytes[GMLP_CPU_QUANT_COLUMN_SCALE] = (guint64) layout->col_scale_cols * layout->scale_size;
+  for (l = 0; l < GMLP_CPU_QUANT_N_OPERANDS; l++)
+    layout->offset[l] = 0;
+}
+
+void
+gmlp_cpu_quant_layout_next_group (GmlpCpuQuantLayout *layout,
+                                  gint64              rows)
+{
+  int l;
+
+  for (l = 0; l < GMLP_CPU_QUANT_N_OPERANDS; l++)
+    layout->offset[l] += gmlp_num_member_stride (gmlp_quant_blocks_along (rows, layout->row_block[l]),
+                                                 layout->row_bytes[l]);
+}
+
 gboolean
 gmlp_cpu_quantize (GmlpBackendDevice       *device,
                    const GmlpBackendShape  *shape,
@@ -141,15 +166,12 @@ gmlp_cpu_quantize (GmlpBackendDevice       *device,
                    guint                    history_length,
                    GError                 **error)
 {
-  gint64 block_rows, block_cols, col_block_rows, col_block_cols, scale_cols, col_scale_cols;
   gint64 derived_block, rows_left = shape->row_capacity;
   gboolean own_column_scales = columnwise != NULL && gmlp_quant_columnwise_has_scales (recipe, flags);
   guint32 stride = gmlp_quant_state_stride (history_length);
-  guint64 offset[N_LAYOUTS] = { 0, 0, 0, 0 };
-  Layout layouts[N_LAYOUTS];
+  GmlpCpuQuantLayout layout;
   Group grp;
   guint g;
-  int l;
 
   if (recipe < GMLP_QUANT_DELAYED || recipe > GMLP_QUANT_MXFP8 ||
       (recipe == GMLP_QUANT_DELAYED && (state == NULL || history_length < 1)))
@@ -159,10 +181,8 @@ gmlp_cpu_quantize (GmlpBackendDevice       *device,
       return FALSE;
     }
 
-  gmlp_quant_blocks (recipe, flags, 0, &block_rows, &block_cols);
-  gmlp_quant_blocks (recipe, flags, 1, &col_block_rows, &col_block_cols);
-  scale_cols = gmlp_quant_blocks_along (shape->cols, block_cols);
-  col_scale_cols = gmlp_quant_blocks_along (shape->cols, col_block_cols);
+  gmlp_cpu_quant_layout_init (&layout, recipe, flags, shape->cols,
+                              (guint64) shape->cols * gmlp_num_dtype_size (src_dtype));
   derived_block = gmlp_quant_derived_row_block (recipe, flags, columnwise != NULL);
 
   grp.recipe = recipe;
@@ -170,26 +190,21 @@ gmlp_cpu_quantize (GmlpBackendDevice       *device,
   grp.fp8_dtype = fp8_dtype;
   grp.src_dtype = src_dtype;
   grp.k = shape->cols;
-  grp.scale_size = gmlp_quant_scale_size (recipe);
-
-  layouts[LAYOUT_SRC] = (Layout) { 1, (guint64) shape->cols * gmlp_num_dtype_size (src_dtype) };
-  layouts[LAYOUT_DATA] = (Layout) { 1, (guint64) shape->cols };
-  layouts[LAYOUT_SCALE] = (Layout) { block_rows, (guint64) scale_cols * grp.scale_size };
-  layouts[LAYOUT_COLUMN_SCALE] = (Layout) { col_block_rows, (guint64) col_scale_cols * grp.scale_size };
+  grp.scale_size = layout.scale_size;
 
   for (g = 0; g < shape->n_groups; g++)
     {
-      guint8 *group_data = (guint8 *) data + offset[LAYOUT_DATA];
-      guint8 *group_scales = (guint8 *) scale_inv + offset[LAYOUT_SCALE];
+      guint8 *group_data = (guint8 *) data + layout.offset[GMLP_CPU_QUANT_DATA];
+      guint8 *group_scales = (guint8 *) scale_inv + layout.offset[GMLP_CPU_QUANT_SCALE];
       GmlpQuantBlockScale member;
       const GmlpQuantBlockScale *member_scale = NULL;
 
       /* Clamped to the capacity as the CUDA kernels clamp. */
       grp.m = CLAMP (shape->device_rows[g], 0, rows_left);
       rows_left -= grp.m;
-      grp.src = (const guint8 *) src + offset[LAYOUT_SRC];
+      grp.src = (const guint8 *) src + layout.offset[GMLP_CPU_QUANT_SRC];
 
-      if (block_rows == 0)
+      if (layout.block_rows == 0)
         {
           /* Per tensor: the scale of the whole group. */
           guint32 amax = group_amax (&grp, 0, grp.m, 0, grp.k);
@@ -208,26 +223,24 @@ gmlp_cpu_quantize (GmlpBackendDevice       *device,
           member_scale = &member;
         }
 
-      quantize_blocks (&grp, block_rows, block_cols, member_scale, group_scales, scale_cols,
-                       group_data, FALSE);
+      quantize_blocks (&grp, layout.block_rows, layout.block_cols, member_scale, group_scales,
+                       layout.scale_cols, group_data, FALSE);
       if (columnwise != NULL)
         {
-          guint8 *group_columnwise = (guint8 *) columnwise + offset[LAYOUT_DATA];
+          guint8 *group_columnwise = (guint8 *) columnwise + layout.offset[GMLP_CPU_QUANT_DATA];
 
           if (own_column_scales)
-            quantize_blocks (&grp, col_block_rows, col_block_cols, NULL,
-                             (guint8 *) columnwise_scale_inv + offset[LAYOUT_COLUMN_SCALE],
-                             col_scale_cols, group_columnwise, TRUE);
+            quantize_blocks (&grp, layout.col_block_rows, layout.col_block_cols, NULL,
+                             (guint8 *) columnwise_scale_inv + layout.offset[GMLP_CPU_QUANT_COLUMN_SCALE],
+                             layout.col_scale_cols, group_columnwise, TRUE);
           else
-            quantize_blocks (&grp, block_rows, block_cols, member_scale, NULL, 0,
+            quantize_blocks (&grp, layout.block_rows, layout.block_cols, member_scale, NULL, 0,
                              group_columnwise, TRUE);
         }
       if (derived_rows != NULL && derived_block > 0)
         derived_rows[g] = gmlp_quant_blocks_along (grp.m, derived_block);
 
-      for (l = 0; l < N_LAYOUTS; l++)
-        offset[l] += gmlp_num_member_stride (gmlp_quant_blocks_along (grp.m, layouts[l].row_block),
-                                             layouts[l].row_bytes);
+      gmlp_cpu_quant_layout_next_group (&layout, grp.m);
     }
   return TRUE;
 }
@@ -245,24 +258,25 @@ gmlp_cpu_dequantize (GmlpBackendDevice       *device,
                      GError                 **error)
 {
   gint64 block_rows, block_cols, scale_cols, rows_left = shape->row_capacity;
-  guint32 scale_size = gmlp_quant_scale_size (recipe);
-  guint64 offset[N_LAYOUTS] = { 0, 0, 0, 0 };
-  Layout layouts[N_LAYOUTS];
+  guint32 scale_size;
+  GmlpCpuQuantLayout layout;
   guint g;
-  int l;
 
-  gmlp_quant_blocks (recipe, flags, 0, &block_rows, &block_cols);
-  scale_cols = gmlp_quant_blocks_along (shape->cols, block_cols);
-  layouts[LAYOUT_SRC] = (Layout) { 1, 0 };   /* unused */
-  layouts[LAYOUT_DATA] = (Layout) { 1, (guint64) shape->cols };
-  layouts[LAYOUT_SCALE] = (Layout) { block_rows, (guint64) scale_cols * scale_size };
-  layouts[LAYOUT_COLUMN_SCALE] = (Layout) { 1, (guint64) shape->cols * gmlp_num_dtype_size (dst_dtype) };
+  /* The layouts of a quantization but for the source (unused) and the
+   * output, which takes the place of the columnwise scales. */
+  gmlp_cpu_quant_layout_init (&layout, recipe, flags, shape->cols, 0);
+  layout.row_block[GMLP_CPU_QUANT_DST] = 1;
+  layout.row_bytes[GMLP_CPU_QUANT_DST] = (guint64) shape->cols * gmlp_num_dtype_size (dst_dtype);
+  block_rows = layout.block_rows;
+  block_cols = layout.block_cols;
+  scale_cols = layout.scale_cols;
+  scale_size = layout.scale_size;
 
   for (g = 0; g < shape->n_groups; g++)
     {
-      const guint8 *q = (const guint8 *) data + offset[LAYOUT_DATA];
-      const guint8 *scales = (const guint8 *) scale_inv + offset[LAYOUT_SCALE];
-      guint8 *out = (guint8 *) dst + offset[LAYOUT_COLUMN_SCALE];
+      const guint8 *q = (const guint8 *) data + layout.offset[GMLP_CPU_QUANT_DATA];
+      const guint8 *scales = (const guint8 *) scale_inv + layout.offset[GMLP_CPU_QUANT_SCALE];
+      guint8 *out = (guint8 *) dst + layout.offset[GMLP_CPU_QUANT_DST];
       gint64 m = CLAMP (shape->device_rows[g], 0, rows_left);
       gint64 r, c;
 
@@ -278,9 +292,7 @@ gmlp_cpu_dequantize (GmlpBackendDevice       *device,
             gmlp_num_store_float (out, dst_dtype, i, gmlp_quant_decode (q[i], factor, fp8_dtype));
           }
 
-      for (l = 0; l < N_LAYOUTS; l++)
-        offset[l] += gmlp_num_member_stride (gmlp_quant_blocks_along (m, layouts[l].row_block),
-                                             layouts[l].row_bytes);
+      gmlp_cpu_quant_layout_next_group (&layout, m);
     }
   return TRUE;
 }

@@ -1,10 +1,12 @@
 /* gmlp-cuda-quantize.c: FP8 quantization of the CUDA backend
  *
- * Host side of the kernels of kernels/quantize.cu. A quantize call is
- * checked first, so that a case the kernels do not cover is refused with
- * its reason before anything is enqueued; current scaling takes a small
- * amax workspace from the stream-ordered pool and gives it back in stream
- * order. Nothing here waits for the device.
+ * Host side of the kernels of kernels/quantize.cu, and the running of a
+ * quantization that the fused activation and quantization
+ * (gmlp-cuda-activation-quantize.c) shares. A quantize call is checked
+ * first, so that a case the kernels do not cover is refused with its reason
+ * before anything is enqueued; current scaling takes a small amax workspace
+ * from the stream-ordered pool and gives it back in stream order. Nothing
+ * here waits for the device.
  *
  * SPDX-License-Identifier: LGPL-2.1-or-later
  */
@@ -13,6 +15,54 @@
 
 #include "gmlp-cuda-private.h"
 #include "gmlp-cuda-quantize.h"
+
+gboolean
+gmlp_cuda_quantize_run (GmlpBackendDevice                  *device,
+                        const GmlpKernelQuantize           *plain,
+                        const GmlpKernelActivationQuantize *fused,
+                        GError                            **error)
+{
+  GmlpKernelStatus status;
+  const char *reason = NULL;
+  gpointer workspace = NULL;
+  gsize workspace_bytes;
+
+  if (!gmlp_cuda_activate (device, error))
+    return FALSE;
+
+  status = plain != NULL ? gmlp_kernel_grouped_quantize_check (plain, &reason)
+                         : gmlp_kernel_grouped_activation_quantize_check (fused, &reason);
+  if (status == GMLP_KERNEL_UNSUPPORTED || status == GMLP_KERNEL_INVALID_VALUE)
+    {
+      g_set_error (error, GMLP_CUDA_ERROR,
+                   status == GMLP_KERNEL_UNSUPPORTED ? GMLP_ERROR_UNSUPPORTED : GMLP_ERROR_INVALID_ARGUMENT,
+                   "CUDA: %s: %s", plain != NULL ? "FP8 quantization" : "activation and FP8 quantization",
+                   reason != NULL ? reason : "invalid arguments");
+      return FALSE;
+    }
+  if (status != GMLP_KERNEL_SUCCESS)
+    return gmlp_cuda_kernel_result (status,
+                                    plain != NULL ? "gmlp_kernel_grouped_quantize_check"
+                                                  : "gmlp_kernel_grouped_activation_quantize_check",
+                                    error);
+
+  workspace_bytes = plain != NULL ? gmlp_kernel_grouped_quantize_workspace_bytes (plain)
+                                  : gmlp_kernel_grouped_activation_quantize_workspace_bytes (fused);
+  if (workspace_bytes > 0)
+    {
+      workspace = gmlp_cuda_alloc (device, workspace_bytes, error);
+      if (workspace == NULL)
+        return FALSE;
+    }
+  status = plain != NULL ? gmlp_kernel_grouped_quantize (plain, workspace, device->stream)
+                         : gmlp_kernel_grouped_activation_quantize (fused, workspace, device->stream);
+  /* Used only by the work just enqueued: back to the pool in stream order. */
+  gmlp_cuda_free (device, workspace);
+  return gmlp_cuda_kernel_result (status,
+                                  plain != NULL ? "gmlp_kernel_grouped_quantize"
+                                                : "gmlp_kernel_grouped_activation_quantize",
+                                  error);
+}
 
 gboolean
 gmlp_cuda_quantize (GmlpBackendDevice       *device,
@@ -32,50 +82,12 @@ gmlp_cuda_quantize (GmlpBackendDevice       *device,
                     GError                 **error)
 {
   GmlpKernelQuantize q = { 0 };
-  GmlpKernelStatus status;
-  const char *reason = NULL;
-  gpointer workspace = NULL;
-  gsize workspace_bytes;
 
-  if (!gmlp_cuda_activate (device, error))
-    return FALSE;
-
-  gmlp_cuda_kernel_shape (shape, &q.shape);
-  q.recipe = recipe;
-  q.flags = flags;
   q.src_dtype = src_dtype;
-  q.fp8_dtype = fp8_dtype;
   q.src = src;
-  q.data = data;
-  q.scale_inv = scale_inv;
-  q.columnwise = columnwise;
-  q.columnwise_scale_inv = columnwise_scale_inv;
-  q.derived_rows = (int64_t *) derived_rows;
-  q.state = state;
-  q.history_length = history_length;
-
-  status = gmlp_kernel_grouped_quantize_check (&q, &reason);
-  if (status == GMLP_KERNEL_UNSUPPORTED || status == GMLP_KERNEL_INVALID_VALUE)
-    {
-      g_set_error (error, GMLP_CUDA_ERROR,
-                   status == GMLP_KERNEL_UNSUPPORTED ? GMLP_ERROR_UNSUPPORTED : GMLP_ERROR_INVALID_ARGUMENT,
-                   "CUDA: FP8 quantization: %s", reason != NULL ? reason : "invalid arguments");
-      return FALSE;
-    }
-  if (status != GMLP_KERNEL_SUCCESS)
-    return gmlp_cuda_kernel_result (status, "gmlp_kernel_grouped_quantize_check", error);
-
-  workspace_bytes = gmlp_kernel_grouped_quantize_workspace_bytes (&q);
-  if (workspace_bytes > 0)
-    {
-      workspace = gmlp_cuda_alloc (device, workspace_bytes, error);
-      if (workspace == NULL)
-        return FALSE;
-    }
-  status = gmlp_kernel_grouped_quantize (&q, workspace, device->stream);
-  /* Used only by the work just enqueued: back to the pool in stream order. */
-  gmlp_cuda_free (device, workspace);
-  return gmlp_cuda_kernel_result (status, "gmlp_kernel_grouped_quantize", error);
+  gmlp_cuda_quantize_set_outputs (&q, shape, recipe, flags, fp8_dtype, data, scale_inv, columnwise,
+                                  columnwise_scale_inv, derived_rows, state, history_length);
+  return gmlp_cuda_quantize_run (device, &q, NULL, error);
 }
 
 gboolean

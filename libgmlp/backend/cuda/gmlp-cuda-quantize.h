@@ -5,6 +5,7 @@
 
 #pragma once
 
+#include "gmlp-kernels.h"
 #include "backend/gmlp-backend.h"
 
 G_BEGIN_DECLS
@@ -42,5 +43,38 @@ gboolean gmlp_cuda_quantizer_update (GmlpBackendDevice       *device,
                                      int                      fp8_dtype,
                                      int                      margin,
                                      GError                 **error);
+
+/* For the quantize entries, plain and fused (gmlp-cuda-activation-quantize.c). */
+
+/* Sets the fields that GmlpKernelQuantize and GmlpKernelActivationQuantize
+ * name alike (the shape, the scaling and the FP8 outputs) from an entry's
+ * arguments: a macro, as it fills either. */
+#define gmlp_cuda_quantize_set_outputs(q, shape_, recipe_, flags_, fp8_dtype_, data_, scale_inv_, \
+                                       columnwise_, columnwise_scale_inv_, derived_rows_, state_, \
+                                       history_length_) \
+  G_STMT_START { \
+    gmlp_cuda_kernel_shape ((shape_), &(q)->shape); \
+    (q)->recipe = (recipe_); \
+    (q)->flags = (flags_); \
+    (q)->fp8_dtype = (fp8_dtype_); \
+    (q)->data = (data_); \
+    (q)->scale_inv = (scale_inv_); \
+    (q)->columnwise = (columnwise_); \
+    (q)->columnwise_scale_inv = (columnwise_scale_inv_); \
+    (q)->derived_rows = (int64_t *) (derived_rows_); \
+    (q)->state = (state_); \
+    (q)->history_length = (history_length_); \
+  } G_STMT_END
+
+/* Runs the quantization that plain (gmlp_kernel_grouped_quantize()) or, when
+ * plain is NULL, fused (gmlp_kernel_grouped_activation_quantize())
+ * describes: checked first, so that a case the kernels do not cover is
+ * refused with its reason before anything is enqueued; current scaling takes
+ * its small amax workspace from the stream-ordered pool and gives it back in
+ * stream order. */
+gboolean gmlp_cuda_quantize_run     (GmlpBackendDevice                  *device,
+                                     const GmlpKernelQuantize           *plain,
+                                     const GmlpKernelActivationQuantize *fused,
+                                     GError                            **error);
 
 G_END_DECLS
