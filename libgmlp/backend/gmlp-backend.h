@@ -161,6 +161,40 @@ typedef struct {
   const guint8        *accumulate;
 } GmlpBackendGemmFp8;
 
+/* The product of group g as C (rows × cols) = A (rows × depth) · B (cols ×
+ * depth)ᵀ, the same for every backend. */
+static inline void
+gmlp_backend_gemm_fp8_shape (const GmlpBackendGemmFp8 *gemm,
+                             guint                     g,
+                             gint64                   *rows,
+                             gint64                   *cols,
+                             gint64                   *depth)
+{
+  gint64 m = gemm->rows[g];
+
+  switch (gemm->kind)
+    {
+    case GMLP_GEMM_FPROP:
+      *rows = m, *cols = gemm->n, *depth = gemm->k;
+      break;
+    case GMLP_GEMM_DGRAD:
+      *rows = m, *cols = gemm->k, *depth = gemm->n;
+      break;
+    case GMLP_GEMM_WGRAD:
+    default:
+      *rows = gemm->n, *cols = gemm->k, *depth = m;
+      break;
+    }
+}
+
+/* TRUE when group g adds into its FP32 output (WGRAD with the mask set). */
+static inline gboolean
+gmlp_backend_gemm_fp8_accumulates (const GmlpBackendGemmFp8 *gemm,
+                                   guint                     g)
+{
+  return gemm->kind == GMLP_GEMM_WGRAD && gemm->accumulate != NULL && gemm->accumulate[g];
+}
+
 typedef struct {
   int          abi_version;
   const char  *name;

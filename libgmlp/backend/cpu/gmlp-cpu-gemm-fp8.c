@@ -21,39 +21,6 @@
 #include "gmlp-numeric.h"
 #include "gmlp-quantize-numeric.h"
 
-/* The product of group g as C (rows × cols) = A (rows × depth) · B (cols ×
- * depth)ᵀ; see GmlpBackendGemmFp8. */
-static void
-fp8_group_sizes (const GmlpBackendGemmFp8 *gemm,
-                 guint                     g,
-                 gint64                   *rows,
-                 gint64                   *cols,
-                 gint64                   *depth)
-{
-  gint64 m = gemm->rows[g];
-
-  switch (gemm->kind)
-    {
-    case GMLP_GEMM_FPROP:
-      *rows = m, *cols = gemm->n, *depth = gemm->k;
-      break;
-    case GMLP_GEMM_DGRAD:
-      *rows = m, *cols = gemm->k, *depth = gemm->n;
-      break;
-    case GMLP_GEMM_WGRAD:
-    default:
-      *rows = gemm->n, *cols = gemm->k, *depth = m;
-      break;
-    }
-}
-
-static gboolean
-fp8_accumulates (const GmlpBackendGemmFp8 *gemm,
-                 guint                     g)
-{
-  return gemm->kind == GMLP_GEMM_WGRAD && gemm->accumulate != NULL && gemm->accumulate[g];
-}
-
 /* n FP8 values, each times scale_inv, as floats. */
 static float *
 dequantize_operand (const guint8 *q,
@@ -74,12 +41,12 @@ fp8_group (const GmlpBackendGemmFp8 *gemm,
            guint                     g)
 {
   gint64 rows, cols, depth;
-  gboolean accumulate = fp8_accumulates (gemm, g);
+  gboolean accumulate = gmlp_backend_gemm_fp8_accumulates (gemm, g);
   g_autofree float *a = NULL, *b = NULL, *c_owned = NULL;
   gsize c_len, i;
   float *c;
 
-  fp8_group_sizes (gemm, g, &rows, &cols, &depth);
+  gmlp_backend_gemm_fp8_shape (gemm, g, &rows, &cols, &depth);
   c_len = (gsize) (rows * cols);
   if (c_len == 0)
     return;

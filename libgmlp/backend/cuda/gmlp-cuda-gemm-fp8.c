@@ -238,38 +238,6 @@ round_up (gsize n,
   return (n + to - 1) / to * to;
 }
 
-/* The summed extent of group i and the shape of its output, row-major. */
-static void
-group_sizes (const GmlpBackendGemmFp8 *gemm,
-             guint                     i,
-             gint64                   *rows,
-             gint64                   *cols,
-             gint64                   *depth)
-{
-  gint64 m = gemm->rows[i];
-
-  switch (gemm->kind)
-    {
-    case GMLP_GEMM_FPROP:
-      *rows = m, *cols = gemm->n, *depth = gemm->k;
-      break;
-    case GMLP_GEMM_DGRAD:
-      *rows = m, *cols = gemm->k, *depth = gemm->n;
-      break;
-    case GMLP_GEMM_WGRAD:
-    default:
-      *rows = gemm->n, *cols = gemm->k, *depth = m;
-      break;
-    }
-}
-
-static gboolean
-accumulates (const GmlpBackendGemmFp8 *gemm,
-             guint                     i)
-{
-  return gemm->kind == GMLP_GEMM_WGRAD && gemm->accumulate != NULL && gemm->accumulate[i];
-}
-
 /* What a call is, once checked. */
 typedef struct {
   cudaDataType_t  a_type, b_type, c_type;   /* our a, b and C */
@@ -377,7 +345,7 @@ fp8_validate (const GmlpBackendGemmFp8  *gemm,
                        gemm->rows[i]);
           return FALSE;
         }
-      group_sizes (gemm, i, &rows, &cols, &depth);
+      gmlp_backend_gemm_fp8_shape (gemm, i, &rows, &cols, &depth);
       if (rows == 0 || cols == 0)
         continue;
       if (gemm->c[i] == NULL || (guintptr) gemm->c[i] % GMLP_CUDA_FP8_ALIGNMENT != 0)
@@ -390,7 +358,7 @@ fp8_validate (const GmlpBackendGemmFp8  *gemm,
       if (depth == 0)
         {
           /* An empty sum is zero; cuBLASLt is not asked for one. */
-          if (!accumulates (gemm, i))
+          if (!gmlp_backend_gemm_fp8_accumulates (gemm, i))
             g_array_append_val (plan->zeroed, i);
           continue;
         }
@@ -420,7 +388,7 @@ fp8_validate (const GmlpBackendGemmFp8  *gemm,
       p.a_scale = gemm->b_scale_inv[i];
       p.b_scale = gemm->a_scale_inv[i];
       p.c = gemm->c[i];
-      p.beta = accumulates (gemm, i) ? 1.0f : 0.0f;
+      p.beta = gmlp_backend_gemm_fp8_accumulates (gemm, i) ? 1.0f : 0.0f;
 
       if (padded_depth != depth ||
           (guintptr) p.a % GMLP_CUDA_FP8_ALIGNMENT != 0 || (guintptr) p.b % GMLP_CUDA_FP8_ALIGNMENT != 0)
@@ -692,7 +660,7 @@ gmlp_cuda_gemm_fp8 (GmlpBackendDevice          *device,
       gint64 rows, cols, depth;
       cudaError_t err;
 
-      group_sizes (gemm, i, &rows, &cols, &depth);
+      gmlp_backend_gemm_fp8_shape (gemm, i, &rows, &cols, &depth);
       err = cudaMemsetAsync (gemm->c[i], 0, (gsize) rows * (gsize) cols * c_size, device->stream);
       if (err != cudaSuccess)
         {
