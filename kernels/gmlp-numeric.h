@@ -263,6 +263,21 @@ gmlp_num_member_stride (int64_t rows, uint64_t row_bytes)
   return (bytes + (kGmlpMemberAlignment - 1)) & ~(uint64_t) (kGmlpMemberAlignment - 1);
 }
 
+/* Bytes the allocation of a grouped tensor whose sizes are only on the
+ * device takes: row_capacity rows, plus up to kGmlpMemberAlignment - 1
+ * bytes of padding per member unless rows are whole multiples of the
+ * alignment, rounded up to the alignment (docs/memory-layout.md). The
+ * caller keeps row_capacity × row_bytes and the padding in range. */
+GMLP_HD uint64_t
+gmlp_num_device_sized_bytes (uint32_t n_groups, int64_t row_capacity, uint64_t row_bytes)
+{
+  uint64_t bytes = (uint64_t) (row_capacity > 0 ? row_capacity : 0) * row_bytes;
+
+  if (row_bytes % kGmlpMemberAlignment != 0)
+    bytes += (uint64_t) n_groups * (kGmlpMemberAlignment - 1);
+  return (bytes + (kGmlpMemberAlignment - 1)) & ~(uint64_t) (kGmlpMemberAlignment - 1);
+}
+
 /* splitmix64 finaliser: a counter-based generator, so element i's value does
  * not depend on how the work is split between threads. */
 GMLP_HD uint64_t

@@ -215,12 +215,7 @@ gmlp_grouped_tensor_layout_bytes (guint          n_groups,
       return bytes;
     }
 
-  /* Device-only sizes: the capacity, plus up to 255 bytes of padding per
-   * member unless rows are whole multiples of the alignment. */
-  bytes = (guint64) row_capacity * row_bytes;
-  if (row_bytes % kGmlpMemberAlignment != 0)
-    bytes += (guint64) n_groups * (kGmlpMemberAlignment - 1);
-  return (bytes + kGmlpMemberAlignment - 1) & ~(guint64) (kGmlpMemberAlignment - 1);
+  return gmlp_num_device_sized_bytes (n_groups, row_capacity, row_bytes);
 }
 
 static gboolean

@@ -663,7 +663,7 @@ cpu_rows_operand_init (CpuRowsOperand  *op,
       return FALSE;
     }
   row_bytes = (guint64) cols * gmlp_num_dtype_size (dtype);
-  /* The allocation of a tensor with device sizes (docs/memory-layout.md). */
+  /* The padding the allocation may add, to keep the bound in range. */
   padding = row_bytes % kGmlpMemberAlignment == 0 ? 0 : (guint64) n_groups * (kGmlpMemberAlignment - 1);
   if ((guint64) row_capacity > (CPU_MAX_TENSOR_BYTES - padding) / row_bytes)
     {
@@ -673,8 +673,7 @@ cpu_rows_operand_init (CpuRowsOperand  *op,
     }
   op->data = (guint8 *) data;
   op->row_bytes = row_bytes;
-  op->capacity = ((guint64) row_capacity * row_bytes + padding + kGmlpMemberAlignment - 1) &
-                 ~(guint64) (kGmlpMemberAlignment - 1);
+  op->capacity = gmlp_num_device_sized_bytes (n_groups, row_capacity, row_bytes);
   op->overflow_rows = (gint64) (op->capacity / row_bytes + 1);
   op->offset = 0;
   return TRUE;
