@@ -452,3 +452,66 @@ gmlp_test_count_notify (GObject    *object,
 {
   (*(guint *) counter)++;
 }
+
+void
+gmlp_test_linear_reference (const gint64 *rows,
+                            guint         n_groups,
+                            gint64        k,
+                            gint64        o,
+                            const double *x,
+                            const double *w,
+                            const double *b,
+                            const double *dy,
+                            const double *dy_bias,
+                            double       *y,
+                            double       *dx,
+                            double       *dw,
+                            double       *db)
+{
+  gint64 r0 = 0;
+  guint g;
+
+  for (g = 0; g < n_groups; g++)
+    {
+      const double *wg = w + g * o * k;
+      gint64 r, j, c;
+
+      if (y != NULL)
+        for (r = r0; r < r0 + rows[g]; r++)
+          for (j = 0; j < o; j++)
+            {
+              double acc = b != NULL ? b[g * o + j] : 0.0;
+              for (c = 0; c < k; c++)
+                acc += x[r * k + c] * wg[j * k + c];
+              y[r * o + j] = acc;
+            }
+      if (dx != NULL)
+        for (r = r0; r < r0 + rows[g]; r++)
+          for (c = 0; c < k; c++)
+            {
+              double acc = 0.0;
+              for (j = 0; j < o; j++)
+                acc += dy[r * o + j] * wg[j * k + c];
+              dx[r * k + c] = acc;
+            }
+      for (j = 0; j < o; j++)
+        {
+          if (dw != NULL)
+            for (c = 0; c < k; c++)
+              {
+                double acc = 0.0;
+                for (r = r0; r < r0 + rows[g]; r++)
+                  acc += dy[r * o + j] * x[r * k + c];
+                dw[(g * o + j) * k + c] = acc;
+              }
+          if (db != NULL)
+            {
+              double acc = 0.0;
+              for (r = r0; r < r0 + rows[g]; r++)
+                acc += dy_bias[r * o + j];
+              db[g * o + j] = acc;
+            }
+        }
+      r0 += rows[g];
+    }
+}

@@ -108,4 +108,21 @@ void               gmlp_test_assert_same_bytes (GmlpGroupedTensor *a,
                                                 GmlpGroupedTensor *b,
                                                 const char        *what);
 
+/* The float64 products of a GroupedLinear over packed rows (rows[g] rows of
+ * group g): y = x Wᵀ + b, dx = dy W, dW = dyᵀ x and db = Σ dy_bias, group by
+ * group. An output that is NULL is not computed; b may be NULL (no bias). */
+void               gmlp_test_linear_reference  (const gint64 *rows,
+                                                guint         n_groups,
+                                                gint64        k,
+                                                gint64        o,
+                                                const double *x,
+                                                const double *w,
+                                                const double *b,
+                                                const double *dy,
+                                                const double *dy_bias,
+                                                double       *y,
+                                                double       *dx,
+                                                double       *dw,
+                                                double       *db);
+
 G_END_DECLS

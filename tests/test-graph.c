@@ -629,48 +629,6 @@ test_device_sizes (void)
     }
 }
 
-/* Float64 reference of a GroupedLinear step over packed rows: y, dx, dW
- * and db from x, dy, W and b (per group, rows[g] rows each). */
-static void
-linear_reference (const gint64 *rows, guint n, gint64 k, gint64 o,
-                  const double *x, const double *dy, const double *w, const double *b,
-                  double *y, double *dx, double *dw, double *db)
-{
-  gint64 r0 = 0, r, i, j;
-  guint g;
-
-  memset (dw, 0, sizeof (double) * n * o * k);
-  memset (db, 0, sizeof (double) * n * o);
-  for (g = 0; g < n; g++)
-    {
-      const double *wg = w + g * o * k;
-
-      for (r = r0; r < r0 + rows[g]; r++)
-        {
-          for (j = 0; j < o; j++)
-            {
-              double acc = b[g * o + j];
-
-              for (i = 0; i < k; i++)
-                acc += x[r * k + i] * wg[j * k + i];
-              y[r * o + j] = acc;
-              db[g * o + j] += dy[r * o + j];
-              for (i = 0; i < k; i++)
-                dw[(g * o + j) * k + i] += dy[r * o + j] * x[r * k + i];
-            }
-          for (i = 0; i < k; i++)
-            {
-              double acc = 0.0;
-
-              for (j = 0; j < o; j++)
-                acc += dy[r * o + j] * wg[j * k + i];
-              dx[r * k + i] = acc;
-            }
-        }
-      r0 += rows[g];
-    }
-}
-
 /* A whole forward and backward of a GroupedLinear with its group sizes on
  * the device, captured once and replayed with other sizes and data written
  * in between (an empty group among them): each replay equals the same step
@@ -759,7 +717,7 @@ test_grouped_linear (void)
       dxr = g_new (double, MAX (total * k, 1));
       dwr = g_new (double, n * o * k);
       dbr = g_new (double, n * o);
-      linear_reference (rows, n, k, o, xv, dyv, w, b, yr, dxr, dwr, dbr);
+      gmlp_test_linear_reference (rows, n, k, o, xv, w, b, dyv, dyv, yr, dxr, dwr, dbr);
       assert_values (y, yr, total * o, "y (replay)");
       assert_values (dx, dxr, total * k, "dx (replay)");
       assert_values (gmlp_grouped_linear_get_wgrad (layer), dwr, n * o * k, "dW (replay)");

@@ -218,49 +218,12 @@ static void
 reference (const Problem *p, const double *x, const double *w, const double *dy,
            const double *dy_bias, Results *out)
 {
-  gint64 r0 = 0;
-  guint g;
-
   out->y = g_new0 (double, MAX (p->total * p->o, 1));
   out->dx = g_new0 (double, MAX (p->total * p->k, 1));
   out->dw = g_new0 (double, p->n * p->o * p->k);
   out->db = g_new0 (double, p->n * p->o);
-
-  for (g = 0; g < p->n; g++)
-    {
-      const double *wg = w + g * p->o * p->k;
-      gint64 r, j, c;
-
-      for (r = r0; r < r0 + p->rows[g]; r++)
-        for (j = 0; j < p->o; j++)
-          {
-            double acc = p->b != NULL ? p->b[g * p->o + j] : 0.0;
-            for (c = 0; c < p->k; c++)
-              acc += x[r * p->k + c] * wg[j * p->k + c];
-            out->y[r * p->o + j] = acc;
-          }
-      for (r = r0; r < r0 + p->rows[g]; r++)
-        for (c = 0; c < p->k; c++)
-          {
-            double acc = 0.0;
-            for (j = 0; j < p->o; j++)
-              acc += dy[r * p->o + j] * wg[j * p->k + c];
-            out->dx[r * p->k + c] = acc;
-          }
-      for (j = 0; j < p->o; j++)
-        {
-          for (c = 0; c < p->k; c++)
-            {
-              double acc = 0.0;
-              for (r = r0; r < r0 + p->rows[g]; r++)
-                acc += dy[r * p->o + j] * x[r * p->k + c];
-              out->dw[(g * p->o + j) * p->k + c] = acc;
-            }
-          for (r = r0; r < r0 + p->rows[g]; r++)
-            out->db[g * p->o + j] += dy_bias[r * p->o + j];
-        }
-      r0 += p->rows[g];
-    }
+  gmlp_test_linear_reference (p->rows, p->n, p->k, p->o, x, w, p->b, dy, dy_bias,
+                              out->y, out->dx, out->dw, out->db);
 }
 
 /* Reference (a): the quantized operands of this step, made by the layer's

@@ -39,49 +39,12 @@ G_DEFINE_AUTOPTR_CLEANUP_FUNC (Problem, problem_free)
 static void
 problem_reference (Problem *p)
 {
-  gint64 r0 = 0;
-  guint g;
-
   p->y = g_new0 (double, MAX (p->total * p->o, 1));
   p->dx = g_new0 (double, MAX (p->total * p->k, 1));
   p->dw = g_new0 (double, p->n * p->o * p->k);
   p->db = g_new0 (double, p->n * p->o);
-
-  for (g = 0; g < p->n; g++)
-    {
-      const double *w = p->w + g * p->o * p->k;
-      gint64 r, j, c;
-
-      for (r = r0; r < r0 + p->rows[g]; r++)
-        for (j = 0; j < p->o; j++)
-          {
-            double acc = p->b != NULL ? p->b[g * p->o + j] : 0.0;
-            for (c = 0; c < p->k; c++)
-              acc += p->x[r * p->k + c] * w[j * p->k + c];
-            p->y[r * p->o + j] = acc;
-          }
-      for (r = r0; r < r0 + p->rows[g]; r++)
-        for (c = 0; c < p->k; c++)
-          {
-            double acc = 0.0;
-            for (j = 0; j < p->o; j++)
-              acc += p->dy[r * p->o + j] * w[j * p->k + c];
-            p->dx[r * p->k + c] = acc;
-          }
-      for (j = 0; j < p->o; j++)
-        {
-          for (c = 0; c < p->k; c++)
-            {
-              double acc = 0.0;
-              for (r = r0; r < r0 + p->rows[g]; r++)
-                acc += p->dy[r * p->o + j] * p->x[r * p->k + c];
-              p->dw[(g * p->o + j) * p->k + c] = acc;
-            }
-          for (r = r0; r < r0 + p->rows[g]; r++)
-            p->db[g * p->o + j] += p->dy[r * p->o + j];
-        }
-      r0 += p->rows[g];
-    }
+  gmlp_test_linear_reference (p->rows, p->n, p->k, p->o, p->x, p->w, p->b, p->dy, p->dy,
+                              p->y, p->dx, p->dw, p->db);
 }
 
 static GBytes *

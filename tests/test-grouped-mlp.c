@@ -62,26 +62,16 @@ static double *
 linear_ref (const double *x, const double *w, const double *b, const gint64 *rows, guint n,
             gint64 k, gint64 o, GmlpDType round_to)
 {
-  gint64 total = 0, r0 = 0;
+  gint64 total = 0, i;
   double *y;
   guint g;
 
   for (g = 0; g < n; g++)
     total += rows[g];
   y = g_new0 (double, MAX (total * o, 1));
-  for (g = 0; g < n; g++)
-    {
-      gint64 r, j, c;
-      for (r = r0; r < r0 + rows[g]; r++)
-        for (j = 0; j < o; j++)
-          {
-            double acc = b != NULL ? b[g * o + j] : 0.0;
-            for (c = 0; c < k; c++)
-              acc += x[r * k + c] * w[(g * o + j) * k + c];
-            y[r * o + j] = gmlp_test_round (acc, round_to);
-          }
-      r0 += rows[g];
-    }
+  gmlp_test_linear_reference (rows, n, k, o, x, w, b, NULL, NULL, y, NULL, NULL, NULL);
+  for (i = 0; i < total * o; i++)
+    y[i] = gmlp_test_round (y[i], round_to);
   return y;
 }
 
