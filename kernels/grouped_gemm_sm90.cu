@@ -27,7 +27,7 @@ namespace gmlp {
 namespace sm90 {
 namespace {
 
-constexpr int kPlanThreads = 512;
+constexpr int kPlanThreads = 256;   /* and 32 KiB of map slots */
 
 struct PlanParams
 {
@@ -55,11 +55,22 @@ struct PlanParams
   TensorMap            *maps;          /* out: A and B map of each group */
 };
 
+/* Writes to dst a copy of the template src pointing at address, with rows
+ * rows when rows > 0. The edits happen on this thread's slot of shared
+ * memory (tensormap.replace on a global map is a round trip to memory per
+ * edit, and made the plan grow by ~60 ns per group); the result goes out
+ * with eight 16-byte stores. */
 __device__ __forceinline__ void
-copy_map (TensorMap *dst, const TensorMap &src)
+write_map (TensorMap *dst, const TensorMap &src, TensorMap *slot, const void *address,
+           uint32_t rows)
 {
   for (int i = 0; i < 16; i++)
-    dst->bytes[i] = src.bytes[i];
+    slot->bytes[i] = src.bytes[i];
+  tensormap_set_address (slot, address);
+  if (rows > 0)
+    tensormap_set_rows (slot, rows);
+  for (int i = 0; i < 8; i++)
+    reinterpret_cast<uint4 *> (dst)[i] = reinterpret_cast<const uint4 *> (slot)[i];
 }
 
 /* The host tables passed by value: matrix pointers at words [0, n), bias
@@ -103,6 +114,8 @@ plan_kernel (const __grid_constant__ PlanParams p, const __grid_constant__ Inlin
   using Scan = cub::BlockScan<uint64_t, kPlanThreads>;
   __shared__ typename Scan::TempStorage scan_storage;
   __shared__ uint64_t carry[3];   /* offsets of a and rows2, tiles so far */
+  __shared__ TensorMap map_slots[kPlanThreads];
+  TensorMap *slot = &map_slots[threadIdx.x];
   const bool wgrad = p.kind == GMLP_KERNEL_GEMM_WGRAD;
 
   if (threadIdx.x == 0)
@@ -159,29 +172,11 @@ plan_kernel (const __grid_constant__ PlanParams p, const __grid_constant__ Inlin
           p.groups[g] = w;
           p.tile_begin[g] = (uint32_t) tile_off;
 
-          copy_map (map_c, p.template_c);
-          if (wgrad)
-            {
-              tensormap_set_address (map_c, (const void *) matrix);
-            }
-          else
-            {
-              tensormap_set_address (map_c, rows2_data);
-              tensormap_set_rows (map_c, map_rows);
-            }
-          copy_map (map_a, p.template_a);
-          tensormap_set_address (map_a, a_data);
-          tensormap_set_rows (map_a, map_rows);
-          copy_map (map_b, p.template_b);
-          if (wgrad)
-            {
-              tensormap_set_address (map_b, rows2_data);
-              tensormap_set_rows (map_b, map_rows);
-            }
-          else
-            {
-              tensormap_set_address (map_b, (const void *) matrix);
-            }
+          write_map (map_c, p.template_c, slot, wgrad ? (const void *) matrix : rows2_data,
+                     wgrad ? 0 : map_rows);
+          write_map (map_a, p.template_a, slot, a_data, map_rows);
+          write_map (map_b, p.template_b, slot, wgrad ? rows2_data : (const void *) matrix,
+                     wgrad ? map_rows : 0);
         }
 
       __syncthreads ();   /* everyone has read carry and the scan storage */

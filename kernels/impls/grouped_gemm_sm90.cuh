@@ -226,6 +226,25 @@ produce (const GemmParams &p, uint8_t *ring, uint64_t *full, uint64_t *empty)
     }
 }
 
+/* Element i of an array in one of C's dtypes (FP32, BF16, FP16) as float:
+ * one load and one conversion. The epilogue is unrolled, so whatever it
+ * calls is copied into it many times: the all-dtype gmlp_num_load_float
+ * (FP8 decoders and a software half conversion) made each kernel 220 KB of
+ * code, and the warps of the short-reduction shapes stalled on instruction
+ * fetches. */
+__device__ __forceinline__ float
+load_c_dtype (const void *p, int c_dtype, int64_t i)
+{
+  if (c_dtype == GMLP_NUM_FLOAT32)
+    return static_cast<const float *> (p)[i];
+  {
+    const unsigned short bits = static_cast<const unsigned short *> (p)[i];
+
+    return c_dtype == GMLP_NUM_BFLOAT16 ? __bfloat162float (__ushort_as_bfloat16 (bits))
+                                        : __half2float (__ushort_as_half (bits));
+  }
+}
+
 /* Writes four adjacent results v (FP32) at element index of C in its dtype,
  * adding the old values first when accumulating. The epilogue calls it
  * from a loop that is not unrolled: small code keeps the instruction cache
@@ -256,14 +275,14 @@ store_quad (void *c, int c_dtype, uint64_t index, float4 v, bool accumulate)
       if (accumulate)
         {
           const uint2 old = *dst;
-          f[0] += gmlp_num_load_float (&old.x, c_dtype, 0);
-          f[1] += gmlp_num_load_float (&old.x, c_dtype, 1);
-          f[2] += gmlp_num_load_float (&old.y, c_dtype, 0);
-          f[3] += gmlp_num_load_float (&old.y, c_dtype, 1);
+          f[0] += load_c_dtype (&old.x, c_dtype, 0);
+          f[1] += load_c_dtype (&old.x, c_dtype, 1);
+          f[2] += load_c_dtype (&old.y, c_dtype, 0);
+          f[3] += load_c_dtype (&old.y, c_dtype, 1);
         }
       for (int i = 0; i < 4; i++)
-        h[i] = c_dtype == GMLP_NUM_BFLOAT16 ? gmlp_num_float_to_bfloat16 (f[i])
-                                            : gmlp_num_float_to_half (f[i]);
+        h[i] = c_dtype == GMLP_NUM_BFLOAT16 ? __bfloat16_as_ushort (__float2bfloat16_rn (f[i]))
+                                            : __half_as_ushort (__float2half_rn (f[i]));
       *dst = make_uint2 ((uint32_t) h[0] | ((uint32_t) h[1] << 16),
                          (uint32_t) h[2] | ((uint32_t) h[3] << 16));
     }
@@ -341,12 +360,12 @@ write_tile (const GemmParams &p, const Tile &tile, const float (&acc)[kBlockN / 
           if (row >= out_rows || col >= p.out_cols)
             continue;
           v = *reinterpret_cast<const float4 *> (staging + staging_index (r, c4));
-          if (w.bias != nullptr)
+          if (kKind == GMLP_KERNEL_GEMM_FPROP && w.bias != nullptr)
             {
-              v.x += gmlp_num_load_float (w.bias, p.c_dtype, col);
-              v.y += gmlp_num_load_float (w.bias, p.c_dtype, col + 1);
-              v.z += gmlp_num_load_float (w.bias, p.c_dtype, col + 2);
-              v.w += gmlp_num_load_float (w.bias, p.c_dtype, col + 3);
+              v.x += load_c_dtype (w.bias, p.c_dtype, col);
+              v.y += load_c_dtype (w.bias, p.c_dtype, col + 1);
+              v.z += load_c_dtype (w.bias, p.c_dtype, col + 2);
+              v.w += load_c_dtype (w.bias, p.c_dtype, col + 3);
             }
           store_quad (w.c, p.c_dtype, (uint64_t) row * p.out_cols + col, v, accumulate);
         }
@@ -363,13 +382,15 @@ write_tile (const GemmParams &p, const Tile &tile, const float (&acc)[kBlockN / 
  * to its next tile while the stores drain; a slot is written again only
  * once its previous store has read it. An FP32 subtile takes both slots
  * (two boxes of 32 columns). Returns false, having written nothing, for a
- * 16-bit C that is accumulated into (write_tile() does that). */
-template <int kKind>
+ * 16-bit C that is accumulated into (write_tile() does that). C's dtype is
+ * a template argument: the unrolled code of the dtype that runs is then
+ * contiguous, not interleaved with that of the others. */
+template <int kKind, int kCDtype>
 __device__ __forceinline__ bool
 write_tile_tma (const GemmParams &p, const Tile &tile, const GroupWork &w,
                 const float (&acc)[kBlockN / 2], uint8_t *slots, int half)
 {
-  const bool fp32 = p.c_dtype == GMLP_NUM_FLOAT32;
+  constexpr bool fp32 = kCDtype == GMLP_NUM_FLOAT32;
   const bool accumulate = w.accumulate != 0;
   const int thread = threadIdx.x % 128;
   const int lane = thread % 32;
@@ -409,10 +430,11 @@ write_tile_tma (const GemmParams &p, const Tile &tile, const GroupWork &w,
           const int64_t col = col0 + 8 * jj + 2 * t;
           float b0 = 0.0f, b1 = 0.0f;
 
-          if (w.bias != nullptr && col < p.out_cols)
+          /* Only FPROP has a bias: no bias code in the other kernels. */
+          if (kKind == GMLP_KERNEL_GEMM_FPROP && w.bias != nullptr && col < p.out_cols)
             {
-              b0 = gmlp_num_load_float (w.bias, p.c_dtype, col);
-              b1 = gmlp_num_load_float (w.bias, p.c_dtype, col + 1);
+              b0 = load_c_dtype (w.bias, kCDtype, col);
+              b1 = load_c_dtype (w.bias, kCDtype, col + 1);
             }
 #pragma unroll
           for (int h = 0; h < 2; h++)
@@ -432,7 +454,7 @@ write_tile_tma (const GemmParams &p, const Tile &tile, const GroupWork &w,
                 {
                   uint32_t pair;
 
-                  if (p.c_dtype == GMLP_NUM_BFLOAT16)
+                  if (kCDtype == GMLP_NUM_BFLOAT16)
                     {
                       const __nv_bfloat162 v = __floats2bfloat162_rn (v0, v1);
                       pair = *reinterpret_cast<const uint32_t *> (&v);
@@ -484,6 +506,7 @@ consume (const GemmParams &p, uint8_t *ring, uint64_t *full, uint64_t *empty, fl
   const uint32_t total = p.tile_begin[p.n_groups];
   const bool leader = threadIdx.x % 128 == 0;
   const uint32_t ring_address = smem_address (ring);
+  uint8_t *slots = reinterpret_cast<uint8_t *> (staging);
   uint32_t group = 0, stage = 0, phase = 0, acquired = 0xffffffffu;
   float acc[kBlockN / 2];
   Tile tile, next;
@@ -550,7 +573,11 @@ consume (const GemmParams &p, uint8_t *ring, uint64_t *full, uint64_t *empty, fl
             locate_tile<kKind> (p, t + gridDim.x, group, next);
         }
 
-      if (!write_tile_tma<kKind> (p, tile, w, acc, reinterpret_cast<uint8_t *> (staging), half))
+      /* C is FP32 or the operands' dtype (the host check). */
+      if (!(p.c_dtype == GMLP_NUM_FLOAT32 ?
+              write_tile_tma<kKind, GMLP_NUM_FLOAT32> (p, tile, w, acc, slots, half) :
+              write_tile_tma<kKind, kBf16 ? GMLP_NUM_BFLOAT16 : GMLP_NUM_FLOAT16> (p, tile, w, acc,
+                                                                                  slots, half)))
         write_tile<kKind> (p, tile, acc, staging, half);
     }
   if (leader)

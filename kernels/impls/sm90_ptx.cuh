@@ -111,14 +111,16 @@ struct alignas (128) TensorMap
   uint64_t bytes[16];
 };
 
-/* Points the tensor map at a new global address and sets the extent of its
- * outer (row) dimension; both are edits of a tensor map in global memory. */
+/* Points a tensor map in shared memory at a new global address and sets
+ * the extent of its outer (row) dimension. (Edits of a map in global memory
+ * are a round trip to memory each: the plan edits in shared memory and
+ * copies the maps out with plain stores.) */
 __device__ __forceinline__ void
 tensormap_set_address (TensorMap *map, const void *address)
 {
 #if GMLP_SM90_ENABLED
-  asm volatile ("tensormap.replace.tile.global_address.global.b1024.b64 [%0], %1;"
-                :: "l" (map), "l" (address) : "memory");
+  asm volatile ("tensormap.replace.tile.global_address.shared::cta.b1024.b64 [%0], %1;"
+                :: "r" (smem_address (map)), "l" (address) : "memory");
 #endif
 }
 
@@ -126,8 +128,8 @@ __device__ __forceinline__ void
 tensormap_set_rows (TensorMap *map, uint32_t rows)
 {
 #if GMLP_SM90_ENABLED
-  asm volatile ("tensormap.replace.tile.global_dim.global.b1024.b32 [%0], 1, %1;"
-                :: "l" (map), "r" (rows) : "memory");
+  asm volatile ("tensormap.replace.tile.global_dim.shared::cta.b1024.b32 [%0], 1, %1;"
+                :: "r" (smem_address (map)), "r" (rows) : "memory");
 #endif
 }
 
