@@ -237,6 +237,8 @@ GmlpKernelStatus gmlp_kernel_grouped_sum_squares (const GmlpKernelGroupedShape *
  * The host arrays weight, wgrad, bias and accumulate (n_groups entries each)
  * are passed to the device through kernel parameters, into the workspace, so
  * a call never allocates, never synchronizes and can be captured in a graph.
+ * The Hopper kernel also takes sizes known on the host (host_rows instead of
+ * device_rows), through kernel parameters in the same way.
  * The workspace is used by the work enqueued by the call only: successive
  * calls on one stream may share one. */
 typedef enum {
@@ -248,7 +250,8 @@ typedef enum {
 typedef struct {
   GmlpKernelGemmKind  kind;
   uint32_t            n_groups;
-  const int64_t      *device_rows;   /* device memory */
+  const int64_t      *device_rows;   /* device memory, or NULL: */
+  const int64_t      *host_rows;     /* host array (Hopper kernel only), or NULL */
   int64_t             row_capacity;
   int64_t             n;
   int64_t             k;

@@ -34,7 +34,7 @@ struct PlanParams
   TensorMap             template_a;
   TensorMap             template_b;
   TensorMap             template_c;
-  const int64_t        *device_rows;
+  const int64_t        *device_rows;   /* or NULL: the sizes are in the tables */
   uint32_t              n_groups;
   int                   kind;          /* GMLP_KERNEL_GEMM_* */
   GroupedOperand        a;             /* x (FPROP) or dy */
@@ -42,10 +42,11 @@ struct PlanParams
   uint32_t              tiles_n;       /* output tiles across */
   uint32_t              tiles_m_fixed; /* WGRAD: output tiles down */
   /* The host tables: weight (FPROP, DGRAD) or wgrad pointers, bias
-   * pointers, accumulate flags; in the workspace, or in the kernel's
-   * InlineTables parameter when inline_tables. */
+   * pointers, group sizes (when known on the host), accumulate flags; in
+   * the workspace, or in the kernel's InlineTables parameter. */
   const uint64_t       *matrix_table;
   const uint64_t       *bias_table;
+  const int64_t        *rows_table;
   const uint8_t        *accumulate_table;
   int                   inline_tables;
   int                   has_bias;
@@ -74,15 +75,16 @@ write_map (TensorMap *dst, const TensorMap &src, TensorMap *slot, const void *ad
 }
 
 /* The host tables passed by value: matrix pointers at words [0, n), bias
- * pointers at [n, 2n), accumulate flags as bytes from word 2n. */
+ * pointers at [n, 2n), group sizes at [2n, 3n), accumulate flags as bytes
+ * from word 3n. */
 template <int kWords>
 struct InlineTables
 {
   uint64_t words[kWords > 0 ? kWords : 1];
 };
 
-constexpr int kInlineSmall = 2 * 256 + 32;   /* up to 256 groups */
-constexpr int kInlineLarge = 3800;           /* up to 1788 groups, under 32 KiB */
+constexpr int kInlineSmall = 3 * 256 + 32;   /* up to 256 groups */
+constexpr int kInlineLarge = 3800;           /* up to 1192 groups, under 32 KiB */
 
 template <int kWords>
 __device__ __forceinline__ void
@@ -94,7 +96,7 @@ group_tables (const PlanParams &p, const InlineTables<kWords> &tables, uint32_t 
       *matrix = tables.words[g];
       *bias = p.has_bias ? tables.words[p.n_groups + g] : 0;
       *accumulate = p.has_accumulate ?
-        reinterpret_cast<const uint8_t *> (tables.words + 2 * p.n_groups)[g] : 0;
+        reinterpret_cast<const uint8_t *> (tables.words + 3 * p.n_groups)[g] : 0;
     }
   else
     {
@@ -102,6 +104,19 @@ group_tables (const PlanParams &p, const InlineTables<kWords> &tables, uint32_t 
       *bias = p.has_bias ? p.bias_table[g] : 0;
       *accumulate = p.has_accumulate ? p.accumulate_table[g] : 0;
     }
+}
+
+/* Group g's size as asked for (before any clamping): from the device, or
+ * from the host's table. */
+template <int kWords>
+__device__ __forceinline__ int64_t
+group_rows (const PlanParams &p, const InlineTables<kWords> &tables, uint32_t g)
+{
+  if (p.device_rows != nullptr)
+    return p.device_rows[g];
+  if (kWords > 0)
+    return (int64_t) tables.words[2 * p.n_groups + g];
+  return p.rows_table[g];
 }
 
 template <int kWords>
@@ -126,7 +141,8 @@ plan_kernel (const __grid_constant__ PlanParams p, const __grid_constant__ Inlin
     {
       const uint32_t g = base + threadIdx.x;
       const bool valid = g < p.n_groups;
-      const int64_t raw = valid && p.device_rows[g] > 0 ? p.device_rows[g] : 0;
+      const int64_t asked = valid ? group_rows (p, tables, g) : 0;
+      const int64_t raw = asked > 0 ? asked : 0;
       uint64_t off_a, off_2, total_a, total_2, tile_off, tile_total, tiles;
       int64_t rows;
 
@@ -204,6 +220,7 @@ struct WorkspaceLayout
   size_t groups;
   size_t matrix_table;
   size_t bias_table;
+  size_t rows_table;
   size_t accumulate_table;
   size_t maps;
   size_t total;
@@ -225,10 +242,11 @@ workspace_layout (uint32_t n_groups)
   off = round_up (off + (n_groups + 1) * sizeof (uint32_t), 256);
   l.groups = off;
   off = round_up (off + n_groups * sizeof (GroupWork), 256);
-  /* The three host tables are contiguous: one write through parameters. */
+  /* The four host tables are contiguous: one write through parameters. */
   l.matrix_table = off;
   l.bias_table = l.matrix_table + n_groups * sizeof (uint64_t);
-  l.accumulate_table = l.bias_table + n_groups * sizeof (uint64_t);
+  l.rows_table = l.bias_table + n_groups * sizeof (uint64_t);
+  l.accumulate_table = l.rows_table + n_groups * sizeof (uint64_t);
   off = round_up (l.accumulate_table + round_up (n_groups, 8), 256);
   l.maps = off;
   off += (size_t) n_groups * kMapsPerGroup * sizeof (TensorMap);
@@ -367,7 +385,8 @@ gmlp_kernel_device_gemm_sm90_check (const GmlpKernelDeviceGemm *gemm,
   if (reason == nullptr)
     reason = &unused;
   *reason = nullptr;
-  if (gemm == nullptr || gemm->n_groups == 0 || gemm->device_rows == nullptr ||
+  if (gemm == nullptr || gemm->n_groups == 0 ||
+      (gemm->device_rows == nullptr) == (gemm->host_rows == nullptr) ||
       gemm->row_capacity < 0 || gemm->n <= 0 || gemm->k <= 0 || gemm->a == nullptr ||
       (gemm->kind != GMLP_KERNEL_GEMM_FPROP && gemm->kind != GMLP_KERNEL_GEMM_DGRAD &&
        gemm->kind != GMLP_KERNEL_GEMM_WGRAD))
@@ -511,9 +530,10 @@ gmlp_kernel_device_gemm_sm90 (const GmlpKernelDeviceGemm *gemm,
     {
       table[g] = (uint64_t) (uintptr_t) (wgrad ? gemm->wgrad[g] : gemm->weight[g]);
       table[gemm->n_groups + g] = gemm->bias != nullptr ? (uint64_t) (uintptr_t) gemm->bias[g] : 0;
+      table[2 * gemm->n_groups + g] = gemm->host_rows != nullptr ? (uint64_t) gemm->host_rows[g] : 0;
     }
   if (gemm->accumulate != nullptr)
-    memcpy (table + 2 * gemm->n_groups, gemm->accumulate, gemm->n_groups);
+    memcpy (table + 3 * gemm->n_groups, gemm->accumulate, gemm->n_groups);
   if (table_words <= (size_t) kInlineSmall)
     status = launch_plan<kInlineSmall> (plan, table, table_words, stream);
   else if (table_words <= (size_t) kInlineLarge)
@@ -524,6 +544,7 @@ gmlp_kernel_device_gemm_sm90 (const GmlpKernelDeviceGemm *gemm,
                                         table_words * sizeof (uint64_t), stream);
       plan.matrix_table = reinterpret_cast<const uint64_t *> (ws + layout.matrix_table);
       plan.bias_table = reinterpret_cast<const uint64_t *> (ws + layout.bias_table);
+      plan.rows_table = reinterpret_cast<const int64_t *> (ws + layout.rows_table);
       plan.accumulate_table = ws + layout.accumulate_table;
       if (status == GMLP_KERNEL_SUCCESS)
         status = launch_plan<0> (plan, table, 0, stream);

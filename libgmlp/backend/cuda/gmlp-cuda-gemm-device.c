@@ -14,6 +14,7 @@
 
 #include "config.h"
 
+#include "gmlp-numeric.h"
 #include "gmlp-cuda-private.h"
 
 /* The kernels' view of the backend's description. */
@@ -30,6 +31,7 @@ gmlp_cuda_kernel_device_gemm (const GmlpBackendGemmDevice *gemm,
     }
   kernel_gemm->n_groups = gemm->n_groups;
   kernel_gemm->device_rows = (const int64_t *) gemm->device_rows;
+  kernel_gemm->host_rows = NULL;
   kernel_gemm->row_capacity = gemm->row_capacity;
   kernel_gemm->n = gemm->n;
   kernel_gemm->k = gemm->k;
@@ -103,4 +105,104 @@ gmlp_cuda_gemm_device (GmlpBackendDevice            *device,
   return gmlp_cuda_kernel_result (gmlp_kernel_device_gemm_simt (&kernel_gemm, workspace,
                                                                 device->stream),
                                   "gmlp_kernel_device_gemm_simt", error);
+}
+
+/* Whether the members of a grouped operand lie as a grouped tensor lays
+ * them out (gmlp_num_member_stride() apart, from pointers[0]): the
+ * Hopper kernel addresses them from the first one. */
+static gboolean
+gmlp_cuda_gemm_is_packed (const void * const *pointers,
+                          const gint64       *rows,
+                          guint               n_groups,
+                          guint64             row_bytes)
+{
+  const guint8 *expected = pointers[0];
+
+  for (guint g = 0; g < n_groups; g++)
+    {
+      if ((const guint8 *) pointers[g] != expected)
+        return FALSE;
+      expected += gmlp_num_member_stride (rows[g], row_bytes);
+    }
+  return TRUE;
+}
+
+/* Where the Hopper kernel beats cuBLAS with host sizes (measured in
+ * docs/performance.md). GMLP_CUDA_HOST_GEMM=cublas or =sm90 forces one
+ * side, for comparisons. */
+static gboolean
+gmlp_cuda_gemm_prefer_sm90 (const GmlpBackendGemm *gemm)
+{
+  const char *forced = g_getenv ("GMLP_CUDA_HOST_GEMM");
+  double flop = 0.0;
+  guint products = 0;
+
+  if (g_strcmp0 (forced, "cublas") == 0)
+    return FALSE;
+  if (g_strcmp0 (forced, "sm90") == 0)
+    return TRUE;
+  for (guint g = 0; g < gemm->n_groups; g++)
+    if (gemm->rows[g] > 0)
+      {
+        products++;
+        flop += 2.0 * gemm->rows[g] * gemm->n * gemm->k;
+      }
+  /* Many small products: where cuBLAS has only its grouped kernel. */
+  return products >= 16 && flop < 4e9 * products;
+}
+
+gboolean
+gmlp_cuda_gemm_host_rows_sm90 (GmlpBackendDevice      *device,
+                               const GmlpBackendGemm  *gemm,
+                               gboolean               *taken,
+                               GError                **error)
+{
+  gboolean wgrad = gemm->kind == GMLP_GEMM_WGRAD;
+  const void * const *second = wgrad ? gemm->b : (const void * const *) gemm->c;
+  guint64 ab_size = gmlp_num_dtype_size (gemm->ab_dtype);
+  guint64 second_size = wgrad ? ab_size : (guint64) gmlp_num_dtype_size (gemm->c_dtype);
+  gint64 a_cols = gemm->kind == GMLP_GEMM_FPROP ? gemm->k : gemm->n;
+  gint64 second_cols = gemm->kind == GMLP_GEMM_FPROP ? gemm->n : gemm->k;
+  GmlpBackendGemmDevice shape = {
+    .kind = gemm->kind,
+    .n_groups = gemm->n_groups,
+    .n = gemm->n,
+    .k = gemm->k,
+    .ab_dtype = gemm->ab_dtype,
+    .c_dtype = gemm->c_dtype,
+  };
+  GmlpKernelDeviceGemm kernel_gemm;
+  gpointer workspace;
+  int n_sms = 0;
+
+  *taken = FALSE;
+  if (gemm->n_groups == 0 || !gmlp_cuda_gemm_prefer_sm90 (gemm) ||
+      !gmlp_cuda_gemm_is_packed (gemm->a, gemm->rows, gemm->n_groups, a_cols * ab_size) ||
+      !gmlp_cuda_gemm_is_packed (second, gemm->rows, gemm->n_groups, second_cols * second_size))
+    return FALSE;
+
+  gmlp_cuda_kernel_device_gemm (&shape, &kernel_gemm);
+  kernel_gemm.device_rows = NULL;
+  kernel_gemm.host_rows = gemm->rows;
+  kernel_gemm.row_capacity = 0;
+  for (guint g = 0; g < gemm->n_groups; g++)
+    kernel_gemm.row_capacity += MAX (gemm->rows[g], 0);
+  kernel_gemm.a = gemm->a[0];
+  kernel_gemm.b_rows = wgrad ? gemm->b[0] : NULL;
+  kernel_gemm.c_rows = wgrad ? NULL : gemm->c[0];
+  kernel_gemm.weight = wgrad ? NULL : gemm->b;
+  kernel_gemm.wgrad = wgrad ? gemm->c : NULL;
+  kernel_gemm.accumulate = gemm->accumulate;
+  if (!gmlp_cuda_use_sm90 (device, &kernel_gemm, &n_sms))
+    return FALSE;
+
+  *taken = TRUE;
+  workspace = gmlp_cuda_device_workspace (device,
+                                          gmlp_kernel_device_gemm_sm90_workspace_bytes (&kernel_gemm),
+                                          error);
+  if (workspace == NULL)
+    return FALSE;
+  return gmlp_cuda_kernel_result (gmlp_kernel_device_gemm_sm90 (&kernel_gemm, workspace,
+                                                                n_sms, device->stream),
+                                  "gmlp_kernel_device_gemm_sm90", error);
 }

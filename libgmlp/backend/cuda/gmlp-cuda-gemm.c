@@ -803,6 +803,17 @@ gmlp_cuda_gemm (GmlpBackendDevice      *device,
   if (!gmlp_cuda_activate (device, error))
     return FALSE;
 
+  /* Many small products run faster on libgmlp's Hopper kernel. */
+  if (plan.n_products > 0)
+    {
+      gboolean taken;
+
+      if (gmlp_cuda_gemm_host_rows_sm90 (device, gemm, &taken, error))
+        return TRUE;
+      if (taken)
+        return FALSE;
+    }
+
   /* cuBLAS's grouped call takes only C of the operands' dtype. */
   if (plan.n_products > 0 && plan.aligned && gemm->c_dtype == gemm->ab_dtype &&
       plan.n_products <= G_MAXINT &&

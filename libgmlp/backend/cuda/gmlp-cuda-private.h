@@ -224,6 +224,13 @@ gboolean  gmlp_cuda_sum_squares     (GmlpBackendDevice      *device,
 gboolean  gmlp_cuda_gemm_device     (GmlpBackendDevice            *device,
                                      const GmlpBackendGemmDevice  *gemm,
                                      GError                      **error);
+/* A product with host sizes on the Hopper kernel, where it beats cuBLAS:
+ * TRUE when enqueued; FALSE with *taken FALSE when cuBLAS should run it;
+ * FALSE with *taken TRUE and error set when the launch failed. */
+gboolean  gmlp_cuda_gemm_host_rows_sm90 (GmlpBackendDevice      *device,
+                                         const GmlpBackendGemm  *gemm,
+                                         gboolean               *taken,
+                                         GError                **error);
 /* Scratch for the device-sizes kernels (end of gmlp-cuda-backend.c): a
  * device buffer of at least nbytes for work enqueued on the compute stream.
  * Successive calls return the same buffer until one needs more; the buffer
