@@ -49,7 +49,7 @@ def ratio(a, b):
     return '–' if a is None or not b else '%.2f×' % (a / b)
 
 
-TITLES = {'host': 'group sizes on the host (cuBLAS paths)',
+TITLES = {'host': 'group sizes on the host (cuBLAS, or the Hopper kernel for many small experts)',
           'device': "group sizes on the device (libgmlp's Hopper kernel)"}
 
 

@@ -12,6 +12,9 @@ export PATH="/usr/local/cuda/bin:$PATH"
 nvcc -O2 -gencode=arch=compute_90a,code=sm_90a -o /tmp/cublas_anchor .bench/cublas_anchor.cu -lcublas
 build-gpu/bench/gmlp-bench "$@" | tee "$out/gmlp-bench.jsonl"
 build-gpu/bench/gmlp-bench --device-sizes "$@" | tee -a "$out/gmlp-bench.jsonl"
+# Host sizes on cuBLAS alone, for the routing rule of gmlp-cuda-gemm-device.c.
+GMLP_CUDA_HOST_GEMM=cublas build-gpu/bench/gmlp-bench "$@" | tee "$out/gmlp-bench-cublas.jsonl"
 /tmp/cublas_anchor | tee "$out/cublas-anchor.jsonl"
 PYTHONUNBUFFERED=1 python3 .bench/anchors.py "$out/anchors.json" | tee "$out/anchors.jsonl"
 python3 bench/compare.py "$out/gmlp-bench.jsonl" "$out/anchors.jsonl" "$out/cublas-anchor.jsonl" | tee "$out/compare.md"
+python3 bench/compare.py "$out/gmlp-bench-cublas.jsonl" "$out/anchors.jsonl" "$out/cublas-anchor.jsonl" > "$out/compare-cublas.md"
