@@ -127,14 +127,28 @@ gmlp_cuda_gemm_is_packed (const void * const *pointers,
   return TRUE;
 }
 
-/* Where the Hopper kernel beats cuBLAS with host sizes (measured in
- * docs/performance.md). GMLP_CUDA_HOST_GEMM=cublas or =sm90 forces one
- * side, for comparisons. */
+/* Where the Hopper kernel beats cuBLAS with host sizes: many small
+ * products (where cuBLAS has only its grouped kernel, or row tiles of
+ * 128), for WGRAD always, for FPROP and DGRAD unless nearly every row lies
+ * in a whole 128-row tile, which cuBLAS's batched call runs best. H200,
+ * TFLOP/s, Hopper kernel vs cuBLAS (docs/performance.md):
+ *
+ *   WGRAD  qwen3-fc1 534 vs 226, small-e64 222 vs 118 (balanced)
+ *   FPROP  qwen3-fc1 balanced 609 vs 629, skewed (88% of rows in whole
+ *          tiles) 551 vs 460; small-e64 balanced 249 vs 288, skewed (59%)
+ *          239 vs 182; DGRAD alike
+ *
+ * GMLP_CUDA_HOST_GEMM=cublas or =sm90 forces one side, for comparisons. */
+#define GMLP_CUDA_SM90_MIN_PRODUCTS 16
+#define GMLP_CUDA_SM90_MAX_MEAN_FLOP 4e9
+#define GMLP_CUDA_SM90_MAX_TILED 0.95
+
 static gboolean
 gmlp_cuda_gemm_prefer_sm90 (const GmlpBackendGemm *gemm)
 {
   const char *forced = g_getenv ("GMLP_CUDA_HOST_GEMM");
   double flop = 0.0;
+  gint64 rows = 0, tiled = 0;
   guint products = 0;
 
   if (g_strcmp0 (forced, "cublas") == 0)
@@ -146,9 +160,12 @@ gmlp_cuda_gemm_prefer_sm90 (const GmlpBackendGemm *gemm)
       {
         products++;
         flop += 2.0 * gemm->rows[g] * gemm->n * gemm->k;
+        rows += gemm->rows[g];
+        tiled += gemm->rows[g] / 128 * 128;
       }
-  /* Many small products: where cuBLAS has only its grouped kernel. */
-  return products >= 16 && flop < 4e9 * products;
+  if (products < GMLP_CUDA_SM90_MIN_PRODUCTS || flop >= GMLP_CUDA_SM90_MAX_MEAN_FLOP * products)
+    return FALSE;
+  return gemm->kind == GMLP_GEMM_WGRAD || tiled < GMLP_CUDA_SM90_MAX_TILED * rows;
 }
 
 gboolean
