@@ -7,7 +7,9 @@
  * kernel everywhere else, each with the device's scratch workspace for its
  * tables. Nothing here reads
  * the sizes, waits for the stream or allocates per call (the workspace only
- * grows, once), so the call can be captured in a graph.
+ * grows, once), so the call can be captured in a graph. Products with host
+ * sizes that gmlp-cuda-gemm.c routes here run on the Hopper kernel too,
+ * their sizes passed like the other host tables.
  *
  * SPDX-License-Identifier: LGPL-2.1-or-later
  */
@@ -17,18 +19,24 @@
 #include "gmlp-numeric.h"
 #include "gmlp-cuda-private.h"
 
+static GmlpKernelGemmKind
+gmlp_cuda_kernel_gemm_kind (GmlpGemmKind kind)
+{
+  switch (kind)
+    {
+    case GMLP_GEMM_FPROP: return GMLP_KERNEL_GEMM_FPROP;
+    case GMLP_GEMM_DGRAD: return GMLP_KERNEL_GEMM_DGRAD;
+    case GMLP_GEMM_WGRAD: return GMLP_KERNEL_GEMM_WGRAD;
+    default:              return (GmlpKernelGemmKind) -1;
+    }
+}
+
 /* The kernels' view of the backend's description. */
 static void
 gmlp_cuda_kernel_device_gemm (const GmlpBackendGemmDevice *gemm,
                               GmlpKernelDeviceGemm        *kernel_gemm)
 {
-  switch (gemm->kind)
-    {
-    case GMLP_GEMM_FPROP: kernel_gemm->kind = GMLP_KERNEL_GEMM_FPROP; break;
-    case GMLP_GEMM_DGRAD: kernel_gemm->kind = GMLP_KERNEL_GEMM_DGRAD; break;
-    case GMLP_GEMM_WGRAD: kernel_gemm->kind = GMLP_KERNEL_GEMM_WGRAD; break;
-    default:              kernel_gemm->kind = (GmlpKernelGemmKind) -1; break;
-    }
+  kernel_gemm->kind = gmlp_cuda_kernel_gemm_kind (gemm->kind);
   kernel_gemm->n_groups = gemm->n_groups;
   kernel_gemm->device_rows = (const int64_t *) gemm->device_rows;
   kernel_gemm->host_rows = NULL;
@@ -127,47 +135,6 @@ gmlp_cuda_gemm_is_packed (const void * const *pointers,
   return TRUE;
 }
 
-/* Where the Hopper kernel beats cuBLAS with host sizes: many small
- * products (where cuBLAS has only its grouped kernel, or row tiles of
- * 128), for WGRAD always, for FPROP and DGRAD unless nearly every row lies
- * in a whole 128-row tile, which cuBLAS's batched call runs best. H200,
- * TFLOP/s, Hopper kernel vs cuBLAS (docs/performance.md):
- *
- *   WGRAD  qwen3-fc1 534 vs 226, small-e64 222 vs 118 (balanced)
- *   FPROP  qwen3-fc1 balanced 609 vs 629, skewed (88% of rows in whole
- *          tiles) 551 vs 460; small-e64 balanced 249 vs 288, skewed (59%)
- *          239 vs 182; DGRAD alike
- *
- * GMLP_CUDA_HOST_GEMM=cublas or =sm90 forces one side, for comparisons. */
-#define GMLP_CUDA_SM90_MIN_PRODUCTS 16
-#define GMLP_CUDA_SM90_MAX_MEAN_FLOP 4e9
-#define GMLP_CUDA_SM90_MAX_TILED 0.95
-
-static gboolean
-gmlp_cuda_gemm_prefer_sm90 (const GmlpBackendGemm *gemm)
-{
-  const char *forced = g_getenv ("GMLP_CUDA_HOST_GEMM");
-  double flop = 0.0;
-  gint64 rows = 0, tiled = 0;
-  guint products = 0;
-
-  if (g_strcmp0 (forced, "cublas") == 0)
-    return FALSE;
-  if (g_strcmp0 (forced, "sm90") == 0)
-    return TRUE;
-  for (guint g = 0; g < gemm->n_groups; g++)
-    if (gemm->rows[g] > 0)
-      {
-        products++;
-        flop += 2.0 * gemm->rows[g] * gemm->n * gemm->k;
-        rows += gemm->rows[g];
-        tiled += gemm->rows[g] / 128 * 128;
-      }
-  if (products < GMLP_CUDA_SM90_MIN_PRODUCTS || flop >= GMLP_CUDA_SM90_MAX_MEAN_FLOP * products)
-    return FALSE;
-  return gemm->kind == GMLP_GEMM_WGRAD || tiled < GMLP_CUDA_SM90_MAX_TILED * rows;
-}
-
 gboolean
 gmlp_cuda_gemm_host_rows_sm90 (GmlpBackendDevice      *device,
                                const GmlpBackendGemm  *gemm,
@@ -180,36 +147,35 @@ gmlp_cuda_gemm_host_rows_sm90 (GmlpBackendDevice      *device,
   guint64 second_size = wgrad ? ab_size : (guint64) gmlp_num_dtype_size (gemm->c_dtype);
   gint64 a_cols = gemm->kind == GMLP_GEMM_FPROP ? gemm->k : gemm->n;
   gint64 second_cols = gemm->kind == GMLP_GEMM_FPROP ? gemm->n : gemm->k;
-  GmlpBackendGemmDevice shape = {
-    .kind = gemm->kind,
-    .n_groups = gemm->n_groups,
-    .n = gemm->n,
-    .k = gemm->k,
-    .ab_dtype = gemm->ab_dtype,
-    .c_dtype = gemm->c_dtype,
-  };
+  gint64 capacity = 0;
   GmlpKernelDeviceGemm kernel_gemm;
   gpointer workspace;
   int n_sms = 0;
 
   *taken = FALSE;
-  if (gemm->n_groups == 0 || !gmlp_cuda_gemm_prefer_sm90 (gemm) ||
+  if (gemm->n_groups == 0 ||
       !gmlp_cuda_gemm_is_packed (gemm->a, gemm->rows, gemm->n_groups, a_cols * ab_size) ||
       !gmlp_cuda_gemm_is_packed (second, gemm->rows, gemm->n_groups, second_cols * second_size))
     return FALSE;
 
-  gmlp_cuda_kernel_device_gemm (&shape, &kernel_gemm);
-  kernel_gemm.device_rows = NULL;
-  kernel_gemm.host_rows = gemm->rows;
-  kernel_gemm.row_capacity = 0;
   for (guint g = 0; g < gemm->n_groups; g++)
-    kernel_gemm.row_capacity += MAX (gemm->rows[g], 0);
-  kernel_gemm.a = gemm->a[0];
-  kernel_gemm.b_rows = wgrad ? gemm->b[0] : NULL;
-  kernel_gemm.c_rows = wgrad ? NULL : gemm->c[0];
-  kernel_gemm.weight = wgrad ? NULL : gemm->b;
-  kernel_gemm.wgrad = wgrad ? gemm->c : NULL;
-  kernel_gemm.accumulate = gemm->accumulate;
+    capacity += MAX (gemm->rows[g], 0);
+  kernel_gemm = (GmlpKernelDeviceGemm) {
+    .kind = gmlp_cuda_kernel_gemm_kind (gemm->kind),
+    .n_groups = gemm->n_groups,
+    .host_rows = gemm->rows,
+    .row_capacity = capacity,
+    .n = gemm->n,
+    .k = gemm->k,
+    .ab_dtype = gemm->ab_dtype,
+    .c_dtype = gemm->c_dtype,
+    .a = gemm->a[0],
+    .b_rows = wgrad ? gemm->b[0] : NULL,
+    .c_rows = wgrad ? NULL : gemm->c[0],
+    .weight = wgrad ? NULL : gemm->b,
+    .wgrad = wgrad ? gemm->c : NULL,
+    .accumulate = gemm->accumulate,
+  };
   if (!gmlp_cuda_use_sm90 (device, &kernel_gemm, &n_sms))
     return FALSE;
 

@@ -699,19 +699,67 @@ gmlp_cuda_run_grouped (GmlpBackendDevice       *device,
  * off, for comparisons. */
 #define GMLP_CUDA_ROW_TILE 128
 
+/* All the rows, and those that lie in whole row tiles. */
+static void
+gmlp_cuda_gemm_count_tiled_rows (const GmlpBackendGemm *gemm,
+                                 gint64                *rows,
+                                 gint64                *tiled)
+{
+  *rows = *tiled = 0;
+  for (guint i = 0; i < gemm->n_groups; i++)
+    {
+      *rows += gemm->rows[i];
+      *tiled += gemm->rows[i] / GMLP_CUDA_ROW_TILE * GMLP_CUDA_ROW_TILE;
+    }
+}
+
 static gboolean
 gmlp_cuda_gemm_use_row_tiles (const GmlpBackendGemm *gemm)
 {
-  gint64 rows = 0, tiled = 0;
+  gint64 rows, tiled;
 
   if (gemm->kind == GMLP_GEMM_WGRAD || g_getenv ("GMLP_CUDA_NO_ROW_TILES") != NULL)
     return FALSE;
-  for (guint i = 0; i < gemm->n_groups; i++)
-    {
-      rows += gemm->rows[i];
-      tiled += gemm->rows[i] / GMLP_CUDA_ROW_TILE * GMLP_CUDA_ROW_TILE;
-    }
+  gmlp_cuda_gemm_count_tiled_rows (gemm, &rows, &tiled);
   return tiled * 4 >= rows * 3;
+}
+
+/* Where libgmlp's Hopper kernel beats cuBLAS with host sizes: the many
+ * small products of gmlp_cuda_gemm_prefer_grouped(), for WGRAD always,
+ * for FPROP and DGRAD unless nearly every row lies in a whole row tile,
+ * which cuBLAS's batched call runs best. H200, TFLOP/s, Hopper kernel vs
+ * cuBLAS (docs/performance.md):
+ *
+ *   WGRAD  qwen3-fc1 534 vs 226, small-e64 222 vs 118 (balanced)
+ *   FPROP  qwen3-fc1 balanced 609 vs 629, skewed (88% of rows in whole
+ *          tiles) 551 vs 460; small-e64 balanced 249 vs 288, skewed (59%)
+ *          239 vs 182; DGRAD alike
+ *
+ * GMLP_CUDA_HOST_GEMM=cublas or =sm90 forces one side, for comparisons. */
+#define GMLP_CUDA_SM90_MAX_TILED 0.95
+
+static gboolean
+gmlp_cuda_gemm_prefer_sm90 (const GmlpBackendGemm  *gemm,
+                            const GmlpCudaGemmPlan *plan)
+{
+  static gsize forced = 0;   /* 0: not read yet, 1: no, 2: cuBLAS, 3: sm90 */
+  gint64 rows, tiled;
+
+  if (g_once_init_enter (&forced))
+    {
+      const char *value = g_getenv ("GMLP_CUDA_HOST_GEMM");
+
+      g_once_init_leave (&forced, g_strcmp0 (value, "cublas") == 0 ? 2 :
+                                  g_strcmp0 (value, "sm90") == 0 ? 3 : 1);
+    }
+  if (forced != 1)
+    return forced == 3;
+  if (!gmlp_cuda_gemm_prefer_grouped (plan->n_products, plan->total_flop))
+    return FALSE;
+  if (gemm->kind == GMLP_GEMM_WGRAD)
+    return TRUE;
+  gmlp_cuda_gemm_count_tiled_rows (gemm, &rows, &tiled);
+  return tiled < GMLP_CUDA_SM90_MAX_TILED * rows;
 }
 
 static gboolean
@@ -803,8 +851,7 @@ gmlp_cuda_gemm (GmlpBackendDevice      *device,
   if (!gmlp_cuda_activate (device, error))
     return FALSE;
 
-  /* Many small products run faster on libgmlp's Hopper kernel. */
-  if (plan.n_products > 0)
+  if (plan.n_products > 0 && gmlp_cuda_gemm_prefer_sm90 (gemm, &plan))
     {
       gboolean taken;
 

@@ -224,9 +224,10 @@ gboolean  gmlp_cuda_sum_squares     (GmlpBackendDevice      *device,
 gboolean  gmlp_cuda_gemm_device     (GmlpBackendDevice            *device,
                                      const GmlpBackendGemmDevice  *gemm,
                                      GError                      **error);
-/* A product with host sizes on the Hopper kernel, where it beats cuBLAS:
- * TRUE when enqueued; FALSE with *taken FALSE when cuBLAS should run it;
- * FALSE with *taken TRUE and error set when the launch failed. */
+/* A product with host sizes on the Hopper kernel: TRUE when enqueued;
+ * FALSE with *taken FALSE when the kernel does not cover it (operands not
+ * laid out as a grouped tensor lays them out, or outside the kernel's
+ * check); FALSE with *taken TRUE and error set when the launch failed. */
 gboolean  gmlp_cuda_gemm_host_rows_sm90 (GmlpBackendDevice      *device,
                                          const GmlpBackendGemm  *gemm,
                                          gboolean               *taken,
