@@ -11,6 +11,8 @@
 
 #include <stdint.h>
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include "gmlp-kernels.h"
@@ -42,6 +44,34 @@ template <> struct Storage<GMLP_NUM_INT64>       { using Type = int64_t; };
 
 template <int kDtype>
 using StorageType = typename Storage<kDtype>::Type;
+
+/* Floating storage (FP32, FP16, BF16) to float and back. Widening is
+ * exact; narrowing rounds to nearest even, as gmlp-numeric.h does (the
+ * hardware conversions agree with it on every value but NaN payloads, and
+ * NaNs that went through arithmetic are the GPU's canonical NaN anyway). */
+template <int kDtype>
+__device__ __forceinline__ float
+to_float (StorageType<kDtype> v)
+{
+  if constexpr (kDtype == GMLP_NUM_FLOAT32)
+    return v;
+  else if constexpr (kDtype == GMLP_NUM_FLOAT16)
+    return __half2float (__ushort_as_half (v));
+  else
+    return __uint_as_float ((uint32_t) v << 16);
+}
+
+template <int kDtype>
+__device__ __forceinline__ StorageType<kDtype>
+from_float (float f)
+{
+  if constexpr (kDtype == GMLP_NUM_FLOAT32)
+    return f;
+  else if constexpr (kDtype == GMLP_NUM_FLOAT16)
+    return __half_as_ushort (__float2half_rn (f));
+  else
+    return __bfloat16_as_ushort (__float2bfloat16_rn (f));
+}
 
 __host__ __device__ constexpr bool
 is_float_dtype (int dtype)

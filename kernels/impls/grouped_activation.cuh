@@ -60,34 +60,6 @@ is_gated_activation (int activation)
   return activation == GMLP_KERNEL_ACT_SWIGLU || activation == GMLP_KERNEL_ACT_GEGLU;
 }
 
-/* Floating storage to float and back, as in grouped_bias.cuh (the names
- * differ so that both headers may share a file). Widening is exact;
- * narrowing rounds to nearest even, bit for bit as gmlp-numeric.h does but
- * for NaN payloads. */
-template <int kDtype>
-__device__ __forceinline__ float
-act_to_float (StorageType<kDtype> v)
-{
-  if constexpr (kDtype == GMLP_NUM_FLOAT32)
-    return v;
-  else if constexpr (kDtype == GMLP_NUM_FLOAT16)
-    return __half2float (__ushort_as_half (v));
-  else
-    return __uint_as_float ((uint32_t) v << 16);
-}
-
-template <int kDtype>
-__device__ __forceinline__ StorageType<kDtype>
-act_from_float (float f)
-{
-  if constexpr (kDtype == GMLP_NUM_FLOAT32)
-    return f;
-  else if constexpr (kDtype == GMLP_NUM_FLOAT16)
-    return __half_as_ushort (__float2half_rn (f));
-  else
-    return __bfloat16_as_ushort (__float2bfloat16_rn (f));
-}
-
 /* An input pack that this launch reads exactly once: marked evict-first, so
  * that streaming through the inputs does not push out of L2 the output the
  * next GEMM reads. (ld.global.cs is coherent, so in-place use stays safe.) */
@@ -259,11 +231,11 @@ activation_kernel (const __grid_constant__ GroupedActivationParams params)
 #pragma unroll
                   for (int e = 0; e < kVector; e++)
                     {
-                      float y = act_eval<kActivation> (act_to_float<kDtype> (a[u].v[e])).value;
+                      float y = act_eval<kActivation> (to_float<kDtype> (a[u].v[e])).value;
 
                       if constexpr (kGated)
-                        y *= act_to_float<kDtype> (b[u].v[e]);
-                      o.v[e] = act_from_float<kDtype> (y);
+                        y *= to_float<kDtype> (b[u].v[e]);
+                      o.v[e] = from_float<kDtype> (y);
                     }
                   act_store ((TypePack *) row + pack, o);
                 }
@@ -272,9 +244,9 @@ activation_kernel (const __grid_constant__ GroupedActivationParams params)
 #pragma unroll
                   for (int e = 0; e < kVector; e++)
                     {
-                      const float grad = act_eval<kActivation> (act_to_float<kDtype> (a[u].v[e])).grad;
+                      const float grad = act_eval<kActivation> (to_float<kDtype> (a[u].v[e])).grad;
 
-                      o.v[e] = act_from_float<kDtype> (act_to_float<kDtype> (dy[u].v[e]) * grad);
+                      o.v[e] = from_float<kDtype> (to_float<kDtype> (dy[u].v[e]) * grad);
                     }
                   act_store ((TypePack *) row + pack, o);
                 }
@@ -285,11 +257,11 @@ activation_kernel (const __grid_constant__ GroupedActivationParams params)
 #pragma unroll
                   for (int e = 0; e < kVector; e++)
                     {
-                      const ActValue act = act_eval<kActivation> (act_to_float<kDtype> (a[u].v[e]));
-                      const float d = act_to_float<kDtype> (dy[u].v[e]);
+                      const ActValue act = act_eval<kActivation> (to_float<kDtype> (a[u].v[e]));
+                      const float d = to_float<kDtype> (dy[u].v[e]);
 
-                      o.v[e] = act_from_float<kDtype> (d * act_to_float<kDtype> (b[u].v[e]) * act.grad);
-                      o_b.v[e] = act_from_float<kDtype> (d * act.value);
+                      o.v[e] = from_float<kDtype> (d * to_float<kDtype> (b[u].v[e]) * act.grad);
+                      o_b.v[e] = from_float<kDtype> (d * act.value);
                     }
                   act_store ((TypePack *) row + pack, o);
                   act_store ((TypePack *) (row + f) + pack, o_b);

@@ -62,11 +62,11 @@ struct ActivatedSource
   {
     using Type = StorageType<kDtype>;
     const Type *const row = (const Type *) member + (uint64_t) (r0 + r) * ap.in_cols + (uint64_t) (c0 + c);
-    float y = act_eval<kActivation> (act_to_float<kDtype> (row[0])).value;
+    float y = act_eval<kActivation> (to_float<kDtype> (row[0])).value;
 
     if constexpr (is_gated_activation (kActivation))
-      y *= act_to_float<kDtype> (row[k]);
-    return act_to_float<kDtype> (act_from_float<kDtype> (y));
+      y *= to_float<kDtype> (row[k]);
+    return to_float<kDtype> (from_float<kDtype> (y));
   }
 };
 

@@ -58,34 +58,6 @@ struct GroupedBiasParams
   float                     *scratch;    /* gradient: n_tiles × cols partial sums */
 };
 
-/* Floating storage to float and back. Widening is exact; narrowing rounds
- * to nearest even, as gmlp-numeric.h does (the hardware conversions agree
- * with it on every value but NaN payloads, and NaNs that went through
- * arithmetic are the GPU's canonical NaN anyway). */
-template <int kDtype>
-__device__ __forceinline__ float
-to_float (StorageType<kDtype> v)
-{
-  if constexpr (kDtype == GMLP_NUM_FLOAT32)
-    return v;
-  else if constexpr (kDtype == GMLP_NUM_FLOAT16)
-    return __half2float (__ushort_as_half (v));
-  else
-    return __uint_as_float ((uint32_t) v << 16);
-}
-
-template <int kDtype>
-__device__ __forceinline__ StorageType<kDtype>
-from_float (float f)
-{
-  if constexpr (kDtype == GMLP_NUM_FLOAT32)
-    return f;
-  else if constexpr (kDtype == GMLP_NUM_FLOAT16)
-    return __half_as_ushort (__float2half_rn (f));
-  else
-    return __bfloat16_as_ushort (__float2bfloat16_rn (f));
-}
-
 /* The group that tile belongs to: the last one whose first tile is at or
  * before it (groups with no tiles share their first_tile with the next). */
 __device__ __forceinline__ uint32_t

@@ -31,7 +31,6 @@
 
 #include "impls/common.cuh"
 #include "impls/device_groups.cuh"
-#include "impls/grouped_bias.cuh"   /* to_float, from_float */
 
 namespace gmlp {
 

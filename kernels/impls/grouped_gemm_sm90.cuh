@@ -226,8 +226,8 @@ produce (const GemmParams &p, uint8_t *ring, uint64_t *full, uint64_t *empty)
     }
 }
 
-/* Element i of an array in one of C's dtypes (FP32, BF16, FP16) as float:
- * one load and one conversion. The epilogue is unrolled, so whatever it
+/* Element i of an array in one of C's dtypes (FP32, BF16, FP16) as float,
+ * the dtype known at run time. The epilogue is unrolled, so whatever it
  * calls is copied into it many times: the all-dtype gmlp_num_load_float
  * (FP8 decoders and a software half conversion) made each kernel 220 KB of
  * code, and the warps of the short-reduction shapes stalled on instruction
@@ -236,13 +236,10 @@ __device__ __forceinline__ float
 load_c_dtype (const void *p, int c_dtype, int64_t i)
 {
   if (c_dtype == GMLP_NUM_FLOAT32)
-    return static_cast<const float *> (p)[i];
-  {
-    const unsigned short bits = static_cast<const unsigned short *> (p)[i];
-
-    return c_dtype == GMLP_NUM_BFLOAT16 ? __bfloat162float (__ushort_as_bfloat16 (bits))
-                                        : __half2float (__ushort_as_half (bits));
-  }
+    return to_float<GMLP_NUM_FLOAT32> (static_cast<const float *> (p)[i]);
+  if (c_dtype == GMLP_NUM_BFLOAT16)
+    return to_float<GMLP_NUM_BFLOAT16> (static_cast<const uint16_t *> (p)[i]);
+  return to_float<GMLP_NUM_FLOAT16> (static_cast<const uint16_t *> (p)[i]);
 }
 
 /* Writes four adjacent results v (FP32) at element index of C in its dtype,
@@ -281,8 +278,8 @@ store_quad (void *c, int c_dtype, uint64_t index, float4 v, bool accumulate)
           f[3] += load_c_dtype (&old.y, c_dtype, 1);
         }
       for (int i = 0; i < 4; i++)
-        h[i] = c_dtype == GMLP_NUM_BFLOAT16 ? __bfloat16_as_ushort (__float2bfloat16_rn (f[i]))
-                                            : __half_as_ushort (__float2half_rn (f[i]));
+        h[i] = c_dtype == GMLP_NUM_BFLOAT16 ? from_float<GMLP_NUM_BFLOAT16> (f[i])
+                                            : from_float<GMLP_NUM_FLOAT16> (f[i]);
       *dst = make_uint2 ((uint32_t) h[0] | ((uint32_t) h[1] << 16),
                          (uint32_t) h[2] | ((uint32_t) h[3] << 16));
     }
@@ -433,8 +430,10 @@ write_tile_tma (const GemmParams &p, const Tile &tile, const GroupWork &w,
           /* Only FPROP has a bias: no bias code in the other kernels. */
           if (kKind == GMLP_KERNEL_GEMM_FPROP && w.bias != nullptr && col < p.out_cols)
             {
-              b0 = load_c_dtype (w.bias, kCDtype, col);
-              b1 = load_c_dtype (w.bias, kCDtype, col + 1);
+              const StorageType<kCDtype> *bias = static_cast<const StorageType<kCDtype> *> (w.bias);
+
+              b0 = to_float<kCDtype> (bias[col]);
+              b1 = to_float<kCDtype> (bias[col + 1]);
             }
 #pragma unroll
           for (int h = 0; h < 2; h++)
