@@ -7,14 +7,19 @@
  * device events and the median taken, as the anchors are. The skewed split is
  * the one cublas_anchor.cu uses.
  *
- *   gmlp-bench [--shape NAME] [--iters N] [--divide D] [--fp8[=RECIPE]]
+ *   gmlp-bench [--shape NAME] [--iters N] [--divide D] [--fp8[=RECIPE]] [--quantized]
  *
  * With --fp8 the layer has quantizers of RECIPE (delayed, the default,
  * current, blockwise or mxfp8; the HYBRID format) and each timed call
  * includes its quantization: fprop quantizes x and W (no columnwise
  * copies: an inference forward), dgrad quantizes dy, wgrad multiplies the
- * operands the forward and backward quantized. The lines say
- * "dtype":"fp8-RECIPE"; FLOP/s count the same 2 M K N.
+ * operands the forward and backward quantized. With --quantized as well,
+ * x and dy are quantized once before the timed calls (with their
+ * columnwise copies) and the layer caches its quantized weights
+ * (cache-fp8-weights): the calls time the products alone, as
+ * torch._scaled_grouped_mm is timed on pre-cast operands. The lines say
+ * "dtype":"fp8-RECIPE" and "quantize":"per-call" or "outside"; FLOP/s
+ * count the same 2 M K N.
  *
  * SPDX-License-Identifier: LGPL-2.1-or-later
  */
@@ -43,6 +48,7 @@ static gboolean offload_mode = FALSE;
 static gboolean mlp_mode = FALSE;
 static gboolean device_sizes = FALSE;
 static GmlpScalingRecipe fp8_recipe = GMLP_SCALING_RECIPE_NONE;
+static gboolean fp8_quantized = FALSE;
 
 static const char *const fp8_recipe_names[] = { NULL, "delayed", "current", "blockwise", "mxfp8" };
 
@@ -75,6 +81,8 @@ static const GOptionEntry entries[] = {
   { "mlp", 0, 0, G_OPTION_ARG_NONE, &mlp_mode, "Time a SwiGLU GroupedMLP step instead", NULL },
   { "device-sizes", 0, 0, G_OPTION_ARG_NONE, &device_sizes,
     "Keep the group sizes on the device only (libgmlp's own grouped GEMM)", NULL },
+  { "quantized", 0, 0, G_OPTION_ARG_NONE, &fp8_quantized,
+    "With --fp8: operands quantized before the timed calls", NULL },
   { "fp8", 0, G_OPTION_FLAG_OPTIONAL_ARG, G_OPTION_ARG_CALLBACK, (gpointer) parse_fp8,
     "Time FP8 products through quantizers (delayed by default)", "RECIPE" },
   { NULL }
@@ -271,6 +279,27 @@ bench_shape (GmlpDevice *device, const Shape *s, gboolean skew, GError **error)
       !gmlp_grouped_tensor_fill_random (x, 1, 1.0, error) ||
       !gmlp_grouped_tensor_fill_random (dy, 2, 1.0, error))
     return FALSE;
+  if (fp8_recipe != GMLP_SCALING_RECIPE_NONE && fp8_quantized)
+    {
+      GmlpQuantizer *qx = gmlp_grouped_linear_get_quantizer (layer, GMLP_QUANTIZER_ROLE_INPUT);
+      GmlpQuantizer *qdy = gmlp_grouped_linear_get_quantizer (layer, GMLP_QUANTIZER_ROLE_GRAD_OUTPUT);
+      GmlpGroupedTensor *x8, *dy8;
+
+      gmlp_quantizer_set_columnwise (qx, TRUE);
+      gmlp_quantizer_set_columnwise (qdy, TRUE);
+      x8 = gmlp_quantizer_quantize (qx, x, error);
+      dy8 = x8 != NULL ? gmlp_quantizer_quantize (qdy, dy, error) : NULL;
+      if (dy8 == NULL)
+        {
+          g_clear_object (&x8);
+          return FALSE;
+        }
+      g_object_unref (x);
+      g_object_unref (dy);
+      x = x8;
+      dy = dy8;
+      gmlp_grouped_linear_set_cache_fp8_weights (layer, TRUE);
+    }
 
   b.layer = layer;
   b.x = x;
@@ -306,10 +335,12 @@ bench_shape (GmlpDevice *device, const Shape *s, gboolean skew, GError **error)
         return FALSE;
       g_print ("{\"bench\":\"gmlp\",\"device\":\"%s\",\"shape\":\"%s\",\"E\":%" G_GINT64_FORMAT
                ",\"M\":%" G_GINT64_FORMAT ",\"K\":%" G_GINT64_FORMAT ",\"N\":%" G_GINT64_FORMAT
-               ",\"skew\":%s,\"sizes\":\"%s\",\"op\":\"%s\",\"dtype\":\"%s\",\"ms\":%.4f,\"tflops\":%.4g,\"host_us\":%.1f}\n",
+               ",\"skew\":%s,\"sizes\":\"%s\",\"op\":\"%s\",\"dtype\":\"%s\"%s,\"ms\":%.4f,\"tflops\":%.4g,\"host_us\":%.1f}\n",
                gmlp_device_get_name (device), s->name, s->experts, rows, in, out,
-               skew ? "true" : "false", device_sizes ? "device" : "host", names[k], dtype_name, t.ms,
-               flops / (t.ms * 1e-3) / 1e12, t.host_us);
+               skew ? "true" : "false", device_sizes ? "device" : "host", names[k], dtype_name,
+               fp8_recipe == GMLP_SCALING_RECIPE_NONE ? "" :
+               fp8_quantized ? ",\"quantize\":\"outside\"" : ",\"quantize\":\"per-call\"",
+               t.ms, flops / (t.ms * 1e-3) / 1e12, t.host_us);
     }
 
   for (i = 0; i < n_saved; i++)

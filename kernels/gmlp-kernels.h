@@ -264,6 +264,18 @@ typedef struct {
   void * const       *wgrad;         /* host array: WGRAD */
   const void * const *bias;          /* host array or NULL: FPROP, c_dtype */
   const uint8_t      *accumulate;    /* host array or NULL: WGRAD */
+  /* FP8 operands (Hopper kernel): ab_dtype is A's format (FLOAT8_E4M3 or
+   * FLOAT8_E5M2) and b_dtype B's, both K-major, the transposed ones being
+   * the quantizer's columnwise copies: DGRAD's weight_i is Wᵀ_i (k × n);
+   * WGRAD's a and b_rows are the copies of dy and x (member i n × m_i and
+   * k × m_i, at the offsets of the rowwise members), and takes host sizes
+   * that are multiples of 16 only. Value
+   * q of group i stands for q × *a_scale_inv[i] (B: b_scale_inv), host
+   * arrays of device pointers to one FP32 each; c_dtype FLOAT32, FLOAT16
+   * or BFLOAT16. Ignored for 16-bit operands. */
+  int                 b_dtype;
+  const float * const *a_scale_inv;
+  const float * const *b_scale_inv;
 } GmlpKernelDeviceGemm;
 
 /* libgmlp's Hopper kernel (sm_90a: TMA, wgmma, a persistent device-side

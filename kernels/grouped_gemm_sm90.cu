@@ -37,19 +37,20 @@ struct PlanParams
   const int64_t        *device_rows;   /* or NULL: the sizes are in the tables */
   uint32_t              n_groups;
   int                   kind;          /* GMLP_KERNEL_GEMM_* */
+  /* FP8 WGRAD: a and b_rows are the columnwise copies, member g the
+   * transpose (cols × m_g, rows of m_g bytes). */
+  int                   transposed;
   GroupedOperand        a;             /* x (FPROP) or dy */
   GroupedOperand        rows2;         /* c_rows, or b_rows for WGRAD */
   uint32_t              tiles_n;       /* output tiles across */
   uint32_t              tiles_m_fixed; /* WGRAD: output tiles down */
-  /* The host tables: weight (FPROP, DGRAD) or wgrad pointers, bias
-   * pointers, group sizes (when known on the host), accumulate flags; in
-   * the workspace, or in the kernel's InlineTables parameter. */
-  const uint64_t       *matrix_table;
-  const uint64_t       *bias_table;
-  const int64_t        *rows_table;
-  const uint8_t        *accumulate_table;
-  int                   inline_tables;
+  /* The host tables (table_words()): weight (FPROP, DGRAD) or wgrad
+   * pointers, bias pointers, group sizes (when known on the host), FP8
+   * scale pointers, accumulate flags; in the workspace (tables), or in the
+   * kernel's InlineTables parameter (tables NULL). */
+  const uint64_t       *tables;
   int                   has_bias;
+  int                   has_scales;
   int                   has_accumulate;
   uint32_t             *tile_begin;    /* out: n_groups + 1 */
   GroupWork            *groups;        /* out */
@@ -57,66 +58,90 @@ struct PlanParams
 };
 
 /* Writes to dst a copy of the template src pointing at address, with rows
- * rows when rows > 0. The edits happen on this thread's slot of shared
- * memory (tensormap.replace on a global map is a round trip to memory per
- * edit, and made the plan grow by ~60 ns per group); the result goes out
- * with eight 16-byte stores. */
+ * rows when rows > 0, or, for a transposed FP8 operand, rows of cols bytes
+ * when cols > 0. The edits happen on this thread's slot of shared memory
+ * (tensormap.replace on a global map is a round trip to memory per edit,
+ * and made the plan grow by ~60 ns per group); the result goes out with
+ * eight 16-byte stores. */
 __device__ __forceinline__ void
 write_map (TensorMap *dst, const TensorMap &src, TensorMap *slot, const void *address,
-           uint32_t rows)
+           uint32_t rows, uint32_t cols = 0)
 {
   for (int i = 0; i < 16; i++)
     slot->bytes[i] = src.bytes[i];
   tensormap_set_address (slot, address);
   if (rows > 0)
     tensormap_set_rows (slot, rows);
+  if (cols > 0)
+    {
+      tensormap_set_cols (slot, cols);
+      tensormap_set_row_stride (slot, cols);
+    }
   for (int i = 0; i < 8; i++)
     reinterpret_cast<uint4 *> (dst)[i] = reinterpret_cast<const uint4 *> (slot)[i];
 }
 
-/* The host tables passed by value: matrix pointers at words [0, n), bias
- * pointers at [n, 2n), group sizes at [2n, 3n), accumulate flags as bytes
- * from word 3n. */
+/* The host tables, n = n_groups words each: matrix pointers at words
+ * [0, n), bias pointers at [n, 2n), group sizes at [2n, 3n), then for FP8
+ * the scale pointers of A at [3n, 4n) and of B at [4n, 5n), and the
+ * accumulate flags as bytes after the last table. */
+__host__ __device__ constexpr uint32_t
+pointer_tables (bool has_scales)
+{
+  return has_scales ? 5 : 3;
+}
+
+__host__ __device__ constexpr size_t
+table_words (uint32_t n_groups, bool has_scales)
+{
+  return (size_t) pointer_tables (has_scales) * n_groups + (n_groups + 7) / 8;
+}
+
+/* The tables passed by value, in the plan's own launch. */
 template <int kWords>
 struct InlineTables
 {
   uint64_t words[kWords > 0 ? kWords : 1];
 };
 
-constexpr int kInlineSmall = 3 * 256 + 32;   /* up to 256 groups */
-constexpr int kInlineLarge = 3800;           /* up to 1192 groups, under 32 KiB */
+constexpr int kInlineSmall = 3 * 256 + 32;   /* up to 256 16-bit groups (153 FP8) */
+constexpr int kInlineLarge = 3800;           /* up to 1192 (FP8 745) groups, under 32 KiB */
+
+struct GroupTables
+{
+  uint64_t matrix;
+  uint64_t bias;
+  uint64_t a_scale;
+  uint64_t b_scale;
+  uint32_t accumulate;
+};
 
 template <int kWords>
-__device__ __forceinline__ void
-group_tables (const PlanParams &p, const InlineTables<kWords> &tables, uint32_t g,
-              uint64_t *matrix, uint64_t *bias, uint32_t *accumulate)
+__device__ __forceinline__ GroupTables
+group_tables (const PlanParams &p, const InlineTables<kWords> &inline_tables, uint32_t g)
 {
-  if (kWords > 0)
-    {
-      *matrix = tables.words[g];
-      *bias = p.has_bias ? tables.words[p.n_groups + g] : 0;
-      *accumulate = p.has_accumulate ?
-        reinterpret_cast<const uint8_t *> (tables.words + 3 * p.n_groups)[g] : 0;
-    }
-  else
-    {
-      *matrix = p.matrix_table[g];
-      *bias = p.has_bias ? p.bias_table[g] : 0;
-      *accumulate = p.has_accumulate ? p.accumulate_table[g] : 0;
-    }
+  const uint64_t *words = kWords > 0 ? inline_tables.words : p.tables;
+  const uint32_t n = p.n_groups;
+  GroupTables t;
+
+  t.matrix = words[g];
+  t.bias = p.has_bias ? words[n + g] : 0;
+  t.a_scale = p.has_scales ? words[3 * n + g] : 0;
+  t.b_scale = p.has_scales ? words[4 * n + g] : 0;
+  t.accumulate = p.has_accumulate ?
+    reinterpret_cast<const uint8_t *> (words + pointer_tables (p.has_scales) * n)[g] : 0;
+  return t;
 }
 
 /* Group g's size as asked for (before any clamping): from the device, or
  * from the host's table. */
 template <int kWords>
 __device__ __forceinline__ int64_t
-group_rows (const PlanParams &p, const InlineTables<kWords> &tables, uint32_t g)
+group_rows (const PlanParams &p, const InlineTables<kWords> &inline_tables, uint32_t g)
 {
   if (p.device_rows != nullptr)
     return p.device_rows[g];
-  if (kWords > 0)
-    return (int64_t) tables.words[2 * p.n_groups + g];
-  return p.rows_table[g];
+  return (int64_t) (kWords > 0 ? inline_tables.words : p.tables)[2 * p.n_groups + g];
 }
 
 template <int kWords>
@@ -169,8 +194,7 @@ plan_kernel (const __grid_constant__ PlanParams p, const __grid_constant__ Inlin
 
       if (valid)
         {
-          uint64_t matrix, bias;
-          uint32_t accumulate;
+          const GroupTables t = group_tables (p, tables, g);
           GroupWork w;
           TensorMap *map_a = p.maps + kMapsPerGroup * (uint64_t) g;
           TensorMap *map_b = map_a + 1;
@@ -178,21 +202,33 @@ plan_kernel (const __grid_constant__ PlanParams p, const __grid_constant__ Inlin
           const uint8_t *a_data = rows > 0 ? p.a.data + off_a : p.a.data;
           const uint8_t *rows2_data = rows > 0 ? p.rows2.data + off_2 : p.rows2.data;
           const uint32_t map_rows = rows > 0 ? (uint32_t) rows : 1;
+          /* An empty group's maps are never read; TMA wants 16-byte rows. */
+          const uint32_t map_cols = rows > 0 ? (uint32_t) rows : 16;
 
-          group_tables (p, tables, g, &matrix, &bias, &accumulate);
-          w.c = wgrad ? (void *) matrix : (void *) rows2_data;
-          w.bias = (const void *) bias;
+          w.c = wgrad ? (void *) t.matrix : (void *) rows2_data;
+          w.bias = (const void *) t.bias;
           w.rows = rows;
-          w.accumulate = accumulate;
-          w.pad = 0;
+          w.accumulate = t.accumulate;
+          /* Written by the quantizer earlier in the stream. */
+          w.scale = p.has_scales ? *reinterpret_cast<const float *> (t.a_scale) *
+                                     *reinterpret_cast<const float *> (t.b_scale)
+                                 : 1.0f;
           p.groups[g] = w;
           p.tile_begin[g] = (uint32_t) tile_off;
 
-          write_map (map_c, p.template_c, slot, wgrad ? (const void *) matrix : rows2_data,
+          write_map (map_c, p.template_c, slot, wgrad ? (const void *) t.matrix : rows2_data,
                      wgrad ? 0 : map_rows);
-          write_map (map_a, p.template_a, slot, a_data, map_rows);
-          write_map (map_b, p.template_b, slot, wgrad ? rows2_data : (const void *) matrix,
-                     wgrad ? map_rows : 0);
+          if (p.transposed)
+            {
+              write_map (map_a, p.template_a, slot, a_data, 0, map_cols);
+              write_map (map_b, p.template_b, slot, rows2_data, 0, map_cols);
+            }
+          else
+            {
+              write_map (map_a, p.template_a, slot, a_data, map_rows);
+              write_map (map_b, p.template_b, slot, wgrad ? rows2_data : (const void *) t.matrix,
+                         wgrad ? map_rows : 0);
+            }
         }
 
       __syncthreads ();   /* everyone has read carry and the scan storage */
@@ -212,16 +248,13 @@ plan_kernel (const __grid_constant__ PlanParams p, const __grid_constant__ Inlin
 
 
 /* The TMA inner box is one 128-byte row; coordinates are 32-bit. */
-constexpr int64_t kMaxExtent = INT32_MAX - kBlockN;
+constexpr int64_t kMaxExtent = INT32_MAX - kMaxBlockN;
 
 struct WorkspaceLayout
 {
   size_t tile_begin;
   size_t groups;
-  size_t matrix_table;
-  size_t bias_table;
-  size_t rows_table;
-  size_t accumulate_table;
+  size_t tables;   /* room for table_words (n_groups, true) */
   size_t maps;
   size_t total;
 };
@@ -242,12 +275,9 @@ workspace_layout (uint32_t n_groups)
   off = round_up (off + (n_groups + 1) * sizeof (uint32_t), 256);
   l.groups = off;
   off = round_up (off + n_groups * sizeof (GroupWork), 256);
-  /* The four host tables are contiguous: one write through parameters. */
-  l.matrix_table = off;
-  l.bias_table = l.matrix_table + n_groups * sizeof (uint64_t);
-  l.rows_table = l.bias_table + n_groups * sizeof (uint64_t);
-  l.accumulate_table = l.rows_table + n_groups * sizeof (uint64_t);
-  off = round_up (l.accumulate_table + round_up (n_groups, 8), 256);
+  /* The host tables are contiguous: one write through parameters. */
+  l.tables = off;
+  off = round_up (off + table_words (n_groups, true) * sizeof (uint64_t), 256);
   l.maps = off;
   off += (size_t) n_groups * kMapsPerGroup * sizeof (TensorMap);
   l.total = off;
@@ -271,9 +301,9 @@ encode_tiled (void)
   return fn;
 }
 
-/* A row-major [rows × cols] matrix at data, of a 16-bit float dtype or
- * FLOAT32, read or written in boxes of one 128-byte row segment × box_rows
- * rows with the 128-byte swizzle. */
+/* A row-major [rows × cols] matrix at data, of a 16-bit float dtype,
+ * FLOAT32 or an FP8 format (as bytes), read or written in boxes of one
+ * 128-byte row segment × box_rows rows with the 128-byte swizzle. */
 bool
 encode_map (TensorMap *map, const void *data, int64_t rows, int64_t cols, int dtype,
             uint32_t box_rows)
@@ -291,7 +321,8 @@ encode_map (TensorMap *map, const void *data, int64_t rows, int64_t cols, int dt
   return encode (reinterpret_cast<CUtensorMap *> (map),
                  dtype == GMLP_NUM_BFLOAT16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 :
                  dtype == GMLP_NUM_FLOAT16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 :
-                                             CU_TENSOR_MAP_DATA_TYPE_FLOAT32,
+                 size == 1 ? CU_TENSOR_MAP_DATA_TYPE_UINT8 :
+                             CU_TENSOR_MAP_DATA_TYPE_FLOAT32,
                  2, const_cast<void *> (data), dims, strides, box, element_strides,
                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                  CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
@@ -331,11 +362,52 @@ pointers_ok (const void * const *table, uint32_t n)
   return true;
 }
 
+bool
+is_fp8 (int dtype)
+{
+  return dtype == GMLP_NUM_FLOAT8_E4M3 || dtype == GMLP_NUM_FLOAT8_E5M2;
+}
+
+/* FP8 WGRAD reads the columnwise copies, rows of m_g bytes. */
+bool
+host_rows_aligned (const GmlpKernelDeviceGemm *g)
+{
+  if (g->host_rows == nullptr)
+    return false;
+  for (uint32_t i = 0; i < g->n_groups; i++)
+    if (g->host_rows[i] > 0 && g->host_rows[i] % 16 != 0)
+      return false;
+  return true;
+}
+
+/* The kernel instance's operand types (Operands), or -1 for a pair it
+ * does not multiply. */
+int
+operands_of (const GmlpKernelDeviceGemm *g)
+{
+  if (!is_fp8 (g->ab_dtype))
+    return g->ab_dtype == GMLP_NUM_BFLOAT16 ? kOpsBf16 :
+           g->ab_dtype == GMLP_NUM_FLOAT16 ? kOpsFp16 : -1;
+  if (g->ab_dtype == GMLP_NUM_FLOAT8_E4M3 && g->b_dtype == GMLP_NUM_FLOAT8_E4M3)
+    return kOpsE4m3E4m3;
+  if (g->ab_dtype == GMLP_NUM_FLOAT8_E4M3 && g->b_dtype == GMLP_NUM_FLOAT8_E5M2)
+    return kOpsE4m3E5m2;
+  if (g->ab_dtype == GMLP_NUM_FLOAT8_E5M2 && g->b_dtype == GMLP_NUM_FLOAT8_E4M3)
+    return kOpsE5m2E4m3;
+  return -1;
+}
+
+int
+block_n_of (const GmlpKernelDeviceGemm *g)
+{
+  return is_fp8 (g->ab_dtype) ? Config<kOpsE4m3E4m3>::kBlockN : Config<kOpsBf16>::kBlockN;
+}
+
 uint64_t
 tile_bound (const GmlpKernelDeviceGemm *g)
 {
   const Extents e = extents_of (g);
-  const uint64_t tiles_n = div_up (e.out_cols, kBlockN);
+  const uint64_t tiles_n = div_up (e.out_cols, block_n_of (g));
 
   if (g->kind == GMLP_KERNEL_GEMM_WGRAD)
     return (uint64_t) g->n_groups * div_up (g->n, kBlockM) * tiles_n;
@@ -355,15 +427,46 @@ launch_plan (const PlanParams &plan, const uint64_t *table, size_t n_words, cuda
   return check_launch ();
 }
 
-template <bool kBf16>
+template <int kOps>
 GmlpKernelStatus
 launch_kind (int kind, const GemmParams &params, int n_sms, cudaStream_t stream)
 {
   switch (kind)
     {
-    case GMLP_KERNEL_GEMM_FPROP: return launch_gemm<kBf16, GMLP_KERNEL_GEMM_FPROP> (params, n_sms, stream);
-    case GMLP_KERNEL_GEMM_DGRAD: return launch_gemm<kBf16, GMLP_KERNEL_GEMM_DGRAD> (params, n_sms, stream);
-    default:                     return launch_gemm<kBf16, GMLP_KERNEL_GEMM_WGRAD> (params, n_sms, stream);
+    case GMLP_KERNEL_GEMM_FPROP: return launch_gemm<kOps, GMLP_KERNEL_GEMM_FPROP> (params, n_sms, stream);
+    case GMLP_KERNEL_GEMM_DGRAD: return launch_gemm<kOps, GMLP_KERNEL_GEMM_DGRAD> (params, n_sms, stream);
+    default:                     return launch_gemm<kOps, GMLP_KERNEL_GEMM_WGRAD> (params, n_sms, stream);
+    }
+}
+
+/* FP8: FPROP's instance for DGRAD too (Operands). */
+template <int kOps>
+GmlpKernelStatus
+launch_fp8_kind (bool wgrad, const GemmParams &params, int n_sms, cudaStream_t stream)
+{
+  return wgrad ? launch_gemm<kOps, GMLP_KERNEL_GEMM_WGRAD> (params, n_sms, stream)
+               : launch_gemm<kOps, GMLP_KERNEL_GEMM_FPROP> (params, n_sms, stream);
+}
+
+GmlpKernelStatus
+launch_fp8 (int ops, bool wgrad, const GemmParams &params, int n_sms, cudaStream_t stream)
+{
+  switch (ops)
+    {
+    case kOpsE4m3E4m3: return launch_fp8_kind<kOpsE4m3E4m3> (wgrad, params, n_sms, stream);
+    case kOpsE4m3E5m2: return launch_fp8_kind<kOpsE4m3E5m2> (wgrad, params, n_sms, stream);
+    default:           return launch_fp8_kind<kOpsE5m2E4m3> (wgrad, params, n_sms, stream);
+    }
+}
+
+GmlpKernelStatus
+launch_operands (int ops, int kind, const GemmParams &params, int n_sms, cudaStream_t stream)
+{
+  switch (ops)
+    {
+    case kOpsBf16: return launch_kind<kOpsBf16> (kind, params, n_sms, stream);
+    case kOpsFp16: return launch_kind<kOpsFp16> (kind, params, n_sms, stream);
+    default:       return launch_fp8 (ops, kind == GMLP_KERNEL_GEMM_WGRAD, params, n_sms, stream);
     }
 }
 
@@ -412,17 +515,49 @@ gmlp_kernel_device_gemm_sm90_check (const GmlpKernelDeviceGemm *gemm,
       *reason = "the Hopper kernel needs a compute capability 9.0 GPU";
       return GMLP_KERNEL_UNSUPPORTED;
     }
-  if (gemm->ab_dtype != GMLP_NUM_BFLOAT16 && gemm->ab_dtype != GMLP_NUM_FLOAT16)
+  if (is_fp8 (gemm->ab_dtype))
     {
-      *reason = "the Hopper kernel multiplies bfloat16 or float16 operands";
+      if (operands_of (gemm) < 0)
+        {
+          *reason = "the Hopper kernel multiplies FP8 operands E4M3 × E4M3, E4M3 × E5M2 or "
+                    "E5M2 × E4M3";
+          return GMLP_KERNEL_UNSUPPORTED;
+        }
+      if (wgrad && !host_rows_aligned (gemm))
+        {
+          *reason = "the Hopper kernel's FP8 WGRAD needs group sizes known on the host, each "
+                    "a multiple of 16 (TMA reads rows of whole 16-byte units)";
+          return GMLP_KERNEL_UNSUPPORTED;
+        }
+      if (!pointers_ok ((const void * const *) gemm->a_scale_inv, gemm->n_groups) ||
+          !pointers_ok ((const void * const *) gemm->b_scale_inv, gemm->n_groups))
+        {
+          *reason = "FP8 operands need every group's scale inverse pointers";
+          return GMLP_KERNEL_INVALID_VALUE;
+        }
+      if (gemm->c_dtype != GMLP_NUM_FLOAT32 && gemm->c_dtype != GMLP_NUM_BFLOAT16 &&
+          gemm->c_dtype != GMLP_NUM_FLOAT16)
+        {
+          *reason = "the Hopper kernel writes FP8 products as float32, bfloat16 or float16";
+          return GMLP_KERNEL_UNSUPPORTED;
+        }
+      if (gemm->n % 16 != 0 || gemm->k % 16 != 0)
+        {
+          *reason = "TMA needs rows of whole 16-byte units: FP8 in and out features multiples of 16";
+          return GMLP_KERNEL_UNSUPPORTED;
+        }
+    }
+  else if (operands_of (gemm) < 0)
+    {
+      *reason = "the Hopper kernel multiplies bfloat16, float16 or FP8 operands";
       return GMLP_KERNEL_UNSUPPORTED;
     }
-  if (gemm->c_dtype != gemm->ab_dtype && gemm->c_dtype != GMLP_NUM_FLOAT32)
+  else if (gemm->c_dtype != gemm->ab_dtype && gemm->c_dtype != GMLP_NUM_FLOAT32)
     {
       *reason = "the Hopper kernel writes the operands' dtype or float32";
       return GMLP_KERNEL_UNSUPPORTED;
     }
-  if (gemm->n % 8 != 0 || gemm->k % 8 != 0)
+  else if (gemm->n % 8 != 0 || gemm->k % 8 != 0)
     {
       *reason = "TMA needs rows of whole 16-byte units: in and out features multiples of 8";
       return GMLP_KERNEL_UNSUPPORTED;
@@ -460,7 +595,11 @@ gmlp_kernel_device_gemm_sm90 (const GmlpKernelDeviceGemm *gemm,
   uint64_t *table;
   size_t table_words;
   const bool wgrad = gemm != nullptr && gemm->kind == GMLP_KERNEL_GEMM_WGRAD;
-  const uint32_t a_size = 2, c_size = gemm != nullptr ? gmlp_num_dtype_size (gemm->c_dtype) : 0;
+  const bool fp8 = gemm != nullptr && is_fp8 (gemm->ab_dtype);
+  const uint32_t a_size = gemm != nullptr ? gmlp_num_dtype_size (gemm->ab_dtype) : 0;
+  const uint32_t c_size = gemm != nullptr ? gmlp_num_dtype_size (gemm->c_dtype) : 0;
+  const int block_n = gemm != nullptr ? block_n_of (gemm) : 0;
+  const int block_k = fp8 ? Config<kOpsE4m3E4m3>::kBlockK : Config<kOpsBf16>::kBlockK;
   Extents e;
 
   if (cudaGetDevice (&device) != cudaSuccess ||
@@ -485,7 +624,8 @@ gmlp_kernel_device_gemm_sm90 (const GmlpKernelDeviceGemm *gemm,
     return GMLP_KERNEL_INVALID_VALUE;
   shape.cols = e.rows2_cols;
   if (!describe_operand (&plan.rows2, wgrad ? gemm->b_rows : gemm->c_rows,
-                         wgrad ? a_size : c_size, &shape))
+                         wgrad ? (uint32_t) gmlp_num_dtype_size (fp8 ? gemm->b_dtype : gemm->ab_dtype)
+                               : c_size, &shape))
     return GMLP_KERNEL_INVALID_VALUE;
 
   /* Templates: the plan edits each copy's address and, for row-grouped
@@ -493,10 +633,25 @@ gmlp_kernel_device_gemm_sm90 (const GmlpKernelDeviceGemm *gemm,
   if (!encode_map (&plan.template_c, wgrad ? gemm->wgrad[0] : gemm->c_rows,
                    wgrad ? gemm->n : 1, e.out_cols, gemm->c_dtype, 64))
     return GMLP_KERNEL_LAUNCH_FAILED;
-  if (wgrad)
+  if (wgrad && fp8)
     {
-      if (!encode_map (&plan.template_a, gemm->a, 1, gemm->n, gemm->ab_dtype, kBlockK) ||
-          !encode_map (&plan.template_b, gemm->b_rows, 1, gemm->k, gemm->ab_dtype, kBlockK))
+      /* dyᵀ_g (n × m_g) and xᵀ_g (k × m_g), K-major; the plan sets each
+       * group's row length and stride. */
+      if (!encode_map (&plan.template_a, gemm->a, gemm->n, 128, gemm->ab_dtype, kBlockM) ||
+          !encode_map (&plan.template_b, gemm->b_rows, gemm->k, 128, gemm->b_dtype, block_n))
+        return GMLP_KERNEL_LAUNCH_FAILED;
+    }
+  else if (wgrad)
+    {
+      if (!encode_map (&plan.template_a, gemm->a, 1, gemm->n, gemm->ab_dtype, block_k) ||
+          !encode_map (&plan.template_b, gemm->b_rows, 1, gemm->k, gemm->ab_dtype, block_k))
+        return GMLP_KERNEL_LAUNCH_FAILED;
+    }
+  else if (gemm->kind == GMLP_KERNEL_GEMM_DGRAD && fp8)
+    {
+      /* K-major Wᵀ_i (k × n) in block_n-row boxes, like FPROP's W. */
+      if (!encode_map (&plan.template_a, gemm->a, 1, e.a_cols, gemm->ab_dtype, kBlockM) ||
+          !encode_map (&plan.template_b, gemm->weight[0], gemm->k, gemm->n, gemm->b_dtype, block_n))
         return GMLP_KERNEL_LAUNCH_FAILED;
     }
   else
@@ -504,17 +659,19 @@ gmlp_kernel_device_gemm_sm90 (const GmlpKernelDeviceGemm *gemm,
       const bool dgrad = gemm->kind == GMLP_KERNEL_GEMM_DGRAD;
 
       if (!encode_map (&plan.template_a, gemm->a, 1, e.a_cols, gemm->ab_dtype, kBlockM) ||
-          !encode_map (&plan.template_b, gemm->weight[0], gemm->n, gemm->k, gemm->ab_dtype,
-                       dgrad ? kBlockK : kBlockN))
+          !encode_map (&plan.template_b, gemm->weight[0], gemm->n, gemm->k,
+                       fp8 ? gemm->b_dtype : gemm->ab_dtype, dgrad ? block_k : block_n))
         return GMLP_KERNEL_LAUNCH_FAILED;
     }
 
   plan.device_rows = gemm->device_rows;
   plan.n_groups = gemm->n_groups;
   plan.kind = gemm->kind;
-  plan.tiles_n = (uint32_t) div_up (e.out_cols, kBlockN);
+  plan.transposed = wgrad && fp8;
+  plan.tiles_n = (uint32_t) div_up (e.out_cols, block_n);
   plan.tiles_m_fixed = wgrad ? (uint32_t) div_up (gemm->n, kBlockM) : 0;
   plan.has_bias = gemm->bias != nullptr;
+  plan.has_scales = fp8;
   plan.has_accumulate = gemm->accumulate != nullptr;
   plan.tile_begin = reinterpret_cast<uint32_t *> (ws + layout.tile_begin);
   plan.groups = reinterpret_cast<GroupWork *> (ws + layout.groups);
@@ -522,30 +679,32 @@ gmlp_kernel_device_gemm_sm90 (const GmlpKernelDeviceGemm *gemm,
 
   /* The host tables go by kernel parameter: inside the plan's own launch
    * when they fit, else written into the workspace first. */
-  table_words = (layout.maps - layout.matrix_table) / sizeof (uint64_t);
+  table_words = gmlp::sm90::table_words (gemm->n_groups, fp8);
   table = static_cast<uint64_t *> (calloc (table_words, sizeof (uint64_t)));
   if (table == nullptr)
     return GMLP_KERNEL_INVALID_VALUE;
-  for (uint32_t g = 0; g < gemm->n_groups; g++)
+  for (uint32_t g = 0, n = gemm->n_groups; g < n; g++)
     {
       table[g] = (uint64_t) (uintptr_t) (wgrad ? gemm->wgrad[g] : gemm->weight[g]);
-      table[gemm->n_groups + g] = gemm->bias != nullptr ? (uint64_t) (uintptr_t) gemm->bias[g] : 0;
-      table[2 * gemm->n_groups + g] = gemm->host_rows != nullptr ? (uint64_t) gemm->host_rows[g] : 0;
+      table[n + g] = gemm->bias != nullptr ? (uint64_t) (uintptr_t) gemm->bias[g] : 0;
+      table[2 * n + g] = gemm->host_rows != nullptr ? (uint64_t) gemm->host_rows[g] : 0;
+      if (fp8)
+        {
+          table[3 * n + g] = (uint64_t) (uintptr_t) gemm->a_scale_inv[g];
+          table[4 * n + g] = (uint64_t) (uintptr_t) gemm->b_scale_inv[g];
+        }
     }
   if (gemm->accumulate != nullptr)
-    memcpy (table + 3 * gemm->n_groups, gemm->accumulate, gemm->n_groups);
+    memcpy (table + pointer_tables (fp8) * gemm->n_groups, gemm->accumulate, gemm->n_groups);
   if (table_words <= (size_t) kInlineSmall)
     status = launch_plan<kInlineSmall> (plan, table, table_words, stream);
   else if (table_words <= (size_t) kInlineLarge)
     status = launch_plan<kInlineLarge> (plan, table, table_words, stream);
   else
     {
-      status = gmlp_kernel_write_table (ws + layout.matrix_table, table,
+      status = gmlp_kernel_write_table (ws + layout.tables, table,
                                         table_words * sizeof (uint64_t), stream);
-      plan.matrix_table = reinterpret_cast<const uint64_t *> (ws + layout.matrix_table);
-      plan.bias_table = reinterpret_cast<const uint64_t *> (ws + layout.bias_table);
-      plan.rows_table = reinterpret_cast<const int64_t *> (ws + layout.rows_table);
-      plan.accumulate_table = ws + layout.accumulate_table;
+      plan.tables = reinterpret_cast<const uint64_t *> (ws + layout.tables);
       if (status == GMLP_KERNEL_SUCCESS)
         status = launch_plan<0> (plan, table, 0, stream);
     }
@@ -563,7 +722,5 @@ gmlp_kernel_device_gemm_sm90 (const GmlpKernelDeviceGemm *gemm,
   params.out_cols = e.out_cols;
   params.reduction = e.reduction;
   params.c_dtype = gemm->c_dtype;
-  if (gemm->ab_dtype == GMLP_NUM_BFLOAT16)
-    return launch_kind<true> (gemm->kind, params, n_sms, stream);
-  return launch_kind<false> (gemm->kind, params, n_sms, stream);
+  return launch_operands (operands_of (gemm), gemm->kind, params, n_sms, stream);
 }

@@ -8,7 +8,8 @@
 namespace gmlp {
 namespace sm90 {
 
-GMLP_SM90_DEFINE_LAUNCH (GMLP_KERNEL_GEMM_WGRAD)
+GMLP_SM90_DEFINE_LAUNCH (kOpsBf16, GMLP_KERNEL_GEMM_WGRAD)
+GMLP_SM90_DEFINE_LAUNCH (kOpsFp16, GMLP_KERNEL_GEMM_WGRAD)
 
 }  // namespace sm90
 }  // namespace gmlp

@@ -134,6 +134,10 @@ struct _GmlpGroupedLinear
   GmlpQuantizer      *input_quantizer;
   GmlpQuantizer      *weight_quantizer;
   GmlpQuantizer      *grad_output_quantizer;
+  /* The quantized weights of the last forward, reused while
+   * cache_fp8_weights is set and nothing has changed the weights. */
+  gboolean            cache_fp8_weights;
+  GmlpGroupedTensor  *weight_fp8;
 };
 
 typedef struct {
@@ -164,6 +168,7 @@ enum {
   PROP_INPUT_QUANTIZER,
   PROP_WEIGHT_QUANTIZER,
   PROP_GRAD_OUTPUT_QUANTIZER,
+  PROP_CACHE_FP8_WEIGHTS,
   N_PROPS
 };
 
@@ -275,6 +280,7 @@ gmlp_grouped_linear_finalize (GObject *object)
   g_clear_object (&self->input_quantizer);
   g_clear_object (&self->weight_quantizer);
   g_clear_object (&self->grad_output_quantizer);
+  g_clear_object (&self->weight_fp8);
   g_clear_object (&self->device);
 
   G_OBJECT_CLASS (gmlp_grouped_linear_parent_class)->finalize (object);
@@ -328,6 +334,9 @@ gmlp_grouped_linear_get_property (GObject    *object,
     case PROP_GRAD_OUTPUT_QUANTIZER:
       g_value_set_object (value, self->grad_output_quantizer);
       break;
+    case PROP_CACHE_FP8_WEIGHTS:
+      g_value_set_boolean (value, self->cache_fp8_weights);
+      break;
     default:
       G_OBJECT_WARN_INVALID_PROPERTY_ID (object, prop_id, pspec);
     }
@@ -378,6 +387,9 @@ gmlp_grouped_linear_set_property (GObject      *object,
       break;
     case PROP_GRAD_OUTPUT_QUANTIZER:
       self->grad_output_quantizer = g_value_dup_object (value);
+      break;
+    case PROP_CACHE_FP8_WEIGHTS:
+      gmlp_grouped_linear_set_cache_fp8_weights (self, g_value_get_boolean (value));
       break;
     default:
       G_OBJECT_WARN_INVALID_PROPERTY_ID (object, prop_id, pspec);
@@ -548,6 +560,28 @@ gmlp_grouped_linear_class_init (GmlpGroupedLinearClass *klass)
    */
   properties[PROP_GRAD_OUTPUT_QUANTIZER] =
     g_param_spec_object ("grad-output-quantizer", NULL, NULL, GMLP_TYPE_QUANTIZER, construct);
+
+  /**
+   * GmlpGroupedLinear:cache-fp8-weights:
+   *
+   * Whether an FP8 forward reuses the weights the previous one quantized.
+   * Weights change once per optimizer step but are multiplied by every
+   * microbatch's forward; with the cache they are quantized once per step
+   * (Transformer Engine's `is_first_microbatch`). The layer drops the cache
+   * itself when it changes the weights
+   * ([method@Gmlp.GroupedLinear.set_weight_from_bytes],
+   * [method@Gmlp.GroupedLinear.init_parameters]) or gets another weight
+   * quantizer; a caller that writes the weights in any other way (an
+   * optimizer step through [method@Gmlp.GroupedLinear.get_weight], DLPack)
+   * calls [method@Gmlp.GroupedLinear.invalidate_fp8_weights] afterwards.
+   * Delayed scaling records the weights' amax only when they are quantized.
+   * Clearing the property drops the cache.
+   *
+   * Since: 0.1
+   */
+  properties[PROP_CACHE_FP8_WEIGHTS] =
+    g_param_spec_boolean ("cache-fp8-weights", NULL, NULL, FALSE,
+                          G_PARAM_READWRITE | G_PARAM_EXPLICIT_NOTIFY | G_PARAM_STATIC_STRINGS);
 
   g_object_class_install_properties (object_class, N_PROPS, properties);
 
@@ -781,6 +815,7 @@ gmlp_grouped_linear_init_parameters (GmlpGroupedLinear  *self,
   g_return_val_if_fail (error == NULL || *error == NULL, FALSE);
 
   bound = 1.0 / sqrt ((double) self->in_features);
+  gmlp_grouped_linear_invalidate_fp8_weights (self);
   if (!gmlp_grouped_tensor_fill_random (self->weight.grouped, seed, bound, error))
     return FALSE;
   if (self->bias.grouped != NULL &&
@@ -846,7 +881,10 @@ gmlp_grouped_linear_set_weight_from_bytes (GmlpGroupedLinear  *self,
   g_return_val_if_fail (bytes != NULL, FALSE);
   g_return_val_if_fail (error == NULL || *error == NULL, FALSE);
 
-  return set_from_bytes (self, self->weight.grouped, bytes, "The weight", error);
+  if (!set_from_bytes (self, self->weight.grouped, bytes, "The weight", error))
+    return FALSE;
+  gmlp_grouped_linear_invalidate_fp8_weights (self);
+  return TRUE;
 }
 
 /**
@@ -2241,6 +2279,27 @@ fp8_quantize (GmlpGroupedTensor  *tensor,
   return gmlp_quantizer_quantize_full (quantizer, tensor, columnwise, error);
 }
 
+/* The quantized weights, with the columnwise copy when asked: the cached
+ * ones when they will do, else quantized now (and cached when the layer
+ * caches). */
+static GmlpGroupedTensor *
+fp8_weights (GmlpGroupedLinear  *self,
+             gboolean            columnwise,
+             GError            **error)
+{
+  GmlpGroupedTensor *w8;
+
+  if (self->weight_fp8 != NULL &&
+      (!columnwise || gmlp_grouped_tensor_get_columnwise (self->weight_fp8) != NULL))
+    return g_object_ref (self->weight_fp8);
+
+  w8 = gmlp_quantizer_quantize_full (self->weight_quantizer, self->weight.grouped, columnwise,
+                                     error);
+  if (w8 != NULL && self->cache_fp8_weights)
+    g_set_object (&self->weight_fp8, w8);
+  return w8;
+}
+
 /* Whether a product of a and b runs on gemm_fp8: per-tensor scales, host
  * sizes (of sized_by), and the K-major operands it reads (the columnwise
  * copies, for the transposed ones; NULL otherwise). */
@@ -2355,8 +2414,7 @@ fp8_forward (GmlpGroupedLinear     *self,
   x8 = fp8_quantize (input, self->input_quantizer, training && native, error);
   if (x8 == NULL)
     return NULL;
-  w8 = gmlp_quantizer_quantize_full (self->weight_quantizer, self->weight.grouped,
-                                     training && native, error);
+  w8 = fp8_weights (self, training && native, error);
   if (w8 == NULL)
     return NULL;
   output = new_activation_like (self, input, self->out_features, error);
@@ -2581,7 +2639,10 @@ gmlp_grouped_linear_set_quantizers (GmlpGroupedLinear  *self,
   if (g_set_object (&self->input_quantizer, input))
     g_object_notify_by_pspec (G_OBJECT (self), properties[PROP_INPUT_QUANTIZER]);
   if (g_set_object (&self->weight_quantizer, weight))
-    g_object_notify_by_pspec (G_OBJECT (self), properties[PROP_WEIGHT_QUANTIZER]);
+    {
+      gmlp_grouped_linear_invalidate_fp8_weights (self);
+      g_object_notify_by_pspec (G_OBJECT (self), properties[PROP_WEIGHT_QUANTIZER]);
+    }
   if (g_set_object (&self->grad_output_quantizer, grad_output))
     g_object_notify_by_pspec (G_OBJECT (self), properties[PROP_GRAD_OUTPUT_QUANTIZER]);
   g_object_thaw_notify (G_OBJECT (self));
@@ -2658,4 +2719,62 @@ gmlp_grouped_linear_update_quantizers (GmlpGroupedLinear  *self,
         return FALSE;
     }
   return TRUE;
+}
+
+/**
+ * gmlp_grouped_linear_set_cache_fp8_weights:
+ * @self: a #GmlpGroupedLinear
+ * @cache: whether FP8 forwards reuse the quantized weights
+ *
+ * Sets [property@Gmlp.GroupedLinear:cache-fp8-weights].
+ *
+ * Since: 0.1
+ */
+void
+gmlp_grouped_linear_set_cache_fp8_weights (GmlpGroupedLinear *self,
+                                           gboolean           cache)
+{
+  g_return_if_fail (GMLP_IS_GROUPED_LINEAR (self));
+
+  cache = !!cache;
+  if (!cache)
+    gmlp_grouped_linear_invalidate_fp8_weights (self);
+  if (self->cache_fp8_weights == cache)
+    return;
+  self->cache_fp8_weights = cache;
+  g_object_notify_by_pspec (G_OBJECT (self), properties[PROP_CACHE_FP8_WEIGHTS]);
+}
+
+/**
+ * gmlp_grouped_linear_get_cache_fp8_weights:
+ * @self: a #GmlpGroupedLinear
+ *
+ * Returns: the value of [property@Gmlp.GroupedLinear:cache-fp8-weights]
+ *
+ * Since: 0.1
+ */
+gboolean
+gmlp_grouped_linear_get_cache_fp8_weights (GmlpGroupedLinear *self)
+{
+  g_return_val_if_fail (GMLP_IS_GROUPED_LINEAR (self), FALSE);
+  return self->cache_fp8_weights;
+}
+
+/**
+ * gmlp_grouped_linear_invalidate_fp8_weights:
+ * @self: a #GmlpGroupedLinear
+ *
+ * Drops the cached quantized weights (see
+ * [property@Gmlp.GroupedLinear:cache-fp8-weights]): the next FP8 forward
+ * quantizes the weights again. Call it after changing the weights in place,
+ * for example after each optimizer step. Backwards of earlier forwards
+ * still use the weights their forward multiplied.
+ *
+ * Since: 0.1
+ */
+void
+gmlp_grouped_linear_invalidate_fp8_weights (GmlpGroupedLinear *self)
+{
+  g_return_if_fail (GMLP_IS_GROUPED_LINEAR (self));
+  g_clear_object (&self->weight_fp8);
 }

@@ -172,4 +172,12 @@ GMLP_AVAILABLE_IN_0_1
 gboolean              gmlp_grouped_linear_update_quantizers       (GmlpGroupedLinear     *self,
                                                                    GError               **error);
 
+GMLP_AVAILABLE_IN_0_1
+void                  gmlp_grouped_linear_set_cache_fp8_weights   (GmlpGroupedLinear     *self,
+                                                                   gboolean               cache);
+GMLP_AVAILABLE_IN_0_1
+gboolean              gmlp_grouped_linear_get_cache_fp8_weights   (GmlpGroupedLinear     *self);
+GMLP_AVAILABLE_IN_0_1
+void                  gmlp_grouped_linear_invalidate_fp8_weights  (GmlpGroupedLinear     *self);
+
 G_END_DECLS

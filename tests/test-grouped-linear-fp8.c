@@ -590,6 +590,168 @@ test_shapes (void)
       }
 }
 
+/* Per-tensor recipes on shapes of several output tiles and reduction
+ * stages of the CUDA backend's kernels (128 × 128 tiles, 128 FP8 values a
+ * stage), each with a partial last one, an empty group and a group of one
+ * whole tile and one row: the tiles' edges, the promotion of the partial
+ * sums and the per-group scales. The second split has multiples of 16 rows
+ * (the CUDA kernel's FP8 WGRAD takes those) and adds the weight gradients
+ * into main_grad in the groups of a mask. */
+static void
+test_tiles (void)
+{
+  g_autoptr(GmlpDevice) device = device_or_skip ();
+  static const GmlpScalingRecipe recipes[] = {
+    GMLP_SCALING_RECIPE_DELAYED, GMLP_SCALING_RECIPE_CURRENT,
+  };
+  static const gint64 splits[2][3] = { { 260, 0, 129 }, { 256, 0, 144 } };
+  static const gboolean mask[3] = { TRUE, FALSE, FALSE };
+  guint r, f, sp;
+
+  if (device == NULL)
+    return;
+
+  for (sp = 0; sp < G_N_ELEMENTS (splits); sp++)
+    for (r = 0; r < G_N_ELEMENTS (recipes); r++)
+      for (f = 0; f < G_N_ELEMENTS (test_formats); f++)
+        {
+          GmlpDType dtype = layer_dtypes[(2 * r + f + sp) % G_N_ELEMENTS (layer_dtypes)];
+          gboolean fused = sp == 1;
+          g_autoptr(GmlpGroupedLinear) layer = NULL;
+          g_autoptr(Problem) p = NULL;
+          g_autoptr(GError) error = NULL;
+          g_autofree char *what = NULL;
+          g_autofree double *base = NULL;
+          Results ref = { 0, };
+          Outputs out = { 0, };
+          Quantizers q = { 0, };
+          double tol = tolerance_a (dtype, FALSE);
+
+          quantizers_new (&q, device, recipes[r], test_formats[f], 4);
+          layer = new_layer (device, G_N_ELEMENTS (splits[sp]), 528, 272, dtype,
+                             GMLP_LINEAR_SINGLE_GROUPED_WEIGHT | GMLP_LINEAR_BIAS |
+                             (fused ? GMLP_LINEAR_FUSE_WGRAD_ACCUMULATION : 0), &q);
+          if (fused)
+            g_assert_true (gmlp_grouped_linear_set_wgrad_accumulation_mask (layer, mask, 3, &error));
+          g_assert_no_error (error);
+          p = problem_new (layer, splits[sp], 1.0);
+          what = g_strdup_printf ("split %u, %s, %s, %s", sp, gmlp_test_recipe_name (recipes[r]),
+                                  test_formats[f] == GMLP_FP8_FORMAT_HYBRID ? "hybrid" : "e4m3",
+                                  gmlp_dtype_get_name (dtype));
+          if (fused)
+            base = download_weight_grads (layer, p->n, p->o * p->k);
+          reference_quantized (p, &q, &ref);
+          run_layer (layer, p, &out);
+          check_a (p, &ref, &out, tol, fused ? tolerance_a (GMLP_DTYPE_FLOAT32, FALSE) : tol,
+                   base, fused ? mask : NULL, what);
+          results_clear (&ref);
+          outputs_clear (&out);
+          quantizers_clear (&q);
+        }
+}
+
+/* The largest |got - want| over n values. */
+static double
+max_difference (const double *got, const double *want, gsize n)
+{
+  double worst = 0.0;
+  gsize i;
+
+  for (i = 0; i < n; i++)
+    worst = MAX (worst, fabs (got[i] - want[i]));
+  return worst;
+}
+
+/* The forward's output for @p's input, downloaded. */
+static double *
+forward_output (GmlpGroupedLinear *layer, const Problem *p)
+{
+  g_autoptr(GError) error = NULL;
+  g_autoptr(GmlpGroupedTensor) y = gmlp_grouped_linear_forward (layer, p->xt, NULL, &error);
+  gsize n;
+
+  g_assert_no_error (error);
+  return gmlp_test_download (y, &n);
+}
+
+/* cache-fp8-weights: forwards reuse the quantized weights until the layer
+ * changes them or the caller invalidates the cache; without the cache a
+ * change made in place shows at once. */
+static void
+test_weight_cache (void)
+{
+  g_autoptr(GmlpDevice) device = device_or_skip ();
+  gint64 rows[] = { 33, 0, 17 };
+  g_autoptr(GmlpGroupedLinear) layer = NULL;
+  g_autoptr(Problem) p = NULL;
+  g_autofree gint64 *len_y = NULL;
+  g_autoptr(GError) error = NULL;
+  double tol = tolerance_a (GMLP_DTYPE_BFLOAT16, FALSE);
+  Results ref = { 0, };
+  Outputs out = { 0, };
+  Quantizers q = { 0, };
+  guint g;
+
+  if (device == NULL)
+    return;
+
+  quantizers_new (&q, device, GMLP_SCALING_RECIPE_CURRENT, GMLP_FP8_FORMAT_HYBRID, 4);
+  layer = new_layer (device, G_N_ELEMENTS (rows), 64, 48, GMLP_DTYPE_BFLOAT16,
+                     GMLP_LINEAR_SINGLE_GROUPED_WEIGHT, &q);
+  g_assert_false (gmlp_grouped_linear_get_cache_fp8_weights (layer));
+  g_object_set (layer, "cache-fp8-weights", TRUE, NULL);
+  g_assert_true (gmlp_grouped_linear_get_cache_fp8_weights (layer));
+  len_y = g_new (gint64, G_N_ELEMENTS (rows));
+  for (g = 0; g < G_N_ELEMENTS (rows); g++)
+    len_y[g] = rows[g] * 48;
+
+  /* set_weight_from_bytes (in problem_new) drops what an earlier forward
+   * cached: two steps with fresh weights, both right. */
+  for (g = 0; g < 2; g++)
+    {
+      g_clear_pointer (&p, problem_free);
+      p = problem_new (layer, rows, 1.0);
+      reference_quantized (p, &q, &ref);
+      run_layer (layer, p, &out);
+      check_a (p, &ref, &out, tol, tol, NULL, NULL, "cached weights");
+      outputs_clear (&out);
+      if (g == 0)
+        results_clear (&ref);
+    }
+
+  /* Weights changed in place: the cache still holds the old ones... */
+  g_assert_true (gmlp_grouped_tensor_fill_random (gmlp_grouped_linear_get_weight (layer), 7, 0.5, &error));
+  g_assert_no_error (error);
+  {
+    g_autofree double *y = forward_output (layer, p);
+    assert_groups_close (y, ref.y, p->n, len_y, tol, "forward from the cache");
+  }
+  /* ...until invalidated. */
+  gmlp_grouped_linear_invalidate_fp8_weights (layer);
+  {
+    g_autofree double *y = forward_output (layer, p);
+    g_assert_cmpfloat (max_difference (y, ref.y, p->total * p->o), >, 0.1);
+  }
+
+  /* Without the cache an in-place change shows at once. */
+  g_object_set (layer, "cache-fp8-weights", FALSE, NULL);
+  g_assert_true (gmlp_grouped_linear_set_weight_from_bytes (layer, p->w_bytes, &error));
+  g_assert_no_error (error);
+  {
+    g_autofree double *y = forward_output (layer, p);
+    assert_groups_close (y, ref.y, p->n, len_y, tol, "forward after set_weight_from_bytes");
+  }
+  g_assert_true (gmlp_grouped_tensor_fill_random (gmlp_grouped_linear_get_weight (layer), 8, 0.5, &error));
+  g_assert_no_error (error);
+  {
+    g_autofree double *y = forward_output (layer, p);
+    g_assert_cmpfloat (max_difference (y, ref.y, p->total * p->o), >, 0.1);
+  }
+
+  results_clear (&ref);
+  quantizers_clear (&q);
+}
+
 /* Delayed scaling over several steps: the first step quantizes with scale
  * 1, each update takes the scale from the amax history, and every step
  * stays within (a) and (b). */
@@ -1224,6 +1386,8 @@ main (int argc, char *argv[])
 
   g_test_add_func ("/Gmlp/GroupedLinear/fp8/recipes", test_recipes);
   g_test_add_func ("/Gmlp/GroupedLinear/fp8/shapes", test_shapes);
+  g_test_add_func ("/Gmlp/GroupedLinear/fp8/tiles", test_tiles);
+  g_test_add_func ("/Gmlp/GroupedLinear/fp8/weight-cache", test_weight_cache);
   g_test_add_func ("/Gmlp/GroupedLinear/fp8/delayed-steps", test_delayed_steps);
   g_test_add_func ("/Gmlp/GroupedLinear/fp8/mixed-per-tensor", test_mixed_per_tensor);
   g_test_add_func ("/Gmlp/GroupedLinear/fp8/prequantized", test_prequantized);

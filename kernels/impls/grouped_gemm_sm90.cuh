@@ -49,9 +49,6 @@ namespace gmlp {
 namespace sm90 {
 
 constexpr int kBlockM = 128;
-constexpr int kBlockN = 256;
-constexpr int kBlockK = 64;
-constexpr int kStages = 4;
 constexpr int kChunk = 64;           /* 16-bit elements per 128-byte row */
 constexpr int kConsumers = 2;
 /* Tensor maps of each group in the plan's list: A, B and C. */
@@ -59,19 +56,53 @@ constexpr int kMapsPerGroup = 3;
 /* Row tiles of one raster panel (locate_tile()): 2048 rows of A. */
 constexpr uint32_t kPanelTiles = 16;
 constexpr int kThreads = 128 * (1 + kConsumers);
-constexpr uint32_t kChunkBytes = kChunk * kBlockK * 2;       /* 8 KiB */
-constexpr uint32_t kTileABytes = kBlockM * kBlockK * 2;
-constexpr uint32_t kTileBBytes = kBlockN * kBlockK * 2;
-constexpr uint32_t kStageBytes = kTileABytes + kTileBBytes;
+/* An MN-major tile (16-bit operands only) arrives in chunks of 64
+ * elements of M or N × 64 reduction rows. */
+constexpr uint32_t kChunkBytes = kChunk * 64 * 2;            /* 8 KiB */
 /* The epilogue stages each consumer's 64-row half of the output tile
  * through shared memory, 64 columns of FP32 at a time (staging_index()). */
 constexpr int kStageCols = 64;
 constexpr uint32_t kEpilogueBytes = 64 * kStageCols * 4;
-/* The ring, the epilogue buffers, the barriers, and slack to align the ring
- * to the 1024 bytes of a swizzle atom. */
-constexpr uint32_t kSmemBytes = kStages * kStageBytes + kConsumers * kEpilogueBytes +
-                                2 * kStages * 8 + 1024;
-static_assert (kSmemBytes <= 227 * 1024, "the kernel needs more shared memory than an SM has");
+
+/* The operand types of a kernel instance: 16-bit floats, or a pair of FP8
+ * formats (A's, then B's). */
+enum Operands
+{
+  kOpsBf16 = 0,
+  kOpsFp16 = 1,
+  kOpsE4m3E4m3 = 2,
+  kOpsE4m3E5m2 = 3,
+  kOpsE5m2E4m3 = 4,
+};
+
+/* The tile shape and ring of each operand type. Either way a stage holds
+ * 128-byte rows: 64 16-bit or 128 FP8 reduction elements. FP8 products
+ * are promoted out of the tensor cores' accumulators into a second set of
+ * FP32 registers after every stage (the FP8 accumulators keep fewer bits,
+ * and long reductions would lose accuracy), so an FP8 consumer holds two
+ * 64 × kBlockN sets: kBlockN 128 keeps that within its registers, and the
+ * smaller stages make room for a deeper ring. */
+template <int kOps>
+struct Config
+{
+  static constexpr bool kFp8 = kOps >= kOpsE4m3E4m3;
+  static constexpr bool kBf16 = kOps == kOpsBf16;
+  static constexpr int kBlockN = kFp8 ? 128 : 256;
+  static constexpr int kBlockK = kFp8 ? 128 : 64;    /* reduction elements of a stage */
+  static constexpr int kMmaK = kFp8 ? 32 : 16;       /* of one wgmma */
+  static constexpr int kStages = kFp8 ? 6 : 4;
+  static constexpr uint32_t kTileABytes = kBlockM * 128;
+  static constexpr uint32_t kTileBBytes = kBlockN * 128;
+  static constexpr uint32_t kStageBytes = kTileABytes + kTileBBytes;
+  /* The ring, the epilogue buffers, the barriers, and slack to align the
+   * ring to the 1024 bytes of a swizzle atom. */
+  static constexpr uint32_t kSmemBytes = kStages * kStageBytes + kConsumers * kEpilogueBytes +
+                                         2 * kStages * 8 + 1024;
+  static_assert (kSmemBytes <= 227 * 1024, "the kernel needs more shared memory than an SM has");
+};
+
+/* The widest output tile of any instance (the host's coordinate bound). */
+constexpr int kMaxBlockN = 256;
 
 
 /* What the GEMM needs of each group, written by the plan. */
@@ -81,7 +112,7 @@ struct GroupWork
   const void *bias;        /* FPROP: bias_g or NULL */
   int64_t     rows;        /* m_g, clamped */
   uint32_t    accumulate;  /* WGRAD: add into c */
-  uint32_t    pad;
+  float       scale;       /* FP8: the product of A's and B's scale inverses; else 1 */
 };
 
 
@@ -109,7 +140,7 @@ struct Tile
   uint32_t k_blocks;  /* kBlockK-deep steps of the reduction */
 };
 
-template <int kKind>
+template <int kOps, int kKind>
 __device__ __forceinline__ void
 locate_tile (const GemmParams &p, uint32_t t, uint32_t &group, Tile &tile)
 {
@@ -155,17 +186,32 @@ locate_tile (const GemmParams &p, uint32_t t, uint32_t &group, Tile &tile)
 
     tile.group = group;
     tile.m0 = (int64_t) (panel * kPanelTiles + in_panel % panel_rows) * kBlockM;
-    tile.n0 = (int64_t) (in_panel / panel_rows) * kBlockN;
+    tile.n0 = (int64_t) (in_panel / panel_rows) * Config<kOps>::kBlockN;
   }
-  tile.k_blocks = (uint32_t) div_up (reduction, kBlockK);
+  tile.k_blocks = (uint32_t) div_up (reduction, Config<kOps>::kBlockK);
 }
 
-template <int kKind>
+/* Whether A and B arrive MN-major (16-bit DGRAD and WGRAD). FP8 operands
+ * are always K-major: the transposed ones are the quantizer's columnwise
+ * copies. */
+template <int kOps, int kKind>
+struct Layout
+{
+  static constexpr bool kTransA = !Config<kOps>::kFp8 && kKind == GMLP_KERNEL_GEMM_WGRAD;
+  static constexpr bool kTransB = !Config<kOps>::kFp8 && kKind != GMLP_KERNEL_GEMM_FPROP;
+};
+
+template <int kOps, int kKind>
 __device__ __forceinline__ void
 produce (const GemmParams &p, uint8_t *ring, uint64_t *full, uint64_t *empty)
 {
-  constexpr bool kTransA = kKind == GMLP_KERNEL_GEMM_WGRAD;
-  constexpr bool kTransB = kKind != GMLP_KERNEL_GEMM_FPROP;
+  using Cfg = Config<kOps>;
+  constexpr bool kTransA = Layout<kOps, kKind>::kTransA;
+  constexpr bool kTransB = Layout<kOps, kKind>::kTransB;
+  constexpr int kBlockN = Cfg::kBlockN;
+  constexpr int kBlockK = Cfg::kBlockK;
+  constexpr int kStages = Cfg::kStages;
+  constexpr uint32_t kStageBytes = Cfg::kStageBytes;
   const uint32_t total = p.tile_begin[p.n_groups];
   const bool leader = threadIdx.x % 32 == 0;
   uint32_t group = 0, acquired = 0xffffffffu, stage = 0, phase = 0;
@@ -175,7 +221,7 @@ produce (const GemmParams &p, uint8_t *ring, uint64_t *full, uint64_t *empty)
     {
       const TensorMap *map_a, *map_b;
 
-      locate_tile<kKind> (p, t, group, tile);
+      locate_tile<kOps, kKind> (p, t, group, tile);
       map_a = p.maps + kMapsPerGroup * (uint64_t) group;
       map_b = map_a + 1;
       if (leader && group != acquired)
@@ -188,7 +234,7 @@ produce (const GemmParams &p, uint8_t *ring, uint64_t *full, uint64_t *empty)
       for (uint32_t kb = 0; kb < tile.k_blocks; kb++)
         {
           uint8_t *tile_a = ring + stage * kStageBytes;
-          uint8_t *tile_b = tile_a + kTileABytes;
+          uint8_t *tile_b = tile_a + Cfg::kTileABytes;
           const int32_t k0 = (int32_t) kb * kBlockK;
 
           mbarrier_wait (&empty[stage], phase ^ 1);
@@ -306,7 +352,7 @@ consumer_sync (int half)
 /* Writes one consumer's 64 × kBlockN half of an output tile: 64 columns at
  * a time, the fragments go to shared memory, then every thread copies
  * whole rows of 4 results out, so that a warp's stores are contiguous. */
-template <int kKind>
+template <int kKind, int kBlockN>
 __device__ __forceinline__ void
 write_tile (const GemmParams &p, const Tile &tile, const float (&acc)[kBlockN / 2],
             float *staging, int half)
@@ -382,7 +428,7 @@ write_tile (const GemmParams &p, const Tile &tile, const float (&acc)[kBlockN / 
  * 16-bit C that is accumulated into (write_tile() does that). C's dtype is
  * a template argument: the unrolled code of the dtype that runs is then
  * contiguous, not interleaved with that of the others. */
-template <int kKind, int kCDtype>
+template <int kKind, int kCDtype, int kBlockN>
 __device__ __forceinline__ bool
 write_tile_tma (const GemmParams &p, const Tile &tile, const GroupWork &w,
                 const float (&acc)[kBlockN / 2], uint8_t *slots, int half)
@@ -494,14 +540,45 @@ write_tile_tma (const GemmParams &p, const Tile &tile, const GroupWork &w,
   return true;
 }
 
-template <bool kBf16, int kKind>
+/* The wgmma of an instance's operands and layout. */
+template <int kOps, int kKind, bool kFp8 = Config<kOps>::kFp8>
+struct MmaOf
+{
+  using Type = Wgmma<Config<kOps>::kBlockN, Config<kOps>::kBf16, Layout<kOps, kKind>::kTransA,
+                     Layout<kOps, kKind>::kTransB>;
+};
+
+template <int kOps, int kKind>
+struct MmaOf<kOps, kKind, true>
+{
+  using Type = WgmmaFp8<Config<kOps>::kBlockN, kOps == kOpsE5m2E4m3, kOps == kOpsE4m3E5m2>;
+};
+
+/* Gives back the ring stage a consumer has finished reading, and moves to
+ * the next. */
+template <int kStages>
+__device__ __forceinline__ void
+next_stage (uint32_t &stage, uint32_t &phase)
+{
+  if (++stage == kStages)
+    {
+      stage = 0;
+      phase ^= 1;
+    }
+}
+
+template <int kOps, int kKind>
 __device__ __forceinline__ void
 consume (const GemmParams &p, uint8_t *ring, uint64_t *full, uint64_t *empty, float *staging,
          int half)
 {
-  constexpr int kTransA = kKind == GMLP_KERNEL_GEMM_WGRAD;
-  constexpr int kTransB = kKind != GMLP_KERNEL_GEMM_FPROP;
-  using Mma = Wgmma<kBlockN, kBf16, kTransA, kTransB>;
+  using Cfg = Config<kOps>;
+  using Mma = typename MmaOf<kOps, kKind>::Type;
+  constexpr bool kTransA = Layout<kOps, kKind>::kTransA;
+  constexpr bool kTransB = Layout<kOps, kKind>::kTransB;
+  constexpr int kBlockN = Cfg::kBlockN;
+  constexpr int kBlockK = Cfg::kBlockK;
+  constexpr int kStages = Cfg::kStages;
   const uint32_t total = p.tile_begin[p.n_groups];
   const bool leader = threadIdx.x % 128 == 0;
   const uint32_t ring_address = smem_address (ring);
@@ -511,7 +588,7 @@ consume (const GemmParams &p, uint8_t *ring, uint64_t *full, uint64_t *empty, fl
   Tile tile, next;
 
   if (blockIdx.x < total)
-    locate_tile<kKind> (p, blockIdx.x, group, next);
+    locate_tile<kOps, kKind> (p, blockIdx.x, group, next);
   for (uint32_t t = blockIdx.x; t < total; t += gridDim.x)
     {
       uint32_t held = 0;
@@ -526,79 +603,116 @@ consume (const GemmParams &p, uint8_t *ring, uint64_t *full, uint64_t *empty, fl
 
       for (uint32_t kb = 0; kb < tile.k_blocks; kb++)
         {
-          const uint32_t tile_a = ring_address + stage * kStageBytes;
-          const uint32_t tile_b = tile_a + kTileABytes;
+          const uint32_t tile_a = ring_address + stage * Cfg::kStageBytes;
+          const uint32_t tile_b = tile_a + Cfg::kTileABytes;
 
           mbarrier_wait (&full[stage], phase);
-          wgmma_fence ();
-          for (int s = 0; s < kBlockK / 16; s++)
+          if constexpr (Cfg::kFp8)
             {
-              /* K-major: 16 elements further along the 128-byte row.
-               * MN-major: 16 rows further down each chunk. */
-              const uint64_t desc_a = kTransA ?
-                smem_descriptor (tile_a + half * kChunkBytes + s * 16 * 128, kChunkBytes) :
-                smem_descriptor (tile_a + half * 64 * 128 + s * 32, 0);
-              const uint64_t desc_b = kTransB ?
-                smem_descriptor (tile_b + s * 16 * 128, kChunkBytes) :
-                smem_descriptor (tile_b + s * 32, 0);
+              /* The stage's products go into part, which is then added to
+               * acc in FP32: the promotion. The other consumer's products
+               * keep the tensor cores busy meanwhile. */
+              float part[kBlockN / 2];
 
-              Mma::run (acc, desc_a, desc_b, kb > 0 || s > 0);
+              wgmma_fence ();
+#pragma unroll
+              for (int s = 0; s < kBlockK / Cfg::kMmaK; s++)
+                Mma::run (part, smem_descriptor (tile_a + half * 64 * 128 + s * 32, 0),
+                          smem_descriptor (tile_b + s * 32, 0), s > 0);
+              wgmma_commit ();
+              if (kb == 0 && t + gridDim.x < total)
+                locate_tile<kOps, kKind> (p, t + gridDim.x, group, next);
+              wgmma_wait<0> ();
+              if (leader)
+                mbarrier_arrive (&empty[stage]);
+#pragma unroll
+              for (int i = 0; i < kBlockN / 2; i++)
+                acc[i] = kb > 0 ? acc[i] + part[i] : part[i];
             }
-          wgmma_commit ();
-          /* While the first products run, find the next tile: its reads
-           * of the plan are not on the critical path then. */
-          if (kb == 0 && t + gridDim.x < total)
-            locate_tile<kKind> (p, t + gridDim.x, group, next);
-          /* The stage before this one is no longer read: give it back. */
-          wgmma_wait<1> ();
-          if (kb > 0 && leader)
-            mbarrier_arrive (&empty[held]);
-          held = stage;
-          if (++stage == kStages)
+          else
             {
-              stage = 0;
-              phase ^= 1;
+              wgmma_fence ();
+#pragma unroll
+              for (int s = 0; s < kBlockK / Cfg::kMmaK; s++)
+                {
+                  /* K-major: 16 elements further along the 128-byte row.
+                   * MN-major: 16 rows further down each chunk. */
+                  const uint64_t desc_a = kTransA ?
+                    smem_descriptor (tile_a + half * kChunkBytes + s * 16 * 128, kChunkBytes) :
+                    smem_descriptor (tile_a + half * 64 * 128 + s * 32, 0);
+                  const uint64_t desc_b = kTransB ?
+                    smem_descriptor (tile_b + s * 16 * 128, kChunkBytes) :
+                    smem_descriptor (tile_b + s * 32, 0);
+
+                  Mma::run (acc, desc_a, desc_b, kb > 0 || s > 0);
+                }
+              wgmma_commit ();
+              /* While the first products run, find the next tile: its reads
+               * of the plan are not on the critical path then. */
+              if (kb == 0 && t + gridDim.x < total)
+                locate_tile<kOps, kKind> (p, t + gridDim.x, group, next);
+              /* The stage before this one is no longer read: give it back. */
+              wgmma_wait<1> ();
+              if (kb > 0 && leader)
+                mbarrier_arrive (&empty[held]);
+              held = stage;
             }
+          next_stage<kStages> (stage, phase);
         }
-      wgmma_wait<0> ();
-      if (tile.k_blocks > 0 && leader)
-        mbarrier_arrive (&empty[held]);
+      if constexpr (!Cfg::kFp8)
+        {
+          wgmma_wait<0> ();
+          if (tile.k_blocks > 0 && leader)
+            mbarrier_arrive (&empty[held]);
+        }
       if (tile.k_blocks == 0)
         {
 #pragma unroll
           for (int i = 0; i < kBlockN / 2; i++)
             acc[i] = 0.0f;
           if (t + gridDim.x < total)
-            locate_tile<kKind> (p, t + gridDim.x, group, next);
+            locate_tile<kOps, kKind> (p, t + gridDim.x, group, next);
+        }
+      if constexpr (Cfg::kFp8)
+        {
+#pragma unroll
+          for (int i = 0; i < kBlockN / 2; i++)
+            acc[i] *= w.scale;
         }
 
-      /* C is FP32 or the operands' dtype (the host check). */
-      if (!(p.c_dtype == GMLP_NUM_FLOAT32 ?
-              write_tile_tma<kKind, GMLP_NUM_FLOAT32> (p, tile, w, acc, slots, half) :
-              write_tile_tma<kKind, kBf16 ? GMLP_NUM_BFLOAT16 : GMLP_NUM_FLOAT16> (p, tile, w, acc,
-                                                                                  slots, half)))
-        write_tile<kKind> (p, tile, acc, staging, half);
+      /* C is FP32 or the operands' dtype (the host check); FP8 products
+       * write any of FP32, BF16 and FP16. */
+      bool written;
+      if (p.c_dtype == GMLP_NUM_FLOAT32)
+        written = write_tile_tma<kKind, GMLP_NUM_FLOAT32, kBlockN> (p, tile, w, acc, slots, half);
+      else if (Cfg::kFp8 ? p.c_dtype == GMLP_NUM_BFLOAT16 : Cfg::kBf16)
+        written = write_tile_tma<kKind, GMLP_NUM_BFLOAT16, kBlockN> (p, tile, w, acc, slots, half);
+      else
+        written = write_tile_tma<kKind, GMLP_NUM_FLOAT16, kBlockN> (p, tile, w, acc, slots, half);
+      if (!written)
+        write_tile<kKind, kBlockN> (p, tile, acc, staging, half);
     }
   if (leader)
     bulk_wait_all ();
 }
 
-template <bool kBf16, int kKind>
+template <int kOps, int kKind>
 __global__ void __launch_bounds__ (kThreads, 1)
 gemm_kernel (const __grid_constant__ GemmParams p)
 {
+  using Cfg = Config<kOps>;
   extern __shared__ uint8_t smem_raw[];
   uint8_t *ring = reinterpret_cast<uint8_t *> (
     (reinterpret_cast<uintptr_t> (smem_raw) + 1023) & ~(uintptr_t) 1023);
-  float *staging = reinterpret_cast<float *> (ring + kStages * kStageBytes);
-  uint64_t *full = reinterpret_cast<uint64_t *> (ring + kStages * kStageBytes +
+  float *staging = reinterpret_cast<float *> (ring + Cfg::kStages * Cfg::kStageBytes);
+  uint64_t *full = reinterpret_cast<uint64_t *> (ring + Cfg::kStages * Cfg::kStageBytes +
                                                  kConsumers * kEpilogueBytes);
-  uint64_t *empty = full + kStages;
+  uint64_t *empty = full + Cfg::kStages;
   const int warpgroup = threadIdx.x / 128;
 
   if (threadIdx.x == 0)
     {
-      for (int s = 0; s < kStages; s++)
+      for (int s = 0; s < Cfg::kStages; s++)
         {
           mbarrier_init (&full[s], 1);
           mbarrier_init (&empty[s], kConsumers);
@@ -613,13 +727,13 @@ gemm_kernel (const __grid_constant__ GemmParams p)
     {
       registers_decrease<40> ();
       if (threadIdx.x < 32)
-        produce<kKind> (p, ring, full, empty);
+        produce<kOps, kKind> (p, ring, full, empty);
     }
   else
     {
       registers_increase<232> ();
-      consume<kBf16, kKind> (p, ring, full, empty,
-                             staging + (warpgroup - 1) * (kEpilogueBytes / 4), warpgroup - 1);
+      consume<kOps, kKind> (p, ring, full, empty,
+                            staging + (warpgroup - 1) * (kEpilogueBytes / 4), warpgroup - 1);
     }
 }
 
@@ -629,25 +743,27 @@ gemm_kernel (const __grid_constant__ GemmParams p)
 namespace gmlp {
 namespace sm90 {
 
-/* Enqueues gemm_kernel<kBf16, kKind>; each kind is instantiated in a file
- * of its own (grouped_gemm_sm90_<kind>.cu) so that they compile in
- * parallel. */
-template <bool kBf16, int kKind>
+/* Enqueues gemm_kernel<kOps, kKind>; the instances are spread over files
+ * of their own (grouped_gemm_sm90_<kind>.cu) so that they compile in
+ * parallel. FP8 DGRAD runs the FPROP instance: with K-major operands the
+ * two differ only in the bias, which DGRAD never has. */
+template <int kOps, int kKind>
 GmlpKernelStatus launch_gemm (const GemmParams &params, int n_sms, cudaStream_t stream);
 
-#define GMLP_SM90_DEFINE_LAUNCH(kKind)                                              \
-  template <bool kBf16, int kKindArg>                                               \
+#define GMLP_SM90_DEFINE_LAUNCH(kOpsArg, kKindArg)                                  \
+  template <>                                                                       \
   GmlpKernelStatus                                                                  \
-  launch_gemm (const GemmParams &params, int n_sms, cudaStream_t stream)            \
+  launch_gemm<kOpsArg, kKindArg> (const GemmParams &params, int n_sms,              \
+                                  cudaStream_t stream)                              \
   {                                                                                 \
     cudaLaunchConfig_t config = {};                                                 \
     cudaLaunchAttribute attribute;                                                  \
     cudaError_t err;                                                                \
                                                                                     \
     /* Set on every call: the attribute belongs to the current device. */           \
-    err = cudaFuncSetAttribute (gemm_kernel<kBf16, kKindArg>,                       \
+    err = cudaFuncSetAttribute (gemm_kernel<kOpsArg, kKindArg>,                     \
                                 cudaFuncAttributeMaxDynamicSharedMemorySize,        \
-                                kSmemBytes);                                        \
+                                Config<kOpsArg>::kSmemBytes);                       \
     if (err != cudaSuccess)                                                         \
       return record_cuda_error (err);                                               \
     /* A dependent of the plan (programmatic stream serialization): its CTAs     \
@@ -656,17 +772,15 @@ GmlpKernelStatus launch_gemm (const GemmParams &params, int n_sms, cudaStream_t 
     attribute.val.programmaticStreamSerializationAllowed = 1;                       \
     config.gridDim = dim3 (n_sms);                                                  \
     config.blockDim = dim3 (kThreads);                                              \
-    config.dynamicSmemBytes = kSmemBytes;                                           \
+    config.dynamicSmemBytes = Config<kOpsArg>::kSmemBytes;                          \
     config.stream = stream;                                                         \
     config.attrs = &attribute;                                                      \
     config.numAttrs = 1;                                                            \
-    err = cudaLaunchKernelEx (&config, gemm_kernel<kBf16, kKindArg>, params);        \
+    err = cudaLaunchKernelEx (&config, gemm_kernel<kOpsArg, kKindArg>, params);      \
     if (err != cudaSuccess)                                                         \
       return record_cuda_error (err);                                               \
     return check_launch ();                                                         \
-  }                                                                                 \
-  template GmlpKernelStatus launch_gemm<true, kKind> (const GemmParams &, int, cudaStream_t); \
-  template GmlpKernelStatus launch_gemm<false, kKind> (const GemmParams &, int, cudaStream_t);
+  }
 
 }  // namespace sm90
 }  // namespace gmlp

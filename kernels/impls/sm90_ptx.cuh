@@ -133,6 +133,26 @@ tensormap_set_rows (TensorMap *map, uint32_t rows)
 #endif
 }
 
+/* A transposed row-grouped operand (cols × m_g, the rows m_g long): its
+ * inner extent and its row stride in bytes. */
+__device__ __forceinline__ void
+tensormap_set_cols (TensorMap *map, uint32_t cols)
+{
+#if GMLP_SM90_ENABLED
+  asm volatile ("tensormap.replace.tile.global_dim.shared::cta.b1024.b32 [%0], 0, %1;"
+                :: "r" (smem_address (map)), "r" (cols) : "memory");
+#endif
+}
+
+__device__ __forceinline__ void
+tensormap_set_row_stride (TensorMap *map, uint64_t bytes)
+{
+#if GMLP_SM90_ENABLED
+  asm volatile ("tensormap.replace.tile.global_stride.shared::cta.b1024.b64 [%0], 0, %1;"
+                :: "r" (smem_address (map)), "l" (bytes) : "memory");
+#endif
+}
+
 /* The writer of edited tensor maps releases them, the reader acquires each
  * before its first copy: tensor maps are read through their own proxy. */
 __device__ __forceinline__ void

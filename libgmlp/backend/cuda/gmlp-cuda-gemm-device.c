@@ -36,22 +36,23 @@ static void
 gmlp_cuda_kernel_device_gemm (const GmlpBackendGemmDevice *gemm,
                               GmlpKernelDeviceGemm        *kernel_gemm)
 {
-  kernel_gemm->kind = gmlp_cuda_kernel_gemm_kind (gemm->kind);
-  kernel_gemm->n_groups = gemm->n_groups;
-  kernel_gemm->device_rows = (const int64_t *) gemm->device_rows;
-  kernel_gemm->host_rows = NULL;
-  kernel_gemm->row_capacity = gemm->row_capacity;
-  kernel_gemm->n = gemm->n;
-  kernel_gemm->k = gemm->k;
-  kernel_gemm->ab_dtype = gemm->ab_dtype;
-  kernel_gemm->c_dtype = gemm->c_dtype;
-  kernel_gemm->a = gemm->a;
-  kernel_gemm->b_rows = gemm->b_rows;
-  kernel_gemm->c_rows = gemm->c_rows;
-  kernel_gemm->weight = gemm->weight;
-  kernel_gemm->wgrad = gemm->wgrad;
-  kernel_gemm->bias = gemm->bias;
-  kernel_gemm->accumulate = gemm->accumulate;
+  *kernel_gemm = (GmlpKernelDeviceGemm) {
+    .kind = gmlp_cuda_kernel_gemm_kind (gemm->kind),
+    .n_groups = gemm->n_groups,
+    .device_rows = (const int64_t *) gemm->device_rows,
+    .row_capacity = gemm->row_capacity,
+    .n = gemm->n,
+    .k = gemm->k,
+    .ab_dtype = gemm->ab_dtype,
+    .c_dtype = gemm->c_dtype,
+    .a = gemm->a,
+    .b_rows = gemm->b_rows,
+    .c_rows = gemm->c_rows,
+    .weight = gemm->weight,
+    .wgrad = gemm->wgrad,
+    .bias = gemm->bias,
+    .accumulate = gemm->accumulate,
+  };
 }
 
 /* TRUE when libgmlp's Hopper kernel takes these arguments on this device.
@@ -77,6 +78,30 @@ gmlp_cuda_use_sm90 (GmlpBackendDevice          *device,
   return gmlp_kernel_device_gemm_sm90_check (kernel_gemm, major, minor, NULL) == GMLP_KERNEL_SUCCESS;
 }
 
+/* Enqueues kernel_gemm on the Hopper kernel when it covers it (*taken). */
+static gboolean
+gmlp_cuda_run_sm90 (GmlpBackendDevice          *device,
+                    const GmlpKernelDeviceGemm *kernel_gemm,
+                    gboolean                   *taken,
+                    GError                    **error)
+{
+  gpointer workspace;
+  int n_sms = 0;
+
+  if (!gmlp_cuda_use_sm90 (device, kernel_gemm, &n_sms))
+    return FALSE;
+
+  *taken = TRUE;
+  workspace = gmlp_cuda_device_workspace (device,
+                                          gmlp_kernel_device_gemm_sm90_workspace_bytes (kernel_gemm),
+                                          error);
+  if (workspace == NULL)
+    return FALSE;
+  return gmlp_cuda_kernel_result (gmlp_kernel_device_gemm_sm90 (kernel_gemm, workspace,
+                                                                n_sms, device->stream),
+                                  "gmlp_kernel_device_gemm_sm90", error);
+}
+
 gboolean
 gmlp_cuda_gemm_device (GmlpBackendDevice            *device,
                        const GmlpBackendGemmDevice  *gemm,
@@ -84,23 +109,15 @@ gmlp_cuda_gemm_device (GmlpBackendDevice            *device,
 {
   GmlpKernelDeviceGemm kernel_gemm;
   gpointer workspace;
-  int n_sms = 0;
+  gboolean taken = FALSE, ok;
 
   gmlp_cuda_kernel_device_gemm (gemm, &kernel_gemm);
   if (!gmlp_cuda_activate (device, error))
     return FALSE;
 
-  if (gmlp_cuda_use_sm90 (device, &kernel_gemm, &n_sms))
-    {
-      workspace = gmlp_cuda_device_workspace (device,
-                                              gmlp_kernel_device_gemm_sm90_workspace_bytes (&kernel_gemm),
-                                              error);
-      if (workspace == NULL)
-        return FALSE;
-      return gmlp_cuda_kernel_result (gmlp_kernel_device_gemm_sm90 (&kernel_gemm, workspace,
-                                                                    n_sms, device->stream),
-                                      "gmlp_kernel_device_gemm_sm90", error);
-    }
+  ok = gmlp_cuda_run_sm90 (device, &kernel_gemm, &taken, error);
+  if (taken)
+    return ok;
 
   /* Elsewhere (other GPUs, float32, odd feature counts) the portable
    * kernel is correct, if slower. */
@@ -135,6 +152,29 @@ gmlp_cuda_gemm_is_packed (const void * const *pointers,
   return TRUE;
 }
 
+/* The fields of a host-sizes product common to every kernel description:
+ * the groups packed from their first member, row_capacity their sum. */
+static GmlpKernelDeviceGemm
+gmlp_cuda_host_rows_gemm (GmlpGemmKind  kind,
+                          guint         n_groups,
+                          const gint64 *rows,
+                          gint64        n,
+                          gint64        k)
+{
+  gint64 capacity = 0;
+
+  for (guint g = 0; g < n_groups; g++)
+    capacity += MAX (rows[g], 0);
+  return (GmlpKernelDeviceGemm) {
+    .kind = gmlp_cuda_kernel_gemm_kind (kind),
+    .n_groups = n_groups,
+    .host_rows = rows,
+    .row_capacity = capacity,
+    .n = n,
+    .k = k,
+  };
+}
+
 gboolean
 gmlp_cuda_gemm_host_rows_sm90 (GmlpBackendDevice      *device,
                                const GmlpBackendGemm  *gemm,
@@ -147,10 +187,7 @@ gmlp_cuda_gemm_host_rows_sm90 (GmlpBackendDevice      *device,
   guint64 second_size = wgrad ? ab_size : (guint64) gmlp_num_dtype_size (gemm->c_dtype);
   gint64 a_cols = gemm->kind == GMLP_GEMM_FPROP ? gemm->k : gemm->n;
   gint64 second_cols = gemm->kind == GMLP_GEMM_FPROP ? gemm->n : gemm->k;
-  gint64 capacity = 0;
   GmlpKernelDeviceGemm kernel_gemm;
-  gpointer workspace;
-  int n_sms = 0;
 
   *taken = FALSE;
   if (gemm->n_groups == 0 ||
@@ -158,34 +195,52 @@ gmlp_cuda_gemm_host_rows_sm90 (GmlpBackendDevice      *device,
       !gmlp_cuda_gemm_is_packed (second, gemm->rows, gemm->n_groups, second_cols * second_size))
     return FALSE;
 
-  for (guint g = 0; g < gemm->n_groups; g++)
-    capacity += MAX (gemm->rows[g], 0);
-  kernel_gemm = (GmlpKernelDeviceGemm) {
-    .kind = gmlp_cuda_kernel_gemm_kind (gemm->kind),
-    .n_groups = gemm->n_groups,
-    .host_rows = gemm->rows,
-    .row_capacity = capacity,
-    .n = gemm->n,
-    .k = gemm->k,
-    .ab_dtype = gemm->ab_dtype,
-    .c_dtype = gemm->c_dtype,
-    .a = gemm->a[0],
-    .b_rows = wgrad ? gemm->b[0] : NULL,
-    .c_rows = wgrad ? NULL : gemm->c[0],
-    .weight = wgrad ? NULL : gemm->b,
-    .wgrad = wgrad ? gemm->c : NULL,
-    .accumulate = gemm->accumulate,
-  };
-  if (!gmlp_cuda_use_sm90 (device, &kernel_gemm, &n_sms))
+  kernel_gemm = gmlp_cuda_host_rows_gemm (gemm->kind, gemm->n_groups, gemm->rows, gemm->n, gemm->k);
+  kernel_gemm.ab_dtype = gemm->ab_dtype;
+  kernel_gemm.c_dtype = gemm->c_dtype;
+  kernel_gemm.a = gemm->a[0];
+  kernel_gemm.b_rows = wgrad ? gemm->b[0] : NULL;
+  kernel_gemm.c_rows = wgrad ? NULL : gemm->c[0];
+  kernel_gemm.weight = wgrad ? NULL : gemm->b;
+  kernel_gemm.wgrad = wgrad ? gemm->c : NULL;
+  kernel_gemm.accumulate = gemm->accumulate;
+  return gmlp_cuda_run_sm90 (device, &kernel_gemm, taken, error);
+}
+
+/* FPROP and DGRAD: a and c grouped by rows, b the per-group matrices (W_i,
+ * or DGRAD's Wᵀ_i). WGRAD: a and b the columnwise copies of dy and x
+ * (member i n × m_i and k × m_i, laid out as the rowwise members), c the
+ * per-group outputs. */
+gboolean
+gmlp_cuda_gemm_fp8_sm90 (GmlpBackendDevice          *device,
+                         const GmlpBackendGemmFp8   *gemm,
+                         gboolean                   *taken,
+                         GError                    **error)
+{
+  gboolean wgrad = gemm->kind == GMLP_GEMM_WGRAD, dgrad = gemm->kind == GMLP_GEMM_DGRAD;
+  gint64 a_cols = gemm->kind == GMLP_GEMM_FPROP ? gemm->k : gemm->n;
+  gint64 second_cols = gemm->kind == GMLP_GEMM_FPROP ? gemm->n : gemm->k;
+  const void * const *second = wgrad ? gemm->b : (const void * const *) gemm->c;
+  guint64 second_size = wgrad ? 1 : gmlp_num_dtype_size (gemm->c_dtype);
+  GmlpKernelDeviceGemm kernel_gemm;
+
+  *taken = FALSE;
+  if (gemm->n_groups == 0 || (gemm->kind != GMLP_GEMM_FPROP && !dgrad && !wgrad) ||
+      !gmlp_cuda_gemm_is_packed (gemm->a, gemm->rows, gemm->n_groups, a_cols) ||
+      !gmlp_cuda_gemm_is_packed (second, gemm->rows, gemm->n_groups, second_cols * second_size))
     return FALSE;
 
-  *taken = TRUE;
-  workspace = gmlp_cuda_device_workspace (device,
-                                          gmlp_kernel_device_gemm_sm90_workspace_bytes (&kernel_gemm),
-                                          error);
-  if (workspace == NULL)
-    return FALSE;
-  return gmlp_cuda_kernel_result (gmlp_kernel_device_gemm_sm90 (&kernel_gemm, workspace,
-                                                                n_sms, device->stream),
-                                  "gmlp_kernel_device_gemm_sm90", error);
+  kernel_gemm = gmlp_cuda_host_rows_gemm (gemm->kind, gemm->n_groups, gemm->rows, gemm->n, gemm->k);
+  kernel_gemm.ab_dtype = gemm->a_dtype;
+  kernel_gemm.b_dtype = gemm->b_dtype;
+  kernel_gemm.c_dtype = gemm->c_dtype;
+  kernel_gemm.a = gemm->a[0];
+  kernel_gemm.b_rows = wgrad ? gemm->b[0] : NULL;
+  kernel_gemm.c_rows = wgrad ? NULL : gemm->c[0];
+  kernel_gemm.weight = wgrad ? NULL : gemm->b;
+  kernel_gemm.wgrad = wgrad ? gemm->c : NULL;
+  kernel_gemm.accumulate = gemm->accumulate;
+  kernel_gemm.a_scale_inv = (const float * const *) gemm->a_scale_inv;
+  kernel_gemm.b_scale_inv = (const float * const *) gemm->b_scale_inv;
+  return gmlp_cuda_run_sm90 (device, &kernel_gemm, taken, error);
 }

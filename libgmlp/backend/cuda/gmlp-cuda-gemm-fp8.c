@@ -1,6 +1,10 @@
-/* gmlp-cuda-gemm-fp8.c: FP8 grouped products of the CUDA backend, on cuBLASLt
+/* gmlp-cuda-gemm-fp8.c: FP8 grouped products of the CUDA backend
  *
- * One cublasLtMatmul per group, with per-tensor scales: the groups' scale
+ * The products run on libgmlp's Hopper kernel where it applies (compute
+ * capability 9.0, operands laid out as grouped tensors lay them out, WGRAD
+ * groups of multiples of 16 rows; see gmlp_cuda_gemm_fp8_sm90()), one
+ * launch for all groups. The rest, other GPUs and GMLP_CUDA_HOST_GEMM=cublas
+ * take cuBLASLt: one cublasLtMatmul per group, with per-tensor scales: the groups' scale
  * inverses are the matmul's A and B scale pointers (device memory, read by
  * the kernel, so nothing waits), the sums are FP32 with the partial sums
  * promoted (CUBLASLT_MATMUL_DESC_FAST_ACCUM = 0), and the output is BF16,
@@ -594,6 +598,33 @@ fp8_pad_operands (GmlpBackendDevice  *device,
   return TRUE;
 }
 
+/* Where libgmlp's Hopper kernel beats cuBLASLt (H100, TFLOP/s, operands
+ * quantized beforehand; docs/performance.md): FPROP and DGRAD on every
+ * anchor shape; WGRAD for the many small products of
+ * gmlp_cuda_gemm_prefer_grouped() (qwen3-fc1 560 vs 164, small-e64 206 vs
+ * 27), not for few large ones (mixtral-fc1 828 vs 1232, dsv3-fc1 724 vs
+ * 881), whose long rows cuBLASLt's kernels suit better.
+ * GMLP_CUDA_HOST_GEMM=cublas or =sm90 forces one side. */
+static gboolean
+fp8_prefer_sm90 (const GmlpBackendGemmFp8 *gemm,
+                 const GmlpCudaFp8Plan    *plan)
+{
+  GmlpCudaHostGemm forced = gmlp_cuda_host_gemm_forced ();
+  double flop = 0.0;
+
+  if (forced != GMLP_CUDA_HOST_GEMM_AUTO)
+    return forced == GMLP_CUDA_HOST_GEMM_SM90;
+  if (gemm->kind != GMLP_GEMM_WGRAD)
+    return TRUE;
+  for (guint j = 0; j < plan->products->len; j++)
+    {
+      const GmlpCudaFp8Product *p = &g_array_index (plan->products, GmlpCudaFp8Product, j);
+
+      flop += 2.0 * p->m * p->n * p->depth;
+    }
+  return gmlp_cuda_gemm_prefer_grouped (plan->products->len, flop);
+}
+
 gboolean
 gmlp_cuda_gemm_fp8 (GmlpBackendDevice          *device,
                     const GmlpBackendGemmFp8   *gemm,
@@ -618,6 +649,17 @@ gmlp_cuda_gemm_fp8 (GmlpBackendDevice          *device,
     }
   if (!gmlp_cuda_activate (device, error))
     goto out;
+
+  /* On libgmlp's Hopper kernel where it applies: one launch for all groups
+   * instead of a cuBLASLt call per group. */
+  if (plan.products->len > 0 && fp8_prefer_sm90 (gemm, &plan))
+    {
+      gboolean taken = FALSE;
+
+      ok = gmlp_cuda_gemm_fp8_sm90 (device, gemm, &taken, error);
+      if (taken)
+        goto out;
+    }
 
   c_size = gmlp_num_dtype_size (gemm->c_dtype);
   if (plan.products->len > 0)

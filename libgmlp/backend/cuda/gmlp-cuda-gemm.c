@@ -446,7 +446,7 @@ gmlp_cuda_gemm_validate (const GmlpBackendGemm  *gemm,
  * kernel tuned for its shape; many small products run best as one launch
  * that fills the GPU with all of them. The cut, many (>= 16) products of
  * under 4 GFLOP on average, lies between the second and third rows. */
-static gboolean
+gboolean
 gmlp_cuda_gemm_prefer_grouped (guint  n_products,
                                double total_flop)
 {
@@ -738,22 +738,31 @@ gmlp_cuda_gemm_use_row_tiles (const GmlpBackendGemm *gemm)
  * GMLP_CUDA_HOST_GEMM=cublas or =sm90 forces one side, for comparisons. */
 #define GMLP_CUDA_SM90_MAX_TILED 0.95
 
-static gboolean
-gmlp_cuda_gemm_prefer_sm90 (const GmlpBackendGemm  *gemm,
-                            const GmlpCudaGemmPlan *plan)
+GmlpCudaHostGemm
+gmlp_cuda_host_gemm_forced (void)
 {
-  static gsize forced = 0;   /* 0: not read yet, 1: no, 2: cuBLAS, 3: sm90 */
-  gint64 rows, tiled;
+  static gsize forced = 0;   /* 0: not read yet, else GmlpCudaHostGemm + 1 */
 
   if (g_once_init_enter (&forced))
     {
       const char *value = g_getenv ("GMLP_CUDA_HOST_GEMM");
 
-      g_once_init_leave (&forced, g_strcmp0 (value, "cublas") == 0 ? 2 :
-                                  g_strcmp0 (value, "sm90") == 0 ? 3 : 1);
+      g_once_init_leave (&forced, 1 + (g_strcmp0 (value, "cublas") == 0 ? GMLP_CUDA_HOST_GEMM_CUBLAS :
+                                       g_strcmp0 (value, "sm90") == 0 ? GMLP_CUDA_HOST_GEMM_SM90 :
+                                                                        GMLP_CUDA_HOST_GEMM_AUTO));
     }
-  if (forced != 1)
-    return forced == 3;
+  return (GmlpCudaHostGemm) (forced - 1);
+}
+
+static gboolean
+gmlp_cuda_gemm_prefer_sm90 (const GmlpBackendGemm  *gemm,
+                            const GmlpCudaGemmPlan *plan)
+{
+  GmlpCudaHostGemm forced = gmlp_cuda_host_gemm_forced ();
+  gint64 rows, tiled;
+
+  if (forced != GMLP_CUDA_HOST_GEMM_AUTO)
+    return forced == GMLP_CUDA_HOST_GEMM_SM90;
   if (!gmlp_cuda_gemm_prefer_grouped (plan->n_products, plan->total_flop))
     return FALSE;
   if (gemm->kind == GMLP_GEMM_WGRAD)

@@ -232,6 +232,27 @@ gboolean  gmlp_cuda_gemm_host_rows_sm90 (GmlpBackendDevice      *device,
                                          const GmlpBackendGemm  *gemm,
                                          gboolean               *taken,
                                          GError                **error);
+/* FP8 products with host sizes on the Hopper kernel; the same contract as
+ * gmlp_cuda_gemm_host_rows_sm90(). */
+gboolean  gmlp_cuda_gemm_fp8_sm90   (GmlpBackendDevice          *device,
+                                     const GmlpBackendGemmFp8   *gemm,
+                                     gboolean                   *taken,
+                                     GError                    **error);
+/* Which side takes the products with host sizes that both can do:
+ * GMLP_CUDA_HOST_GEMM=cublas (cuBLAS and cuBLASLt) or =sm90 (libgmlp's
+ * Hopper kernel) forces one, for comparisons; read once. */
+typedef enum {
+  GMLP_CUDA_HOST_GEMM_AUTO,
+  GMLP_CUDA_HOST_GEMM_CUBLAS,
+  GMLP_CUDA_HOST_GEMM_SM90,
+} GmlpCudaHostGemm;
+
+GmlpCudaHostGemm gmlp_cuda_host_gemm_forced (void);
+/* Whether n_products products of total_flop FLOP in all run best as one
+ * grouped launch rather than as one tuned call each (gmlp-cuda-gemm.c). */
+gboolean  gmlp_cuda_gemm_prefer_grouped (guint  n_products,
+                                         double total_flop);
+
 /* Scratch for the device-sizes kernels (end of gmlp-cuda-backend.c): a
  * device buffer of at least nbytes for work enqueued on the compute stream.
  * Successive calls return the same buffer until one needs more; the buffer
