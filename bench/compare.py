@@ -2,7 +2,7 @@
 # Merges gmlp-bench's JSON lines with the anchors of ../shared/bench measured
 # in the same run (anchors.py, cublas_anchor) into a Markdown table of
 # TFLOP/s and ratios. Lines of gmlp-bench --fp8 ("dtype":"fp8-RECIPE") get
-# a table of their own, against torch._scaled_grouped_mm (FP8 rowwise).
+# tables of their own (per recipe and "quantize" mode), against torch._scaled_grouped_mm (FP8 rowwise).
 #
 #   compare.py GMLP.jsonl ANCHORS.jsonl CUBLAS.jsonl
 #
@@ -34,7 +34,9 @@ for r in lines(sys.argv[1]):
         continue
     dtype = r.get('dtype', 'bf16')
     if dtype.startswith('fp8-'):
-        fp8[(dtype[4:], r.get('sizes', 'host'), r['shape'], bool(r['skew']), r['op'])] = r
+        # The recipe, and where the operands were quantized.
+        recipe = dtype[4:] + ('' if r.get('quantize', 'per-call') == 'per-call' else '/outside')
+        fp8[(recipe, r.get('sizes', 'host'), r['shape'], bool(r['skew']), r['op'])] = r
     else:
         gmlp[(r.get('sizes', 'host'), r['shape'], bool(r['skew']), r['op'])] = r
 torch = {(r['shape'], bool(r['skew'])): r for r in lines(sys.argv[2]) if 'shape' in r}
@@ -116,8 +118,15 @@ def report_fp8():
                     shapes.append((shape, skew))
             if not shapes:
                 continue
-            print('## FP8, %s scaling, %s\n' % (recipe, TITLES.get(sizes, sizes)))
-            print('TFLOP/s of 2 M K N, quantization included (fprop: x and W; dgrad: dy).\n')
+            name, _, outside = recipe.partition('/')
+            print('## FP8, %s scaling, %s, %s\n' % (name, TITLES.get(sizes, sizes),
+                                                  'operands quantized beforehand' if outside
+                                                  else 'quantization per call'))
+            if outside:
+                print('TFLOP/s of 2 M K N: the products alone (x and dy quantized before the timed '
+                      'calls, the weights cached), as torch._scaled_grouped_mm is timed.\n')
+            else:
+                print('TFLOP/s of 2 M K N, quantization included (fprop: x and W; dgrad: dy).\n')
             print('| shape | routing | fprop | torch._scaled_grouped_mm | vs torch | goal | vs libgmlp BF16 fprop | dgrad | wgrad | fprop host µs |')
             print('|---|---|---|---|---|---|---|---|---|---|')
             for shape, skew in shapes:

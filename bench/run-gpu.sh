@@ -14,6 +14,14 @@ build-gpu/bench/gmlp-bench "$@" | tee "$out/gmlp-bench.jsonl"
 build-gpu/bench/gmlp-bench --device-sizes "$@" | tee -a "$out/gmlp-bench.jsonl"
 # Host sizes on cuBLAS alone, for the routing rule of gmlp-cuda-gemm-device.c.
 GMLP_CUDA_HOST_GEMM=cublas build-gpu/bench/gmlp-bench "$@" | tee "$out/gmlp-bench-cublas.jsonl"
+# FP8: the products alone (operands quantized beforehand), on the default
+# route and on cuBLASLt alone; and with quantization in every call.
+for recipe in current delayed; do
+  build-gpu/bench/gmlp-bench --fp8=$recipe --quantized "$@" | tee -a "$out/gmlp-bench.jsonl"
+  GMLP_CUDA_HOST_GEMM=cublas build-gpu/bench/gmlp-bench --fp8=$recipe --quantized "$@" |
+    tee -a "$out/gmlp-bench-cublas.jsonl"
+done
+build-gpu/bench/gmlp-bench --fp8=current "$@" | tee -a "$out/gmlp-bench.jsonl"
 /tmp/cublas_anchor | tee "$out/cublas-anchor.jsonl"
 PYTHONUNBUFFERED=1 python3 .bench/anchors.py "$out/anchors.json" | tee "$out/anchors.jsonl"
 python3 bench/compare.py "$out/gmlp-bench.jsonl" "$out/anchors.jsonl" "$out/cublas-anchor.jsonl" | tee "$out/compare.md"

@@ -253,6 +253,12 @@ gmlp_num_dtype_size (int dtype)
     }
 }
 
+GMLP_HD int
+gmlp_num_dtype_is_fp8 (int dtype)
+{
+  return dtype == GMLP_NUM_FLOAT8_E4M3 || dtype == GMLP_NUM_FLOAT8_E5M2;
+}
+
 /* Bytes a member of `rows` rows of `row_bytes` bytes takes, padded so that the
  * next member starts on a kGmlpMemberAlignment boundary. The host and the
  * device lay grouped tensors out with this one rule. */

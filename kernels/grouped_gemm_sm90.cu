@@ -362,12 +362,6 @@ pointers_ok (const void * const *table, uint32_t n)
   return true;
 }
 
-bool
-is_fp8 (int dtype)
-{
-  return dtype == GMLP_NUM_FLOAT8_E4M3 || dtype == GMLP_NUM_FLOAT8_E5M2;
-}
-
 /* FP8 WGRAD reads the columnwise copies, rows of m_g bytes. */
 bool
 host_rows_aligned (const GmlpKernelDeviceGemm *g)
@@ -385,7 +379,7 @@ host_rows_aligned (const GmlpKernelDeviceGemm *g)
 int
 operands_of (const GmlpKernelDeviceGemm *g)
 {
-  if (!is_fp8 (g->ab_dtype))
+  if (!gmlp_num_dtype_is_fp8 (g->ab_dtype))
     return g->ab_dtype == GMLP_NUM_BFLOAT16 ? kOpsBf16 :
            g->ab_dtype == GMLP_NUM_FLOAT16 ? kOpsFp16 : -1;
   if (g->ab_dtype == GMLP_NUM_FLOAT8_E4M3 && g->b_dtype == GMLP_NUM_FLOAT8_E4M3)
@@ -400,7 +394,7 @@ operands_of (const GmlpKernelDeviceGemm *g)
 int
 block_n_of (const GmlpKernelDeviceGemm *g)
 {
-  return is_fp8 (g->ab_dtype) ? Config<kOpsE4m3E4m3>::kBlockN : Config<kOpsBf16>::kBlockN;
+  return gmlp_num_dtype_is_fp8 (g->ab_dtype) ? Config<kOpsE4m3E4m3>::kBlockN : Config<kOpsBf16>::kBlockN;
 }
 
 uint64_t
@@ -515,7 +509,7 @@ gmlp_kernel_device_gemm_sm90_check (const GmlpKernelDeviceGemm *gemm,
       *reason = "the Hopper kernel needs a compute capability 9.0 GPU";
       return GMLP_KERNEL_UNSUPPORTED;
     }
-  if (is_fp8 (gemm->ab_dtype))
+  if (gmlp_num_dtype_is_fp8 (gemm->ab_dtype))
     {
       if (operands_of (gemm) < 0)
         {
@@ -595,7 +589,7 @@ gmlp_kernel_device_gemm_sm90 (const GmlpKernelDeviceGemm *gemm,
   uint64_t *table;
   size_t table_words;
   const bool wgrad = gemm != nullptr && gemm->kind == GMLP_KERNEL_GEMM_WGRAD;
-  const bool fp8 = gemm != nullptr && is_fp8 (gemm->ab_dtype);
+  const bool fp8 = gemm != nullptr && gmlp_num_dtype_is_fp8 (gemm->ab_dtype);
   const uint32_t a_size = gemm != nullptr ? gmlp_num_dtype_size (gemm->ab_dtype) : 0;
   const uint32_t c_size = gemm != nullptr ? gmlp_num_dtype_size (gemm->c_dtype) : 0;
   const int block_n = gemm != nullptr ? block_n_of (gemm) : 0;

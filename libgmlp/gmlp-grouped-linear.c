@@ -1977,10 +1977,12 @@ gmlp_grouped_linear_get_grad_added_to_main_grad (GmlpGroupedLinear *self)
  * gemm_fp8, whose operands are all K-major: FPROP x·Wᵀ reads x and W
  * rowwise, DGRAD dy·W reads dy rowwise and W's columnwise copy, WGRAD dyᵀ·x
  * the columnwise copies of dy and x; the quantizers write the copies in the
- * same pass when the backward will need them. Blockwise and MXFP8, and every
- * recipe with device-only group sizes (or operands given without the copies),
- * dequantize the FP8 operands to fp8_fallback_dtype() and run the layer's
- * usual products: correct, not fast, until native kernels come.
+ * same pass when the backward will need them. With device-only group sizes
+ * FPROP and DGRAD take gemm_device's FP8 products where the backend has them
+ * (fp8_run_device(): CUDA on Hopper, the CPU). Blockwise and MXFP8, the
+ * WGRAD of device sizes, and operands given without the copies dequantize
+ * the FP8 operands to fp8_fallback_dtype() and run the layer's usual
+ * products: correct, not fast, until native kernels come.
  *
  * The forward saves the quantized input ("input": offload moves every part
  * of it) and the quantized weights ("weight-fp8", resident on the device);
@@ -2350,6 +2352,61 @@ fp8_run_native (GmlpGroupedLinear  *self,
   return GMLP_DEVICE_CALL (self->device, gemm_fp8, &gemm, error);
 }
 
+/* FPROP y = x8 W8ᵀ [+ b] or DGRAD dx = dy8 (W8ᵀ)ᵀ with the group sizes of
+ * sized_by on the device only, on the backend's gemm_device: a8 grouped by
+ * those sizes, w8 the quantized weights (DGRAD: their columnwise copy),
+ * per-tensor scales. *ran says whether it ran: a backend without such a
+ * product (CUDA off Hopper) says UNSUPPORTED before enqueuing anything,
+ * and the caller dequantizes instead. */
+static gboolean
+fp8_run_device (GmlpGroupedLinear  *self,
+                GmlpGemmKind        kind,
+                GmlpGroupedTensor  *sized_by,
+                GmlpGroupedTensor  *a8,
+                GmlpGroupedTensor  *w8,
+                GmlpGroupedTensor  *c,
+                gboolean           *ran,
+                GError            **error)
+{
+  gboolean bias = kind == GMLP_GEMM_FPROP && self->bias.grouped != NULL;
+  g_autofree gpointer *pw = member_pointers (w8, NULL, self->n_groups);
+  g_autofree gpointer *sa = member_pointers (gmlp_grouped_tensor_get_scale_inv (a8), NULL, self->n_groups);
+  g_autofree gpointer *sw = member_pointers (gmlp_grouped_tensor_get_scale_inv (w8), NULL, self->n_groups);
+  g_autofree gpointer *pbias = bias ? member_pointers (NULL, self->bias.members, self->n_groups) : NULL;
+  g_autoptr(GError) local_error = NULL;
+  GmlpBackendShape shape;
+
+  *ran = FALSE;
+  if (!gmlp_grouped_tensor_get_backend_shape (sized_by, &shape, error))
+    return FALSE;
+  {
+    GmlpBackendGemmDevice gemm = {
+      .kind = kind,
+      .n_groups = self->n_groups,
+      .device_rows = shape.device_rows,
+      .row_capacity = shape.row_capacity,
+      .n = self->out_features,
+      .k = self->in_features,
+      .ab_dtype = (int) gmlp_grouped_tensor_get_dtype (a8),
+      .b_dtype = (int) gmlp_grouped_tensor_get_dtype (w8),
+      .c_dtype = (int) self->dtype,
+      .a = gmlp_grouped_tensor_get_data (a8),
+      .c_rows = gmlp_grouped_tensor_get_data (c),
+      .weight = (const void * const *) pw,
+      .bias = (const void * const *) pbias,
+      .a_scale_inv = (const float * const *) sa,
+      .b_scale_inv = (const float * const *) sw,
+    };
+
+    *ran = GMLP_DEVICE_CALL (self->device, gemm_device, &gemm, &local_error);
+  }
+  /* The backends' errors share GmlpError's codes. */
+  if (*ran || local_error->code == GMLP_ERROR_UNSUPPORTED)
+    return TRUE;
+  g_propagate_error (error, g_steal_pointer (&local_error));
+  return FALSE;
+}
+
 /* @product on dequantized operands: a8, b_rows8 (WGRAD's x) and weight8
  * (FPROP's and DGRAD's W) are dequantized to fp8_fallback_dtype() and the
  * layer's usual product runs on them, host or device sizes alike. */
@@ -2400,7 +2457,7 @@ fp8_forward (GmlpGroupedLinear     *self,
   g_autoptr(GmlpGroupedTensor) w8 = NULL;
   g_autoptr(GmlpGroupedTensor) output = NULL;
   const gint64 *rows = gmlp_grouped_tensor_peek_rows (input);
-  gboolean native, training = saved != NULL;
+  gboolean per_tensor, native, ran = FALSE, training = saved != NULL;
 
   if (!fp8_check_activation (self, input, self->in_features, "The input", self->input_quantizer,
                              "FPROP", NULL, self->weight_quantizer, error) ||
@@ -2408,13 +2465,14 @@ fp8_forward (GmlpGroupedLinear     *self,
     return NULL;
 
   /* The columnwise copies are written only for a backward that reads
-   * them: DGRAD reads W's, WGRAD x's. */
-  native = rows != NULL && fp8_per_tensor (fp8_operand_recipe (input, self->input_quantizer)) &&
-           fp8_per_tensor (gmlp_quantizer_get_recipe (self->weight_quantizer));
+   * them: DGRAD reads W's (host or device sizes), WGRAD x's (host sizes). */
+  per_tensor = fp8_per_tensor (fp8_operand_recipe (input, self->input_quantizer)) &&
+               fp8_per_tensor (gmlp_quantizer_get_recipe (self->weight_quantizer));
+  native = rows != NULL && per_tensor;
   x8 = fp8_quantize (input, self->input_quantizer, training && native, error);
   if (x8 == NULL)
     return NULL;
-  w8 = fp8_weights (self, training && native, error);
+  w8 = fp8_weights (self, training && per_tensor, error);
   if (w8 == NULL)
     return NULL;
   output = new_activation_like (self, input, self->out_features, error);
@@ -2443,7 +2501,9 @@ fp8_forward (GmlpGroupedLinear     *self,
       Product fprop = { .kind = GMLP_GEMM_FPROP, .sized_by = input, .c_rows = output,
                         .c_dtype = self->dtype, .bias = self->bias.grouped != NULL };
 
-      if (!fp8_run_dequantized (self, &fprop, x8, NULL, w8, error))
+      if (per_tensor && !fp8_run_device (self, GMLP_GEMM_FPROP, input, x8, w8, output, &ran, error))
+        return NULL;
+      if (!ran && !fp8_run_dequantized (self, &fprop, x8, NULL, w8, error))
         return NULL;
     }
 
@@ -2517,10 +2577,17 @@ fp8_backward (GmlpGroupedLinear     *self,
     }
   else
     {
+      GmlpGroupedTensor *w8_t = gmlp_grouped_tensor_get_columnwise (w8);
       Product dgrad = { .kind = GMLP_GEMM_DGRAD, .sized_by = input, .c_rows = grad_input,
                         .c_dtype = self->dtype };
+      gboolean ran = FALSE;
 
-      if (!fp8_run_dequantized (self, &dgrad, dy8, NULL, w8, error))
+      /* Device sizes: the forward quantized W with its copy. */
+      if (w8_t != NULL && fp8_per_tensor (gmlp_grouped_tensor_get_scaling_recipe (dy8)) &&
+          fp8_per_tensor (gmlp_grouped_tensor_get_scaling_recipe (w8)) &&
+          !fp8_run_device (self, GMLP_GEMM_DGRAD, input, dy8, w8_t, grad_input, &ran, error))
+        return NULL;
+      if (!ran && !fp8_run_dequantized (self, &dgrad, dy8, NULL, w8, error))
         return NULL;
     }
 

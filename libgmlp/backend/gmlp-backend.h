@@ -108,6 +108,16 @@ typedef struct {
   void * const       *wgrad;         /* WGRAD: dW_i; else NULL */
   const void * const *bias;          /* FPROP, optional: bias_i (n values) */
   const guint8       *accumulate;    /* WGRAD, optional, host: 1 adds into dW_i */
+  /* FP8 FPROP and DGRAD, per-tensor scales: ab_dtype is a's format
+   * (FLOAT8_E4M3 or FLOAT8_E5M2) and b_dtype weight's; weight_i is K-major,
+   * so DGRAD's is the quantizer's columnwise copy Wᵀ_i (k × n). A value q
+   * of a in group i stands for q × *a_scale_inv[i] (weight: b_scale_inv),
+   * host arrays of device pointers to one FP32 each; c_rows and bias in
+   * c_dtype (FLOAT32, FLOAT16 or BFLOAT16). CUDA runs them on its Hopper
+   * kernel only (UNSUPPORTED on other GPUs). Ignored for other dtypes. */
+  int                  b_dtype;
+  const float * const *a_scale_inv;
+  const float * const *b_scale_inv;
 } GmlpBackendGemmDevice;
 
 enum {

@@ -736,6 +736,7 @@ cpu_gemm_device (GmlpBackendDevice            *device,
                  GError                      **error)
 {
   gboolean wgrad = gemm->kind == GMLP_GEMM_WGRAD;
+  gboolean fp8 = gmlp_num_dtype_is_fp8 (gemm->ab_dtype);
   gint64 first_cols, second_cols;
   int second_dtype;
   CpuRowsOperand ops[2];
@@ -743,6 +744,7 @@ cpu_gemm_device (GmlpBackendDevice            *device,
   g_autofree gpointer *first = NULL, *second = NULL;
   gpointer *members[2];
   GmlpBackendGemm host;
+  gboolean ok;
 
   if (gemm->kind != GMLP_GEMM_FPROP && gemm->kind != GMLP_GEMM_DGRAD && !wgrad)
     {
@@ -771,7 +773,13 @@ cpu_gemm_device (GmlpBackendDevice            *device,
   first_cols = gemm->kind == GMLP_GEMM_FPROP ? gemm->k : gemm->n;
   second_cols = gemm->kind == GMLP_GEMM_FPROP ? gemm->n : gemm->k;
   second_dtype = wgrad ? gemm->ab_dtype : gemm->c_dtype;
-  if (!cpu_check_float_dtype (gemm->ab_dtype, error) ||
+  if (fp8 && (wgrad || gemm->a_scale_inv == NULL || gemm->b_scale_inv == NULL))
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_UNSUPPORTED,
+                   "CPU: FP8 products with device sizes are FPROP and DGRAD with scales");
+      return FALSE;
+    }
+  if ((!fp8 && !cpu_check_float_dtype (gemm->ab_dtype, error)) ||
       !cpu_check_float_dtype (gemm->c_dtype, error) ||
       !cpu_rows_operand_init (&ops[0], gemm->a, first_cols, gemm->ab_dtype, gemm->n_groups,
                               gemm->row_capacity, error) ||
@@ -784,20 +792,45 @@ cpu_gemm_device (GmlpBackendDevice            *device,
   members[1] = second = g_new (gpointer, gemm->n_groups);
   cpu_walk_device_rows (gemm->device_rows, gemm->n_groups, ops, 2, rows, members);
 
-  host = (GmlpBackendGemm) {
-    .kind = gemm->kind,
-    .n_groups = gemm->n_groups,
-    .rows = rows,
-    .n = gemm->n,
-    .k = gemm->k,
-    .ab_dtype = gemm->ab_dtype,
-    .c_dtype = gemm->c_dtype,
-    .a = (const void * const *) first,
-    .b = wgrad ? (const void * const *) second : gemm->weight,
-    .c = wgrad ? gemm->wgrad : (void * const *) second,
-    .accumulate = wgrad ? gemm->accumulate : NULL,
-  };
-  if (!cpu_gemm (device, &host, error))
+  if (fp8)
+    {
+      /* The sizes are in host memory here: the host-sizes FP8 product. */
+      GmlpBackendGemmFp8 host_fp8 = {
+        .kind = gemm->kind,
+        .n_groups = gemm->n_groups,
+        .rows = rows,
+        .n = gemm->n,
+        .k = gemm->k,
+        .a_dtype = gemm->ab_dtype,
+        .b_dtype = gemm->b_dtype,
+        .c_dtype = gemm->c_dtype,
+        .a = (const void * const *) first,
+        .b = gemm->weight,
+        .a_scale_inv = gemm->a_scale_inv,
+        .b_scale_inv = gemm->b_scale_inv,
+        .c = (void * const *) second,
+      };
+
+      ok = gmlp_cpu_gemm_fp8 (device, &host_fp8, error);
+    }
+  else
+    {
+      host = (GmlpBackendGemm) {
+        .kind = gemm->kind,
+        .n_groups = gemm->n_groups,
+        .rows = rows,
+        .n = gemm->n,
+        .k = gemm->k,
+        .ab_dtype = gemm->ab_dtype,
+        .c_dtype = gemm->c_dtype,
+        .a = (const void * const *) first,
+        .b = wgrad ? (const void * const *) second : gemm->weight,
+        .c = wgrad ? gemm->wgrad : (void * const *) second,
+        .accumulate = wgrad ? gemm->accumulate : NULL,
+      };
+      ok = cpu_gemm (device, &host, error);
+    }
+  if (!ok)
     return FALSE;
   if (gemm->kind == GMLP_GEMM_FPROP && gemm->bias != NULL)
     return cpu_add_bias (device, gemm->n_groups, rows, gemm->n, gemm->c_dtype,

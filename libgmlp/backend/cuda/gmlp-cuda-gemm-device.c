@@ -52,6 +52,9 @@ gmlp_cuda_kernel_device_gemm (const GmlpBackendGemmDevice *gemm,
     .wgrad = gemm->wgrad,
     .bias = gemm->bias,
     .accumulate = gemm->accumulate,
+    .b_dtype = gemm->b_dtype,
+    .a_scale_inv = gemm->a_scale_inv,
+    .b_scale_inv = gemm->b_scale_inv,
   };
 }
 
@@ -118,6 +121,19 @@ gmlp_cuda_gemm_device (GmlpBackendDevice            *device,
   ok = gmlp_cuda_run_sm90 (device, &kernel_gemm, &taken, error);
   if (taken)
     return ok;
+  if (gmlp_num_dtype_is_fp8 (gemm->ab_dtype))
+    {
+      int major = 0, minor = 0;
+      const char *reason = NULL;
+
+      (void) cudaDeviceGetAttribute (&major, cudaDevAttrComputeCapabilityMajor, device->ordinal);
+      (void) cudaDeviceGetAttribute (&minor, cudaDevAttrComputeCapabilityMinor, device->ordinal);
+      (void) gmlp_kernel_device_gemm_sm90_check (&kernel_gemm, major, minor, &reason);
+      g_set_error (error, GMLP_CUDA_ERROR, GMLP_ERROR_UNSUPPORTED,
+                   "CUDA: FP8 products with device sizes run on libgmlp's Hopper kernel only: %s",
+                   reason != NULL ? reason : "forced off (GMLP_CUDA_DEVICE_GEMM=portable)");
+      return FALSE;
+    }
 
   /* Elsewhere (other GPUs, float32, odd feature counts) the portable
    * kernel is correct, if slower. */
