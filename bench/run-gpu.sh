@@ -21,6 +21,7 @@ for recipe in current delayed; do
   GMLP_CUDA_HOST_GEMM=cublas build-gpu/bench/gmlp-bench --fp8=$recipe --quantized "$@" |
     tee -a "$out/gmlp-bench-cublas.jsonl"
 done
+build-gpu/bench/gmlp-bench --fp8=current --quantized --device-sizes "$@" | tee -a "$out/gmlp-bench.jsonl"
 build-gpu/bench/gmlp-bench --fp8=current "$@" | tee -a "$out/gmlp-bench.jsonl"
 /tmp/cublas_anchor | tee "$out/cublas-anchor.jsonl"
 PYTHONUNBUFFERED=1 python3 .bench/anchors.py "$out/anchors.json" | tee "$out/anchors.jsonl"
