@@ -1,10 +1,10 @@
 /* gmlp-cuda-gemm-fp8.c: FP8 grouped products of the CUDA backend
  *
- * The products run on libgmlp's Hopper kernel where it applies (compute
- * capability 9.0, operands laid out as grouped tensors lay them out, WGRAD
- * groups of multiples of 16 rows; see gmlp_cuda_gemm_fp8_sm90()), one
- * launch for all groups. The rest, other GPUs and GMLP_CUDA_HOST_GEMM=cublas
- * take cuBLASLt: one cublasLtMatmul per group, with per-tensor scales: the groups' scale
+ * Many small products run on libgmlp's Hopper kernel where it applies
+ * (compute capability 9.0, operands laid out as grouped tensors lay them
+ * out, WGRAD groups of multiples of 16 rows; see fp8_prefer_sm90() and
+ * gmlp_cuda_gemm_fp8_sm90()), one launch for all groups. The rest takes
+ * cuBLASLt: one cublasLtMatmul per group, with per-tensor scales: the groups' scale
  * inverses are the matmul's A and B scale pointers (device memory, read by
  * the kernel, so nothing waits), the sums are FP32 with the partial sums
  * promoted (CUBLASLT_MATMUL_DESC_FAST_ACCUM = 0), and the output is BF16,
@@ -598,24 +598,25 @@ fp8_pad_operands (GmlpBackendDevice  *device,
   return TRUE;
 }
 
-/* Where libgmlp's Hopper kernel beats cuBLASLt (H100, TFLOP/s, operands
- * quantized beforehand; docs/performance.md): FPROP and DGRAD on every
- * anchor shape; WGRAD for the many small products of
- * gmlp_cuda_gemm_prefer_grouped() (qwen3-fc1 560 vs 164, small-e64 206 vs
- * 27), not for few large ones (mixtral-fc1 828 vs 1232, dsv3-fc1 724 vs
- * 881), whose long rows cuBLASLt's kernels suit better.
+/* Where libgmlp's Hopper kernel beats cuBLASLt: the many small products of
+ * gmlp_cuda_gemm_prefer_grouped(), as for BF16. H200, TFLOP/s, kernel vs
+ * cuBLASLt, operands quantized beforehand, balanced (docs/performance.md):
+ *
+ *   FPROP  mixtral-fc1 898 vs 1198, dsv3-fc1 911 vs 1163,
+ *          qwen3-fc1 754 vs 230, small-e64 392 vs 38
+ *   WGRAD  qwen3-fc1 550 vs 232, small-e64 205 vs 39
+ *
+ * cuBLASLt's kernels for one large product (bigger tiles) win on the few
+ * large ones; one launch for all groups wins on the many small ones.
  * GMLP_CUDA_HOST_GEMM=cublas or =sm90 forces one side. */
 static gboolean
-fp8_prefer_sm90 (const GmlpBackendGemmFp8 *gemm,
-                 const GmlpCudaFp8Plan    *plan)
+fp8_prefer_sm90 (const GmlpCudaFp8Plan *plan)
 {
   GmlpCudaHostGemm forced = gmlp_cuda_host_gemm_forced ();
   double flop = 0.0;
 
   if (forced != GMLP_CUDA_HOST_GEMM_AUTO)
     return forced == GMLP_CUDA_HOST_GEMM_SM90;
-  if (gemm->kind != GMLP_GEMM_WGRAD)
-    return TRUE;
   for (guint j = 0; j < plan->products->len; j++)
     {
       const GmlpCudaFp8Product *p = &g_array_index (plan->products, GmlpCudaFp8Product, j);
@@ -652,7 +653,7 @@ gmlp_cuda_gemm_fp8 (GmlpBackendDevice          *device,
 
   /* On libgmlp's Hopper kernel where it applies: one launch for all groups
    * instead of a cuBLASLt call per group. */
-  if (plan.products->len > 0 && fp8_prefer_sm90 (gemm, &plan))
+  if (plan.products->len > 0 && fp8_prefer_sm90 (&plan))
     {
       gboolean taken = FALSE;
 
