@@ -592,6 +592,8 @@ gmlp_kernel_device_gemm_sm90 (const GmlpKernelDeviceGemm *gemm,
   const bool fp8 = gemm != nullptr && gmlp_num_dtype_is_fp8 (gemm->ab_dtype);
   const uint32_t a_size = gemm != nullptr ? gmlp_num_dtype_size (gemm->ab_dtype) : 0;
   const uint32_t c_size = gemm != nullptr ? gmlp_num_dtype_size (gemm->c_dtype) : 0;
+  /* B's dtype: its own for FP8, A's otherwise. */
+  const int b_dtype = fp8 ? gemm->b_dtype : gemm != nullptr ? gemm->ab_dtype : 0;
   const int block_n = gemm != nullptr ? block_n_of (gemm) : 0;
   const int block_k = fp8 ? Config<kOpsE4m3E4m3>::kBlockK : Config<kOpsBf16>::kBlockK;
   Extents e;
@@ -618,8 +620,7 @@ gmlp_kernel_device_gemm_sm90 (const GmlpKernelDeviceGemm *gemm,
     return GMLP_KERNEL_INVALID_VALUE;
   shape.cols = e.rows2_cols;
   if (!describe_operand (&plan.rows2, wgrad ? gemm->b_rows : gemm->c_rows,
-                         wgrad ? (uint32_t) gmlp_num_dtype_size (fp8 ? gemm->b_dtype : gemm->ab_dtype)
-                               : c_size, &shape))
+                         wgrad ? gmlp_num_dtype_size (b_dtype) : c_size, &shape))
     return GMLP_KERNEL_INVALID_VALUE;
 
   /* Templates: the plan edits each copy's address and, for row-grouped
@@ -632,7 +633,7 @@ gmlp_kernel_device_gemm_sm90 (const GmlpKernelDeviceGemm *gemm,
       /* dyᵀ_g (n × m_g) and xᵀ_g (k × m_g), K-major; the plan sets each
        * group's row length and stride. */
       if (!encode_map (&plan.template_a, gemm->a, gemm->n, 128, gemm->ab_dtype, kBlockM) ||
-          !encode_map (&plan.template_b, gemm->b_rows, gemm->k, 128, gemm->b_dtype, block_n))
+          !encode_map (&plan.template_b, gemm->b_rows, gemm->k, 128, b_dtype, block_n))
         return GMLP_KERNEL_LAUNCH_FAILED;
     }
   else if (wgrad)
@@ -641,20 +642,17 @@ gmlp_kernel_device_gemm_sm90 (const GmlpKernelDeviceGemm *gemm,
           !encode_map (&plan.template_b, gemm->b_rows, 1, gemm->k, gemm->ab_dtype, block_k))
         return GMLP_KERNEL_LAUNCH_FAILED;
     }
-  else if (gemm->kind == GMLP_KERNEL_GEMM_DGRAD && fp8)
-    {
-      /* K-major Wᵀ_i (k × n) in block_n-row boxes, like FPROP's W. */
-      if (!encode_map (&plan.template_a, gemm->a, 1, e.a_cols, gemm->ab_dtype, kBlockM) ||
-          !encode_map (&plan.template_b, gemm->weight[0], gemm->k, gemm->n, gemm->b_dtype, block_n))
-        return GMLP_KERNEL_LAUNCH_FAILED;
-    }
   else
     {
+      /* B: W_i (n × k), K-major in block_n-row boxes for FPROP, MN-major
+       * chunks for 16-bit DGRAD; FP8 DGRAD's Wᵀ_i (k × n), K-major. */
       const bool dgrad = gemm->kind == GMLP_KERNEL_GEMM_DGRAD;
+      const bool transposed_copy = dgrad && fp8;
 
       if (!encode_map (&plan.template_a, gemm->a, 1, e.a_cols, gemm->ab_dtype, kBlockM) ||
-          !encode_map (&plan.template_b, gemm->weight[0], gemm->n, gemm->k,
-                       fp8 ? gemm->b_dtype : gemm->ab_dtype, dgrad ? block_k : block_n))
+          !encode_map (&plan.template_b, gemm->weight[0], transposed_copy ? gemm->k : gemm->n,
+                       transposed_copy ? gemm->n : gemm->k, b_dtype,
+                       dgrad && !fp8 ? block_k : block_n))
         return GMLP_KERNEL_LAUNCH_FAILED;
     }
 

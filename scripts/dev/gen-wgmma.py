@@ -34,14 +34,16 @@ template <int kN, bool kBf16, int kTransA, int kTransB>
 struct Wgmma;
 ''')
 
-for n in WIDTHS:
+def emit(head, n, k, types, trans):
+    """One specialisation: head opens it (template line and struct name),
+    n the width, k the depth of one instruction, types the PTX operand
+    types; trans adds the 16-bit types' transpose immediates."""
     regs = n // 2
-    for bf16 in (True, False):
-        t = 'bf16' if bf16 else 'f16'
-        acc = ', '.join(f'%{i}' for i in range(regs))
-        ops = ',\n          '.join(', '.join(f'"+f" (d[{i + j}])' for j in range(4)) for i in range(0, regs, 4))
-        print(f'''template <int kTransA, int kTransB>
-struct Wgmma<{n}, {'true' if bf16 else 'false'}, kTransA, kTransB>
+    acc = ', '.join(f'%{i}' for i in range(regs))
+    ops = ',\n          '.join(', '.join(f'"+f" (d[{i + j}])' for j in range(4)) for i in range(0, regs, 4))
+    imm = f', %{regs + 3}, %{regs + 4}' if trans else ''
+    trans_in = ',\n        "n" (kTransA), "n" (kTransB)' if trans else ''
+    print(f'''{head}
 {{
   static __device__ __forceinline__ void
   run (float (&d)[{regs}], uint64_t desc_a, uint64_t desc_b, bool accumulate)
@@ -51,17 +53,27 @@ struct Wgmma<{n}, {'true' if bf16 else 'false'}, kTransA, kTransB>
       "{{\\n"
       ".reg .pred p;\\n"
       "setp.ne.b32 p, %{regs + 2}, 0;\\n"
-      "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{t}.{t} "
+      "wgmma.mma_async.sync.aligned.m64n{n}k{k}.f32.{types} "
       "{{{acc}}}, "
-      "%{regs}, %{regs + 1}, p, 1, 1, %{regs + 3}, %{regs + 4};\\n"
+      "%{regs}, %{regs + 1}, p, 1, 1{imm};\\n"
       "}}\\n"
       : {ops}
-      : "l" (desc_a), "l" (desc_b), "r" ((uint32_t) accumulate),
-        "n" (kTransA), "n" (kTransB));
+      : "l" (desc_a), "l" (desc_b), "r" ((uint32_t) accumulate){trans_in});
 #endif
   }}
 }};
 ''')
+
+
+def flag(b):
+    return 'true' if b else 'false'
+
+
+for n in WIDTHS:
+    for bf16 in (True, False):
+        t = 'bf16' if bf16 else 'f16'
+        emit(f'template <int kTransA, int kTransB>\nstruct Wgmma<{n}, {flag(bf16)}, kTransA, kTransB>',
+             n, 16, f'{t}.{t}', True)
 
 # FP8: K-major operands only (no transpose immediates), k32 per instruction.
 FP8_WIDTHS = [128]
@@ -71,34 +83,10 @@ template <int kN, bool kAE5m2, bool kBE5m2>
 struct WgmmaFp8;
 ''')
 for n in FP8_WIDTHS:
-    regs = n // 2
     for a5 in (False, True):
         for b5 in (False, True):
-            ta = 'e5m2' if a5 else 'e4m3'
-            tb = 'e5m2' if b5 else 'e4m3'
-            acc = ', '.join(f'%{i}' for i in range(regs))
-            ops = ',\n          '.join(', '.join(f'"+f" (d[{i + j}])' for j in range(4)) for i in range(0, regs, 4))
-            print(f'''template <>
-struct WgmmaFp8<{n}, {'true' if a5 else 'false'}, {'true' if b5 else 'false'}>
-{{
-  static __device__ __forceinline__ void
-  run (float (&d)[{regs}], uint64_t desc_a, uint64_t desc_b, bool accumulate)
-  {{
-#if GMLP_SM90_ENABLED
-    asm volatile (
-      "{{\\n"
-      ".reg .pred p;\\n"
-      "setp.ne.b32 p, %{regs + 2}, 0;\\n"
-      "wgmma.mma_async.sync.aligned.m64n{n}k32.f32.{ta}.{tb} "
-      "{{{acc}}}, "
-      "%{regs}, %{regs + 1}, p, 1, 1;\\n"
-      "}}\\n"
-      : {ops}
-      : "l" (desc_a), "l" (desc_b), "r" ((uint32_t) accumulate));
-#endif
-  }}
-}};
-''')
+            types = ('e5m2' if a5 else 'e4m3') + '.' + ('e5m2' if b5 else 'e4m3')
+            emit(f'template <>\nstruct WgmmaFp8<{n}, {flag(a5)}, {flag(b5)}>', n, 32, types, False)
 
 print('''}  // namespace sm90
 }  // namespace gmlp''')

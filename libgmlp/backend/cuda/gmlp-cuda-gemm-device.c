@@ -58,13 +58,15 @@ gmlp_cuda_kernel_device_gemm (const GmlpBackendGemmDevice *gemm,
   };
 }
 
-/* TRUE when libgmlp's Hopper kernel takes these arguments on this device.
+/* TRUE when libgmlp's Hopper kernel takes these arguments on this device;
+ * else FALSE and why in *reason (a static string).
  * GMLP_CUDA_DEVICE_GEMM=portable sends every call to the portable kernel
  * (the tests use it to check that path on Hopper too). */
 static gboolean
 gmlp_cuda_use_sm90 (GmlpBackendDevice          *device,
                     const GmlpKernelDeviceGemm *kernel_gemm,
-                    int                        *n_sms)
+                    int                        *n_sms,
+                    const char                **reason)
 {
   static gsize forced_portable = 0;   /* 0: not read yet, 1: no, 2: yes */
   int major = 0, minor = 0;
@@ -73,25 +75,34 @@ gmlp_cuda_use_sm90 (GmlpBackendDevice          *device,
     g_once_init_leave (&forced_portable,
                        g_strcmp0 (g_getenv ("GMLP_CUDA_DEVICE_GEMM"), "portable") == 0 ? 2 : 1);
   if (forced_portable == 2)
-    return FALSE;
+    {
+      *reason = "turned off by GMLP_CUDA_DEVICE_GEMM=portable";
+      return FALSE;
+    }
   if (cudaDeviceGetAttribute (&major, cudaDevAttrComputeCapabilityMajor, device->ordinal) != cudaSuccess ||
       cudaDeviceGetAttribute (&minor, cudaDevAttrComputeCapabilityMinor, device->ordinal) != cudaSuccess ||
       cudaDeviceGetAttribute (n_sms, cudaDevAttrMultiProcessorCount, device->ordinal) != cudaSuccess)
-    return FALSE;
-  return gmlp_kernel_device_gemm_sm90_check (kernel_gemm, major, minor, NULL) == GMLP_KERNEL_SUCCESS;
+    {
+      *reason = "the device's attributes could not be read";
+      return FALSE;
+    }
+  return gmlp_kernel_device_gemm_sm90_check (kernel_gemm, major, minor, reason) == GMLP_KERNEL_SUCCESS;
 }
 
-/* Enqueues kernel_gemm on the Hopper kernel when it covers it (*taken). */
+/* Enqueues kernel_gemm on the Hopper kernel when it covers it (*taken);
+ * when not, *reason says why (reason may be NULL). */
 static gboolean
 gmlp_cuda_run_sm90 (GmlpBackendDevice          *device,
                     const GmlpKernelDeviceGemm *kernel_gemm,
                     gboolean                   *taken,
+                    const char                **reason,
                     GError                    **error)
 {
+  const char *unused;
   gpointer workspace;
   int n_sms = 0;
 
-  if (!gmlp_cuda_use_sm90 (device, kernel_gemm, &n_sms))
+  if (!gmlp_cuda_use_sm90 (device, kernel_gemm, &n_sms, reason != NULL ? reason : &unused))
     return FALSE;
 
   *taken = TRUE;
@@ -113,25 +124,20 @@ gmlp_cuda_gemm_device (GmlpBackendDevice            *device,
   GmlpKernelDeviceGemm kernel_gemm;
   gpointer workspace;
   gboolean taken = FALSE, ok;
+  const char *reason = NULL;
 
   gmlp_cuda_kernel_device_gemm (gemm, &kernel_gemm);
   if (!gmlp_cuda_activate (device, error))
     return FALSE;
 
-  ok = gmlp_cuda_run_sm90 (device, &kernel_gemm, &taken, error);
+  ok = gmlp_cuda_run_sm90 (device, &kernel_gemm, &taken, &reason, error);
   if (taken)
     return ok;
   if (gmlp_num_dtype_is_fp8 (gemm->ab_dtype))
     {
-      int major = 0, minor = 0;
-      const char *reason = NULL;
-
-      (void) cudaDeviceGetAttribute (&major, cudaDevAttrComputeCapabilityMajor, device->ordinal);
-      (void) cudaDeviceGetAttribute (&minor, cudaDevAttrComputeCapabilityMinor, device->ordinal);
-      (void) gmlp_kernel_device_gemm_sm90_check (&kernel_gemm, major, minor, &reason);
       g_set_error (error, GMLP_CUDA_ERROR, GMLP_ERROR_UNSUPPORTED,
                    "CUDA: FP8 products with device sizes run on libgmlp's Hopper kernel only: %s",
-                   reason != NULL ? reason : "forced off (GMLP_CUDA_DEVICE_GEMM=portable)");
+                   reason != NULL ? reason : "not covered");
       return FALSE;
     }
 
@@ -220,7 +226,7 @@ gmlp_cuda_gemm_host_rows_sm90 (GmlpBackendDevice      *device,
   kernel_gemm.weight = wgrad ? NULL : gemm->b;
   kernel_gemm.wgrad = wgrad ? gemm->c : NULL;
   kernel_gemm.accumulate = gemm->accumulate;
-  return gmlp_cuda_run_sm90 (device, &kernel_gemm, taken, error);
+  return gmlp_cuda_run_sm90 (device, &kernel_gemm, taken, NULL, error);
 }
 
 /* FPROP and DGRAD: a and c grouped by rows, b the per-group matrices (W_i,
@@ -258,5 +264,5 @@ gmlp_cuda_gemm_fp8_sm90 (GmlpBackendDevice          *device,
   kernel_gemm.accumulate = gemm->accumulate;
   kernel_gemm.a_scale_inv = (const float * const *) gemm->a_scale_inv;
   kernel_gemm.b_scale_inv = (const float * const *) gemm->b_scale_inv;
-  return gmlp_cuda_run_sm90 (device, &kernel_gemm, taken, error);
+  return gmlp_cuda_run_sm90 (device, &kernel_gemm, taken, NULL, error);
 }
