@@ -8,6 +8,7 @@
  * the one cublas_anchor.cu uses.
  *
  *   gmlp-bench [--shape NAME] [--iters N] [--divide D] [--fp8[=RECIPE]] [--quantized]
+ *   gmlp-bench --quantize [--fp8=RECIPE] [--device-sizes] ...
  *
  * With --fp8 the layer has quantizers of RECIPE (delayed, the default,
  * current, blockwise or mxfp8; the HYBRID format) and each timed call
@@ -20,6 +21,10 @@
  * torch._scaled_grouped_mm is timed on pre-cast operands. The lines say
  * "dtype":"fp8-RECIPE" and "quantize":"per-call" or "outside"; FLOP/s
  * count the same 2 M K N.
+ *
+ * With --quantize, times the quantizer alone: a BF16 x of each shape (M × K)
+ * to FP8 with the --fp8 recipe, rowwise only and with the columnwise copy,
+ * as "bench":"gmlp-quantize" lines with the bandwidth of the least traffic.
  *
  * SPDX-License-Identifier: LGPL-2.1-or-later
  */
@@ -46,6 +51,7 @@ static gint iters = 100;
 static gint divide = 1;
 static gboolean offload_mode = FALSE;
 static gboolean mlp_mode = FALSE;
+static gboolean quantize_mode = FALSE;
 static gboolean device_sizes = FALSE;
 static GmlpScalingRecipe fp8_recipe = GMLP_SCALING_RECIPE_NONE;
 static gboolean fp8_quantized = FALSE;
@@ -79,6 +85,8 @@ static const GOptionEntry entries[] = {
   { "divide", 'd', 0, G_OPTION_ARG_INT, &divide, "Divide M, K and N by D (for the CPU)", "D" },
   { "offload", 0, 0, G_OPTION_ARG_NONE, &offload_mode, "Measure activation offload instead", NULL },
   { "mlp", 0, 0, G_OPTION_ARG_NONE, &mlp_mode, "Time a SwiGLU GroupedMLP step instead", NULL },
+  { "quantize", 0, 0, G_OPTION_ARG_NONE, &quantize_mode,
+    "Time the FP8 quantization of x (the --fp8 recipe) instead", NULL },
   { "device-sizes", 0, 0, G_OPTION_ARG_NONE, &device_sizes,
     "Keep the group sizes on the device only (libgmlp's own grouped GEMM)", NULL },
   { "quantized", 0, 0, G_OPTION_ARG_NONE, &fp8_quantized,
@@ -349,6 +357,69 @@ bench_shape (GmlpDevice *device, const Shape *s, gboolean skew, GError **error)
   return TRUE;
 }
 
+/* The grouped quantization of a BF16 x (M × K) with the --fp8 recipe,
+ * without and with its columnwise copy. GB/s counts the least traffic the
+ * call needs: x read once, its FP8 copies written once (CURRENT reads x
+ * twice, its amax first). */
+typedef struct {
+  GmlpQuantizer     *quantizer;
+  GmlpGroupedTensor *x;
+} QuantizeBench;
+
+static gboolean
+op_quantize (gpointer data, guint i, GError **error)
+{
+  QuantizeBench *b = data;
+  g_autoptr(GmlpGroupedTensor) x8 = gmlp_quantizer_quantize (b->quantizer, b->x, error);
+
+  return x8 != NULL;
+}
+
+static gboolean
+bench_quantize (GmlpDevice *device, const Shape *s, gboolean skew, GError **error)
+{
+  gint64 rows = s->rows / divide, in = MAX (s->in / divide, 1);
+  g_autofree gint64 *m = split_rows (s->experts, rows, skew);
+  g_autoptr(GmlpQuantizer) quantizer = NULL;
+  g_autoptr(GmlpGroupedTensor) x = NULL;
+  QuantizeBench b;
+  guint columnwise;
+
+  quantizer = gmlp_quantizer_new (device, fp8_recipe, GMLP_FP8_FORMAT_HYBRID, GMLP_QUANTIZER_ROLE_INPUT);
+  if (device_sizes)
+    {
+      g_autoptr(GmlpGroupedTensor) sizes = device_sizes_tensor (device, m, (guint) s->experts, error);
+
+      if (sizes == NULL)
+        return FALSE;
+      x = gmlp_grouped_tensor_new_with_device_sizes (device, GMLP_DTYPE_BFLOAT16, sizes, rows, in, error);
+    }
+  else
+    x = gmlp_grouped_tensor_new (device, GMLP_DTYPE_BFLOAT16, m, (guint) s->experts, in, error);
+  if (x == NULL || !gmlp_grouped_tensor_fill_random (x, 1, 1.0, error))
+    return FALSE;
+  b.quantizer = quantizer;
+  b.x = x;
+
+  for (columnwise = 0; columnwise < 2; columnwise++)
+    {
+      double bytes = (double) rows * in * (2.0 + (columnwise ? 2.0 : 1.0));
+      Timing t;
+
+      gmlp_quantizer_set_columnwise (quantizer, columnwise);
+      if (!op_quantize (&b, 0, error) || !op_quantize (&b, 1, error) ||
+          !time_op (device, op_quantize, &b, (guint) iters, &t, error))
+        return FALSE;
+      g_print ("{\"bench\":\"gmlp-quantize\",\"device\":\"%s\",\"shape\":\"%s\",\"E\":%" G_GINT64_FORMAT
+               ",\"M\":%" G_GINT64_FORMAT ",\"K\":%" G_GINT64_FORMAT
+               ",\"skew\":%s,\"sizes\":\"%s\",\"recipe\":\"%s\",\"columnwise\":%s,\"ms\":%.4f,\"gbps\":%.1f,\"host_us\":%.1f}\n",
+               gmlp_device_get_name (device), s->name, s->experts, rows, in, skew ? "true" : "false",
+               device_sizes ? "device" : "host", fp8_recipe_names[fp8_recipe], columnwise ? "true" : "false",
+               t.ms, bytes / (t.ms * 1e-3) / 1e9, t.host_us);
+    }
+  return TRUE;
+}
+
 /* One forward+backward step of a BF16 SwiGLU GroupedMLP (hidden K,
  * ffn_hidden N) per shape and routing, as bench/mlp_anchor.py times it with
  * torch._grouped_mm: 18 M K N flops a step. */
@@ -602,6 +673,8 @@ main (int argc, char *argv[])
       g_printerr ("%s\n", error->message);
       return EXIT_FAILURE;
     }
+  if (quantize_mode && fp8_recipe == GMLP_SCALING_RECIPE_NONE)
+    fp8_recipe = GMLP_SCALING_RECIPE_DELAYED;
   if (iters < 1 || divide < 1)
     {
       g_printerr ("--iters and --divide must be positive\n");
@@ -625,7 +698,8 @@ main (int argc, char *argv[])
       any = TRUE;
       for (skew = 0; skew < 2; skew++)
         if (!(mlp_mode ? bench_mlp (device, &shapes[s], skew, &error)
-                       : bench_shape (device, &shapes[s], skew, &error)))
+              : quantize_mode ? bench_quantize (device, &shapes[s], skew, &error)
+              : bench_shape (device, &shapes[s], skew, &error)))
           {
             g_printerr ("gmlp-bench: %s: %s\n", shapes[s].name, error->message);
             return EXIT_FAILURE;

@@ -23,6 +23,24 @@ shape_ok (const GmlpKernelGroupedShape &shape)
   return grouped_quant_shape_ok (shape) && shape.cols <= kQuantMaxCols;
 }
 
+using QuantizeKernel = void (*) (const GroupedQuantizeParams);
+
+/* The kernel of a pass for the source's dtype (one the checks accepted). */
+template <int kPass>
+QuantizeKernel
+select_kernel (int src_dtype)
+{
+  switch (src_dtype)
+    {
+    case GMLP_NUM_FLOAT32:
+      return grouped_quantize_kernel<kPass, GMLP_NUM_FLOAT32>;
+    case GMLP_NUM_FLOAT16:
+      return grouped_quantize_kernel<kPass, GMLP_NUM_FLOAT16>;
+    default:
+      return grouped_quantize_kernel<kPass, GMLP_NUM_BFLOAT16>;
+    }
+}
+
 /* Checks a quantize call and fills in the kernels' parameters; *reason
  * says what is wrong. */
 GmlpKernelStatus
@@ -46,7 +64,7 @@ gmlp_kernel_grouped_quantize_check (const GmlpKernelQuantize *q,
   const char *why = nullptr;
   GmlpKernelStatus status = describe (q, &params, &why);
 
-  return quantize_check_result (status, grouped_quantize_kernel<kPassQuantize>, why, reason);
+  return quantize_check_result (status, select_kernel<kPassQuantize> (GMLP_NUM_BFLOAT16), why, reason);
 }
 
 extern "C" size_t
@@ -68,8 +86,8 @@ gmlp_kernel_grouped_quantize (const GmlpKernelQuantize *q,
   if (status != GMLP_KERNEL_SUCCESS)
     return status;
   (void) describe (q, &params, &reason);
-  return launch_grouped_quantize (grouped_quantize_kernel<kPassQuantize>, grouped_quantize_kernel<kPassAmax>,
-                                  params, params, workspace, stream);
+  return launch_grouped_quantize (select_kernel<kPassQuantize> (params.src_dtype),
+                                  select_kernel<kPassAmax> (params.src_dtype), params, params, workspace, stream);
 }
 
 extern "C" GmlpKernelStatus
@@ -106,7 +124,7 @@ gmlp_kernel_grouped_dequantize (const GmlpKernelDequantize *d,
   p.layouts[kLayoutScale] = { p.block_rows, (uint64_t) p.scale_cols * gmlp_quant_scale_size (d->recipe) };
   p.layouts[kLayoutDst] = { 1, (uint64_t) d->shape.cols * gmlp_num_dtype_size (d->dst_dtype) };
 
-  err = quant_blocks_per_group (div_up ((uint64_t) d->shape.row_capacity * (uint64_t) d->shape.cols,
+  err = quant_grid_blocks (div_up ((uint64_t) d->shape.row_capacity * (uint64_t) d->shape.cols,
                                         kQuantThreads),
                                 kBlocksPerSm, &blocks);
   if (err != cudaSuccess)

@@ -57,7 +57,9 @@
  * activation's gradient from FC1's output, in the MLP's dtype, as without
  * FP8, and FC2's output gradient goes through FC2's output-gradient
  * quantizer. Delayed scaling needs [method@Gmlp.GroupedMLP.update_quantizers]
- * once a training step. docs/fp8.md has the details and the accuracy.
+ * once a training step. With [property@Gmlp.GroupedMLP:cache-fp8-weights]
+ * both layers quantize their weights once per step, not once per forward.
+ * docs/fp8.md has the details and the accuracy.
  *
  * Since: 0.1
  */
@@ -83,6 +85,8 @@ struct _GmlpGroupedMLP
   /* What the MLP made its quantizers with (NONE: no FP8 of its making). */
   GmlpScalingRecipe   fp8_recipe;
   GmlpFp8Format       fp8_format;
+  /* Given to both layers, also to layers not made yet (at construction). */
+  gboolean            cache_fp8_weights;
 
   GmlpGroupedLinear  *fc1;
   GmlpGroupedLinear  *fc2;
@@ -106,6 +110,7 @@ enum {
   PROP_RECOMPUTE_ACTIVATION,
   PROP_FP8_RECIPE,
   PROP_FP8_FORMAT,
+  PROP_CACHE_FP8_WEIGHTS,
   N_PROPS
 };
 
@@ -175,6 +180,9 @@ gmlp_grouped_mlp_get_property (GObject    *object,
     case PROP_FP8_FORMAT:
       g_value_set_enum (value, self->fp8_format);
       break;
+    case PROP_CACHE_FP8_WEIGHTS:
+      g_value_set_boolean (value, self->cache_fp8_weights);
+      break;
     default:
       G_OBJECT_WARN_INVALID_PROPERTY_ID (object, prop_id, pspec);
     }
@@ -222,6 +230,9 @@ gmlp_grouped_mlp_set_property (GObject      *object,
       break;
     case PROP_FP8_FORMAT:
       self->fp8_format = g_value_get_enum (value);
+      break;
+    case PROP_CACHE_FP8_WEIGHTS:
+      gmlp_grouped_mlp_set_cache_fp8_weights (self, g_value_get_boolean (value));
       break;
     default:
       G_OBJECT_WARN_INVALID_PROPERTY_ID (object, prop_id, pspec);
@@ -349,6 +360,23 @@ gmlp_grouped_mlp_class_init (GmlpGroupedMLPClass *klass)
     g_param_spec_enum ("fp8-format", NULL, NULL, GMLP_TYPE_FP8_FORMAT,
                        GMLP_FP8_FORMAT_HYBRID, construct);
 
+  /**
+   * GmlpGroupedMLP:cache-fp8-weights:
+   *
+   * Whether FP8 forwards reuse the weights the previous one quantized, in
+   * both layers: [property@Gmlp.GroupedLinear:cache-fp8-weights] of FC1 and
+   * FC2, which the MLP sets whenever this property is set (also when it is
+   * set at construction). Setting the layers' own property directly does
+   * not change this one. After changing the weights in place (an optimizer
+   * step), call [method@Gmlp.GroupedMLP.invalidate_fp8_weights]. Clearing
+   * the property drops the cached weights.
+   *
+   * Since: 0.1
+   */
+  properties[PROP_CACHE_FP8_WEIGHTS] =
+    g_param_spec_boolean ("cache-fp8-weights", NULL, NULL, FALSE,
+                          G_PARAM_READWRITE | G_PARAM_EXPLICIT_NOTIFY | G_PARAM_STATIC_STRINGS);
+
   g_object_class_install_properties (object_class, N_PROPS, properties);
 
   /**
@@ -422,6 +450,9 @@ gmlp_grouped_mlp_initable_init (GInitable     *initable,
                                             self->hidden, self->dtype, layer_flags, error);
   if (self->fc2 == NULL)
     return FALSE;
+  /* A value set at construction came before the layers. */
+  gmlp_grouped_linear_set_cache_fp8_weights (self->fc1, self->cache_fp8_weights);
+  gmlp_grouped_linear_set_cache_fp8_weights (self->fc2, self->cache_fp8_weights);
 
   self->id = gmlp_layer_id_next ();
   if (self->fp8_recipe != GMLP_SCALING_RECIPE_NONE &&
@@ -1228,4 +1259,71 @@ gmlp_grouped_mlp_update_quantizers (GmlpGroupedMLP  *self,
         return FALSE;
     }
   return TRUE;
+}
+
+/**
+ * gmlp_grouped_mlp_set_cache_fp8_weights:
+ * @self: a #GmlpGroupedMLP
+ * @cache: whether FP8 forwards reuse the quantized weights
+ *
+ * Sets [property@Gmlp.GroupedMLP:cache-fp8-weights], and
+ * [property@Gmlp.GroupedLinear:cache-fp8-weights] of both layers.
+ *
+ * Since: 0.1
+ */
+void
+gmlp_grouped_mlp_set_cache_fp8_weights (GmlpGroupedMLP *self,
+                                        gboolean        cache)
+{
+  g_return_if_fail (GMLP_IS_GROUPED_MLP (self));
+
+  cache = !!cache;
+  /* The layers too when the MLP's value is unchanged (they may have been
+   * set apart); none yet at construction (initable_init gives them it). */
+  if (self->fc1 != NULL)
+    gmlp_grouped_linear_set_cache_fp8_weights (self->fc1, cache);
+  if (self->fc2 != NULL)
+    gmlp_grouped_linear_set_cache_fp8_weights (self->fc2, cache);
+  if (self->cache_fp8_weights == cache)
+    return;
+  self->cache_fp8_weights = cache;
+  g_object_notify_by_pspec (G_OBJECT (self), properties[PROP_CACHE_FP8_WEIGHTS]);
+}
+
+/**
+ * gmlp_grouped_mlp_get_cache_fp8_weights:
+ * @self: a #GmlpGroupedMLP
+ *
+ * Returns: the value of [property@Gmlp.GroupedMLP:cache-fp8-weights]
+ *
+ * Since: 0.1
+ */
+gboolean
+gmlp_grouped_mlp_get_cache_fp8_weights (GmlpGroupedMLP *self)
+{
+  g_return_val_if_fail (GMLP_IS_GROUPED_MLP (self), FALSE);
+  return self->cache_fp8_weights;
+}
+
+/**
+ * gmlp_grouped_mlp_invalidate_fp8_weights:
+ * @self: a #GmlpGroupedMLP
+ *
+ * Drops the cached quantized weights of both layers (see
+ * [property@Gmlp.GroupedMLP:cache-fp8-weights] and
+ * [method@Gmlp.GroupedLinear.invalidate_fp8_weights]): the next FP8
+ * forward quantizes them again. Call it after changing the weights in
+ * place, for example after each optimizer step.
+ *
+ * Since: 0.1
+ */
+void
+gmlp_grouped_mlp_invalidate_fp8_weights (GmlpGroupedMLP *self)
+{
+  g_return_if_fail (GMLP_IS_GROUPED_MLP (self));
+
+  if (self->fc1 != NULL)
+    gmlp_grouped_linear_invalidate_fp8_weights (self->fc1);
+  if (self->fc2 != NULL)
+    gmlp_grouped_linear_invalidate_fp8_weights (self->fc2);
 }

@@ -101,4 +101,13 @@ GMLP_AVAILABLE_IN_0_1
 gboolean            gmlp_grouped_mlp_update_quantizers   (GmlpGroupedMLP        *self,
                                                           GError               **error);
 
+/* FP8: the quantized weights of both layers kept between forwards. */
+GMLP_AVAILABLE_IN_0_1
+void                gmlp_grouped_mlp_set_cache_fp8_weights  (GmlpGroupedMLP        *self,
+                                                             gboolean               cache);
+GMLP_AVAILABLE_IN_0_1
+gboolean            gmlp_grouped_mlp_get_cache_fp8_weights  (GmlpGroupedMLP        *self);
+GMLP_AVAILABLE_IN_0_1
+void                gmlp_grouped_mlp_invalidate_fp8_weights (GmlpGroupedMLP        *self);
+
 G_END_DECLS

@@ -11,6 +11,9 @@
  *    the bounds of docs/fp8.md, per recipe and activation; empty groups;
  *    delayed scaling over several steps; recompute and offload give the
  *    same bits as the plain FP8 MLP; bad input.
+ *  - The weight cache of both layers (cache-fp8-weights): the same bits as
+ *    without it, stale until invalidated after an in-place change, the
+ *    property given to both layers, also at construction.
  *
  * SPDX-License-Identifier: LGPL-2.1-or-later
  */
@@ -1168,6 +1171,164 @@ test_properties (void)
   g_assert_no_error (error);
 }
 
+/* A forward of @mlp on @x, without saved activations: y as bytes and, when
+ * @values is given, decoded. */
+static GBytes *
+forward_bytes (GmlpGroupedMLP *mlp, GmlpGroupedTensor *x, double **values)
+{
+  g_autoptr(GError) error = NULL;
+  g_autoptr(GmlpGroupedTensor) y = gmlp_grouped_mlp_forward (mlp, x, NULL, &error);
+  GBytes *bytes;
+
+  g_assert_no_error (error);
+  bytes = gmlp_grouped_tensor_to_bytes (y, &error);
+  g_assert_no_error (error);
+  if (values != NULL)
+    *values = gmlp_test_download (y, NULL);
+  return bytes;
+}
+
+/* Changes the weights of both layers in place, as an optimizer step does:
+ * the layers are not told. */
+static void
+change_weights_in_place (GmlpGroupedMLP *mlp)
+{
+  g_autoptr(GError) error = NULL;
+  guint l;
+
+  for (l = 0; l < 2; l++)
+    {
+      GmlpGroupedLinear *fc = l == 0 ? gmlp_grouped_mlp_get_fc1 (mlp) : gmlp_grouped_mlp_get_fc2 (mlp);
+      double bound = 1.0 / sqrt ((double) gmlp_grouped_linear_get_in_features (fc));
+
+      g_assert_true (gmlp_grouped_tensor_fill_random (gmlp_grouped_linear_get_weight (fc),
+                                                      g_test_rand_int (), bound, &error));
+      g_assert_no_error (error);
+    }
+}
+
+/* y of the cached MLP: the bytes of the uncached MLP with the same
+ * parameters (the cache changes no bit), within the recipe's bound of
+ * float64 (delayed scaling: scale 1, never updated here, as in the first
+ * step of delayed-steps). */
+static void
+check_against_uncached (GmlpGroupedMLP *mlp, GmlpGroupedMLP *plain, GmlpScalingRecipe recipe,
+                        const char *what)
+{
+  static const gint64 rows[] = { 29, 0, 70 };
+  g_autoptr(Problem) p = problem_new (mlp, rows, 1.0);
+  g_autoptr(GBytes) y = NULL, y_plain = NULL;
+  g_autofree double *yv = NULL;
+  double bound = bounds_for (recipe, p->act)[0] + (recipe == GMLP_SCALING_RECIPE_DELAYED ? 0.02 : 0.0);
+  Outputs exact = { 0, };
+  double err;
+
+  copy_parameters (mlp, plain);
+  y = forward_bytes (mlp, p->xt, &yv);
+  y_plain = forward_bytes (plain, p->xt, NULL);
+  if (!g_bytes_equal (y, y_plain))
+    g_error ("%s: y differs from the uncached MLP's", what);
+  reference (p, &exact);
+  err = gmlp_test_relative_error (yv, exact.y, p->total * p->hid, what);
+  if (!(err <= bound))
+    g_error ("%s: y relative error %.4f from float64, beyond %.4f", what, err, bound);
+  outputs_clear (&exact);
+}
+
+/* cache-fp8-weights, every recipe: two forwards give the same bits, those
+ * of the uncached MLP; after an in-place change of the weights the cache
+ * still gives the old output, and after invalidate_fp8_weights the new
+ * weights' (uncached MLP, float64); cleared, an in-place change shows at
+ * once. The property: default, round trip, notify once per change, both
+ * layers, a value given at construction (before the layers exist). */
+static void
+test_weight_cache (void)
+{
+  g_autoptr(GmlpDevice) device = gmlp_test_device_or_skip ();
+  g_autoptr(GError) error = NULL;
+  gint64 rows[] = { 45, 0, 17 };
+  guint r;
+
+  if (device == NULL)
+    return;
+
+  for (r = 0; r < G_N_ELEMENTS (all_recipes); r++)
+    {
+      GmlpScalingRecipe recipe = all_recipes[r];
+      g_autoptr(GmlpGroupedMLP) mlp = new_mlp (device, 3, 32, 48, GMLP_ACTIVATION_SWIGLU, recipe, 0);
+      g_autoptr(GmlpGroupedMLP) plain = new_mlp (device, 3, 32, 48, GMLP_ACTIVATION_SWIGLU, recipe, 0);
+      GmlpGroupedLinear *fc1 = gmlp_grouped_mlp_get_fc1 (mlp), *fc2 = gmlp_grouped_mlp_get_fc2 (mlp);
+      g_autoptr(GmlpGroupedTensor) x = gmlp_test_random_tensor (device, GMLP_DTYPE_BFLOAT16, rows, 3, 32, 1.0, NULL);
+      g_autoptr(GBytes) y1 = NULL, y2 = NULL, stale = NULL, fresh = NULL;
+      g_autofree char *what = g_strdup_printf ("weight cache, %s", gmlp_test_recipe_name (recipe));
+      gboolean cache = TRUE;
+      guint notified = 0;
+
+      /* The property. */
+      g_assert_false (gmlp_grouped_mlp_get_cache_fp8_weights (mlp));
+      g_assert_false (gmlp_grouped_linear_get_cache_fp8_weights (fc1));
+      g_signal_connect (mlp, "notify::cache-fp8-weights", G_CALLBACK (gmlp_test_count_notify), &notified);
+      g_object_set (mlp, "cache-fp8-weights", TRUE, NULL);
+      g_assert_cmpuint (notified, ==, 1);
+      g_object_get (mlp, "cache-fp8-weights", &cache, NULL);
+      g_assert_true (cache);
+      g_assert_true (gmlp_grouped_mlp_get_cache_fp8_weights (mlp));
+      g_assert_true (gmlp_grouped_linear_get_cache_fp8_weights (fc1));
+      g_assert_true (gmlp_grouped_linear_get_cache_fp8_weights (fc2));
+      /* Unchanged: no notification, but a layer set apart is set again. */
+      gmlp_grouped_linear_set_cache_fp8_weights (fc2, FALSE);
+      g_assert_true (gmlp_grouped_mlp_get_cache_fp8_weights (mlp));
+      gmlp_grouped_mlp_set_cache_fp8_weights (mlp, TRUE);
+      g_assert_cmpuint (notified, ==, 1);
+      g_assert_true (gmlp_grouped_linear_get_cache_fp8_weights (fc2));
+
+      /* Two forwards: the same bits; those of the uncached MLP. */
+      g_assert_true (gmlp_grouped_mlp_init_parameters (mlp, g_test_rand_int (), &error));
+      g_assert_no_error (error);
+      y1 = forward_bytes (mlp, x, NULL);
+      y2 = forward_bytes (mlp, x, NULL);
+      if (!g_bytes_equal (y1, y2))
+        g_error ("%s: the second forward differs", what);
+      check_against_uncached (mlp, plain, recipe, what);
+
+      /* Weights changed in place: the cache still holds the old ones... */
+      change_weights_in_place (mlp);
+      stale = forward_bytes (mlp, x, NULL);
+      if (!g_bytes_equal (y1, stale))
+        g_error ("%s: the forward after an in-place change does not use the cache", what);
+      /* ...until invalidated: then the new weights, in both layers. */
+      gmlp_grouped_mlp_invalidate_fp8_weights (mlp);
+      fresh = forward_bytes (mlp, x, NULL);
+      g_assert_false (g_bytes_equal (y1, fresh));
+      check_against_uncached (mlp, plain, recipe, what);
+
+      /* Cleared: both layers, and an in-place change shows at once. */
+      gmlp_grouped_mlp_set_cache_fp8_weights (mlp, FALSE);
+      g_assert_cmpuint (notified, ==, 2);
+      g_assert_false (gmlp_grouped_mlp_get_cache_fp8_weights (mlp));
+      g_assert_false (gmlp_grouped_linear_get_cache_fp8_weights (fc1));
+      g_assert_false (gmlp_grouped_linear_get_cache_fp8_weights (fc2));
+      change_weights_in_place (mlp);
+      check_against_uncached (mlp, plain, recipe, what);
+    }
+
+  /* At construction, before the layers exist; a new recipe keeps it. */
+  {
+    g_autoptr(GmlpGroupedMLP) mlp = g_initable_new (GMLP_TYPE_GROUPED_MLP, NULL, &error, "device", device,
+                                                    "n-groups", 2, "hidden", 32, "ffn-hidden", 16,
+                                                    "cache-fp8-weights", TRUE, NULL);
+
+    g_assert_no_error (error);
+    g_assert_true (gmlp_grouped_mlp_get_cache_fp8_weights (mlp));
+    g_assert_true (gmlp_grouped_linear_get_cache_fp8_weights (gmlp_grouped_mlp_get_fc1 (mlp)));
+    g_assert_true (gmlp_grouped_linear_get_cache_fp8_weights (gmlp_grouped_mlp_get_fc2 (mlp)));
+    g_assert_true (gmlp_grouped_mlp_set_fp8_recipe (mlp, GMLP_SCALING_RECIPE_CURRENT, GMLP_FP8_FORMAT_HYBRID, &error));
+    g_assert_no_error (error);
+    g_assert_true (gmlp_grouped_linear_get_cache_fp8_weights (gmlp_grouped_mlp_get_fc1 (mlp)));
+    g_assert_true (gmlp_grouped_linear_get_cache_fp8_weights (gmlp_grouped_mlp_get_fc2 (mlp)));
+  }
+}
+
 int
 main (int argc, char *argv[])
 {
@@ -1181,6 +1342,7 @@ main (int argc, char *argv[])
   g_test_add_func ("/Gmlp/GroupedMLP/fp8/recompute-offload-identical", test_recompute_offload_identical);
   g_test_add_func ("/Gmlp/GroupedMLP/fp8/bad-input", test_bad_input);
   g_test_add_func ("/Gmlp/GroupedMLP/fp8/properties", test_properties);
+  g_test_add_func ("/Gmlp/GroupedMLP/fp8/weight-cache", test_weight_cache);
 
   return g_test_run ();
 }

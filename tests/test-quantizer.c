@@ -520,7 +520,8 @@ ones (guint n)
 
 /* Every recipe and role, with and without the columnwise copy, from each
  * source dtype: shapes over several 128 × 128 tiles, columns that are not a
- * multiple of any block, and empty groups. */
+ * multiple of any block, and empty groups; and (iter 2) columns a multiple
+ * of 8 and rows a multiple of 16, which the GPU moves 16 bytes at a time. */
 static void
 test_recipes (void)
 {
@@ -533,20 +534,26 @@ test_recipes (void)
   for (a = 0; a < G_N_ELEMENTS (all_recipes); a++)
     for (b = 0; b < G_N_ELEMENTS (all_roles); b++)
       for (col = 0; col < 2; col++)
-        for (iter = 0; iter < 2; iter++)
+        for (iter = 0; iter < 3; iter++)
           {
             Config c = random_config (all_recipes[a], all_roles[b], col);
             GmlpDType src_dtype = source_dtypes[g_test_rand_int_range (0, 3)];
             guint n = g_test_rand_int_range (1, 5);
-            gint64 k = iter == 0 ? g_test_rand_int_range (1, 40) : g_test_rand_int_range (100, 300);
+            gint64 k = iter == 0 ? g_test_rand_int_range (1, 40) :
+                       iter == 1 ? g_test_rand_int_range (100, 300) : 8 * g_test_rand_int_range (13, 40);
             g_autofree gint64 *rows = gmlp_test_random_rows (n, iter == 0 ? 20 : 260);
             double spread = ldexp (1.0, g_test_rand_int_range (-20, 20));
             g_autofree double *x = NULL, *delayed = ones (n);
             g_autoptr(GmlpQuantizer) quantizer = config_quantizer (device, &c);
-            g_autoptr(GmlpGroupedTensor) src = random_source (device, src_dtype, rows, n, k, spread,
-                                                              FALSE, &x);
+            g_autoptr(GmlpGroupedTensor) src = NULL;
             g_autoptr(GmlpGroupedTensor) q = NULL;
             g_autoptr(GError) error = NULL;
+            guint g;
+
+            if (iter == 2)
+              for (g = 0; g < n; g++)
+                rows[g] -= rows[g] % 16;
+            src = random_source (device, src_dtype, rows, n, k, spread, FALSE, &x);
 
             g_test_message ("recipe %d role %d format %d pow2 %d columnwise %d from %s: %u groups × %"
                             G_GINT64_FORMAT " cols", c.recipe, c.role, c.format, c.pow2, c.columnwise,
@@ -1387,13 +1394,15 @@ test_cpu_gpu_identical (void)
 
   for (a = 0; a < G_N_ELEMENTS (all_recipes); a++)
     for (b = 0; b < G_N_ELEMENTS (all_roles); b++)
-      for (iter = 0; iter < 3; iter++)
+      for (iter = 0; iter < 5; iter++)
         {
+          /* iter 3: whole 16-byte rows (columns a multiple of 8, rows of
+           * 16); iter 4: more groups than a block has threads. */
           Config c = random_config (all_recipes[a], all_roles[b], iter != 1);
-          GmlpDType src_dtype = source_dtypes[iter];
-          guint n = g_test_rand_int_range (1, 9), g;
-          gint64 k = g_test_rand_int_range (1, 400);
-          g_autofree gint64 *rows = gmlp_test_random_rows (n, 400);
+          GmlpDType src_dtype = source_dtypes[iter % 3];
+          guint n = iter == 4 ? 300 : g_test_rand_int_range (1, 9), g;
+          gint64 k = iter >= 3 ? 8 * g_test_rand_int_range (1, 50) : g_test_rand_int_range (1, 400);
+          g_autofree gint64 *rows = gmlp_test_random_rows (n, iter == 4 ? 40 : 400);
           gint64 total = 0;
           g_autoptr(GBytes) bytes = NULL;
           g_autoptr(GmlpQuantizer) qc = config_quantizer (cpu, &c);

@@ -2,22 +2,21 @@
  * and the FP8 quantization of its output, in one pass
  *
  * The body of the quantize kernels (quantize_grouped_tiles() of
- * grouped_quantize.cuh) with another Source for the staging of each
+ * grouped_quantize.cuh) with another Source for the values of each
  * 128 × 128 tile: instead of loading the source, a thread loads FC1's
  * output (a, and b f columns further on for the gated activations),
  * evaluates the activation exactly as activation_kernel does (act_eval,
  * the same expression, the result rounded to the dtype and widened again)
- * and stages that. Everything after the staging (the block scales, the
+ * and quantizes that. Everything after the loads (the block scales, the
  * rowwise and columnwise FP8 values, the amax of delayed scaling) is the
  * quantize kernels' code over the same tile, so the bytes are those of the
  * activation kernel followed by the quantize kernel; only the activation's
  * output never goes through memory.
  *
- * blockIdx.y is the group and a group's blocks stride over its tiles; a
- * block finds its group's rows and member offsets with locate_group(), so
- * the sizes are read on the device only. CURRENT runs the kernel twice: the
- * amax pass (amax_pass set) stages and reduces the tiles and writes
- * nothing but the amaxes; the second pass computes the activation again.
+ * The blocks share the tiles out as the quantize kernels' do, reading the
+ * sizes on the device only. CURRENT runs the kernel twice: the amax pass
+ * (amax_pass set) reduces the tiles and writes nothing but the amaxes; the
+ * second pass computes the activation again.
  *
  * SPDX-License-Identifier: LGPL-2.1-or-later
  */
@@ -68,10 +67,49 @@ struct ActivatedSource
       y *= to_float<kDtype> (row[k]);
     return to_float<kDtype> (from_float<kDtype> (y));
   }
+
+  /* The same for (row, col .. col + 7), with 16-byte loads: a and b
+   * (b unused without a gate). */
+  struct Chunk
+  {
+    Chunk8<kDtype> a, b;
+  };
+
+  __device__ __forceinline__ Chunk
+  load8 (const uint8_t *member, int64_t k, int64_t row, int64_t col) const
+  {
+    const StorageType<kDtype> *const at = (const StorageType<kDtype> *) member + (uint64_t) row * ap.in_cols +
+                                          (uint64_t) col;
+    Chunk chunk;
+
+    chunk.a = load_chunk8<kDtype> (at);
+    if constexpr (is_gated_activation (kActivation))
+      chunk.b = load_chunk8<kDtype> (at + k);
+    return chunk;
+  }
+
+  __device__ __forceinline__ void
+  values8 (const Chunk &chunk, float v[8]) const
+  {
+    float a[8], b[8];
+
+    widen8<kDtype> (chunk.a, a);
+    if constexpr (is_gated_activation (kActivation))
+      widen8<kDtype> (chunk.b, b);
+#pragma unroll
+    for (int e = 0; e < 8; e++)
+      {
+        float y = act_eval<kActivation> (a[e]).value;
+
+        if constexpr (is_gated_activation (kActivation))
+          y *= b[e];
+        v[e] = to_float<kDtype> (from_float<kDtype> (y));
+      }
+  }
 };
 
 template <int kDtype, int kActivation>
-__global__ void __launch_bounds__ (kQuantThreads)
+__global__ void __launch_bounds__ (kQuantThreads, kQuantMinBlocks)
 grouped_activation_quantize_kernel (const __grid_constant__ ActivationQuantizeParams ap)
 {
   quantize_grouped_tiles (ap.q, ap.amax_pass != 0, ActivatedSource<kDtype, kActivation> { ap });

@@ -1,16 +1,23 @@
 /* impls/grouped_quantize.cuh: FP8 quantization of a grouped tensor
  *
- * One launch quantizes every group: blockIdx.y is the group, and the blocks
- * of a group stride over its 128 × 128 tiles. A block first finds its
- * group's clamped row count and where the group's members lie in every
- * output (a warp-wide scan over the sizes of the groups before it, clamped
- * to the row capacity as every kernel clamps them), so the group sizes are
- * read on the device only. Each tile is staged in shared memory as float;
- * the block then works out the scales of the blocks inside the tile
- * (1 × 32, 1 × 128, 32 × 1, 128 × 1 or the whole 128 × 128 tile), writes
- * them, and writes the rowwise FP8 values and, in the same pass, the
- * columnwise (transposed) ones, both coalesced (the tile's row pitch of 129
- * floats keeps the column reads free of bank conflicts).
+ * One launch quantizes every group. Its tiles are every group's 128-row
+ * bands cut into 128-column tiles, in group order, and each block takes an
+ * equal, contiguous share of them (start_walk()): a group holding most rows
+ * gets most blocks, and a block crosses few group boundaries. The number of
+ * tiles depends on the sizes, which are read on the device only: every
+ * block scans them (clamped to the row capacity as every kernel clamps
+ * them) to find its share, then where its first group's members lie in
+ * every output (locate_group()), and walks on from group to group.
+ *
+ * Whole rows of 16-byte units (vector_ok) are loaded 16 bytes at a time,
+ * every load of a tile issued before any value is used. Per-tensor recipes
+ * encode each value once from registers, write the rowwise bytes 8 at a
+ * time, and stage the FP8 bytes in shared memory only for the columnwise
+ * (transposed) copy, written 16 bytes at a time where the group's rows are
+ * a multiple of 16. Block recipes stage each tile as float, work out the
+ * scales of the blocks inside it (1 × 32, 1 × 128, 32 × 1, 128 × 1 or the
+ * whole 128 × 128 tile), write them, then the rowwise and columnwise FP8
+ * values.
  *
  * Per-tensor recipes take their scale from the group as a whole: DELAYED
  * from the quantizer's state (and max-es the tiles' amaxes into it), CURRENT
@@ -30,6 +37,9 @@
 
 #pragma once
 
+#include <cub/block/block_scan.cuh>
+#include <cuda_fp8.h>
+
 #include "gmlp-quantize-numeric.h"
 #include "impls/common.cuh"
 
@@ -37,6 +47,9 @@ namespace gmlp {
 
 constexpr int kQuantThreads = 256;
 constexpr int kQuantWarps = kQuantThreads / 32;
+/* Blocks an SM holds at least (the registers a thread may use): enough
+ * loads in flight to keep memory busy while other blocks compute. */
+constexpr int kQuantMinBlocks = 2;
 constexpr int kQuantTile = kGmlpQuantTile;
 /* NOTE: one float of padding per row: a warp reading down a column hits 32
  * different banks. */
@@ -67,10 +80,12 @@ struct QuantLayout
   uint64_t  row_bytes;
 };
 
-/* Where a group lies: its clamped rows and its member offsets. */
+/* Where a group lies: its clamped rows, the rows of the groups before it
+ * (clamped to the capacity) and its member offsets. */
 struct GroupPlace
 {
   int64_t   rows;
+  int64_t   before;
   uint64_t  offset[kMaxLayouts];
 };
 
@@ -106,6 +121,10 @@ struct GroupedQuantizeParams
   uint32_t       scale_size;            /* 4, or 1 for E8M0 */
   int            n_layouts;
   QuantLayout    layouts[kMaxLayouts];
+  /* Rows of whole 16-byte units in every operand (the source's rows and the
+   * FP8 rows multiples of 8 values, the pointers aligned): whole tiles load
+   * 8 values and store 8 FP8 bytes at once. */
+  int            vector_ok;
 };
 
 struct GroupedDequantizeParams
@@ -182,6 +201,7 @@ locate_group (const int64_t     *device_rows,
 
       r = r < 0 ? 0 : r;
       place->rows = r < left ? r : left;
+      place->before = before;
       for (int l = 0; l < kMaxLayouts; l++)
         place->offset[l] = offset[l];
     }
@@ -306,11 +326,64 @@ tile_scale_at (const GmlpQuantBlockScale *scales,
   return scales[(r / (int) block_rows) * (kQuantTile / (int) block_cols) + c / (int) block_cols];
 }
 
+/* A stored value as float, bit for bit as gmlp_num_load_float() widens it:
+ * the hardware's half conversion drops a NaN's sign, which FP8 keeps. */
+template <int kDtype>
+__device__ __forceinline__ float
+widen_exact (StorageType<kDtype> v)
+{
+  if constexpr (kDtype == GMLP_NUM_FLOAT16)
+    return (v & 0x7fffu) > 0x7c00u ? gmlp_num_half_to_float (v) : to_float<kDtype> (v);
+  else
+    return to_float<kDtype> (v);
+}
+
+/* Eight consecutive stored values of kDtype as loaded (16 or 32 bytes):
+ * kept packed until they are used, which halves the registers that hold
+ * a thread's loads in flight. */
+template <int kDtype>
+struct Chunk8
+{
+  using Part = Pack<StorageType<kDtype>, 16 / sizeof (StorageType<kDtype>)>;
+  Part part[8 * sizeof (StorageType<kDtype>) / 16];
+};
+
+/* Elements (row, col .. col + 7) of a row-major array of kDtype, 16-byte
+ * aligned: whole 16-byte loads. */
+template <int kDtype>
+__device__ __forceinline__ Chunk8<kDtype>
+load_chunk8 (const StorageType<kDtype> *at)
+{
+  using Part = typename Chunk8<kDtype>::Part;
+  Chunk8<kDtype> chunk;
+
+#pragma unroll
+  for (int i = 0; i < (int) (sizeof (chunk.part) / sizeof (Part)); i++)
+    chunk.part[i] = ((const Part *) at)[i];
+  return chunk;
+}
+
+/* A chunk's values as float. */
+template <int kDtype>
+__device__ __forceinline__ void
+widen8 (const Chunk8<kDtype> &chunk, float v[8])
+{
+  constexpr int kPerPart = 16 / sizeof (StorageType<kDtype>);
+
+#pragma unroll
+  for (int e = 0; e < 8; e++)
+    v[e] = widen_exact<kDtype> (chunk.part[e / kPerPart].v[e % kPerPart]);
+}
+
 /* Where a tile's values come from: quantize_grouped_tiles() asks its
  * Source for element (r0 + r, c0 + c) of the group's member of the source
  * (whose bytes start at member; k columns to a row of the output), as
- * float. StoredSource reads the stored values; ActivatedSource
- * (grouped_activation_quantize.cuh) computes them. */
+ * float, and for eight at once, (row, col .. col + 7), when p.vector_ok
+ * says the rows allow 16-byte loads: load8() loads them as a Chunk,
+ * values8() gives their values. StoredSource reads the
+ * stored values; ActivatedSource (grouped_activation_quantize.cuh)
+ * computes them. */
+template <int kDtype>
 struct StoredSource
 {
   const GroupedQuantizeParams &p;
@@ -318,160 +391,551 @@ struct StoredSource
   __device__ __forceinline__ float
   operator() (const uint8_t *member, int64_t k, int64_t r0, int64_t c0, int r, int c) const
   {
-    return gmlp_num_load_float (member, p.src_dtype, (uint64_t) (r0 + r) * (uint64_t) k + (uint64_t) (c0 + c));
+    return widen_exact<kDtype> (((const StorageType<kDtype> *) member)[(uint64_t) (r0 + r) * (uint64_t) k +
+                                                                        (uint64_t) (c0 + c)]);
+  }
+
+  using Chunk = Chunk8<kDtype>;
+
+  __device__ __forceinline__ Chunk
+  load8 (const uint8_t *member, int64_t k, int64_t row, int64_t col) const
+  {
+    return load_chunk8<kDtype> ((const StorageType<kDtype> *) member + (uint64_t) row * (uint64_t) k +
+                                (uint64_t) col);
+  }
+
+  __device__ __forceinline__ void
+  values8 (const Chunk &chunk, float v[8]) const
+  {
+    widen8<kDtype> (chunk, v);
   }
 };
 
-/* The body of the quantize kernels: the group's tiles, each staged from
- * source and quantized. The amax pass (CURRENT's first launch) stages and
- * reduces the tiles and writes nothing but the amaxes. */
+/* x × multiplier to FP8 for a per-tensor scale, as gmlp_quant_encode() does
+ * it (the per-tensor recipes never have an MX block's NaN scale). From
+ * sm_89 on, the hardware's conversion, two at a time: it rounds to nearest
+ * even and saturates (satfinite: ±Inf and overflow give ±max) exactly as
+ * gmlp_num_float_to_fp8() does; NaN keeps its sign and becomes 0x7f as
+ * there (scripts/dev/check-fp8-encode.cu compares the two on every float). */
+__device__ __forceinline__ uint32_t
+encode_pair (float a, float b, float multiplier, int fp8_dtype)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  const float2 v = make_float2 (__fmul_rn (a, multiplier), __fmul_rn (b, multiplier));
+  uint32_t pair = fp8_dtype == GMLP_NUM_FLOAT8_E5M2 ? __nv_cvt_float2_to_fp8x2 (v, __NV_SATFINITE, __NV_E5M2)
+                                                    : __nv_cvt_float2_to_fp8x2 (v, __NV_SATFINITE, __NV_E4M3);
+  const uint32_t ua = __float_as_uint (a), ub = __float_as_uint (b);
+
+  if ((ua & 0x7fffffffu) > GMLP_QUANT_INF_BITS)
+    pair = (pair & 0xff00u) | ((ua >> 24) & 0x80u) | 0x7fu;
+  if ((ub & 0x7fffffffu) > GMLP_QUANT_INF_BITS)
+    pair = (pair & 0x00ffu) | ((((ub >> 24) & 0x80u) | 0x7fu) << 8);
+  return pair;
+#else
+  GmlpQuantBlockScale s;
+
+  s.multiplier = multiplier;
+  s.nan_block = 0;
+  return (uint32_t) gmlp_quant_encode (a, &s, fp8_dtype) | ((uint32_t) gmlp_quant_encode (b, &s, fp8_dtype) << 8);
+#endif
+}
+
+/* Eight values to FP8 with one per-tensor multiplier, as two words. */
+__device__ __forceinline__ uint2
+encode8 (const float v[8], float multiplier, int fp8_dtype)
+{
+  uint2 out;
+
+  out.x = encode_pair (v[0], v[1], multiplier, fp8_dtype) | (encode_pair (v[2], v[3], multiplier, fp8_dtype) << 16);
+  out.y = encode_pair (v[4], v[5], multiplier, fp8_dtype) | (encode_pair (v[6], v[7], multiplier, fp8_dtype) << 16);
+  return out;
+}
+
+/* Byte j of each of four words, the first word's in the lowest byte. */
+__device__ __forceinline__ uint32_t
+gather_byte (uint32_t a, uint32_t b, uint32_t c, uint32_t d, int j)
+{
+  const uint32_t select = (uint32_t) j | ((uint32_t) (j + 4) << 4);
+
+  return __byte_perm (__byte_perm (a, b, select), __byte_perm (c, d, select), 0x5410);
+}
+
+/* Bytes of the per-tensor recipes' staged tile: its FP8 values, row-major. */
+constexpr size_t kQuantByteTileBytes = (size_t) kQuantTile * kQuantTile;
+
+static_assert (kQuantThreads == 256 && kQuantTile == 128,
+               "the per-tensor tile: eight 8-value chunks a thread; 32 × 4 columns by 8 × 16 rows");
+
+/* The staged FP8 tile into the columnwise copy, whose member is k rows of
+ * m bytes: thread t moves columns 4 (t % 32) .. + 3 and rows 16 (t / 32)
+ * .. + 15 of the tile. The warp reads 32 consecutive words of each row (no
+ * bank conflict) and, where its rows are all in the member and m is a
+ * multiple of 16, writes one 16-byte run of each of its four columns. */
+__device__ __forceinline__ void
+write_columnwise_tile (const uint8_t *staged,
+                       uint8_t       *columnwise,
+                       int64_t        m,
+                       int64_t        r0,
+                       int64_t        c0,
+                       int            tr,
+                       int            tc)
+{
+  const int w = threadIdx.x % 32;
+  const int r = 16 * (threadIdx.x / 32), c = 4 * w;
+
+  if (m % 16 == 0 && r + 16 <= tr && c + 4 <= tc)
+    {
+      uint32_t word[16];
+
+#pragma unroll
+      for (int i = 0; i < 16; i++)
+        word[i] = ((const uint32_t *) staged)[(r + i) * (kQuantTile / 4) + w];
+#pragma unroll
+      for (int j = 0; j < 4; j++)
+        {
+          uint4 out;
+
+          out.x = gather_byte (word[0], word[1], word[2], word[3], j);
+          out.y = gather_byte (word[4], word[5], word[6], word[7], j);
+          out.z = gather_byte (word[8], word[9], word[10], word[11], j);
+          out.w = gather_byte (word[12], word[13], word[14], word[15], j);
+          *(uint4 *) (columnwise + (uint64_t) (c0 + c + j) * (uint64_t) m + (uint64_t) (r0 + r)) = out;
+        }
+      return;
+    }
+
+  for (int j = 0; j < 4; j++)
+    for (int i = 0; i < 16; i++)
+      if (r + i < tr && c + j < tc)
+        columnwise[(uint64_t) (c0 + c + j) * (uint64_t) m + (uint64_t) (r0 + r + i)] =
+          staged[(r + i) * kQuantTile + c + j];
+}
+
+/* One tile of a per-tensor recipe (DELAYED, CURRENT): the scale is the
+ * group's, so each value is encoded straight from the registers it was
+ * loaded into, once, for both copies; the FP8 bytes are staged only for
+ * the columnwise copy's transpose. Folds the tile's amax into amax_target
+ * where there is one; the amax pass writes nothing else. Every thread must
+ * call it. */
+template <typename Source>
+__device__ __forceinline__ void
+quantize_tile_per_tensor (const GroupedQuantizeParams &p,
+                          const Source                &source,
+                          bool                         amax_pass,
+                          const uint8_t               *src,
+                          uint8_t                     *data,
+                          uint8_t                     *columnwise,
+                          int64_t                      m,
+                          int64_t                      r0,
+                          int64_t                      c0,
+                          int                          tr,
+                          int                          tc,
+                          float                        multiplier,
+                          uint32_t                    *amax_target,
+                          uint8_t                     *staged,
+                          uint32_t                    *scratch)
+{
+  constexpr int kChunks = kQuantTile * kQuantTile / 8 / kQuantThreads;
+  const int64_t k = p.cols;
+  const bool stage = !amax_pass && columnwise != nullptr;
+  uint32_t amax = 0;
+
+  if (p.vector_ok)
+    {
+      /* Every load first, so that all of them are in flight at once. The
+       * columns of a tile are a multiple of 8 here, so chunks are wholly in
+       * the member or wholly out. */
+      typename Source::Chunk chunks[kChunks];
+
+#pragma unroll
+      for (int i = 0; i < kChunks; i++)
+        {
+          const int q = threadIdx.x + i * kQuantThreads;
+          const int r = q / (kQuantTile / 8), c = (q % (kQuantTile / 8)) * 8;
+
+          if (r < tr && c < tc)
+            chunks[i] = source.load8 (src, k, r0 + r, c0 + c);
+        }
+#pragma unroll
+      for (int i = 0; i < kChunks; i++)
+        {
+          const int q = threadIdx.x + i * kQuantThreads;
+          const int r = q / (kQuantTile / 8), c = (q % (kQuantTile / 8)) * 8;
+          float v[8];
+
+          if (r >= tr || c >= tc)
+            continue;
+          source.values8 (chunks[i], v);
+          if (amax_target != nullptr)
+            for (int e = 0; e < 8; e++)
+              amax = gmlp_quant_amax_fold (amax, v[e]);
+          if (!amax_pass)
+            {
+              const uint2 bytes = encode8 (v, multiplier, p.fp8_dtype);
+
+              *(uint2 *) (data + (uint64_t) (r0 + r) * (uint64_t) k + (uint64_t) (c0 + c)) = bytes;
+              if (stage)
+                *(uint2 *) (staged + r * kQuantTile + c) = bytes;
+            }
+        }
+    }
+  else
+    {
+      for (int i = threadIdx.x; i < kQuantTile * kQuantTile; i += kQuantThreads)
+        {
+          const int r = i / kQuantTile, c = i % kQuantTile;
+
+          if (r < tr && c < tc)
+            {
+              const float x = source (src, k, r0, c0, r, c);
+
+              if (amax_target != nullptr)
+                amax = gmlp_quant_amax_fold (amax, x);
+              if (!amax_pass)
+                {
+                  const uint8_t b = (uint8_t) encode_pair (x, 0.0f, multiplier, p.fp8_dtype);
+
+                  data[(uint64_t) (r0 + r) * (uint64_t) k + (uint64_t) (c0 + c)] = b;
+                  if (stage)
+                    staged[r * kQuantTile + c] = b;
+                }
+            }
+        }
+    }
+
+  if (amax_target != nullptr)
+    {
+      amax = block_max (amax, scratch);
+      if (threadIdx.x == 0 && amax != 0)
+        atomicMax (amax_target, amax);
+    }
+  if (stage)
+    {
+      __syncthreads ();
+      write_columnwise_tile (staged, columnwise, m, r0, c0, tr, tc);
+    }
+}
+
+/* One tile of a block recipe (BLOCKWISE, MXFP8): staged as float, the
+ * scales of the blocks inside it worked out from the staged values and
+ * written, then the rowwise FP8 values and, in the same pass, the
+ * columnwise ones, both coalesced (the tile's row pitch of 129 floats keeps
+ * the column reads free of bank conflicts). Every thread must call it. */
+template <typename Source>
+__device__ __forceinline__ void
+quantize_tile_blocks (const GroupedQuantizeParams &p,
+                      const Source                &source,
+                      const GroupPlace            &place,
+                      int64_t                      r0,
+                      int64_t                      c0,
+                      int                          tr,
+                      int                          tc,
+                      float                       *tile,
+                      uint32_t                    *scratch)
+{
+  __shared__ GmlpQuantBlockScale row_scales[kQuantMaxTileBlocks];
+  __shared__ GmlpQuantBlockScale col_scales[kQuantMaxTileBlocks];
+  const bool own_column_scales = p.columnwise_scale_inv != nullptr;
+  const int64_t m = place.rows, k = p.cols;
+  const uint8_t *src = p.src + place.offset[kLayoutSrc];
+
+  /* Stage the tile as float; what lies outside the member is 0, which no
+   * amax notices. */
+  if (p.vector_ok)
+    {
+      for (int q = threadIdx.x; q < kQuantTile * kQuantTile / 8; q += kQuantThreads)
+        {
+          const int r = q / (kQuantTile / 8), c = (q % (kQuantTile / 8)) * 8;
+          float v[8] = { 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f };
+
+          if (r < tr && c < tc)
+            source.values8 (source.load8 (src, k, r0 + r, c0 + c), v);
+#pragma unroll
+          for (int e = 0; e < 8; e++)
+            tile[r * kQuantTilePitch + c + e] = v[e];
+        }
+    }
+  else
+    {
+      for (int i = threadIdx.x; i < kQuantTile * kQuantTile; i += kQuantThreads)
+        {
+          const int r = i / kQuantTile, c = i % kQuantTile;
+
+          tile[r * kQuantTilePitch + c] = r < tr && c < tc ? source (src, k, r0, c0, r, c) : 0.0f;
+        }
+    }
+  __syncthreads ();
+
+  tile_block_scales (p, tile, p.block_rows, p.block_cols, r0, c0, tr, tc,
+                     p.scale_inv + place.offset[kLayoutScale], p.scale_cols, row_scales, scratch);
+  if (own_column_scales && p.columnwise != nullptr)
+    tile_block_scales (p, tile, p.col_block_rows, p.col_block_cols, r0, c0, tr, tc,
+                       p.columnwise_scale_inv + place.offset[kLayoutColumnScale],
+                       p.col_scale_cols, col_scales, scratch);
+  __syncthreads ();
+
+  {
+    uint8_t *data = p.data + place.offset[kLayoutData];
+
+    for (int i = threadIdx.x; i < kQuantTile * kQuantTile; i += kQuantThreads)
+      {
+        const int r = i / kQuantTile, c = i % kQuantTile;
+
+        if (r < tr && c < tc)
+          data[(uint64_t) (r0 + r) * (uint64_t) k + (uint64_t) (c0 + c)] =
+            gmlp_quant_encode (tile[r * kQuantTilePitch + c],
+                               &tile_scale_at (row_scales, row_scales[0], p.block_rows, p.block_cols, r, c),
+                               p.fp8_dtype);
+      }
+  }
+
+  if (p.columnwise != nullptr)
+    {
+      /* Member i of the copy is k × m: element (r, c) goes to (c, r).
+       * Consecutive threads take consecutive r, so the writes are
+       * coalesced and the column reads hit distinct banks. */
+      uint8_t *columnwise = p.columnwise + place.offset[kLayoutData];
+      const GmlpQuantBlockScale *scales = own_column_scales ? col_scales : row_scales;
+      const int64_t br = own_column_scales ? p.col_block_rows : p.block_rows;
+      const int64_t bc = own_column_scales ? p.col_block_cols : p.block_cols;
+
+      for (int i = threadIdx.x; i < kQuantTile * kQuantTile; i += kQuantThreads)
+        {
+          const int c = i / kQuantTile, r = i % kQuantTile;
+
+          if (r < tr && c < tc)
+            columnwise[(uint64_t) (c0 + c) * (uint64_t) m + (uint64_t) (r0 + r)] =
+              gmlp_quant_encode (tile[r * kQuantTilePitch + c], &tile_scale_at (scales, scales[0], br, bc, r, c),
+                                 p.fp8_dtype);
+        }
+    }
+}
+
+/* ---- The walk over the launch's tiles ------------------------------------
+ *
+ * The tiles of a launch are every group's 128-row bands, in group order,
+ * each band cut into the tiles across the columns. Block b takes one
+ * contiguous run of them, an equal share of the total, so that a group
+ * holding most rows gets most blocks and a block meets few group
+ * boundaries; empty groups have no bands. The total depends on the sizes,
+ * which are on the device: every block works it out (scan_group_bands()). */
+
+/* Visits every group in order with its clamped rows, the 128-row bands of
+ * the groups before it and its own: visit (j, rows, band_start, bands),
+ * one group a thread. Returns the bands of all groups. Every thread must
+ * call it. A group gets the rows that are left of the capacity after the
+ * groups before it, as locate_group() has it. */
+template <typename Visit>
+__device__ __forceinline__ int64_t
+scan_group_bands (const GroupedQuantizeParams &p, Visit visit)
+{
+  using Scan = cub::BlockScan<int64_t, kQuantThreads>;
+  __shared__ typename Scan::TempStorage temp;
+  int64_t rows_before = 0, bands_before = 0;
+
+  for (uint32_t base = 0; base < p.n_groups; base += kQuantThreads)
+    {
+      const uint32_t j = base + threadIdx.x;
+      int64_t r = j < p.n_groups ? p.device_rows[j] : 0;
+      int64_t excl, total, bands, band_start, band_total;
+
+      r = r < 0 ? 0 : (r > p.row_capacity ? p.row_capacity : r);
+      Scan (temp).ExclusiveSum (r, excl, total);
+      __syncthreads ();
+      excl += rows_before;
+      r = excl >= p.row_capacity ? 0 : (r < p.row_capacity - excl ? r : p.row_capacity - excl);
+      bands = gmlp_quant_blocks_along (r, kQuantTile);
+      Scan (temp).ExclusiveSum (bands, band_start, band_total);
+      __syncthreads ();
+      if (j < p.n_groups)
+        visit (j, r, bands_before + band_start, bands);
+      /* Sums of at most 65535 clamped sizes of at most 2^40: no overflow. */
+      rows_before += total;
+      bands_before += band_total;
+    }
+  return bands_before;
+}
+
+/* Where a block is in its run of tiles; in shared memory. */
+struct TileWalk
+{
+  GroupPlace  place;          /* the group of the current tile */
+  uint32_t    group;
+  int64_t     band_start;     /* the group's first band in the launch */
+  uint64_t    next, end;      /* the tiles left: [next, end) */
+  uint32_t    scaled_group;   /* the group scale and amax_target are of */
+  float       multiplier;     /* per-tensor recipes */
+  uint32_t   *amax_target;
+};
+
+/* Sets walk to this block's run of tiles and the group of its first. Every
+ * thread must call it. */
+__device__ __forceinline__ void
+start_walk (const GroupedQuantizeParams &p, uint64_t tiles_across, TileWalk *walk)
+{
+  const uint64_t units = (uint64_t) scan_group_bands (p, [] (uint32_t, int64_t, int64_t, int64_t) {}) *
+                         tiles_across;
+  const uint64_t share = div_up (units, gridDim.x);
+  const uint64_t first = (uint64_t) blockIdx.x * share < units ? (uint64_t) blockIdx.x * share : units;
+  const int64_t first_band = (int64_t) (first / tiles_across);
+
+  if (threadIdx.x == 0)
+    {
+      walk->next = first;
+      walk->end = first + share < units ? first + share : units;
+      walk->group = 0;
+      walk->band_start = 0;
+      walk->scaled_group = UINT32_MAX;
+    }
+  __syncthreads ();
+  if (first < units)
+    {
+      scan_group_bands (p, [&] (uint32_t j, int64_t, int64_t band_start, int64_t bands) {
+        if (band_start <= first_band && first_band < band_start + bands)
+          {
+            walk->group = j;
+            walk->band_start = band_start;
+          }
+      });
+      __syncthreads ();
+      if (threadIdx.x < 32)
+        locate_group (p.device_rows, p.row_capacity, p.layouts, p.n_layouts, walk->group, &walk->place);
+    }
+  __syncthreads ();
+}
+
+/* Moves walk on to the next group that has rows (one thread): its offsets
+ * follow from the current group's, its rows from what is left. */
+__device__ __forceinline__ void
+advance_group (const GroupedQuantizeParams &p, TileWalk *walk)
+{
+  GroupPlace &place = walk->place;
+
+  walk->band_start += gmlp_quant_blocks_along (place.rows, kQuantTile);
+  do
+    {
+      int64_t r;
+
+      for (int l = 0; l < p.n_layouts; l++)
+        place.offset[l] += gmlp_num_member_stride (gmlp_quant_blocks_along (place.rows, p.layouts[l].row_block),
+                                                   p.layouts[l].row_bytes);
+      place.before += place.rows;
+      walk->group++;
+      r = p.device_rows[walk->group];
+      r = r < 0 ? 0 : r;
+      place.rows = r < p.row_capacity - place.before ? r : p.row_capacity - place.before;
+    }
+  while (place.rows == 0 && walk->group + 1 < p.n_groups);
+}
+
+/* The scale a per-tensor recipe quantizes group g with. */
+__device__ __forceinline__ GmlpQuantBlockScale
+member_scale (const GroupedQuantizeParams &p, uint32_t g)
+{
+  const float delayed = p.recipe == GMLP_QUANT_DELAYED ?
+                        p.state[(uint64_t) g * p.state_stride + GMLP_QUANT_STATE_SCALE] : 0.0f;
+  const uint32_t amax = p.recipe == GMLP_QUANT_CURRENT ? p.amax[g] : 0u;
+
+  return gmlp_quant_block_scale (p.recipe, p.flags, p.fp8_dtype, amax, delayed);
+}
+
+/* What every group needs whatever its rows, once: a per-tensor recipe's
+ * scale (an empty group has one too) and the derived sizes. The blocks
+ * share the groups out. */
+__device__ __forceinline__ void
+write_group_headers (const GroupedQuantizeParams &p)
+{
+  __shared__ GroupPlace place;
+
+  for (uint32_t g = blockIdx.x; g < p.n_groups; g += gridDim.x)
+    {
+      if (threadIdx.x < 32)
+        locate_group (p.device_rows, p.row_capacity, p.layouts, p.n_layouts, g, &place);
+      __syncthreads ();
+      if (threadIdx.x == 0)
+        {
+          if (p.block_rows == 0)
+            store_scale (p.scale_inv + place.offset[kLayoutScale], 0, p.scale_size, member_scale (p, g));
+          if (p.derived_rows != nullptr)
+            p.derived_rows[g] = gmlp_quant_blocks_along (place.rows, p.derived_block);
+        }
+      __syncthreads ();
+    }
+}
+
+/* The body of the quantize kernels: the block's run of tiles, each from
+ * source. Per-tensor recipes stage the FP8 bytes of a tile
+ * (kQuantByteTileBytes of dynamic shared memory), block recipes its float
+ * values (kQuantTileBytes). The amax pass (CURRENT's first launch) writes
+ * nothing but the amaxes. */
 template <typename Source>
 __device__ __forceinline__ void
 quantize_grouped_tiles (const GroupedQuantizeParams &p,
                         const bool                   amax_pass,
                         const Source                &source)
 {
-  extern __shared__ float tile[];                      /* kQuantTile × kQuantTilePitch */
-  __shared__ GmlpQuantBlockScale row_scales[kQuantMaxTileBlocks];
-  __shared__ GmlpQuantBlockScale col_scales[kQuantMaxTileBlocks];
-  __shared__ GmlpQuantBlockScale member_scale;
-  __shared__ GroupPlace place;
+  extern __shared__ __align__ (16) uint8_t staging[];
+  __shared__ TileWalk walk;
   __shared__ uint32_t scratch[kQuantWarps];
-
-  const uint32_t g = blockIdx.y;
   const bool per_tensor = p.block_rows == 0;
-  const bool own_column_scales = p.columnwise_scale_inv != nullptr;
-  uint32_t *amax_target = nullptr;
+  const uint64_t tiles_across = (uint64_t) gmlp_quant_blocks_along (p.cols, kQuantTile);
 
-  if (threadIdx.x < 32)
-    locate_group (p.device_rows, p.row_capacity, p.layouts, p.n_layouts, g, &place);
-  __syncthreads ();
+  if (!amax_pass)
+    write_group_headers (p);
+  start_walk (p, tiles_across, &walk);
 
-  const int64_t m = place.rows;
-  const int64_t k = p.cols;
-  const uint8_t *src = p.src + place.offset[kLayoutSrc];
-
-  if (p.recipe == GMLP_QUANT_DELAYED)
-    amax_target = (uint32_t *) (p.state + (uint64_t) g * p.state_stride + GMLP_QUANT_STATE_AMAX);
-  else if (p.recipe == GMLP_QUANT_CURRENT && amax_pass)
-    amax_target = p.amax + g;
-
-  if (!amax_pass && threadIdx.x == 0)
+  for (;;)
     {
-      if (per_tensor)
+      if (threadIdx.x == 0 && walk.next < walk.end)
         {
-          float delayed = p.recipe == GMLP_QUANT_DELAYED ?
-                          p.state[(uint64_t) g * p.state_stride + GMLP_QUANT_STATE_SCALE] : 0.0f;
-          uint32_t amax = p.recipe == GMLP_QUANT_CURRENT ? p.amax[g] : 0u;
+          const int64_t band = (int64_t) (walk.next / tiles_across);
 
-          member_scale = gmlp_quant_block_scale (p.recipe, p.flags, p.fp8_dtype, amax, delayed);
-          /* Every group has its scale, an empty one too. */
-          if (blockIdx.x == 0)
-            store_scale (p.scale_inv + place.offset[kLayoutScale], 0, p.scale_size, member_scale);
-        }
-      if (blockIdx.x == 0 && p.derived_rows != nullptr)
-        p.derived_rows[g] = gmlp_quant_blocks_along (m, p.derived_block);
-    }
-  __syncthreads ();
+          while (band >= walk.band_start + gmlp_quant_blocks_along (walk.place.rows, kQuantTile))
+            advance_group (p, &walk);
+          if (per_tensor && walk.scaled_group != walk.group)
+            {
+              const uint32_t g = walk.group;
 
-  const uint64_t tiles_down = (uint64_t) gmlp_quant_blocks_along (m, kQuantTile);
-  const uint64_t tiles_across = (uint64_t) gmlp_quant_blocks_along (k, kQuantTile);
-  const uint64_t n_tiles = tiles_down * tiles_across;
-
-  for (uint64_t t = blockIdx.x; t < n_tiles; t += gridDim.x)
-    {
-      const int64_t r0 = (int64_t) (t / tiles_across) * kQuantTile;
-      const int64_t c0 = (int64_t) (t % tiles_across) * kQuantTile;
-      const int tr = (int) (m - r0 < kQuantTile ? m - r0 : kQuantTile);
-      const int tc = (int) (k - c0 < kQuantTile ? k - c0 : kQuantTile);
-
-      /* Stage the tile as float; what lies outside the member is 0, which
-       * no amax notices. */
-      for (int i = threadIdx.x; i < kQuantTile * kQuantTile; i += kQuantThreads)
-        {
-          const int r = i / kQuantTile, c = i % kQuantTile;
-          float v = 0.0f;
-
-          if (r < tr && c < tc)
-            v = source (src, k, r0, c0, r, c);
-          tile[r * kQuantTilePitch + c] = v;
+              walk.scaled_group = g;
+              walk.multiplier = amax_pass ? 0.0f : member_scale (p, g).multiplier;
+              walk.amax_target = p.recipe == GMLP_QUANT_DELAYED ?
+                                 (uint32_t *) (p.state + (uint64_t) g * p.state_stride + GMLP_QUANT_STATE_AMAX) :
+                                 amax_pass ? p.amax + g : nullptr;
+            }
         }
       __syncthreads ();
+      if (walk.next >= walk.end)
+        break;
+
+      const uint64_t u = walk.next;
+      const GroupPlace place = walk.place;
+      const int64_t r0 = ((int64_t) (u / tiles_across) - walk.band_start) * kQuantTile;
+      const int64_t c0 = (int64_t) (u % tiles_across) * kQuantTile;
+      const int tr = (int) (place.rows - r0 < kQuantTile ? place.rows - r0 : kQuantTile);
+      const int tc = (int) (p.cols - c0 < kQuantTile ? p.cols - c0 : kQuantTile);
+      const float multiplier = walk.multiplier;
+      uint32_t *const amax_target = walk.amax_target;
+
+      __syncthreads ();   /* everyone has read walk */
+      if (threadIdx.x == 0)
+        walk.next = u + 1;
 
       if (per_tensor)
-        {
-          if (amax_target != nullptr)
-            {
-              uint32_t amax = 0;
-
-              for (int i = threadIdx.x; i < kQuantTile * kQuantTile; i += kQuantThreads)
-                amax = gmlp_quant_amax_fold (amax, tile[(i / kQuantTile) * kQuantTilePitch + i % kQuantTile]);
-              amax = block_max (amax, scratch);
-              if (threadIdx.x == 0 && amax != 0)
-                atomicMax (amax_target, amax);
-            }
-          if (amax_pass)
-            {
-              __syncthreads ();
-              continue;
-            }
-        }
+        quantize_tile_per_tensor (p, source, amax_pass, p.src + place.offset[kLayoutSrc],
+                                  p.data + place.offset[kLayoutData],
+                                  p.columnwise != nullptr ? p.columnwise + place.offset[kLayoutData] : nullptr,
+                                  place.rows, r0, c0, tr, tc, multiplier, amax_target, staging, scratch);
       else
-        {
-          tile_block_scales (p, tile, p.block_rows, p.block_cols, r0, c0, tr, tc,
-                             p.scale_inv + place.offset[kLayoutScale], p.scale_cols, row_scales, scratch);
-          if (own_column_scales && p.columnwise != nullptr)
-            tile_block_scales (p, tile, p.col_block_rows, p.col_block_cols, r0, c0, tr, tc,
-                               p.columnwise_scale_inv + place.offset[kLayoutColumnScale],
-                               p.col_scale_cols, col_scales, scratch);
-        }
-      __syncthreads ();
-
-      {
-        uint8_t *data = p.data + place.offset[kLayoutData];
-
-        for (int i = threadIdx.x; i < kQuantTile * kQuantTile; i += kQuantThreads)
-          {
-            const int r = i / kQuantTile, c = i % kQuantTile;
-
-            if (r < tr && c < tc)
-              data[(uint64_t) (r0 + r) * (uint64_t) k + (uint64_t) (c0 + c)] =
-                gmlp_quant_encode (tile[r * kQuantTilePitch + c],
-                                   &tile_scale_at (row_scales, member_scale, p.block_rows, p.block_cols, r, c),
-                                   p.fp8_dtype);
-          }
-      }
-
-      if (p.columnwise != nullptr)
-        {
-          /* Member i of the copy is k × m: element (r, c) goes to (c, r).
-           * Consecutive threads take consecutive r, so the writes are
-           * coalesced and the column reads hit distinct banks. */
-          uint8_t *columnwise = p.columnwise + place.offset[kLayoutData];
-          const GmlpQuantBlockScale *scales = own_column_scales ? col_scales : row_scales;
-          const int64_t br = own_column_scales ? p.col_block_rows : p.block_rows;
-          const int64_t bc = own_column_scales ? p.col_block_cols : p.block_cols;
-
-          for (int i = threadIdx.x; i < kQuantTile * kQuantTile; i += kQuantThreads)
-            {
-              const int c = i / kQuantTile, r = i % kQuantTile;
-
-              if (r < tr && c < tc)
-                columnwise[(uint64_t) (c0 + c) * (uint64_t) m + (uint64_t) (r0 + r)] =
-                  gmlp_quant_encode (tile[r * kQuantTilePitch + c],
-                                     &tile_scale_at (scales, member_scale, br, bc, r, c),
-                                     p.fp8_dtype);
-            }
-        }
-      __syncthreads ();   /* the tile and the scales are rewritten next */
+        quantize_tile_blocks (p, source, place, r0, c0, tr, tc, (float *) staging, scratch);
+      __syncthreads ();   /* the staging is rewritten next */
     }
 }
 
-template <int kPass>
-__global__ void __launch_bounds__ (kQuantThreads)
+template <int kPass, int kDtype>
+__global__ void __launch_bounds__ (kQuantThreads, kQuantMinBlocks)
 grouped_quantize_kernel (const __grid_constant__ GroupedQuantizeParams p)
 {
-  quantize_grouped_tiles (p, kPass == kPassAmax, StoredSource { p });
+  quantize_grouped_tiles (p, kPass == kPassAmax, StoredSource<kDtype> { p });
 }
 
 /* static: defined in a header that several .cu files include. */
@@ -623,6 +1087,8 @@ describe_grouped_quantize (const Call            &q,
   p->col_scale_cols = gmlp_quant_blocks_along (q.shape.cols, p->col_block_cols);
   p->scale_size = gmlp_quant_scale_size (q.recipe);
 
+  p->vector_ok = q.shape.cols % 8 == 0 && src_cols % 8 == 0 && is_aligned (src, 16) &&
+                 is_aligned (q.data, 16) && (q.columnwise == nullptr || is_aligned (q.columnwise, 16));
   p->n_layouts = p->columnwise_scale_inv != nullptr ? 4 : 3;
   p->layouts[kLayoutSrc] = { 1, (uint64_t) src_cols * gmlp_num_dtype_size (src_dtype) };
   p->layouts[kLayoutData] = { 1, (uint64_t) q.shape.cols };
@@ -680,10 +1146,10 @@ quantize_check_result (GmlpKernelStatus   status,
   return status;
 }
 
-/* Blocks along x for each group: enough to fill the GPU for one group that
- * holds every row, no more than that group could use. */
+/* Blocks along x: enough to fill the GPU (resident_per_sm a multiprocessor),
+ * no more than there are work units. */
 static inline cudaError_t
-quant_blocks_per_group (uint64_t work_units, int resident_per_sm, unsigned *blocks)
+quant_grid_blocks (uint64_t work_units, int resident_per_sm, unsigned *blocks)
 {
   int sm_count = 1;
   cudaError_t err = current_sm_count (&sm_count);
@@ -706,9 +1172,10 @@ quantize_part (GroupedQuantizeParams &p)
 }
 
 /* Launches the quantization that params describe (describe_grouped_quantize()
- * of its quantize_part()), one block row per group: for CURRENT, the amax
- * pass (amax_kernel with amax_params) into workspace, zeroed first, then
- * kernel with params. */
+ * of its quantize_part()): for CURRENT, the amax pass (amax_kernel with
+ * amax_params) into workspace, zeroed first, then kernel with params. One
+ * row of blocks, enough to fill the GPU, no more than the tiles could be;
+ * the blocks share the tiles out themselves (start_walk()). */
 template <typename Params>
 inline GmlpKernelStatus
 launch_grouped_quantize (void         (*kernel) (Params),
@@ -719,6 +1186,7 @@ launch_grouped_quantize (void         (*kernel) (Params),
                          cudaStream_t   stream)
 {
   const GroupedQuantizeParams &p = quantize_part (params);
+  const size_t staging = p.block_rows == 0 ? kQuantByteTileBytes : kQuantTileBytes;
   int resident = 0;
   unsigned blocks = 1;
   uint64_t tiles;
@@ -738,16 +1206,14 @@ launch_grouped_quantize (void         (*kernel) (Params),
     err = cudaFuncSetAttribute (amax_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 (int) kQuantTileBytes);
   if (err == cudaSuccess)
-    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor (&resident, kernel, kQuantThreads, kQuantTileBytes);
-  /* The tiles one group could have if it held every row. */
-  tiles = (uint64_t) gmlp_quant_blocks_along (p.row_capacity, kQuantTile) *
+    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor (&resident, kernel, kQuantThreads, staging);
+  /* At most: every group's partial band and the capacity's whole ones. */
+  tiles = ((uint64_t) gmlp_quant_blocks_along (p.row_capacity, kQuantTile) + p.n_groups) *
           (uint64_t) gmlp_quant_blocks_along (p.cols, kQuantTile);
   if (err == cudaSuccess)
-    err = quant_blocks_per_group (tiles, resident, &blocks);
+    err = quant_grid_blocks (tiles, resident, &blocks);
   if (err != cudaSuccess)
     return record_cuda_error (err);
-
-  const dim3 grid (blocks, p.n_groups);
 
   if (p.recipe == GMLP_QUANT_CURRENT)
     {
@@ -755,12 +1221,12 @@ launch_grouped_quantize (void         (*kernel) (Params),
       err = cudaMemsetAsync (workspace, 0, sizeof (uint32_t) * p.n_groups, stream);
       if (err != cudaSuccess)
         return record_cuda_error (err);
-      amax_kernel<<<grid, kQuantThreads, kQuantTileBytes, stream>>> (amax_params);
+      amax_kernel<<<blocks, kQuantThreads, staging, stream>>> (amax_params);
       status = check_launch ();
       if (status != GMLP_KERNEL_SUCCESS)
         return status;
     }
-  kernel<<<grid, kQuantThreads, kQuantTileBytes, stream>>> (params);
+  kernel<<<blocks, kQuantThreads, staging, stream>>> (params);
   return check_launch ();
 }
 

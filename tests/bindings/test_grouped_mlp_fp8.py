@@ -2,7 +2,8 @@
 # Python binding test of an FP8 GroupedMLP: the fp8-recipe construct
 # property and set_fp8_recipe(), forward and backward against a float64
 # numpy reference of the exact MLP (FP8 costs a few percent), delayed
-# scaling over steps with update_quantizers(), errors as GLib.Error.
+# scaling over steps with update_quantizers(), errors as GLib.Error, the
+# weight cache (cache-fp8-weights, invalidate_fp8_weights()).
 #
 # SPDX-License-Identifier: LGPL-2.1-or-later
 
@@ -120,6 +121,25 @@ def main():
     assert fc1.get_quantizer(Gmlp.QuantizerRole.WEIGHT).get_recipe() == Gmlp.ScalingRecipe.MXFP8
     y_t, saved = mlp.forward(upload(dev, x, rows))
     mlp.backward(saved, upload(dev, dy, rows))
+
+    # The weight cache of both layers: stale after an in-place change of
+    # the weights (as an optimizer step makes) until invalidated.
+    notified = []
+    mlp.connect('notify::cache-fp8-weights', lambda *args: notified.append(1))
+    assert mlp.props.cache_fp8_weights is False
+    mlp.props.cache_fp8_weights = True
+    assert mlp.get_cache_fp8_weights() and fc1.props.cache_fp8_weights and fc2.props.cache_fp8_weights
+    x_t = upload(dev, x, rows)
+    y0 = mlp.forward(x_t)[0].to_bytes().get_data()
+    assert mlp.forward(x_t)[0].to_bytes().get_data() == y0
+    fc2.get_weight().fill_random(int(rng.integers(1 << 32)), 0.3)
+    assert mlp.forward(x_t)[0].to_bytes().get_data() == y0
+    mlp.invalidate_fp8_weights()
+    assert mlp.forward(x_t)[0].to_bytes().get_data() != y0
+    mlp.set_cache_fp8_weights(False)
+    assert not mlp.props.cache_fp8_weights and not fc1.props.cache_fp8_weights
+    assert len(notified) == 2
+
     mlp.set_fp8_recipe(Gmlp.ScalingRecipe.NONE, Gmlp.Fp8Format.HYBRID)
     assert fc1.get_quantizer(Gmlp.QuantizerRole.INPUT) is None
     assert mlp.props.fp8_recipe == Gmlp.ScalingRecipe.NONE
