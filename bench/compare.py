@@ -3,6 +3,8 @@
 # in the same run (anchors.py, cublas_anchor) into a Markdown table of
 # TFLOP/s and ratios. Lines of gmlp-bench --fp8 ("dtype":"fp8-RECIPE") get
 # tables of their own (per recipe and "quantize" mode), against torch._scaled_grouped_mm (FP8 rowwise).
+# Lines of gmlp-bench --quantize ("bench":"gmlp-quantize") get a table of
+# GB/s against the device-to-device copy that anchors.py measures.
 #
 #   compare.py GMLP.jsonl ANCHORS.jsonl CUBLAS.jsonl
 #
@@ -29,7 +31,10 @@ def lines(path):
 
 gmlp = {}
 fp8 = {}
+quantize = {}
 for r in lines(sys.argv[1]):
+    if r.get('bench') == 'gmlp-quantize':
+        quantize[(r['recipe'], r.get('sizes', 'host'), r['shape'], bool(r['skew']), bool(r['columnwise']))] = r
     if r.get('bench') != 'gmlp':
         continue
     dtype = r.get('dtype', 'bf16')
@@ -40,6 +45,7 @@ for r in lines(sys.argv[1]):
     else:
         gmlp[(r.get('sizes', 'host'), r['shape'], bool(r['skew']), r['op'])] = r
 torch = {(r['shape'], bool(r['skew'])): r for r in lines(sys.argv[2]) if 'shape' in r}
+copy_gbps = next((r['d2d_GBps_rw'] for r in lines(sys.argv[2]) if 'd2d_GBps_rw' in r), None)
 cublas = {(r['shape'], bool(r['skew'])): r for r in lines(sys.argv[3]) if 'shape' in r}
 
 
@@ -146,3 +152,25 @@ def report_fp8():
 
 
 report_fp8()
+
+
+def report_quantize():
+    if not quantize:
+        return
+    print('## FP8 grouped quantize (gmlp-bench --quantize), BF16 x of M × K\n')
+    print('GB/s of the least traffic (x read once, each FP8 copy written once); '
+          'device-to-device copy in the same run: %s GB/s (read + write).\n' % f(copy_gbps))
+    print('| recipe | sizes | shape | routing | rowwise GB/s | ms | + columnwise GB/s | ms | vs copy (+ columnwise) |')
+    print('|---|---|---|---|---|---|---|---|---|')
+    for (recipe, sizes, shape, skew, col) in quantize:
+        if col:
+            continue
+        row = quantize[(recipe, sizes, shape, skew, False)]
+        both = quantize.get((recipe, sizes, shape, skew, True), {})
+        print('| %s | %s | %s | %s | %s | %.3f | %s | %.3f | %s |' % (
+            recipe, sizes, shape, 'skewed' if skew else 'balanced', f(row.get('gbps')), row.get('ms', 0),
+            f(both.get('gbps')), both.get('ms', 0), ratio(both.get('gbps'), copy_gbps)))
+    print()
+
+
+report_quantize()

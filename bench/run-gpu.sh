@@ -23,6 +23,11 @@ for recipe in current delayed; do
 done
 build-gpu/bench/gmlp-bench --fp8=current --quantized --device-sizes "$@" | tee -a "$out/gmlp-bench.jsonl"
 build-gpu/bench/gmlp-bench --fp8=current "$@" | tee -a "$out/gmlp-bench.jsonl"
+# The grouped quantize kernel alone, every recipe.
+for recipe in delayed current blockwise mxfp8; do
+  build-gpu/bench/gmlp-bench --quantize --fp8=$recipe "$@" | tee -a "$out/gmlp-bench.jsonl"
+done
+build-gpu/bench/gmlp-bench --quantize --fp8=current --device-sizes "$@" | tee -a "$out/gmlp-bench.jsonl"
 /tmp/cublas_anchor | tee "$out/cublas-anchor.jsonl"
 PYTHONUNBUFFERED=1 python3 .bench/anchors.py "$out/anchors.json" | tee "$out/anchors.jsonl"
 python3 bench/compare.py "$out/gmlp-bench.jsonl" "$out/anchors.jsonl" "$out/cublas-anchor.jsonl" | tee "$out/compare.md"

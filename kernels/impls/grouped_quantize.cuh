@@ -54,7 +54,10 @@ constexpr int kQuantTile = kGmlpQuantTile;
 /* NOTE: one float of padding per row: a warp reading down a column hits 32
  * different banks. */
 constexpr int kQuantTilePitch = kQuantTile + 1;
-constexpr size_t kQuantTileBytes = sizeof (float) * kQuantTile * kQuantTilePitch;
+/* The float tile of the block recipes' general path, and its blocks'
+ * scales, rowwise and columnwise. */
+constexpr size_t kQuantTileBytes = sizeof (float) * kQuantTile * kQuantTilePitch +
+                                   2 * sizeof (GmlpQuantBlockScale) * kQuantTile * (kQuantTile / kGmlpQuantMxBlock);
 /* The most scale blocks a tile holds: 128 rows × 4 MX blocks, or 4 MX
  * blocks down × 128 columns. */
 constexpr int kQuantMaxTileBlocks = kQuantTile * (kQuantTile / kGmlpQuantMxBlock);
@@ -207,11 +210,13 @@ locate_group (const int64_t     *device_rows,
     }
 }
 
+/* The maximum of v over aligned groups of kLanes lanes (32: the warp). */
+template <int kLanes = 32>
 __device__ __forceinline__ uint32_t
 warp_max (uint32_t v)
 {
 #pragma unroll
-  for (int d = 16; d > 0; d /= 2)
+  for (int d = kLanes / 2; d > 0; d /= 2)
     {
       uint32_t other = __shfl_xor_sync (0xffffffffu, v, d);
       v = other > v ? other : v;
@@ -411,17 +416,18 @@ struct StoredSource
   }
 };
 
-/* x × multiplier to FP8 for a per-tensor scale, as gmlp_quant_encode() does
- * it (the per-tensor recipes never have an MX block's NaN scale). From
+/* a × multiplier_a and b × multiplier_b to FP8, as gmlp_quant_encode()
+ * does it for scales other than an MX block's NaN scale (per-tensor and
+ * blockwise recipes). From
  * sm_89 on, the hardware's conversion, two at a time: it rounds to nearest
  * even and saturates (satfinite: ±Inf and overflow give ±max) exactly as
  * gmlp_num_float_to_fp8() does; NaN keeps its sign and becomes 0x7f as
  * there (scripts/dev/check-fp8-encode.cu compares the two on every float). */
 __device__ __forceinline__ uint32_t
-encode_pair (float a, float b, float multiplier, int fp8_dtype)
+encode_pair (float a, float b, float multiplier_a, float multiplier_b, int fp8_dtype)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-  const float2 v = make_float2 (__fmul_rn (a, multiplier), __fmul_rn (b, multiplier));
+  const float2 v = make_float2 (__fmul_rn (a, multiplier_a), __fmul_rn (b, multiplier_b));
   uint32_t pair = fp8_dtype == GMLP_NUM_FLOAT8_E5M2 ? __nv_cvt_float2_to_fp8x2 (v, __NV_SATFINITE, __NV_E5M2)
                                                     : __nv_cvt_float2_to_fp8x2 (v, __NV_SATFINITE, __NV_E4M3);
   const uint32_t ua = __float_as_uint (a), ub = __float_as_uint (b);
@@ -432,11 +438,12 @@ encode_pair (float a, float b, float multiplier, int fp8_dtype)
     pair = (pair & 0x00ffu) | ((((ub >> 24) & 0x80u) | 0x7fu) << 8);
   return pair;
 #else
-  GmlpQuantBlockScale s;
+  GmlpQuantBlockScale sa, sb;
 
-  s.multiplier = multiplier;
-  s.nan_block = 0;
-  return (uint32_t) gmlp_quant_encode (a, &s, fp8_dtype) | ((uint32_t) gmlp_quant_encode (b, &s, fp8_dtype) << 8);
+  sa.multiplier = multiplier_a;
+  sb.multiplier = multiplier_b;
+  sa.nan_block = sb.nan_block = 0;
+  return (uint32_t) gmlp_quant_encode (a, &sa, fp8_dtype) | ((uint32_t) gmlp_quant_encode (b, &sb, fp8_dtype) << 8);
 #endif
 }
 
@@ -446,8 +453,10 @@ encode8 (const float v[8], float multiplier, int fp8_dtype)
 {
   uint2 out;
 
-  out.x = encode_pair (v[0], v[1], multiplier, fp8_dtype) | (encode_pair (v[2], v[3], multiplier, fp8_dtype) << 16);
-  out.y = encode_pair (v[4], v[5], multiplier, fp8_dtype) | (encode_pair (v[6], v[7], multiplier, fp8_dtype) << 16);
+  out.x = encode_pair (v[0], v[1], multiplier, multiplier, fp8_dtype) |
+          (encode_pair (v[2], v[3], multiplier, multiplier, fp8_dtype) << 16);
+  out.y = encode_pair (v[4], v[5], multiplier, multiplier, fp8_dtype) |
+          (encode_pair (v[6], v[7], multiplier, multiplier, fp8_dtype) << 16);
   return out;
 }
 
@@ -593,7 +602,7 @@ quantize_tile_per_tensor (const GroupedQuantizeParams &p,
                 amax = gmlp_quant_amax_fold (amax, x);
               if (!amax_pass)
                 {
-                  const uint8_t b = (uint8_t) encode_pair (x, 0.0f, multiplier, p.fp8_dtype);
+                  const uint8_t b = (uint8_t) encode_pair (x, 0.0f, multiplier, multiplier, p.fp8_dtype);
 
                   data[(uint64_t) (r0 + r) * (uint64_t) k + (uint64_t) (c0 + c)] = b;
                   if (stage)
@@ -616,6 +625,184 @@ quantize_tile_per_tensor (const GroupedQuantizeParams &p,
     }
 }
 
+/* Where chunk i of this thread lies in a tile: row i × 16 + thread / 16,
+ * columns 8 (thread % 16) .. + 7. A half-warp holds a whole row
+ * (warp_max<16> () reduces over it). */
+__device__ __forceinline__ int
+chunk_row (int i)
+{
+  return (threadIdx.x + i * kQuantThreads) / (kQuantTile / 8);
+}
+
+__device__ __forceinline__ int
+chunk_col ()
+{
+  return (threadIdx.x % (kQuantTile / 8)) * 8;
+}
+
+
+/* Rows of a tile one step of chunks covers (a thread's chunks lie this
+ * many rows apart), and the dynamic shared memory of the blockwise path:
+ * the staged bytes, then each step's partial column amaxes and the
+ * columns' multipliers. */
+constexpr int kQuantRowsPerStep = kQuantThreads / (kQuantTile / 8);
+constexpr size_t kQuantBlockwiseStagingBytes = kQuantByteTileBytes +
+                                              sizeof (uint32_t) * kQuantRowsPerStep * kQuantTile +
+                                              sizeof (float) * kQuantTile;
+
+/* One tile of BLOCKWISE where rows are whole 16-byte units: from the
+ * registers the tile was loaded into, as the per-tensor path. The scale of
+ * a 1 × 128 block (a tile row) comes from a half-warp reduction, that of a
+ * 128 × 128 block from the whole block; the columnwise copy of 1 × 128
+ * activations has 128 × 1 blocks, whose amaxes are reduced through shared
+ * memory (col_amax, 16 partial maxima a column) before the columnwise
+ * values are encoded with them and staged; weight tiles share their one
+ * scale with the copy. Same scales and bytes as quantize_tile_blocks().
+ * Every thread must call it. */
+template <typename Source>
+__device__ __forceinline__ void
+quantize_tile_blockwise (const GroupedQuantizeParams &p,
+                         const Source                &source,
+                         const GroupPlace            &place,
+                         int64_t                      r0,
+                         int64_t                      c0,
+                         int                          tr,
+                         int                          tc,
+                         uint8_t                     *staged,
+                         uint32_t                    *scratch)
+{
+  constexpr int kChunks = kQuantTile * kQuantTile / 8 / kQuantThreads;
+  /* After the staged bytes (kQuantBlockwiseStagingBytes in all). */
+  uint32_t (*const col_amax)[kQuantTile] = (uint32_t (*)[kQuantTile]) (staged + kQuantByteTileBytes);
+  float *const col_multiplier = (float *) (col_amax + kQuantRowsPerStep);
+  const bool weight_tiles = p.block_rows == kQuantTile;
+  const int64_t k = p.cols;
+  const int c = chunk_col ();
+  const uint8_t *src = p.src + place.offset[kLayoutSrc];
+  uint8_t *const data = p.data + place.offset[kLayoutData];
+  uint8_t *const scales = p.scale_inv + place.offset[kLayoutScale];
+  uint8_t *const columnwise = p.columnwise != nullptr ? p.columnwise + place.offset[kLayoutData] : nullptr;
+  typename Source::Chunk chunks[kChunks];
+  uint32_t amax[kChunks];
+  uint32_t tile_amax = 0;
+  float multiplier[kChunks];
+
+#pragma unroll
+  for (int i = 0; i < kChunks; i++)
+    if (chunk_row (i) < tr && c < tc)
+      chunks[i] = source.load8 (src, k, r0 + chunk_row (i), c0 + c);
+
+  /* The amax of each chunk, and partial column amaxes. */
+  {
+    uint32_t column[8] = { 0, 0, 0, 0, 0, 0, 0, 0 };
+
+#pragma unroll
+    for (int i = 0; i < kChunks; i++)
+      {
+        float v[8];
+
+        amax[i] = 0;
+        if (chunk_row (i) >= tr || c >= tc)
+          continue;
+        source.values8 (chunks[i], v);
+#pragma unroll
+        for (int e = 0; e < 8; e++)
+          {
+            amax[i] = gmlp_quant_amax_fold (amax[i], v[e]);
+            column[e] = gmlp_quant_amax_fold (column[e], v[e]);
+          }
+        tile_amax = amax[i] > tile_amax ? amax[i] : tile_amax;
+      }
+    if (!weight_tiles && columnwise != nullptr)
+#pragma unroll
+      for (int e = 0; e < 8; e++)
+        col_amax[threadIdx.x / (kQuantTile / 8)][c + e] = column[e];
+  }
+
+  /* The rowwise scales: one a row, or one for the tile. */
+  if (weight_tiles)
+    {
+      const uint32_t whole = block_max (tile_amax, scratch);
+      const GmlpQuantBlockScale s = gmlp_quant_block_scale (p.recipe, p.flags, p.fp8_dtype, whole, 0.0f);
+
+      if (threadIdx.x == 0)
+        store_scale (scales, (r0 / kQuantTile) * p.scale_cols + c0 / kQuantTile, p.scale_size, s);
+#pragma unroll
+      for (int i = 0; i < kChunks; i++)
+        multiplier[i] = s.multiplier;
+    }
+  else
+    {
+#pragma unroll
+      for (int i = 0; i < kChunks; i++)
+        {
+          const GmlpQuantBlockScale s = gmlp_quant_block_scale (p.recipe, p.flags, p.fp8_dtype,
+                                                                warp_max<kQuantTile / 8> (amax[i]), 0.0f);
+
+          multiplier[i] = s.multiplier;
+          if (threadIdx.x % (kQuantTile / 8) == 0 && chunk_row (i) < tr)
+            store_scale (scales, (r0 + chunk_row (i)) * p.scale_cols + c0 / kQuantTile, p.scale_size, s);
+        }
+    }
+
+  /* The rowwise values; the columnwise ones share them under one scale. */
+#pragma unroll
+  for (int i = 0; i < kChunks; i++)
+    {
+      const int r = chunk_row (i);
+      float v[8];
+
+      if (r >= tr || c >= tc)
+        continue;
+      source.values8 (chunks[i], v);
+      const uint2 bytes = encode8 (v, multiplier[i], p.fp8_dtype);
+
+      *(uint2 *) (data + (uint64_t) (r0 + r) * (uint64_t) k + (uint64_t) (c0 + c)) = bytes;
+      if (weight_tiles && columnwise != nullptr)
+        *(uint2 *) (staged + r * kQuantTile + c) = bytes;
+    }
+  if (columnwise == nullptr)
+    return;
+
+  if (!weight_tiles)
+    {
+      /* The 128 × 1 blocks of the copy: a column's amax, its scale (into
+       * the copy's scale grid), then its values. */
+      __syncthreads ();
+      if (threadIdx.x < kQuantTile && threadIdx.x < tc)
+        {
+          uint32_t a = 0;
+
+          for (int j = 0; j < kQuantRowsPerStep; j++)
+            a = col_amax[j][threadIdx.x] > a ? col_amax[j][threadIdx.x] : a;
+          const GmlpQuantBlockScale s = gmlp_quant_block_scale (p.recipe, p.flags, p.fp8_dtype, a, 0.0f);
+
+          col_multiplier[threadIdx.x] = s.multiplier;
+          store_scale (p.columnwise_scale_inv + place.offset[kLayoutColumnScale],
+                       (r0 / kQuantTile) * p.col_scale_cols + c0 + threadIdx.x, p.scale_size, s);
+        }
+      __syncthreads ();
+#pragma unroll
+      for (int i = 0; i < kChunks; i++)
+        {
+          const int r = chunk_row (i);
+          float v[8];
+          uint2 bytes;
+
+          if (r >= tr || c >= tc)
+            continue;
+          source.values8 (chunks[i], v);
+          bytes.x = encode_pair (v[0], v[1], col_multiplier[c], col_multiplier[c + 1], p.fp8_dtype) |
+                    (encode_pair (v[2], v[3], col_multiplier[c + 2], col_multiplier[c + 3], p.fp8_dtype) << 16);
+          bytes.y = encode_pair (v[4], v[5], col_multiplier[c + 4], col_multiplier[c + 5], p.fp8_dtype) |
+                    (encode_pair (v[6], v[7], col_multiplier[c + 6], col_multiplier[c + 7], p.fp8_dtype) << 16);
+          *(uint2 *) (staged + r * kQuantTile + c) = bytes;
+        }
+    }
+  __syncthreads ();
+  write_columnwise_tile (staged, columnwise, place.rows, r0, c0, tr, tc);
+}
+
 /* One tile of a block recipe (BLOCKWISE, MXFP8): staged as float, the
  * scales of the blocks inside it worked out from the staged values and
  * written, then the rowwise FP8 values and, in the same pass, the
@@ -633,8 +820,9 @@ quantize_tile_blocks (const GroupedQuantizeParams &p,
                       float                       *tile,
                       uint32_t                    *scratch)
 {
-  __shared__ GmlpQuantBlockScale row_scales[kQuantMaxTileBlocks];
-  __shared__ GmlpQuantBlockScale col_scales[kQuantMaxTileBlocks];
+  /* After the float tile (kQuantTileBytes in all). */
+  GmlpQuantBlockScale *const row_scales = (GmlpQuantBlockScale *) (tile + kQuantTile * kQuantTilePitch);
+  GmlpQuantBlockScale *const col_scales = row_scales + kQuantMaxTileBlocks;
   const bool own_column_scales = p.columnwise_scale_inv != nullptr;
   const int64_t m = place.rows, k = p.cols;
   const uint8_t *src = p.src + place.offset[kLayoutSrc];
@@ -925,6 +1113,8 @@ quantize_grouped_tiles (const GroupedQuantizeParams &p,
                                   p.data + place.offset[kLayoutData],
                                   p.columnwise != nullptr ? p.columnwise + place.offset[kLayoutData] : nullptr,
                                   place.rows, r0, c0, tr, tc, multiplier, amax_target, staging, scratch);
+      else if (p.recipe == GMLP_QUANT_BLOCKWISE && p.vector_ok)
+        quantize_tile_blockwise (p, source, place, r0, c0, tr, tc, staging, scratch);
       else
         quantize_tile_blocks (p, source, place, r0, c0, tr, tc, (float *) staging, scratch);
       __syncthreads ();   /* the staging is rewritten next */
@@ -1186,7 +1376,9 @@ launch_grouped_quantize (void         (*kernel) (Params),
                          cudaStream_t   stream)
 {
   const GroupedQuantizeParams &p = quantize_part (params);
-  const size_t staging = p.block_rows == 0 ? kQuantByteTileBytes : kQuantTileBytes;
+  const size_t staging = p.block_rows == 0 ? kQuantByteTileBytes :
+                         p.recipe == GMLP_QUANT_BLOCKWISE && p.vector_ok ? kQuantBlockwiseStagingBytes :
+                         kQuantTileBytes;
   int resident = 0;
   unsigned blocks = 1;
   uint64_t tiles;

@@ -35,7 +35,7 @@ check (int fp8_dtype, Mismatch *out)
     {
       /* Both halves of the pair: i low, i with its halves swapped high. */
       const uint32_t lo = (uint32_t) i, hi = (lo << 16) | (lo >> 16);
-      const uint32_t got = gmlp::encode_pair (__uint_as_float (lo), __uint_as_float (hi), 1.0f, fp8_dtype);
+      const uint32_t got = gmlp::encode_pair (__uint_as_float (lo), __uint_as_float (hi), 1.0f, 1.0f, fp8_dtype);
       const uint32_t want = (uint32_t) gmlp_quant_encode (__uint_as_float (lo), &one, fp8_dtype) |
                             ((uint32_t) gmlp_quant_encode (__uint_as_float (hi), &one, fp8_dtype) << 8);
 
