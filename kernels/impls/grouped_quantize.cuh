@@ -317,17 +317,15 @@ tile_block_scales (const GroupedQuantizeParams &p,
     }
 }
 
-/* The scale that element (r, c) of the tile is quantized with. */
+/* The scale that element (r, c) of the tile is quantized with, among the
+ * scales of the blocks (neither dimension 0) inside it. */
 __device__ __forceinline__ const GmlpQuantBlockScale &
 tile_scale_at (const GmlpQuantBlockScale *scales,
-               const GmlpQuantBlockScale &member,
                int64_t                    block_rows,
                int64_t                    block_cols,
                int                        r,
                int                        c)
 {
-  if (block_rows == 0)
-    return member;
   return scales[(r / (int) block_rows) * (kQuantTile / (int) block_cols) + c / (int) block_cols];
 }
 
@@ -872,7 +870,7 @@ quantize_tile_blocks (const GroupedQuantizeParams &p,
         if (r < tr && c < tc)
           data[(uint64_t) (r0 + r) * (uint64_t) k + (uint64_t) (c0 + c)] =
             gmlp_quant_encode (tile[r * kQuantTilePitch + c],
-                               &tile_scale_at (row_scales, row_scales[0], p.block_rows, p.block_cols, r, c),
+                               &tile_scale_at (row_scales, p.block_rows, p.block_cols, r, c),
                                p.fp8_dtype);
       }
   }
@@ -893,7 +891,7 @@ quantize_tile_blocks (const GroupedQuantizeParams &p,
 
           if (r < tr && c < tc)
             columnwise[(uint64_t) (c0 + c) * (uint64_t) m + (uint64_t) (r0 + r)] =
-              gmlp_quant_encode (tile[r * kQuantTilePitch + c], &tile_scale_at (scales, scales[0], br, bc, r, c),
+              gmlp_quant_encode (tile[r * kQuantTilePitch + c], &tile_scale_at (scales, br, bc, r, c),
                                  p.fp8_dtype);
         }
     }

@@ -174,27 +174,53 @@ gmlp_cuda_gemm_is_packed (const void * const *pointers,
   return TRUE;
 }
 
-/* The fields of a host-sizes product common to every kernel description:
- * the groups packed from their first member, row_capacity their sum. */
-static GmlpKernelDeviceGemm
-gmlp_cuda_host_rows_gemm (GmlpGemmKind  kind,
-                          guint         n_groups,
-                          const gint64 *rows,
-                          gint64        n,
-                          gint64        k)
+/* The kernel description of a host-sizes product, dtypes and scales left
+ * to the caller: FPROP and DGRAD have a and c grouped by rows and b the
+ * per-group matrices; WGRAD a and b grouped by rows (a_size and b_size
+ * bytes a value) and c the per-group outputs. FALSE, *out untouched, where
+ * a grouped operand is not packed from its first member, as the kernel
+ * addresses it; row_capacity is the sum of the rows. */
+static gboolean
+gmlp_cuda_host_rows_gemm (GmlpGemmKind         kind,
+                          guint                n_groups,
+                          const gint64        *rows,
+                          gint64               n,
+                          gint64               k,
+                          const void * const  *a,
+                          const void * const  *b,
+                          void * const        *c,
+                          guint64              a_size,
+                          guint64              b_size,
+                          guint64              c_size,
+                          const guint8        *accumulate,
+                          GmlpKernelDeviceGemm *out)
 {
+  gboolean wgrad = kind == GMLP_GEMM_WGRAD;
+  gint64 a_cols = kind == GMLP_GEMM_FPROP ? k : n;
+  gint64 second_cols = kind == GMLP_GEMM_FPROP ? n : k;
+  const void * const *second = wgrad ? b : (const void * const *) c;
   gint64 capacity = 0;
 
+  if (n_groups == 0 || !gmlp_cuda_gemm_is_packed (a, rows, n_groups, a_cols * a_size) ||
+      !gmlp_cuda_gemm_is_packed (second, rows, n_groups, second_cols * (wgrad ? b_size : c_size)))
+    return FALSE;
   for (guint g = 0; g < n_groups; g++)
     capacity += MAX (rows[g], 0);
-  return (GmlpKernelDeviceGemm) {
+  *out = (GmlpKernelDeviceGemm) {
     .kind = gmlp_cuda_kernel_gemm_kind (kind),
     .n_groups = n_groups,
     .host_rows = rows,
     .row_capacity = capacity,
     .n = n,
     .k = k,
+    .a = a[0],
+    .b_rows = wgrad ? b[0] : NULL,
+    .c_rows = wgrad ? NULL : c[0],
+    .weight = wgrad ? NULL : b,
+    .wgrad = wgrad ? c : NULL,
+    .accumulate = accumulate,
   };
+  return TRUE;
 }
 
 gboolean
@@ -203,29 +229,16 @@ gmlp_cuda_gemm_host_rows_sm90 (GmlpBackendDevice      *device,
                                gboolean               *taken,
                                GError                **error)
 {
-  gboolean wgrad = gemm->kind == GMLP_GEMM_WGRAD;
-  const void * const *second = wgrad ? gemm->b : (const void * const *) gemm->c;
   guint64 ab_size = gmlp_num_dtype_size (gemm->ab_dtype);
-  guint64 second_size = wgrad ? ab_size : (guint64) gmlp_num_dtype_size (gemm->c_dtype);
-  gint64 a_cols = gemm->kind == GMLP_GEMM_FPROP ? gemm->k : gemm->n;
-  gint64 second_cols = gemm->kind == GMLP_GEMM_FPROP ? gemm->n : gemm->k;
   GmlpKernelDeviceGemm kernel_gemm;
 
   *taken = FALSE;
-  if (gemm->n_groups == 0 ||
-      !gmlp_cuda_gemm_is_packed (gemm->a, gemm->rows, gemm->n_groups, a_cols * ab_size) ||
-      !gmlp_cuda_gemm_is_packed (second, gemm->rows, gemm->n_groups, second_cols * second_size))
+  if (!gmlp_cuda_host_rows_gemm (gemm->kind, gemm->n_groups, gemm->rows, gemm->n, gemm->k,
+                                 gemm->a, gemm->b, gemm->c, ab_size, ab_size,
+                                 gmlp_num_dtype_size (gemm->c_dtype), gemm->accumulate, &kernel_gemm))
     return FALSE;
-
-  kernel_gemm = gmlp_cuda_host_rows_gemm (gemm->kind, gemm->n_groups, gemm->rows, gemm->n, gemm->k);
   kernel_gemm.ab_dtype = gemm->ab_dtype;
   kernel_gemm.c_dtype = gemm->c_dtype;
-  kernel_gemm.a = gemm->a[0];
-  kernel_gemm.b_rows = wgrad ? gemm->b[0] : NULL;
-  kernel_gemm.c_rows = wgrad ? NULL : gemm->c[0];
-  kernel_gemm.weight = wgrad ? NULL : gemm->b;
-  kernel_gemm.wgrad = wgrad ? gemm->c : NULL;
-  kernel_gemm.accumulate = gemm->accumulate;
   return gmlp_cuda_run_sm90 (device, &kernel_gemm, taken, NULL, error);
 }
 
@@ -239,29 +252,18 @@ gmlp_cuda_gemm_fp8_sm90 (GmlpBackendDevice          *device,
                          gboolean                   *taken,
                          GError                    **error)
 {
-  gboolean wgrad = gemm->kind == GMLP_GEMM_WGRAD, dgrad = gemm->kind == GMLP_GEMM_DGRAD;
-  gint64 a_cols = gemm->kind == GMLP_GEMM_FPROP ? gemm->k : gemm->n;
-  gint64 second_cols = gemm->kind == GMLP_GEMM_FPROP ? gemm->n : gemm->k;
-  const void * const *second = wgrad ? gemm->b : (const void * const *) gemm->c;
-  guint64 second_size = wgrad ? 1 : gmlp_num_dtype_size (gemm->c_dtype);
   GmlpKernelDeviceGemm kernel_gemm;
 
   *taken = FALSE;
-  if (gemm->n_groups == 0 || (gemm->kind != GMLP_GEMM_FPROP && !dgrad && !wgrad) ||
-      !gmlp_cuda_gemm_is_packed (gemm->a, gemm->rows, gemm->n_groups, a_cols) ||
-      !gmlp_cuda_gemm_is_packed (second, gemm->rows, gemm->n_groups, second_cols * second_size))
+  if (gemm->kind != GMLP_GEMM_FPROP && gemm->kind != GMLP_GEMM_DGRAD && gemm->kind != GMLP_GEMM_WGRAD)
     return FALSE;
-
-  kernel_gemm = gmlp_cuda_host_rows_gemm (gemm->kind, gemm->n_groups, gemm->rows, gemm->n, gemm->k);
+  if (!gmlp_cuda_host_rows_gemm (gemm->kind, gemm->n_groups, gemm->rows, gemm->n, gemm->k,
+                                 gemm->a, gemm->b, gemm->c, 1, 1, gmlp_num_dtype_size (gemm->c_dtype),
+                                 gemm->accumulate, &kernel_gemm))
+    return FALSE;
   kernel_gemm.ab_dtype = gemm->a_dtype;
   kernel_gemm.b_dtype = gemm->b_dtype;
   kernel_gemm.c_dtype = gemm->c_dtype;
-  kernel_gemm.a = gemm->a[0];
-  kernel_gemm.b_rows = wgrad ? gemm->b[0] : NULL;
-  kernel_gemm.c_rows = wgrad ? NULL : gemm->c[0];
-  kernel_gemm.weight = wgrad ? NULL : gemm->b;
-  kernel_gemm.wgrad = wgrad ? gemm->c : NULL;
-  kernel_gemm.accumulate = gemm->accumulate;
   kernel_gemm.a_scale_inv = (const float * const *) gemm->a_scale_inv;
   kernel_gemm.b_scale_inv = (const float * const *) gemm->b_scale_inv;
   return gmlp_cuda_run_sm90 (device, &kernel_gemm, taken, NULL, error);
