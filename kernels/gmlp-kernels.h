@@ -247,6 +247,20 @@ typedef enum {
   GMLP_KERNEL_GEMM_WGRAD = 2,
 } GmlpKernelGemmKind;
 
+/* Where the FP8 scale inverses of one operand lie, the operand seen as the
+ * product reads it (K-major: rows × depth, depth summed over). row_block 0:
+ * one scale per group, *scale_inv[i] (the per-tensor recipes). Otherwise
+ * blocks of row_block rows (1 or 128) × 128 values along the depth, counted
+ * from the group's first row and first value: the scale of row r, depth d
+ * of group i is scale_inv[i][(r / row_block) * row_stride + (d / 128) *
+ * depth_stride] (the blockwise recipe, its rowwise tensors and columnwise
+ * copies alike). */
+typedef struct {
+  int64_t row_block;
+  int64_t row_stride;
+  int64_t depth_stride;
+} GmlpKernelFp8Scales;
+
 typedef struct {
   GmlpKernelGemmKind  kind;
   uint32_t            n_groups;
@@ -276,6 +290,15 @@ typedef struct {
   int                 b_dtype;
   const float * const *a_scale_inv;
   const float * const *b_scale_inv;
+  /* Blockwise FP8 (row_block > 0; zeros: per-tensor): A's scales in rows
+   * (row_block 1) or 128 × 128 tiles, B's in tiles for FPROP and DGRAD and
+   * in rows for WGRAD, E4M3 × E4M3 or E5M2 × E4M3. With device sizes A's
+   * scales are a_scale_rows (row_block 1), a tensor grouped by the same
+   * sizes as a (member i: m_i × ceil (depth / 128) floats), and
+   * a_scale_inv is not read. */
+  GmlpKernelFp8Scales  a_scales;
+  GmlpKernelFp8Scales  b_scales;
+  const float         *a_scale_rows;
 } GmlpKernelDeviceGemm;
 
 /* libgmlp's Hopper kernel (sm_90a: TMA, wgmma, a persistent device-side

@@ -42,6 +42,11 @@ struct PlanParams
   int                   transposed;
   GroupedOperand        a;             /* x (FPROP) or dy */
   GroupedOperand        rows2;         /* c_rows, or b_rows for WGRAD */
+  /* Blockwise FP8: the groups' scale pointers are the tables' (the scales
+   * of a grouped by the device sizes: a_scales instead). */
+  int                   blockwise;
+  int                   a_scales_grouped;
+  GroupedOperand        a_scales;
   uint32_t              tiles_n;       /* output tiles across */
   uint32_t              tiles_m_fixed; /* WGRAD: output tiles down */
   /* The host tables (table_words()): weight (FPROP, DGRAD) or wgrad
@@ -153,13 +158,13 @@ plan_kernel (const __grid_constant__ PlanParams p, const __grid_constant__ Inlin
   launch_dependents ();
   using Scan = cub::BlockScan<uint64_t, kPlanThreads>;
   __shared__ typename Scan::TempStorage scan_storage;
-  __shared__ uint64_t carry[3];   /* offsets of a and rows2, tiles so far */
+  __shared__ uint64_t carry[4];   /* offsets of a, rows2 and a_scales, tiles so far */
   __shared__ TensorMap map_slots[kPlanThreads];
   TensorMap *slot = &map_slots[threadIdx.x];
   const bool wgrad = p.kind == GMLP_KERNEL_GEMM_WGRAD;
 
   if (threadIdx.x == 0)
-    carry[0] = carry[1] = carry[2] = 0;
+    carry[0] = carry[1] = carry[2] = carry[3] = 0;
   __syncthreads ();
 
   for (uint32_t base = 0; base < p.n_groups; base += kPlanThreads)
@@ -168,7 +173,7 @@ plan_kernel (const __grid_constant__ PlanParams p, const __grid_constant__ Inlin
       const bool valid = g < p.n_groups;
       const int64_t asked = valid ? group_rows (p, tables, g) : 0;
       const int64_t raw = asked > 0 ? asked : 0;
-      uint64_t off_a, off_2, total_a, total_2, tile_off, tile_total, tiles;
+      uint64_t off_a, off_2, off_s = 0, total_a, total_2, total_s = 0, tile_off, tile_total, tiles;
       int64_t rows;
 
       Scan (scan_storage).ExclusiveScan (valid ? member_stride (raw, p.a) : 0, off_a,
@@ -177,11 +182,20 @@ plan_kernel (const __grid_constant__ PlanParams p, const __grid_constant__ Inlin
       Scan (scan_storage).ExclusiveScan (valid ? member_stride (raw, p.rows2) : 0, off_2,
                                          (uint64_t) 0, SaturatingAdd (), total_2);
       __syncthreads ();
+      if (p.a_scales_grouped)
+        {
+          Scan (scan_storage).ExclusiveScan (valid ? member_stride (raw, p.a_scales) : 0, off_s,
+                                             (uint64_t) 0, SaturatingAdd (), total_s);
+          __syncthreads ();
+          off_s = SaturatingAdd () (off_s, carry[3]);
+        }
       off_a = SaturatingAdd () (off_a, carry[0]);
       off_2 = SaturatingAdd () (off_2, carry[1]);
       rows = rows_that_fit (raw, off_a, p.a);
       if (rows_that_fit (raw, off_2, p.rows2) < rows)
         rows = rows_that_fit (raw, off_2, p.rows2);
+      if (p.a_scales_grouped && rows_that_fit (raw, off_s, p.a_scales) < rows)
+        rows = rows_that_fit (raw, off_s, p.a_scales);
 
       if (!valid)
         tiles = 0;
@@ -209,10 +223,14 @@ plan_kernel (const __grid_constant__ PlanParams p, const __grid_constant__ Inlin
           w.bias = (const void *) t.bias;
           w.rows = rows;
           w.accumulate = t.accumulate;
+          w.a_scales = p.a_scales_grouped ?
+            reinterpret_cast<const float *> (rows > 0 ? p.a_scales.data + off_s : p.a_scales.data) :
+            reinterpret_cast<const float *> (t.a_scale);
+          w.b_scales = reinterpret_cast<const float *> (t.b_scale);
           /* Written by the quantizer earlier in the stream. */
-          w.scale = p.has_scales ? *reinterpret_cast<const float *> (t.a_scale) *
-                                     *reinterpret_cast<const float *> (t.b_scale)
-                                 : 1.0f;
+          w.scale = p.has_scales && !p.blockwise ? *reinterpret_cast<const float *> (t.a_scale) *
+                                                     *reinterpret_cast<const float *> (t.b_scale)
+                                                 : 1.0f;
           p.groups[g] = w;
           p.tile_begin[g] = (uint32_t) tile_off;
 
@@ -237,6 +255,7 @@ plan_kernel (const __grid_constant__ PlanParams p, const __grid_constant__ Inlin
           carry[0] = SaturatingAdd () (carry[0], total_a);
           carry[1] = SaturatingAdd () (carry[1], total_2);
           carry[2] += tile_total;
+          carry[3] = SaturatingAdd () (carry[3], total_s);
         }
       __syncthreads ();
     }
@@ -374,21 +393,59 @@ host_rows_aligned (const GmlpKernelDeviceGemm *g)
   return true;
 }
 
+bool
+blockwise (const GmlpKernelDeviceGemm *g)
+{
+  return g->a_scales.row_block != 0 || g->b_scales.row_block != 0;
+}
+
 /* The kernel instance's operand types (Operands), or -1 for a pair it
  * does not multiply. */
 int
 operands_of (const GmlpKernelDeviceGemm *g)
 {
+  const bool blocks = blockwise (g);
+
   if (!gmlp_num_dtype_is_fp8 (g->ab_dtype))
     return g->ab_dtype == GMLP_NUM_BFLOAT16 ? kOpsBf16 :
            g->ab_dtype == GMLP_NUM_FLOAT16 ? kOpsFp16 : -1;
   if (g->ab_dtype == GMLP_NUM_FLOAT8_E4M3 && g->b_dtype == GMLP_NUM_FLOAT8_E4M3)
-    return kOpsE4m3E4m3;
+    return blocks ? kOpsE4m3E4m3Blocks : kOpsE4m3E4m3;
   if (g->ab_dtype == GMLP_NUM_FLOAT8_E4M3 && g->b_dtype == GMLP_NUM_FLOAT8_E5M2)
-    return kOpsE4m3E5m2;
+    return blocks ? -1 : kOpsE4m3E5m2;
   if (g->ab_dtype == GMLP_NUM_FLOAT8_E5M2 && g->b_dtype == GMLP_NUM_FLOAT8_E4M3)
-    return kOpsE5m2E4m3;
+    return blocks ? kOpsE5m2E4m3Blocks : kOpsE5m2E4m3;
   return -1;
+}
+
+/* Whether A's scales are grouped by the device sizes (a_scale_rows). */
+bool
+grouped_a_scales (const GmlpKernelDeviceGemm *g)
+{
+  return g->device_rows != nullptr && blockwise (g);
+}
+
+/* Why the kernel does not take these blockwise scales, or nullptr. The
+ * depth blocks are the stages (128 deep, from each group's first value);
+ * a tile's rows are one row block of 128 or 128 rows of their own, and B's
+ * scales are per tile for FPROP and DGRAD (weights), per row for WGRAD. */
+const char *
+blockwise_refusal (const GmlpKernelDeviceGemm *g)
+{
+  const GmlpKernelFp8Scales &a = g->a_scales, &b = g->b_scales;
+  const bool wgrad = g->kind == GMLP_KERNEL_GEMM_WGRAD;
+
+  if ((a.row_block != 1 && a.row_block != 128) || b.row_block != (wgrad ? 1 : 128))
+    return wgrad ? "the Hopper kernel's blockwise FP8 WGRAD takes scales of rows (1 × 128 "
+                   "blocks) for both operands, or 128 × 128 tiles for A"
+                 : "the Hopper kernel's blockwise FP8 FPROP and DGRAD take B's scales in "
+                   "128 × 128 tiles, and A's in rows (1 × 128 blocks) or tiles";
+  if (a.row_stride < 0 || a.depth_stride < 0 || b.row_stride < 0 || b.depth_stride < 0)
+    return "negative scale strides";
+  if (g->device_rows != nullptr && a.row_block != 1)
+    return "with device sizes the Hopper kernel takes A's blockwise scales in rows, grouped "
+           "by the sizes (a_scale_rows)";
+  return nullptr;
 }
 
 int
@@ -406,6 +463,17 @@ tile_bound (const GmlpKernelDeviceGemm *g)
   if (g->kind == GMLP_KERNEL_GEMM_WGRAD)
     return (uint64_t) g->n_groups * div_up (g->n, kBlockM) * tiles_n;
   return (div_up (g->row_capacity, kBlockM) + g->n_groups) * tiles_n;
+}
+
+ScaleLayout
+scale_layout (const GmlpKernelFp8Scales &s)
+{
+  ScaleLayout l;
+
+  l.row_stride = s.row_stride;
+  l.depth_stride = s.depth_stride;
+  l.row_shift = s.row_block == 128 ? 7 : 0;
+  return l;
 }
 
 template <int kWords>
@@ -449,7 +517,9 @@ launch_fp8 (int ops, bool wgrad, const GemmParams &params, int n_sms, cudaStream
     {
     case kOpsE4m3E4m3: return launch_fp8_kind<kOpsE4m3E4m3> (wgrad, params, n_sms, stream);
     case kOpsE4m3E5m2: return launch_fp8_kind<kOpsE4m3E5m2> (wgrad, params, n_sms, stream);
-    default:           return launch_fp8_kind<kOpsE5m2E4m3> (wgrad, params, n_sms, stream);
+    case kOpsE5m2E4m3: return launch_fp8_kind<kOpsE5m2E4m3> (wgrad, params, n_sms, stream);
+    case kOpsE4m3E4m3Blocks: return launch_fp8_kind<kOpsE4m3E4m3Blocks> (wgrad, params, n_sms, stream);
+    default:           return launch_fp8_kind<kOpsE5m2E4m3Blocks> (wgrad, params, n_sms, stream);
     }
 }
 
@@ -513,17 +583,24 @@ gmlp_kernel_device_gemm_sm90_check (const GmlpKernelDeviceGemm *gemm,
     {
       if (operands_of (gemm) < 0)
         {
-          *reason = "the Hopper kernel multiplies FP8 operands E4M3 × E4M3, E4M3 × E5M2 or "
-                    "E5M2 × E4M3";
+          *reason = blockwise (gemm) ?
+            "the Hopper kernel multiplies FP8 operands with blockwise scales E4M3 × E4M3 or "
+            "E5M2 × E4M3" :
+            "the Hopper kernel multiplies FP8 operands E4M3 × E4M3, E4M3 × E5M2 or E5M2 × E4M3";
           return GMLP_KERNEL_UNSUPPORTED;
         }
+      if (blockwise (gemm) && (*reason = blockwise_refusal (gemm)) != nullptr)
+        return GMLP_KERNEL_UNSUPPORTED;
       if (wgrad && !host_rows_aligned (gemm))
         {
           *reason = "the Hopper kernel's FP8 WGRAD needs group sizes known on the host, each "
                     "a multiple of 16 (TMA reads rows of whole 16-byte units)";
           return GMLP_KERNEL_UNSUPPORTED;
         }
-      if (!pointers_ok ((const void * const *) gemm->a_scale_inv, gemm->n_groups) ||
+      if ((grouped_a_scales (gemm) ? gemm->a_scale_rows == nullptr ||
+                                     !is_aligned (gemm->a_scale_rows, 16)
+                                   : !pointers_ok ((const void * const *) gemm->a_scale_inv,
+                                                   gemm->n_groups)) ||
           !pointers_ok ((const void * const *) gemm->b_scale_inv, gemm->n_groups))
         {
           *reason = "FP8 operands need every group's scale inverse pointers";
@@ -664,6 +741,15 @@ gmlp_kernel_device_gemm_sm90 (const GmlpKernelDeviceGemm *gemm,
   plan.tiles_m_fixed = wgrad ? (uint32_t) div_up (gemm->n, kBlockM) : 0;
   plan.has_bias = gemm->bias != nullptr;
   plan.has_scales = fp8;
+  plan.blockwise = fp8 && blockwise (gemm);
+  plan.a_scales_grouped = fp8 && grouped_a_scales (gemm);
+  if (plan.a_scales_grouped)
+    {
+      /* Member i: m_i rows of ceil (depth / 128) scales. */
+      shape.cols = div_up (e.a_cols, (int64_t) 128);
+      if (!describe_operand (&plan.a_scales, gemm->a_scale_rows, sizeof (float), &shape))
+        return GMLP_KERNEL_INVALID_VALUE;
+    }
   plan.has_accumulate = gemm->accumulate != nullptr;
   plan.tile_begin = reinterpret_cast<uint32_t *> (ws + layout.tile_begin);
   plan.groups = reinterpret_cast<GroupWork *> (ws + layout.groups);
@@ -682,7 +768,7 @@ gmlp_kernel_device_gemm_sm90 (const GmlpKernelDeviceGemm *gemm,
       table[2 * n + g] = gemm->host_rows != nullptr ? (uint64_t) gemm->host_rows[g] : 0;
       if (fp8)
         {
-          table[3 * n + g] = (uint64_t) (uintptr_t) gemm->a_scale_inv[g];
+          table[3 * n + g] = grouped_a_scales (gemm) ? 0 : (uint64_t) (uintptr_t) gemm->a_scale_inv[g];
           table[4 * n + g] = (uint64_t) (uintptr_t) gemm->b_scale_inv[g];
         }
     }
@@ -714,5 +800,7 @@ gmlp_kernel_device_gemm_sm90 (const GmlpKernelDeviceGemm *gemm,
   params.out_cols = e.out_cols;
   params.reduction = e.reduction;
   params.c_dtype = gemm->c_dtype;
+  params.a_scales = scale_layout (gemm->a_scales);
+  params.b_scales = scale_layout (gemm->b_scales);
   return launch_operands (operands_of (gemm), gemm->kind, params, n_sms, stream);
 }

@@ -16,6 +16,7 @@
 #include "gmlp-error.h"
 #include "gmlp-grouped-tensor-private.h"
 #include "gmlp-offload-context-private.h"
+#include "gmlp-quantize-numeric.h"
 #include "gmlp-quantizer-private.h"
 #include "gmlp-saved-activations-private.h"
 
@@ -1979,10 +1980,13 @@ gmlp_grouped_linear_get_grad_added_to_main_grad (GmlpGroupedLinear *self)
  * the columnwise copies of dy and x; the quantizers write the copies in the
  * same pass when the backward will need them. With device-only group sizes
  * FPROP and DGRAD take gemm_device's FP8 products where the backend has them
- * (fp8_run_device(): CUDA on Hopper, the CPU). Blockwise and MXFP8, the
- * WGRAD of device sizes, and operands given without the copies dequantize
- * the FP8 operands to fp8_fallback_dtype() and run the layer's usual
- * products: correct, not fast, until native kernels come.
+ * (fp8_run_device(): CUDA on Hopper, the CPU). Blockwise scales take the
+ * same products, each operand with its scale layout (fp8_operand_scales():
+ * CUDA on its Hopper kernel, the CPU); where a backend refuses them
+ * (UNSUPPORTED: another GPU, WGRAD groups whose rows the kernel cannot
+ * read) and for MXFP8, the WGRAD of device sizes, and operands given
+ * without the copies, the layer dequantizes the FP8 operands to
+ * fp8_fallback_dtype() and runs its usual products: correct, not fast.
  *
  * The forward saves the quantized input ("input": offload moves every part
  * of it) and the quantized weights ("weight-fp8", resident on the device);
@@ -2302,21 +2306,73 @@ fp8_weights (GmlpGroupedLinear  *self,
   return w8;
 }
 
-/* Whether a product of a and b runs on gemm_fp8: per-tensor scales, host
- * sizes (of sized_by), and the K-major operands it reads (the columnwise
- * copies, for the transposed ones; NULL otherwise). */
+/* Whether both tensors are quantized by recipes whose products multiply
+ * FP8 (gmlp_scaling_recipe_multiplies_fp8()). */
+static gboolean
+fp8_multiplied (GmlpGroupedTensor *a,
+                GmlpGroupedTensor *b)
+{
+  return gmlp_scaling_recipe_multiplies_fp8 (gmlp_grouped_tensor_get_scaling_recipe (a)) &&
+         gmlp_scaling_recipe_multiplies_fp8 (gmlp_grouped_tensor_get_scaling_recipe (b));
+}
+
+/* Whether a product of a and b runs on gemm_fp8: recipes it multiplies,
+ * host sizes (of sized_by), and the K-major operands it reads (the
+ * columnwise copies, for the transposed ones; NULL otherwise). */
 static gboolean
 fp8_native (GmlpGroupedTensor *sized_by,
             GmlpGroupedTensor *a,
             GmlpGroupedTensor *b)
 {
   return gmlp_grouped_tensor_has_host_sizes (sized_by) && a != NULL && b != NULL &&
-         fp8_per_tensor (gmlp_grouped_tensor_get_scaling_recipe (a)) &&
-         fp8_per_tensor (gmlp_grouped_tensor_get_scaling_recipe (b));
+         fp8_multiplied (a, b);
+}
+
+/* How a product reads the scales of t, a quantized tensor or columnwise
+ * copy seen K-major (GmlpBackendFp8Scales): zeros for per-tensor scales;
+ * for blocks, the scale tensor's members are blocks_along (rows_i) ×
+ * blocks_along (cols) in the rowwise orientation (gmlp_quant_blocks()),
+ * so a rowwise tensor's rows are its rows, a copy's its columns. FALSE
+ * where the depth blocks are not the products' 128 (MXFP8). */
+static gboolean
+fp8_operand_scales (GmlpGroupedTensor    *t,
+                    GmlpBackendFp8Scales *out)
+{
+  gint64 block_rows, block_cols, cols = gmlp_grouped_tensor_get_cols (t);
+
+  *out = (GmlpBackendFp8Scales) { 0, };
+  gmlp_grouped_tensor_get_scale_block (t, &block_rows, &block_cols);
+  if (block_rows == 0 && block_cols == 0)
+    return TRUE;
+  if (!gmlp_grouped_tensor_is_columnwise (t))
+    {
+      if (block_cols != GMLP_BACKEND_FP8_DEPTH_BLOCK)
+        return FALSE;
+      *out = (GmlpBackendFp8Scales) { block_rows, gmlp_quant_blocks_along (cols, block_cols), 1 };
+      return TRUE;
+    }
+  if (block_rows != GMLP_BACKEND_FP8_DEPTH_BLOCK)
+    return FALSE;
+  *out = (GmlpBackendFp8Scales) { block_cols, 1, gmlp_quant_blocks_along (cols, block_cols) };
+  return TRUE;
+}
+
+/* Whether a backend's error says it does not take the product (blockwise
+ * scales it has no kernel for): then the caller dequantizes. Clears it. */
+static gboolean
+fp8_refused (GError **local_error)
+{
+  if ((*local_error)->code != GMLP_ERROR_UNSUPPORTED)
+    return FALSE;
+  g_debug ("FP8 product on dequantized operands: %s", (*local_error)->message);
+  g_clear_error (local_error);
+  return TRUE;
 }
 
 /* C_i = A_i B_iᵀ on the backend's gemm_fp8 (see GmlpBackendGemmFp8: a and b
- * K-major, rowwise tensors or columnwise copies, each with its scales). */
+ * K-major, rowwise tensors or columnwise copies, each with its scales).
+ * *ran says whether it ran: blockwise products a backend does not take are
+ * refused before anything is enqueued, and the caller dequantizes. */
 static gboolean
 fp8_run_native (GmlpGroupedLinear  *self,
                 GmlpGemmKind        kind,
@@ -2326,8 +2382,13 @@ fp8_run_native (GmlpGroupedLinear  *self,
                 void * const       *c,
                 GmlpDType           c_dtype,
                 const guint8       *accumulate,
+                gboolean           *ran,
                 GError            **error)
 {
+  g_autoptr(GError) local_error = NULL;
+  GmlpBackendFp8Scales a_scales, b_scales;
+  gboolean blockwise;
+
   g_autofree gpointer *pa = member_pointers (a, NULL, self->n_groups);
   g_autofree gpointer *pb = member_pointers (b, NULL, self->n_groups);
   g_autofree gpointer *sa = member_pointers (gmlp_grouped_tensor_get_scale_inv (a), NULL, self->n_groups);
@@ -2349,7 +2410,17 @@ fp8_run_native (GmlpGroupedLinear  *self,
     .accumulate = accumulate,
   };
 
-  return GMLP_DEVICE_CALL (self->device, gemm_fp8, &gemm, error);
+  *ran = FALSE;
+  if (!fp8_operand_scales (a, &a_scales) || !fp8_operand_scales (b, &b_scales))
+    return TRUE;
+  gemm.a_scales = a_scales;
+  gemm.b_scales = b_scales;
+  blockwise = gmlp_backend_fp8_scales_blockwise (&a_scales, &b_scales);
+  *ran = GMLP_DEVICE_CALL (self->device, gemm_fp8, &gemm, &local_error);
+  if (*ran || (blockwise && fp8_refused (&local_error)))
+    return TRUE;
+  g_propagate_error (error, g_steal_pointer (&local_error));
+  return FALSE;
 }
 
 /* FPROP y = x8 W8ᵀ [+ b] or DGRAD dx = dy8 (W8ᵀ)ᵀ with the group sizes of
@@ -2370,13 +2441,21 @@ fp8_run_device (GmlpGroupedLinear  *self,
 {
   gboolean bias = kind == GMLP_GEMM_FPROP && self->bias.grouped != NULL;
   g_autofree gpointer *pw = member_pointers (w8, NULL, self->n_groups);
-  g_autofree gpointer *sa = member_pointers (gmlp_grouped_tensor_get_scale_inv (a8), NULL, self->n_groups);
   g_autofree gpointer *sw = member_pointers (gmlp_grouped_tensor_get_scale_inv (w8), NULL, self->n_groups);
+  g_autofree gpointer *sa = NULL;
   g_autofree gpointer *pbias = bias ? member_pointers (NULL, self->bias.members, self->n_groups) : NULL;
   g_autoptr(GError) local_error = NULL;
+  GmlpBackendFp8Scales a_scales, w_scales;
   GmlpBackendShape shape;
+  gboolean blockwise;
 
   *ran = FALSE;
+  if (!fp8_operand_scales (a8, &a_scales) || !fp8_operand_scales (w8, &w_scales))
+    return TRUE;
+  blockwise = gmlp_backend_fp8_scales_blockwise (&a_scales, &w_scales);
+  /* Blockwise: a8's scales are grouped by the device sizes, from their base. */
+  if (!blockwise)
+    sa = member_pointers (gmlp_grouped_tensor_get_scale_inv (a8), NULL, self->n_groups);
   if (!gmlp_grouped_tensor_get_backend_shape (sized_by, &shape, error))
     return FALSE;
   {
@@ -2396,6 +2475,9 @@ fp8_run_device (GmlpGroupedLinear  *self,
       .bias = (const void * const *) pbias,
       .a_scale_inv = (const float * const *) sa,
       .b_scale_inv = (const float * const *) sw,
+      .a_scales = a_scales,
+      .b_scales = w_scales,
+      .a_scale_rows = blockwise ? gmlp_grouped_tensor_get_data (gmlp_grouped_tensor_get_scale_inv (a8)) : NULL,
     };
 
     *ran = GMLP_DEVICE_CALL (self->device, gemm_device, &gemm, &local_error);
@@ -2457,7 +2539,7 @@ fp8_forward (GmlpGroupedLinear     *self,
   g_autoptr(GmlpGroupedTensor) w8 = NULL;
   g_autoptr(GmlpGroupedTensor) output = NULL;
   const gint64 *rows = gmlp_grouped_tensor_peek_rows (input);
-  gboolean per_tensor, native, ran = FALSE, training = saved != NULL;
+  gboolean multiplied, native, ran = FALSE, training = saved != NULL;
 
   if (!fp8_check_activation (self, input, self->in_features, "The input", self->input_quantizer,
                              "FPROP", NULL, self->weight_quantizer, error) ||
@@ -2466,13 +2548,13 @@ fp8_forward (GmlpGroupedLinear     *self,
 
   /* The columnwise copies are written only for a backward that reads
    * them: DGRAD reads W's (host or device sizes), WGRAD x's (host sizes). */
-  per_tensor = fp8_per_tensor (fp8_operand_recipe (input, self->input_quantizer)) &&
-               fp8_per_tensor (gmlp_quantizer_get_recipe (self->weight_quantizer));
-  native = rows != NULL && per_tensor;
+  multiplied = gmlp_scaling_recipe_multiplies_fp8 (fp8_operand_recipe (input, self->input_quantizer)) &&
+               gmlp_scaling_recipe_multiplies_fp8 (gmlp_quantizer_get_recipe (self->weight_quantizer));
+  native = rows != NULL && multiplied;
   x8 = fp8_quantize (input, self->input_quantizer, training && native, error);
   if (x8 == NULL)
     return NULL;
-  w8 = fp8_weights (self, training && per_tensor, error);
+  w8 = fp8_weights (self, training && multiplied, error);
   if (w8 == NULL)
     return NULL;
   output = new_activation_like (self, input, self->out_features, error);
@@ -2484,9 +2566,9 @@ fp8_forward (GmlpGroupedLinear     *self,
       g_autofree gpointer *py = member_pointers (output, NULL, self->n_groups);
 
       if (!fp8_run_native (self, GMLP_GEMM_FPROP, rows, x8, w8, (void * const *) py, self->dtype,
-                           NULL, error))
+                           NULL, &ran, error))
         return NULL;
-      if (self->bias.grouped != NULL)
+      if (ran && self->bias.grouped != NULL)
         {
           g_autofree gpointer *pb = member_pointers (NULL, self->bias.members, self->n_groups);
 
@@ -2496,14 +2578,16 @@ fp8_forward (GmlpGroupedLinear     *self,
             return NULL;
         }
     }
-  else
+  else if (multiplied && !fp8_run_device (self, GMLP_GEMM_FPROP, input, x8, w8, output, &ran, error))
+    {
+      return NULL;
+    }
+  if (!ran)
     {
       Product fprop = { .kind = GMLP_GEMM_FPROP, .sized_by = input, .c_rows = output,
                         .c_dtype = self->dtype, .bias = self->bias.grouped != NULL };
 
-      if (per_tensor && !fp8_run_device (self, GMLP_GEMM_FPROP, input, x8, w8, output, &ran, error))
-        return NULL;
-      if (!ran && !fp8_run_dequantized (self, &fprop, x8, NULL, w8, error))
+      if (!fp8_run_dequantized (self, &fprop, x8, NULL, w8, error))
         return NULL;
     }
 
@@ -2534,8 +2618,9 @@ fp8_backward (GmlpGroupedLinear     *self,
   g_autoptr(GmlpGroupedTensor) dy8 = NULL;
   g_autoptr(GmlpGroupedTensor) grad_input = NULL;
   GmlpGroupedTensor *input, *w8, *unquantized;
+  GmlpGroupedTensor *w8_t;
   const gint64 *rows;
-  gboolean native_wgrad;
+  gboolean native_wgrad, ran = FALSE;
 
   /* Resident: no reload, nothing to wait for. */
   w8 = gmlp_saved_activations_get (saved, "weight-fp8", error);
@@ -2561,33 +2646,33 @@ fp8_backward (GmlpGroupedLinear     *self,
   /* WGRAD reads dy's columnwise copy when it can run on FP8. */
   rows = gmlp_grouped_tensor_peek_rows (input);
   native_wgrad = rows != NULL && gmlp_grouped_tensor_get_columnwise (input) != NULL &&
-                 fp8_per_tensor (fp8_operand_recipe (grad_output, self->grad_output_quantizer)) &&
-                 fp8_per_tensor (gmlp_grouped_tensor_get_scaling_recipe (input));
+                 gmlp_scaling_recipe_multiplies_fp8 (fp8_operand_recipe (grad_output, self->grad_output_quantizer)) &&
+                 gmlp_scaling_recipe_multiplies_fp8 (gmlp_grouped_tensor_get_scaling_recipe (input));
   dy8 = fp8_quantize (grad_output, self->grad_output_quantizer, native_wgrad, error);
   if (dy8 == NULL)
     return NULL;
 
-  if (fp8_native (input, dy8, gmlp_grouped_tensor_get_columnwise (w8)))
+  /* DGRAD reads W's columnwise copy, which the forward made. */
+  w8_t = gmlp_grouped_tensor_get_columnwise (w8);
+  if (fp8_native (input, dy8, w8_t))
     {
       g_autofree gpointer *pdx = member_pointers (grad_input, NULL, self->n_groups);
 
-      if (!fp8_run_native (self, GMLP_GEMM_DGRAD, rows, dy8, gmlp_grouped_tensor_get_columnwise (w8),
-                           (void * const *) pdx, self->dtype, NULL, error))
+      if (!fp8_run_native (self, GMLP_GEMM_DGRAD, rows, dy8, w8_t, (void * const *) pdx, self->dtype,
+                           NULL, &ran, error))
         return NULL;
     }
-  else
+  else if (w8_t != NULL && fp8_multiplied (dy8, w8) &&
+           !fp8_run_device (self, GMLP_GEMM_DGRAD, input, dy8, w8_t, grad_input, &ran, error))
     {
-      GmlpGroupedTensor *w8_t = gmlp_grouped_tensor_get_columnwise (w8);
+      return NULL;
+    }
+  if (!ran)
+    {
       Product dgrad = { .kind = GMLP_GEMM_DGRAD, .sized_by = input, .c_rows = grad_input,
                         .c_dtype = self->dtype };
-      gboolean ran = FALSE;
 
-      /* Device sizes: the forward quantized W with its copy. */
-      if (w8_t != NULL && fp8_per_tensor (gmlp_grouped_tensor_get_scaling_recipe (dy8)) &&
-          fp8_per_tensor (gmlp_grouped_tensor_get_scaling_recipe (w8)) &&
-          !fp8_run_device (self, GMLP_GEMM_DGRAD, input, dy8, w8_t, grad_input, &ran, error))
-        return NULL;
-      if (!ran && !fp8_run_dequantized (self, &dgrad, dy8, NULL, w8, error))
+      if (!fp8_run_dequantized (self, &dgrad, dy8, NULL, w8, error))
         return NULL;
     }
 
@@ -2625,16 +2710,17 @@ fp8_wgrad (GmlpGroupedLinear  *self,
   GmlpGroupedTensor *x_t = gmlp_grouped_tensor_get_columnwise (input);
   GmlpGroupedTensor *dy_t = gmlp_grouped_tensor_get_columnwise (grad_output_fp8);
   g_autoptr(GmlpGroupedTensor) dequantized_dy = NULL;
+  gboolean ran = FALSE;
 
   if (fp8_native (input, dy_t, x_t))
     {
       g_autofree gpointer *pdw = member_pointers (NULL, wgrad->fixed->members, self->n_groups);
 
       if (!fp8_run_native (self, GMLP_GEMM_WGRAD, gmlp_grouped_tensor_peek_rows (input), dy_t, x_t,
-                           (void * const *) pdw, wgrad->c_dtype, wgrad->accumulate, error))
+                           (void * const *) pdw, wgrad->c_dtype, wgrad->accumulate, &ran, error))
         return FALSE;
     }
-  else if (!fp8_run_dequantized (self, wgrad, grad_output_fp8, input, NULL, error))
+  if (!ran && !fp8_run_dequantized (self, wgrad, grad_output_fp8, input, NULL, error))
     {
       return FALSE;
     }

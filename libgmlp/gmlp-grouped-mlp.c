@@ -624,16 +624,10 @@ run_activation (GmlpGroupedMLP     *self,
 #define SAVED_FC2_INPUT_QUANTIZER  "gmlp-mlp-fc2-input-quantizer"
 #define SAVED_FC2_INPUT_COLUMNWISE "gmlp-mlp-fc2-input-columnwise"
 
-static gboolean
-per_tensor_recipe (GmlpScalingRecipe recipe)
-{
-  return recipe == GMLP_SCALING_RECIPE_DELAYED || recipe == GMLP_SCALING_RECIPE_CURRENT;
-}
-
 /* Whether a training forward writes the columnwise copy of FC2's input:
- * where FC2's weight gradient multiplies FP8 (per-tensor recipes, host
- * sizes: always here) it reads the copy, as GroupedLinear asks its own
- * quantizers for it; otherwise only when the quantizer asks. */
+ * where FC2's weight gradient multiplies FP8 (per-tensor and blockwise
+ * recipes, host sizes: always here) it reads the copy, as GroupedLinear
+ * asks its own quantizers for it; otherwise only when the quantizer asks. */
 static gboolean
 fc2_input_wants_columnwise (GmlpGroupedMLP *self,
                             GmlpQuantizer  *quantizer)
@@ -642,8 +636,8 @@ fc2_input_wants_columnwise (GmlpGroupedMLP *self,
 
   if (gmlp_quantizer_get_columnwise (quantizer))
     return TRUE;
-  return weight != NULL && per_tensor_recipe (gmlp_quantizer_get_recipe (quantizer)) &&
-         per_tensor_recipe (gmlp_quantizer_get_recipe (weight));
+  return weight != NULL && gmlp_scaling_recipe_multiplies_fp8 (gmlp_quantizer_get_recipe (quantizer)) &&
+         gmlp_scaling_recipe_multiplies_fp8 (gmlp_quantizer_get_recipe (weight));
 }
 
 /* A scale tensor over the groups of rows: member i has

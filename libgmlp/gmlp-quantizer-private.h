@@ -57,4 +57,16 @@ gboolean  gmlp_quantizer_get_state_for            (GmlpQuantizer      *self,
                                                    float             **state,
                                                    GError            **error);
 
+/* Whether the FP8 products multiply operands of this recipe in FP8: one
+ * scale per group (DELAYED, CURRENT), or blockwise scales that the
+ * products apply per 128-deep block (BLOCKWISE). MXFP8 operands are
+ * dequantized first: no backend has a product with its 32-deep E8M0
+ * blocks. */
+static inline gboolean
+gmlp_scaling_recipe_multiplies_fp8 (GmlpScalingRecipe recipe)
+{
+  return recipe == GMLP_SCALING_RECIPE_DELAYED || recipe == GMLP_SCALING_RECIPE_CURRENT ||
+         recipe == GMLP_SCALING_RECIPE_BLOCKWISE;
+}
+
 G_END_DECLS

@@ -372,6 +372,7 @@ gmlp_test_dequantize (GmlpGroupedTensor *q)
   GmlpDType dtype = gmlp_grouped_tensor_get_dtype (q);
   guint n = gmlp_grouped_tensor_get_n_groups (q), g;
   gint64 cols = gmlp_grouped_tensor_get_cols (q), br, bc;
+  gboolean transposed = gmlp_grouped_tensor_is_columnwise (q);
   const guint8 *d, *s;
   gsize i = 0, s0 = 0;
   double *values;
@@ -389,6 +390,7 @@ gmlp_test_dequantize (GmlpGroupedTensor *q)
   for (g = 0; g < n; g++)
     {
       gint64 m = gmlp_grouped_tensor_get_rows (q, g), r, c;
+      gsize member = i;   /* the member's first value */
       gint64 grid_rows = br == 0 ? 1 : (m + br - 1) / br;
       gint64 grid_cols = bc == 0 ? 1 : (cols + bc - 1) / bc;
 
@@ -406,7 +408,7 @@ gmlp_test_dequantize (GmlpGroupedTensor *q)
                 memcpy (&f, s + at * sizeof (float), sizeof f);
                 scale = f;
               }
-            values[i] = gmlp_test_decode (d, dtype, i) * scale;
+            values[i] = gmlp_test_decode (d, dtype, transposed ? member + (gsize) (c * m + r) : i) * scale;
           }
       /* Per-tensor scales have a member for an empty group too. */
       s0 += (gsize) (grid_rows * grid_cols);

@@ -100,7 +100,9 @@ GmlpGroupedTensor *gmlp_test_host_view         (GmlpGroupedTensor *t,
 const char        *gmlp_test_recipe_name       (GmlpScalingRecipe  recipe);
 /* A quantized tensor's values, packed, decoded independently of the
  * library: the FP8 bits (gmlp_test_decode()) times the scale of their block
- * (FP32, or 2^(b − 127) for an E8M0 byte b), in float64. Host sizes. */
+ * (FP32, or 2^(b − 127) for an E8M0 byte b), in float64. Host sizes. For
+ * a columnwise copy, the values in the rowwise tensor's order (member i
+ * m_i × cols, read from the copy's transposed member). */
 double            *gmlp_test_dequantize        (GmlpGroupedTensor *q);
 /* Asserts that two tensors have the same dtype, shape and bytes (the
  * first byte that differs, if one does). */

@@ -7,9 +7,12 @@
  *      the same bytes as the layer's), decodes them independently of the
  *      library (FP8 bits times the stored scale) and multiplies in float64.
  *      What is left is the products' own error: FP32 sums and the output
- *      dtype for the per-tensor recipes (FP8 on gemm_fp8), plus one rounding
- *      of each operand to BF16 (FP16 for FP16 layers) where the layer
- *      multiplies dequantized operands (blockwise, MXFP8, device sizes);
+ *      dtype where the layer multiplies FP8 (per-tensor and blockwise
+ *      recipes on the CPU and on Hopper), plus one rounding of each operand
+ *      to BF16 (FP16 for FP16 layers) where it multiplies dequantized
+ *      operands (MXFP8, WGRAD with device sizes, other GPUs). Blockwise
+ *      WGRAD multiplies the columnwise copies, quantized in 128 × 1 blocks
+ *      down the tokens: its reference decodes those;
  *  (b) against the BF16 layer on the original data: the error FP8 costs,
  *      held to the bounds of docs/fp8.md, recipe by recipe.
  *
@@ -21,6 +24,7 @@
 
 #include "gmlp-test-util.h"
 #include "gmlp-grouped-tensor-private.h"
+#include "gmlp-quantizer-private.h"
 #include "gmlp-saved-activations-private.h"
 
 static const GmlpScalingRecipe all_recipes[] = {
@@ -51,6 +55,18 @@ static gboolean
 per_tensor (GmlpScalingRecipe recipe)
 {
   return recipe == GMLP_SCALING_RECIPE_DELAYED || recipe == GMLP_SCALING_RECIPE_CURRENT;
+}
+
+static gboolean fp8_device_native (GmlpDevice *device);
+
+/* Whether the layer's products multiply this recipe's FP8 operands on the
+ * device (host sizes): per-tensor recipes everywhere, blockwise on the CPU
+ * and on Hopper (fp8_device_native()); else dequantized operands. */
+static gboolean
+multiplies_fp8 (GmlpDevice *device, GmlpScalingRecipe recipe)
+{
+  return per_tensor (recipe) ||
+         (recipe == GMLP_SCALING_RECIPE_BLOCKWISE && fp8_device_native (device));
 }
 
 /* ---- Layers, quantizers and data ----------------------------------------- */
@@ -226,15 +242,32 @@ reference (const Problem *p, const double *x, const double *w, const double *dy,
                               out->y, out->dx, out->dw, out->db);
 }
 
-/* Reference (a): the quantized operands of this step, made by the layer's
- * quantizers (the same bytes as the layer's). */
+/* dW of reference (a) from the columnwise copies of x8 and dy8, as
+ * blockwise WGRAD multiplies them. */
 static void
-reference_quantized (const Problem *p, const Quantizers *q, Results *out)
+reference_wgrad_from_copies (const Problem *p, GmlpGroupedTensor *x8, GmlpGroupedTensor *dy8,
+                             const double *wq, Results *out)
+{
+  g_autofree double *xt = gmlp_test_dequantize (gmlp_grouped_tensor_get_columnwise (x8));
+  g_autofree double *dyt = gmlp_test_dequantize (gmlp_grouped_tensor_get_columnwise (dy8));
+  Results copies = { 0, };
+
+  reference (p, xt, wq, dyt, p->dy, &copies);
+  g_free (out->dw);
+  out->dw = g_steal_pointer (&copies.dw);
+  results_clear (&copies);
+}
+
+/* Reference (a): the quantized operands of this step, made by the layer's
+ * quantizers (the same bytes as the layer's); with wgrad_copies, dW from
+ * the columnwise copies (blockwise WGRAD multiplying FP8). */
+static void
+reference_quantized (const Problem *p, const Quantizers *q, gboolean wgrad_copies, Results *out)
 {
   g_autoptr(GError) error = NULL;
-  g_autoptr(GmlpGroupedTensor) x8 = gmlp_quantizer_quantize (q->input, p->xt, &error);
+  g_autoptr(GmlpGroupedTensor) x8 = gmlp_quantizer_quantize_full (q->input, p->xt, wgrad_copies, &error);
   g_autoptr(GmlpGroupedTensor) w8 = gmlp_quantizer_quantize (q->weight, p->wt, &error);
-  g_autoptr(GmlpGroupedTensor) dy8 = gmlp_quantizer_quantize (q->grad_output, p->dyt, &error);
+  g_autoptr(GmlpGroupedTensor) dy8 = gmlp_quantizer_quantize_full (q->grad_output, p->dyt, wgrad_copies, &error);
   g_autofree double *xq = NULL, *wq = NULL, *dyq = NULL;
 
   g_assert_no_error (error);
@@ -242,6 +275,16 @@ reference_quantized (const Problem *p, const Quantizers *q, Results *out)
   wq = gmlp_test_dequantize (w8);
   dyq = gmlp_test_dequantize (dy8);
   reference (p, xq, wq, dyq, p->dy, out);
+  if (wgrad_copies)
+    reference_wgrad_from_copies (p, x8, dy8, wq, out);
+}
+
+/* Whether the layer's WGRAD with host sizes multiplies the columnwise
+ * copies of a blockwise recipe (reference_quantized()). */
+static gboolean
+wgrad_copies (GmlpDevice *device, GmlpScalingRecipe recipe)
+{
+  return recipe == GMLP_SCALING_RECIPE_BLOCKWISE && multiplies_fp8 (device, recipe);
 }
 
 /* The layer's weight gradients (wgrad or main_grad, either face), packed. */
@@ -482,9 +525,9 @@ test_recipes (void)
                                                        gmlp_dtype_get_name (layer_dtypes[d]), step);
               Results ref = { 0, };
               Outputs out = { 0, };
-              double tol = tolerance_a (p->dtype, !per_tensor (recipe));
+              double tol = tolerance_a (p->dtype, !multiplies_fp8 (device, recipe));
 
-              reference_quantized (p, &q, &ref);
+              reference_quantized (p, &q, wgrad_copies (device, recipe), &ref);
               run_layer (layer, p, &out);
               check_a (p, &ref, &out, tol, tol, NULL, NULL, what);
               g_test_message ("(a) %s: fprop %.2e dgrad %.2e wgrad %.2e", what,
@@ -567,7 +610,7 @@ test_shapes (void)
             g_autofree char *what = NULL;
             Results ref = { 0, };
             Outputs out = { 0, };
-            double tol = tolerance_a (GMLP_DTYPE_BFLOAT16, !per_tensor (recipe));
+            double tol = tolerance_a (GMLP_DTYPE_BFLOAT16, !multiplies_fp8 (device, recipe));
 
             for (g = 0; g < cases[c].n; g++)
               rows[g] = pass == 1 ? 0 : g == 0 ? 1 : g_test_rand_int_range (0, 5) == 0 ? 0
@@ -576,10 +619,10 @@ test_shapes (void)
             what = g_strdup_printf ("%s, case %u, pass %u", gmlp_test_recipe_name (recipe), c, pass);
             if (fused)
               base = download_weight_grads (layer, p->n, p->o * p->k);
-            reference_quantized (p, &q, &ref);
+            reference_quantized (p, &q, wgrad_copies (device, recipe), &ref);
             run_layer (layer, p, &out);
             /* main_grad is FP32: the sums' own error. */
-            check_a (p, &ref, &out, tol, fused ? tolerance_a (GMLP_DTYPE_FLOAT32, !per_tensor (recipe)) : tol,
+            check_a (p, &ref, &out, tol, fused ? tolerance_a (GMLP_DTYPE_FLOAT32, !multiplies_fp8 (device, recipe)) : tol,
                      fused ? base : NULL, mask, what);
             g_assert_cmpint (gmlp_grouped_linear_get_grad_added_to_main_grad (layer), ==, fused);
             g_clear_pointer (&base, g_free);
@@ -590,11 +633,11 @@ test_shapes (void)
       }
 }
 
-/* Per-tensor recipes on shapes of several output tiles and reduction
- * stages of the CUDA backend's kernels (128 × 128 tiles, 128 FP8 values a
- * stage), each with a partial last one, an empty group and a group of one
- * whole tile and one row: the tiles' edges, the promotion of the partial
- * sums and the per-group scales. The second split has multiples of 16 rows
+/* Per-tensor and blockwise recipes on shapes of several output tiles and
+ * reduction stages of the CUDA backend's kernels (128 × 128 tiles, 128 FP8
+ * values a stage), each with a partial last one, an empty group and a
+ * group of one whole tile and one row: the tiles' edges, the promotion of
+ * the partial sums and the per-group (per-block) scales. The second split has multiples of 16 rows
  * (the CUDA kernel's FP8 WGRAD takes those) and adds the weight gradients
  * into main_grad in the groups of a mask. */
 static void
@@ -602,7 +645,7 @@ test_tiles (void)
 {
   g_autoptr(GmlpDevice) device = device_or_skip ();
   static const GmlpScalingRecipe recipes[] = {
-    GMLP_SCALING_RECIPE_DELAYED, GMLP_SCALING_RECIPE_CURRENT,
+    GMLP_SCALING_RECIPE_DELAYED, GMLP_SCALING_RECIPE_CURRENT, GMLP_SCALING_RECIPE_BLOCKWISE,
   };
   static const gint64 splits[2][3] = { { 260, 0, 129 }, { 256, 0, 144 } };
   static const gboolean mask[3] = { TRUE, FALSE, FALSE };
@@ -625,7 +668,7 @@ test_tiles (void)
           Results ref = { 0, };
           Outputs out = { 0, };
           Quantizers q = { 0, };
-          double tol = tolerance_a (dtype, FALSE);
+          double tol = tolerance_a (dtype, !multiplies_fp8 (device, recipes[r]));
 
           quantizers_new (&q, device, recipes[r], test_formats[f], 4);
           layer = new_layer (device, G_N_ELEMENTS (splits[sp]), 528, 272, dtype,
@@ -640,9 +683,10 @@ test_tiles (void)
                                   gmlp_dtype_get_name (dtype));
           if (fused)
             base = download_weight_grads (layer, p->n, p->o * p->k);
-          reference_quantized (p, &q, &ref);
+          reference_quantized (p, &q, wgrad_copies (device, recipes[r]), &ref);
           run_layer (layer, p, &out);
-          check_a (p, &ref, &out, tol, fused ? tolerance_a (GMLP_DTYPE_FLOAT32, FALSE) : tol,
+          check_a (p, &ref, &out, tol,
+                   fused ? tolerance_a (GMLP_DTYPE_FLOAT32, !multiplies_fp8 (device, recipes[r])) : tol,
                    base, fused ? mask : NULL, what);
           results_clear (&ref);
           outputs_clear (&out);
@@ -711,7 +755,7 @@ test_weight_cache (void)
     {
       g_clear_pointer (&p, problem_free);
       p = problem_new (layer, rows, 1.0);
-      reference_quantized (p, &q, &ref);
+      reference_quantized (p, &q, FALSE, &ref);
       run_layer (layer, p, &out);
       check_a (p, &ref, &out, tol, tol, NULL, NULL, "cached weights");
       outputs_clear (&out);
@@ -803,7 +847,7 @@ test_delayed_steps (void)
           previous_scale = s[0];
         }
 
-      reference_quantized (p, &q, &ref);
+      reference_quantized (p, &q, FALSE, &ref);
       run_layer (layer, p, &out);
       check_a (p, &ref, &out, tolerance_a (p->dtype, FALSE), tolerance_a (p->dtype, FALSE),
                NULL, NULL, what);
@@ -848,7 +892,7 @@ test_mixed_per_tensor (void)
       Results ref = { 0, };
       Outputs out = { 0, };
 
-      reference_quantized (p, &q, &ref);
+      reference_quantized (p, &q, FALSE, &ref);
       run_layer (layer, p, &out);
       check_a (p, &ref, &out, tolerance_a (p->dtype, FALSE), tolerance_a (p->dtype, FALSE), NULL, NULL,
                "current and delayed");
@@ -915,6 +959,8 @@ test_prequantized (void)
           for (gint64 i = 0; i < p->total * p->o; i++)
             dyd[i] = gmlp_test_round (dyq[i], p->dtype);
           reference (p, xq, wq, dyq, dyd, &ref);
+          if (with_copies && wgrad_copies (device, recipe))
+            reference_wgrad_from_copies (p, x8, dy8, wq, &ref);
         }
 
         y = gmlp_grouped_linear_forward (layer, x8, &saved, &error);
@@ -922,9 +968,9 @@ test_prequantized (void)
         dx = gmlp_grouped_linear_backward (layer, saved, dy8, &error);
         g_assert_no_error (error);
 
-        /* The per-tensor products run on FP8 with the copies, else on
-         * dequantized operands (FPROP always reads x rowwise). */
-        tol = tolerance_a (p->dtype, !per_tensor (recipe) || !with_copies);
+        /* The products of multiplied recipes run on FP8 with the copies,
+         * else on dequantized operands (FPROP always reads x rowwise). */
+        tol = tolerance_a (p->dtype, !multiplies_fp8 (device, recipe) || !with_copies);
         for (g = 0; g < 4; g++)
           {
             len_y[g] = rows[g] * p->o;
@@ -937,7 +983,7 @@ test_prequantized (void)
           g_autofree double *got_db = gmlp_test_download (gmlp_grouped_linear_get_bgrad (layer), &n);
           g_autofree gint64 *len_b = g_new (gint64, 4);
 
-          assert_groups_close (got_y, ref.y, 4, len_y, tolerance_a (p->dtype, !per_tensor (recipe)), what);
+          assert_groups_close (got_y, ref.y, 4, len_y, tolerance_a (p->dtype, !multiplies_fp8 (device, recipe)), what);
           assert_groups_close (got_dx, ref.dx, 4, len_dx, tol, what);
           dw = gmlp_test_download (gmlp_grouped_linear_get_wgrad (layer), &n);
           assert_groups_close (dw, ref.dw, 4, len_w, tol, what);
@@ -1006,10 +1052,11 @@ test_device_sizes (void)
       g_autofree char *what = g_strdup_printf ("device sizes, %s", gmlp_test_recipe_name (recipe));
       g_autofree double *got_y = NULL, *got_dx = NULL, *got_dw = NULL;
       g_autofree gint64 *len_y = g_new (gint64, 4), *len_dx = g_new (gint64, 4), *len_w = g_new (gint64, 4);
-      /* Per-tensor FPROP and DGRAD multiply FP8 (the CPU; CUDA on Hopper),
-       * the rest dequantized operands. */
+      /* Per-tensor and blockwise FPROP and DGRAD multiply FP8 (the CPU;
+       * CUDA on Hopper), the rest dequantized operands. */
       double tol = tolerance_a (GMLP_DTYPE_BFLOAT16, TRUE);
-      double tol_native = tolerance_a (GMLP_DTYPE_BFLOAT16, !per_tensor (recipe) || !fp8_device_native (device));
+      double tol_native = tolerance_a (GMLP_DTYPE_BFLOAT16,
+                                       !multiplies_fp8 (device, recipe) || !fp8_device_native (device));
       Quantizers q = { 0, };
       Results ref = { 0, };
       gsize n;
@@ -1019,7 +1066,7 @@ test_device_sizes (void)
       layer = new_layer (device, 4, 48, 32, GMLP_DTYPE_BFLOAT16,
                          GMLP_LINEAR_SINGLE_GROUPED_WEIGHT | GMLP_LINEAR_BIAS, &q);
       p = problem_new (layer, rows, 1.0);
-      reference_quantized (p, &q, &ref);
+      reference_quantized (p, &q, FALSE, &ref);
       x = device_sized_copy (p->xt, rows, 4);
       dy = device_sized_copy (p->dyt, rows, 4);
 
@@ -1117,12 +1164,13 @@ test_offload (void)
       gmlp_offload_context_flush (ctx);
 
       /* On the host: the quantized input, its scales and, for the
-       * per-tensor recipes (whose WGRAD reads it), its columnwise copy; the
-       * FP8 weights stay on the device. */
+       * per-tensor and blockwise recipes (whose WGRAD reads it), its
+       * columnwise copy; the FP8 weights stay on the device. */
       {
         g_autoptr(GmlpQuantizer) probe = g_object_new (GMLP_TYPE_QUANTIZER, "device", device,
                                                        "recipe", recipe, "role", GMLP_QUANTIZER_ROLE_INPUT,
-                                                       "columnwise", per_tensor (recipe), NULL);
+                                                       "columnwise", recipe != GMLP_SCALING_RECIPE_MXFP8,
+                                                       NULL);
         g_autoptr(GmlpGroupedTensor) x8 = gmlp_quantizer_quantize (probe, p->xt, &error);
         GmlpGroupedTensor *cw = gmlp_grouped_tensor_get_columnwise (x8);
 

@@ -65,7 +65,9 @@ constexpr int kStageCols = 64;
 constexpr uint32_t kEpilogueBytes = 64 * kStageCols * 4;
 
 /* The operand types of a kernel instance: 16-bit floats, or a pair of FP8
- * formats (A's, then B's). */
+ * formats (A's, then B's) with one scale per group, or with blockwise
+ * scales (the pairs the layers make: activations or gradients by E4M3
+ * operands). */
 enum Operands
 {
   kOpsBf16 = 0,
@@ -73,6 +75,8 @@ enum Operands
   kOpsE4m3E4m3 = 2,
   kOpsE4m3E5m2 = 3,
   kOpsE5m2E4m3 = 4,
+  kOpsE4m3E4m3Blocks = 5,
+  kOpsE5m2E4m3Blocks = 6,
 };
 
 /* The tile shape and ring of each operand type. Either way a stage holds
@@ -81,23 +85,31 @@ enum Operands
  * FP32 registers after every stage (the FP8 accumulators keep fewer bits,
  * and long reductions would lose accuracy), so an FP8 consumer holds two
  * 64 × kBlockN sets: kBlockN 128 keeps that within its registers, and the
- * smaller stages make room for a deeper ring. */
+ * smaller stages make room for a deeper ring. With blockwise scales a
+ * stage is one 128-deep block of the scales: the promotion multiplies it
+ * by the scales of its rows (A) and of its 128 × 128 tile or columns (B),
+ * which the producer warp stages beside the operands (kScaleSlot floats a
+ * stage); they take the room of one stage of the ring. */
 template <int kOps>
 struct Config
 {
   static constexpr bool kFp8 = kOps >= kOpsE4m3E4m3;
+  static constexpr bool kBlockScaled = kOps >= kOpsE4m3E4m3Blocks;
   static constexpr bool kBf16 = kOps == kOpsBf16;
+  static constexpr bool kAE5m2 = kOps == kOpsE5m2E4m3 || kOps == kOpsE5m2E4m3Blocks;
+  static constexpr bool kBE5m2 = kOps == kOpsE4m3E5m2;
   static constexpr int kBlockN = kFp8 ? 128 : 256;
   static constexpr int kBlockK = kFp8 ? 128 : 64;    /* reduction elements of a stage */
   static constexpr int kMmaK = kFp8 ? 32 : 16;       /* of one wgmma */
-  static constexpr int kStages = kFp8 ? 6 : 4;
+  static constexpr int kStages = kBlockScaled ? 5 : kFp8 ? 6 : 4;
+  static constexpr int kScaleSlot = kBlockScaled ? kBlockM + kBlockN : 0;
   static constexpr uint32_t kTileABytes = kBlockM * 128;
   static constexpr uint32_t kTileBBytes = kBlockN * 128;
   static constexpr uint32_t kStageBytes = kTileABytes + kTileBBytes;
-  /* The ring, the epilogue buffers, the barriers, and slack to align the
-   * ring to the 1024 bytes of a swizzle atom. */
+  /* The ring, the epilogue buffers, the barriers, the staged scales, and
+   * slack to align the ring to the 1024 bytes of a swizzle atom. */
   static constexpr uint32_t kSmemBytes = kStages * kStageBytes + kConsumers * kEpilogueBytes +
-                                         2 * kStages * 8 + 1024;
+                                         2 * kStages * 8 + kStages * kScaleSlot * 4 + 1024;
   static_assert (kSmemBytes <= 227 * 1024, "the kernel needs more shared memory than an SM has");
 };
 
@@ -108,11 +120,21 @@ constexpr int kMaxBlockN = 256;
 /* What the GEMM needs of each group, written by the plan. */
 struct GroupWork
 {
-  void       *c;           /* output matrix of the group */
-  const void *bias;        /* FPROP: bias_g or NULL */
-  int64_t     rows;        /* m_g, clamped */
-  uint32_t    accumulate;  /* WGRAD: add into c */
-  float       scale;       /* FP8: the product of A's and B's scale inverses; else 1 */
+  void        *c;           /* output matrix of the group */
+  const void  *bias;        /* FPROP: bias_g or NULL */
+  const float *a_scales;    /* blockwise FP8: the group's scale inverses */
+  const float *b_scales;
+  int64_t      rows;        /* m_g, clamped */
+  uint32_t     accumulate;  /* WGRAD: add into c */
+  float        scale;       /* per-tensor FP8: the product of A's and B's scale inverses; else 1 */
+};
+
+/* GmlpKernelFp8Scales of a blockwise operand, the row block as a shift. */
+struct ScaleLayout
+{
+  int64_t  row_stride;
+  int64_t  depth_stride;
+  uint32_t row_shift;   /* log2 of the row block: 0 or 7 */
 };
 
 
@@ -128,6 +150,8 @@ struct GemmParams
   int64_t          out_cols;        /* columns and leading dimension of C */
   int64_t          reduction;       /* FPROP: k, DGRAD: n; WGRAD: m_g */
   int              c_dtype;
+  ScaleLayout      a_scales;        /* blockwise FP8 */
+  ScaleLayout      b_scales;
 };
 
 /* The tile schedule both roles follow: tile t of the whole list, found in
@@ -201,9 +225,68 @@ struct Layout
   static constexpr bool kTransB = !Config<kOps>::kFp8 && kKind != GMLP_KERNEL_GEMM_FPROP;
 };
 
+/* Blockwise FP8: the scales of reduction block kb of a tile, four of A's
+ * rows and four of B's columns (WGRAD) or B's one tile scale per lane of
+ * the producer warp. Rows past an operand's end take its last row's scales
+ * (their results are never stored); nothing past the group's scales is
+ * read. */
+template <int kKind>
+__device__ __forceinline__ void
+load_stage_scales (const GemmParams &p, const Tile &tile, const GroupWork &w, uint32_t kb,
+                   float (&a)[4], float (&b)[4])
+{
+  const int lane = threadIdx.x % 32;
+  const int64_t a_rows = kKind == GMLP_KERNEL_GEMM_WGRAD ? p.out_rows_fixed : w.rows;
+
+#pragma unroll
+  for (int i = 0; i < 4; i++)
+    {
+      const int64_t r = min (tile.m0 + lane + 32 * i, a_rows - 1);
+      a[i] = __ldg (w.a_scales + (r >> p.a_scales.row_shift) * p.a_scales.row_stride +
+                    kb * p.a_scales.depth_stride);
+    }
+  if (kKind == GMLP_KERNEL_GEMM_WGRAD)
+    {
+#pragma unroll
+      for (int i = 0; i < 4; i++)
+        {
+          const int64_t c = min (tile.n0 + lane + 32 * i, p.out_cols - 1);
+          b[i] = __ldg (w.b_scales + c * p.b_scales.row_stride + kb * p.b_scales.depth_stride);
+        }
+    }
+  else
+    {
+      b[0] = __ldg (w.b_scales + (tile.n0 >> 7) * p.b_scales.row_stride +
+                    kb * p.b_scales.depth_stride);
+    }
+}
+
+/* Where a stage's scales lie: A's kBlockM rows, then B's kBlockN columns
+ * (or its one tile scale). */
+template <int kKind>
+__device__ __forceinline__ void
+store_stage_scales (float *slot, const float (&a)[4], const float (&b)[4])
+{
+  const int lane = threadIdx.x % 32;
+
+#pragma unroll
+  for (int i = 0; i < 4; i++)
+    slot[lane + 32 * i] = a[i];
+  if (kKind == GMLP_KERNEL_GEMM_WGRAD)
+    {
+#pragma unroll
+      for (int i = 0; i < 4; i++)
+        slot[kBlockM + lane + 32 * i] = b[i];
+    }
+  else if (lane == 0)
+    {
+      slot[kBlockM] = b[0];
+    }
+}
+
 template <int kOps, int kKind>
 __device__ __forceinline__ void
-produce (const GemmParams &p, uint8_t *ring, uint64_t *full, uint64_t *empty)
+produce (const GemmParams &p, uint8_t *ring, float *scales, uint64_t *full, uint64_t *empty)
 {
   using Cfg = Config<kOps>;
   constexpr bool kTransA = Layout<kOps, kKind>::kTransA;
@@ -215,6 +298,7 @@ produce (const GemmParams &p, uint8_t *ring, uint64_t *full, uint64_t *empty)
   const uint32_t total = p.tile_begin[p.n_groups];
   const bool leader = threadIdx.x % 32 == 0;
   uint32_t group = 0, acquired = 0xffffffffu, stage = 0, phase = 0;
+  GroupWork work = {};   /* blockwise FP8: the tile's scales */
   Tile tile;
 
   for (uint32_t t = blockIdx.x; t < total; t += gridDim.x)
@@ -222,6 +306,8 @@ produce (const GemmParams &p, uint8_t *ring, uint64_t *full, uint64_t *empty)
       const TensorMap *map_a, *map_b;
 
       locate_tile<kOps, kKind> (p, t, group, tile);
+      if constexpr (Cfg::kBlockScaled)
+        work = p.groups[group];
       map_a = p.maps + kMapsPerGroup * (uint64_t) group;
       map_b = map_a + 1;
       if (leader && group != acquired)
@@ -236,9 +322,21 @@ produce (const GemmParams &p, uint8_t *ring, uint64_t *full, uint64_t *empty)
           uint8_t *tile_a = ring + stage * kStageBytes;
           uint8_t *tile_b = tile_a + Cfg::kTileABytes;
           const int32_t k0 = (int32_t) kb * kBlockK;
+          float scale_a[4], scale_b[4];
 
+          /* The scales' loads are in flight while the stage drains. */
+          if constexpr (Cfg::kBlockScaled)
+            load_stage_scales<kKind> (p, tile, work, kb, scale_a, scale_b);
           mbarrier_wait (&empty[stage], phase ^ 1);
-          /* One lane issues the copies; the others only help locate tiles. */
+          if constexpr (Cfg::kBlockScaled)
+            {
+              /* Every lane arrives once its scales are in place. */
+              store_stage_scales<kKind> (scales + stage * Cfg::kScaleSlot, scale_a, scale_b);
+              if (!leader)
+                mbarrier_arrive (&full[stage]);
+            }
+          /* One lane issues the copies; the others only help locate tiles
+           * (and stage blockwise scales). */
           if (leader)
             {
               mbarrier_arrive_expect_tx (&full[stage], kStageBytes);
@@ -551,8 +649,58 @@ struct MmaOf
 template <int kOps, int kKind>
 struct MmaOf<kOps, kKind, true>
 {
-  using Type = WgmmaFp8<Config<kOps>::kBlockN, kOps == kOpsE5m2E4m3, kOps == kOpsE4m3E5m2>;
+  using Type = WgmmaFp8<Config<kOps>::kBlockN, Config<kOps>::kAE5m2, Config<kOps>::kBE5m2>;
 };
+
+/* Blockwise FP8: the stage's scales of the rows and columns this thread
+ * holds results of (rows frag_row and frag_row + 8 of its half; columns
+ * 8 j + 2 (lane % 4) + {0, 1}, or B's tile scale in b[0]). */
+template <int kKind, int kBlockN>
+__device__ __forceinline__ void
+read_stage_scales (const float *slot, int half, float (&a)[2], float (&b)[kBlockN / 4])
+{
+  const int thread = threadIdx.x % 128;
+  const int lane = thread % 32;
+  const int frag_row = half * 64 + (thread / 32) * 16 + lane / 4;
+
+  a[0] = slot[frag_row];
+  a[1] = slot[frag_row + 8];
+  if (kKind == GMLP_KERNEL_GEMM_WGRAD)
+    {
+#pragma unroll
+      for (int j = 0; j < kBlockN / 8; j++)
+        {
+          const float2 v = *reinterpret_cast<const float2 *> (slot + kBlockM + 8 * j + 2 * (lane % 4));
+          b[2 * j] = v.x;
+          b[2 * j + 1] = v.y;
+        }
+    }
+  else
+    {
+      b[0] = slot[kBlockM];
+    }
+}
+
+/* The promotion of a blockwise FP8 stage: acc (+)= part × the scales of
+ * each result's row and column (read_stage_scales()). */
+template <int kKind, int kBlockN>
+__device__ __forceinline__ void
+promote_blocks (float (&acc)[kBlockN / 2], const float (&part)[kBlockN / 2], const float (&a)[2],
+                const float (&b)[kBlockN / 4], bool add)
+{
+#pragma unroll
+  for (int j = 0; j < kBlockN / 8; j++)
+#pragma unroll
+    for (int h = 0; h < 2; h++)
+#pragma unroll
+      for (int e = 0; e < 2; e++)
+        {
+          const int i = 4 * j + 2 * h + e;
+          const float s = a[h] * (kKind == GMLP_KERNEL_GEMM_WGRAD ? b[2 * j + e] : b[0]);
+
+          acc[i] = add ? fmaf (part[i], s, acc[i]) : part[i] * s;
+        }
+}
 
 /* Gives back the ring stage a consumer has finished reading, and moves to
  * the next. */
@@ -569,8 +717,8 @@ next_stage (uint32_t &stage, uint32_t &phase)
 
 template <int kOps, int kKind>
 __device__ __forceinline__ void
-consume (const GemmParams &p, uint8_t *ring, uint64_t *full, uint64_t *empty, float *staging,
-         int half)
+consume (const GemmParams &p, uint8_t *ring, const float *scales, uint64_t *full, uint64_t *empty,
+         float *staging, int half)
 {
   using Cfg = Config<kOps>;
   using Mma = typename MmaOf<kOps, kKind>::Type;
@@ -613,6 +761,7 @@ consume (const GemmParams &p, uint8_t *ring, uint64_t *full, uint64_t *empty, fl
                * acc in FP32: the promotion. The other consumer's products
                * keep the tensor cores busy meanwhile. */
               float part[kBlockN / 2];
+              float scale_a[2], scale_b[kBlockN / 4];
 
               wgmma_fence ();
 #pragma unroll
@@ -620,14 +769,29 @@ consume (const GemmParams &p, uint8_t *ring, uint64_t *full, uint64_t *empty, fl
                 Mma::run (part, smem_descriptor (tile_a + half * 64 * 128 + s * 32, 0),
                           smem_descriptor (tile_b + s * 32, 0), s > 0);
               wgmma_commit ();
+              if constexpr (Cfg::kBlockScaled)
+                read_stage_scales<kKind, kBlockN> (scales + stage * Cfg::kScaleSlot, half,
+                                                   scale_a, scale_b);
               if (kb == 0 && t + gridDim.x < total)
                 locate_tile<kOps, kKind> (p, t + gridDim.x, group, next);
               wgmma_wait<0> ();
-              if (leader)
-                mbarrier_arrive (&empty[stage]);
+              if constexpr (Cfg::kBlockScaled)
+                {
+                  /* Each warp gives the stage back once all its lanes
+                   * have read their scales. */
+                  __syncwarp ();
+                  if (threadIdx.x % 32 == 0)
+                    mbarrier_arrive (&empty[stage]);
+                  promote_blocks<kKind, kBlockN> (acc, part, scale_a, scale_b, kb > 0);
+                }
+              else
+                {
+                  if (leader)
+                    mbarrier_arrive (&empty[stage]);
 #pragma unroll
-              for (int i = 0; i < kBlockN / 2; i++)
-                acc[i] = kb > 0 ? acc[i] + part[i] : part[i];
+                  for (int i = 0; i < kBlockN / 2; i++)
+                    acc[i] = kb > 0 ? acc[i] + part[i] : part[i];
+                }
             }
           else
             {
@@ -673,7 +837,7 @@ consume (const GemmParams &p, uint8_t *ring, uint64_t *full, uint64_t *empty, fl
           if (t + gridDim.x < total)
             locate_tile<kOps, kKind> (p, t + gridDim.x, group, next);
         }
-      if constexpr (Cfg::kFp8)
+      if constexpr (Cfg::kFp8 && !Cfg::kBlockScaled)
         {
 #pragma unroll
           for (int i = 0; i < kBlockN / 2; i++)
@@ -708,14 +872,17 @@ gemm_kernel (const __grid_constant__ GemmParams p)
   uint64_t *full = reinterpret_cast<uint64_t *> (ring + Cfg::kStages * Cfg::kStageBytes +
                                                  kConsumers * kEpilogueBytes);
   uint64_t *empty = full + Cfg::kStages;
+  float *scales = reinterpret_cast<float *> (empty + Cfg::kStages);
   const int warpgroup = threadIdx.x / 128;
 
   if (threadIdx.x == 0)
     {
+      /* Blockwise scales: the producer's 32 lanes fill a stage, the
+       * consumers' 8 warps give it back. */
       for (int s = 0; s < Cfg::kStages; s++)
         {
-          mbarrier_init (&full[s], 1);
-          mbarrier_init (&empty[s], kConsumers);
+          mbarrier_init (&full[s], Cfg::kBlockScaled ? 32 : 1);
+          mbarrier_init (&empty[s], Cfg::kBlockScaled ? 4 * kConsumers : kConsumers);
         }
       mbarrier_init_fence ();
     }
@@ -727,12 +894,12 @@ gemm_kernel (const __grid_constant__ GemmParams p)
     {
       registers_decrease<40> ();
       if (threadIdx.x < 32)
-        produce<kOps, kKind> (p, ring, full, empty);
+        produce<kOps, kKind> (p, ring, scales, full, empty);
     }
   else
     {
       registers_increase<232> ();
-      consume<kOps, kKind> (p, ring, full, empty,
+      consume<kOps, kKind> (p, ring, scales, full, empty,
                             staging + (warpgroup - 1) * (kEpilogueBytes / 4), warpgroup - 1);
     }
 }

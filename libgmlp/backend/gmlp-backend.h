@@ -20,7 +20,7 @@ G_BEGIN_DECLS
 
 /* Bumped whenever the table changes; a module built for another version is
  * refused. */
-#define GMLP_BACKEND_ABI_VERSION 7
+#define GMLP_BACKEND_ABI_VERSION 8
 
 typedef struct _GmlpBackendDevice GmlpBackendDevice;
 typedef struct _GmlpBackendEvent GmlpBackendEvent;
@@ -72,6 +72,45 @@ typedef struct {
  * act(a) * b. GELU is the tanh approximation:
  *   gelu(x) = x/2 (1 + tanh (sqrt(2/pi) (x + 0.044715 x^3))),
  *   silu(x) = x sigmoid(x), relu(x) = max(x, 0), srelu(x) = relu(x)^2. */
+/* Where the FP8 scale inverses of one operand of a product lie, the
+ * operand seen K-major as the product reads it (rows × depth, summed over
+ * depth). row_block 0: one scale per group, *scale_inv[i] (the per-tensor
+ * recipes). Otherwise blocks of row_block rows (1 or 128) ×
+ * GMLP_BACKEND_FP8_DEPTH_BLOCK values along the depth, from the group's
+ * first row and value: the scale of row r, depth d of group i is
+ * scale_inv[i][(r / row_block) × row_stride + (d / 128) × depth_stride]
+ * (the blockwise recipe: a rowwise tensor's 1 × 128 blocks have row_block
+ * 1, row_stride ceil (depth / 128), depth_stride 1; a columnwise copy's
+ * row_block 1, row_stride 1, depth_stride its rows; weights' tiles
+ * row_block 128). All zeros is per-tensor. */
+#define GMLP_BACKEND_FP8_DEPTH_BLOCK 128
+
+typedef struct {
+  gint64 row_block;
+  gint64 row_stride;
+  gint64 depth_stride;
+} GmlpBackendFp8Scales;
+
+static inline gboolean
+gmlp_backend_fp8_scales_blockwise (const GmlpBackendFp8Scales *a,
+                                   const GmlpBackendFp8Scales *b)
+{
+  return a->row_block != 0 || b->row_block != 0;
+}
+
+/* The scale of row row, depth depth in a group's scales. */
+static inline float
+gmlp_backend_fp8_scale_at (const GmlpBackendFp8Scales *s,
+                           const float                *scales,
+                           gint64                      row,
+                           gint64                      depth)
+{
+  if (s->row_block == 0)
+    return scales[0];
+  return scales[(row / s->row_block) * s->row_stride +
+                (depth / GMLP_BACKEND_FP8_DEPTH_BLOCK) * s->depth_stride];
+}
+
 /* The grouped products of a GroupedLinear whose group sizes are only on the
  * device (gemm_device). m_i = device_rows[i], read by the device, never by the
  * host (so that the call can be captured in a graph); a negative size counts
@@ -114,10 +153,16 @@ typedef struct {
    * of a in group i stands for q × *a_scale_inv[i] (weight: b_scale_inv),
    * host arrays of device pointers to one FP32 each; c_rows and bias in
    * c_dtype (FLOAT32, FLOAT16 or BFLOAT16). CUDA runs them on its Hopper
-   * kernel only (UNSUPPORTED on other GPUs). Ignored for other dtypes. */
+   * kernel only (UNSUPPORTED on other GPUs). Ignored for other dtypes.
+   * Blockwise scales (a_scales, b_scales; zeros for per-tensor): a's are
+   * a_scale_rows, grouped by the device sizes like a (row_block 1, member
+   * i m_i × ceil (depth / 128) floats), and a_scale_inv is not read. */
   int                  b_dtype;
   const float * const *a_scale_inv;
   const float * const *b_scale_inv;
+  GmlpBackendFp8Scales a_scales;
+  GmlpBackendFp8Scales b_scales;
+  const float         *a_scale_rows;
 } GmlpBackendGemmDevice;
 
 enum {
@@ -143,7 +188,8 @@ enum {
  *          a = dy columnwise, b = x columnwise
  *
  * An FP8 value q of operand a in group i stands for q × *a_scale_inv[i]
- * (the same for b). Sums are FP32, with the partial sums promoted to FP32
+ * (the same for b), or with blockwise scales (a_scales, b_scales, see
+ * GmlpBackendFp8Scales) q × the scale of its block. Sums are FP32, with the partial sums promoted to FP32
  * (no reduced-precision "fast accumulation"), then scaled by both scale
  * inverses and stored in c_dtype, or, for a WGRAD group whose accumulate
  * entry is 1, added to C_i (c_dtype FLOAT32, main_grad). A WGRAD group with
@@ -169,6 +215,8 @@ typedef struct {
   /* WGRAD only: per group, 1 adds into C (C_i += A_i B_iᵀ), 0 overwrites;
    * NULL overwrites every group. */
   const guint8        *accumulate;
+  GmlpBackendFp8Scales a_scales;      /* zeros: per-tensor */
+  GmlpBackendFp8Scales b_scales;
 } GmlpBackendGemmFp8;
 
 /* The product of group g as C (rows × cols) = A (rows × depth) · B (cols ×

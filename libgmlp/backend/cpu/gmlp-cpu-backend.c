@@ -737,12 +737,13 @@ cpu_gemm_device (GmlpBackendDevice            *device,
 {
   gboolean wgrad = gemm->kind == GMLP_GEMM_WGRAD;
   gboolean fp8 = gmlp_num_dtype_is_fp8 (gemm->ab_dtype);
+  gboolean blockwise = fp8 && gmlp_backend_fp8_scales_blockwise (&gemm->a_scales, &gemm->b_scales);
   gint64 first_cols, second_cols;
   int second_dtype;
-  CpuRowsOperand ops[2];
+  CpuRowsOperand ops[3];
   g_autofree gint64 *rows = NULL;
-  g_autofree gpointer *first = NULL, *second = NULL;
-  gpointer *members[2];
+  g_autofree gpointer *first = NULL, *second = NULL, *first_scales = NULL;
+  gpointer *members[3];
   GmlpBackendGemm host;
   gboolean ok;
 
@@ -773,10 +774,13 @@ cpu_gemm_device (GmlpBackendDevice            *device,
   first_cols = gemm->kind == GMLP_GEMM_FPROP ? gemm->k : gemm->n;
   second_cols = gemm->kind == GMLP_GEMM_FPROP ? gemm->n : gemm->k;
   second_dtype = wgrad ? gemm->ab_dtype : gemm->c_dtype;
-  if (fp8 && (wgrad || gemm->a_scale_inv == NULL || gemm->b_scale_inv == NULL))
+  if (fp8 && (wgrad || gemm->b_scale_inv == NULL ||
+              (blockwise ? gemm->a_scale_rows == NULL || gemm->a_scales.row_block != 1
+                         : gemm->a_scale_inv == NULL)))
     {
       g_set_error (error, GMLP_ERROR, GMLP_ERROR_UNSUPPORTED,
-                   "CPU: FP8 products with device sizes are FPROP and DGRAD with scales");
+                   "CPU: FP8 products with device sizes are FPROP and DGRAD with scales (blockwise: "
+                   "a's in rows, grouped by the sizes)");
       return FALSE;
     }
   if ((!fp8 && !cpu_check_float_dtype (gemm->ab_dtype, error)) ||
@@ -787,10 +791,18 @@ cpu_gemm_device (GmlpBackendDevice            *device,
                               second_dtype, gemm->n_groups, gemm->row_capacity, error))
     return FALSE;
 
+  /* Blockwise: a's scales are grouped by the same sizes. */
+  if (blockwise &&
+      !cpu_rows_operand_init (&ops[2], gemm->a_scale_rows,
+                              (first_cols + GMLP_BACKEND_FP8_DEPTH_BLOCK - 1) / GMLP_BACKEND_FP8_DEPTH_BLOCK,
+                              GMLP_NUM_FLOAT32, gemm->n_groups, gemm->row_capacity, error))
+    return FALSE;
+
   rows = g_new (gint64, gemm->n_groups);
   members[0] = first = g_new (gpointer, gemm->n_groups);
   members[1] = second = g_new (gpointer, gemm->n_groups);
-  cpu_walk_device_rows (gemm->device_rows, gemm->n_groups, ops, 2, rows, members);
+  members[2] = first_scales = blockwise ? g_new (gpointer, gemm->n_groups) : NULL;
+  cpu_walk_device_rows (gemm->device_rows, gemm->n_groups, ops, blockwise ? 3 : 2, rows, members);
 
   if (fp8)
     {
@@ -806,9 +818,11 @@ cpu_gemm_device (GmlpBackendDevice            *device,
         .c_dtype = gemm->c_dtype,
         .a = (const void * const *) first,
         .b = gemm->weight,
-        .a_scale_inv = gemm->a_scale_inv,
+        .a_scale_inv = blockwise ? (const float * const *) first_scales : gemm->a_scale_inv,
         .b_scale_inv = gemm->b_scale_inv,
         .c = (void * const *) second,
+        .a_scales = gemm->a_scales,
+        .b_scales = gemm->b_scales,
       };
 
       ok = gmlp_cpu_gemm_fp8 (device, &host_fp8, error);

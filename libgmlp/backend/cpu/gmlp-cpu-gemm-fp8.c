@@ -5,7 +5,9 @@
  * (gmlp_quant_decode: fl32 (q × scale_inv)), and the product runs on the
  * same FP32 sgemm as the CPU's other products. cuBLASLt scales the FP32
  * sum once by both scale inverses instead; the two differ by FP32
- * rounding only.
+ * rounding only. With blockwise scales each value is decoded with its
+ * block's scale (GmlpBackendFp8Scales), as the Hopper kernel's promotion
+ * scales each 128-deep block's sum.
  *
  * SPDX-License-Identifier: LGPL-2.1-or-later
  */
@@ -21,18 +23,24 @@
 #include "gmlp-numeric.h"
 #include "gmlp-quantize-numeric.h"
 
-/* n FP8 values, each times scale_inv, as floats. */
+/* The rows × depth FP8 values of one group's operand, each times its
+ * scale inverse, as floats. */
 static float *
-dequantize_operand (const guint8 *q,
-                    int           fp8_dtype,
-                    float         scale_inv,
-                    gsize         n)
+dequantize_operand (const guint8               *q,
+                    int                         fp8_dtype,
+                    const float                *scale_inv,
+                    const GmlpBackendFp8Scales *scales,
+                    gint64                      rows,
+                    gint64                      depth)
 {
-  float *out = g_new (float, MAX (n, 1));
-  gsize i;
+  float *out = g_new (float, MAX (rows * depth, 1));
+  gint64 r, d;
 
-  for (i = 0; i < n; i++)
-    out[i] = gmlp_quant_decode (q[i], scale_inv, fp8_dtype);
+  for (r = 0; r < rows; r++)
+    for (d = 0; d < depth; d++)
+      out[r * depth + d] = gmlp_quant_decode (q[r * depth + d],
+                                              gmlp_backend_fp8_scale_at (scales, scale_inv, r, d),
+                                              fp8_dtype);
   return out;
 }
 
@@ -58,8 +66,8 @@ fp8_group (const GmlpBackendGemmFp8 *gemm,
       return;
     }
 
-  a = dequantize_operand (gemm->a[g], gemm->a_dtype, *gemm->a_scale_inv[g], (gsize) (rows * depth));
-  b = dequantize_operand (gemm->b[g], gemm->b_dtype, *gemm->b_scale_inv[g], (gsize) (cols * depth));
+  a = dequantize_operand (gemm->a[g], gemm->a_dtype, gemm->a_scale_inv[g], &gemm->a_scales, rows, depth);
+  b = dequantize_operand (gemm->b[g], gemm->b_dtype, gemm->b_scale_inv[g], &gemm->b_scales, cols, depth);
 
   if (gemm->c_dtype == GMLP_NUM_FLOAT32)
     {
@@ -85,6 +93,20 @@ static gboolean
 is_fp8 (int dtype)
 {
   return dtype == GMLP_NUM_FLOAT8_E4M3 || dtype == GMLP_NUM_FLOAT8_E5M2;
+}
+
+static gboolean
+check_scales (const GmlpBackendFp8Scales  *s,
+              GError                     **error)
+{
+  if ((s->row_block == 0 && s->row_stride == 0 && s->depth_stride == 0) ||
+      (s->row_block > 0 && s->row_stride >= 0 && s->depth_stride >= 0))
+    return TRUE;
+  g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
+               "CPU: FP8 GEMM: invalid scale layout (row block %" G_GINT64_FORMAT ", strides %"
+               G_GINT64_FORMAT " and %" G_GINT64_FORMAT ")", s->row_block, s->row_stride,
+               s->depth_stride);
+  return FALSE;
 }
 
 gboolean
@@ -131,6 +153,8 @@ gmlp_cpu_gemm_fp8 (GmlpBackendDevice          *device,
                    "CPU: FP8 GEMM: missing group sizes, operands or scales");
       return FALSE;
     }
+  if (!check_scales (&gemm->a_scales, error) || !check_scales (&gemm->b_scales, error))
+    return FALSE;
   for (g = 0; g < gemm->n_groups; g++)
     if (gemm->rows[g] < 0 || gemm->rows[g] > G_MAXINT32)
       {

@@ -31,6 +31,17 @@ gmlp_cuda_kernel_gemm_kind (GmlpGemmKind kind)
     }
 }
 
+/* The kernels' view of the backend's FP8 scale layout (the same fields). */
+static GmlpKernelFp8Scales
+gmlp_cuda_kernel_fp8_scales (const GmlpBackendFp8Scales *s)
+{
+  return (GmlpKernelFp8Scales) {
+    .row_block = s->row_block,
+    .row_stride = s->row_stride,
+    .depth_stride = s->depth_stride,
+  };
+}
+
 /* The kernels' view of the backend's description. */
 static void
 gmlp_cuda_kernel_device_gemm (const GmlpBackendGemmDevice *gemm,
@@ -55,6 +66,9 @@ gmlp_cuda_kernel_device_gemm (const GmlpBackendGemmDevice *gemm,
     .b_dtype = gemm->b_dtype,
     .a_scale_inv = gemm->a_scale_inv,
     .b_scale_inv = gemm->b_scale_inv,
+    .a_scales = gmlp_cuda_kernel_fp8_scales (&gemm->a_scales),
+    .b_scales = gmlp_cuda_kernel_fp8_scales (&gemm->b_scales),
+    .a_scale_rows = gemm->a_scale_rows,
   };
 }
 
@@ -246,25 +260,51 @@ gmlp_cuda_gemm_host_rows_sm90 (GmlpBackendDevice      *device,
  * or DGRAD's Wᵀ_i). WGRAD: a and b the columnwise copies of dy and x
  * (member i n × m_i and k × m_i, laid out as the rowwise members), c the
  * per-group outputs. */
+static gboolean
+gmlp_cuda_fp8_kernel_gemm (const GmlpBackendGemmFp8  *gemm,
+                           GmlpKernelDeviceGemm      *kernel_gemm,
+                           const char               **reason)
+{
+  *reason = "the operands are not laid out as grouped tensors lay them out";
+  if (gemm->kind != GMLP_GEMM_FPROP && gemm->kind != GMLP_GEMM_DGRAD && gemm->kind != GMLP_GEMM_WGRAD)
+    return FALSE;
+  if (!gmlp_cuda_host_rows_gemm (gemm->kind, gemm->n_groups, gemm->rows, gemm->n, gemm->k,
+                                 gemm->a, gemm->b, gemm->c, 1, 1, gmlp_num_dtype_size (gemm->c_dtype),
+                                 gemm->accumulate, kernel_gemm))
+    return FALSE;
+  kernel_gemm->ab_dtype = gemm->a_dtype;
+  kernel_gemm->b_dtype = gemm->b_dtype;
+  kernel_gemm->c_dtype = gemm->c_dtype;
+  kernel_gemm->a_scale_inv = (const float * const *) gemm->a_scale_inv;
+  kernel_gemm->b_scale_inv = (const float * const *) gemm->b_scale_inv;
+  kernel_gemm->a_scales = gmlp_cuda_kernel_fp8_scales (&gemm->a_scales);
+  kernel_gemm->b_scales = gmlp_cuda_kernel_fp8_scales (&gemm->b_scales);
+  return TRUE;
+}
+
 gboolean
 gmlp_cuda_gemm_fp8_sm90 (GmlpBackendDevice          *device,
                          const GmlpBackendGemmFp8   *gemm,
                          gboolean                   *taken,
+                         const char                **reason,
                          GError                    **error)
 {
   GmlpKernelDeviceGemm kernel_gemm;
 
   *taken = FALSE;
-  if (gemm->kind != GMLP_GEMM_FPROP && gemm->kind != GMLP_GEMM_DGRAD && gemm->kind != GMLP_GEMM_WGRAD)
+  if (!gmlp_cuda_fp8_kernel_gemm (gemm, &kernel_gemm, reason))
     return FALSE;
-  if (!gmlp_cuda_host_rows_gemm (gemm->kind, gemm->n_groups, gemm->rows, gemm->n, gemm->k,
-                                 gemm->a, gemm->b, gemm->c, 1, 1, gmlp_num_dtype_size (gemm->c_dtype),
-                                 gemm->accumulate, &kernel_gemm))
-    return FALSE;
-  kernel_gemm.ab_dtype = gemm->a_dtype;
-  kernel_gemm.b_dtype = gemm->b_dtype;
-  kernel_gemm.c_dtype = gemm->c_dtype;
-  kernel_gemm.a_scale_inv = (const float * const *) gemm->a_scale_inv;
-  kernel_gemm.b_scale_inv = (const float * const *) gemm->b_scale_inv;
-  return gmlp_cuda_run_sm90 (device, &kernel_gemm, taken, NULL, error);
+  return gmlp_cuda_run_sm90 (device, &kernel_gemm, taken, reason, error);
+}
+
+gboolean
+gmlp_cuda_gemm_fp8_sm90_covers (GmlpBackendDevice         *device,
+                                const GmlpBackendGemmFp8  *gemm,
+                                const char               **reason)
+{
+  GmlpKernelDeviceGemm kernel_gemm;
+  int n_sms;
+
+  return gmlp_cuda_fp8_kernel_gemm (gemm, &kernel_gemm, reason) &&
+         gmlp_cuda_use_sm90 (device, &kernel_gemm, &n_sms, reason);
 }

@@ -8,7 +8,9 @@
  * inverses are the matmul's A and B scale pointers (device memory, read by
  * the kernel, so nothing waits), the sums are FP32 with the partial sums
  * promoted (CUBLASLT_MATMUL_DESC_FAST_ACCUM = 0), and the output is BF16,
- * FP16 or FP32.
+ * FP16 or FP32. Blockwise scales have no cuBLASLt path here: those
+ * products run on the Hopper kernel or are refused (UNSUPPORTED, with the
+ * kernel's reason) before anything is enqueued.
  *
  * cuBLASLt's FP8 kernels on Hopper and Ada take only the "TN" layout: both
  * operands K-major, the summed dimension contiguous. The backend's
@@ -626,6 +628,139 @@ fp8_prefer_sm90 (const GmlpCudaFp8Plan *plan)
   return gmlp_cuda_gemm_prefer_grouped (plan->products->len, flop);
 }
 
+/* Blockwise WGRAD whose groups are not all multiples of 16 rows: the
+ * kernel reads the columnwise copies (rows of m_i bytes) by TMA, which
+ * wants 16-byte rows, so the copies go into zeroed scratch laid out as
+ * grouped tensors of round_up (m_i, 16) rows. Zeros add nothing, and the
+ * padded rows stay inside each group's last 128-deep block of scales
+ * (128 is a multiple of 16). FALSE with *refused set (nothing enqueued
+ * but the scratch's stream-ordered allocation and release) when the
+ * kernel does not take the product. */
+static gboolean
+fp8_blockwise_padded (GmlpBackendDevice         *device,
+                      const GmlpBackendGemmFp8  *gemm,
+                      const char               **reason,
+                      gboolean                  *refused,
+                      GError                   **error)
+{
+  guint n = gemm->n_groups;
+  g_autofree gint64 *rows = g_new (gint64, n);
+  g_autofree gpointer *pa = g_new (gpointer, n);
+  g_autofree gpointer *pb = g_new (gpointer, n);
+  g_autofree gsize *offsets = g_new (gsize, 2 * n);
+  GmlpBackendGemmFp8 padded = *gemm;
+  gsize total = 0;
+  guint8 *scratch;
+  gboolean taken = FALSE, ok = FALSE;
+  cudaError_t err;
+
+  *refused = FALSE;
+  for (guint g = 0; g < n; g++)
+    {
+      rows[g] = (gint64) round_up ((gsize) MAX (gemm->rows[g], 0), GMLP_CUDA_FP8_ALIGNMENT);
+      offsets[g] = total;
+      total += gmlp_num_member_stride (rows[g], (guint64) gemm->n);
+    }
+  for (guint g = 0; g < n; g++)
+    {
+      offsets[n + g] = total;
+      total += gmlp_num_member_stride (rows[g], (guint64) gemm->k);
+    }
+  scratch = gmlp_cuda_alloc (device, MAX (total, 1), error);
+  if (scratch == NULL)
+    return FALSE;
+  for (guint g = 0; g < n; g++)
+    {
+      pa[g] = scratch + offsets[g];
+      pb[g] = scratch + offsets[n + g];
+    }
+  padded.rows = rows;
+  padded.a = (const void * const *) pa;
+  padded.b = (const void * const *) pb;
+  if (!gmlp_cuda_gemm_fp8_sm90_covers (device, &padded, reason))
+    {
+      *refused = TRUE;
+      goto out;
+    }
+
+  err = cudaMemsetAsync (scratch, 0, total, device->stream);
+  for (guint g = 0; g < n && err == cudaSuccess; g++)
+    {
+      gsize m = (gsize) MAX (gemm->rows[g], 0);
+
+      if (m == 0)
+        continue;
+      /* Member g of a copy: n (or k) rows of m_g bytes. */
+      err = cudaMemcpy2DAsync (pa[g], (size_t) rows[g], gemm->a[g], m, m, (size_t) gemm->n,
+                               cudaMemcpyDeviceToDevice, device->stream);
+      if (err == cudaSuccess)
+        err = cudaMemcpy2DAsync (pb[g], (size_t) rows[g], gemm->b[g], m, m, (size_t) gemm->k,
+                                 cudaMemcpyDeviceToDevice, device->stream);
+    }
+  if (err != cudaSuccess)
+    {
+      gmlp_cuda_fail (error, "cudaMemcpy2DAsync", err);
+      goto out;
+    }
+  ok = gmlp_cuda_gemm_fp8_sm90 (device, &padded, &taken, reason, error);
+  *refused = !taken;   /* checked above: not expected */
+
+out:
+  /* Stream-ordered: the product enqueued above still reads it. */
+  gmlp_cuda_free (device, scratch);
+  return ok;
+}
+
+static gboolean
+rows_aligned (const GmlpBackendGemmFp8 *gemm)
+{
+  for (guint g = 0; g < gemm->n_groups; g++)
+    if (gemm->rows[g] % GMLP_CUDA_FP8_ALIGNMENT != 0)
+      return FALSE;
+  return TRUE;
+}
+
+/* Blockwise scales: the Hopper kernel's, or UNSUPPORTED with its reason. */
+static gboolean
+fp8_blockwise (GmlpBackendDevice         *device,
+               const GmlpBackendGemmFp8  *gemm,
+               GError                   **error)
+{
+  gboolean taken = FALSE, ok;
+  const char *reason = NULL;
+
+  if (gemm->n_groups == 0)
+    return TRUE;
+  if (gemm->rows == NULL || gemm->a == NULL || gemm->b == NULL || gemm->c == NULL ||
+      gemm->a_scale_inv == NULL || gemm->b_scale_inv == NULL)
+    {
+      g_set_error (error, GMLP_CUDA_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
+                   "CUDA: FP8 GEMM %s: missing group sizes, operands or scales",
+                   kind_name (gemm->kind));
+      return FALSE;
+    }
+  if (!gmlp_cuda_activate (device, error))
+    return FALSE;
+  if (gemm->kind == GMLP_GEMM_WGRAD && !rows_aligned (gemm))
+    {
+      gboolean refused;
+
+      ok = fp8_blockwise_padded (device, gemm, &reason, &refused, error);
+      if (!refused)
+        return ok;
+    }
+  else
+    {
+      ok = gmlp_cuda_gemm_fp8_sm90 (device, gemm, &taken, &reason, error);
+      if (taken)
+        return ok;
+    }
+  g_set_error (error, GMLP_CUDA_ERROR, GMLP_ERROR_UNSUPPORTED,
+               "CUDA: FP8 GEMM %s with blockwise scales runs on libgmlp's Hopper kernel only: %s",
+               kind_name (gemm->kind), reason != NULL ? reason : "not covered");
+  return FALSE;
+}
+
 gboolean
 gmlp_cuda_gemm_fp8 (GmlpBackendDevice          *device,
                     const GmlpBackendGemmFp8   *gemm,
@@ -641,6 +776,8 @@ gmlp_cuda_gemm_fp8 (GmlpBackendDevice          *device,
   gsize c_size;
   gboolean ok = FALSE;
 
+  if (gmlp_backend_fp8_scales_blockwise (&gemm->a_scales, &gemm->b_scales))
+    return fp8_blockwise (device, gemm, error);
   if (!fp8_validate (gemm, &plan, error))
     goto out;
   if (plan.products == NULL || (plan.products->len == 0 && plan.zeroed->len == 0))
@@ -656,8 +793,9 @@ gmlp_cuda_gemm_fp8 (GmlpBackendDevice          *device,
   if (plan.products->len > 0 && fp8_prefer_sm90 (&plan))
     {
       gboolean taken = FALSE;
+      const char *reason;
 
-      ok = gmlp_cuda_gemm_fp8_sm90 (device, gemm, &taken, error);
+      ok = gmlp_cuda_gemm_fp8_sm90 (device, gemm, &taken, &reason, error);
       if (taken)
         goto out;
     }

@@ -233,11 +233,17 @@ gboolean  gmlp_cuda_gemm_host_rows_sm90 (GmlpBackendDevice      *device,
                                          gboolean               *taken,
                                          GError                **error);
 /* FP8 products with host sizes on the Hopper kernel; the same contract as
- * gmlp_cuda_gemm_host_rows_sm90(). */
+ * gmlp_cuda_gemm_host_rows_sm90(), and when not taken why in *reason. */
 gboolean  gmlp_cuda_gemm_fp8_sm90   (GmlpBackendDevice          *device,
                                      const GmlpBackendGemmFp8   *gemm,
                                      gboolean                   *taken,
+                                     const char                **reason,
                                      GError                    **error);
+/* Whether gmlp_cuda_gemm_fp8_sm90() would take the product; enqueues
+ * nothing. */
+gboolean  gmlp_cuda_gemm_fp8_sm90_covers (GmlpBackendDevice         *device,
+                                          const GmlpBackendGemmFp8  *gemm,
+                                          const char               **reason);
 /* Which side takes the products with host sizes that both can do:
  * GMLP_CUDA_HOST_GEMM=cublas (cuBLAS and cuBLASLt) or =sm90 (libgmlp's
  * Hopper kernel) forces one, for comparisons; read once. */
