@@ -291,8 +291,8 @@ typedef struct {
   const float * const *a_scale_inv;
   const float * const *b_scale_inv;
   /* Blockwise FP8 (row_block > 0; zeros: per-tensor): A's scales in rows
-   * (row_block 1) or 128 × 128 tiles, B's in tiles for FPROP and DGRAD and
-   * in rows for WGRAD, E4M3 × E4M3 or E5M2 × E4M3. With device sizes A's
+   * (row_block 1), B's in 128 × 128 tiles for FPROP and DGRAD and in rows
+   * for WGRAD, E4M3 × E4M3 or E5M2 × E4M3. With device sizes A's
    * scales are a_scale_rows (row_block 1), a tensor grouped by the same
    * sizes as a (member i: m_i × ceil (depth / 128) floats), and
    * a_scale_inv is not read. */

@@ -427,24 +427,22 @@ grouped_a_scales (const GmlpKernelDeviceGemm *g)
 
 /* Why the kernel does not take these blockwise scales, or nullptr. The
  * depth blocks are the stages (128 deep, from each group's first value);
- * a tile's rows are one row block of 128 or 128 rows of their own, and B's
- * scales are per tile for FPROP and DGRAD (weights), per row for WGRAD. */
+ * A's scales are per row (activations and gradients, the only A operands
+ * the layers make), B's per tile for FPROP and DGRAD (weights) and per row
+ * for WGRAD. */
 const char *
 blockwise_refusal (const GmlpKernelDeviceGemm *g)
 {
   const GmlpKernelFp8Scales &a = g->a_scales, &b = g->b_scales;
   const bool wgrad = g->kind == GMLP_KERNEL_GEMM_WGRAD;
 
-  if ((a.row_block != 1 && a.row_block != 128) || b.row_block != (wgrad ? 1 : 128))
+  if (a.row_block != 1 || b.row_block != (wgrad ? 1 : 128))
     return wgrad ? "the Hopper kernel's blockwise FP8 WGRAD takes scales of rows (1 × 128 "
-                   "blocks) for both operands, or 128 × 128 tiles for A"
-                 : "the Hopper kernel's blockwise FP8 FPROP and DGRAD take B's scales in "
-                   "128 × 128 tiles, and A's in rows (1 × 128 blocks) or tiles";
+                   "blocks) for both operands"
+                 : "the Hopper kernel's blockwise FP8 FPROP and DGRAD take A's scales in rows "
+                   "(1 × 128 blocks) and B's in 128 × 128 tiles";
   if (a.row_stride < 0 || a.depth_stride < 0 || b.row_stride < 0 || b.depth_stride < 0)
     return "negative scale strides";
-  if (g->device_rows != nullptr && a.row_block != 1)
-    return "with device sizes the Hopper kernel takes A's blockwise scales in rows, grouped "
-           "by the sizes (a_scale_rows)";
   return nullptr;
 }
 
@@ -472,7 +470,6 @@ scale_layout (const GmlpKernelFp8Scales &s)
 
   l.row_stride = s.row_stride;
   l.depth_stride = s.depth_stride;
-  l.row_shift = s.row_block == 128 ? 7 : 0;
   return l;
 }
 

@@ -129,12 +129,12 @@ struct GroupWork
   float        scale;       /* per-tensor FP8: the product of A's and B's scale inverses; else 1 */
 };
 
-/* GmlpKernelFp8Scales of a blockwise operand, the row block as a shift. */
+/* The strides of a blockwise operand's GmlpKernelFp8Scales (the row block
+ * is the instance's: 1 for A, 128 or, for WGRAD, 1 for B). */
 struct ScaleLayout
 {
-  int64_t  row_stride;
-  int64_t  depth_stride;
-  uint32_t row_shift;   /* log2 of the row block: 0 or 7 */
+  int64_t row_stride;
+  int64_t depth_stride;
 };
 
 
@@ -242,8 +242,7 @@ load_stage_scales (const GemmParams &p, const Tile &tile, const GroupWork &w, ui
   for (int i = 0; i < 4; i++)
     {
       const int64_t r = min (tile.m0 + lane + 32 * i, a_rows - 1);
-      a[i] = __ldg (w.a_scales + (r >> p.a_scales.row_shift) * p.a_scales.row_stride +
-                    kb * p.a_scales.depth_stride);
+      a[i] = __ldg (w.a_scales + r * p.a_scales.row_stride + kb * p.a_scales.depth_stride);
     }
   if (kKind == GMLP_KERNEL_GEMM_WGRAD)
     {
