@@ -1,8 +1,8 @@
 #!/usr/bin/python3
 # Python binding test of an FP8 GroupedLinear: quantizers given as construct
 # properties and through set_quantizers(), forward and backward against a
-# float64 numpy reference over the quantized operands' values, the delayed
-# scales' update, errors as GLib.Error.
+# float64 numpy reference over the quantized operands' values (delayed and
+# blockwise scaling), the delayed scales' update, errors as GLib.Error.
 #
 # SPDX-License-Identifier: LGPL-2.1-or-later
 
@@ -103,9 +103,15 @@ def main():
         assert e.matches(Gmlp.error_quark(), Gmlp.Error.UNSUPPORTED), e
     assert layer.props.input_quantizer == q_in
 
-    # Blockwise throughout, then FP8 off again.
+    # Blockwise throughout (FP8 products with 1 x 128 and 128 x 128 block
+    # scales), against the blockwise-quantized operands' values, then FP8
+    # off again.
     layer.set_quantizers(*blockwise)
     y_t, saved = layer.forward(upload(dev, x, rows))
+    xq = dequantized(blockwise[0], upload(dev, x, rows), (M, K))
+    wq = dequantized(blockwise[1], w_t, (E, N, K))
+    y_ref = np.concatenate([xq[starts[g]:starts[g + 1]] @ wq[g].T for g in range(E)])
+    close(download(y_t, (M, N)), y_ref, 'blockwise fprop', tol=5e-4)
     layer.set_quantizers(None, None, None)
     assert layer.props.input_quantizer is None
     # The backward of an FP8 forward, after FP8 was taken away, needs quantizers.
