@@ -463,16 +463,6 @@ tile_bound (const GmlpKernelDeviceGemm *g)
   return (div_up (g->row_capacity, kBlockM) + g->n_groups) * tiles_n;
 }
 
-ScaleLayout
-scale_layout (const GmlpKernelFp8Scales &s)
-{
-  ScaleLayout l;
-
-  l.row_stride = s.row_stride;
-  l.depth_stride = s.depth_stride;
-  return l;
-}
-
 template <int kWords>
 GmlpKernelStatus
 launch_plan (const PlanParams &plan, const uint64_t *table, size_t n_words, cudaStream_t stream)
@@ -797,7 +787,7 @@ gmlp_kernel_device_gemm_sm90 (const GmlpKernelDeviceGemm *gemm,
   params.out_cols = e.out_cols;
   params.reduction = e.reduction;
   params.c_dtype = gemm->c_dtype;
-  params.a_scales = scale_layout (gemm->a_scales);
-  params.b_scales = scale_layout (gemm->b_scales);
+  params.a_scales = gemm->a_scales;
+  params.b_scales = gemm->b_scales;
   return launch_operands (operands_of (gemm), gemm->kind, params, n_sms, stream);
 }

@@ -1,8 +1,8 @@
 /* grouped_gemm_sm90_fp8_blocks.cu: the blockwise-scaled FP8 FPROP (and
  * DGRAD) instances of the Hopper grouped GEMM
  *
- * A's scales per row (or 128 × 128 tile) and 128-deep block, B's per
- * 128 × 128 tile of the weights (impls/grouped_gemm_sm90.cuh).
+ * A's scales per row and 128-deep block, B's per 128 × 128 tile of the
+ * weights (impls/grouped_gemm_sm90.cuh).
  *
  * SPDX-License-Identifier: LGPL-2.1-or-later
  */

@@ -2357,8 +2357,8 @@ fp8_operand_scales (GmlpGroupedTensor    *t,
   return TRUE;
 }
 
-/* Whether a backend's error says it does not take the product (blockwise
- * scales it has no kernel for): then the caller dequantizes. Clears it. */
+/* Whether a backend's error says it does not take the product (UNSUPPORTED:
+ * no kernel for it there): then the caller dequantizes. Clears it. */
 static gboolean
 fp8_refused (GError **local_error)
 {
@@ -2483,7 +2483,7 @@ fp8_run_device (GmlpGroupedLinear  *self,
     *ran = GMLP_DEVICE_CALL (self->device, gemm_device, &gemm, &local_error);
   }
   /* The backends' errors share GmlpError's codes. */
-  if (*ran || local_error->code == GMLP_ERROR_UNSUPPORTED)
+  if (*ran || fp8_refused (&local_error))
     return TRUE;
   g_propagate_error (error, g_steal_pointer (&local_error));
   return FALSE;

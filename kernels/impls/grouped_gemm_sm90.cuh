@@ -129,14 +129,6 @@ struct GroupWork
   float        scale;       /* per-tensor FP8: the product of A's and B's scale inverses; else 1 */
 };
 
-/* The strides of a blockwise operand's GmlpKernelFp8Scales (the row block
- * is the instance's: 1 for A, 128 or, for WGRAD, 1 for B). */
-struct ScaleLayout
-{
-  int64_t row_stride;
-  int64_t depth_stride;
-};
-
 
 struct GemmParams
 {
@@ -150,8 +142,10 @@ struct GemmParams
   int64_t          out_cols;        /* columns and leading dimension of C */
   int64_t          reduction;       /* FPROP: k, DGRAD: n; WGRAD: m_g */
   int              c_dtype;
-  ScaleLayout      a_scales;        /* blockwise FP8 */
-  ScaleLayout      b_scales;
+  /* Blockwise FP8: the strides (the row blocks are the instance's: 1 for
+   * A, 128 for B, 1 for WGRAD's B; checked on the host). */
+  GmlpKernelFp8Scales a_scales;
+  GmlpKernelFp8Scales b_scales;
 };
 
 /* The tile schedule both roles follow: tile t of the whole list, found in
