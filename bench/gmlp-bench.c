@@ -147,10 +147,21 @@ compare_doubles (gconstpointer a, gconstpointer b)
   return x < y ? -1 : x > y;
 }
 
-/* Times n calls back to back with a pair of device events around each, as
- * the anchors (triton's do_bench, cublas_anchor) do, and takes the median. */
+/* How long warm() runs back to back before the timed calls. The GPU runs
+ * these products at its power limit: on the H200 the SM clock falls from
+ * 1980 MHz to about 1450 within a few hundred ms of back-to-back GEMMs,
+ * dipping to 1100-1200 on the way (nvidia-smi, docs/performance.md). A
+ * short timed loop right after an idle moment sees the boost or the dip,
+ * and its median moved by up to 20% between runs; after this the timed
+ * calls see the steady state. */
+#define WARM_UP_US (400 * 1000)
+
+/* Times n calls of op back to back with a pair of device events around
+ * each, as the anchors (triton's do_bench, cublas_anchor) do, and takes
+ * the median; before them, warm (a call that can be repeated: op may use
+ * up state) runs back to back for WARM_UP_US. */
 static gboolean
-time_op (GmlpDevice *device, Op op, gpointer data, guint n, Timing *t, GError **error)
+time_op (GmlpDevice *device, Op op, Op warm, gpointer data, guint n, Timing *t, GError **error)
 {
   g_autofree double *ms = g_new (double, n);
   GPtrArray *events = g_ptr_array_new_with_free_func (g_object_unref);
@@ -168,6 +179,11 @@ time_op (GmlpDevice *device, Op op, gpointer data, guint n, Timing *t, GError **
         goto out;
       host += g_get_monotonic_time () - start;
     }
+  start = g_get_monotonic_time ();
+  for (i = 0; g_get_monotonic_time () - start < WARM_UP_US; i++)
+    /* A few calls ahead of the device at most: the clock is the point. */
+    if (!warm (data, i, error) || (i % 4 == 3 && !gmlp_device_synchronize (device, error)))
+      goto out;
   if (!gmlp_device_synchronize (device, error))
     goto out;
 
@@ -339,7 +355,7 @@ bench_shape (GmlpDevice *device, const Shape *s, gboolean skew, GError **error)
     {
       Timing t;
 
-      if (!time_op (device, ops[k], &b, (guint) iters, &t, error))
+      if (!time_op (device, ops[k], op_fprop, &b, (guint) iters, &t, error))
         return FALSE;
       g_print ("{\"bench\":\"gmlp\",\"device\":\"%s\",\"shape\":\"%s\",\"E\":%" G_GINT64_FORMAT
                ",\"M\":%" G_GINT64_FORMAT ",\"K\":%" G_GINT64_FORMAT ",\"N\":%" G_GINT64_FORMAT
@@ -408,7 +424,7 @@ bench_quantize (GmlpDevice *device, const Shape *s, gboolean skew, GError **erro
 
       gmlp_quantizer_set_columnwise (quantizer, columnwise);
       if (!op_quantize (&b, 0, error) || !op_quantize (&b, 1, error) ||
-          !time_op (device, op_quantize, &b, (guint) iters, &t, error))
+          !time_op (device, op_quantize, op_quantize, &b, (guint) iters, &t, error))
         return FALSE;
       g_print ("{\"bench\":\"gmlp-quantize\",\"device\":\"%s\",\"shape\":\"%s\",\"E\":%" G_GINT64_FORMAT
                ",\"M\":%" G_GINT64_FORMAT ",\"K\":%" G_GINT64_FORMAT
@@ -465,7 +481,7 @@ bench_mlp (GmlpDevice *device, const Shape *s, gboolean skew, GError **error)
   for (i = 0; i < 2; i++)
     if (!op_mlp_step (&b, i, error))
       return FALSE;
-  if (!time_op (device, op_mlp_step, &b, (guint) MAX (iters / 4, 5), &t, error))
+  if (!time_op (device, op_mlp_step, op_mlp_step, &b, (guint) MAX (iters / 4, 5), &t, error))
     return FALSE;
   g_print ("{\"bench\":\"gmlp-mlp\",\"device\":\"%s\",\"shape\":\"%s\",\"E\":%" G_GINT64_FORMAT
            ",\"M\":%" G_GINT64_FORMAT ",\"K\":%" G_GINT64_FORMAT ",\"N\":%" G_GINT64_FORMAT
