@@ -3,7 +3,10 @@
  * The host knows the shapes that do not depend on the group sizes: it
  * checks them, encodes one TMA tensor map template per operand, passes the
  * per-group pointers through kernel parameters into the workspace, and
- * enqueues the plan and the GEMM (impls/grouped_gemm_sm90.cuh). Nothing
+ * enqueues the plan and the GEMM (impls/grouped_gemm_sm90.cuh). FP8 WGRAD
+ * reads the columnwise copies, whose rows are m_g bytes long; where the
+ * sizes may not be multiples of 16 (TMA's row stride) a repack kernel
+ * between the two copies them into workspace rows padded to 16. Nothing
  * here reads the sizes, synchronizes or allocates, so the whole call can be
  * captured in a CUDA graph.
  *
@@ -28,6 +31,22 @@ namespace sm90 {
 namespace {
 
 constexpr int kPlanThreads = 256;   /* and 32 KiB of map slots */
+
+/* A transposed FP8 operand's rows are repacked with this pitch alignment. */
+constexpr int64_t kRepackAlign = 16;
+
+/* What the repack copies of one group (plan_kernel() writes it): its n
+ * rows of dyᵀ and k rows of xᵀ, each of rows bytes, from the columnwise
+ * copies into scratch rows pitch bytes apart. */
+struct RepackGroup
+{
+  const uint8_t *src_a;
+  const uint8_t *src_b;
+  uint8_t       *dst_a;
+  uint8_t       *dst_b;
+  int64_t        rows;
+  int64_t        pitch;
+};
 
 struct PlanParams
 {
@@ -60,17 +79,24 @@ struct PlanParams
   uint32_t             *tile_begin;    /* out: n_groups + 1 */
   GroupWork            *groups;        /* out */
   TensorMap            *maps;          /* out: A and B map of each group */
+  /* FP8 WGRAD whose group sizes may not be multiples of 16 (device sizes):
+   * the copies' rows are repacked to 16-byte multiples (TMA's row
+   * stride) in scratch, A's n rows of each group from repack_a, B's k from
+   * repack_b, group g at its padded offset. NULL otherwise. */
+  uint8_t              *repack_a;
+  uint8_t              *repack_b;
+  RepackGroup          *repack;        /* out */
 };
 
 /* Writes to dst a copy of the template src pointing at address, with rows
  * rows when rows > 0, or, for a transposed FP8 operand, rows of cols bytes
- * when cols > 0. The edits happen on this thread's slot of shared memory
+ * (pitch bytes apart when pitch > 0) when cols > 0. The edits happen on this thread's slot of shared memory
  * (tensormap.replace on a global map is a round trip to memory per edit,
  * and made the plan grow by ~60 ns per group); the result goes out with
  * eight 16-byte stores. */
 __device__ __forceinline__ void
 write_map (TensorMap *dst, const TensorMap &src, TensorMap *slot, const void *address,
-           uint32_t rows, uint32_t cols = 0)
+           uint32_t rows, uint32_t cols = 0, uint32_t pitch = 0)
 {
   for (int i = 0; i < 16; i++)
     slot->bytes[i] = src.bytes[i];
@@ -80,7 +106,7 @@ write_map (TensorMap *dst, const TensorMap &src, TensorMap *slot, const void *ad
   if (cols > 0)
     {
       tensormap_set_cols (slot, cols);
-      tensormap_set_row_stride (slot, cols);
+      tensormap_set_row_stride (slot, pitch > 0 ? pitch : cols);
     }
   for (int i = 0; i < 8; i++)
     reinterpret_cast<uint4 *> (dst)[i] = reinterpret_cast<const uint4 *> (slot)[i];
@@ -158,13 +184,13 @@ plan_kernel (const __grid_constant__ PlanParams p, const __grid_constant__ Inlin
   launch_dependents ();
   using Scan = cub::BlockScan<uint64_t, kPlanThreads>;
   __shared__ typename Scan::TempStorage scan_storage;
-  __shared__ uint64_t carry[4];   /* offsets of a, rows2 and a_scales, tiles so far */
+  __shared__ uint64_t carry[5];   /* offsets of a, rows2, tiles, a_scales, repacked rows so far */
   __shared__ TensorMap map_slots[kPlanThreads];
   TensorMap *slot = &map_slots[threadIdx.x];
   const bool wgrad = p.kind == GMLP_KERNEL_GEMM_WGRAD;
 
   if (threadIdx.x == 0)
-    carry[0] = carry[1] = carry[2] = carry[3] = 0;
+    carry[0] = carry[1] = carry[2] = carry[3] = carry[4] = 0;
   __syncthreads ();
 
   for (uint32_t base = 0; base < p.n_groups; base += kPlanThreads)
@@ -174,6 +200,7 @@ plan_kernel (const __grid_constant__ PlanParams p, const __grid_constant__ Inlin
       const int64_t asked = valid ? group_rows (p, tables, g) : 0;
       const int64_t raw = asked > 0 ? asked : 0;
       uint64_t off_a, off_2, off_s = 0, total_a, total_2, total_s = 0, tile_off, tile_total, tiles;
+      uint64_t off_r = 0, total_r = 0;
       int64_t rows;
 
       Scan (scan_storage).ExclusiveScan (valid ? member_stride (raw, p.a) : 0, off_a,
@@ -205,6 +232,13 @@ plan_kernel (const __grid_constant__ PlanParams p, const __grid_constant__ Inlin
         tiles = div_up (rows, kBlockM) * p.tiles_n;
       Scan (scan_storage).ExclusiveSum (tiles, tile_off, tile_total);
       tile_off += carry[2];
+      if (p.repack_a != nullptr)
+        {
+          __syncthreads ();
+          Scan (scan_storage).ExclusiveSum (valid ? (uint64_t) div_up (rows, kRepackAlign) * kRepackAlign : 0,
+                                            off_r, total_r);
+          off_r += carry[4];
+        }
 
       if (valid)
         {
@@ -236,7 +270,24 @@ plan_kernel (const __grid_constant__ PlanParams p, const __grid_constant__ Inlin
 
           write_map (map_c, p.template_c, slot, wgrad ? (const void *) t.matrix : rows2_data,
                      wgrad ? 0 : map_rows);
-          if (p.transposed)
+          if (p.repack_a != nullptr)
+            {
+              /* Rows of the group's m_g bytes, read up to there (TMA fills
+               * the rest of the last stage with zeros), pitch apart. */
+              const int64_t pitch = rows > 0 ? div_up (rows, kRepackAlign) * kRepackAlign : 16;
+              RepackGroup r;
+
+              r.src_a = a_data;
+              r.src_b = rows2_data;
+              r.dst_a = p.repack_a + off_r * (uint64_t) p.a.row_bytes;
+              r.dst_b = p.repack_b + off_r * (uint64_t) p.rows2.row_bytes;
+              r.rows = rows;
+              r.pitch = pitch;
+              p.repack[g] = r;
+              write_map (map_a, p.template_a, slot, r.dst_a, 0, map_cols, (uint32_t) pitch);
+              write_map (map_b, p.template_b, slot, r.dst_b, 0, map_cols, (uint32_t) pitch);
+            }
+          else if (p.transposed)
             {
               write_map (map_a, p.template_a, slot, a_data, 0, map_cols);
               write_map (map_b, p.template_b, slot, rows2_data, 0, map_cols);
@@ -256,6 +307,7 @@ plan_kernel (const __grid_constant__ PlanParams p, const __grid_constant__ Inlin
           carry[1] = SaturatingAdd () (carry[1], total_2);
           carry[2] += tile_total;
           carry[3] = SaturatingAdd () (carry[3], total_s);
+          carry[4] += total_r;
         }
       __syncthreads ();
     }
@@ -266,6 +318,58 @@ plan_kernel (const __grid_constant__ PlanParams p, const __grid_constant__ Inlin
 }
 
 
+/* Copies each group's rows of the columnwise copies into the repack
+ * scratch (RepackGroup), a warp a row: 16 bytes a lane, loaded as one
+ * vector where the source row is 16-byte aligned, byte by byte where not,
+ * the pitch's tail written as zeros. */
+__global__ void __launch_bounds__ (256)
+repack_kernel (const RepackGroup *groups, uint32_t n_groups, uint32_t a_rows, uint32_t b_rows)
+{
+  const uint32_t per_group = a_rows + b_rows;
+  const uint64_t units = (uint64_t) n_groups * per_group;
+  const uint64_t warps = (uint64_t) gridDim.x * (blockDim.x / 32);
+  const int lane = threadIdx.x % 32;
+
+  for (uint64_t u = (uint64_t) blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; u < units;
+       u += warps)
+    {
+      const RepackGroup &r = groups[u / per_group];
+      const uint32_t row = (uint32_t) (u % per_group);
+      const bool is_a = row < a_rows;
+      const int64_t rows = r.rows;
+      const uint8_t *src;
+      uint8_t *dst;
+
+      if (rows == 0)
+        continue;
+      src = is_a ? r.src_a + (uint64_t) row * rows : r.src_b + (uint64_t) (row - a_rows) * rows;
+      dst = is_a ? r.dst_a + (uint64_t) row * r.pitch : r.dst_b + (uint64_t) (row - a_rows) * r.pitch;
+      if (reinterpret_cast<uintptr_t> (src) % 16 == 0)
+        {
+          for (int64_t c = 16 * lane; c < rows; c += 16 * 32)
+            *reinterpret_cast<uint4 *> (dst + c) = __ldg (reinterpret_cast<const uint4 *> (src + c));
+        }
+      else
+        {
+          for (int64_t c = 16 * lane; c < rows; c += 16 * 32)
+            {
+              uint32_t words[4];
+
+#pragma unroll
+              for (int w = 0; w < 4; w++)
+                {
+                  words[w] = 0;
+#pragma unroll
+                  for (int i = 0; i < 4; i++)
+                    if (c + 4 * w + i < rows)
+                      words[w] |= (uint32_t) __ldg (src + c + 4 * w + i) << (8 * i);
+                }
+              *reinterpret_cast<uint4 *> (dst + c) = make_uint4 (words[0], words[1], words[2], words[3]);
+            }
+        }
+    }
+}
+
 /* The TMA inner box is one 128-byte row; coordinates are 32-bit. */
 constexpr int64_t kMaxExtent = INT32_MAX - kMaxBlockN;
 
@@ -275,6 +379,9 @@ struct WorkspaceLayout
   size_t groups;
   size_t tables;   /* room for table_words (n_groups, true) */
   size_t maps;
+  size_t repack;   /* RepackGroup of each group, when repacking */
+  size_t repack_a; /* the repacked rows of A, then of B */
+  size_t repack_b;
   size_t total;
 };
 
@@ -284,9 +391,38 @@ round_up (size_t n, size_t alignment)
   return (n + alignment - 1) / alignment * alignment;
 }
 
-WorkspaceLayout
-workspace_layout (uint32_t n_groups)
+/* FP8 WGRAD reads the columnwise copies, rows of m_g bytes. */
+bool
+host_rows_aligned (const GmlpKernelDeviceGemm *g)
 {
+  if (g->host_rows == nullptr)
+    return false;
+  for (uint32_t i = 0; i < g->n_groups; i++)
+    if (g->host_rows[i] > 0 && g->host_rows[i] % 16 != 0)
+      return false;
+  return true;
+}
+
+/* Whether the copies of an FP8 WGRAD are repacked first (PlanParams): when
+ * any group's rows may not be a multiple of 16. */
+bool
+repacks (const GmlpKernelDeviceGemm *g)
+{
+  return gmlp_num_dtype_is_fp8 (g->ab_dtype) && g->kind == GMLP_KERNEL_GEMM_WGRAD &&
+         !host_rows_aligned (g);
+}
+
+/* The rows the repacked copies can take: every group padded to 16. */
+int64_t
+repack_capacity (const GmlpKernelDeviceGemm *g)
+{
+  return g->row_capacity + (kRepackAlign - 1) * (int64_t) g->n_groups;
+}
+
+WorkspaceLayout
+workspace_layout (const GmlpKernelDeviceGemm *g)
+{
+  const uint32_t n_groups = g->n_groups;
   WorkspaceLayout l;
   size_t off = 0;
 
@@ -299,6 +435,16 @@ workspace_layout (uint32_t n_groups)
   off = round_up (off + table_words (n_groups, true) * sizeof (uint64_t), 256);
   l.maps = off;
   off += (size_t) n_groups * kMapsPerGroup * sizeof (TensorMap);
+  l.repack = l.repack_a = l.repack_b = off;
+  if (repacks (g))
+    {
+      l.repack = off = round_up (off, 256);
+      off = round_up (off + n_groups * sizeof (RepackGroup), 256);
+      l.repack_a = off;
+      off = round_up (off + (size_t) g->n * (size_t) repack_capacity (g), 256);
+      l.repack_b = off;
+      off += (size_t) g->k * (size_t) repack_capacity (g);
+    }
   l.total = off;
   return l;
 }
@@ -377,18 +523,6 @@ pointers_ok (const void * const *table, uint32_t n)
     return false;
   for (uint32_t i = 0; i < n; i++)
     if (table[i] == nullptr || !is_aligned (table[i], 16))
-      return false;
-  return true;
-}
-
-/* FP8 WGRAD reads the columnwise copies, rows of m_g bytes. */
-bool
-host_rows_aligned (const GmlpKernelDeviceGemm *g)
-{
-  if (g->host_rows == nullptr)
-    return false;
-  for (uint32_t i = 0; i < g->n_groups; i++)
-    if (g->host_rows[i] > 0 && g->host_rows[i] % 16 != 0)
       return false;
   return true;
 }
@@ -578,10 +712,10 @@ gmlp_kernel_device_gemm_sm90_check (const GmlpKernelDeviceGemm *gemm,
         }
       if (blockwise (gemm) && (*reason = blockwise_refusal (gemm)) != nullptr)
         return GMLP_KERNEL_UNSUPPORTED;
-      if (wgrad && !host_rows_aligned (gemm))
+      if (wgrad && blockwise (gemm) && !host_rows_aligned (gemm))
         {
-          *reason = "the Hopper kernel's FP8 WGRAD needs group sizes known on the host, each "
-                    "a multiple of 16 (TMA reads rows of whole 16-byte units)";
+          *reason = "the Hopper kernel's blockwise FP8 WGRAD needs group sizes known on the "
+                    "host, each a multiple of 16 (TMA reads rows of whole 16-byte units)";
           return GMLP_KERNEL_UNSUPPORTED;
         }
       if ((grouped_a_scales (gemm) ? gemm->a_scale_rows == nullptr ||
@@ -621,7 +755,8 @@ gmlp_kernel_device_gemm_sm90_check (const GmlpKernelDeviceGemm *gemm,
       return GMLP_KERNEL_UNSUPPORTED;
     }
   if (gemm->n > kMaxExtent || gemm->k > kMaxExtent || gemm->row_capacity > kMaxExtent ||
-      tile_bound (gemm) > (uint64_t) INT32_MAX)
+      tile_bound (gemm) > (uint64_t) INT32_MAX ||
+      (repacks (gemm) && repack_capacity (gemm) > kMaxExtent))
     {
       *reason = "the shapes exceed the kernel's 32-bit coordinates";
       return GMLP_KERNEL_UNSUPPORTED;
@@ -632,7 +767,7 @@ gmlp_kernel_device_gemm_sm90_check (const GmlpKernelDeviceGemm *gemm,
 extern "C" size_t
 gmlp_kernel_device_gemm_sm90_workspace_bytes (const GmlpKernelDeviceGemm *gemm)
 {
-  return gemm != nullptr ? gmlp::sm90::workspace_layout (gemm->n_groups).total : 0;
+  return gemm != nullptr ? gmlp::sm90::workspace_layout (gemm).total : 0;
 }
 
 extern "C" GmlpKernelStatus
@@ -672,7 +807,7 @@ gmlp_kernel_device_gemm_sm90 (const GmlpKernelDeviceGemm *gemm,
   if (workspace == nullptr || !is_aligned (workspace, 256) || n_sms <= 0)
     return GMLP_KERNEL_INVALID_VALUE;
 
-  layout = workspace_layout (gemm->n_groups);
+  layout = workspace_layout (gemm);
   e = extents_of (gemm);
 
   memset (&plan, 0, sizeof plan);
@@ -741,6 +876,12 @@ gmlp_kernel_device_gemm_sm90 (const GmlpKernelDeviceGemm *gemm,
   plan.tile_begin = reinterpret_cast<uint32_t *> (ws + layout.tile_begin);
   plan.groups = reinterpret_cast<GroupWork *> (ws + layout.groups);
   plan.maps = reinterpret_cast<TensorMap *> (ws + layout.maps);
+  if (repacks (gemm))
+    {
+      plan.repack = reinterpret_cast<RepackGroup *> (ws + layout.repack);
+      plan.repack_a = ws + layout.repack_a;
+      plan.repack_b = ws + layout.repack_b;
+    }
 
   /* The host tables go by kernel parameter: inside the plan's own launch
    * when they fit, else written into the workspace first. */
@@ -776,6 +917,16 @@ gmlp_kernel_device_gemm_sm90 (const GmlpKernelDeviceGemm *gemm,
   free (table);
   if (status != GMLP_KERNEL_SUCCESS)
     return status;
+  if (plan.repack != nullptr)
+    {
+      /* After the whole plan (an ordinary launch): the GEMM, its
+       * programmatic dependent, then waits for the repack. */
+      repack_kernel<<<4 * n_sms, 256, 0, stream>>> (plan.repack, gemm->n_groups,
+                                                     (uint32_t) gemm->n, (uint32_t) gemm->k);
+      status = check_launch ();
+      if (status != GMLP_KERNEL_SUCCESS)
+        return status;
+    }
 
   params.tile_begin = plan.tile_begin;
   params.groups = plan.groups;

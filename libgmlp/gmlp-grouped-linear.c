@@ -1980,12 +1980,14 @@ gmlp_grouped_linear_get_grad_added_to_main_grad (GmlpGroupedLinear *self)
  * the columnwise copies of dy and x; the quantizers write the copies in the
  * same pass when the backward will need them. With device-only group sizes
  * FPROP and DGRAD take gemm_device's FP8 products where the backend has them
- * (fp8_run_device(): CUDA on Hopper, the CPU). Blockwise scales take the
- * same products, each operand with its scale layout (fp8_operand_scales():
- * CUDA on its Hopper kernel, the CPU); where a backend refuses them
- * (UNSUPPORTED: another GPU, WGRAD groups whose rows the kernel cannot
- * read) and for MXFP8, the WGRAD of device sizes, and operands given
- * without the copies, the layer dequantizes the FP8 operands to
+ * (fp8_run_device(): CUDA on Hopper, the CPU), and so does WGRAD with
+ * per-tensor scales, on the columnwise copies (fp8_run_device_wgrad():
+ * CUDA on Hopper). Blockwise scales take the same products, each operand
+ * with its scale layout (fp8_operand_scales(): CUDA on its Hopper kernel,
+ * the CPU); where a backend refuses them (UNSUPPORTED: another GPU, the
+ * CPU's WGRAD of device sizes, WGRAD groups whose rows the kernel cannot
+ * read) and for MXFP8, the blockwise WGRAD of device sizes, and operands
+ * given without the copies, the layer dequantizes the FP8 operands to
  * fp8_fallback_dtype() and runs its usual products: correct, not fast.
  *
  * The forward saves the quantized input ("input": offload moves every part
@@ -2170,6 +2172,16 @@ fp8_operand_dtype (GmlpGroupedTensor *tensor,
   if (gmlp_dtype_is_fp8 (gmlp_grouped_tensor_get_dtype (tensor)) || quantizer == NULL)
     return gmlp_grouped_tensor_get_dtype (tensor);
   return gmlp_quantizer_get_dtype (quantizer);
+}
+
+/* Whether the WGRAD of device-only group sizes multiplies FP8, reading the
+ * columnwise copies of dy and x (fp8_run_device_wgrad()): per-tensor scales
+ * on both. */
+static gboolean
+fp8_device_wgrad (GmlpScalingRecipe x_recipe,
+                  GmlpScalingRecipe dy_recipe)
+{
+  return fp8_per_tensor (x_recipe) && fp8_per_tensor (dy_recipe);
 }
 
 /* An activation operand of an FP8 product (the input or the output
@@ -2489,6 +2501,55 @@ fp8_run_device (GmlpGroupedLinear  *self,
   return FALSE;
 }
 
+/* WGRAD dW [+]= dy8ᵀ x8 with the group sizes of sized_by on the device
+ * only, on the backend's gemm_device: dy_t and x_t are the columnwise
+ * copies (per-tensor scales, fp8_device_wgrad()), the outputs and the
+ * accumulation mask @wgrad's. *ran as for fp8_run_device(). */
+static gboolean
+fp8_run_device_wgrad (GmlpGroupedLinear  *self,
+                      const Product      *wgrad,
+                      GmlpGroupedTensor  *sized_by,
+                      GmlpGroupedTensor  *dy_t,
+                      GmlpGroupedTensor  *x_t,
+                      gboolean           *ran,
+                      GError            **error)
+{
+  g_autofree gpointer *pdw = member_pointers (NULL, wgrad->fixed->members, self->n_groups);
+  g_autofree gpointer *sdy = member_pointers (gmlp_grouped_tensor_get_scale_inv (dy_t), NULL, self->n_groups);
+  g_autofree gpointer *sx = member_pointers (gmlp_grouped_tensor_get_scale_inv (x_t), NULL, self->n_groups);
+  g_autoptr(GError) local_error = NULL;
+  GmlpBackendShape shape;
+
+  *ran = FALSE;
+  if (!gmlp_grouped_tensor_get_backend_shape (sized_by, &shape, error))
+    return FALSE;
+  {
+    GmlpBackendGemmDevice gemm = {
+      .kind = GMLP_GEMM_WGRAD,
+      .n_groups = self->n_groups,
+      .device_rows = shape.device_rows,
+      .row_capacity = shape.row_capacity,
+      .n = self->out_features,
+      .k = self->in_features,
+      .ab_dtype = (int) gmlp_grouped_tensor_get_dtype (dy_t),
+      .b_dtype = (int) gmlp_grouped_tensor_get_dtype (x_t),
+      .c_dtype = (int) wgrad->c_dtype,
+      .a = gmlp_grouped_tensor_get_data (dy_t),
+      .b_rows = gmlp_grouped_tensor_get_data (x_t),
+      .wgrad = (void * const *) pdw,
+      .accumulate = wgrad->accumulate,
+      .a_scale_inv = (const float * const *) sdy,
+      .b_scale_inv = (const float * const *) sx,
+    };
+
+    *ran = GMLP_DEVICE_CALL (self->device, gemm_device, &gemm, &local_error);
+  }
+  if (*ran || fp8_refused (&local_error))
+    return TRUE;
+  g_propagate_error (error, g_steal_pointer (&local_error));
+  return FALSE;
+}
+
 /* @product on dequantized operands: a8, b_rows8 (WGRAD's x) and weight8
  * (FPROP's and DGRAD's W) are dequantized to fp8_fallback_dtype() and the
  * layer's usual product runs on them, host or device sizes alike. */
@@ -2539,7 +2600,8 @@ fp8_forward (GmlpGroupedLinear     *self,
   g_autoptr(GmlpGroupedTensor) w8 = NULL;
   g_autoptr(GmlpGroupedTensor) output = NULL;
   const gint64 *rows = gmlp_grouped_tensor_peek_rows (input);
-  gboolean multiplied, native, ran = FALSE, training = saved != NULL;
+  GmlpScalingRecipe x_recipe;
+  gboolean multiplied, native, x_copy, ran = FALSE, training = saved != NULL;
 
   if (!fp8_check_activation (self, input, self->in_features, "The input", self->input_quantizer,
                              "FPROP", NULL, self->weight_quantizer, error) ||
@@ -2547,11 +2609,15 @@ fp8_forward (GmlpGroupedLinear     *self,
     return NULL;
 
   /* The columnwise copies are written only for a backward that reads
-   * them: DGRAD reads W's (host or device sizes), WGRAD x's (host sizes). */
-  multiplied = gmlp_scaling_recipe_multiplies_fp8 (fp8_operand_recipe (input, self->input_quantizer)) &&
+   * them: DGRAD reads W's (host or device sizes), WGRAD x's (host sizes;
+   * device sizes with per-tensor scales). */
+  x_recipe = fp8_operand_recipe (input, self->input_quantizer);
+  multiplied = gmlp_scaling_recipe_multiplies_fp8 (x_recipe) &&
                gmlp_scaling_recipe_multiplies_fp8 (gmlp_quantizer_get_recipe (self->weight_quantizer));
   native = rows != NULL && multiplied;
-  x8 = fp8_quantize (input, self->input_quantizer, training && native, error);
+  x_copy = native || (multiplied && self->grad_output_quantizer != NULL &&
+                      fp8_device_wgrad (x_recipe, gmlp_quantizer_get_recipe (self->grad_output_quantizer)));
+  x8 = fp8_quantize (input, self->input_quantizer, training && x_copy, error);
   if (x8 == NULL)
     return NULL;
   w8 = fp8_weights (self, training && multiplied, error);
@@ -2620,6 +2686,7 @@ fp8_backward (GmlpGroupedLinear     *self,
   GmlpGroupedTensor *input, *w8, *unquantized;
   GmlpGroupedTensor *w8_t;
   const gint64 *rows;
+  GmlpScalingRecipe dy_recipe, x_recipe;
   gboolean native_wgrad, ran = FALSE;
 
   /* Resident: no reload, nothing to wait for. */
@@ -2645,9 +2712,12 @@ fp8_backward (GmlpGroupedLinear     *self,
 
   /* WGRAD reads dy's columnwise copy when it can run on FP8. */
   rows = gmlp_grouped_tensor_peek_rows (input);
-  native_wgrad = rows != NULL && gmlp_grouped_tensor_get_columnwise (input) != NULL &&
-                 gmlp_scaling_recipe_multiplies_fp8 (fp8_operand_recipe (grad_output, self->grad_output_quantizer)) &&
-                 gmlp_scaling_recipe_multiplies_fp8 (gmlp_grouped_tensor_get_scaling_recipe (input));
+  dy_recipe = fp8_operand_recipe (grad_output, self->grad_output_quantizer);
+  x_recipe = gmlp_grouped_tensor_get_scaling_recipe (input);
+  native_wgrad = gmlp_grouped_tensor_get_columnwise (input) != NULL &&
+                 gmlp_scaling_recipe_multiplies_fp8 (dy_recipe) &&
+                 gmlp_scaling_recipe_multiplies_fp8 (x_recipe) &&
+                 (rows != NULL || fp8_device_wgrad (x_recipe, dy_recipe));
   dy8 = fp8_quantize (grad_output, self->grad_output_quantizer, native_wgrad, error);
   if (dy8 == NULL)
     return NULL;
@@ -2719,6 +2789,13 @@ fp8_wgrad (GmlpGroupedLinear  *self,
       if (!fp8_run_native (self, GMLP_GEMM_WGRAD, gmlp_grouped_tensor_peek_rows (input), dy_t, x_t,
                            (void * const *) pdw, wgrad->c_dtype, wgrad->accumulate, &ran, error))
         return FALSE;
+    }
+  else if (dy_t != NULL && x_t != NULL &&
+           fp8_device_wgrad (gmlp_grouped_tensor_get_scaling_recipe (x_t),
+                             gmlp_grouped_tensor_get_scaling_recipe (dy_t)) &&
+           !fp8_run_device_wgrad (self, wgrad, input, dy_t, x_t, &ran, error))
+    {
+      return FALSE;
     }
   if (!ran && !fp8_run_dequantized (self, wgrad, grad_output_fp8, input, NULL, error))
     {

@@ -81,14 +81,15 @@ enum Operands
 
 /* The tile shape and ring of each operand type. Either way a stage holds
  * 128-byte rows: 64 16-bit or 128 FP8 reduction elements. FP8 products
- * are promoted out of the tensor cores' accumulators into a second set of
+ * are promoted out of the tensor cores' accumulators into a further set of
  * FP32 registers after every stage (the FP8 accumulators keep fewer bits,
- * and long reductions would lose accuracy), so an FP8 consumer holds two
- * 64 × kBlockN sets: kBlockN 128 keeps that within its registers, and the
- * smaller stages make room for a deeper ring. With blockwise scales a
- * stage is one 128-deep block of the scales: the promotion multiplies it
- * by the scales of its rows (A) and of its 128 × 128 tile or columns (B),
- * which the producer warp stages beside the operands (kScaleSlot floats a
+ * and long reductions would lose accuracy); a consumer has two stages in
+ * flight, so it holds three 64 × kBlockN sets (two of partial sums, one
+ * promoted): kBlockN 128 keeps that within its registers, and the smaller
+ * stages make room for a deeper ring. With blockwise scales a stage is
+ * one 128-deep block of the scales: the promotion multiplies it by the
+ * scales of its rows (A) and of its 128 × 128 tile or columns (B), which
+ * the producer warp copies beside the operands (kScaleSlot floats a
  * stage); they take the room of one stage of the ring. */
 template <int kOps>
 struct Config
@@ -219,15 +220,17 @@ struct Layout
   static constexpr bool kTransB = !Config<kOps>::kFp8 && kKind != GMLP_KERNEL_GEMM_FPROP;
 };
 
-/* Blockwise FP8: the scales of reduction block kb of a tile, four of A's
- * rows and four of B's columns (WGRAD) or B's one tile scale per lane of
- * the producer warp. Rows past an operand's end take its last row's scales
- * (their results are never stored); nothing past the group's scales is
- * read. */
+/* Blockwise FP8: copies the scales of reduction block kb of a tile into
+ * its stage's slot, A's kBlockM rows then B's kBlockN columns (WGRAD) or
+ * B's one tile scale, four rows and four columns per lane of the producer
+ * warp. The copies are asynchronous (cp.async): their latency, the rows'
+ * scales lying a row of scales apart, is not the producer's to wait out.
+ * Rows past an operand's end take its last row's scales (their results are
+ * never stored); nothing past the group's scales is read. */
 template <int kKind>
 __device__ __forceinline__ void
-load_stage_scales (const GemmParams &p, const Tile &tile, const GroupWork &w, uint32_t kb,
-                   float (&a)[4], float (&b)[4])
+copy_stage_scales (const GemmParams &p, const Tile &tile, const GroupWork &w, uint32_t kb,
+                   float *slot)
 {
   const int lane = threadIdx.x % 32;
   const int64_t a_rows = kKind == GMLP_KERNEL_GEMM_WGRAD ? p.out_rows_fixed : w.rows;
@@ -236,7 +239,8 @@ load_stage_scales (const GemmParams &p, const Tile &tile, const GroupWork &w, ui
   for (int i = 0; i < 4; i++)
     {
       const int64_t r = min (tile.m0 + lane + 32 * i, a_rows - 1);
-      a[i] = __ldg (w.a_scales + r * p.a_scales.row_stride + kb * p.a_scales.depth_stride);
+      cp_async_4 (slot + lane + 32 * i,
+                  w.a_scales + r * p.a_scales.row_stride + kb * p.a_scales.depth_stride);
     }
   if (kKind == GMLP_KERNEL_GEMM_WGRAD)
     {
@@ -244,36 +248,14 @@ load_stage_scales (const GemmParams &p, const Tile &tile, const GroupWork &w, ui
       for (int i = 0; i < 4; i++)
         {
           const int64_t c = min (tile.n0 + lane + 32 * i, p.out_cols - 1);
-          b[i] = __ldg (w.b_scales + c * p.b_scales.row_stride + kb * p.b_scales.depth_stride);
+          cp_async_4 (slot + kBlockM + lane + 32 * i,
+                      w.b_scales + c * p.b_scales.row_stride + kb * p.b_scales.depth_stride);
         }
-    }
-  else
-    {
-      b[0] = __ldg (w.b_scales + (tile.n0 >> 7) * p.b_scales.row_stride +
-                    kb * p.b_scales.depth_stride);
-    }
-}
-
-/* Where a stage's scales lie: A's kBlockM rows, then B's kBlockN columns
- * (or its one tile scale). */
-template <int kKind>
-__device__ __forceinline__ void
-store_stage_scales (float *slot, const float (&a)[4], const float (&b)[4])
-{
-  const int lane = threadIdx.x % 32;
-
-#pragma unroll
-  for (int i = 0; i < 4; i++)
-    slot[lane + 32 * i] = a[i];
-  if (kKind == GMLP_KERNEL_GEMM_WGRAD)
-    {
-#pragma unroll
-      for (int i = 0; i < 4; i++)
-        slot[kBlockM + lane + 32 * i] = b[i];
     }
   else if (lane == 0)
     {
-      slot[kBlockM] = b[0];
+      cp_async_4 (slot + kBlockM, w.b_scales + (tile.n0 >> 7) * p.b_scales.row_stride +
+                                    kb * p.b_scales.depth_stride);
     }
 }
 
@@ -315,18 +297,13 @@ produce (const GemmParams &p, uint8_t *ring, float *scales, uint64_t *full, uint
           uint8_t *tile_a = ring + stage * kStageBytes;
           uint8_t *tile_b = tile_a + Cfg::kTileABytes;
           const int32_t k0 = (int32_t) kb * kBlockK;
-          float scale_a[4], scale_b[4];
 
-          /* The scales' loads are in flight while the stage drains. */
-          if constexpr (Cfg::kBlockScaled)
-            load_stage_scales<kKind> (p, tile, work, kb, scale_a, scale_b);
           mbarrier_wait (&empty[stage], phase ^ 1);
           if constexpr (Cfg::kBlockScaled)
             {
-              /* Every lane arrives once its scales are in place. */
-              store_stage_scales<kKind> (scales + stage * Cfg::kScaleSlot, scale_a, scale_b);
-              if (!leader)
-                mbarrier_arrive (&full[stage]);
+              /* Every lane arrives once its scales have landed. */
+              copy_stage_scales<kKind> (p, tile, work, kb, scales + stage * Cfg::kScaleSlot);
+              cp_async_arrive (&full[stage]);
             }
           /* One lane issues the copies; the others only help locate tiles
            * (and stage blockwise scales). */
@@ -645,54 +622,78 @@ struct MmaOf<kOps, kKind, true>
   using Type = WgmmaFp8<Config<kOps>::kBlockN, Config<kOps>::kAE5m2, Config<kOps>::kBE5m2>;
 };
 
-/* Blockwise FP8: the stage's scales of the rows and columns this thread
- * holds results of (rows frag_row and frag_row + 8 of its half; columns
- * 8 j + 2 (lane % 4) + {0, 1}, or B's tile scale in b[0]). */
-template <int kKind, int kBlockN>
+/* FP8: issues the products of one ring stage into part, a set of
+ * registers of its own, so that the previous stage's set can be promoted
+ * while these run. */
+template <int kOps, int kKind>
 __device__ __forceinline__ void
-read_stage_scales (const float *slot, int half, float (&a)[2], float (&b)[kBlockN / 4])
+issue_fp8_stage (float (&part)[Config<kOps>::kBlockN / 2], uint32_t tile_a, uint32_t tile_b,
+                 int half)
 {
-  const int thread = threadIdx.x % 128;
-  const int lane = thread % 32;
-  const int frag_row = half * 64 + (thread / 32) * 16 + lane / 4;
+  using Cfg = Config<kOps>;
+  using Mma = typename MmaOf<kOps, kKind>::Type;
 
-  a[0] = slot[frag_row];
-  a[1] = slot[frag_row + 8];
-  if (kKind == GMLP_KERNEL_GEMM_WGRAD)
+  wgmma_fence ();
+#pragma unroll
+  for (int s = 0; s < Cfg::kBlockK / Cfg::kMmaK; s++)
+    Mma::run (part, smem_descriptor (tile_a + half * 64 * 128 + s * 32, 0),
+              smem_descriptor (tile_b + s * 32, 0), s > 0);
+  wgmma_commit ();
+}
+
+/* FP8: the promotion of a stage whose products have landed in part: acc
+ * (+)= part in FP32, times the stage's scales of each result's row and
+ * column with blockwise scales (the slot holds A's rows, then B's columns
+ * for WGRAD or B's one tile scale; this thread holds rows frag_row and
+ * frag_row + 8 of its half, columns 8 j + 2 (lane % 4) + {0, 1}). Then
+ * the stage goes back to the producer. */
+template <int kOps, int kKind>
+__device__ __forceinline__ void
+promote_fp8_stage (float (&acc)[Config<kOps>::kBlockN / 2],
+                   float (&part)[Config<kOps>::kBlockN / 2], const float *slot,
+                   uint64_t *empty, int half, bool first)
+{
+  constexpr int kBlockN = Config<kOps>::kBlockN;
+
+  wgmma_fence_operand (part);
+  if constexpr (Config<kOps>::kBlockScaled)
     {
+      const int thread = threadIdx.x % 128;
+      const int lane = thread % 32;
+      const int frag_row = half * 64 + (thread / 32) * 16 + lane / 4;
+      const float a[2] = { slot[frag_row], slot[frag_row + 8] };
+      const float b_tile = slot[kBlockM];
+
 #pragma unroll
       for (int j = 0; j < kBlockN / 8; j++)
         {
-          const float2 v = *reinterpret_cast<const float2 *> (slot + kBlockM + 8 * j + 2 * (lane % 4));
-          b[2 * j] = v.x;
-          b[2 * j + 1] = v.y;
+          const float2 b = kKind == GMLP_KERNEL_GEMM_WGRAD ?
+            *reinterpret_cast<const float2 *> (slot + kBlockM + 8 * j + 2 * (lane % 4)) :
+            make_float2 (b_tile, b_tile);
+
+#pragma unroll
+          for (int h = 0; h < 2; h++)
+            {
+              const int i = 4 * j + 2 * h;
+
+              acc[i] = first ? part[i] * (a[h] * b.x) : fmaf (part[i], a[h] * b.x, acc[i]);
+              acc[i + 1] = first ? part[i + 1] * (a[h] * b.y) : fmaf (part[i + 1], a[h] * b.y, acc[i + 1]);
+            }
         }
+      /* Each warp gives the stage back once all its lanes have read its
+       * scales. */
+      __syncwarp ();
+      if (lane == 0)
+        mbarrier_arrive (empty);
     }
   else
     {
-      b[0] = slot[kBlockM];
+      if (threadIdx.x % 128 == 0)
+        mbarrier_arrive (empty);
+#pragma unroll
+      for (int i = 0; i < kBlockN / 2; i++)
+        acc[i] = first ? part[i] : acc[i] + part[i];
     }
-}
-
-/* The promotion of a blockwise FP8 stage: acc (+)= part × the scales of
- * each result's row and column (read_stage_scales()). */
-template <int kKind, int kBlockN>
-__device__ __forceinline__ void
-promote_blocks (float (&acc)[kBlockN / 2], const float (&part)[kBlockN / 2], const float (&a)[2],
-                const float (&b)[kBlockN / 4], bool add)
-{
-#pragma unroll
-  for (int j = 0; j < kBlockN / 8; j++)
-#pragma unroll
-    for (int h = 0; h < 2; h++)
-#pragma unroll
-      for (int e = 0; e < 2; e++)
-        {
-          const int i = 4 * j + 2 * h + e;
-          const float s = a[h] * (kKind == GMLP_KERNEL_GEMM_WGRAD ? b[2 * j + e] : b[0]);
-
-          acc[i] = add ? fmaf (part[i], s, acc[i]) : part[i] * s;
-        }
 }
 
 /* Gives back the ring stage a consumer has finished reading, and moves to
@@ -742,52 +743,72 @@ consume (const GemmParams &p, uint8_t *ring, const float *scales, uint64_t *full
           acquired = tile.group;
         }
 
-      for (uint32_t kb = 0; kb < tile.k_blocks; kb++)
+      if constexpr (Cfg::kFp8)
         {
-          const uint32_t tile_a = ring_address + stage * Cfg::kStageBytes;
-          const uint32_t tile_b = tile_a + Cfg::kTileABytes;
+          /* Two sets of partial sums: stage kb's products run into one
+           * while stage kb - 1's, landed in the other, are promoted into
+           * acc. (A consumer that waited for its own stage before
+           * promoting it left the tensor cores to the other consumer
+           * alone meanwhile: ncu saw instructions issued on half the
+           * cycles.) */
+          float part_even[kBlockN / 2], part_odd[kBlockN / 2];
+          auto step = [&] (float (&issue)[kBlockN / 2], float (&ready)[kBlockN / 2], uint32_t kb)
+          {
+            const uint32_t tile_a = ring_address + stage * Cfg::kStageBytes;
 
-          mbarrier_wait (&full[stage], phase);
-          if constexpr (Cfg::kFp8)
+            mbarrier_wait (&full[stage], phase);
+            issue_fp8_stage<kOps, kKind> (issue, tile_a, tile_a + Cfg::kTileABytes, half);
+            if (kb == 0 && t + gridDim.x < total)
+              locate_tile<kOps, kKind> (p, t + gridDim.x, group, next);
+            if (kb > 0)
+              {
+                wgmma_wait<1> ();
+                promote_fp8_stage<kOps, kKind> (acc, ready, scales + held * Cfg::kScaleSlot,
+                                                &empty[held], half, kb == 1);
+              }
+            held = stage;
+            next_stage<kStages> (stage, phase);
+          };
+
+          /* Each exit drains the set its last stage went into, and they
+           * are the only ways out: a test at the loop's top would be a
+           * path, to ptxas, that leaves products in flight, and it would
+           * then wait for every wgmma as soon as it was issued. */
+          const uint32_t k_blocks = tile.k_blocks;
+
+          if (k_blocks > 0)
             {
-              /* The stage's products go into part, which is then added to
-               * acc in FP32: the promotion. The other consumer's products
-               * keep the tensor cores busy meanwhile. */
-              float part[kBlockN / 2];
-              float scale_a[2], scale_b[kBlockN / 4];
+              uint32_t kb = 0;
 
-              wgmma_fence ();
-#pragma unroll
-              for (int s = 0; s < kBlockK / Cfg::kMmaK; s++)
-                Mma::run (part, smem_descriptor (tile_a + half * 64 * 128 + s * 32, 0),
-                          smem_descriptor (tile_b + s * 32, 0), s > 0);
-              wgmma_commit ();
-              if constexpr (Cfg::kBlockScaled)
-                read_stage_scales<kKind, kBlockN> (scales + stage * Cfg::kScaleSlot, half,
-                                                   scale_a, scale_b);
-              if (kb == 0 && t + gridDim.x < total)
-                locate_tile<kOps, kKind> (p, t + gridDim.x, group, next);
-              wgmma_wait<0> ();
-              if constexpr (Cfg::kBlockScaled)
+              for (;;)
                 {
-                  /* Each warp gives the stage back once all its lanes
-                   * have read their scales. */
-                  __syncwarp ();
-                  if (threadIdx.x % 32 == 0)
-                    mbarrier_arrive (&empty[stage]);
-                  promote_blocks<kKind, kBlockN> (acc, part, scale_a, scale_b, kb > 0);
-                }
-              else
-                {
-                  if (leader)
-                    mbarrier_arrive (&empty[stage]);
-#pragma unroll
-                  for (int i = 0; i < kBlockN / 2; i++)
-                    acc[i] = kb > 0 ? acc[i] + part[i] : part[i];
+                  step (part_even, part_odd, kb);
+                  if (++kb == k_blocks)
+                    {
+                      wgmma_wait<0> ();
+                      promote_fp8_stage<kOps, kKind> (acc, part_even, scales + held * Cfg::kScaleSlot,
+                                                      &empty[held], half, kb == 1);
+                      break;
+                    }
+                  step (part_odd, part_even, kb);
+                  if (++kb == k_blocks)
+                    {
+                      wgmma_wait<0> ();
+                      promote_fp8_stage<kOps, kKind> (acc, part_odd, scales + held * Cfg::kScaleSlot,
+                                                      &empty[held], half, false);
+                      break;
+                    }
                 }
             }
-          else
+        }
+      else
+        {
+          for (uint32_t kb = 0; kb < tile.k_blocks; kb++)
             {
+              const uint32_t tile_a = ring_address + stage * Cfg::kStageBytes;
+              const uint32_t tile_b = tile_a + Cfg::kTileABytes;
+
+              mbarrier_wait (&full[stage], phase);
               wgmma_fence ();
 #pragma unroll
               for (int s = 0; s < kBlockK / Cfg::kMmaK; s++)
@@ -813,11 +834,8 @@ consume (const GemmParams &p, uint8_t *ring, const float *scales, uint64_t *full
               if (kb > 0 && leader)
                 mbarrier_arrive (&empty[held]);
               held = stage;
+              next_stage<kStages> (stage, phase);
             }
-          next_stage<kStages> (stage, phase);
-        }
-      if constexpr (!Cfg::kFp8)
-        {
           wgmma_wait<0> ();
           if (tile.k_blocks > 0 && leader)
             mbarrier_arrive (&empty[held]);
@@ -870,11 +888,12 @@ gemm_kernel (const __grid_constant__ GemmParams p)
 
   if (threadIdx.x == 0)
     {
-      /* Blockwise scales: the producer's 32 lanes fill a stage, the
-       * consumers' 8 warps give it back. */
+      /* Blockwise scales: a stage is full once the producer's 32 lanes'
+       * copies of its scales have landed and its leader has armed it for
+       * the operands' bytes; the consumers' 8 warps give it back. */
       for (int s = 0; s < Cfg::kStages; s++)
         {
-          mbarrier_init (&full[s], Cfg::kBlockScaled ? 32 : 1);
+          mbarrier_init (&full[s], Cfg::kBlockScaled ? 32 + 1 : 1);
           mbarrier_init (&empty[s], Cfg::kBlockScaled ? 4 * kConsumers : kConsumers);
         }
       mbarrier_init_fence ();

@@ -50,6 +50,17 @@ grid_dependency_wait ()
 #endif
 }
 
+/* Copies 4 bytes from global to shared memory asynchronously (cp.async);
+ * cp_async_arrive() makes an mbarrier see when they have landed. */
+__device__ __forceinline__ void
+cp_async_4 (void *smem_dst, const void *src)
+{
+#if GMLP_SM90_ENABLED
+  asm volatile ("cp.async.ca.shared.global [%0], [%1], 4;"
+                :: "r" (smem_address (smem_dst)), "l" (src) : "memory");
+#endif
+}
+
 /* mbarriers ---------------------------------------------------------------- */
 
 __device__ __forceinline__ void
@@ -84,6 +95,18 @@ mbarrier_arrive (uint64_t *bar)
 {
 #if GMLP_SM90_ENABLED
   asm volatile ("mbarrier.arrive.shared::cta.b64 _, [%0];"
+                :: "r" (smem_address (bar)) : "memory");
+#endif
+}
+
+/* An arrival on bar once the calling thread's cp.async copies so far have
+ * landed; it counts as one of the arrivals bar was initialised with
+ * (.noinc). */
+__device__ __forceinline__ void
+cp_async_arrive (uint64_t *bar)
+{
+#if GMLP_SM90_ENABLED
+  asm volatile ("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];"
                 :: "r" (smem_address (bar)) : "memory");
 #endif
 }
@@ -291,6 +314,18 @@ wgmma_wait ()
 #if GMLP_SM90_ENABLED
   asm volatile ("wgmma.wait_group.sync.aligned %0;" :: "n" (kPending) : "memory");
 #endif
+}
+
+/* Orders the use of registers an asynchronous wgmma writes after the
+ * wait for it: to the compiler the asm wrote them when it was issued, and
+ * reads of them could otherwise be scheduled before wgmma_wait(). */
+template <int kCount>
+__device__ __forceinline__ void
+wgmma_fence_operand (float (&registers)[kCount])
+{
+#pragma unroll
+  for (int i = 0; i < kCount; i++)
+    asm volatile ("" : "+f" (registers[i]) :: "memory");
 }
 
 /* The shared-memory matrix descriptor of wgmma, for 128-byte swizzled

@@ -154,6 +154,10 @@ typedef struct {
    * host arrays of device pointers to one FP32 each; c_rows and bias in
    * c_dtype (FLOAT32, FLOAT16 or BFLOAT16). CUDA runs them on its Hopper
    * kernel only (UNSUPPORTED on other GPUs). Ignored for other dtypes.
+   * FP8 WGRAD (per-tensor scales) reads K-major operands too: a and b_rows
+   * are the columnwise copies of dy and x (member i n × m_i and k × m_i,
+   * laid out as the rowwise members), a_scale_inv and b_scale_inv theirs;
+   * a backend without it answers UNSUPPORTED (the CPU's does).
    * Blockwise scales (a_scales, b_scales; zeros for per-tensor): a's are
    * a_scale_rows, grouped by the device sizes like a (row_block 1, member
    * i m_i × ceil (depth / 128) floats), and a_scale_inv is not read. */
