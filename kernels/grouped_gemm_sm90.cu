@@ -90,10 +90,10 @@ struct PlanParams
 
 /* Writes to dst a copy of the template src pointing at address, with rows
  * rows when rows > 0, or, for a transposed FP8 operand, rows of cols bytes
- * (pitch bytes apart when pitch > 0) when cols > 0. The edits happen on this thread's slot of shared memory
- * (tensormap.replace on a global map is a round trip to memory per edit,
- * and made the plan grow by ~60 ns per group); the result goes out with
- * eight 16-byte stores. */
+ * (pitch bytes apart when pitch > 0) when cols > 0. The edits happen on
+ * this thread's slot of shared memory (tensormap.replace on a global map
+ * is a round trip to memory per edit, and made the plan grow by ~60 ns per
+ * group); the result goes out with eight 16-byte stores. */
 __device__ __forceinline__ void
 write_map (TensorMap *dst, const TensorMap &src, TensorMap *slot, const void *address,
            uint32_t rows, uint32_t cols = 0, uint32_t pitch = 0)
@@ -201,7 +201,7 @@ plan_kernel (const __grid_constant__ PlanParams p, const __grid_constant__ Inlin
       const int64_t raw = asked > 0 ? asked : 0;
       uint64_t off_a, off_2, off_s = 0, total_a, total_2, total_s = 0, tile_off, tile_total, tiles;
       uint64_t off_r = 0, total_r = 0;
-      int64_t rows;
+      int64_t rows, pitch;
 
       Scan (scan_storage).ExclusiveScan (valid ? member_stride (raw, p.a) : 0, off_a,
                                          (uint64_t) 0, SaturatingAdd (), total_a);
@@ -232,11 +232,13 @@ plan_kernel (const __grid_constant__ PlanParams p, const __grid_constant__ Inlin
         tiles = div_up (rows, kBlockM) * p.tiles_n;
       Scan (scan_storage).ExclusiveSum (tiles, tile_off, tile_total);
       tile_off += carry[2];
+      /* Repacked rows lie pitch bytes apart (0 for an empty group: its
+       * maps, never read, get rows of map_cols bytes). */
+      pitch = div_up (rows, kRepackAlign) * kRepackAlign;
       if (p.repack_a != nullptr)
         {
           __syncthreads ();
-          Scan (scan_storage).ExclusiveSum (valid ? (uint64_t) div_up (rows, kRepackAlign) * kRepackAlign : 0,
-                                            off_r, total_r);
+          Scan (scan_storage).ExclusiveSum (valid ? (uint64_t) pitch : 0, off_r, total_r);
           off_r += carry[4];
         }
 
@@ -270,27 +272,31 @@ plan_kernel (const __grid_constant__ PlanParams p, const __grid_constant__ Inlin
 
           write_map (map_c, p.template_c, slot, wgrad ? (const void *) t.matrix : rows2_data,
                      wgrad ? 0 : map_rows);
-          if (p.repack_a != nullptr)
+          if (p.transposed)
             {
               /* Rows of the group's m_g bytes, read up to there (TMA fills
-               * the rest of the last stage with zeros), pitch apart. */
-              const int64_t pitch = rows > 0 ? div_up (rows, kRepackAlign) * kRepackAlign : 16;
-              RepackGroup r;
+               * the rest of the last stage with zeros): in place, or
+               * repacked pitch apart. */
+              const uint8_t *a_rows_at = a_data, *b_rows_at = rows2_data;
+              uint32_t row_pitch = 0;
 
-              r.src_a = a_data;
-              r.src_b = rows2_data;
-              r.dst_a = p.repack_a + off_r * (uint64_t) p.a.row_bytes;
-              r.dst_b = p.repack_b + off_r * (uint64_t) p.rows2.row_bytes;
-              r.rows = rows;
-              r.pitch = pitch;
-              p.repack[g] = r;
-              write_map (map_a, p.template_a, slot, r.dst_a, 0, map_cols, (uint32_t) pitch);
-              write_map (map_b, p.template_b, slot, r.dst_b, 0, map_cols, (uint32_t) pitch);
-            }
-          else if (p.transposed)
-            {
-              write_map (map_a, p.template_a, slot, a_data, 0, map_cols);
-              write_map (map_b, p.template_b, slot, rows2_data, 0, map_cols);
+              if (p.repack_a != nullptr)
+                {
+                  RepackGroup r;
+
+                  r.src_a = a_data;
+                  r.src_b = rows2_data;
+                  r.dst_a = p.repack_a + off_r * (uint64_t) p.a.row_bytes;
+                  r.dst_b = p.repack_b + off_r * (uint64_t) p.rows2.row_bytes;
+                  r.rows = rows;
+                  r.pitch = pitch;
+                  p.repack[g] = r;
+                  a_rows_at = r.dst_a;
+                  b_rows_at = r.dst_b;
+                  row_pitch = (uint32_t) pitch;
+                }
+              write_map (map_a, p.template_a, slot, a_rows_at, 0, map_cols, row_pitch);
+              write_map (map_b, p.template_b, slot, b_rows_at, 0, map_cols, row_pitch);
             }
           else
             {
@@ -319,9 +325,12 @@ plan_kernel (const __grid_constant__ PlanParams p, const __grid_constant__ Inlin
 
 
 /* Copies each group's rows of the columnwise copies into the repack
- * scratch (RepackGroup), a warp a row: 16 bytes a lane, loaded as one
- * vector where the source row is 16-byte aligned, byte by byte where not,
- * the pitch's tail written as zeros. */
+ * scratch (RepackGroup), a warp a row, 16 bytes a lane: loaded as one
+ * vector where the source row is 16-byte aligned, byte by byte (the bytes
+ * past the row as zeros) where not. A vector may carry the start of the
+ * next row into the pitch's tail, which no map reads; that row is in the
+ * same member (n and k are multiples of 16, so the last row of a group
+ * whose rows are not is never aligned). */
 __global__ void __launch_bounds__ (256)
 repack_kernel (const RepackGroup *groups, uint32_t n_groups, uint32_t a_rows, uint32_t b_rows)
 {

@@ -2435,12 +2435,31 @@ fp8_run_native (GmlpGroupedLinear  *self,
   return FALSE;
 }
 
+/* An FP8 product with device sizes on the backend's gemm_device. *ran says
+ * whether it ran: a backend without such a product (the CPU's WGRAD, CUDA
+ * off Hopper) says UNSUPPORTED before enqueuing anything, and the caller
+ * dequantizes instead. */
+static gboolean
+fp8_gemm_device (GmlpGroupedLinear            *self,
+                 const GmlpBackendGemmDevice  *gemm,
+                 gboolean                     *ran,
+                 GError                      **error)
+{
+  g_autoptr(GError) local_error = NULL;
+
+  *ran = GMLP_DEVICE_CALL (self->device, gemm_device, gemm, &local_error);
+  /* The backends' errors share GmlpError's codes. */
+  if (*ran || fp8_refused (&local_error))
+    return TRUE;
+  g_propagate_error (error, g_steal_pointer (&local_error));
+  return FALSE;
+}
+
 /* FPROP y = x8 W8ᵀ [+ b] or DGRAD dx = dy8 (W8ᵀ)ᵀ with the group sizes of
  * sized_by on the device only, on the backend's gemm_device: a8 grouped by
  * those sizes, w8 the quantized weights (DGRAD: their columnwise copy),
- * per-tensor scales. *ran says whether it ran: a backend without such a
- * product (CUDA off Hopper) says UNSUPPORTED before enqueuing anything,
- * and the caller dequantizes instead. */
+ * per-tensor or blockwise scales. *ran as for fp8_gemm_device(); operands
+ * whose scale layout no product takes (MXFP8) do not run either. */
 static gboolean
 fp8_run_device (GmlpGroupedLinear  *self,
                 GmlpGemmKind        kind,
@@ -2456,7 +2475,6 @@ fp8_run_device (GmlpGroupedLinear  *self,
   g_autofree gpointer *sw = member_pointers (gmlp_grouped_tensor_get_scale_inv (w8), NULL, self->n_groups);
   g_autofree gpointer *sa = NULL;
   g_autofree gpointer *pbias = bias ? member_pointers (NULL, self->bias.members, self->n_groups) : NULL;
-  g_autoptr(GError) local_error = NULL;
   GmlpBackendFp8Scales a_scales, w_scales;
   GmlpBackendShape shape;
   gboolean blockwise;
@@ -2492,19 +2510,14 @@ fp8_run_device (GmlpGroupedLinear  *self,
       .a_scale_rows = blockwise ? gmlp_grouped_tensor_get_data (gmlp_grouped_tensor_get_scale_inv (a8)) : NULL,
     };
 
-    *ran = GMLP_DEVICE_CALL (self->device, gemm_device, &gemm, &local_error);
+    return fp8_gemm_device (self, &gemm, ran, error);
   }
-  /* The backends' errors share GmlpError's codes. */
-  if (*ran || fp8_refused (&local_error))
-    return TRUE;
-  g_propagate_error (error, g_steal_pointer (&local_error));
-  return FALSE;
 }
 
 /* WGRAD dW [+]= dy8ᵀ x8 with the group sizes of sized_by on the device
  * only, on the backend's gemm_device: dy_t and x_t are the columnwise
  * copies (per-tensor scales, fp8_device_wgrad()), the outputs and the
- * accumulation mask @wgrad's. *ran as for fp8_run_device(). */
+ * accumulation mask @wgrad's. *ran as for fp8_gemm_device(). */
 static gboolean
 fp8_run_device_wgrad (GmlpGroupedLinear  *self,
                       const Product      *wgrad,
@@ -2517,7 +2530,6 @@ fp8_run_device_wgrad (GmlpGroupedLinear  *self,
   g_autofree gpointer *pdw = member_pointers (NULL, wgrad->fixed->members, self->n_groups);
   g_autofree gpointer *sdy = member_pointers (gmlp_grouped_tensor_get_scale_inv (dy_t), NULL, self->n_groups);
   g_autofree gpointer *sx = member_pointers (gmlp_grouped_tensor_get_scale_inv (x_t), NULL, self->n_groups);
-  g_autoptr(GError) local_error = NULL;
   GmlpBackendShape shape;
 
   *ran = FALSE;
@@ -2542,12 +2554,8 @@ fp8_run_device_wgrad (GmlpGroupedLinear  *self,
       .b_scale_inv = (const float * const *) sx,
     };
 
-    *ran = GMLP_DEVICE_CALL (self->device, gemm_device, &gemm, &local_error);
+    return fp8_gemm_device (self, &gemm, ran, error);
   }
-  if (*ran || fp8_refused (&local_error))
-    return TRUE;
-  g_propagate_error (error, g_steal_pointer (&local_error));
-  return FALSE;
 }
 
 /* @product on dequantized operands: a8, b_rows8 (WGRAD's x) and weight8

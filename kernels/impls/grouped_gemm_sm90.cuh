@@ -641,19 +641,20 @@ issue_fp8_stage (float (&part)[Config<kOps>::kBlockN / 2], uint32_t tile_a, uint
   wgmma_commit ();
 }
 
-/* FP8: the promotion of a stage whose products have landed in part: acc
- * (+)= part in FP32, times the stage's scales of each result's row and
- * column with blockwise scales (the slot holds A's rows, then B's columns
- * for WGRAD or B's one tile scale; this thread holds rows frag_row and
- * frag_row + 8 of its half, columns 8 j + 2 (lane % 4) + {0, 1}). Then
- * the stage goes back to the producer. */
+/* FP8: the promotion of ring stage stage, whose products have landed in
+ * part: acc (+)= part in FP32, times the stage's scales of each result's
+ * row and column with blockwise scales (its slot holds A's rows, then B's
+ * columns for WGRAD or B's one tile scale; this thread holds rows frag_row
+ * and frag_row + 8 of its half, columns 8 j + 2 (lane % 4) + {0, 1}).
+ * Then the stage goes back to the producer. */
 template <int kOps, int kKind>
 __device__ __forceinline__ void
 promote_fp8_stage (float (&acc)[Config<kOps>::kBlockN / 2],
-                   float (&part)[Config<kOps>::kBlockN / 2], const float *slot,
-                   uint64_t *empty, int half, bool first)
+                   float (&part)[Config<kOps>::kBlockN / 2], const float *scales,
+                   uint64_t *empty, uint32_t stage, int half, bool first)
 {
   constexpr int kBlockN = Config<kOps>::kBlockN;
+  const float *slot = scales + stage * Config<kOps>::kScaleSlot;
 
   wgmma_fence_operand (part);
   if constexpr (Config<kOps>::kBlockScaled)
@@ -684,12 +685,12 @@ promote_fp8_stage (float (&acc)[Config<kOps>::kBlockN / 2],
        * scales. */
       __syncwarp ();
       if (lane == 0)
-        mbarrier_arrive (empty);
+        mbarrier_arrive (&empty[stage]);
     }
   else
     {
       if (threadIdx.x % 128 == 0)
-        mbarrier_arrive (empty);
+        mbarrier_arrive (&empty[stage]);
 #pragma unroll
       for (int i = 0; i < kBlockN / 2; i++)
         acc[i] = first ? part[i] : acc[i] + part[i];
@@ -763,8 +764,7 @@ consume (const GemmParams &p, uint8_t *ring, const float *scales, uint64_t *full
             if (kb > 0)
               {
                 wgmma_wait<1> ();
-                promote_fp8_stage<kOps, kKind> (acc, ready, scales + held * Cfg::kScaleSlot,
-                                                &empty[held], half, kb == 1);
+                promote_fp8_stage<kOps, kKind> (acc, ready, scales, empty, held, half, kb == 1);
               }
             held = stage;
             next_stage<kStages> (stage, phase);
@@ -786,16 +786,15 @@ consume (const GemmParams &p, uint8_t *ring, const float *scales, uint64_t *full
                   if (++kb == k_blocks)
                     {
                       wgmma_wait<0> ();
-                      promote_fp8_stage<kOps, kKind> (acc, part_even, scales + held * Cfg::kScaleSlot,
-                                                      &empty[held], half, kb == 1);
+                      promote_fp8_stage<kOps, kKind> (acc, part_even, scales, empty, held, half,
+                                                      kb == 1);
                       break;
                     }
                   step (part_odd, part_even, kb);
                   if (++kb == k_blocks)
                     {
                       wgmma_wait<0> ();
-                      promote_fp8_stage<kOps, kKind> (acc, part_odd, scales + held * Cfg::kScaleSlot,
-                                                      &empty[held], half, false);
+                      promote_fp8_stage<kOps, kKind> (acc, part_odd, scales, empty, held, half, false);
                       break;
                     }
                 }
