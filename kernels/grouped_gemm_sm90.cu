@@ -503,6 +503,31 @@ encode_map (TensorMap *map, const void *data, int64_t rows, int64_t cols, int dt
                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
+/* The same for a stack of planes matrices [rows × cols], plane_stride
+ * bytes apart (the groups' B matrices on the direct schedule). */
+bool
+encode_map_3d (TensorMap *map, const void *data, int64_t rows, int64_t cols, uint32_t planes,
+               uint64_t plane_stride, int dtype, uint32_t box_rows)
+{
+  PFN_cuTensorMapEncodeTiled_v12000 encode = encode_tiled ();
+  const uint32_t size = gmlp_num_dtype_size (dtype);
+  const cuuint64_t dims[3] = { (cuuint64_t) cols, (cuuint64_t) rows, planes };
+  const cuuint64_t strides[2] = { (cuuint64_t) cols * size, plane_stride };
+  const cuuint32_t box[3] = { 128 / size, box_rows, 1 };
+  const cuuint32_t element_strides[3] = { 1, 1, 1 };
+
+  if (encode == nullptr)
+    return false;
+  return encode (reinterpret_cast<CUtensorMap *> (map),
+                 dtype == GMLP_NUM_BFLOAT16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 :
+                 dtype == GMLP_NUM_FLOAT16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 :
+                                             CU_TENSOR_MAP_DATA_TYPE_UINT8,
+                 3, const_cast<void *> (data), dims, strides, box, element_strides,
+                 CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
 /* The columns of the row-grouped operand a, of rows2 (c_rows or b_rows)
  * and of the output; the reduction length when it is fixed. */
 struct Extents
@@ -589,6 +614,36 @@ blockwise_refusal (const GmlpKernelDeviceGemm *g)
   return nullptr;
 }
 
+/* Whether the n pointers of table lie stride bytes apart (stride >= 0;
+ * 0 for a single one). */
+bool
+equally_spaced (const void * const *table, uint32_t n, uint64_t *stride)
+{
+  const uintptr_t first = reinterpret_cast<uintptr_t> (table[0]);
+
+  *stride = n > 1 ? reinterpret_cast<uintptr_t> (table[1]) - first : 0;
+  if (n > 1 && reinterpret_cast<uintptr_t> (table[1]) < first)
+    return false;
+  for (uint32_t i = 2; i < n; i++)
+    if (reinterpret_cast<uintptr_t> (table[i]) != first + i * *stride)
+      return false;
+  return true;
+}
+
+/* GMLP_SM90_SCHEDULE=plan sends every call through the plan (the tests
+ * use it to check that path on shapes the direct schedule takes). */
+bool
+plan_forced (void)
+{
+  static const bool forced = [] {
+    const char *value = getenv ("GMLP_SM90_SCHEDULE");
+
+    return value != nullptr && strcmp (value, "plan") == 0;
+  } ();
+
+  return forced;
+}
+
 int
 block_n_of (const GmlpKernelDeviceGemm *g)
 {
@@ -604,6 +659,67 @@ tile_bound (const GmlpKernelDeviceGemm *g)
   if (g->kind == GMLP_KERNEL_GEMM_WGRAD)
     return (uint64_t) g->n_groups * div_up (g->n, kBlockM) * tiles_n;
   return (div_up (g->row_capacity, kBlockM) + g->n_groups) * tiles_n;
+}
+
+/* Fills in the direct schedule (DirectSchedule) where it takes the call:
+ * FPROP or DGRAD with per-tensor or no scales; rows of A and C that are
+ * whole multiples of the member alignment, so that member g starts at row
+ * P_g of one matrix; the groups' B matrices, biases and scales equally
+ * spaced; host sizes that fit in the parameters. */
+bool
+direct_schedule (const GmlpKernelDeviceGemm *g, DirectSchedule *d)
+{
+  const bool fp8 = gmlp_num_dtype_is_fp8 (g->ab_dtype);
+  const bool dgrad = g->kind == GMLP_KERNEL_GEMM_DGRAD;
+  const Extents e = extents_of (g);
+  const int b_dtype = fp8 ? g->b_dtype : g->ab_dtype;
+  const uint64_t a_row_bytes = (uint64_t) e.a_cols * gmlp_num_dtype_size (g->ab_dtype);
+  const uint64_t c_row_bytes = (uint64_t) e.out_cols * gmlp_num_dtype_size (g->c_dtype);
+  /* B as the FPROP and DGRAD templates of the plan read it. */
+  const int64_t b_rows = dgrad && fp8 ? g->k : g->n;
+  const int64_t b_cols = dgrad && fp8 ? g->n : g->k;
+  const uint32_t b_box_rows = dgrad && !fp8 ? Config<kOpsBf16>::kBlockK : block_n_of (g);
+  uint64_t b_stride, bias_stride = 0, a_scale_stride = 0, b_scale_stride = 0;
+
+  if (plan_forced () || g->kind == GMLP_KERNEL_GEMM_WGRAD || blockwise (g) ||
+      a_row_bytes % kGmlpMemberAlignment != 0 || c_row_bytes % kGmlpMemberAlignment != 0 ||
+      (g->host_rows != nullptr && g->n_groups > kDirectHostGroups))
+    return false;
+  if (!equally_spaced (g->weight, g->n_groups, &b_stride) ||
+      (g->bias != nullptr && !equally_spaced (g->bias, g->n_groups, &bias_stride)) ||
+      (fp8 && (!equally_spaced ((const void * const *) g->a_scale_inv, g->n_groups, &a_scale_stride) ||
+               !equally_spaced ((const void * const *) g->b_scale_inv, g->n_groups, &b_scale_stride))))
+    return false;
+  if (g->n_groups == 1)
+    b_stride = (uint64_t) b_rows * (uint64_t) b_cols * gmlp_num_dtype_size (b_dtype);
+  if (b_stride == 0 || b_stride % 16 != 0)
+    return false;
+
+  memset (d, 0, sizeof *d);
+  if (!encode_map (&d->a, g->a, g->row_capacity, e.a_cols, g->ab_dtype, kBlockM) ||
+      !encode_map (&d->c, g->c_rows, g->row_capacity, e.out_cols, g->c_dtype, 64) ||
+      !encode_map_3d (&d->b, g->weight[0], b_rows, b_cols, g->n_groups, b_stride, b_dtype,
+                      b_box_rows))
+    return false;
+  d->device_rows = g->device_rows;
+  d->capacity = g->row_capacity;
+  d->c_data = static_cast<uint8_t *> (g->c_rows);
+  d->c_row_bytes = c_row_bytes;
+  d->bias = g->bias != nullptr ? static_cast<const uint8_t *> (g->bias[0]) : nullptr;
+  d->bias_stride = bias_stride;
+  if (fp8)
+    {
+      d->a_scale = reinterpret_cast<const uint8_t *> (g->a_scale_inv[0]);
+      d->b_scale = reinterpret_cast<const uint8_t *> (g->b_scale_inv[0]);
+      d->a_scale_stride = a_scale_stride;
+      d->b_scale_stride = b_scale_stride;
+    }
+  if (g->host_rows != nullptr)
+    for (uint32_t i = 0; i < g->n_groups; i++)
+      d->host_rows[i] = (uint32_t) (g->host_rows[i] < 0 ? 0 :
+                                    g->host_rows[i] < g->row_capacity ? g->host_rows[i] :
+                                                                        g->row_capacity);
+  return true;
 }
 
 template <int kWords>
@@ -819,6 +935,22 @@ gmlp_kernel_device_gemm_sm90 (const GmlpKernelDeviceGemm *gemm,
   layout = workspace_layout (gemm);
   e = extents_of (gemm);
 
+  memset (&params, 0, sizeof params);
+  params.n_groups = gemm->n_groups;
+  params.tiles_n = (uint32_t) div_up (e.out_cols, block_n);
+  params.tiles_m_fixed = wgrad ? (uint32_t) div_up (gemm->n, kBlockM) : 0;
+  params.out_rows_fixed = wgrad ? gemm->n : 0;
+  params.out_cols = e.out_cols;
+  params.reduction = e.reduction;
+  params.c_dtype = gemm->c_dtype;
+  params.a_scales = gemm->a_scales;
+  params.b_scales = gemm->b_scales;
+  if (direct_schedule (gemm, &params.direct))
+    {
+      params.use_direct = 1;
+      return launch_operands (operands_of (gemm), gemm->kind, params, n_sms, stream);
+    }
+
   memset (&plan, 0, sizeof plan);
   shape.device_rows = gemm->device_rows;
   shape.n_groups = gemm->n_groups;
@@ -868,8 +1000,8 @@ gmlp_kernel_device_gemm_sm90 (const GmlpKernelDeviceGemm *gemm,
   plan.n_groups = gemm->n_groups;
   plan.kind = gemm->kind;
   plan.transposed = wgrad && fp8;
-  plan.tiles_n = (uint32_t) div_up (e.out_cols, block_n);
-  plan.tiles_m_fixed = wgrad ? (uint32_t) div_up (gemm->n, kBlockM) : 0;
+  plan.tiles_n = params.tiles_n;
+  plan.tiles_m_fixed = params.tiles_m_fixed;
   plan.has_bias = gemm->bias != nullptr;
   plan.has_scales = fp8;
   plan.blockwise = fp8 && blockwise (gemm);
@@ -940,14 +1072,5 @@ gmlp_kernel_device_gemm_sm90 (const GmlpKernelDeviceGemm *gemm,
   params.tile_begin = plan.tile_begin;
   params.groups = plan.groups;
   params.maps = plan.maps;
-  params.n_groups = gemm->n_groups;
-  params.tiles_n = plan.tiles_n;
-  params.tiles_m_fixed = plan.tiles_m_fixed;
-  params.out_rows_fixed = wgrad ? gemm->n : 0;
-  params.out_cols = e.out_cols;
-  params.reduction = e.reduction;
-  params.c_dtype = gemm->c_dtype;
-  params.a_scales = gemm->a_scales;
-  params.b_scales = gemm->b_scales;
   return launch_operands (operands_of (gemm), gemm->kind, params, n_sms, stream);
 }

@@ -639,7 +639,9 @@ test_shapes (void)
  * group of one whole tile and one row: the tiles' edges, the promotion of
  * the partial sums and the per-group (per-block) scales. The second split has multiples of 16 rows
  * (the CUDA kernel's FP8 WGRAD takes those) and adds the weight gradients
- * into main_grad in the groups of a mask. */
+ * into main_grad in the groups of a mask. The third has features whose
+ * rows are whole multiples of 256 bytes: the Hopper kernel's direct
+ * schedule for FPROP and DGRAD, with host sizes. */
 static void
 test_tiles (void)
 {
@@ -647,7 +649,8 @@ test_tiles (void)
   static const GmlpScalingRecipe recipes[] = {
     GMLP_SCALING_RECIPE_DELAYED, GMLP_SCALING_RECIPE_CURRENT, GMLP_SCALING_RECIPE_BLOCKWISE,
   };
-  static const gint64 splits[2][3] = { { 260, 0, 129 }, { 256, 0, 144 } };
+  static const gint64 splits[3][3] = { { 260, 0, 129 }, { 256, 0, 144 }, { 300, 0, 129 } };
+  static const gint64 features[3][2] = { { 528, 272 }, { 528, 272 }, { 512, 256 } };
   static const gboolean mask[3] = { TRUE, FALSE, FALSE };
   guint r, f, sp;
 
@@ -671,7 +674,7 @@ test_tiles (void)
           double tol = tolerance_a (dtype, !multiplies_fp8 (device, recipes[r]));
 
           quantizers_new (&q, device, recipes[r], test_formats[f], 4);
-          layer = new_layer (device, G_N_ELEMENTS (splits[sp]), 528, 272, dtype,
+          layer = new_layer (device, G_N_ELEMENTS (splits[sp]), features[sp][0], features[sp][1], dtype,
                              GMLP_LINEAR_SINGLE_GROUPED_WEIGHT | GMLP_LINEAR_BIAS |
                              (fused ? GMLP_LINEAR_FUSE_WGRAD_ACCUMULATION : 0), &q);
           if (fused)
@@ -1036,8 +1039,12 @@ test_device_sizes (void)
 {
   g_autoptr(GmlpDevice) device = device_or_skip ();
   /* Sizes no multiple of 16 (the Hopper kernel repacks WGRAD's copies),
-   * an empty group, and groups of several 128-deep WGRAD stages. */
-  const gint64 all_rows[][4] = { { 29, 0, 64, 7 }, { 300, 129, 0, 17 } };
+   * an empty group, and groups of several 128-deep WGRAD stages; features
+   * whose FP8 and BF16 rows are whole multiples of 256 bytes (the Hopper
+   * kernel's direct schedule for FPROP and DGRAD, row tiles reaching into
+   * the next group). */
+  const gint64 all_rows[][4] = { { 29, 0, 64, 7 }, { 300, 129, 0, 17 }, { 300, 129, 0, 17 } };
+  const gint64 features[][2] = { { 48, 32 }, { 48, 32 }, { 256, 256 } };
   guint i;
 
   if (device == NULL)
@@ -1071,7 +1078,7 @@ test_device_sizes (void)
       memcpy (rows, all_rows[s], sizeof rows);
 
       quantizers_new (&q, device, recipe, GMLP_FP8_FORMAT_HYBRID, 4);
-      layer = new_layer (device, 4, 48, 32, GMLP_DTYPE_BFLOAT16,
+      layer = new_layer (device, 4, features[s][0], features[s][1], GMLP_DTYPE_BFLOAT16,
                          GMLP_LINEAR_SINGLE_GROUPED_WEIGHT | GMLP_LINEAR_BIAS, &q);
       p = problem_new (layer, rows, 1.0);
       reference_quantized (p, &q, FALSE, &ref);

@@ -1235,6 +1235,61 @@ test_device_sizes_tiles (void)
     }
 }
 
+/* Shapes the Hopper kernel takes on its direct schedule, without a plan
+ * (rows of x, y, dy and dx whole multiples of 256 bytes: 16-bit features
+ * multiples of 128): row tiles that reach into the next group, empty and
+ * negative sizes, a capacity that cuts a group short or leaves rows over,
+ * 1 group and 300 (the kernel scans the sizes 32 groups at a time); host
+ * sizes too. */
+static void
+test_device_sizes_direct (void)
+{
+  g_autoptr(GmlpDevice) device = gmlp_test_device_or_skip ();
+  guint shape;
+
+  if (device == NULL)
+    return;
+
+  for (shape = 0; shape < 6; shape++)
+    {
+      static const guint n_of[] = { 1, 5, 300, 6, 4, 40 };
+      guint n = n_of[shape];
+      gint64 k = shape == 2 ? 128 : 256, o = shape == 2 ? 256 : 384;
+      GmlpDType dtype = shape % 2 ? GMLP_DTYPE_FLOAT16 : GMLP_DTYPE_BFLOAT16;
+      GmlpLinearFlags flags = GMLP_LINEAR_SINGLE_GROUPED_WEIGHT | (shape != 4 ? GMLP_LINEAR_BIAS : 0);
+      static const gint64 sizes_1[] = { 129, 0, 77, -3, 256 };
+      static const gint64 sizes_3[] = { 1000, 50, -3, 7, 130, 64 };
+      static const gint64 sizes_4[] = { 100, 200, 300, 50 };
+      g_autofree gint64 *sizes = g_new0 (gint64, n);
+      g_autoptr(GmlpGroupedLinear) layer = NULL;
+      gint64 capacity;
+      guint g;
+
+      switch (shape)
+        {
+        case 0: sizes[0] = 301; break;
+        case 1: memcpy (sizes, sizes_1, sizeof sizes_1); break;
+        case 3: memcpy (sizes, sizes_3, sizeof sizes_3); break;
+        case 4: memcpy (sizes, sizes_4, sizeof sizes_4); break;
+        default:
+          for (g = 0; g < n; g++)
+            sizes[g] = g_test_rand_int_range (0, shape == 2 ? 12 : 300);
+          break;
+        }
+      /* Shape 3 cuts the first group at 600 rows, shape 4 the third at 50. */
+      capacity = shape == 3 ? 600 : shape == 4 ? 350 :
+                 sum_of_sizes (sizes, n) + (shape == 1 ? 50 : 0);
+      g_test_message ("%s n=%u k=%" G_GINT64_FORMAT " o=%" G_GINT64_FORMAT " capacity=%" G_GINT64_FORMAT,
+                      gmlp_dtype_get_name (dtype), n, k, o, capacity);
+      layer = new_layer (device, n, k, o, dtype, flags);
+      run_device_sizes (layer, sizes, capacity);
+      /* The same sizes from the host, where they are all there is (the
+       * kernel takes up to 512 groups' sizes in its parameters). */
+      if (shape == 0 || shape == 2 || shape == 5)
+        run_and_check (layer, sizes);
+    }
+}
+
 /* On the same data, the device-sizes path gives the results of the
  * host-sizes path: the same bits on the CPU (the same arithmetic), within
  * the dtype's tolerance on a GPU (other kernels, another summation order). */
@@ -1453,6 +1508,7 @@ main (int argc, char *argv[])
   g_test_add_func ("/Gmlp/GroupedLinear/device-sizes/shapes", test_device_sizes_shapes);
   g_test_add_func ("/Gmlp/GroupedLinear/device-sizes/many-tiles", test_device_sizes_many_tiles);
   g_test_add_func ("/Gmlp/GroupedLinear/device-sizes/tiles", test_device_sizes_tiles);
+  g_test_add_func ("/Gmlp/GroupedLinear/device-sizes/direct", test_device_sizes_direct);
   g_test_add_func ("/Gmlp/GroupedLinear/device-sizes/same-as-host", test_device_sizes_same_as_host);
   g_test_add_func ("/Gmlp/GroupedLinear/device-sizes/contract", test_device_sizes_contract);
   g_test_add_func ("/Gmlp/GroupedLinear/device-sizes/microbatches", test_device_sizes_microbatches);

@@ -1,6 +1,8 @@
 /* impls/grouped_gemm_sm90.cuh: libgmlp's Hopper grouped GEMM, sizes on the device
  *
- * Two launches, neither of which needs the host to know the group sizes:
+ * Two launches, neither of which needs the host to know the group sizes,
+ * or for FPROP and DGRAD on packed operands the second alone (the direct
+ * schedule, DirectSchedule):
  *
  * 1. The plan (one block, grouped_gemm_sm90.cu): scans the device sizes
  *    into each group's member offsets, clamped rows and first output tile,
@@ -12,11 +14,13 @@
  *    GEMM is launched as its programmatic dependent.
  *
  * 2. The persistent GEMM (one CTA per SM): CTA b takes tiles b, b + grid,
- *    ... of the list of all groups' output tiles, and finds each tile's
- *    group by walking the plan's tile offsets. Per CTA, warpgroup 0 is the
- *    producer: one thread issues the TMA copies of A and B tiles into a
- *    kStages-deep shared-memory ring, each stage guarded by a "full"
- *    mbarrier (copy bytes landed) and an "empty" one (both consumers done).
+ *    ... of the list of all groups' output tiles. Per CTA, warpgroup 0 is
+ *    the producer: its warp finds each tile's group by walking the plan's
+ *    tile offsets (or the sizes themselves; each consumer warp walks the
+ *    same way), and one thread issues the TMA copies of A and B tiles into
+ *    a kStages-deep shared-memory ring, each stage guarded by a "full"
+ *    mbarrier (copy bytes landed) and an "empty" one (both consumers
+ *    done).
  *    Warpgroups 1 and 2 are the consumers: each multiplies one 64-row half
  *    of the 128 × 256 output tile with wgmma (FP32 accumulators in
  *    registers) and hands it, bias added, to TMA stores (reduce-add for an
@@ -131,8 +135,39 @@ struct GroupWork
 };
 
 
+/* The direct schedule (FPROP and DGRAD with per-tensor or no scales,
+ * where the host finds every member of A and C one row after another and
+ * the groups' B matrices, biases and scales equally spaced): no plan. The
+ * maps are the host's, over whole tensors (A and C: their capacity rows;
+ * B: one plane per group), and each CTA walks the sizes itself
+ * (locate_direct()). A tile's rows past its group's end are the next
+ * group's, read but never stored: a consumer half that holds any writes
+ * through write_tile(). Saves the plan's launch (7.5 µs with 64 groups on
+ * the H200, a sixth of a small FP8 product). */
+constexpr uint32_t kDirectHostGroups = 512;
+
+struct DirectSchedule
+{
+  TensorMap      a;
+  TensorMap      b;
+  TensorMap      c;
+  const int64_t *device_rows;   /* or NULL: the sizes are host_rows */
+  int64_t        capacity;      /* rows that A and C both hold */
+  uint8_t       *c_data;
+  uint64_t       c_row_bytes;
+  const uint8_t *bias;          /* group g's at bias + g * bias_stride, or NULL */
+  uint64_t       bias_stride;
+  const uint8_t *a_scale;       /* FP8: group g's scale inverses, the same way */
+  const uint8_t *b_scale;
+  uint64_t       a_scale_stride;
+  uint64_t       b_scale_stride;
+  uint32_t       host_rows[kDirectHostGroups];   /* clamped to capacity */
+};
+
 struct GemmParams
 {
+  DirectSchedule   direct;          /* when use_direct */
+  uint32_t         use_direct;
   const uint32_t  *tile_begin;
   const GroupWork *groups;
   const TensorMap *maps;
@@ -151,45 +186,152 @@ struct GemmParams
 
 /* The tile schedule both roles follow: tile t of the whole list, found in
  * its group by walking forwards (each CTA's tiles only ever increase). */
+/* All 32-bit: rows, columns and coordinates are below kMaxExtent (the
+ * host's check), and two tiles are live across the main loop, beside the
+ * consumer's accumulators. */
 struct Tile
 {
   uint32_t group;
-  int64_t  m0;        /* first output row */
-  int64_t  n0;        /* first output column */
+  int32_t  m0;        /* first output row, in the group */
+  int32_t  n0;        /* first output column */
   uint32_t k_blocks;  /* kBlockK-deep steps of the reduction */
+  int32_t  rows;      /* the group's, clamped */
+  int32_t  row_base;  /* direct schedule: the group's first row in A and C */
+};
+
+/* Where a CTA's walk over the groups stands: tiles only ever increase. The
+ * plan's schedule keeps the group of the last tile; the direct one the
+ * first group not yet passed, its first tile and its first row (at most
+ * the capacity). */
+struct Walk
+{
+  uint32_t group = 0;
+  uint32_t tile_base = 0;
+  int32_t  row_base = 0;
+};
+
+/* Whether an instance can take the direct schedule, and whether this
+ * launch does. */
+template <int kOps, int kKind>
+struct DirectCapable
+{
+  static constexpr bool value = kKind != GMLP_KERNEL_GEMM_WGRAD && !Config<kOps>::kBlockScaled;
 };
 
 template <int kOps, int kKind>
-__device__ __forceinline__ void
-locate_tile (const GemmParams &p, uint32_t t, uint32_t &group, Tile &tile)
+__device__ __forceinline__ bool
+is_direct (const GemmParams &p)
 {
-  uint32_t local, tiles_m;
-  int64_t rows, reduction;
+  if constexpr (DirectCapable<kOps, kKind>::value)
+    return p.use_direct != 0;
+  else
+    return false;
+}
 
-  /* A whole warp walks the offsets 32 groups per load: tile_begin only
-   * grows, so the lanes whose group starts at or before t are a prefix,
-   * and their count is how far to go. (A thread alone would wait out one
-   * load per group it passes: many tiny groups made that the bottleneck.) */
+/* The direct schedule's size of group g, clamped to [0, capacity]. */
+__device__ __forceinline__ uint32_t
+direct_rows (const DirectSchedule &d, uint32_t g)
+{
+  /* Read-only for the whole kernel: the walks of a CTA's warps hit in L1. */
+  const int64_t asked = d.device_rows != nullptr ? __ldg (d.device_rows + g) : (int64_t) d.host_rows[g];
+
+  return (uint32_t) (asked < 0 ? 0 : asked < d.capacity ? asked : d.capacity);
+}
+
+/* Finds tile t's group by scanning the sizes 32 groups a step from where
+ * the walk stands: each lane one group's clamped rows and tiles, prefix
+ * sums by shuffles, and the groups that end at or before t are a prefix of
+ * the lanes. The clamping is the plan's: group g gets the rows of
+ * [P_g, P_g + m_g) that lie below the capacity, P_g the sum of the sizes
+ * before it, so the sums saturate at the capacity (and stay 32-bit: the
+ * consumers run this beside their accumulators). False when t lies past
+ * the last group's tiles. */
+__device__ __forceinline__ bool
+locate_direct (const GemmParams &p, uint32_t t, Walk &walk, Tile &tile)
+{
+  const DirectSchedule &d = p.direct;
+  const uint32_t capacity = (uint32_t) d.capacity;
+  const int lane = threadIdx.x % 32;
+
   for (;;)
     {
-      const uint32_t g = group + 1 + threadIdx.x % 32;
-      const bool passed = g <= p.n_groups && p.tile_begin[g] <= t;
-      const uint32_t ballot = __ballot_sync (0xffffffffu, passed);
+      const uint32_t g = walk.group + lane;
+      const bool valid = g < p.n_groups;
+      uint32_t end = valid ? direct_rows (d, g) : 0, start, tiles, tiles_incl, ballot;
+      int passed;
 
-      group += __popc (ballot);
-      if (ballot != 0xffffffffu)
-        break;
+      if (walk.group >= p.n_groups)
+        return false;
+      /* end: P_{g+1} from the walk's row, saturated (no sum exceeds 2^32). */
+#pragma unroll
+      for (int delta = 1; delta < 32; delta *= 2)
+        {
+          const uint32_t v = __shfl_up_sync (0xffffffffu, end, delta);
+          if (lane >= delta)
+            end = min (capacity, end + v);
+        }
+      end = min (capacity, (uint32_t) walk.row_base + end);
+      start = __shfl_up_sync (0xffffffffu, end, 1);
+      if (lane == 0)
+        start = (uint32_t) walk.row_base;
+      tiles = valid ? div_up (end - start, (uint32_t) kBlockM) * p.tiles_n : 0;
+      tiles_incl = tiles;
+#pragma unroll
+      for (int delta = 1; delta < 32; delta *= 2)
+        {
+          const uint32_t v = __shfl_up_sync (0xffffffffu, tiles_incl, delta);
+          if (lane >= delta)
+            tiles_incl += v;
+        }
+      ballot = __ballot_sync (0xffffffffu, valid && walk.tile_base + tiles_incl <= t);
+      passed = __popc (ballot);
+      if (passed == 32)
+        {
+          walk.group += 32;
+          walk.tile_base += __shfl_sync (0xffffffffu, tiles_incl, 31);
+          walk.row_base = (int32_t) __shfl_sync (0xffffffffu, end, 31);
+          continue;
+        }
+      /* Lane passed holds t's group, unless the groups ran out. */
+      {
+        const uint32_t first_tile = walk.tile_base + __shfl_sync (0xffffffffu, tiles_incl - tiles, passed);
+        const uint32_t group_start = __shfl_sync (0xffffffffu, start, passed);
+        const uint32_t group_end = __shfl_sync (0xffffffffu, end, passed);
+
+        if (walk.group + passed >= p.n_groups)
+          {
+            walk.group = p.n_groups;
+            return false;
+          }
+        walk.group += passed;
+        walk.tile_base = first_tile;
+        walk.row_base = (int32_t) group_start;
+        tile.group = walk.group;
+        tile.rows = (int32_t) (group_end - group_start);
+        tile.row_base = (int32_t) group_start;
+        tile.m0 = (int32_t) (t - first_tile);   /* the tile's index in its group, for now */
+        return true;
+      }
     }
-  rows = p.groups[group].rows;
-  local = t - p.tile_begin[group];
+}
+
+/* Fills in the coordinates of the tile with index local in its group
+ * (tile.group and tile.rows known). */
+template <int kOps, int kKind>
+__device__ __forceinline__ void
+place_tile (const GemmParams &p, uint32_t local, Tile &tile)
+{
+  uint32_t tiles_m;
+  int64_t reduction;
+
   if (kKind == GMLP_KERNEL_GEMM_WGRAD)
     {
       tiles_m = p.tiles_m_fixed;
-      reduction = rows;
+      reduction = tile.rows;
     }
   else
     {
-      tiles_m = (uint32_t) div_up (rows, kBlockM);
+      tiles_m = (uint32_t) div_up (tile.rows, kBlockM);
       reduction = p.reduction;
     }
   /* Panels of kPanelTiles row tiles: down a panel's rows first, then
@@ -203,11 +345,74 @@ locate_tile (const GemmParams &p, uint32_t t, uint32_t &group, Tile &tile)
     const uint32_t in_panel = local % panel_tiles;
     const uint32_t panel_rows = min (kPanelTiles, tiles_m - panel * kPanelTiles);
 
-    tile.group = group;
-    tile.m0 = (int64_t) (panel * kPanelTiles + in_panel % panel_rows) * kBlockM;
-    tile.n0 = (int64_t) (in_panel / panel_rows) * Config<kOps>::kBlockN;
+    tile.m0 = (int32_t) ((panel * kPanelTiles + in_panel % panel_rows) * kBlockM);
+    tile.n0 = (int32_t) ((in_panel / panel_rows) * Config<kOps>::kBlockN);
   }
   tile.k_blocks = (uint32_t) div_up (reduction, Config<kOps>::kBlockK);
+}
+
+/* Finds tile t (below the plan's tile count) on the plan's schedule. */
+template <int kOps, int kKind>
+__device__ __forceinline__ bool
+locate_planned (const GemmParams &p, uint32_t t, Walk &walk, Tile &tile)
+{
+  /* A whole warp walks the offsets 32 groups per load: tile_begin only
+   * grows, so the lanes whose group starts at or before t are a prefix,
+   * and their count is how far to go. (A thread alone would wait out one
+   * load per group it passes: many tiny groups made that the bottleneck.) */
+  for (;;)
+    {
+      const uint32_t g = walk.group + 1 + threadIdx.x % 32;
+      const bool passed = g <= p.n_groups && p.tile_begin[g] <= t;
+      const uint32_t ballot = __ballot_sync (0xffffffffu, passed);
+
+      walk.group += __popc (ballot);
+      if (ballot != 0xffffffffu)
+        break;
+    }
+  tile.group = walk.group;
+  tile.rows = (int32_t) p.groups[walk.group].rows;
+  tile.row_base = 0;
+  place_tile<kOps, kKind> (p, t - p.tile_begin[walk.group], tile);
+  return true;
+}
+
+/* Finds tile t on either schedule (t below the plan's tile count, or any
+ * t for the direct one): false when the direct walk finds no such tile. */
+template <int kOps, int kKind>
+__device__ __forceinline__ bool
+locate_tile (const GemmParams &p, uint32_t t, Walk &walk, Tile &tile)
+{
+  if (!is_direct<kOps, kKind> (p))
+    return locate_planned<kOps, kKind> (p, t, walk, tile);
+  if (!locate_direct (p, t, walk, tile))
+    return false;
+  place_tile<kOps, kKind> (p, (uint32_t) tile.m0, tile);
+  return true;
+}
+
+/* What the epilogue needs of a tile's group: the plan's GroupWork, or the
+ * direct schedule's equivalent (the group's C from its first row; FPROP
+ * and DGRAD never accumulate). */
+template <int kOps, int kKind>
+__device__ __forceinline__ GroupWork
+group_work (const GemmParams &p, const Tile &tile)
+{
+  if (is_direct<kOps, kKind> (p))
+    {
+      const DirectSchedule &d = p.direct;
+      GroupWork w = {};
+
+      w.c = d.c_data + (uint64_t) tile.row_base * d.c_row_bytes;
+      w.bias = d.bias != nullptr ? d.bias + tile.group * d.bias_stride : nullptr;
+      w.rows = tile.rows;
+      w.scale = 1.0f;
+      if (Config<kOps>::kFp8)
+        w.scale = *reinterpret_cast<const float *> (d.a_scale + tile.group * d.a_scale_stride) *
+                  *reinterpret_cast<const float *> (d.b_scale + tile.group * d.b_scale_stride);
+      return w;
+    }
+  return p.groups[tile.group];
 }
 
 /* Whether A and B arrive MN-major (16-bit DGRAD and WGRAD). FP8 operands
@@ -238,7 +443,7 @@ copy_stage_scales (const GemmParams &p, const Tile &tile, const GroupWork &w, ui
 #pragma unroll
   for (int i = 0; i < 4; i++)
     {
-      const int64_t r = min (tile.m0 + lane + 32 * i, a_rows - 1);
+      const int64_t r = min ((int64_t) tile.m0 + lane + 32 * i, a_rows - 1);
       cp_async_4 (slot + lane + 32 * i,
                   w.a_scales + r * p.a_scales.row_stride + kb * p.a_scales.depth_stride);
     }
@@ -247,7 +452,7 @@ copy_stage_scales (const GemmParams &p, const Tile &tile, const GroupWork &w, ui
 #pragma unroll
       for (int i = 0; i < 4; i++)
         {
-          const int64_t c = min (tile.n0 + lane + 32 * i, p.out_cols - 1);
+          const int64_t c = min ((int64_t) tile.n0 + lane + 32 * i, p.out_cols - 1);
           cp_async_4 (slot + kBlockM + lane + 32 * i,
                       w.b_scales + c * p.b_scales.row_stride + kb * p.b_scales.depth_stride);
         }
@@ -256,6 +461,18 @@ copy_stage_scales (const GemmParams &p, const Tile &tile, const GroupWork &w, ui
     {
       cp_async_4 (slot + kBlockM, w.b_scales + (tile.n0 >> 7) * p.b_scales.row_stride +
                                     kb * p.b_scales.depth_stride);
+    }
+}
+
+/* Moves to the next stage of the ring. */
+template <int kStages>
+__device__ __forceinline__ void
+next_stage (uint32_t &stage, uint32_t &phase)
+{
+  if (++stage == kStages)
+    {
+      stage = 0;
+      phase ^= 1;
     }
 }
 
@@ -270,26 +487,41 @@ produce (const GemmParams &p, uint8_t *ring, float *scales, uint64_t *full, uint
   constexpr int kBlockK = Cfg::kBlockK;
   constexpr int kStages = Cfg::kStages;
   constexpr uint32_t kStageBytes = Cfg::kStageBytes;
-  const uint32_t total = p.tile_begin[p.n_groups];
+  const bool direct = is_direct<kOps, kKind> (p);
+  const uint32_t total = direct ? UINT32_MAX : p.tile_begin[p.n_groups];
   const bool leader = threadIdx.x % 32 == 0;
-  uint32_t group = 0, acquired = 0xffffffffu, stage = 0, phase = 0;
+  uint32_t acquired = 0xffffffffu, stage = 0, phase = 0;
   GroupWork work = {};   /* blockwise FP8: the tile's scales */
+  Walk walk;
   Tile tile;
 
   for (uint32_t t = blockIdx.x; t < total; t += gridDim.x)
     {
       const TensorMap *map_a, *map_b;
+      int32_t a_row;
 
-      locate_tile<kOps, kKind> (p, t, group, tile);
+      if (!locate_tile<kOps, kKind> (p, t, walk, tile))
+        break;
       if constexpr (Cfg::kBlockScaled)
-        work = p.groups[group];
-      map_a = p.maps + kMapsPerGroup * (uint64_t) group;
-      map_b = map_a + 1;
-      if (leader && group != acquired)
+        work = p.groups[tile.group];
+      if (direct)
         {
-          tensormap_acquire (map_a);
-          tensormap_acquire (map_b);
-          acquired = group;
+          /* The host's maps, never edited: no acquire. */
+          map_a = &p.direct.a;
+          map_b = &p.direct.b;
+          a_row = (int32_t) (tile.row_base + tile.m0);
+        }
+      else
+        {
+          map_a = p.maps + kMapsPerGroup * (uint64_t) tile.group;
+          map_b = map_a + 1;
+          a_row = (int32_t) tile.m0;
+          if (leader && tile.group != acquired)
+            {
+              tensormap_acquire (map_a);
+              tensormap_acquire (map_b);
+              acquired = tile.group;
+            }
         }
 
       for (uint32_t kb = 0; kb < tile.k_blocks; kb++)
@@ -318,24 +550,30 @@ produce (const GemmParams &p, uint8_t *ring, float *scales, uint64_t *full, uint
                 }
               else
                 {
-                  tma_load_2d (tile_a, map_a, &full[stage], k0, (int32_t) tile.m0);
+                  tma_load_2d (tile_a, map_a, &full[stage], k0, a_row);
                 }
+              /* B: the group's plane of the direct map, or its own map. */
               if (kTransB)
                 {
                   for (int c = 0; c < kBlockN / kChunk; c++)
-                    tma_load_2d (tile_b + c * kChunkBytes, map_b, &full[stage],
-                                 (int32_t) tile.n0 + c * kChunk, k0);
+                    if (direct)
+                      tma_load_3d (tile_b + c * kChunkBytes, map_b, &full[stage],
+                                   (int32_t) tile.n0 + c * kChunk, k0, (int32_t) tile.group);
+                    else
+                      tma_load_2d (tile_b + c * kChunkBytes, map_b, &full[stage],
+                                   (int32_t) tile.n0 + c * kChunk, k0);
+                }
+              else if (direct)
+                {
+                  tma_load_3d (tile_b, map_b, &full[stage], k0, (int32_t) tile.n0,
+                               (int32_t) tile.group);
                 }
               else
                 {
                   tma_load_2d (tile_b, map_b, &full[stage], k0, (int32_t) tile.n0);
                 }
             }
-          if (++stage == kStages)
-            {
-              stage = 0;
-              phase ^= 1;
-            }
+          next_stage<kStages> (stage, phase);
         }
     }
 }
@@ -422,10 +660,9 @@ consumer_sync (int half)
  * whole rows of 4 results out, so that a warp's stores are contiguous. */
 template <int kKind, int kBlockN>
 __device__ __forceinline__ void
-write_tile (const GemmParams &p, const Tile &tile, const float (&acc)[kBlockN / 2],
-            float *staging, int half)
+write_tile (const GemmParams &p, const Tile &tile, const GroupWork &w,
+            const float (&acc)[kBlockN / 2], float *staging, int half)
 {
-  const GroupWork w = p.groups[tile.group];
   const int64_t out_rows = kKind == GMLP_KERNEL_GEMM_WGRAD ? p.out_rows_fixed : w.rows;
   const int64_t row_base = tile.m0 + half * 64;
   const int thread = threadIdx.x % 128;
@@ -493,13 +730,15 @@ write_tile (const GemmParams &p, const Tile &tile, const float (&acc)[kBlockN / 
  * to its next tile while the stores drain; a slot is written again only
  * once its previous store has read it. An FP32 subtile takes both slots
  * (two boxes of 32 columns). Returns false, having written nothing, for a
- * 16-bit C that is accumulated into (write_tile() does that). C's dtype is
- * a template argument: the unrolled code of the dtype that runs is then
- * contiguous, not interleaved with that of the others. */
+ * 16-bit C that is accumulated into, and on the direct schedule for a half
+ * that reaches past its group's rows (the map's rows go on into the next
+ * group's): write_tile() does those. C's dtype is a template argument: the
+ * unrolled code of the dtype that runs is then contiguous, not interleaved
+ * with that of the others. */
 template <int kKind, int kCDtype, int kBlockN>
 __device__ __forceinline__ bool
 write_tile_tma (const GemmParams &p, const Tile &tile, const GroupWork &w,
-                const float (&acc)[kBlockN / 2], uint8_t *slots, int half)
+                const float (&acc)[kBlockN / 2], uint8_t *slots, int half, bool direct)
 {
   constexpr bool fp32 = kCDtype == GMLP_NUM_FLOAT32;
   const bool accumulate = w.accumulate != 0;
@@ -507,10 +746,12 @@ write_tile_tma (const GemmParams &p, const Tile &tile, const GroupWork &w,
   const int lane = thread % 32;
   const int frag_row = (thread / 32) * 16 + lane / 4;
   const int t = lane % 4;
-  const TensorMap *map_c = p.maps + kMapsPerGroup * (uint64_t) tile.group + 2;
-  const int32_t out_row = (int32_t) (tile.m0 + half * 64);
+  const TensorMap *map_c = direct ? &p.direct.c : p.maps + kMapsPerGroup * (uint64_t) tile.group + 2;
+  const int32_t out_row = (int32_t) ((direct ? tile.row_base : 0) + tile.m0 + half * 64);
 
   if (accumulate && !fp32)
+    return false;
+  if (direct && tile.m0 + half * 64 + 64 > tile.rows)
     return false;
   if (kKind == GMLP_KERNEL_GEMM_WGRAD && tile.k_blocks == 0 && accumulate)
     return true;   /* adding zero */
@@ -697,19 +938,6 @@ promote_fp8_stage (float (&acc)[Config<kOps>::kBlockN / 2],
     }
 }
 
-/* Gives back the ring stage a consumer has finished reading, and moves to
- * the next. */
-template <int kStages>
-__device__ __forceinline__ void
-next_stage (uint32_t &stage, uint32_t &phase)
-{
-  if (++stage == kStages)
-    {
-      stage = 0;
-      phase ^= 1;
-    }
-}
-
 template <int kOps, int kKind>
 __device__ __forceinline__ void
 consume (const GemmParams &p, uint8_t *ring, const float *scales, uint64_t *full, uint64_t *empty,
@@ -722,23 +950,42 @@ consume (const GemmParams &p, uint8_t *ring, const float *scales, uint64_t *full
   constexpr int kBlockN = Cfg::kBlockN;
   constexpr int kBlockK = Cfg::kBlockK;
   constexpr int kStages = Cfg::kStages;
-  const uint32_t total = p.tile_begin[p.n_groups];
+  const bool direct = is_direct<kOps, kKind> (p);
+  const uint32_t total = direct ? UINT32_MAX : p.tile_begin[p.n_groups];
   const bool leader = threadIdx.x % 128 == 0;
   const uint32_t ring_address = smem_address (ring);
   uint8_t *slots = reinterpret_cast<uint8_t *> (staging);
-  uint32_t group = 0, stage = 0, phase = 0, acquired = 0xffffffffu;
+  uint32_t stage = 0, phase = 0, acquired = 0xffffffffu;
   float acc[kBlockN / 2];
+  Walk walk;
   Tile tile, next;
+  /* The plan's schedule finds each next tile while the products of one
+   * run (its reads are off the critical path then); the direct one finds
+   * each tile at its start: its walk, beside the FP8 consumer's three sets
+   * of sums, would spill, and its reads of the sizes hit in L1. */
+  bool have_next = !direct && blockIdx.x < total &&
+                   locate_planned<kOps, kKind> (p, blockIdx.x, walk, next);
 
-  if (blockIdx.x < total)
-    locate_tile<kOps, kKind> (p, blockIdx.x, group, next);
-  for (uint32_t t = blockIdx.x; t < total; t += gridDim.x)
+  for (uint32_t t = blockIdx.x;; t += gridDim.x)
     {
       uint32_t held = 0;
-      const GroupWork w = p.groups[next.group];   /* read now, used after the products */
 
-      tile = next;
-      if (leader && tile.group != acquired)
+      if (direct)
+        {
+          if (!locate_tile<kOps, kKind> (p, t, walk, tile))
+            break;
+        }
+      else
+        {
+          if (!have_next)
+            break;
+          tile = next;
+          have_next = false;
+        }
+
+      const GroupWork w = group_work<kOps, kKind> (p, tile);   /* read now, used after the products */
+
+      if (!direct && leader && tile.group != acquired)
         {
           tensormap_acquire (p.maps + kMapsPerGroup * (uint64_t) tile.group + 2);
           acquired = tile.group;
@@ -759,8 +1006,9 @@ consume (const GemmParams &p, uint8_t *ring, const float *scales, uint64_t *full
 
             mbarrier_wait (&full[stage], phase);
             issue_fp8_stage<kOps, kKind> (issue, tile_a, tile_a + Cfg::kTileABytes, half);
-            if (kb == 0 && t + gridDim.x < total)
-              locate_tile<kOps, kKind> (p, t + gridDim.x, group, next);
+            if (kb == 0 && !direct)
+              have_next = t + gridDim.x < total &&
+                          locate_planned<kOps, kKind> (p, t + gridDim.x, walk, next);
             if (kb > 0)
               {
                 wgmma_wait<1> ();
@@ -824,10 +1072,10 @@ consume (const GemmParams &p, uint8_t *ring, const float *scales, uint64_t *full
                   Mma::run (acc, desc_a, desc_b, kb > 0 || s > 0);
                 }
               wgmma_commit ();
-              /* While the first products run, find the next tile: its reads
-               * of the plan are not on the critical path then. */
-              if (kb == 0 && t + gridDim.x < total)
-                locate_tile<kOps, kKind> (p, t + gridDim.x, group, next);
+              /* While the first products run, find the next tile. */
+              if (kb == 0 && !direct)
+                have_next = t + gridDim.x < total &&
+                            locate_planned<kOps, kKind> (p, t + gridDim.x, walk, next);
               /* The stage before this one is no longer read: give it back. */
               wgmma_wait<1> ();
               if (kb > 0 && leader)
@@ -844,8 +1092,9 @@ consume (const GemmParams &p, uint8_t *ring, const float *scales, uint64_t *full
 #pragma unroll
           for (int i = 0; i < kBlockN / 2; i++)
             acc[i] = 0.0f;
-          if (t + gridDim.x < total)
-            locate_tile<kOps, kKind> (p, t + gridDim.x, group, next);
+          if (!direct)
+            have_next = t + gridDim.x < total &&
+                        locate_planned<kOps, kKind> (p, t + gridDim.x, walk, next);
         }
       if constexpr (Cfg::kFp8 && !Cfg::kBlockScaled)
         {
@@ -858,13 +1107,13 @@ consume (const GemmParams &p, uint8_t *ring, const float *scales, uint64_t *full
        * write any of FP32, BF16 and FP16. */
       bool written;
       if (p.c_dtype == GMLP_NUM_FLOAT32)
-        written = write_tile_tma<kKind, GMLP_NUM_FLOAT32, kBlockN> (p, tile, w, acc, slots, half);
+        written = write_tile_tma<kKind, GMLP_NUM_FLOAT32, kBlockN> (p, tile, w, acc, slots, half, direct);
       else if (Cfg::kFp8 ? p.c_dtype == GMLP_NUM_BFLOAT16 : Cfg::kBf16)
-        written = write_tile_tma<kKind, GMLP_NUM_BFLOAT16, kBlockN> (p, tile, w, acc, slots, half);
+        written = write_tile_tma<kKind, GMLP_NUM_BFLOAT16, kBlockN> (p, tile, w, acc, slots, half, direct);
       else
-        written = write_tile_tma<kKind, GMLP_NUM_FLOAT16, kBlockN> (p, tile, w, acc, slots, half);
+        written = write_tile_tma<kKind, GMLP_NUM_FLOAT16, kBlockN> (p, tile, w, acc, slots, half, direct);
       if (!written)
-        write_tile<kKind, kBlockN> (p, tile, acc, staging, half);
+        write_tile<kKind, kBlockN> (p, tile, w, acc, staging, half);
     }
   if (leader)
     bulk_wait_all ();
@@ -898,7 +1147,8 @@ gemm_kernel (const __grid_constant__ GemmParams p)
       mbarrier_init_fence ();
     }
   __syncthreads ();
-  /* Launched as a dependent of the plan: its results are read from here on. */
+  /* Launched as a programmatic dependent (of the plan, or on the direct
+   * schedule of whatever came before): what it wrote is read from here on. */
   grid_dependency_wait ();
 
   if (warpgroup == 0)

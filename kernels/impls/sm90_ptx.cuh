@@ -210,6 +210,21 @@ tma_load_2d (void *dst, const TensorMap *map, uint64_t *bar, int32_t inner, int3
 #endif
 }
 
+/* The same for the box at (inner, outer, plane) of a 3-D tensor: a stack
+ * of matrices (the groups' weights), each box inside one plane. */
+__device__ __forceinline__ void
+tma_load_3d (void *dst, const TensorMap *map, uint64_t *bar, int32_t inner, int32_t outer,
+             int32_t plane)
+{
+#if GMLP_SM90_ENABLED
+  asm volatile ("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                " [%0], [%1, {%3, %4, %5}], [%2];"
+                :: "r" (smem_address (dst)), "l" (map), "r" (smem_address (bar)),
+                   "r" (inner), "r" (outer), "r" (plane)
+                : "memory");
+#endif
+}
+
 /* Stores (or, with kAdd, adds into FP32 or 16-bit float memory) the
  * shared-memory box at (inner, outer) of a 2-D tensor; elements outside the
  * tensor are not written. One bulk group per commit_bulk(). */
