@@ -477,17 +477,19 @@ encode_tiled (void)
 
 /* A row-major [rows × cols] matrix at data, of a 16-bit float dtype,
  * FLOAT32 or an FP8 format (as bytes), read or written in boxes of one
- * 128-byte row segment × box_rows rows with the 128-byte swizzle. */
+ * 128-byte row segment × box_rows rows with the 128-byte swizzle; with
+ * planes > 0, a stack of planes such matrices plane_stride bytes apart
+ * (the groups' B matrices on the direct schedule), boxes inside one. */
 bool
 encode_map (TensorMap *map, const void *data, int64_t rows, int64_t cols, int dtype,
-            uint32_t box_rows)
+            uint32_t box_rows, uint32_t planes = 0, uint64_t plane_stride = 0)
 {
   PFN_cuTensorMapEncodeTiled_v12000 encode = encode_tiled ();
   const uint32_t size = gmlp_num_dtype_size (dtype);
-  const cuuint64_t dims[2] = { (cuuint64_t) cols, (cuuint64_t) (rows > 0 ? rows : 1) };
-  const cuuint64_t strides[1] = { (cuuint64_t) cols * size };
-  const cuuint32_t box[2] = { 128 / size, box_rows };
-  const cuuint32_t element_strides[2] = { 1, 1 };
+  const cuuint64_t dims[3] = { (cuuint64_t) cols, (cuuint64_t) (rows > 0 ? rows : 1), planes };
+  const cuuint64_t strides[2] = { (cuuint64_t) cols * size, plane_stride };
+  const cuuint32_t box[3] = { 128 / size, box_rows, 1 };
+  const cuuint32_t element_strides[3] = { 1, 1, 1 };
   static_assert (sizeof (TensorMap) == sizeof (CUtensorMap), "a tensor map is 128 bytes");
 
   if (encode == nullptr)
@@ -497,33 +499,8 @@ encode_map (TensorMap *map, const void *data, int64_t rows, int64_t cols, int dt
                  dtype == GMLP_NUM_FLOAT16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 :
                  size == 1 ? CU_TENSOR_MAP_DATA_TYPE_UINT8 :
                              CU_TENSOR_MAP_DATA_TYPE_FLOAT32,
-                 2, const_cast<void *> (data), dims, strides, box, element_strides,
-                 CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
-}
-
-/* The same for a stack of planes matrices [rows × cols], plane_stride
- * bytes apart (the groups' B matrices on the direct schedule). */
-bool
-encode_map_3d (TensorMap *map, const void *data, int64_t rows, int64_t cols, uint32_t planes,
-               uint64_t plane_stride, int dtype, uint32_t box_rows)
-{
-  PFN_cuTensorMapEncodeTiled_v12000 encode = encode_tiled ();
-  const uint32_t size = gmlp_num_dtype_size (dtype);
-  const cuuint64_t dims[3] = { (cuuint64_t) cols, (cuuint64_t) rows, planes };
-  const cuuint64_t strides[2] = { (cuuint64_t) cols * size, plane_stride };
-  const cuuint32_t box[3] = { 128 / size, box_rows, 1 };
-  const cuuint32_t element_strides[3] = { 1, 1, 1 };
-
-  if (encode == nullptr)
-    return false;
-  return encode (reinterpret_cast<CUtensorMap *> (map),
-                 dtype == GMLP_NUM_BFLOAT16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 :
-                 dtype == GMLP_NUM_FLOAT16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 :
-                                             CU_TENSOR_MAP_DATA_TYPE_UINT8,
-                 3, const_cast<void *> (data), dims, strides, box, element_strides,
-                 CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                 planes > 0 ? 3 : 2, const_cast<void *> (data), dims, strides, box,
+                 element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                  CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
@@ -650,6 +627,27 @@ block_n_of (const GmlpKernelDeviceGemm *g)
   return gmlp_num_dtype_is_fp8 (g->ab_dtype) ? Config<kOpsE4m3E4m3>::kBlockN : Config<kOpsBf16>::kBlockN;
 }
 
+/* How FPROP and DGRAD read each group's B matrix (the weight): W_i (n × k)
+ * K-major in block_n-row boxes for FPROP, in MN-major chunks of 64 rows
+ * for 16-bit DGRAD; FP8 DGRAD's Wᵀ_i (k × n), K-major. */
+struct WeightLayout
+{
+  int64_t  rows;
+  int64_t  cols;
+  uint32_t box_rows;
+};
+
+WeightLayout
+weight_layout (const GmlpKernelDeviceGemm *g)
+{
+  const bool fp8 = gmlp_num_dtype_is_fp8 (g->ab_dtype);
+  const bool dgrad = g->kind == GMLP_KERNEL_GEMM_DGRAD;
+
+  if (dgrad && fp8)
+    return { g->k, g->n, (uint32_t) block_n_of (g) };
+  return { g->n, g->k, dgrad ? (uint32_t) Config<kOpsBf16>::kBlockK : (uint32_t) block_n_of (g) };
+}
+
 uint64_t
 tile_bound (const GmlpKernelDeviceGemm *g)
 {
@@ -670,15 +668,11 @@ bool
 direct_schedule (const GmlpKernelDeviceGemm *g, DirectSchedule *d)
 {
   const bool fp8 = gmlp_num_dtype_is_fp8 (g->ab_dtype);
-  const bool dgrad = g->kind == GMLP_KERNEL_GEMM_DGRAD;
   const Extents e = extents_of (g);
   const int b_dtype = fp8 ? g->b_dtype : g->ab_dtype;
   const uint64_t a_row_bytes = (uint64_t) e.a_cols * gmlp_num_dtype_size (g->ab_dtype);
   const uint64_t c_row_bytes = (uint64_t) e.out_cols * gmlp_num_dtype_size (g->c_dtype);
-  /* B as the FPROP and DGRAD templates of the plan read it. */
-  const int64_t b_rows = dgrad && fp8 ? g->k : g->n;
-  const int64_t b_cols = dgrad && fp8 ? g->n : g->k;
-  const uint32_t b_box_rows = dgrad && !fp8 ? Config<kOpsBf16>::kBlockK : block_n_of (g);
+  const WeightLayout b = weight_layout (g);   /* as the plan's template reads it */
   uint64_t b_stride, bias_stride = 0, a_scale_stride = 0, b_scale_stride = 0;
 
   if (plan_forced () || g->kind == GMLP_KERNEL_GEMM_WGRAD || blockwise (g) ||
@@ -691,15 +685,15 @@ direct_schedule (const GmlpKernelDeviceGemm *g, DirectSchedule *d)
                !equally_spaced ((const void * const *) g->b_scale_inv, g->n_groups, &b_scale_stride))))
     return false;
   if (g->n_groups == 1)
-    b_stride = (uint64_t) b_rows * (uint64_t) b_cols * gmlp_num_dtype_size (b_dtype);
+    b_stride = (uint64_t) b.rows * (uint64_t) b.cols * gmlp_num_dtype_size (b_dtype);
   if (b_stride == 0 || b_stride % 16 != 0)
     return false;
 
   memset (d, 0, sizeof *d);
   if (!encode_map (&d->a, g->a, g->row_capacity, e.a_cols, g->ab_dtype, kBlockM) ||
       !encode_map (&d->c, g->c_rows, g->row_capacity, e.out_cols, g->c_dtype, 64) ||
-      !encode_map_3d (&d->b, g->weight[0], b_rows, b_cols, g->n_groups, b_stride, b_dtype,
-                      b_box_rows))
+      !encode_map (&d->b, g->weight[0], b.rows, b.cols, b_dtype, b.box_rows, g->n_groups,
+                   b_stride))
     return false;
   d->device_rows = g->device_rows;
   d->capacity = g->row_capacity;
@@ -984,15 +978,10 @@ gmlp_kernel_device_gemm_sm90 (const GmlpKernelDeviceGemm *gemm,
     }
   else
     {
-      /* B: W_i (n × k), K-major in block_n-row boxes for FPROP, MN-major
-       * chunks for 16-bit DGRAD; FP8 DGRAD's Wᵀ_i (k × n), K-major. */
-      const bool dgrad = gemm->kind == GMLP_KERNEL_GEMM_DGRAD;
-      const bool transposed_copy = dgrad && fp8;
+      const WeightLayout b = weight_layout (gemm);
 
       if (!encode_map (&plan.template_a, gemm->a, 1, e.a_cols, gemm->ab_dtype, kBlockM) ||
-          !encode_map (&plan.template_b, gemm->weight[0], transposed_copy ? gemm->k : gemm->n,
-                       transposed_copy ? gemm->n : gemm->k, b_dtype,
-                       dgrad && !fp8 ? block_k : block_n))
+          !encode_map (&plan.template_b, gemm->weight[0], b.rows, b.cols, b_dtype, b.box_rows))
         return GMLP_KERNEL_LAUNCH_FAILED;
     }
 

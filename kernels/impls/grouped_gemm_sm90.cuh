@@ -185,8 +185,8 @@ struct GemmParams
 };
 
 /* The tile schedule both roles follow: tile t of the whole list, found in
- * its group by walking forwards (each CTA's tiles only ever increase). */
-/* All 32-bit: rows, columns and coordinates are below kMaxExtent (the
+ * its group by walking forwards (each CTA's tiles only ever increase).
+ * All 32-bit: rows, columns and coordinates are below kMaxExtent (the
  * host's check), and two tiles are live across the main loop, beside the
  * consumer's accumulators. */
 struct Tile
@@ -965,6 +965,12 @@ consume (const GemmParams &p, uint8_t *ring, const float *scales, uint64_t *full
    * of sums, would spill, and its reads of the sizes hit in L1. */
   bool have_next = !direct && blockIdx.x < total &&
                    locate_planned<kOps, kKind> (p, blockIdx.x, walk, next);
+  auto find_next = [&] (uint32_t t)
+  {
+    if (!direct)
+      have_next = t + gridDim.x < total &&
+                  locate_planned<kOps, kKind> (p, t + gridDim.x, walk, next);
+  };
 
   for (uint32_t t = blockIdx.x;; t += gridDim.x)
     {
@@ -1006,9 +1012,8 @@ consume (const GemmParams &p, uint8_t *ring, const float *scales, uint64_t *full
 
             mbarrier_wait (&full[stage], phase);
             issue_fp8_stage<kOps, kKind> (issue, tile_a, tile_a + Cfg::kTileABytes, half);
-            if (kb == 0 && !direct)
-              have_next = t + gridDim.x < total &&
-                          locate_planned<kOps, kKind> (p, t + gridDim.x, walk, next);
+            if (kb == 0)
+              find_next (t);
             if (kb > 0)
               {
                 wgmma_wait<1> ();
@@ -1073,9 +1078,8 @@ consume (const GemmParams &p, uint8_t *ring, const float *scales, uint64_t *full
                 }
               wgmma_commit ();
               /* While the first products run, find the next tile. */
-              if (kb == 0 && !direct)
-                have_next = t + gridDim.x < total &&
-                            locate_planned<kOps, kKind> (p, t + gridDim.x, walk, next);
+              if (kb == 0)
+                find_next (t);
               /* The stage before this one is no longer read: give it back. */
               wgmma_wait<1> ();
               if (kb > 0 && leader)
@@ -1092,9 +1096,7 @@ consume (const GemmParams &p, uint8_t *ring, const float *scales, uint64_t *full
 #pragma unroll
           for (int i = 0; i < kBlockN / 2; i++)
             acc[i] = 0.0f;
-          if (!direct)
-            have_next = t + gridDim.x < total &&
-                        locate_planned<kOps, kKind> (p, t + gridDim.x, walk, next);
+          find_next (t);
         }
       if constexpr (Cfg::kFp8 && !Cfg::kBlockScaled)
         {
