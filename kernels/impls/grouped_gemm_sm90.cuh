@@ -406,10 +406,7 @@ group_work (const GemmParams &p, const Tile &tile)
       w.c = d.c_data + (uint64_t) tile.row_base * d.c_row_bytes;
       w.bias = d.bias != nullptr ? d.bias + tile.group * d.bias_stride : nullptr;
       w.rows = tile.rows;
-      w.scale = 1.0f;
-      if (Config<kOps>::kFp8)
-        w.scale = *reinterpret_cast<const float *> (d.a_scale + tile.group * d.a_scale_stride) *
-                  *reinterpret_cast<const float *> (d.b_scale + tile.group * d.b_scale_stride);
+      w.scale = 1.0f;   /* per-tensor FP8: the consumer loads the scales (consume()) */
       return w;
     }
   return p.groups[tile.group];
@@ -868,8 +865,7 @@ struct MmaOf<kOps, kKind, true>
  * while these run. */
 template <int kOps, int kKind>
 __device__ __forceinline__ void
-issue_fp8_stage (float (&part)[Config<kOps>::kBlockN / 2], uint32_t tile_a, uint32_t tile_b,
-                 int half)
+issue_fp8_stage (float (&part)[Config<kOps>::kBlockN / 2], uint64_t desc_a, uint64_t desc_b)
 {
   using Cfg = Config<kOps>;
   using Mma = typename MmaOf<kOps, kKind>::Type;
@@ -877,13 +873,13 @@ issue_fp8_stage (float (&part)[Config<kOps>::kBlockN / 2], uint32_t tile_a, uint
   wgmma_fence ();
 #pragma unroll
   for (int s = 0; s < Cfg::kBlockK / Cfg::kMmaK; s++)
-    Mma::run (part, smem_descriptor (tile_a + half * 64 * 128 + s * 32, 0),
-              smem_descriptor (tile_b + s * 32, 0), s > 0);
+    Mma::run (part, descriptor_plus (desc_a, s * 32), descriptor_plus (desc_b, s * 32), s > 0);
   wgmma_commit ();
 }
 
 /* FP8: the promotion of ring stage stage, whose products have landed in
- * part: acc (+)= part in FP32, times the stage's scales of each result's
+ * part: acc += part in FP32 (acc starts each tile at zero, so that every
+ * promotion is the same adds), times the stage's scales of each result's
  * row and column with blockwise scales (its slot holds A's rows, then B's
  * columns for WGRAD or B's one tile scale; this thread holds rows frag_row
  * and frag_row + 8 of its half, columns 8 j + 2 (lane % 4) + {0, 1}).
@@ -892,7 +888,7 @@ template <int kOps, int kKind>
 __device__ __forceinline__ void
 promote_fp8_stage (float (&acc)[Config<kOps>::kBlockN / 2],
                    float (&part)[Config<kOps>::kBlockN / 2], const float *scales,
-                   uint64_t *empty, uint32_t stage, int half, bool first)
+                   uint64_t *empty, uint32_t stage, int half)
 {
   constexpr int kBlockN = Config<kOps>::kBlockN;
   const float *slot = scales + stage * Config<kOps>::kScaleSlot;
@@ -918,8 +914,8 @@ promote_fp8_stage (float (&acc)[Config<kOps>::kBlockN / 2],
             {
               const int i = 4 * j + 2 * h;
 
-              acc[i] = first ? part[i] * (a[h] * b.x) : fmaf (part[i], a[h] * b.x, acc[i]);
-              acc[i + 1] = first ? part[i + 1] * (a[h] * b.y) : fmaf (part[i + 1], a[h] * b.y, acc[i + 1]);
+              acc[i] = fmaf (part[i], a[h] * b.x, acc[i]);
+              acc[i + 1] = fmaf (part[i + 1], a[h] * b.y, acc[i + 1]);
             }
         }
       /* Each warp gives the stage back once all its lanes have read its
@@ -934,7 +930,7 @@ promote_fp8_stage (float (&acc)[Config<kOps>::kBlockN / 2],
         mbarrier_arrive (&empty[stage]);
 #pragma unroll
       for (int i = 0; i < kBlockN / 2; i++)
-        acc[i] = first ? part[i] : acc[i] + part[i];
+        acc[i] += part[i];
     }
 }
 
@@ -954,6 +950,12 @@ consume (const GemmParams &p, uint8_t *ring, const float *scales, uint64_t *full
   const uint32_t total = direct ? UINT32_MAX : p.tile_begin[p.n_groups];
   const bool leader = threadIdx.x % 128 == 0;
   const uint32_t ring_address = smem_address (ring);
+  /* The wgmma descriptors of ring stage 0: this consumer's half of A's
+   * tile (K-major: 64 rows further; MN-major: one chunk further) and B's.
+   * A stage's are these plus its offset. */
+  const uint64_t desc_a0 = smem_descriptor (ring_address + (kTransA ? half * kChunkBytes : half * 64 * 128),
+                                            kTransA ? kChunkBytes : 0);
+  const uint64_t desc_b0 = smem_descriptor (ring_address + Cfg::kTileABytes, kTransB ? kChunkBytes : 0);
   uint8_t *slots = reinterpret_cast<uint8_t *> (staging);
   uint32_t stage = 0, phase = 0, acquired = 0xffffffffu;
   float acc[kBlockN / 2];
@@ -990,6 +992,19 @@ consume (const GemmParams &p, uint8_t *ring, const float *scales, uint64_t *full
         }
 
       const GroupWork w = group_work<kOps, kKind> (p, tile);   /* read now, used after the products */
+      /* Per-tensor FP8 on the direct schedule: the group's scale inverses,
+       * loaded now and multiplied only after the products. (Their product
+       * right away made the warp's first wgmma wait for the loads: a fifth
+       * of small-e64's stall samples.) */
+      float scale_a = 1.0f, scale_b = 1.0f;
+      if constexpr (Cfg::kFp8 && !Cfg::kBlockScaled)
+        {
+          if (direct)
+            {
+              scale_a = *reinterpret_cast<const float *> (p.direct.a_scale + tile.group * p.direct.a_scale_stride);
+              scale_b = *reinterpret_cast<const float *> (p.direct.b_scale + tile.group * p.direct.b_scale_stride);
+            }
+        }
 
       if (!direct && leader && tile.group != acquired)
         {
@@ -1008,16 +1023,15 @@ consume (const GemmParams &p, uint8_t *ring, const float *scales, uint64_t *full
           float part_even[kBlockN / 2], part_odd[kBlockN / 2];
           auto step = [&] (float (&issue)[kBlockN / 2], float (&ready)[kBlockN / 2], uint32_t kb)
           {
-            const uint32_t tile_a = ring_address + stage * Cfg::kStageBytes;
-
             mbarrier_wait (&full[stage], phase);
-            issue_fp8_stage<kOps, kKind> (issue, tile_a, tile_a + Cfg::kTileABytes, half);
+            issue_fp8_stage<kOps, kKind> (issue, descriptor_plus (desc_a0, stage * Cfg::kStageBytes),
+                                          descriptor_plus (desc_b0, stage * Cfg::kStageBytes));
             if (kb == 0)
               find_next (t);
             if (kb > 0)
               {
                 wgmma_wait<1> ();
-                promote_fp8_stage<kOps, kKind> (acc, ready, scales, empty, held, half, kb == 1);
+                promote_fp8_stage<kOps, kKind> (acc, ready, scales, empty, held, half);
               }
             held = stage;
             next_stage<kStages> (stage, phase);
@@ -1029,6 +1043,9 @@ consume (const GemmParams &p, uint8_t *ring, const float *scales, uint64_t *full
            * then wait for every wgmma as soon as it was issued. */
           const uint32_t k_blocks = tile.k_blocks;
 
+#pragma unroll
+          for (int i = 0; i < kBlockN / 2; i++)
+            acc[i] = 0.0f;
           if (k_blocks > 0)
             {
               uint32_t kb = 0;
@@ -1039,15 +1056,14 @@ consume (const GemmParams &p, uint8_t *ring, const float *scales, uint64_t *full
                   if (++kb == k_blocks)
                     {
                       wgmma_wait<0> ();
-                      promote_fp8_stage<kOps, kKind> (acc, part_even, scales, empty, held, half,
-                                                      kb == 1);
+                      promote_fp8_stage<kOps, kKind> (acc, part_even, scales, empty, held, half);
                       break;
                     }
                   step (part_odd, part_even, kb);
                   if (++kb == k_blocks)
                     {
                       wgmma_wait<0> ();
-                      promote_fp8_stage<kOps, kKind> (acc, part_odd, scales, empty, held, half, false);
+                      promote_fp8_stage<kOps, kKind> (acc, part_odd, scales, empty, held, half);
                       break;
                     }
                 }
@@ -1057,8 +1073,8 @@ consume (const GemmParams &p, uint8_t *ring, const float *scales, uint64_t *full
         {
           for (uint32_t kb = 0; kb < tile.k_blocks; kb++)
             {
-              const uint32_t tile_a = ring_address + stage * Cfg::kStageBytes;
-              const uint32_t tile_b = tile_a + Cfg::kTileABytes;
+              const uint64_t desc_a = descriptor_plus (desc_a0, stage * Cfg::kStageBytes);
+              const uint64_t desc_b = descriptor_plus (desc_b0, stage * Cfg::kStageBytes);
 
               mbarrier_wait (&full[stage], phase);
               wgmma_fence ();
@@ -1067,14 +1083,8 @@ consume (const GemmParams &p, uint8_t *ring, const float *scales, uint64_t *full
                 {
                   /* K-major: 16 elements further along the 128-byte row.
                    * MN-major: 16 rows further down each chunk. */
-                  const uint64_t desc_a = kTransA ?
-                    smem_descriptor (tile_a + half * kChunkBytes + s * 16 * 128, kChunkBytes) :
-                    smem_descriptor (tile_a + half * 64 * 128 + s * 32, 0);
-                  const uint64_t desc_b = kTransB ?
-                    smem_descriptor (tile_b + s * 16 * 128, kChunkBytes) :
-                    smem_descriptor (tile_b + s * 32, 0);
-
-                  Mma::run (acc, desc_a, desc_b, kb > 0 || s > 0);
+                  Mma::run (acc, descriptor_plus (desc_a, kTransA ? s * 16 * 128 : s * 32),
+                            descriptor_plus (desc_b, kTransB ? s * 16 * 128 : s * 32), kb > 0 || s > 0);
                 }
               wgmma_commit ();
               /* While the first products run, find the next tile. */
@@ -1100,9 +1110,13 @@ consume (const GemmParams &p, uint8_t *ring, const float *scales, uint64_t *full
         }
       if constexpr (Cfg::kFp8 && !Cfg::kBlockScaled)
         {
+          /* Keeps the compiler from computing the scale any earlier. */
+          asm volatile ("" : "+f" (scale_a), "+f" (scale_b));
+          const float scale = w.scale * scale_a * scale_b;
+
 #pragma unroll
           for (int i = 0; i < kBlockN / 2; i++)
-            acc[i] *= w.scale;
+            acc[i] *= scale;
         }
 
       /* C is FP32 or the operands' dtype (the host check); FP8 products
@@ -1134,7 +1148,10 @@ gemm_kernel (const __grid_constant__ GemmParams p)
                                                  kConsumers * kEpilogueBytes);
   uint64_t *empty = full + Cfg::kStages;
   float *scales = reinterpret_cast<float *> (empty + Cfg::kStages);
-  const int warpgroup = threadIdx.x / 128;
+  /* Broadcast, so that the compiler knows it is the same across a warp
+   * and keeps what derives from it (the consumers' wgmma descriptors) in
+   * uniform registers. */
+  const int warpgroup = __shfl_sync (0xffffffffu, threadIdx.x / 128, 0);
 
   if (threadIdx.x == 0)
     {

@@ -362,5 +362,18 @@ smem_descriptor (uint32_t address, uint32_t leading_bytes)
   return desc;
 }
 
+/* The descriptor of the tile bytes further on in shared memory (a
+ * multiple of 16) than desc's: only the low word's address field changes,
+ * and it cannot carry out, shared memory ending below 256 KiB. One add,
+ * where building each descriptor from its address took five
+ * instructions. */
+__device__ __forceinline__ uint64_t
+descriptor_plus (uint64_t desc, uint32_t bytes)
+{
+  const uint32_t low = (uint32_t) desc + (bytes >> 4);
+
+  return (desc & 0xffffffff00000000ull) | low;
+}
+
 }  // namespace sm90
 }  // namespace gmlp
