@@ -94,7 +94,9 @@ enum Operands
  * one 128-deep block of the scales: the promotion multiplies it by the
  * scales of its rows (A) and of its 128 × 128 tile or columns (B), which
  * the producer warp copies beside the operands (kScaleSlot floats a
- * stage); they take the room of one stage of the ring. */
+ * stage); they take the room of one stage of the ring. Per-tensor FP8 on
+ * the direct schedule: the first stage of a tile brings its group's two
+ * scale inverses the same way. */
 template <int kOps>
 struct Config
 {
@@ -107,7 +109,7 @@ struct Config
   static constexpr int kBlockK = kFp8 ? 128 : 64;    /* reduction elements of a stage */
   static constexpr int kMmaK = kFp8 ? 32 : 16;       /* of one wgmma */
   static constexpr int kStages = kBlockScaled ? 5 : kFp8 ? 6 : 4;
-  static constexpr int kScaleSlot = kBlockScaled ? kBlockM + kBlockN : 0;
+  static constexpr int kScaleSlot = kBlockScaled ? kBlockM + kBlockN : kFp8 ? 2 : 0;
   static constexpr uint32_t kTileABytes = kBlockM * 128;
   static constexpr uint32_t kTileBBytes = kBlockN * 128;
   static constexpr uint32_t kStageBytes = kTileABytes + kTileBBytes;
@@ -226,6 +228,16 @@ is_direct (const GemmParams &p)
     return p.use_direct != 0;
   else
     return false;
+}
+
+/* Whether the producer copies each tile's per-tensor FP8 scale inverses
+ * into the slot of its first stage (the direct schedule; the plan's
+ * GroupWork holds their product). */
+template <int kOps, int kKind>
+__device__ __forceinline__ bool
+copies_tile_scales (const GemmParams &p)
+{
+  return Config<kOps>::kFp8 && !Config<kOps>::kBlockScaled && is_direct<kOps, kKind> (p);
 }
 
 /* The direct schedule's size of group g, clamped to [0, capacity]. */
@@ -391,25 +403,21 @@ locate_tile (const GemmParams &p, uint32_t t, Walk &walk, Tile &tile)
   return true;
 }
 
-/* What the epilogue needs of a tile's group: the plan's GroupWork, or the
- * direct schedule's equivalent (the group's C from its first row; FPROP
- * and DGRAD never accumulate). */
+/* What the epilogue needs of a tile's group on the direct schedule, where
+ * the plan has it in its GroupWork: the group's C from its first row;
+ * FPROP and DGRAD never accumulate. */
 template <int kOps, int kKind>
 __device__ __forceinline__ GroupWork
 group_work (const GemmParams &p, const Tile &tile)
 {
-  if (is_direct<kOps, kKind> (p))
-    {
-      const DirectSchedule &d = p.direct;
-      GroupWork w = {};
+  const DirectSchedule &d = p.direct;
+  GroupWork w = {};
 
-      w.c = d.c_data + (uint64_t) tile.row_base * d.c_row_bytes;
-      w.bias = d.bias != nullptr ? d.bias + tile.group * d.bias_stride : nullptr;
-      w.rows = tile.rows;
-      w.scale = 1.0f;   /* per-tensor FP8: the consumer loads the scales (consume()) */
-      return w;
-    }
-  return p.groups[tile.group];
+  w.c = d.c_data + (uint64_t) tile.row_base * d.c_row_bytes;
+  w.bias = d.bias != nullptr ? d.bias + tile.group * d.bias_stride : nullptr;
+  w.rows = tile.rows;
+  w.scale = 1.0f;   /* per-tensor FP8: the scales come with the tile's first stage */
+  return w;
 }
 
 /* Whether A and B arrive MN-major (16-bit DGRAD and WGRAD). FP8 operands
@@ -532,6 +540,20 @@ produce (const GemmParams &p, uint8_t *ring, float *scales, uint64_t *full, uint
             {
               /* Every lane arrives once its scales have landed. */
               copy_stage_scales<kKind> (p, tile, work, kb, scales + stage * Cfg::kScaleSlot);
+              cp_async_arrive (&full[stage]);
+            }
+          else if (copies_tile_scales<kOps, kKind> (p) && leader)
+            {
+              /* The consumers would otherwise load them at the tile's
+               * start and wait there for the loads. */
+              if (kb == 0)
+                {
+                  const DirectSchedule &d = p.direct;
+
+                  cp_async_4 (scales + stage * Cfg::kScaleSlot, d.a_scale + tile.group * d.a_scale_stride);
+                  cp_async_4 (scales + stage * Cfg::kScaleSlot + 1,
+                              d.b_scale + tile.group * d.b_scale_stride);
+                }
               cp_async_arrive (&full[stage]);
             }
           /* One lane issues the copies; the others only help locate tiles
@@ -967,12 +989,31 @@ consume (const GemmParams &p, uint8_t *ring, const float *scales, uint64_t *full
    * of sums, would spill, and its reads of the sizes hit in L1. */
   bool have_next = !direct && blockIdx.x < total &&
                    locate_planned<kOps, kKind> (p, blockIdx.x, walk, next);
+  GroupWork next_work = {};
+  /* With the next tile, its GroupWork and its C map's acquire: at the
+   * tile's start the warp waited there for them. */
+  auto prepare_next = [&] ()
+  {
+    next_work = p.groups[next.group];
+    if (leader && next.group != acquired)
+      {
+        tensormap_acquire (p.maps + kMapsPerGroup * (uint64_t) next.group + 2);
+        acquired = next.group;
+      }
+  };
   auto find_next = [&] (uint32_t t)
   {
     if (!direct)
-      have_next = t + gridDim.x < total &&
-                  locate_planned<kOps, kKind> (p, t + gridDim.x, walk, next);
+      {
+        have_next = t + gridDim.x < total &&
+                    locate_planned<kOps, kKind> (p, t + gridDim.x, walk, next);
+        if (have_next)
+          prepare_next ();
+      }
   };
+
+  if (have_next)
+    prepare_next ();
 
   for (uint32_t t = blockIdx.x;; t += gridDim.x)
     {
@@ -991,26 +1032,12 @@ consume (const GemmParams &p, uint8_t *ring, const float *scales, uint64_t *full
           have_next = false;
         }
 
-      const GroupWork w = group_work<kOps, kKind> (p, tile);   /* read now, used after the products */
+      const GroupWork w = direct ? group_work<kOps, kKind> (p, tile) : next_work;
       /* Per-tensor FP8 on the direct schedule: the group's scale inverses,
-       * loaded now and multiplied only after the products. (Their product
-       * right away made the warp's first wgmma wait for the loads: a fifth
+       * which the tile's first stage brings. (Loaded here from global
+       * memory, the warp waited for them before its first wgmma: a fifth
        * of small-e64's stall samples.) */
       float scale_a = 1.0f, scale_b = 1.0f;
-      if constexpr (Cfg::kFp8 && !Cfg::kBlockScaled)
-        {
-          if (direct)
-            {
-              scale_a = *reinterpret_cast<const float *> (p.direct.a_scale + tile.group * p.direct.a_scale_stride);
-              scale_b = *reinterpret_cast<const float *> (p.direct.b_scale + tile.group * p.direct.b_scale_stride);
-            }
-        }
-
-      if (!direct && leader && tile.group != acquired)
-        {
-          tensormap_acquire (p.maps + kMapsPerGroup * (uint64_t) tile.group + 2);
-          acquired = tile.group;
-        }
 
       if constexpr (Cfg::kFp8)
         {
@@ -1027,7 +1054,14 @@ consume (const GemmParams &p, uint8_t *ring, const float *scales, uint64_t *full
             issue_fp8_stage<kOps, kKind> (issue, descriptor_plus (desc_a0, stage * Cfg::kStageBytes),
                                           descriptor_plus (desc_b0, stage * Cfg::kStageBytes));
             if (kb == 0)
-              find_next (t);
+              {
+                find_next (t);
+                if (copies_tile_scales<kOps, kKind> (p))
+                  {
+                    scale_a = scales[stage * Cfg::kScaleSlot];
+                    scale_b = scales[stage * Cfg::kScaleSlot + 1];
+                  }
+              }
             if (kb > 0)
               {
                 wgmma_wait<1> ();
@@ -1110,8 +1144,6 @@ consume (const GemmParams &p, uint8_t *ring, const float *scales, uint64_t *full
         }
       if constexpr (Cfg::kFp8 && !Cfg::kBlockScaled)
         {
-          /* Keeps the compiler from computing the scale any earlier. */
-          asm volatile ("" : "+f" (scale_a), "+f" (scale_b));
           const float scale = w.scale * scale_a * scale_b;
 
 #pragma unroll
@@ -1157,10 +1189,12 @@ gemm_kernel (const __grid_constant__ GemmParams p)
     {
       /* Blockwise scales: a stage is full once the producer's 32 lanes'
        * copies of its scales have landed and its leader has armed it for
-       * the operands' bytes; the consumers' 8 warps give it back. */
+       * the operands' bytes (copied per-tensor scales: its leader's copies
+       * and bytes); the consumers' 8 warps give it back. */
       for (int s = 0; s < Cfg::kStages; s++)
         {
-          mbarrier_init (&full[s], Cfg::kBlockScaled ? 32 + 1 : 1);
+          mbarrier_init (&full[s], Cfg::kBlockScaled ? 32 + 1 :
+                                   copies_tile_scales<kOps, kKind> (p) ? 2 : 1);
           mbarrier_init (&empty[s], Cfg::kBlockScaled ? 4 * kConsumers : kConsumers);
         }
       mbarrier_init_fence ();
