@@ -801,6 +801,192 @@ quantize_tile_blockwise (const GroupedQuantizeParams &p,
   write_columnwise_tile (staged, columnwise, place.rows, r0, c0, tr, tc);
 }
 
+/* Where an MX block has the NaN scale (a NaN or an infinity among its
+ * values), its multiplier is a NaN: the byte gmlp_quant_encode() gives x
+ * then, the NaN scale's 0x7f or x's own NaN. */
+__device__ __forceinline__ uint32_t
+nan_block_byte (float x)
+{
+  const uint32_t u = __float_as_uint (x);
+
+  return (u & 0x7fffffffu) > GMLP_QUANT_INF_BITS ? ((u >> 24) & 0x80u) | 0x7fu : 0x7fu;
+}
+
+/* encode_pair() with MX multipliers, a NaN one standing for a NaN block. */
+__device__ __forceinline__ uint32_t
+encode_pair_mx (float a, float b, float multiplier_a, float multiplier_b, int fp8_dtype)
+{
+  uint32_t pair = encode_pair (a, b, multiplier_a, multiplier_b, fp8_dtype);
+
+  if (isnan (multiplier_a))
+    pair = (pair & 0xff00u) | nan_block_byte (a);
+  if (isnan (multiplier_b))
+    pair = (pair & 0x00ffu) | (nan_block_byte (b) << 8);
+  return pair;
+}
+
+/* An MX block's scale and the multiplier its values are encoded with (a
+ * NaN for the NaN scale). */
+__device__ __forceinline__ float
+mx_multiplier (const GmlpQuantBlockScale &s)
+{
+  return s.nan_block ? __uint_as_float (0x7fffffffu) : s.multiplier;
+}
+
+/* Staging of the MX path, after the staged bytes: each warp's partial
+ * amaxes of the copy's 32 × 1 blocks (4 down a tile) and their
+ * multipliers. */
+constexpr int kQuantMxBlocksDown = kQuantTile / kGmlpQuantMxBlock;
+constexpr size_t kQuantMxStagingBytes = kQuantByteTileBytes +
+                                       sizeof (uint32_t) * kQuantWarps * kQuantMxBlocksDown * kQuantTile +
+                                       sizeof (float) * kQuantMxBlocksDown * kQuantTile;
+
+static_assert (kQuantMxStagingBytes <= kQuantTileBytes, "the MX path stages within the block recipes' tile");
+
+/* Whether quantize_tile_mx() takes the tiles: MXFP8 over whole 16-byte
+ * units, the columnwise copy (if any) with scales of its own. */
+__device__ __forceinline__ bool
+mx_fast_path (const GroupedQuantizeParams &p)
+{
+  return p.recipe == GMLP_QUANT_MXFP8 && p.vector_ok && p.block_rows == 1 &&
+         p.block_cols == kGmlpQuantMxBlock &&
+         (p.columnwise == nullptr ||
+          (p.columnwise_scale_inv != nullptr && p.col_block_rows == kGmlpQuantMxBlock && p.col_block_cols == 1));
+}
+
+/* One tile of MXFP8 where rows are whole 16-byte units: from the registers
+ * the tile was loaded into, as the blockwise path. A row's 1 × 32 blocks
+ * are four lanes' chunks (a reduction over those lanes); the columnwise
+ * copy's 32 × 1 blocks are two chunks of one thread down each column in
+ * every warp, reduced through shared memory. Same scales and bytes as
+ * quantize_tile_blocks(). Every thread must call it. */
+template <typename Source>
+__device__ __forceinline__ void
+quantize_tile_mx (const GroupedQuantizeParams &p,
+                  const Source                &source,
+                  const GroupPlace            &place,
+                  int64_t                      r0,
+                  int64_t                      c0,
+                  int                          tr,
+                  int                          tc,
+                  uint8_t                     *staged,
+                  uint32_t                    *scratch)
+{
+  constexpr int kChunks = kQuantTile * kQuantTile / 8 / kQuantThreads;
+  static_assert (kChunks == 2 * kQuantMxBlocksDown && kGmlpQuantMxBlock == 32,
+                 "chunks 2j and 2j + 1 of a thread lie in block j down its columns");
+  /* After the staged bytes (kQuantMxStagingBytes in all). */
+  uint32_t (*const col_amax)[kQuantMxBlocksDown][kQuantTile] =
+    (uint32_t (*)[kQuantMxBlocksDown][kQuantTile]) (staged + kQuantByteTileBytes);
+  float (*const col_multiplier)[kQuantTile] = (float (*)[kQuantTile]) (col_amax + kQuantWarps);
+  const int64_t k = p.cols;
+  const int c = chunk_col ();
+  const int warp = threadIdx.x / 32;
+  const uint8_t *src = p.src + place.offset[kLayoutSrc];
+  uint8_t *const data = p.data + place.offset[kLayoutData];
+  uint8_t *const scales = p.scale_inv + place.offset[kLayoutScale];
+  uint8_t *const columnwise = p.columnwise != nullptr ? p.columnwise + place.offset[kLayoutData] : nullptr;
+  typename Source::Chunk chunks[kChunks];
+  uint32_t column[8];
+
+#pragma unroll
+  for (int i = 0; i < kChunks; i++)
+    if (chunk_row (i) < tr && c < tc)
+      chunks[i] = source.load8 (src, k, r0 + chunk_row (i), c0 + c);
+
+  /* The rowwise blocks: amax, scale and values, chunk by chunk; and the
+   * copy's 32 × 1 blocks folded over each pair of chunks, then over the
+   * warp's two half-warps, into the warp's partial amaxes. */
+#pragma unroll
+  for (int i = 0; i < kChunks; i++)
+    {
+      const int r = chunk_row (i);
+      const bool in = r < tr && c < tc;
+      uint32_t amax = 0;
+      float v[8];
+
+      if (i % 2 == 0)
+#pragma unroll
+        for (int e = 0; e < 8; e++)
+          column[e] = 0;
+      if (in)
+        {
+          source.values8 (chunks[i], v);
+#pragma unroll
+          for (int e = 0; e < 8; e++)
+            {
+              amax = gmlp_quant_amax_fold_mx (amax, v[e]);
+              column[e] = gmlp_quant_amax_fold_mx (column[e], v[e]);
+            }
+        }
+      if (i % 2 == 1 && columnwise != nullptr)
+#pragma unroll
+        for (int e = 0; e < 8; e++)
+          {
+            const uint32_t other = __shfl_xor_sync (0xffffffffu, column[e], 16);
+
+            if (threadIdx.x % 32 < 16)
+              col_amax[warp][i / 2][c + e] = other > column[e] ? other : column[e];
+          }
+      const GmlpQuantBlockScale s = gmlp_quant_block_scale (p.recipe, p.flags, p.fp8_dtype,
+                                                            warp_max<4> (amax), 0.0f);
+      const float m = mx_multiplier (s);
+
+      if (!in)
+        continue;
+      if (threadIdx.x % 4 == 0)
+        store_scale (scales, (r0 + r) * p.scale_cols + (c0 + c) / kGmlpQuantMxBlock, p.scale_size, s);
+
+      uint2 bytes;
+
+      bytes.x = encode_pair_mx (v[0], v[1], m, m, p.fp8_dtype) |
+                (encode_pair_mx (v[2], v[3], m, m, p.fp8_dtype) << 16);
+      bytes.y = encode_pair_mx (v[4], v[5], m, m, p.fp8_dtype) |
+                (encode_pair_mx (v[6], v[7], m, m, p.fp8_dtype) << 16);
+      *(uint2 *) (data + (uint64_t) (r0 + r) * (uint64_t) k + (uint64_t) (c0 + c)) = bytes;
+    }
+  if (columnwise == nullptr)
+    return;
+
+  /* The copy's blocks: a block's amax over the warps, its scale and
+   * multiplier. */
+  __syncthreads ();
+  for (int b = threadIdx.x; b < kQuantMxBlocksDown * kQuantTile; b += kQuantThreads)
+    {
+      const int j = b / kQuantTile, col = b % kQuantTile;
+      uint32_t amax = 0;
+
+      for (int w = 0; w < kQuantWarps; w++)
+        amax = col_amax[w][j][col] > amax ? col_amax[w][j][col] : amax;
+      const GmlpQuantBlockScale s = gmlp_quant_block_scale (p.recipe, p.flags, p.fp8_dtype, amax, 0.0f);
+
+      col_multiplier[j][col] = mx_multiplier (s);
+      if (j * kGmlpQuantMxBlock < tr && col < tc)
+        store_scale (p.columnwise_scale_inv + place.offset[kLayoutColumnScale],
+                     (r0 / kGmlpQuantMxBlock + j) * p.col_scale_cols + c0 + col, p.scale_size, s);
+    }
+  __syncthreads ();
+#pragma unroll
+  for (int i = 0; i < kChunks; i++)
+    {
+      const int r = chunk_row (i);
+      const float *m = col_multiplier[i / 2] + c;
+      float v[8];
+      uint2 bytes;
+
+      if (r >= tr || c >= tc)
+        continue;
+      source.values8 (chunks[i], v);
+      bytes.x = encode_pair_mx (v[0], v[1], m[0], m[1], p.fp8_dtype) |
+                (encode_pair_mx (v[2], v[3], m[2], m[3], p.fp8_dtype) << 16);
+      bytes.y = encode_pair_mx (v[4], v[5], m[4], m[5], p.fp8_dtype) |
+                (encode_pair_mx (v[6], v[7], m[6], m[7], p.fp8_dtype) << 16);
+      *(uint2 *) (staged + r * kQuantTile + c) = bytes;
+    }
+  __syncthreads ();
+  write_columnwise_tile (staged, columnwise, place.rows, r0, c0, tr, tc);
+}
+
 /* One tile of a block recipe (BLOCKWISE, MXFP8): staged as float, the
  * scales of the blocks inside it worked out from the staged values and
  * written, then the rowwise FP8 values and, in the same pass, the
@@ -1113,6 +1299,8 @@ quantize_grouped_tiles (const GroupedQuantizeParams &p,
                                   place.rows, r0, c0, tr, tc, multiplier, amax_target, staging, scratch);
       else if (p.recipe == GMLP_QUANT_BLOCKWISE && p.vector_ok)
         quantize_tile_blockwise (p, source, place, r0, c0, tr, tc, staging, scratch);
+      else if (mx_fast_path (p))
+        quantize_tile_mx (p, source, place, r0, c0, tr, tc, staging, scratch);
       else
         quantize_tile_blocks (p, source, place, r0, c0, tr, tc, (float *) staging, scratch);
       __syncthreads ();   /* the staging is rewritten next */
