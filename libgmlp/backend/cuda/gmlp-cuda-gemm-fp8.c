@@ -600,25 +600,32 @@ fp8_pad_operands (GmlpBackendDevice  *device,
   return TRUE;
 }
 
-/* Where libgmlp's Hopper kernel beats cuBLASLt: the many small products of
- * gmlp_cuda_gemm_prefer_grouped(), as for BF16. H200, TFLOP/s, kernel vs
- * cuBLASLt, operands quantized beforehand, balanced (docs/performance.md):
+/* Where libgmlp's Hopper kernel beats cuBLASLt. H200, TFLOP/s, the kernel
+ * vs cuBLASLt, operands quantized beforehand, balanced / skewed
+ * (docs/performance.md, 2026-11-22; host sizes where marked, else the
+ * kernel with device sizes in the same run):
  *
- *   FPROP  mixtral-fc1 898 vs 1198, dsv3-fc1 911 vs 1163,
- *          qwen3-fc1 754 vs 230, small-e64 392 vs 38
- *   WGRAD  qwen3-fc1 550 vs 232, small-e64 205 vs 39
+ *   FPROP  mixtral-fc1 1118/1075 vs 1157/1160, dsv3-fc1 1147/1059 vs
+ *          1107/1022 (host: 1132/1065 vs 1120/1036), qwen3-fc1 890/773
+ *          vs 158/156, small-e64 509 vs 27
+ *   DGRAD  dsv3-fc1 host 921/896 vs 934/940
+ *   WGRAD  dsv3-fc1 789/656 vs 820/802, qwen3-fc1 446/410 vs 163/165
  *
- * cuBLASLt's kernels for one large product (bigger tiles) win on the few
- * large ones; one launch for all groups wins on the many small ones.
- * GMLP_CUDA_HOST_GEMM=cublas or =sm90 forces one side. */
+ * For FPROP one launch for all groups wins from about 16 groups on;
+ * cuBLASLt's kernels for one large product keep the few large groups, and
+ * for DGRAD and WGRAD whatever gmlp_cuda_gemm_prefer_grouped() leaves
+ * them. GMLP_CUDA_HOST_GEMM=cublas or =sm90 forces one side. */
 static gboolean
-fp8_prefer_sm90 (const GmlpCudaFp8Plan *plan)
+fp8_prefer_sm90 (const GmlpBackendGemmFp8 *gemm,
+                 const GmlpCudaFp8Plan    *plan)
 {
   GmlpCudaHostGemm forced = gmlp_cuda_host_gemm_forced ();
   double flop = 0.0;
 
   if (forced != GMLP_CUDA_HOST_GEMM_AUTO)
     return forced == GMLP_CUDA_HOST_GEMM_SM90;
+  if (gemm->kind == GMLP_GEMM_FPROP && plan->products->len >= GMLP_CUDA_GROUPED_MIN_PRODUCTS)
+    return TRUE;
   for (guint j = 0; j < plan->products->len; j++)
     {
       const GmlpCudaFp8Product *p = &g_array_index (plan->products, GmlpCudaFp8Product, j);
@@ -790,7 +797,7 @@ gmlp_cuda_gemm_fp8 (GmlpBackendDevice          *device,
 
   /* On libgmlp's Hopper kernel where it applies: one launch for all groups
    * instead of a cuBLASLt call per group. */
-  if (plan.products->len > 0 && fp8_prefer_sm90 (&plan))
+  if (plan.products->len > 0 && fp8_prefer_sm90 (gemm, &plan))
     {
       gboolean taken = FALSE;
       const char *reason;

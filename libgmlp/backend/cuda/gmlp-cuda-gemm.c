@@ -31,9 +31,8 @@
  * kernel it picks there. */
 #define GMLP_CUDA_CUBLAS_WORKSPACE (32u << 20)
 
-/* The grouped call needs at least this many products... */
-#define GMLP_CUDA_GROUPED_MIN_PRODUCTS 16
-/* ...of at most this many floating-point operations (2 m n k) on average. */
+/* The grouped call needs GMLP_CUDA_GROUPED_MIN_PRODUCTS products of at
+ * most this many floating-point operations (2 m n k) on average. */
 #define GMLP_CUDA_GROUPED_MAX_MEAN_FLOP 4e9
 
 /* cuBLAS's own alignment rule for the grouped call is per size; the one

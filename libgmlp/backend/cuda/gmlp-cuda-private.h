@@ -254,6 +254,9 @@ typedef enum {
 } GmlpCudaHostGemm;
 
 GmlpCudaHostGemm gmlp_cuda_host_gemm_forced (void);
+/* From this many products on, one launch for all can beat a tuned call
+ * each. */
+#define GMLP_CUDA_GROUPED_MIN_PRODUCTS 16
 /* Whether n_products products of total_flop FLOP in all run best as one
  * grouped launch rather than as one tuned call each (gmlp-cuda-gemm.c). */
 gboolean  gmlp_cuda_gemm_prefer_grouped (guint  n_products,
