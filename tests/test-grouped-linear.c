@@ -1245,16 +1245,21 @@ static void
 test_device_sizes_direct (void)
 {
   g_autoptr(GmlpDevice) device = gmlp_test_device_or_skip ();
+  /* The features put the rows on the Hopper kernel's direct schedule (row
+   * bytes whole multiples of 256); the CPU backend has no such schedule,
+   * and a quarter of them keeps its suite quick under valgrind. */
+  gint64 scale;
   guint shape;
 
   if (device == NULL)
     return;
+  scale = gmlp_device_get_kind (device) == GMLP_DEVICE_KIND_CPU ? 4 : 1;
 
   for (shape = 0; shape < 6; shape++)
     {
       static const guint n_of[] = { 1, 5, 300, 6, 4, 40 };
       guint n = n_of[shape];
-      gint64 k = shape == 2 ? 128 : 256, o = shape == 2 ? 256 : 384;
+      gint64 k = (shape == 2 ? 128 : 256) / scale, o = (shape == 2 ? 256 : 384) / scale;
       GmlpDType dtype = shape % 2 ? GMLP_DTYPE_FLOAT16 : GMLP_DTYPE_BFLOAT16;
       GmlpLinearFlags flags = GMLP_LINEAR_SINGLE_GROUPED_WEIGHT | (shape != 4 ? GMLP_LINEAR_BIAS : 0);
       static const gint64 sizes_1[] = { 129, 0, 77, -3, 256 };
