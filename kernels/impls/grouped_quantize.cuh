@@ -445,17 +445,54 @@ encode_pair (float a, float b, float multiplier_a, float multiplier_b, int fp8_d
 #endif
 }
 
-/* Eight values to FP8 with one per-tensor multiplier, as two words. */
+/* Where an MX block has the NaN scale (a NaN or an infinity among its
+ * values), its multiplier is a NaN: the byte gmlp_quant_encode() gives x
+ * then, the NaN scale's 0x7f or x's own NaN. */
+__device__ __forceinline__ uint32_t
+nan_block_byte (float x)
+{
+  const uint32_t u = __float_as_uint (x);
+
+  return (u & 0x7fffffffu) > GMLP_QUANT_INF_BITS ? ((u >> 24) & 0x80u) | 0x7fu : 0x7fu;
+}
+
+/* encode_pair() with MX multipliers, a NaN one standing for a NaN block. */
+__device__ __forceinline__ uint32_t
+encode_pair_mx (float a, float b, float multiplier_a, float multiplier_b, int fp8_dtype)
+{
+  uint32_t pair = encode_pair (a, b, multiplier_a, multiplier_b, fp8_dtype);
+
+  if (isnan (multiplier_a))
+    pair = (pair & 0xff00u) | nan_block_byte (a);
+  if (isnan (multiplier_b))
+    pair = (pair & 0x00ffu) | (nan_block_byte (b) << 8);
+  return pair;
+}
+
+/* Eight values to FP8, v[e] × multiplier[e], as two words; with kMx by
+ * encode_pair_mx() (MX multipliers, a NaN one for a NaN block). */
+template <bool kMx = false>
+__device__ __forceinline__ uint2
+encode8 (const float v[8], const float multiplier[8], int fp8_dtype)
+{
+  uint32_t pair[4];
+
+#pragma unroll
+  for (int i = 0; i < 4; i++)
+    pair[i] = kMx ? encode_pair_mx (v[2 * i], v[2 * i + 1], multiplier[2 * i], multiplier[2 * i + 1], fp8_dtype)
+                  : encode_pair (v[2 * i], v[2 * i + 1], multiplier[2 * i], multiplier[2 * i + 1], fp8_dtype);
+  return make_uint2 (pair[0] | (pair[1] << 16), pair[2] | (pair[3] << 16));
+}
+
+/* The same with one multiplier for all eight. */
+template <bool kMx = false>
 __device__ __forceinline__ uint2
 encode8 (const float v[8], float multiplier, int fp8_dtype)
 {
-  uint2 out;
+  const float each[8] = { multiplier, multiplier, multiplier, multiplier,
+                          multiplier, multiplier, multiplier, multiplier };
 
-  out.x = encode_pair (v[0], v[1], multiplier, multiplier, fp8_dtype) |
-          (encode_pair (v[2], v[3], multiplier, multiplier, fp8_dtype) << 16);
-  out.y = encode_pair (v[4], v[5], multiplier, multiplier, fp8_dtype) |
-          (encode_pair (v[6], v[7], multiplier, multiplier, fp8_dtype) << 16);
-  return out;
+  return encode8<kMx> (v, each, fp8_dtype);
 }
 
 /* Byte j of each of four words, the first word's in the lowest byte. */
@@ -785,44 +822,15 @@ quantize_tile_blockwise (const GroupedQuantizeParams &p,
         {
           const int r = chunk_row (i);
           float v[8];
-          uint2 bytes;
 
           if (r >= tr || c >= tc)
             continue;
           source.values8 (chunks[i], v);
-          bytes.x = encode_pair (v[0], v[1], col_multiplier[c], col_multiplier[c + 1], p.fp8_dtype) |
-                    (encode_pair (v[2], v[3], col_multiplier[c + 2], col_multiplier[c + 3], p.fp8_dtype) << 16);
-          bytes.y = encode_pair (v[4], v[5], col_multiplier[c + 4], col_multiplier[c + 5], p.fp8_dtype) |
-                    (encode_pair (v[6], v[7], col_multiplier[c + 6], col_multiplier[c + 7], p.fp8_dtype) << 16);
-          *(uint2 *) (staged + r * kQuantTile + c) = bytes;
+          *(uint2 *) (staged + r * kQuantTile + c) = encode8 (v, col_multiplier + c, p.fp8_dtype);
         }
     }
   __syncthreads ();
   write_columnwise_tile (staged, columnwise, place.rows, r0, c0, tr, tc);
-}
-
-/* Where an MX block has the NaN scale (a NaN or an infinity among its
- * values), its multiplier is a NaN: the byte gmlp_quant_encode() gives x
- * then, the NaN scale's 0x7f or x's own NaN. */
-__device__ __forceinline__ uint32_t
-nan_block_byte (float x)
-{
-  const uint32_t u = __float_as_uint (x);
-
-  return (u & 0x7fffffffu) > GMLP_QUANT_INF_BITS ? ((u >> 24) & 0x80u) | 0x7fu : 0x7fu;
-}
-
-/* encode_pair() with MX multipliers, a NaN one standing for a NaN block. */
-__device__ __forceinline__ uint32_t
-encode_pair_mx (float a, float b, float multiplier_a, float multiplier_b, int fp8_dtype)
-{
-  uint32_t pair = encode_pair (a, b, multiplier_a, multiplier_b, fp8_dtype);
-
-  if (isnan (multiplier_a))
-    pair = (pair & 0xff00u) | nan_block_byte (a);
-  if (isnan (multiplier_b))
-    pair = (pair & 0x00ffu) | (nan_block_byte (b) << 8);
-  return pair;
 }
 
 /* An MX block's scale and the multiplier its values are encoded with (a
@@ -937,13 +945,8 @@ quantize_tile_mx (const GroupedQuantizeParams &p,
       if (threadIdx.x % 4 == 0)
         store_scale (scales, (r0 + r) * p.scale_cols + (c0 + c) / kGmlpQuantMxBlock, p.scale_size, s);
 
-      uint2 bytes;
-
-      bytes.x = encode_pair_mx (v[0], v[1], m, m, p.fp8_dtype) |
-                (encode_pair_mx (v[2], v[3], m, m, p.fp8_dtype) << 16);
-      bytes.y = encode_pair_mx (v[4], v[5], m, m, p.fp8_dtype) |
-                (encode_pair_mx (v[6], v[7], m, m, p.fp8_dtype) << 16);
-      *(uint2 *) (data + (uint64_t) (r0 + r) * (uint64_t) k + (uint64_t) (c0 + c)) = bytes;
+      *(uint2 *) (data + (uint64_t) (r0 + r) * (uint64_t) k + (uint64_t) (c0 + c)) =
+        encode8<true> (v, m, p.fp8_dtype);
     }
   if (columnwise == nullptr)
     return;
@@ -970,18 +973,12 @@ quantize_tile_mx (const GroupedQuantizeParams &p,
   for (int i = 0; i < kChunks; i++)
     {
       const int r = chunk_row (i);
-      const float *m = col_multiplier[i / 2] + c;
       float v[8];
-      uint2 bytes;
 
       if (r >= tr || c >= tc)
         continue;
       source.values8 (chunks[i], v);
-      bytes.x = encode_pair_mx (v[0], v[1], m[0], m[1], p.fp8_dtype) |
-                (encode_pair_mx (v[2], v[3], m[2], m[3], p.fp8_dtype) << 16);
-      bytes.y = encode_pair_mx (v[4], v[5], m[4], m[5], p.fp8_dtype) |
-                (encode_pair_mx (v[6], v[7], m[6], m[7], p.fp8_dtype) << 16);
-      *(uint2 *) (staged + r * kQuantTile + c) = bytes;
+      *(uint2 *) (staged + r * kQuantTile + c) = encode8<true> (v, col_multiplier[i / 2] + c, p.fp8_dtype);
     }
   __syncthreads ();
   write_columnwise_tile (staged, columnwise, place.rows, r0, c0, tr, tc);
