@@ -621,6 +621,21 @@ plan_forced (void)
   return forced;
 }
 
+/* GMLP_SM90_SHORT_TILES=off computes a group's last tile of 64 rows or
+ * fewer as a whole 128-row tile (GemmParams::short_tiles; for comparing
+ * the two in benchmarks). */
+bool
+short_tiles_enabled (void)
+{
+  static const bool enabled = [] {
+    const char *value = getenv ("GMLP_SM90_SHORT_TILES");
+
+    return value == nullptr || strcmp (value, "off") != 0;
+  } ();
+
+  return enabled;
+}
+
 int
 block_n_of (const GmlpKernelDeviceGemm *g)
 {
@@ -937,6 +952,7 @@ gmlp_kernel_device_gemm_sm90 (const GmlpKernelDeviceGemm *gemm,
   params.out_cols = e.out_cols;
   params.reduction = e.reduction;
   params.c_dtype = gemm->c_dtype;
+  params.short_tiles = short_tiles_enabled ();
   params.a_scales = gemm->a_scales;
   params.b_scales = gemm->b_scales;
   if (direct_schedule (gemm, &params.direct))

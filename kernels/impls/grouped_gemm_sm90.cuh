@@ -26,6 +26,8 @@
  *    registers) and hands it, bias added, to TMA stores (reduce-add for an
  *    accumulating FP32 output) that drain while the next tile computes;
  *    the producer is already filling the ring for that tile.
+ *    A group's last row tile, where it holds 64 rows or fewer, is a
+ *    short tile: both consumers take its 64 rows, half the columns each.
  *
  * Layouts (C = A · Bᵀ, reduction over r, every matrix row-major):
  *   FPROP  A = x_g   [m × k]  K-major    B = W_g  [n × k]  K-major
@@ -170,6 +172,7 @@ struct GemmParams
 {
   DirectSchedule   direct;          /* when use_direct */
   uint32_t         use_direct;
+  uint32_t         short_tiles;     /* short_tile(): on unless GMLP_SM90_SHORT_TILES=off */
   const uint32_t  *tile_begin;
   const GroupWork *groups;
   const TensorMap *maps;
@@ -674,16 +677,29 @@ consumer_sync (int half)
   asm volatile ("bar.sync %0, 128;" :: "r" (1 + half) : "memory");
 }
 
-/* Writes one consumer's 64 × kBlockN half of an output tile: 64 columns at
- * a time, the fragments go to shared memory, then every thread copies
- * whole rows of 4 results out, so that a warp's stores are contiguous. */
+/* The part of an output tile that one consumer computes and writes: 64
+ * rows from `row` (in the group's C) and `cols` columns from `col`; its
+ * sums are the first cols / 2 of the consumer's registers, in wgmma's
+ * fragment layout. A tile's consumers take its two 64-row halves; a short
+ * tile's (short_tile()) take its one 64-row half, half of the columns
+ * each. */
+struct Share
+{
+  int32_t row;
+  int32_t col;
+  int32_t cols;
+};
+
+/* Writes one consumer's share of an output tile: 64 columns at a time,
+ * the fragments go to shared memory, then every thread copies whole rows
+ * of 4 results out, so that a warp's stores are contiguous. */
 template <int kKind, int kBlockN>
 __device__ __forceinline__ void
-write_tile (const GemmParams &p, const Tile &tile, const GroupWork &w,
+write_tile (const GemmParams &p, const Tile &tile, const GroupWork &w, const Share &share,
             const float (&acc)[kBlockN / 2], float *staging, int half)
 {
   const int64_t out_rows = kKind == GMLP_KERNEL_GEMM_WGRAD ? p.out_rows_fixed : w.rows;
-  const int64_t row_base = tile.m0 + half * 64;
+  const int64_t row_base = share.row;
   const int thread = threadIdx.x % 128;
   const int lane = thread % 32;
   const int frag_row = (thread / 32) * 16 + lane / 4;
@@ -698,8 +714,10 @@ write_tile (const GemmParams &p, const Tile &tile, const GroupWork &w,
 #pragma unroll
   for (int chunk = 0; chunk < kBlockN / kStageCols; chunk++)
     {
-      const int64_t col_base = tile.n0 + chunk * kStageCols;
+      const int64_t col_base = share.col + chunk * kStageCols;
 
+      if (chunk * kStageCols >= share.cols)
+        break;   /* uniform over the warpgroup */
       consumer_sync (half);   /* the previous chunk has been copied out */
 #pragma unroll
       for (int j = 0; j < kStageCols / 8; j++)
@@ -756,7 +774,7 @@ write_tile (const GemmParams &p, const Tile &tile, const GroupWork &w,
  * with that of the others. */
 template <int kKind, int kCDtype, int kBlockN>
 __device__ __forceinline__ bool
-write_tile_tma (const GemmParams &p, const Tile &tile, const GroupWork &w,
+write_tile_tma (const GemmParams &p, const Tile &tile, const GroupWork &w, const Share &share,
                 const float (&acc)[kBlockN / 2], uint8_t *slots, int half, bool direct)
 {
   constexpr bool fp32 = kCDtype == GMLP_NUM_FLOAT32;
@@ -766,11 +784,11 @@ write_tile_tma (const GemmParams &p, const Tile &tile, const GroupWork &w,
   const int frag_row = (thread / 32) * 16 + lane / 4;
   const int t = lane % 4;
   const TensorMap *map_c = direct ? &p.direct.c : p.maps + kMapsPerGroup * (uint64_t) tile.group + 2;
-  const int32_t out_row = (int32_t) ((direct ? tile.row_base : 0) + tile.m0 + half * 64);
+  const int32_t out_row = (int32_t) ((direct ? tile.row_base : 0) + share.row);
 
   if (accumulate && !fp32)
     return false;
-  if (direct && tile.m0 + half * 64 + 64 > tile.rows)
+  if (direct && share.row + 64 > tile.rows)
     return false;
   if (kKind == GMLP_KERNEL_GEMM_WGRAD && tile.k_blocks == 0 && accumulate)
     return true;   /* adding zero */
@@ -778,10 +796,10 @@ write_tile_tma (const GemmParams &p, const Tile &tile, const GroupWork &w,
 #pragma unroll
   for (int sub = 0; sub < kBlockN / 64; sub++)
     {
-      const int32_t col0 = (int32_t) tile.n0 + sub * 64;
+      const int32_t col0 = share.col + sub * 64;
       uint8_t *slot = slots + (fp32 ? 0 : (sub % 2) * 8192);
 
-      if (col0 >= p.out_cols)
+      if (sub * 64 >= share.cols || col0 >= p.out_cols)
         break;   /* uniform over the warpgroup */
       /* The slot's last store has read it (16-bit C: the other slot's may
        * still be running). */
@@ -868,29 +886,50 @@ write_tile_tma (const GemmParams &p, const Tile &tile, const GroupWork &w,
   return true;
 }
 
-/* The wgmma of an instance's operands and layout. */
-template <int kOps, int kKind, bool kFp8 = Config<kOps>::kFp8>
+/* The wgmma of an instance's operands and layout, kN columns wide. */
+template <int kOps, int kKind, int kN, bool kFp8 = Config<kOps>::kFp8>
 struct MmaOf
 {
-  using Type = Wgmma<Config<kOps>::kBlockN, Config<kOps>::kBf16, Layout<kOps, kKind>::kTransA,
-                     Layout<kOps, kKind>::kTransB>;
+  using Type = Wgmma<kN, Config<kOps>::kBf16, Layout<kOps, kKind>::kTransA, Layout<kOps, kKind>::kTransB>;
+};
+
+template <int kOps, int kKind, int kN>
+struct MmaOf<kOps, kKind, kN, true>
+{
+  using Type = WgmmaFp8<kN, Config<kOps>::kAE5m2, Config<kOps>::kBE5m2>;
+};
+
+/* Short tiles: a group's last row tile, where it holds 64 rows or fewer,
+ * is computed as 64 rows by both consumers, half of the columns each
+ * (Share), not as 128 rows of which one consumer's half would be thrown
+ * away. Skewed routing leaves many such tails (small-e64: 172 of its 380
+ * BF16 tiles). Row-grouped products without blockwise scales (whose
+ * promotion reads the scales of each consumer's rows). */
+template <int kOps, int kKind>
+struct ShortTiles
+{
+  static constexpr bool value = kKind != GMLP_KERNEL_GEMM_WGRAD && !Config<kOps>::kBlockScaled;
 };
 
 template <int kOps, int kKind>
-struct MmaOf<kOps, kKind, true>
+__device__ __forceinline__ bool
+short_tile (const GemmParams &p, const Tile &tile)
 {
-  using Type = WgmmaFp8<Config<kOps>::kBlockN, Config<kOps>::kAE5m2, Config<kOps>::kBE5m2>;
-};
+  if constexpr (ShortTiles<kOps, kKind>::value)
+    return p.short_tiles != 0 && tile.rows - tile.m0 <= 64;
+  else
+    return false;
+}
 
 /* FP8: issues the products of one ring stage into part, a set of
  * registers of its own, so that the previous stage's set can be promoted
  * while these run. */
-template <int kOps, int kKind>
+template <int kOps, int kKind, int kN>
 __device__ __forceinline__ void
-issue_fp8_stage (float (&part)[Config<kOps>::kBlockN / 2], uint64_t desc_a, uint64_t desc_b)
+issue_fp8_stage (float (&part)[kN / 2], uint64_t desc_a, uint64_t desc_b)
 {
   using Cfg = Config<kOps>;
-  using Mma = typename MmaOf<kOps, kKind>::Type;
+  using Mma = typename MmaOf<kOps, kKind, kN>::Type;
 
   wgmma_fence ();
 #pragma unroll
@@ -906,13 +945,11 @@ issue_fp8_stage (float (&part)[Config<kOps>::kBlockN / 2], uint64_t desc_a, uint
  * columns for WGRAD or B's one tile scale; this thread holds rows frag_row
  * and frag_row + 8 of its half, columns 8 j + 2 (lane % 4) + {0, 1}).
  * Then the stage goes back to the producer. */
-template <int kOps, int kKind>
+template <int kOps, int kKind, int kN>
 __device__ __forceinline__ void
-promote_fp8_stage (float (&acc)[Config<kOps>::kBlockN / 2],
-                   float (&part)[Config<kOps>::kBlockN / 2], const float *scales,
+promote_fp8_stage (float (&acc)[kN / 2], float (&part)[kN / 2], const float *scales,
                    uint64_t *empty, uint32_t stage, int half)
 {
-  constexpr int kBlockN = Config<kOps>::kBlockN;
   const float *slot = scales + stage * Config<kOps>::kScaleSlot;
 
   wgmma_fence_operand (part);
@@ -925,7 +962,7 @@ promote_fp8_stage (float (&acc)[Config<kOps>::kBlockN / 2],
       const float b_tile = slot[kBlockM];
 
 #pragma unroll
-      for (int j = 0; j < kBlockN / 8; j++)
+      for (int j = 0; j < kN / 8; j++)
         {
           const float2 b = kKind == GMLP_KERNEL_GEMM_WGRAD ?
             *reinterpret_cast<const float2 *> (slot + kBlockM + 8 * j + 2 * (lane % 4)) :
@@ -951,8 +988,138 @@ promote_fp8_stage (float (&acc)[Config<kOps>::kBlockN / 2],
       if (threadIdx.x % 128 == 0)
         mbarrier_arrive (&empty[stage]);
 #pragma unroll
-      for (int i = 0; i < kBlockN / 2; i++)
+      for (int i = 0; i < kN / 2; i++)
         acc[i] += part[i];
+    }
+}
+
+/* The products of a consumer's share of one tile, kN columns, into acc
+ * (kN / 2 registers), from the descriptors of its A rows and B columns in
+ * ring stage 0 (a stage's are those plus its offset); each stage goes back
+ * to the producer once read. on_first_stage() runs while the first
+ * stage's products do. */
+template <int kOps, int kKind, int kN, typename OnFirstStage>
+__device__ __forceinline__ void
+tile_products (float (&acc)[kN / 2], uint64_t desc_a0, uint64_t desc_b0, const float *scales,
+               uint64_t *full, uint64_t *empty, uint32_t k_blocks, uint32_t &stage, uint32_t &phase,
+               int half, OnFirstStage &&on_first_stage)
+{
+  using Cfg = Config<kOps>;
+  constexpr bool kTransA = Layout<kOps, kKind>::kTransA;
+  constexpr bool kTransB = Layout<kOps, kKind>::kTransB;
+  constexpr int kStages = Cfg::kStages;
+  const bool leader = threadIdx.x % 128 == 0;
+  uint32_t held = 0;
+
+  if constexpr (Cfg::kFp8 && kN < Cfg::kBlockN)
+    {
+      /* A short tile's share: one set of partial sums, promoted as soon
+       * as it lands (two sets beside the full tiles' made the consumers
+       * spill; short tiles are a group's last). */
+      float part[kN / 2];
+
+#pragma unroll
+      for (int i = 0; i < kN / 2; i++)
+        acc[i] = 0.0f;
+      for (uint32_t kb = 0; kb < k_blocks; kb++)
+        {
+          mbarrier_wait (&full[stage], phase);
+          issue_fp8_stage<kOps, kKind, kN> (part, descriptor_plus (desc_a0, stage * Cfg::kStageBytes),
+                                            descriptor_plus (desc_b0, stage * Cfg::kStageBytes));
+          if (kb == 0)
+            on_first_stage ();
+          wgmma_wait<0> ();
+          promote_fp8_stage<kOps, kKind, kN> (acc, part, scales, empty, stage, half);
+          next_stage<kStages> (stage, phase);
+        }
+    }
+  else if constexpr (Cfg::kFp8)
+    {
+      /* Two sets of partial sums: stage kb's products run into one while
+       * stage kb - 1's, landed in the other, are promoted into acc. (A
+       * consumer that waited for its own stage before promoting it left
+       * the tensor cores to the other consumer alone meanwhile: ncu saw
+       * instructions issued on half the cycles.) */
+      float part_even[kN / 2], part_odd[kN / 2];
+      auto step = [&] (float (&issue)[kN / 2], float (&ready)[kN / 2], uint32_t kb)
+      {
+        mbarrier_wait (&full[stage], phase);
+        issue_fp8_stage<kOps, kKind, kN> (issue, descriptor_plus (desc_a0, stage * Cfg::kStageBytes),
+                                          descriptor_plus (desc_b0, stage * Cfg::kStageBytes));
+        if (kb == 0)
+          on_first_stage ();
+        if (kb > 0)
+          {
+            wgmma_wait<1> ();
+            promote_fp8_stage<kOps, kKind, kN> (acc, ready, scales, empty, held, half);
+          }
+        held = stage;
+        next_stage<kStages> (stage, phase);
+      };
+
+#pragma unroll
+      for (int i = 0; i < kN / 2; i++)
+        acc[i] = 0.0f;
+      /* Each exit drains the set its last stage went into, and they are
+       * the only ways out: a test at the loop's top would be a path, to
+       * ptxas, that leaves products in flight, and it would then wait for
+       * every wgmma as soon as it was issued. */
+      if (k_blocks > 0)
+        {
+          uint32_t kb = 0;
+
+          for (;;)
+            {
+              step (part_even, part_odd, kb);
+              if (++kb == k_blocks)
+                {
+                  wgmma_wait<0> ();
+                  promote_fp8_stage<kOps, kKind, kN> (acc, part_even, scales, empty, held, half);
+                  break;
+                }
+              step (part_odd, part_even, kb);
+              if (++kb == k_blocks)
+                {
+                  wgmma_wait<0> ();
+                  promote_fp8_stage<kOps, kKind, kN> (acc, part_odd, scales, empty, held, half);
+                  break;
+                }
+            }
+        }
+    }
+  else
+    {
+      using Mma = typename MmaOf<kOps, kKind, kN>::Type;
+
+      for (uint32_t kb = 0; kb < k_blocks; kb++)
+        {
+          const uint64_t desc_a = descriptor_plus (desc_a0, stage * Cfg::kStageBytes);
+          const uint64_t desc_b = descriptor_plus (desc_b0, stage * Cfg::kStageBytes);
+
+          mbarrier_wait (&full[stage], phase);
+          wgmma_fence ();
+#pragma unroll
+          for (int s = 0; s < Cfg::kBlockK / Cfg::kMmaK; s++)
+            {
+              /* K-major: 16 elements further along the 128-byte row.
+               * MN-major: 16 rows further down each chunk. */
+              Mma::run (acc, descriptor_plus (desc_a, kTransA ? s * 16 * 128 : s * 32),
+                        descriptor_plus (desc_b, kTransB ? s * 16 * 128 : s * 32), kb > 0 || s > 0);
+            }
+          wgmma_commit ();
+          /* While the first products run, find the next tile. */
+          if (kb == 0)
+            on_first_stage ();
+          /* The stage before this one is no longer read: give it back. */
+          wgmma_wait<1> ();
+          if (kb > 0 && leader)
+            mbarrier_arrive (&empty[held]);
+          held = stage;
+          next_stage<kStages> (stage, phase);
+        }
+      wgmma_wait<0> ();
+      if (k_blocks > 0 && leader)
+        mbarrier_arrive (&empty[held]);
     }
 }
 
@@ -962,12 +1129,9 @@ consume (const GemmParams &p, uint8_t *ring, const float *scales, uint64_t *full
          float *staging, int half)
 {
   using Cfg = Config<kOps>;
-  using Mma = typename MmaOf<kOps, kKind>::Type;
   constexpr bool kTransA = Layout<kOps, kKind>::kTransA;
   constexpr bool kTransB = Layout<kOps, kKind>::kTransB;
   constexpr int kBlockN = Cfg::kBlockN;
-  constexpr int kBlockK = Cfg::kBlockK;
-  constexpr int kStages = Cfg::kStages;
   const bool direct = is_direct<kOps, kKind> (p);
   const uint32_t total = direct ? UINT32_MAX : p.tile_begin[p.n_groups];
   const bool leader = threadIdx.x % 128 == 0;
@@ -980,7 +1144,6 @@ consume (const GemmParams &p, uint8_t *ring, const float *scales, uint64_t *full
   const uint64_t desc_b0 = smem_descriptor (ring_address + Cfg::kTileABytes, kTransB ? kChunkBytes : 0);
   uint8_t *slots = reinterpret_cast<uint8_t *> (staging);
   uint32_t stage = 0, phase = 0, acquired = 0xffffffffu;
-  float acc[kBlockN / 2];
   Walk walk;
   Tile tile, next;
   /* The plan's schedule finds each next tile while the products of one
@@ -1017,7 +1180,9 @@ consume (const GemmParams &p, uint8_t *ring, const float *scales, uint64_t *full
 
   for (uint32_t t = blockIdx.x;; t += gridDim.x)
     {
-      uint32_t held = 0;
+      /* A tile's sums: nothing of them lives on into the next tile (a
+       * short tile leaves the second half unset). */
+      float acc[kBlockN / 2];
 
       if (direct)
         {
@@ -1037,103 +1202,33 @@ consume (const GemmParams &p, uint8_t *ring, const float *scales, uint64_t *full
        * which the tile's first stage brings. (Loaded here from global
        * memory, the warp waited for them before its first wgmma: a fifth
        * of small-e64's stall samples.) */
+      const uint32_t first_stage = stage;
       float scale_a = 1.0f, scale_b = 1.0f;
-
-      if constexpr (Cfg::kFp8)
-        {
-          /* Two sets of partial sums: stage kb's products run into one
-           * while stage kb - 1's, landed in the other, are promoted into
-           * acc. (A consumer that waited for its own stage before
-           * promoting it left the tensor cores to the other consumer
-           * alone meanwhile: ncu saw instructions issued on half the
-           * cycles.) */
-          float part_even[kBlockN / 2], part_odd[kBlockN / 2];
-          auto step = [&] (float (&issue)[kBlockN / 2], float (&ready)[kBlockN / 2], uint32_t kb)
+      auto on_first_stage = [&] ()
+      {
+        find_next (t);
+        if (copies_tile_scales<kOps, kKind> (p))
           {
-            mbarrier_wait (&full[stage], phase);
-            issue_fp8_stage<kOps, kKind> (issue, descriptor_plus (desc_a0, stage * Cfg::kStageBytes),
-                                          descriptor_plus (desc_b0, stage * Cfg::kStageBytes));
-            if (kb == 0)
-              {
-                find_next (t);
-                if (copies_tile_scales<kOps, kKind> (p))
-                  {
-                    scale_a = scales[stage * Cfg::kScaleSlot];
-                    scale_b = scales[stage * Cfg::kScaleSlot + 1];
-                  }
-              }
-            if (kb > 0)
-              {
-                wgmma_wait<1> ();
-                promote_fp8_stage<kOps, kKind> (acc, ready, scales, empty, held, half);
-              }
-            held = stage;
-            next_stage<kStages> (stage, phase);
-          };
+            scale_a = scales[first_stage * Cfg::kScaleSlot];
+            scale_b = scales[first_stage * Cfg::kScaleSlot + 1];
+          }
+      };
 
-          /* Each exit drains the set its last stage went into, and they
-           * are the only ways out: a test at the loop's top would be a
-           * path, to ptxas, that leaves products in flight, and it would
-           * then wait for every wgmma as soon as it was issued. */
-          const uint32_t k_blocks = tile.k_blocks;
-
-#pragma unroll
-          for (int i = 0; i < kBlockN / 2; i++)
-            acc[i] = 0.0f;
-          if (k_blocks > 0)
-            {
-              uint32_t kb = 0;
-
-              for (;;)
-                {
-                  step (part_even, part_odd, kb);
-                  if (++kb == k_blocks)
-                    {
-                      wgmma_wait<0> ();
-                      promote_fp8_stage<kOps, kKind> (acc, part_even, scales, empty, held, half);
-                      break;
-                    }
-                  step (part_odd, part_even, kb);
-                  if (++kb == k_blocks)
-                    {
-                      wgmma_wait<0> ();
-                      promote_fp8_stage<kOps, kKind> (acc, part_odd, scales, empty, held, half);
-                      break;
-                    }
-                }
-            }
+      if (short_tile<kOps, kKind> (p, tile))
+        {
+          /* The first 64 rows of A's tile (K-major: short tiles are
+           * row-grouped) and this consumer's half of B's columns; the sums
+           * are the first half of acc. */
+          if constexpr (ShortTiles<kOps, kKind>::value)
+            tile_products<kOps, kKind, kBlockN / 2> (
+              reinterpret_cast<float (&)[kBlockN / 4]> (acc), descriptor_minus (desc_a0, half * 64 * 128),
+              descriptor_plus (desc_b0, half * (kTransB ? (kBlockN / 2 / kChunk) * kChunkBytes : (kBlockN / 2) * 128)),
+              scales, full, empty, tile.k_blocks, stage, phase, half, on_first_stage);
         }
       else
         {
-          for (uint32_t kb = 0; kb < tile.k_blocks; kb++)
-            {
-              const uint64_t desc_a = descriptor_plus (desc_a0, stage * Cfg::kStageBytes);
-              const uint64_t desc_b = descriptor_plus (desc_b0, stage * Cfg::kStageBytes);
-
-              mbarrier_wait (&full[stage], phase);
-              wgmma_fence ();
-#pragma unroll
-              for (int s = 0; s < kBlockK / Cfg::kMmaK; s++)
-                {
-                  /* K-major: 16 elements further along the 128-byte row.
-                   * MN-major: 16 rows further down each chunk. */
-                  Mma::run (acc, descriptor_plus (desc_a, kTransA ? s * 16 * 128 : s * 32),
-                            descriptor_plus (desc_b, kTransB ? s * 16 * 128 : s * 32), kb > 0 || s > 0);
-                }
-              wgmma_commit ();
-              /* While the first products run, find the next tile. */
-              if (kb == 0)
-                find_next (t);
-              /* The stage before this one is no longer read: give it back. */
-              wgmma_wait<1> ();
-              if (kb > 0 && leader)
-                mbarrier_arrive (&empty[held]);
-              held = stage;
-              next_stage<kStages> (stage, phase);
-            }
-          wgmma_wait<0> ();
-          if (tile.k_blocks > 0 && leader)
-            mbarrier_arrive (&empty[held]);
+          tile_products<kOps, kKind, kBlockN> (acc, desc_a0, desc_b0, scales, full, empty, tile.k_blocks,
+                                               stage, phase, half, on_first_stage);
         }
       if (tile.k_blocks == 0)
         {
@@ -1153,15 +1248,18 @@ consume (const GemmParams &p, uint8_t *ring, const float *scales, uint64_t *full
 
       /* C is FP32 or the operands' dtype (the host check); FP8 products
        * write any of FP32, BF16 and FP16. */
+      const Share share = short_tile<kOps, kKind> (p, tile) ?
+        Share { tile.m0, tile.n0 + half * (kBlockN / 2), kBlockN / 2 } :
+        Share { tile.m0 + half * 64, tile.n0, kBlockN };
       bool written;
       if (p.c_dtype == GMLP_NUM_FLOAT32)
-        written = write_tile_tma<kKind, GMLP_NUM_FLOAT32, kBlockN> (p, tile, w, acc, slots, half, direct);
+        written = write_tile_tma<kKind, GMLP_NUM_FLOAT32, kBlockN> (p, tile, w, share, acc, slots, half, direct);
       else if (Cfg::kFp8 ? p.c_dtype == GMLP_NUM_BFLOAT16 : Cfg::kBf16)
-        written = write_tile_tma<kKind, GMLP_NUM_BFLOAT16, kBlockN> (p, tile, w, acc, slots, half, direct);
+        written = write_tile_tma<kKind, GMLP_NUM_BFLOAT16, kBlockN> (p, tile, w, share, acc, slots, half, direct);
       else
-        written = write_tile_tma<kKind, GMLP_NUM_FLOAT16, kBlockN> (p, tile, w, acc, slots, half, direct);
+        written = write_tile_tma<kKind, GMLP_NUM_FLOAT16, kBlockN> (p, tile, w, share, acc, slots, half, direct);
       if (!written)
-        write_tile<kKind, kBlockN> (p, tile, w, acc, staging, half);
+        write_tile<kKind, kBlockN> (p, tile, w, share, acc, staging, half);
     }
   if (leader)
     bulk_wait_all ();

@@ -375,5 +375,15 @@ descriptor_plus (uint64_t desc, uint32_t bytes)
   return (desc & 0xffffffff00000000ull) | low;
 }
 
+/* The same for tile bytes further back (no borrow: the address field of
+ * desc is at least bytes >> 4). */
+__device__ __forceinline__ uint64_t
+descriptor_minus (uint64_t desc, uint32_t bytes)
+{
+  const uint32_t low = (uint32_t) desc - (bytes >> 4);
+
+  return (desc & 0xffffffff00000000ull) | low;
+}
+
 }  // namespace sm90
 }  // namespace gmlp
