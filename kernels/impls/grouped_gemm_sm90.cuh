@@ -26,8 +26,9 @@
  *    registers) and hands it, bias added, to TMA stores (reduce-add for an
  *    accumulating FP32 output) that drain while the next tile computes;
  *    the producer is already filling the ring for that tile.
- *    A group's last row tile, where it holds 64 rows or fewer, is a
- *    short tile: both consumers take its 64 rows, half the columns each.
+ *    With per-tensor FP8, a group's last row tile, where it holds 64 rows
+ *    or fewer, is a short tile: both consumers take its 64 rows, half the
+ *    columns each.
  *
  * Layouts (C = A · Bᵀ, reduction over r, every matrix row-major):
  *   FPROP  A = x_g   [m × k]  K-major    B = W_g  [n × k]  K-major
@@ -902,13 +903,16 @@ struct MmaOf<kOps, kKind, kN, true>
 /* Short tiles: a group's last row tile, where it holds 64 rows or fewer,
  * is computed as 64 rows by both consumers, half of the columns each
  * (Share), not as 128 rows of which one consumer's half would be thrown
- * away. Skewed routing leaves many such tails (small-e64: 172 of its 380
- * BF16 tiles). Row-grouped products without blockwise scales (whose
- * promotion reads the scales of each consumer's rows). */
+ * away. Skewed routing leaves many such tails (small-e64: 344 of its 760
+ * FP8 tiles). Per-tensor FP8 row-grouped products only: blockwise
+ * promotion reads the scales of each consumer's rows, and in the 16-bit
+ * kernels the two widths of wgmma writing one set of sums made ptxas
+ * serialise every wgmma (C7515: the large shapes ran 8-10% slower), while
+ * a set of sums per width spilled. */
 template <int kOps, int kKind>
 struct ShortTiles
 {
-  static constexpr bool value = kKind != GMLP_KERNEL_GEMM_WGRAD && !Config<kOps>::kBlockScaled;
+  static constexpr bool value = kKind != GMLP_KERNEL_GEMM_WGRAD && Config<kOps>::kFp8 && !Config<kOps>::kBlockScaled;
 };
 
 template <int kOps, int kKind>
@@ -1144,6 +1148,7 @@ consume (const GemmParams &p, uint8_t *ring, const float *scales, uint64_t *full
   const uint64_t desc_b0 = smem_descriptor (ring_address + Cfg::kTileABytes, kTransB ? kChunkBytes : 0);
   uint8_t *slots = reinterpret_cast<uint8_t *> (staging);
   uint32_t stage = 0, phase = 0, acquired = 0xffffffffu;
+  float acc[kBlockN / 2];
   Walk walk;
   Tile tile, next;
   /* The plan's schedule finds each next tile while the products of one
@@ -1180,10 +1185,6 @@ consume (const GemmParams &p, uint8_t *ring, const float *scales, uint64_t *full
 
   for (uint32_t t = blockIdx.x;; t += gridDim.x)
     {
-      /* A tile's sums: nothing of them lives on into the next tile (a
-       * short tile leaves the second half unset). */
-      float acc[kBlockN / 2];
-
       if (direct)
         {
           if (!locate_tile<kOps, kKind> (p, t, walk, tile))
