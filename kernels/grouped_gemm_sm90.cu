@@ -607,16 +607,21 @@ equally_spaced (const void * const *table, uint32_t n, uint64_t *stride)
   return true;
 }
 
+/* Whether environment variable `name` is set to `value`. */
+bool
+env_equals (const char *name, const char *value)
+{
+  const char *set = getenv (name);
+
+  return set != nullptr && strcmp (set, value) == 0;
+}
+
 /* GMLP_SM90_SCHEDULE=plan sends every call through the plan (the tests
  * use it to check that path on shapes the direct schedule takes). */
 bool
 plan_forced (void)
 {
-  static const bool forced = [] {
-    const char *value = getenv ("GMLP_SM90_SCHEDULE");
-
-    return value != nullptr && strcmp (value, "plan") == 0;
-  } ();
+  static const bool forced = env_equals ("GMLP_SM90_SCHEDULE", "plan");
 
   return forced;
 }
@@ -627,11 +632,7 @@ plan_forced (void)
 bool
 short_tiles_enabled (void)
 {
-  static const bool enabled = [] {
-    const char *value = getenv ("GMLP_SM90_SHORT_TILES");
-
-    return value == nullptr || strcmp (value, "off") != 0;
-  } ();
+  static const bool enabled = !env_equals ("GMLP_SM90_SHORT_TILES", "off");
 
   return enabled;
 }

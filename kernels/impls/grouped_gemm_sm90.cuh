@@ -759,7 +759,7 @@ write_tile (const GemmParams &p, const Tile &tile, const GroupWork &w, const Sha
 }
 
 /* The TMA epilogue: the common case, and the one that overlaps the next
- * tile's products. Each consumer writes its 64 × kBlockN half in 64-column
+ * tile's products. Each consumer writes its share (Share) in 64-column
  * subtiles: the fragments, bias added and rounded to C's dtype (by the
  * hardware, to nearest even), go into one of two 8 KiB slots of its buffer
  * in the 128-byte swizzled layout of C's tensor map, then one thread hands
@@ -1247,12 +1247,13 @@ consume (const GemmParams &p, uint8_t *ring, const float *scales, uint64_t *full
             acc[i] *= scale;
         }
 
-      /* C is FP32 or the operands' dtype (the host check); FP8 products
-       * write any of FP32, BF16 and FP16. */
       const Share share = short_tile<kOps, kKind> (p, tile) ?
         Share { tile.m0, tile.n0 + half * (kBlockN / 2), kBlockN / 2 } :
         Share { tile.m0 + half * 64, tile.n0, kBlockN };
       bool written;
+
+      /* C is FP32 or the operands' dtype (the host check); FP8 products
+       * write any of FP32, BF16 and FP16. */
       if (p.c_dtype == GMLP_NUM_FLOAT32)
         written = write_tile_tma<kKind, GMLP_NUM_FLOAT32, kBlockN> (p, tile, w, share, acc, slots, half, direct);
       else if (Cfg::kFp8 ? p.c_dtype == GMLP_NUM_BFLOAT16 : Cfg::kBf16)
