@@ -6,7 +6,11 @@
 # Lines of gmlp-bench --quantize ("bench":"gmlp-quantize") get a table of
 # GB/s against the device-to-device copy that anchors.py measures.
 #
-#   compare.py GMLP.jsonl ANCHORS.jsonl CUBLAS.jsonl
+#   compare.py GMLP.jsonl ANCHORS.jsonl CUBLAS.jsonl [STEADY.jsonl]
+#
+# STEADY.jsonl (bench/cublas_loop_steady.cu) is the anchor's cuBLAS loop timed
+# as gmlp-bench times; given, the host-sizes BF16 fprop table has a column
+# for it and the ratio to it, the like-for-like comparison.
 #
 # SPDX-License-Identifier: LGPL-2.1-or-later
 
@@ -47,6 +51,9 @@ for r in lines(sys.argv[1]):
 torch = {(r['shape'], bool(r['skew'])): r for r in lines(sys.argv[2]) if 'shape' in r}
 copy_gbps = next((r['d2d_GBps_rw'] for r in lines(sys.argv[2]) if 'd2d_GBps_rw' in r), None)
 cublas = {(r['shape'], bool(r['skew'])): r for r in lines(sys.argv[3]) if 'shape' in r}
+# None without a fourth argument: the table keeps its old columns.
+steady = ({(r['shape'], bool(r['skew'])): r for r in lines(sys.argv[4]) if 'shape' in r}
+          if len(sys.argv) > 4 else None)
 
 
 def f(v):
@@ -70,9 +77,19 @@ def report(sizes):
         return
 
     print('## %s\n' % TITLES.get(sizes, sizes))
+    # The steady loop is the reference of the host-sizes path (cuBLAS there).
+    with_steady = steady is not None and sizes == 'host'
     print('### fprop (y = x Wᵀ), BF16, TFLOP/s\n')
-    print('| shape | routing | libgmlp | cuBLAS loop | cuBLAS 4 streams | cuBLAS grouped batched | torch._grouped_mm | vs loop | vs grouped batched | vs best anchor | skewed / balanced | host µs/call |')
-    print('|---|---|---|---|---|---|---|---|---|---|---|---|')
+    if with_steady:
+        print('cuBLAS loop (steady): the same loop timed as gmlp-bench times libgmlp, 400 ms '
+              'back to back then the median of the timed calls (bench/cublas_loop_steady.cu); '
+              'cuBLAS loop: 10 calls then the median of 30.\n')
+    cols = ['shape', 'routing', 'libgmlp', 'cuBLAS loop'] + (['cuBLAS loop (steady)'] if with_steady else []) + \
+        ['cuBLAS 4 streams', 'cuBLAS grouped batched', 'torch._grouped_mm', 'vs loop'] + \
+        (['vs loop (steady)'] if with_steady else []) + \
+        ['vs grouped batched', 'vs best anchor', 'skewed / balanced', 'host µs/call']
+    print('| %s |' % ' | '.join(cols))
+    print('|%s' % ('---|' * len(cols)))
     for shape, skew in shapes:
         g = gmlp.get((sizes, shape, skew, 'fprop'), {})
         bal = gmlp.get((sizes, shape, False, 'fprop'), {})
@@ -84,10 +101,14 @@ def report(sizes):
         grouped = c.get('cublas_grouped_batched_tflops')
         tg = t.get('grouped_fprop_tflops')
         best = max([v for v in (loop, loop4, grouped, tg) if v] or [0])
-        print('| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %.0f |' % (
-            shape, 'skewed' if skew else 'balanced', f(ours), f(loop), f(loop4), f(grouped), f(tg),
-            ratio(ours, loop), ratio(ours, grouped), ratio(ours, best),
-            ratio(ours, bal.get('tflops')) if skew else '', g.get('host_us', 0)))
+        loop_steady = steady.get((shape, skew), {}).get('cublas_loop_steady_tflops') if with_steady else None
+        cells = [shape, 'skewed' if skew else 'balanced', f(ours), f(loop)] + \
+            ([f(loop_steady)] if with_steady else []) + \
+            [f(loop4), f(grouped), f(tg), ratio(ours, loop)] + \
+            ([ratio(ours, loop_steady)] if with_steady else []) + \
+            [ratio(ours, grouped), ratio(ours, best),
+             ratio(ours, bal.get('tflops')) if skew else '', '%.0f' % g.get('host_us', 0)]
+        print('| %s |' % ' | '.join(cells))
 
     print('\n### wgrad (dW = dyᵀ x) and dgrad (dx = dy W), BF16, TFLOP/s\n')
     print('| shape | routing | libgmlp wgrad | torch loop wgrad | torch._grouped_mm wgrad | wgrad vs torch grouped | libgmlp dgrad | dgrad host µs | wgrad host µs |')

@@ -10,6 +10,9 @@ export GMLP_BACKEND_DIR="$PWD/build-gpu/libgmlp/backend/cuda"
 export PATH="/usr/local/cuda/bin:$PATH"
 
 nvcc -O2 -gencode=arch=compute_90a,code=sm_90a -o /tmp/cublas_anchor .bench/cublas_anchor.cu -lcublas
+# The anchor's cuBLAS loop timed as gmlp-bench times (400 ms back to back,
+# median of 100): the like-for-like reference for the host-sizes fprop.
+nvcc -O2 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -o /tmp/cublas_loop_steady bench/cublas_loop_steady.cu -lcublas
 build-gpu/bench/gmlp-bench "$@" | tee "$out/gmlp-bench.jsonl"
 build-gpu/bench/gmlp-bench --device-sizes "$@" | tee -a "$out/gmlp-bench.jsonl"
 # Host sizes on cuBLAS alone, for the routing rule of gmlp-cuda-gemm-device.c.
@@ -29,6 +32,9 @@ for recipe in delayed current blockwise mxfp8; do
 done
 build-gpu/bench/gmlp-bench --quantize --fp8=current --device-sizes "$@" | tee -a "$out/gmlp-bench.jsonl"
 /tmp/cublas_anchor | tee "$out/cublas-anchor.jsonl"
+/tmp/cublas_loop_steady | tee "$out/cublas-loop-steady.jsonl"
 PYTHONUNBUFFERED=1 python3 .bench/anchors.py "$out/anchors.json" | tee "$out/anchors.jsonl"
-python3 bench/compare.py "$out/gmlp-bench.jsonl" "$out/anchors.jsonl" "$out/cublas-anchor.jsonl" | tee "$out/compare.md"
-python3 bench/compare.py "$out/gmlp-bench-cublas.jsonl" "$out/anchors.jsonl" "$out/cublas-anchor.jsonl" > "$out/compare-cublas.md"
+python3 bench/compare.py "$out/gmlp-bench.jsonl" "$out/anchors.jsonl" "$out/cublas-anchor.jsonl" \
+  "$out/cublas-loop-steady.jsonl" | tee "$out/compare.md"
+python3 bench/compare.py "$out/gmlp-bench-cublas.jsonl" "$out/anchors.jsonl" "$out/cublas-anchor.jsonl" \
+  "$out/cublas-loop-steady.jsonl" > "$out/compare-cublas.md"
