@@ -10,8 +10,10 @@
 // problems: the anchor's shapes, its balanced and skewed splits, its fill,
 // its cublasGemmEx call and operand layout, a 32 MiB workspace.
 //
-//   cublas_loop_steady [-s|--shape NAME] [-n|--iters N]
+//   [CLS_MATH=disallow] cublas_loop_steady [-s|--shape NAME] [-n|--iters N]
 //
+// CLS_MATH=disallow sets libgmlp's cuBLAS math mode (no split-K sums in the
+// 16-bit output type).
 // One JSON line per shape and routing; "cublas_loop_steady_tflops" is
 // gmlp-bench's method, "cublas_loop_short_tflops" the anchor's.
 //
@@ -217,8 +219,8 @@ int main(int argc, char **argv) {
   CB(cublasSetStream(h, st));
   CK(cudaMalloc(&ws, 32 << 20));
   CB(cublasSetWorkspace(h, ws, 32 << 20));
-  // CLS_MATH=disallow: libgmlp's math mode (no split-K sums in the 16-bit
-  // output type), to tell its effect from the timing method's.
+  // CLS_MATH (see the top): to tell the math mode's effect from the timing
+  // method's.
   const char *math = getenv("CLS_MATH");
   const bool disallow = math != nullptr && !strcmp(math, "disallow");
   if (disallow)
