@@ -13,7 +13,14 @@
 //   [CLS_MATH=disallow] cublas_loop_steady [-s|--shape NAME] [-n|--iters N]
 //
 // CLS_MATH=disallow sets libgmlp's cuBLAS math mode (no split-K sums in the
-// 16-bit output type).
+// 16-bit output type). To tell what else could part libgmlp's forward from
+// this loop: CLS_FILL=gmlp draws the operands as gmlp-bench does (x from
+// [-1, 1), W from ±1/sqrt(K), libgmlp's generator) instead of the anchor's
+// fill; CLS_ALLOC=pool allocates y from the stream-ordered pool on every
+// call and frees it after, as a libgmlp forward does with its output.
+// CLS_CHUNK=C cuts each group's rows into chunks of C rows (0: the balanced
+// size), runs every whole chunk in one cublasGemmBatchedEx call and loops
+// over the rest: what batching equal products gains over the loop.
 // One JSON line per shape and routing; "cublas_loop_steady_tflops" is
 // gmlp-bench's method, "cublas_loop_short_tflops" the anchor's.
 //
@@ -30,6 +37,8 @@
 #include <cstring>
 #include <thread>
 #include <vector>
+
+#include "gmlp-numeric.h"
 
 #define CK(x) check_cuda((x), #x, __LINE__)
 #define CB(x) check_cublas((x), #x, __LINE__)
@@ -80,6 +89,17 @@ __global__ void fill(__nv_bfloat16 *p, size_t n, unsigned seed, float scale) {
     h ^= h >> 15;
     p[i] = __float2bfloat16(((h & 0xffff) / 65535.0f - 0.5f) * scale);
   }
+}
+
+// gmlp_grouped_tensor_fill_random()'s values: uniform in [-scale, scale).
+__global__ void fill_gmlp(__nv_bfloat16 *p, size_t n, uint64_t seed, float scale) {
+  size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+  for (; i < n; i += (size_t)gridDim.x * blockDim.x) p[i] = __float2bfloat16(gmlp_num_random_uniform(seed, i, scale));
+}
+
+static bool env_is(const char *name, const char *value) {
+  const char *v = getenv(name);
+  return v != nullptr && !strcmp(v, value);
 }
 
 // Balanced (remainder on expert 0, as gmlp-bench), or cublas_anchor's skewed
@@ -221,54 +241,119 @@ int main(int argc, char **argv) {
   CB(cublasSetWorkspace(h, ws, 32 << 20));
   // CLS_MATH (see the top): to tell the math mode's effect from the timing
   // method's.
-  const char *math = getenv("CLS_MATH");
-  const bool disallow = math != nullptr && !strcmp(math, "disallow");
+  const bool disallow = env_is("CLS_MATH", "disallow");
+  const bool gmlp_fill = env_is("CLS_FILL", "gmlp"), pool = env_is("CLS_ALLOC", "pool");
+  const char *chunk_env = getenv("CLS_CHUNK");
+  if (chunk_env != nullptr && pool) {
+    fprintf(stderr, "cublas_loop_steady: CLS_CHUNK and CLS_ALLOC=pool do not combine\n");
+    return EXIT_FAILURE;
+  }
+  // libgmlp's pool (gmlp-cuda-backend.c): its own, keeping what is freed.
+  cudaMemPool_t mem_pool;
+  cudaMemPoolProps pool_props = {};
+  uint64_t keep_all = UINT64_MAX;
+  pool_props.allocType = cudaMemAllocationTypePinned;
+  pool_props.location.type = cudaMemLocationTypeDevice;
+  pool_props.location.id = dev;
+  CK(cudaMemPoolCreate(&mem_pool, &pool_props));
+  CK(cudaMemPoolSetAttribute(mem_pool, cudaMemPoolAttrReleaseThreshold, &keep_all));
   if (disallow)
     CB(cublasSetMathMode(h, (cublasMath_t)(CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
 
   for (auto &s : shapes) {
     if (only != nullptr && strcmp(only, s.name)) continue;
-    __nv_bfloat16 *x, *w, *y;
+    __nv_bfloat16 *x, *w, *y_fixed;
     CK(cudaMalloc(&x, (size_t)s.M * s.K * 2));
     CK(cudaMalloc(&w, (size_t)s.E * s.N * s.K * 2));
-    CK(cudaMalloc(&y, (size_t)s.M * s.N * 2));
-    fill<<<1024, 256, 0, st>>>(x, (size_t)s.M * s.K, 1, 2.f);
-    CK(cudaGetLastError());
-    fill<<<1024, 256, 0, st>>>(w, (size_t)s.E * s.N * s.K, 2, 0.04f);
+    CK(cudaMalloc(&y_fixed, (size_t)s.M * s.N * 2));
+    if (gmlp_fill) {
+      // gmlp-bench: x with seed 1, scale 1; the layer's weights with seed 0, ±1/sqrt(K).
+      fill_gmlp<<<1024, 256, 0, st>>>(x, (size_t)s.M * s.K, 1, 1.f);
+      CK(cudaGetLastError());
+      fill_gmlp<<<1024, 256, 0, st>>>(w, (size_t)s.E * s.N * s.K, 0, 1.f / sqrtf((float)s.K));
+    } else {
+      fill<<<1024, 256, 0, st>>>(x, (size_t)s.M * s.K, 1, 2.f);
+      CK(cudaGetLastError());
+      fill<<<1024, 256, 0, st>>>(w, (size_t)s.E * s.N * s.K, 2, 0.04f);
+    }
     CK(cudaGetLastError());
     CK(cudaStreamSynchronize(st));
     double flops = 2.0 * s.M * s.N * s.K;
 
     for (int skew = 0; skew < 2; skew++) {
       std::vector<int> m = split_rows(s, skew);
+      // CLS_CHUNK: the whole chunks' A, B and C pointers in one device table.
+      int chunk = chunk_env == nullptr ? -1 : atoi(chunk_env) > 0 ? atoi(chunk_env) : s.M / s.E;
+      std::vector<const void *> weights, inputs, outputs;
+      struct Rest { int e; size_t row0; int rows; };
+      std::vector<Rest> rest;
+      size_t row0 = 0;
+      for (int e = 0; e < s.E; e++) {
+        int done = 0;
+        for (; chunk > 0 && done + chunk <= m[e]; done += chunk) {
+          weights.push_back(w + (size_t)e * s.N * s.K);
+          inputs.push_back(x + (row0 + done) * s.K);
+          outputs.push_back(y_fixed + (row0 + done) * s.N);
+        }
+        if (m[e] > done) rest.push_back({e, row0 + done, m[e] - done});
+        row0 += m[e];
+      }
+      const size_t batch = weights.size();
+      std::vector<const void *> table(weights);
+      table.insert(table.end(), inputs.begin(), inputs.end());
+      table.insert(table.end(), outputs.begin(), outputs.end());
+      void **device_table = nullptr;
+      if (batch > 0) {
+        CK(cudaMalloc(&device_table, table.size() * sizeof(void *)));
+        CK(cudaMemcpy(device_table, table.data(), table.size() * sizeof(void *), cudaMemcpyHostToDevice));
+      }
       // cublas_anchor's loop1: y_e = x_e W_e^T, row-major, empty experts skipped.
       auto loop = [&] {
         const float one = 1.f, zero = 0.f;
-        size_t r = 0;
-        for (int e = 0; e < s.E; e++) {
-          if (m[e])
-            CB(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, s.N, m[e], s.K, &one, w + (size_t)e * s.N * s.K,
-                            CUDA_R_16BF, s.K, x + r * s.K, CUDA_R_16BF, s.K, &zero, y + r * s.N, CUDA_R_16BF,
-                            s.N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-          r += m[e];
+        __nv_bfloat16 *y = y_fixed;
+        if (pool) CK(cudaMallocFromPoolAsync((void **)&y, (size_t)s.M * s.N * 2, mem_pool, st));
+        if (chunk_env != nullptr) {
+          if (batch > 0)
+            CB(cublasGemmBatchedEx(h, CUBLAS_OP_T, CUBLAS_OP_N, s.N, chunk, s.K, &one,
+                                   (const void *const *)device_table, CUDA_R_16BF, s.K,
+                                   (const void *const *)(device_table + batch), CUDA_R_16BF, s.K, &zero,
+                                   device_table + 2 * batch, CUDA_R_16BF, s.N, (int)batch, CUBLAS_COMPUTE_32F,
+                                   CUBLAS_GEMM_DEFAULT));
+          for (auto &q : rest)
+            CB(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, s.N, q.rows, s.K, &one, w + (size_t)q.e * s.N * s.K,
+                            CUDA_R_16BF, s.K, x + q.row0 * s.K, CUDA_R_16BF, s.K, &zero, y + q.row0 * s.N,
+                            CUDA_R_16BF, s.N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        } else {
+          size_t r = 0;
+          for (int e = 0; e < s.E; e++) {
+            if (m[e])
+              CB(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, s.N, m[e], s.K, &one, w + (size_t)e * s.N * s.K,
+                              CUDA_R_16BF, s.K, x + r * s.K, CUDA_R_16BF, s.K, &zero, y + r * s.N, CUDA_R_16BF,
+                              s.N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+            r += m[e];
+          }
         }
+        if (pool) CK(cudaFreeAsync(y, st));
       };
       CK(cudaStreamSynchronize(st));
       std::this_thread::sleep_for(kRest);
       float short_ms = time_short(st, loop);
       float steady_ms = time_steady(st, iters, loop);
       printf("{\"bench\":\"cublas-loop-steady\",\"device\":\"%s\",\"shape\":\"%s\",\"E\":%d,\"M\":%d,\"K\":%d,"
-             "\"N\":%d,\"skew\":%d,\"math\":\"%s\",\"iters\":%d,\"steady_ms\":%.4f,\"short_ms\":%.4f,"
+             "\"N\":%d,\"skew\":%d,\"math\":\"%s\",\"fill\":\"%s\",\"y\":\"%s\",\"chunk\":%d,\"iters\":%d,\"steady_ms\":%.4f,\"short_ms\":%.4f,"
              "\"cublas_loop_steady_tflops\":%.1f,\"cublas_loop_short_tflops\":%.1f}\n",
-             prop.name, s.name, s.E, s.M, s.K, s.N, skew, disallow ? "disallow-reduced" : "default", iters, steady_ms, short_ms,
+             prop.name, s.name, s.E, s.M, s.K, s.N, skew, disallow ? "disallow-reduced" : "default",
+             gmlp_fill ? "gmlp" : "anchor", pool ? "pool" : "fixed", chunk, iters, steady_ms, short_ms,
              flops / steady_ms / 1e9, flops / short_ms / 1e9);
       fflush(stdout);
+      if (device_table != nullptr) CK(cudaFree(device_table));
     }
     CK(cudaFree(x));
     CK(cudaFree(w));
-    CK(cudaFree(y));
+    CK(cudaFree(y_fixed));
   }
   CB(cublasDestroy(h));
+  CK(cudaMemPoolDestroy(mem_pool));
   CK(cudaFree(ws));
   CK(cudaStreamDestroy(st));
   return EXIT_SUCCESS;

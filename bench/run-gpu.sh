@@ -12,7 +12,7 @@ export PATH="/usr/local/cuda/bin:$PATH"
 nvcc -O2 -gencode=arch=compute_90a,code=sm_90a -o /tmp/cublas_anchor .bench/cublas_anchor.cu -lcublas
 # The anchor's cuBLAS loop timed as gmlp-bench times (400 ms back to back,
 # median of 100): the like-for-like reference for the host-sizes fprop.
-nvcc -O2 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -o /tmp/cublas_loop_steady bench/cublas_loop_steady.cu -lcublas
+nvcc -O2 -std=c++17 -Ikernels -gencode=arch=compute_90a,code=sm_90a -o /tmp/cublas_loop_steady bench/cublas_loop_steady.cu -lcublas
 build-gpu/bench/gmlp-bench "$@" | tee "$out/gmlp-bench.jsonl"
 build-gpu/bench/gmlp-bench --device-sizes "$@" | tee -a "$out/gmlp-bench.jsonl"
 # Host sizes on cuBLAS alone, for the routing rule of gmlp-cuda-gemm-device.c.

@@ -408,6 +408,63 @@ test_many_experts (void)
     }
 }
 
+/* Every group of one size (balanced routing): on CUDA with host sizes, one
+ * batched cuBLAS call for all groups instead of a loop. Odd sizes, an empty
+ * group among equal ones, and wgrad added into main_grad (the same beta for
+ * every product, so batched as well). */
+static void
+test_equal_groups (void)
+{
+  g_autoptr(GmlpDevice) device = gmlp_test_device_or_skip ();
+  guint d, g;
+
+  if (device == NULL)
+    return;
+
+  for (d = 0; d < G_N_ELEMENTS (layer_dtypes); d++)
+    {
+      gint64 equal[] = { 37, 37, 37, 37, 37 }, one_empty[] = { 64, 64, 0, 64, 64 };
+      g_autoptr(GmlpGroupedLinear) a = new_layer (device, 5, 40, 24, layer_dtypes[d],
+                                                  GMLP_LINEAR_SINGLE_GROUPED_WEIGHT | GMLP_LINEAR_BIAS);
+      g_autoptr(GmlpGroupedLinear) b = new_layer (device, 5, 24, 56, layer_dtypes[d],
+                                                  GMLP_LINEAR_SINGLE_GROUPED_WEIGHT);
+
+      run_and_check (a, equal);
+      run_and_check (b, one_empty);
+    }
+
+  for (d = 0; d < G_N_ELEMENTS (layer_dtypes); d++)
+    {
+      const guint n = 4;
+      const gint64 k = 24, o = 40;
+      gint64 rows[] = { 33, 33, 33, 33 }, wr[] = { o, o, o, o };
+      g_autoptr(GmlpGroupedLinear) layer = new_layer (device, n, k, o, layer_dtypes[d],
+                                                      GMLP_LINEAR_SINGLE_GROUPED_WEIGHT |
+                                                      GMLP_LINEAR_FUSE_WGRAD_ACCUMULATION);
+      g_autoptr(GmlpGroupedTensor) x = NULL, dy = NULL, y = NULL, dx = NULL, mg = NULL;
+      g_autoptr(GmlpSavedActivations) saved = NULL;
+      g_autoptr(GError) error = NULL;
+      g_autoptr(Problem) p = problem_new (layer, rows, &x, &dy);
+      g_autofree double *before = NULL, *got = NULL, *want = g_new (double, n * o * k);
+      double tol = MAX (gmlp_test_tolerance (p->dtype), 2e-5);
+
+      mg = gmlp_test_random_tensor (device, GMLP_DTYPE_FLOAT32, wr, n, k, 1.0, &before);
+      g_assert_true (gmlp_grouped_linear_set_main_grad (layer, mg, &error));
+      g_assert_no_error (error);
+      y = gmlp_grouped_linear_forward (layer, x, &saved, &error);
+      g_assert_no_error (error);
+      check_output (y, p->y, p, p->o, "fprop");
+      dx = gmlp_grouped_linear_backward (layer, saved, dy, &error);
+      g_assert_no_error (error);
+      check_output (dx, p->dx, p, p->k, "dgrad");
+      g_assert_true (gmlp_grouped_linear_get_grad_added_to_main_grad (layer));
+      for (g = 0; g < n * o * k; g++)
+        want[g] = before[g] + p->dw[g];
+      got = gmlp_test_download (mg, NULL);
+      gmlp_test_assert_close (got, want, n * o * k, tol, "main_grad");
+    }
+}
+
 /* The gradient contract, one row per combination of the three options, as
  * in docs/gradient-contract.md. */
 typedef struct {
@@ -1503,6 +1560,7 @@ main (int argc, char *argv[])
   g_test_add_func ("/Gmlp/GroupedLinear/numerics", test_numerics);
   g_test_add_func ("/Gmlp/GroupedLinear/shapes", test_shapes);
   g_test_add_func ("/Gmlp/GroupedLinear/many-experts", test_many_experts);
+  g_test_add_func ("/Gmlp/GroupedLinear/equal-groups", test_equal_groups);
   g_test_add_func ("/Gmlp/GroupedLinear/contract", test_contract);
   g_test_add_func ("/Gmlp/GroupedLinear/wgrad-ready", test_wgrad_ready);
   g_test_add_func ("/Gmlp/GroupedLinear/microbatches", test_microbatches);
