@@ -21,6 +21,8 @@
 // CLS_CHUNK=C cuts each group's rows into chunks of C rows (0: the balanced
 // size), runs every whole chunk in one cublasGemmBatchedEx call and loops
 // over the rest: what batching equal products gains over the loop.
+// CLS_WARM_MS=T runs the op back to back for T ms before the steady timing
+// instead of gmlp-bench's 400: how far the clock still falls after that.
 // One JSON line per shape and routing; "cublas_loop_steady_tflops" is
 // gmlp-bench's method, "cublas_loop_short_tflops" the anchor's.
 //
@@ -70,7 +72,7 @@ static const Shape shapes[] = {
 };
 
 // gmlp-bench's WARM_UP_US and the three host-timed calls before it.
-static const auto kWarmUp = std::chrono::milliseconds(400);
+static const long kWarmUpMs = 400;
 static const int kHostCalls = 3;
 // cublas_anchor's timeit().
 static const int kShortWarm = 10, kShortTimed = 30;
@@ -164,13 +166,14 @@ template <class F> static float time_short(cudaStream_t st, F f) {
 // a few calls ahead at most), then n calls queued back to back, each
 // between two events of its own (as gmlp_event_new_recorded makes them),
 // and the median.
-template <class F> static float time_steady(cudaStream_t st, int n, F f) {
+template <class F> static float time_steady(cudaStream_t st, int n, long warm_ms, F f) {
+  const auto warm_up = std::chrono::milliseconds(warm_ms);
   for (int i = 0; i < kHostCalls; i++) {
     CK(cudaStreamSynchronize(st));
     f();
   }
   auto start = std::chrono::steady_clock::now();
-  for (int i = 0; std::chrono::steady_clock::now() - start < kWarmUp; i++) {
+  for (int i = 0; std::chrono::steady_clock::now() - start < warm_up; i++) {
     f();
     if (i % 4 == 3) CK(cudaStreamSynchronize(st));
   }
@@ -243,7 +246,16 @@ int main(int argc, char **argv) {
   // method's.
   const bool disallow = env_is("CLS_MATH", "disallow");
   const bool gmlp_fill = env_is("CLS_FILL", "gmlp"), pool = env_is("CLS_ALLOC", "pool");
-  const char *chunk_env = getenv("CLS_CHUNK");
+  const char *chunk_env = getenv("CLS_CHUNK"), *warm_env = getenv("CLS_WARM_MS");
+  long warm_ms = kWarmUpMs;
+  if (warm_env != nullptr) {
+    char *end;
+    warm_ms = strtol(warm_env, &end, 10);
+    if (*warm_env == '\0' || *end != '\0' || warm_ms < 0 || warm_ms > 600000) {
+      fprintf(stderr, "cublas_loop_steady: CLS_WARM_MS must be a number of milliseconds\n");
+      return EXIT_FAILURE;
+    }
+  }
   if (chunk_env != nullptr && pool) {
     fprintf(stderr, "cublas_loop_steady: CLS_CHUNK and CLS_ALLOC=pool do not combine\n");
     return EXIT_FAILURE;
@@ -338,12 +350,12 @@ int main(int argc, char **argv) {
       CK(cudaStreamSynchronize(st));
       std::this_thread::sleep_for(kRest);
       float short_ms = time_short(st, loop);
-      float steady_ms = time_steady(st, iters, loop);
+      float steady_ms = time_steady(st, iters, warm_ms, loop);
       printf("{\"bench\":\"cublas-loop-steady\",\"device\":\"%s\",\"shape\":\"%s\",\"E\":%d,\"M\":%d,\"K\":%d,"
-             "\"N\":%d,\"skew\":%d,\"math\":\"%s\",\"fill\":\"%s\",\"y\":\"%s\",\"chunk\":%d,\"iters\":%d,\"steady_ms\":%.4f,\"short_ms\":%.4f,"
+             "\"N\":%d,\"skew\":%d,\"math\":\"%s\",\"fill\":\"%s\",\"y\":\"%s\",\"chunk\":%d,\"warm_ms\":%ld,\"iters\":%d,\"steady_ms\":%.4f,\"short_ms\":%.4f,"
              "\"cublas_loop_steady_tflops\":%.1f,\"cublas_loop_short_tflops\":%.1f}\n",
              prop.name, s.name, s.E, s.M, s.K, s.N, skew, disallow ? "disallow-reduced" : "default",
-             gmlp_fill ? "gmlp" : "anchor", pool ? "pool" : "fixed", chunk, iters, steady_ms, short_ms,
+             gmlp_fill ? "gmlp" : "anchor", pool ? "pool" : "fixed", chunk, warm_ms, iters, steady_ms, short_ms,
              flops / steady_ms / 1e9, flops / short_ms / 1e9);
       fflush(stdout);
       if (device_table != nullptr) CK(cudaFree(device_table));
