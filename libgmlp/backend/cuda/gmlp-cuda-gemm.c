@@ -729,9 +729,9 @@ gmlp_cuda_gemm_use_row_tiles (const GmlpBackendGemm *gemm)
   return tiled * 4 >= rows * 3;
 }
 
-/* The products when every one has the same shape (balanced routing), else
- * NULL. One cublasGemmBatchedEx() call then puts the tiles of all of them
- * in one grid, where a loop leaves each product's last wave part empty, or
+/* Products all of one shape (balanced routing) run as one
+ * cublasGemmBatchedEx() call, which puts the tiles of all of them in one
+ * grid, where a loop leaves each product's last wave part empty, or
  * SMs idle on a product smaller than the GPU. H200, BF16, TFLOP/s at the
  * power limit, one batched call against the loop (gmlp-bench, balanced):
  *
@@ -748,6 +748,7 @@ gmlp_cuda_gemm_use_row_tiles (const GmlpBackendGemm *gemm)
  * GMLP_CUDA_NO_BATCHED set keeps the loop, for comparisons. */
 #define GMLP_CUDA_BATCHED_MAX_MEAN_FLOP 64e9
 
+/* Whether there are two products or more, averaging under the limit above. */
 static gboolean
 gmlp_cuda_gemm_below_batched_size (const GmlpCudaGemmPlan *plan)
 {
@@ -755,6 +756,8 @@ gmlp_cuda_gemm_below_batched_size (const GmlpCudaGemmPlan *plan)
          plan->total_flop < GMLP_CUDA_BATCHED_MAX_MEAN_FLOP * plan->n_products;
 }
 
+/* The products to compute when every one has the same shape, in group
+ * order, with their number in *count; NULL when they differ. */
 static GmlpCudaProduct *
 gmlp_cuda_gemm_uniform_products (const GmlpBackendGemm *gemm,
                                  guint                 *count)
