@@ -256,6 +256,8 @@ int main(int argc, char **argv) {
       return EXIT_FAILURE;
     }
   }
+  // CLS_CHUNK's rows; 0 (or not a positive number) means each shape's balanced size.
+  const int chunk_rows = chunk_env == nullptr ? -1 : std::max(atoi(chunk_env), 0);
   if (chunk_env != nullptr && pool) {
     fprintf(stderr, "cublas_loop_steady: CLS_CHUNK and CLS_ALLOC=pool do not combine\n");
     return EXIT_FAILURE;
@@ -295,7 +297,7 @@ int main(int argc, char **argv) {
     for (int skew = 0; skew < 2; skew++) {
       std::vector<int> m = split_rows(s, skew);
       // CLS_CHUNK: the whole chunks' A, B and C pointers in one device table.
-      int chunk = chunk_env == nullptr ? -1 : atoi(chunk_env) > 0 ? atoi(chunk_env) : s.M / s.E;
+      const int chunk = chunk_rows == 0 ? s.M / s.E : chunk_rows;
       std::vector<const void *> weights, inputs, outputs;
       struct Rest { int e; size_t row0; int rows; };
       std::vector<Rest> rest;
@@ -319,32 +321,22 @@ int main(int argc, char **argv) {
         CK(cudaMalloc(&device_table, table.size() * sizeof(void *)));
         CK(cudaMemcpy(device_table, table.data(), table.size() * sizeof(void *), cudaMemcpyHostToDevice));
       }
-      // cublas_anchor's loop1: y_e = x_e W_e^T, row-major, empty experts skipped.
+      // cublas_anchor's loop1: y_e = x_e W_e^T, row-major, empty experts
+      // skipped. Without CLS_CHUNK, rest holds every group that has rows.
       auto loop = [&] {
         const float one = 1.f, zero = 0.f;
         __nv_bfloat16 *y = y_fixed;
         if (pool) CK(cudaMallocFromPoolAsync((void **)&y, (size_t)s.M * s.N * 2, mem_pool, st));
-        if (chunk_env != nullptr) {
-          if (batch > 0)
-            CB(cublasGemmBatchedEx(h, CUBLAS_OP_T, CUBLAS_OP_N, s.N, chunk, s.K, &one,
-                                   (const void *const *)device_table, CUDA_R_16BF, s.K,
-                                   (const void *const *)(device_table + batch), CUDA_R_16BF, s.K, &zero,
-                                   device_table + 2 * batch, CUDA_R_16BF, s.N, (int)batch, CUBLAS_COMPUTE_32F,
-                                   CUBLAS_GEMM_DEFAULT));
-          for (auto &q : rest)
-            CB(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, s.N, q.rows, s.K, &one, w + (size_t)q.e * s.N * s.K,
-                            CUDA_R_16BF, s.K, x + q.row0 * s.K, CUDA_R_16BF, s.K, &zero, y + q.row0 * s.N,
-                            CUDA_R_16BF, s.N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-        } else {
-          size_t r = 0;
-          for (int e = 0; e < s.E; e++) {
-            if (m[e])
-              CB(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, s.N, m[e], s.K, &one, w + (size_t)e * s.N * s.K,
-                              CUDA_R_16BF, s.K, x + r * s.K, CUDA_R_16BF, s.K, &zero, y + r * s.N, CUDA_R_16BF,
-                              s.N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-            r += m[e];
-          }
-        }
+        if (batch > 0)
+          CB(cublasGemmBatchedEx(h, CUBLAS_OP_T, CUBLAS_OP_N, s.N, chunk, s.K, &one,
+                                 (const void *const *)device_table, CUDA_R_16BF, s.K,
+                                 (const void *const *)(device_table + batch), CUDA_R_16BF, s.K, &zero,
+                                 device_table + 2 * batch, CUDA_R_16BF, s.N, (int)batch, CUBLAS_COMPUTE_32F,
+                                 CUBLAS_GEMM_DEFAULT));
+        for (auto &q : rest)
+          CB(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, s.N, q.rows, s.K, &one, w + (size_t)q.e * s.N * s.K,
+                          CUDA_R_16BF, s.K, x + q.row0 * s.K, CUDA_R_16BF, s.K, &zero, y + q.row0 * s.N,
+                          CUDA_R_16BF, s.N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
         if (pool) CK(cudaFreeAsync(y, st));
       };
       CK(cudaStreamSynchronize(st));
