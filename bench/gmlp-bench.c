@@ -7,7 +7,7 @@
  * device events and the median taken, as the anchors are. The skewed split is
  * the one cublas_anchor.cu uses.
  *
- *   gmlp-bench [--shape NAME] [--iters N] [--divide D] [--fp8[=RECIPE]] [--quantized]
+ *   gmlp-bench [--shape NAME] [--iters N] [--divide D] [--rest-ms MS] [--fp8[=RECIPE]] [--quantized]
  *   gmlp-bench --quantize [--fp8=RECIPE] [--device-sizes] ...
  *
  * With --fp8 the layer has quantizers of RECIPE (delayed, the default,
@@ -49,6 +49,11 @@ static const Shape shapes[] = {
 static char *only_shape = NULL;
 static gint iters = 100;
 static gint divide = 1;
+/* Idle time before each shape and routing, as cublas_loop_steady rests
+ * before each of its routings: every routing's timings then start from
+ * the same rested GPU rather than from the clock the previous routing's
+ * seconds of products left it at. */
+static gint rest_ms = 1000;
 static gboolean offload_mode = FALSE;
 static gboolean mlp_mode = FALSE;
 static gboolean quantize_mode = FALSE;
@@ -83,6 +88,8 @@ static const GOptionEntry entries[] = {
   { "shape", 's', 0, G_OPTION_ARG_STRING, &only_shape, "Run one shape only", "NAME" },
   { "iters", 'n', 0, G_OPTION_ARG_INT, &iters, "Timed calls per measurement (default 100)", "N" },
   { "divide", 'd', 0, G_OPTION_ARG_INT, &divide, "Divide M, K and N by D (for the CPU)", "D" },
+  { "rest-ms", 0, 0, G_OPTION_ARG_INT, &rest_ms,
+    "Idle time before each shape and routing (default 1000, as cublas_loop_steady)", "MS" },
   { "offload", 0, 0, G_OPTION_ARG_NONE, &offload_mode, "Measure activation offload instead", NULL },
   { "mlp", 0, 0, G_OPTION_ARG_NONE, &mlp_mode, "Time a SwiGLU GroupedMLP step instead", NULL },
   { "quantize", 0, 0, G_OPTION_ARG_NONE, &quantize_mode,
@@ -678,6 +685,16 @@ out:
   return ok;
 }
 
+/* Waits for the device to finish, then idles for rest_ms. */
+static gboolean
+rest (GmlpDevice *device, GError **error)
+{
+  if (!gmlp_device_synchronize (device, error))
+    return FALSE;
+  g_usleep ((gulong) rest_ms * 1000);
+  return TRUE;
+}
+
 int
 main (int argc, char *argv[])
 {
@@ -695,9 +712,9 @@ main (int argc, char *argv[])
     }
   if (quantize_mode && fp8_recipe == GMLP_SCALING_RECIPE_NONE)
     fp8_recipe = GMLP_SCALING_RECIPE_DELAYED;
-  if (iters < 1 || divide < 1)
+  if (iters < 1 || divide < 1 || rest_ms < 0)
     {
-      g_printerr ("--iters and --divide must be positive\n");
+      g_printerr ("--iters and --divide must be positive, --rest-ms not negative\n");
       return EXIT_FAILURE;
     }
 
@@ -717,7 +734,8 @@ main (int argc, char *argv[])
         continue;
       any = TRUE;
       for (skew = 0; skew < 2; skew++)
-        if (!(mlp_mode ? bench_mlp (device, &shapes[s], skew, &error)
+        if (!rest (device, &error) ||
+            !(mlp_mode ? bench_mlp (device, &shapes[s], skew, &error)
               : quantize_mode ? bench_quantize (device, &shapes[s], skew, &error)
               : bench_shape (device, &shapes[s], skew, &error)))
           {
