@@ -627,8 +627,9 @@ plan_forced (void)
 }
 
 /* GMLP_SM90_SHORT_TILES=off computes a group's last tile of 64 rows or
- * fewer as a whole 128-row tile (GemmParams::short_tiles; for comparing
- * the two in benchmarks). */
+ * fewer as a whole 128-row tile, both consumers busy (GemmParams::
+ * short_tiles: FP8's short tiles and the 16-bit kernels' idle halves; for
+ * comparing the two in benchmarks). */
 bool
 short_tiles_enabled (void)
 {
@@ -636,6 +637,16 @@ short_tiles_enabled (void)
 
   return enabled;
 }
+
+/* The longest reduction (K of FPROP, N of DGRAD) for which the 16-bit
+ * kernels leave a short tile's second consumer idle (IdleHalves): they pay
+ * on short reductions and cost on long ones, for a reason not yet found
+ * (docs/performance.md). On the H200, device sizes, skewed routing,
+ * TFLOP/s, short tiles off -> idle halves on every reduction: small-e64
+ * (K 1024) fprop 271-274 -> 293-296, dgrad 291-294 -> 302-305; qwen3-fc1
+ * fprop (K 2048) 500-506 -> 500; dsv3-fc1 fprop (K 7168) 598-617 ->
+ * 573-579. */
+constexpr int64_t kIdleHalvesMaxReduction = 1024;
 
 int
 block_n_of (const GmlpKernelDeviceGemm *g)
@@ -953,7 +964,7 @@ gmlp_kernel_device_gemm_sm90 (const GmlpKernelDeviceGemm *gemm,
   params.out_cols = e.out_cols;
   params.reduction = e.reduction;
   params.c_dtype = gemm->c_dtype;
-  params.short_tiles = short_tiles_enabled ();
+  params.short_tiles = short_tiles_enabled () && (fp8 || e.reduction <= kIdleHalvesMaxReduction);
   params.a_scales = gemm->a_scales;
   params.b_scales = gemm->b_scales;
   if (direct_schedule (gemm, &params.direct))

@@ -26,9 +26,10 @@
  *    registers) and hands it, bias added, to TMA stores (reduce-add for an
  *    accumulating FP32 output) that drain while the next tile computes;
  *    the producer is already filling the ring for that tile.
- *    With per-tensor FP8, a group's last row tile, where it holds 64 rows
- *    or fewer, is a short tile: both consumers take its 64 rows, half the
- *    columns each.
+ *    A group's last row tile, where it holds 64 rows or fewer, is a short
+ *    tile: with per-tensor FP8 both consumers take its 64 rows, half the
+ *    columns each; in the 16-bit kernels the first consumer takes them
+ *    while the second stands idle (IdleHalves).
  *
  * Layouts (C = A · Bᵀ, reduction over r, every matrix row-major):
  *   FPROP  A = x_g   [m × k]  K-major    B = W_g  [n × k]  K-major
@@ -173,7 +174,7 @@ struct GemmParams
 {
   DirectSchedule   direct;          /* when use_direct */
   uint32_t         use_direct;
-  uint32_t         short_tiles;     /* short_tile(): on unless GMLP_SM90_SHORT_TILES=off */
+  uint32_t         short_tiles;     /* short_tile(), idle_half(): see short_tiles_enabled() */
   const uint32_t  *tile_begin;
   const GroupWork *groups;
   const TensorMap *maps;
@@ -925,6 +926,62 @@ short_tile (const GemmParams &p, const Tile &tile)
     return false;
 }
 
+/* Idle halves, the 16-bit kernels' short tiles: where a row-grouped tile's
+ * rows end within its first 64 (a group's last tile, often, under skewed
+ * routing), the second consumer's 64 rows lie wholly past the group's end.
+ * That consumer then issues no products and writes nothing (its results
+ * were zeros that the epilogue clipped): it only takes each stage as it
+ * lands and gives it back (pass_stages()), and the first consumer's
+ * products, the same m64 × kBlockN wgmma as always, have the tensor cores
+ * to themselves. One wgmma width keeps ptxas from serialising them
+ * (C7515; see ShortTiles). The host turns them on (GemmParams::
+ * short_tiles) for short reductions only, where they were measured to pay
+ * (kIdleHalvesMaxReduction). */
+template <int kOps, int kKind>
+struct IdleHalves
+{
+  static constexpr bool value = kKind != GMLP_KERNEL_GEMM_WGRAD && !Config<kOps>::kFp8;
+};
+
+template <int kOps, int kKind>
+__device__ __forceinline__ bool
+idle_half (const GemmParams &p, const Tile &tile, int half)
+{
+  if constexpr (IdleHalves<kOps, kKind>::value)
+    return half == 1 && p.short_tiles != 0 && tile.rows - tile.m0 <= 64;
+  else
+    return false;
+}
+
+/* An idle half's tile (idle_half()): its leader waits for each of its
+ * k_blocks stages to land and gives it back; every thread keeps stage and
+ * phase in step with the other consumer's. Only the leader waits: the
+ * other warps, unlike in a tile of products (whose warpgroup-wide wgmma
+ * keeps them with the leader), would be held by nothing, and a warp that
+ * had not yet seen a stage land when the ring came round to it again would
+ * wait on the wrong phase (with every thread waiting here, the benchmark
+ * hung once). The warpgroup meets at the end, so that no warp starts the
+ * next tile before the leader has passed this one's stages. */
+template <int kOps, typename OnFirstStage>
+__device__ __forceinline__ void
+pass_stages (uint64_t *full, uint64_t *empty, uint32_t k_blocks, uint32_t &stage, uint32_t &phase,
+             int half, OnFirstStage &&on_first_stage)
+{
+  const bool leader = threadIdx.x % 128 == 0;
+
+  for (uint32_t kb = 0; kb < k_blocks; kb++)
+    {
+      if (leader)
+        {
+          mbarrier_wait (&full[stage], phase);
+          mbarrier_arrive (&empty[stage]);
+        }
+      next_stage<Config<kOps>::kStages> (stage, phase);
+    }
+  on_first_stage ();
+  consumer_sync (half);
+}
+
 /* FP8: issues the products of one ring stage into part, a set of
  * registers of its own, so that the previous stage's set can be promoted
  * while these run. */
@@ -1215,6 +1272,11 @@ consume (const GemmParams &p, uint8_t *ring, const float *scales, uint64_t *full
           }
       };
 
+      if (idle_half<kOps, kKind> (p, tile, half))
+        {
+          pass_stages<kOps> (full, empty, tile.k_blocks, stage, phase, half, on_first_stage);
+          continue;
+        }
       if (short_tile<kOps, kKind> (p, tile))
         {
           /* The first 64 rows of A's tile (K-major: short tiles are
