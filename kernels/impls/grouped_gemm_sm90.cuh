@@ -961,7 +961,9 @@ idle_half (const GemmParams &p, const Tile &tile, int half)
  * had not yet seen a stage land when the ring came round to it again would
  * wait on the wrong phase (with every thread waiting here, the benchmark
  * hung once). The warpgroup meets at the end, so that no warp starts the
- * next tile before the leader has passed this one's stages. */
+ * next tile before the leader has passed this one's stages. With no
+ * products to overlap, on_first_stage() (which finds the next tile) runs
+ * after them. */
 template <int kOps, typename OnFirstStage>
 __device__ __forceinline__ void
 pass_stages (uint64_t *full, uint64_t *empty, uint32_t k_blocks, uint32_t &stage, uint32_t &phase,
