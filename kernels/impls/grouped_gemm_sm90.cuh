@@ -916,12 +916,21 @@ struct ShortTiles
   static constexpr bool value = kKind != GMLP_KERNEL_GEMM_WGRAD && Config<kOps>::kFp8 && !Config<kOps>::kBlockScaled;
 };
 
+/* Whether short tiles are on and the tile's rows end within its first 64
+ * (the second consumer's 64 rows lie wholly past its group's end): what
+ * makes a tile short, for short_tile() and idle_half() alike. */
+__device__ __forceinline__ bool
+rows_end_in_first_half (const GemmParams &p, const Tile &tile)
+{
+  return p.short_tiles != 0 && tile.rows - tile.m0 <= 64;
+}
+
 template <int kOps, int kKind>
 __device__ __forceinline__ bool
 short_tile (const GemmParams &p, const Tile &tile)
 {
   if constexpr (ShortTiles<kOps, kKind>::value)
-    return p.short_tiles != 0 && tile.rows - tile.m0 <= 64;
+    return rows_end_in_first_half (p, tile);
   else
     return false;
 }
@@ -948,7 +957,7 @@ __device__ __forceinline__ bool
 idle_half (const GemmParams &p, const Tile &tile, int half)
 {
   if constexpr (IdleHalves<kOps, kKind>::value)
-    return half == 1 && p.short_tiles != 0 && tile.rows - tile.m0 <= 64;
+    return half == 1 && rows_end_in_first_half (p, tile);
   else
     return false;
 }
