@@ -47,6 +47,7 @@ static const Shape shapes[] = {
 };
 
 static char *only_shape = NULL;
+static char *only_routing = NULL;
 static gint iters = 100;
 static gint divide = 1;
 /* Idle time before each shape and routing, as cublas_loop_steady rests
@@ -86,6 +87,8 @@ parse_fp8 (const char *option, const char *value, gpointer data, GError **error)
 
 static const GOptionEntry entries[] = {
   { "shape", 's', 0, G_OPTION_ARG_STRING, &only_shape, "Run one shape only", "NAME" },
+  { "routing", 'r', 0, G_OPTION_ARG_STRING, &only_routing,
+    "Run one routing only: balanced or skewed (for a profiler)", "ROUTING" },
   { "iters", 'n', 0, G_OPTION_ARG_INT, &iters, "Timed calls per measurement (default 100)", "N" },
   { "divide", 'd', 0, G_OPTION_ARG_INT, &divide, "Divide M, K and N by D (for the CPU)", "D" },
   { "rest-ms", 0, 0, G_OPTION_ARG_INT, &rest_ms,
@@ -712,6 +715,11 @@ main (int argc, char *argv[])
     }
   if (quantize_mode && fp8_recipe == GMLP_SCALING_RECIPE_NONE)
     fp8_recipe = GMLP_SCALING_RECIPE_DELAYED;
+  if (only_routing != NULL && strcmp (only_routing, "balanced") != 0 && strcmp (only_routing, "skewed") != 0)
+    {
+      g_printerr ("--routing takes balanced or skewed, not %s\n", only_routing);
+      return EXIT_FAILURE;
+    }
   if (iters < 1 || divide < 1 || rest_ms < 0)
     {
       g_printerr ("--iters and --divide must be positive, --rest-ms not negative\n");
@@ -734,7 +742,9 @@ main (int argc, char *argv[])
         continue;
       any = TRUE;
       for (skew = 0; skew < 2; skew++)
-        if (!rest (device, &error) ||
+        if (only_routing != NULL && strcmp (only_routing, skew ? "skewed" : "balanced") != 0)
+          continue;
+        else if (!rest (device, &error) ||
             !(mlp_mode ? bench_mlp (device, &shapes[s], skew, &error)
               : quantize_mode ? bench_quantize (device, &shapes[s], skew, &error)
               : bench_shape (device, &shapes[s], skew, &error)))

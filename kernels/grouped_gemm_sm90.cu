@@ -628,8 +628,9 @@ plan_forced (void)
 
 /* GMLP_SM90_SHORT_TILES=off computes a group's last tile of 64 rows or
  * fewer as a whole 128-row tile, both consumers busy (GemmParams::
- * short_tiles: FP8's short tiles and the 16-bit kernels' idle halves; for
- * comparing the two in benchmarks). */
+ * short_tiles: FP8's short tiles and the 16-bit kernels' idle halves);
+ * =all gives the 16-bit kernels idle halves on every reduction, not only
+ * up to kIdleHalvesMaxReduction. Both are for comparisons in benchmarks. */
 bool
 short_tiles_enabled (void)
 {
@@ -638,10 +639,20 @@ short_tiles_enabled (void)
   return enabled;
 }
 
+bool
+idle_halves_everywhere (void)
+{
+  static const bool everywhere = env_equals ("GMLP_SM90_SHORT_TILES", "all");
+
+  return everywhere;
+}
+
 /* The longest reduction (K of FPROP, N of DGRAD) for which the 16-bit
  * kernels leave a short tile's second consumer idle (IdleHalves): they pay
- * on short reductions and cost on long ones, for a reason not yet found
- * (docs/performance.md). On the H200, device sizes, skewed routing,
+ * on short reductions and cost on long ones. A CTA that finishes a short
+ * tile early falls out of step with the CTAs that share its operands, whose
+ * stages then miss in L2: on dsv3-fc1 skewed, 60-75% more DRAM reads and a
+ * lower clock at the power limit (ncu, docs/performance.md). On the H200, device sizes, skewed routing,
  * TFLOP/s, short tiles off -> idle halves on every reduction: small-e64
  * (K 1024) fprop 271-274 -> 293-296, dgrad 291-294 -> 302-305; qwen3-fc1
  * fprop (K 2048) 500-506 -> 500; dsv3-fc1 fprop (K 7168) 598-617 ->
@@ -964,7 +975,8 @@ gmlp_kernel_device_gemm_sm90 (const GmlpKernelDeviceGemm *gemm,
   params.out_cols = e.out_cols;
   params.reduction = e.reduction;
   params.c_dtype = gemm->c_dtype;
-  params.short_tiles = short_tiles_enabled () && (fp8 || e.reduction <= kIdleHalvesMaxReduction);
+  params.short_tiles = short_tiles_enabled () &&
+                       (fp8 || e.reduction <= kIdleHalvesMaxReduction || idle_halves_everywhere ());
   params.a_scales = gemm->a_scales;
   params.b_scales = gemm->b_scales;
   if (direct_schedule (gemm, &params.direct))
