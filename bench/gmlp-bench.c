@@ -688,6 +688,14 @@ out:
   return ok;
 }
 
+/* Whether --routing (or its absence) asks for the balanced or the skewed
+ * split. */
+static gboolean
+routing_selected (gboolean skew)
+{
+  return only_routing == NULL || strcmp (only_routing, skew ? "skewed" : "balanced") == 0;
+}
+
 /* Waits for the device to finish, then idles for rest_ms. */
 static gboolean
 rest (GmlpDevice *device, GError **error)
@@ -742,12 +750,11 @@ main (int argc, char *argv[])
         continue;
       any = TRUE;
       for (skew = 0; skew < 2; skew++)
-        if (only_routing != NULL && strcmp (only_routing, skew ? "skewed" : "balanced") != 0)
-          continue;
-        else if (!rest (device, &error) ||
-            !(mlp_mode ? bench_mlp (device, &shapes[s], skew, &error)
-              : quantize_mode ? bench_quantize (device, &shapes[s], skew, &error)
-              : bench_shape (device, &shapes[s], skew, &error)))
+        if (routing_selected (skew) &&
+            (!rest (device, &error) ||
+             !(mlp_mode ? bench_mlp (device, &shapes[s], skew, &error)
+               : quantize_mode ? bench_quantize (device, &shapes[s], skew, &error)
+               : bench_shape (device, &shapes[s], skew, &error))))
           {
             g_printerr ("gmlp-bench: %s: %s\n", shapes[s].name, error->message);
             return EXIT_FAILURE;

@@ -626,38 +626,33 @@ plan_forced (void)
   return forced;
 }
 
-/* GMLP_SM90_SHORT_TILES=off computes a group's last tile of 64 rows or
- * fewer as a whole 128-row tile, both consumers busy (GemmParams::
- * short_tiles: FP8's short tiles and the 16-bit kernels' idle halves);
- * =all gives the 16-bit kernels idle halves on every reduction, not only
- * up to kIdleHalvesMaxReduction. Both are for comparisons in benchmarks. */
-bool
-short_tiles_enabled (void)
-{
-  static const bool enabled = !env_equals ("GMLP_SM90_SHORT_TILES", "off");
-
-  return enabled;
-}
-
-bool
-idle_halves_everywhere (void)
-{
-  static const bool everywhere = env_equals ("GMLP_SM90_SHORT_TILES", "all");
-
-  return everywhere;
-}
-
 /* The longest reduction (K of FPROP, N of DGRAD) for which the 16-bit
  * kernels leave a short tile's second consumer idle (IdleHalves): they pay
  * on short reductions and cost on long ones. A CTA that finishes a short
  * tile early falls out of step with the CTAs that share its operands, whose
  * stages then miss in L2: on dsv3-fc1 skewed, 60-75% more DRAM reads and a
- * lower clock at the power limit (ncu, docs/performance.md). On the H200, device sizes, skewed routing,
- * TFLOP/s, short tiles off -> idle halves on every reduction: small-e64
- * (K 1024) fprop 271-274 -> 293-296, dgrad 291-294 -> 302-305; qwen3-fc1
- * fprop (K 2048) 500-506 -> 500; dsv3-fc1 fprop (K 7168) 598-617 ->
- * 573-579. */
+ * lower clock at the power limit (ncu, docs/performance.md). On the H200,
+ * device sizes, skewed routing, TFLOP/s, short tiles off -> idle halves on
+ * every reduction: small-e64 (K 1024) fprop 271-274 -> 293-296, dgrad
+ * 291-294 -> 302-305; qwen3-fc1 fprop (K 2048) 500-506 -> 500; dsv3-fc1
+ * fprop (K 7168) 598-617 -> 573-579. */
 constexpr int64_t kIdleHalvesMaxReduction = 1024;
+
+/* Whether a product's group's last tile of 64 rows or fewer is a short
+ * tile (GemmParams::short_tiles): always for FP8 (both consumers take half
+ * its columns), for 16-bit operands (idle halves) when the reduction is at
+ * most kIdleHalvesMaxReduction. For comparisons in benchmarks,
+ * GMLP_SM90_SHORT_TILES=off computes every such tile as a whole 128-row
+ * one, both consumers busy, and =all gives the 16-bit kernels idle halves
+ * on every reduction. */
+bool
+short_tiles_on (bool fp8, int64_t reduction)
+{
+  static const bool off = env_equals ("GMLP_SM90_SHORT_TILES", "off");
+  static const bool all = env_equals ("GMLP_SM90_SHORT_TILES", "all");
+
+  return !off && (fp8 || all || reduction <= kIdleHalvesMaxReduction);
+}
 
 int
 block_n_of (const GmlpKernelDeviceGemm *g)
@@ -975,8 +970,7 @@ gmlp_kernel_device_gemm_sm90 (const GmlpKernelDeviceGemm *gemm,
   params.out_cols = e.out_cols;
   params.reduction = e.reduction;
   params.c_dtype = gemm->c_dtype;
-  params.short_tiles = short_tiles_enabled () &&
-                       (fp8 || e.reduction <= kIdleHalvesMaxReduction || idle_halves_everywhere ());
+  params.short_tiles = short_tiles_on (fp8, e.reduction);
   params.a_scales = gemm->a_scales;
   params.b_scales = gemm->b_scales;
   if (direct_schedule (gemm, &params.direct))

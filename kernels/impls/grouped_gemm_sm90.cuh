@@ -174,7 +174,7 @@ struct GemmParams
 {
   DirectSchedule   direct;          /* when use_direct */
   uint32_t         use_direct;
-  uint32_t         short_tiles;     /* short_tile(), idle_half(): see short_tiles_enabled() */
+  uint32_t         short_tiles;     /* short_tile(), idle_half(): see short_tiles_on() */
   const uint32_t  *tile_begin;
   const GroupWork *groups;
   const TensorMap *maps;
