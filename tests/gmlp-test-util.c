@@ -303,7 +303,31 @@ gmlp_test_assert_close (const double *got,
       return;
     }
   if (!(sqrt (diff) <= tol * sqrt (norm)))
-    g_error ("%s: relative error %.3g > tolerance %.3g", what, sqrt (diff / norm), tol);
+    {
+      /* Where it went wrong, so that a failure seen once (a race, say)
+       * tells from its log alone whether a few elements or whole blocks
+       * are off: the elements off by more than tol times the reference's
+       * root mean square, the first and the worst of them. */
+      double rms = sqrt (norm / n), worst = 0.0;
+      gsize off = 0, first = 0, at = 0;
+
+      for (i = 0; i < n; i++)
+        {
+          double d = fabs (got[i] - want[i]);
+
+          if (d > tol * rms && off++ == 0)
+            first = i;
+          if (d > worst)
+            {
+              worst = d;
+              at = i;
+            }
+        }
+      g_error ("%s: relative error %.3g > tolerance %.3g; %" G_GSIZE_FORMAT " of %" G_GSIZE_FORMAT
+               " elements off by more than %.3g, the first at [%" G_GSIZE_FORMAT "] (%g for %g), "
+               "the worst at [%" G_GSIZE_FORMAT "] (%g for %g)", what, sqrt (diff / norm), tol, off, n,
+               tol * rms, first, got[first], want[first], at, got[at], want[at]);
+    }
 }
 
 /* A tensor with device sizes @sizes and @capacity rows holding the
