@@ -723,7 +723,7 @@ main (int argc, char *argv[])
     }
   if (quantize_mode && fp8_recipe == GMLP_SCALING_RECIPE_NONE)
     fp8_recipe = GMLP_SCALING_RECIPE_DELAYED;
-  if (only_routing != NULL && strcmp (only_routing, "balanced") != 0 && strcmp (only_routing, "skewed") != 0)
+  if (!routing_selected (FALSE) && !routing_selected (TRUE))
     {
       g_printerr ("--routing takes balanced or skewed, not %s\n", only_routing);
       return EXIT_FAILURE;
