@@ -767,17 +767,23 @@ write_tile (const GemmParams &p, const Tile &tile, const GroupWork &w, const Sha
  * the subtile to the copy engine, which stores it (or adds it into an FP32
  * C) and clips what lies outside the group's matrix. The warpgroup goes on
  * to its next tile while the stores drain; a slot is written again only
- * once its previous store has read it. An FP32 subtile takes both slots
- * (two boxes of 32 columns). Returns false, having written nothing, for a
- * 16-bit C that is accumulated into, and on the direct schedule for a half
- * that reaches past its group's rows (the map's rows go on into the next
- * group's): write_tile() does those. C's dtype is a template argument: the
+ * once its previous store has read it. The slots alternate with the
+ * consumer's count of 16-bit stores (stores), across tiles: taken by the
+ * subtile's index, a tile of one (or three) subtiles wrote slot 0 while
+ * the last tile's store from it could still be reading (wait_read<1> lets
+ * one store run), and that store took the new tile's values (in small
+ * shapes: a group's last rows, or an empty group's zeros in a wgrad). An
+ * FP32 subtile takes both slots (two boxes of 32 columns). Returns false,
+ * having written nothing, for a 16-bit C that is accumulated into, and on
+ * the direct schedule for a half that reaches past its group's rows (the
+ * map's rows go on into the next group's): write_tile() does those. C's dtype is a template argument: the
  * unrolled code of the dtype that runs is then contiguous, not interleaved
  * with that of the others. */
 template <int kKind, int kCDtype, int kBlockN>
 __device__ __forceinline__ bool
 write_tile_tma (const GemmParams &p, const Tile &tile, const GroupWork &w, const Share &share,
-                const float (&acc)[kBlockN / 2], uint8_t *slots, int half, bool direct)
+                const float (&acc)[kBlockN / 2], uint8_t *slots, uint32_t &stores, int half,
+                bool direct)
 {
   constexpr bool fp32 = kCDtype == GMLP_NUM_FLOAT32;
   const bool accumulate = w.accumulate != 0;
@@ -799,10 +805,11 @@ write_tile_tma (const GemmParams &p, const Tile &tile, const GroupWork &w, const
   for (int sub = 0; sub < kBlockN / 64; sub++)
     {
       const int32_t col0 = share.col + sub * 64;
-      uint8_t *slot = slots + (fp32 ? 0 : (sub % 2) * 8192);
 
       if (sub * 64 >= share.cols || col0 >= p.out_cols)
         break;   /* uniform over the warpgroup */
+      /* Counted here, past the break: only a store turns the slots. */
+      uint8_t *slot = slots + (fp32 ? 0 : (stores++ % 2) * 8192);
       /* The slot's last store has read it (16-bit C: the other slot's may
        * still be running). */
       if (thread == 0)
@@ -1215,6 +1222,7 @@ consume (const GemmParams &p, uint8_t *ring, const float *scales, uint64_t *full
                                             kTransA ? kChunkBytes : 0);
   const uint64_t desc_b0 = smem_descriptor (ring_address + Cfg::kTileABytes, kTransB ? kChunkBytes : 0);
   uint8_t *slots = reinterpret_cast<uint8_t *> (staging);
+  uint32_t stores = 0;   /* 16-bit TMA stores so far: write_tile_tma()'s slot */
   uint32_t stage = 0, phase = 0, acquired = 0xffffffffu;
   float acc[kBlockN / 2];
   Walk walk;
@@ -1328,11 +1336,14 @@ consume (const GemmParams &p, uint8_t *ring, const float *scales, uint64_t *full
       /* C is FP32 or the operands' dtype (the host check); FP8 products
        * write any of FP32, BF16 and FP16. */
       if (p.c_dtype == GMLP_NUM_FLOAT32)
-        written = write_tile_tma<kKind, GMLP_NUM_FLOAT32, kBlockN> (p, tile, w, share, acc, slots, half, direct);
+        written = write_tile_tma<kKind, GMLP_NUM_FLOAT32, kBlockN> (p, tile, w, share, acc, slots, stores,
+                                                                    half, direct);
       else if (Cfg::kFp8 ? p.c_dtype == GMLP_NUM_BFLOAT16 : Cfg::kBf16)
-        written = write_tile_tma<kKind, GMLP_NUM_BFLOAT16, kBlockN> (p, tile, w, share, acc, slots, half, direct);
+        written = write_tile_tma<kKind, GMLP_NUM_BFLOAT16, kBlockN> (p, tile, w, share, acc, slots, stores,
+                                                                     half, direct);
       else
-        written = write_tile_tma<kKind, GMLP_NUM_FLOAT16, kBlockN> (p, tile, w, share, acc, slots, half, direct);
+        written = write_tile_tma<kKind, GMLP_NUM_FLOAT16, kBlockN> (p, tile, w, share, acc, slots, stores,
+                                                                    half, direct);
       if (!written)
         write_tile<kKind, kBlockN> (p, tile, w, share, acc, staging, half);
     }
