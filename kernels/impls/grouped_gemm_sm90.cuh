@@ -776,9 +776,9 @@ write_tile (const GemmParams &p, const Tile &tile, const GroupWork &w, const Sha
  * FP32 subtile takes both slots (two boxes of 32 columns). Returns false,
  * having written nothing, for a 16-bit C that is accumulated into, and on
  * the direct schedule for a half that reaches past its group's rows (the
- * map's rows go on into the next group's): write_tile() does those. C's dtype is a template argument: the
- * unrolled code of the dtype that runs is then contiguous, not interleaved
- * with that of the others. */
+ * map's rows go on into the next group's): write_tile() does those. C's
+ * dtype is a template argument: the unrolled code of the dtype that runs
+ * is then contiguous, not interleaved with that of the others. */
 template <int kKind, int kCDtype, int kBlockN>
 __device__ __forceinline__ bool
 write_tile_tma (const GemmParams &p, const Tile &tile, const GroupWork &w, const Share &share,
