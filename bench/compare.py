@@ -6,11 +6,14 @@
 # Lines of gmlp-bench --quantize ("bench":"gmlp-quantize") get a table of
 # GB/s against the device-to-device copy that anchors.py measures.
 #
-#   compare.py GMLP.jsonl ANCHORS.jsonl CUBLAS.jsonl [STEADY.jsonl]
+#   compare.py GMLP.jsonl ANCHORS.jsonl CUBLAS.jsonl [STEADY.jsonl [TORCH-STEADY.jsonl]]
 #
 # STEADY.jsonl (bench/cublas_loop_steady.cu) is the anchor's cuBLAS loop timed
 # as gmlp-bench times; given, the host-sizes BF16 fprop table has a column
 # for it and the ratio to it, the like-for-like comparison.
+# TORCH-STEADY.jsonl (bench/torch_steady.py) holds the torch anchors timed
+# both ways on gmlp-bench's problems; given, a last table sets them beside
+# gmlp-bench's lines of each method (--method=do-bench lines say so).
 #
 # SPDX-License-Identifier: LGPL-2.1-or-later
 
@@ -36,24 +39,33 @@ def lines(path):
 gmlp = {}
 fp8 = {}
 quantize = {}
+# Lines of gmlp-bench --method=do-bench, by (kind, sizes, shape, skew, op);
+# kind is 'bf16' or the FP8 recipe as in fp8's keys.
+dobench = {}
 for r in lines(sys.argv[1]):
     if r.get('bench') == 'gmlp-quantize':
         quantize[(r['recipe'], r.get('sizes', 'host'), r['shape'], bool(r['skew']), bool(r['columnwise']))] = r
     if r.get('bench') != 'gmlp':
         continue
     dtype = r.get('dtype', 'bf16')
-    if dtype.startswith('fp8-'):
-        # The recipe, and where the operands were quantized.
-        recipe = dtype[4:] + ('' if r.get('quantize', 'per-call') == 'per-call' else '/outside')
-        fp8[(recipe, r.get('sizes', 'host'), r['shape'], bool(r['skew']), r['op'])] = r
+    # The recipe, and where the operands were quantized.
+    kind = 'bf16' if not dtype.startswith('fp8-') else \
+        dtype[4:] + ('' if r.get('quantize', 'per-call') == 'per-call' else '/outside')
+    key = (r.get('sizes', 'host'), r['shape'], bool(r['skew']), r['op'])
+    if r.get('method', 'steady') == 'do-bench':
+        dobench[(kind,) + key] = r
+    elif kind != 'bf16':
+        fp8[(kind,) + key] = r
     else:
-        gmlp[(r.get('sizes', 'host'), r['shape'], bool(r['skew']), r['op'])] = r
+        gmlp[key] = r
 torch = {(r['shape'], bool(r['skew'])): r for r in lines(sys.argv[2]) if 'shape' in r}
 copy_gbps = next((r['d2d_GBps_rw'] for r in lines(sys.argv[2]) if 'd2d_GBps_rw' in r), None)
 cublas = {(r['shape'], bool(r['skew'])): r for r in lines(sys.argv[3]) if 'shape' in r}
 # None without a fourth argument: the table keeps its old columns.
 steady = ({(r['shape'], bool(r['skew'])): r for r in lines(sys.argv[4]) if 'shape' in r}
           if len(sys.argv) > 4 else None)
+torch_steady = ({(r['shape'], bool(r['skew'])): r for r in lines(sys.argv[5]) if 'shape' in r}
+                if len(sys.argv) > 5 else None)
 
 
 def f(v):
@@ -195,3 +207,54 @@ def report_quantize():
 
 
 report_quantize()
+
+
+# What each torch anchor is set beside, and the goal of its issue.
+LIKE_FOR_LIKE = [
+    ('bf16', 'fprop', 'grouped_fprop', 'BF16 fprop', 'torch._grouped_mm', lambda shape: 1.05),
+    ('bf16', 'wgrad', 'grouped_wgrad', 'BF16 wgrad', 'torch._grouped_mm', lambda shape: 1.05),
+    ('current/outside', 'fprop', 'fp8_grouped_fprop', 'FP8 current fprop', 'torch._scaled_grouped_mm',
+     FP8_GOALS.get),
+    ('delayed/outside', 'fprop', 'fp8_grouped_fprop', 'FP8 delayed fprop', 'torch._scaled_grouped_mm',
+     FP8_GOALS.get),
+]
+
+
+def report_like_for_like():
+    if not torch_steady:
+        return
+    print('## Against torch, like for like (bench/torch_steady.py)\n')
+    print('Both sides on the same problems (gmlp-bench\'s splits) and timed the same way: steady is '
+          'gmlp-bench\'s method (400 ms back to back, then the median of the timed calls), do_bench '
+          'anchors.py\'s (triton: 25 ms, then 200 ms of calls, each after a 256 MB cache flush; '
+          'gmlp-bench --method=do-bench). anchors.py: the torch figure of the tables above '
+          '(do_bench; its own skewed split).\n')
+    print('| product | sizes | shape | routing | libgmlp steady | torch steady | ratio | libgmlp do_bench | '
+          'torch do_bench | ratio | torch (anchors.py) | goal |')
+    print('|---|---|---|---|---|---|---|---|---|---|---|---|')
+    for kind, op, anchor, title, _, goal in LIKE_FOR_LIKE:
+        source = gmlp if kind == 'bf16' else fp8
+        for key in source:
+            if kind == 'bf16':
+                sizes, shape, skew, o = key
+            else:
+                k, sizes, shape, skew, o = key
+                if k != kind:
+                    continue
+            if o != op:
+                continue
+            ours = source[key].get('tflops')
+            ours_db = dobench.get((kind, sizes, shape, skew, op), {}).get('tflops')
+            t = torch_steady.get((shape, skew), {})
+            t_steady = t.get(anchor + '_steady_tflops')
+            t_db = t.get(anchor + '_dobench_tflops')
+            g = goal(shape)
+            print('| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |' % (
+                title, sizes, shape, 'skewed' if skew else 'balanced', f(ours), f(t_steady),
+                ratio(ours, t_steady), f(ours_db), f(t_db), ratio(ours_db, t_db),
+                f(torch.get((shape, skew), {}).get(anchor + '_tflops')),
+                '≥ %.2f×' % g if g else '–'))
+    print()
+
+
+report_like_for_like()

@@ -8,7 +8,13 @@
  * the one cublas_anchor.cu uses.
  *
  *   gmlp-bench [--shape NAME] [--iters N] [--divide D] [--rest-ms MS] [--fp8[=RECIPE]] [--quantized]
+ *              [--method steady|do-bench]
  *   gmlp-bench --quantize [--fp8=RECIPE] [--device-sizes] ...
+ *
+ * --method=do-bench times fprop and wgrad as ../shared/bench/anchors.py
+ * times torch (triton's do_bench) instead of the default steady state
+ * (time_op()): for comparing libgmlp with those anchors at their own
+ * method. The lines then say "method":"do-bench".
  *
  * With --fp8 the layer has quantizers of RECIPE (delayed, the default,
  * current, blockwise or mxfp8; the HYBRID format) and each timed call
@@ -61,6 +67,7 @@ static gboolean quantize_mode = FALSE;
 static gboolean device_sizes = FALSE;
 static GmlpScalingRecipe fp8_recipe = GMLP_SCALING_RECIPE_NONE;
 static gboolean fp8_quantized = FALSE;
+static char *method = NULL;
 
 static const char *const fp8_recipe_names[] = { NULL, "delayed", "current", "blockwise", "mxfp8" };
 
@@ -103,6 +110,9 @@ static const GOptionEntry entries[] = {
     "With --fp8: operands quantized before the timed calls", NULL },
   { "fp8", 0, G_OPTION_FLAG_OPTIONAL_ARG, G_OPTION_ARG_CALLBACK, (gpointer) parse_fp8,
     "Time FP8 products through quantizers (delayed by default)", "RECIPE" },
+  { "method", 0, 0, G_OPTION_ARG_STRING, &method,
+    "steady (the default) or do-bench (triton's, as anchors.py times torch; fprop and wgrad only)",
+    "METHOD" },
   { NULL }
 };
 
@@ -166,6 +176,57 @@ compare_doubles (gconstpointer a, gconstpointer b)
  * 300-call one); after this the timed calls see the steady state. */
 #define WARM_UP_US (400 * 1000)
 
+/* The host cost of op: three calls, each on an idle device, the mean in
+ * µs. They are calls 0-2 of op's data. */
+static gboolean
+time_host (GmlpDevice *device, Op op, gpointer data, double *host_us, GError **error)
+{
+  gint64 start, host = 0;
+  guint i;
+
+  for (i = 0; i < 3; i++)
+    {
+      if (!gmlp_device_synchronize (device, error))
+        return FALSE;
+      start = g_get_monotonic_time ();
+      if (!op (data, i, error))
+        return FALSE;
+      host += g_get_monotonic_time () - start;
+    }
+  *host_us = host / 3.0;
+  return TRUE;
+}
+
+/* Call i of op between two recorded events, appended to events. */
+static gboolean
+timed_call (GmlpDevice *device, Op op, gpointer data, guint i, GPtrArray *events, GError **error)
+{
+  GmlpEvent *before = gmlp_event_new_recorded (device, error), *after;
+
+  if (before == NULL)
+    return FALSE;
+  g_ptr_array_add (events, before);
+  if (!op (data, i, error) || (after = gmlp_event_new_recorded (device, error)) == NULL)
+    return FALSE;
+  g_ptr_array_add (events, after);
+  return TRUE;
+}
+
+/* The median time between the events of each pair (timed_call()). */
+static gboolean
+median_ms (GPtrArray *events, double *median, GError **error)
+{
+  guint i, n = events->len / 2;
+  g_autofree double *ms = g_new (double, n);
+
+  for (i = 0; i < n; i++)
+    if (!gmlp_event_elapsed_ms (events->pdata[2 * i], events->pdata[2 * i + 1], &ms[i], error))
+      return FALSE;
+  qsort (ms, n, sizeof (double), compare_doubles);
+  *median = ms[n / 2];
+  return TRUE;
+}
+
 /* Times n calls of op back to back with a pair of device events around
  * each, as the anchors (triton's do_bench, cublas_anchor) do, and takes
  * the median; before them, warm (a call that can be repeated: op may use
@@ -173,53 +234,88 @@ compare_doubles (gconstpointer a, gconstpointer b)
 static gboolean
 time_op (GmlpDevice *device, Op op, Op warm, gpointer data, guint n, Timing *t, GError **error)
 {
-  g_autofree double *ms = g_new (double, n);
-  GPtrArray *events = g_ptr_array_new_with_free_func (g_object_unref);
-  gint64 start, host = 0;
-  gboolean ok = FALSE;
+  g_autoptr(GPtrArray) events = g_ptr_array_new_with_free_func (g_object_unref);
+  gint64 start;
   guint i;
 
-  /* Host cost: one call at a time on an idle device. */
-  for (i = 0; i < 3; i++)
-    {
-      if (!gmlp_device_synchronize (device, error))
-        goto out;
-      start = g_get_monotonic_time ();
-      if (!op (data, i, error))
-        goto out;
-      host += g_get_monotonic_time () - start;
-    }
+  if (!time_host (device, op, data, &t->host_us, error))
+    return FALSE;
   start = g_get_monotonic_time ();
   for (i = 0; g_get_monotonic_time () - start < WARM_UP_US; i++)
     /* A few calls ahead of the device at most: the clock is the point. */
     if (!warm (data, i, error) || (i % 4 == 3 && !gmlp_device_synchronize (device, error)))
-      goto out;
+      return FALSE;
   if (!gmlp_device_synchronize (device, error))
-    goto out;
-
+    return FALSE;
   for (i = 0; i < n; i++)
+    if (!timed_call (device, op, data, 3 + i, events, error))
+      return FALSE;
+  return median_ms (events, &t->ms, error);
+}
+
+/* Whether --method asks for triton's do_bench. */
+static gboolean
+do_bench_method (void)
+{
+  return method != NULL && strcmp (method, "do-bench") == 0;
+}
+
+/* triton.testing.do_bench (warmup=25, rep=200, the median), which
+ * ../shared/bench/anchors.py times torch with: five calls, each after a
+ * flush of the cache (zeroing 256 MB), give an estimate; then as many
+ * calls as take 25 ms back to back, and as many as take 200 ms, each after
+ * a flush and between two events. The flushes leave L2 cold and let the
+ * GPU cool between products, unlike the steady state of time_op().
+ * prepare, where not NULL, readies one call of op (op may use up state)
+ * and runs before each part: for 8 calls, then for the counted ones. */
+#define DO_BENCH_WARM_UP_MS 25.0
+#define DO_BENCH_REP_MS 200.0
+#define DO_BENCH_FLUSH_BYTES (256 << 20)
+
+static gboolean
+time_op_do_bench (GmlpDevice *device, Op op, Op prepare, gpointer data, Timing *t, GError **error)
+{
+  static GmlpGroupedTensor *flush = NULL;   /* made once, kept for the program's life */
+  g_autoptr(GPtrArray) events = g_ptr_array_new_with_free_func (g_object_unref);
+  g_autoptr(GmlpEvent) first = NULL;
+  g_autoptr(GmlpEvent) last = NULL;
+  double estimate;
+  guint i, n_warm, n_rep;
+
+  if (flush == NULL)
     {
-      GmlpEvent *before = gmlp_event_new_recorded (device, error), *after;
+      gint64 rows = DO_BENCH_FLUSH_BYTES / (1024 * 4);
 
-      if (before == NULL)
-        goto out;
-      g_ptr_array_add (events, before);
-      if (!op (data, 3 + i, error) || (after = gmlp_event_new_recorded (device, error)) == NULL)
-        goto out;
-      g_ptr_array_add (events, after);
+      flush = gmlp_grouped_tensor_new (device, GMLP_DTYPE_FLOAT32, &rows, 1, 1024, error);
+      if (flush == NULL)
+        return FALSE;
     }
-  for (i = 0; i < n; i++)
-    if (!gmlp_event_elapsed_ms (events->pdata[2 * i], events->pdata[2 * i + 1], &ms[i], error))
-      goto out;
-
-  qsort (ms, n, sizeof (double), compare_doubles);
-  t->ms = ms[n / 2];
-  t->host_us = host / 3.0;
-  ok = TRUE;
-
-out:
-  g_ptr_array_unref (events);
-  return ok;
+  for (i = 0; prepare != NULL && i < 8; i++)
+    if (!prepare (data, i, error))
+      return FALSE;
+  if (!time_host (device, op, data, &t->host_us, error) ||
+      (first = gmlp_event_new_recorded (device, error)) == NULL)
+    return FALSE;
+  for (i = 0; i < 5; i++)
+    if (!gmlp_grouped_tensor_fill_zero (flush, error) || !op (data, 3 + i, error))
+      return FALSE;
+  if ((last = gmlp_event_new_recorded (device, error)) == NULL ||
+      !gmlp_event_elapsed_ms (first, last, &estimate, error))
+    return FALSE;
+  estimate = MAX (estimate / 5, 1e-6);
+  n_warm = (guint) MAX (1.0, DO_BENCH_WARM_UP_MS / estimate);
+  n_rep = (guint) MAX (1.0, DO_BENCH_REP_MS / estimate);
+  for (i = 0; prepare != NULL && i < n_warm + n_rep; i++)
+    if (!prepare (data, i, error))
+      return FALSE;
+  for (i = 0; i < n_warm; i++)
+    if (!op (data, 8 + i, error))
+      return FALSE;
+  for (i = 0; i < n_rep; i++)
+    if (!gmlp_grouped_tensor_fill_zero (flush, error) ||
+        !timed_call (device, op, data, 8 + n_warm + i, events, error))
+      return FALSE;
+  return median_ms (events, &t->ms, error);
 }
 
 typedef struct {
@@ -249,6 +345,18 @@ op_wgrad (gpointer data, guint i, GError **error)
 {
   Bench *b = data;
   return gmlp_grouped_linear_backward_dw (b->layer, error);
+}
+
+/* A forward and backward, which leave one delayed wgrad for op_wgrad. */
+static gboolean
+prepare_wgrad (gpointer data, guint i, GError **error)
+{
+  Bench *b = data;
+  g_autoptr(GmlpSavedActivations) saved = NULL;
+  g_autoptr(GmlpGroupedTensor) y = gmlp_grouped_linear_forward (b->layer, b->x, &saved, error);
+  g_autoptr(GmlpGroupedTensor) dx = y ? gmlp_grouped_linear_backward (b->layer, saved, b->dy, error) : NULL;
+
+  return dx != NULL;
 }
 
 /* The group sizes as a device tensor: one member of n INT64 values. */
@@ -362,6 +470,10 @@ bench_shape (GmlpDevice *device, const Shape *s, gboolean skew, GError **error)
        * after fprop's timing, so that fprop is timed after as much work as
        * bench/cublas_loop_steady.cu's loop is (about 0.3 s less on
        * mixtral-fc1; the clock at the power limit still falls then). */
+      /* do_bench's call count is not known beforehand, and each dgrad
+       * takes a saved activation of its own; the anchors time no dgrad. */
+      if (do_bench_method () && ops[k] == op_dgrad)
+        continue;
       if (ops[k] == op_dgrad)
         for (i = 0; i < n_saved; i++)
           {
@@ -369,16 +481,18 @@ bench_shape (GmlpDevice *device, const Shape *s, gboolean skew, GError **error)
             if (y == NULL)
               return FALSE;
           }
-      if (!time_op (device, ops[k], op_fprop, &b, (guint) iters, &t, error))
+      if (!(do_bench_method () ? time_op_do_bench (device, ops[k], ops[k] == op_wgrad ? prepare_wgrad : NULL,
+                                                   &b, &t, error)
+            : time_op (device, ops[k], op_fprop, &b, (guint) iters, &t, error)))
         return FALSE;
       g_print ("{\"bench\":\"gmlp\",\"device\":\"%s\",\"shape\":\"%s\",\"E\":%" G_GINT64_FORMAT
                ",\"M\":%" G_GINT64_FORMAT ",\"K\":%" G_GINT64_FORMAT ",\"N\":%" G_GINT64_FORMAT
-               ",\"skew\":%s,\"sizes\":\"%s\",\"op\":\"%s\",\"dtype\":\"%s\"%s,\"ms\":%.4f,\"tflops\":%.4g,\"host_us\":%.1f}\n",
+               ",\"skew\":%s,\"sizes\":\"%s\",\"op\":\"%s\",\"dtype\":\"%s\"%s%s,\"ms\":%.4f,\"tflops\":%.4g,\"host_us\":%.1f}\n",
                gmlp_device_get_name (device), s->name, s->experts, rows, in, out,
                skew ? "true" : "false", device_sizes ? "device" : "host", names[k], dtype_name,
                fp8_recipe == GMLP_SCALING_RECIPE_NONE ? "" :
                fp8_quantized ? ",\"quantize\":\"outside\"" : ",\"quantize\":\"per-call\"",
-               t.ms, flops / (t.ms * 1e-3) / 1e12, t.host_us);
+               do_bench_method () ? ",\"method\":\"do-bench\"" : "", t.ms, flops / (t.ms * 1e-3) / 1e12, t.host_us);
     }
 
   for (i = 0; i < n_saved; i++)
@@ -726,6 +840,11 @@ main (int argc, char *argv[])
   if (!routing_selected (FALSE) && !routing_selected (TRUE))
     {
       g_printerr ("--routing takes balanced or skewed, not %s\n", only_routing);
+      return EXIT_FAILURE;
+    }
+  if (method != NULL && strcmp (method, "steady") != 0 && !do_bench_method ())
+    {
+      g_printerr ("--method takes steady or do-bench, not %s\n", method);
       return EXIT_FAILURE;
     }
   if (iters < 1 || divide < 1 || rest_ms < 0)

@@ -26,6 +26,13 @@ for recipe in current delayed; do
 done
 build-gpu/bench/gmlp-bench --fp8=current --quantized --device-sizes "$@" | tee -a "$out/gmlp-bench.jsonl"
 build-gpu/bench/gmlp-bench --fp8=current "$@" | tee -a "$out/gmlp-bench.jsonl"
+# libgmlp timed the way anchors.py times torch (triton's do_bench), for the
+# like-for-like table; bench/torch_steady.py times torch both ways on
+# gmlp-bench's problems.
+build-gpu/bench/gmlp-bench --device-sizes --method=do-bench "$@" | tee -a "$out/gmlp-bench.jsonl"
+for sizes in "" --device-sizes; do
+  build-gpu/bench/gmlp-bench --fp8=current --quantized $sizes --method=do-bench "$@" | tee -a "$out/gmlp-bench.jsonl"
+done
 # The grouped quantize kernel alone, every recipe.
 for recipe in delayed current blockwise mxfp8; do
   build-gpu/bench/gmlp-bench --quantize --fp8=$recipe "$@" | tee -a "$out/gmlp-bench.jsonl"
@@ -34,7 +41,8 @@ build-gpu/bench/gmlp-bench --quantize --fp8=current --device-sizes "$@" | tee -a
 /tmp/cublas_anchor | tee "$out/cublas-anchor.jsonl"
 /tmp/cublas_loop_steady | tee "$out/cublas-loop-steady.jsonl"
 PYTHONUNBUFFERED=1 python3 .bench/anchors.py "$out/anchors.json" | tee "$out/anchors.jsonl"
+PYTHONUNBUFFERED=1 python3 bench/torch_steady.py | tee "$out/torch-steady.jsonl"
 python3 bench/compare.py "$out/gmlp-bench.jsonl" "$out/anchors.jsonl" "$out/cublas-anchor.jsonl" \
-  "$out/cublas-loop-steady.jsonl" | tee "$out/compare.md"
+  "$out/cublas-loop-steady.jsonl" "$out/torch-steady.jsonl" | tee "$out/compare.md"
 python3 bench/compare.py "$out/gmlp-bench-cublas.jsonl" "$out/anchors.jsonl" "$out/cublas-anchor.jsonl" \
   "$out/cublas-loop-steady.jsonl" > "$out/compare-cublas.md"
