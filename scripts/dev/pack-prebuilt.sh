@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Here, on the machine without a GPU: packs what the local build (build/,
+# CUDA enabled) needs at run time into .prebuilt/, with the run-time
+# Debian packages from .debs/ (scripts/fetch-gpu-debs.sh), for a GPU-host
+# call that carries .prebuilt instead of building there. A build on the
+# GPU host takes about five minutes of device time; this takes seconds.
+# The kernels are the same sm_90a code; the host code is the local
+# build's (debugoptimized), so host µs/call can differ a little from a
+# release build's.
+#
+#   scripts/dev/pack-prebuilt.sh [TEST...]   # TEST: names in build/tests/
+#
+# On the GPU host: . scripts/dev/prebuilt-env.sh, then .prebuilt/bench/gmlp-bench
+# (or .prebuilt/tests/TEST with the GMLP_TEST_* variables of tests/meson.build).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+backend=build/libgmlp/backend/cuda/libgmlp-backend-cuda.so
+ninja -C build > /dev/null
+if [ ! -f "$backend" ]; then
+  echo "pack-prebuilt: $backend is missing: build/ was set up without CUDA" >&2
+  exit 1
+fi
+git check-ignore -q .prebuilt || echo /.prebuilt/ >> .git/info/exclude
+rm -rf .prebuilt
+mkdir -p .prebuilt/libgmlp/backend/cuda .prebuilt/bench .prebuilt/debs
+cp -L build/libgmlp/libgmlp-1.0.so.0 .prebuilt/libgmlp/
+cp "$backend" .prebuilt/libgmlp/backend/cuda/
+cp build/bench/gmlp-bench .prebuilt/bench/
+for t in "$@"; do
+  mkdir -p .prebuilt/tests
+  cp "build/tests/$t" .prebuilt/tests/
+done
+# Debug information stays here: it would take most of the 64 MiB a call carries.
+find .prebuilt -type f ! -name '*.deb' -exec strip -g {} +
+for p in libglib2.0-0 libffi8 libpcre2-8-0 libopenblas0 libopenblas0-pthread libgfortran5; do
+  cp .debs/${p}_*.deb .prebuilt/debs/
+done
+du -sh .prebuilt
