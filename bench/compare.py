@@ -211,18 +211,19 @@ report_quantize()
 
 # What each torch anchor is set beside, and the goal of its issue.
 LIKE_FOR_LIKE = [
-    ('bf16', 'fprop', 'grouped_fprop', 'BF16 fprop', 'torch._grouped_mm', lambda shape: 1.05),
-    ('bf16', 'wgrad', 'grouped_wgrad', 'BF16 wgrad', 'torch._grouped_mm', lambda shape: 1.05),
-    ('current/outside', 'fprop', 'fp8_grouped_fprop', 'FP8 current fprop', 'torch._scaled_grouped_mm',
-     FP8_GOALS.get),
-    ('delayed/outside', 'fprop', 'fp8_grouped_fprop', 'FP8 delayed fprop', 'torch._scaled_grouped_mm',
-     FP8_GOALS.get),
+    ('bf16', 'fprop', 'grouped_fprop', 'BF16 fprop', lambda shape: 1.05),
+    ('bf16', 'wgrad', 'grouped_wgrad', 'BF16 wgrad', lambda shape: 1.05),
+    ('current/outside', 'fprop', 'fp8_grouped_fprop', 'FP8 current fprop', FP8_GOALS.get),
+    ('delayed/outside', 'fprop', 'fp8_grouped_fprop', 'FP8 delayed fprop', FP8_GOALS.get),
 ]
 
 
 def report_like_for_like():
     if not torch_steady:
         return
+    # The steady lines of every kind, keyed as dobench is.
+    steady_lines = {('bf16',) + key: r for key, r in gmlp.items()}
+    steady_lines.update(fp8)
     print('## Against torch, like for like (bench/torch_steady.py)\n')
     print('Both sides on the same problems (gmlp-bench\'s splits) and timed the same way: steady is '
           'gmlp-bench\'s method (400 ms back to back, then the median of the timed calls), do_bench '
@@ -232,19 +233,13 @@ def report_like_for_like():
     print('| product | sizes | shape | routing | libgmlp steady | torch steady | ratio | libgmlp do_bench | '
           'torch do_bench | ratio | torch (anchors.py) | goal |')
     print('|---|---|---|---|---|---|---|---|---|---|---|---|')
-    for kind, op, anchor, title, _, goal in LIKE_FOR_LIKE:
-        source = gmlp if kind == 'bf16' else fp8
-        for key in source:
-            if kind == 'bf16':
-                sizes, shape, skew, o = key
-            else:
-                k, sizes, shape, skew, o = key
-                if k != kind:
-                    continue
-            if o != op:
+    for kind, op, anchor, title, goal in LIKE_FOR_LIKE:
+        for key, line in steady_lines.items():
+            k, sizes, shape, skew, o = key
+            if k != kind or o != op:
                 continue
-            ours = source[key].get('tflops')
-            ours_db = dobench.get((kind, sizes, shape, skew, op), {}).get('tflops')
+            ours = line.get('tflops')
+            ours_db = dobench.get(key, {}).get('tflops')
             t = torch_steady.get((shape, skew), {})
             t_steady = t.get(anchor + '_steady_tflops')
             t_db = t.get(anchor + '_dobench_tflops')

@@ -466,14 +466,14 @@ bench_shape (GmlpDevice *device, const Shape *s, gboolean skew, GError **error)
     {
       Timing t;
 
-      /* The forwards whose saved activations dgrad and wgrad consume come
-       * after fprop's timing, so that fprop is timed after as much work as
-       * bench/cublas_loop_steady.cu's loop is (about 0.3 s less on
-       * mixtral-fc1; the clock at the power limit still falls then). */
       /* do_bench's call count is not known beforehand, and each dgrad
        * takes a saved activation of its own; the anchors time no dgrad. */
       if (do_bench_method () && ops[k] == op_dgrad)
         continue;
+      /* The forwards whose saved activations dgrad and wgrad consume come
+       * after fprop's timing, so that fprop is timed after as much work as
+       * bench/cublas_loop_steady.cu's loop is (about 0.3 s less on
+       * mixtral-fc1; the clock at the power limit still falls then). */
       if (ops[k] == op_dgrad)
         for (i = 0; i < n_saved; i++)
           {

@@ -52,7 +52,7 @@ def split_rows(experts, rows, skew):
         x = (x * 1103515245 + 12345) & 0xFFFFFFFF
         w.append(1.0 + ((x >> 8) % 1000) / 250.0)
     total = 0.0
-    for v in w:
+    for v in w:   # not sum(): it compensates rounding since Python 3.12
         total += v
     align = 16
     m = [int(v / total * rows / align) * align for v in w]
