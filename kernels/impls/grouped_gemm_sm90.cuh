@@ -20,7 +20,8 @@
  *    same way), and one thread issues the TMA copies of A and B tiles into
  *    a kStages-deep shared-memory ring, each stage guarded by a "full"
  *    mbarrier (copy bytes landed) and an "empty" one (both consumers
- *    done).
+ *    done). With blockwise FP8 scales, two more of its warps copy each
+ *    stage's scales beside it (kScaleWarps).
  *    Warpgroups 1 and 2 are the consumers: each multiplies one 64-row half
  *    of the 128 × 256 output tile with wgmma (FP32 accumulators in
  *    registers) and hands it, bias added, to TMA stores (reduce-add for an
@@ -97,7 +98,7 @@ enum Operands
  * stages make room for a deeper ring. With blockwise scales a stage is
  * one 128-deep block of the scales: the promotion multiplies it by the
  * scales of its rows (A) and of its 128 × 128 tile or columns (B), which
- * the producer warp copies beside the operands (kScaleSlot floats a
+ * the producer's scale warps copy beside the operands (kScaleSlot floats a
  * stage); they take the room of one stage of the ring. Per-tensor FP8 on
  * the direct schedule: the first stage of a tile brings its group's two
  * scale inverses the same way. */
@@ -435,43 +436,71 @@ struct Layout
   static constexpr bool kTransB = !Config<kOps>::kFp8 && kKind != GMLP_KERNEL_GEMM_FPROP;
 };
 
-/* Blockwise FP8: copies the scales of reduction block kb of a tile into
- * its stage's slot, A's kBlockM rows then B's kBlockN columns (WGRAD) or
- * B's one tile scale, four rows and four columns per lane of the producer
- * warp. The copies are asynchronous (cp.async): their latency, the rows'
- * scales lying a row of scales apart, is not the producer's to wait out.
- * Rows past an operand's end take its last row's scales (their results are
- * never stored); nothing past the group's scales is read. */
+/* Blockwise FP8: the producer warpgroup's warps that copy the scales
+ * beside the operands (its first warp issues the operands' copies). When
+ * the operands' warp copied them too, its issue time per stage (addresses,
+ * 4-byte copies, sharing the FMA pipe with the consumers' promotions)
+ * outlasted the products, and the consumers waited for stages. Each scale
+ * warp copies its share of every stage's scales: FPROP and DGRAD, A's
+ * rows 64 share + lane + 32 i (and the first warp B's tile scale); WGRAD,
+ * A's 128 rows (the first warp) or B's 128 columns (the second). */
+constexpr int kScaleWarps = 2;
+
+/* One scale warp's copies of one tile: its operand's scales, the tile's
+ * first row of them for this lane and the operand's last, worked out once
+ * per tile. Rows past an operand's end take its last row's scales (their
+ * results are never stored); nothing past the group's scales is read.
+ * 32-bit offsets keep the warp within its 40 registers: a group's scales
+ * number 128 times fewer than its operand's bytes, far fewer than 2^32. */
+template <int kKind>
+struct TileScales
+{
+  static constexpr bool kWgrad = kKind == GMLP_KERNEL_GEMM_WGRAD;
+  static constexpr int kPerLane = kWgrad ? kBlockM / 32 : kBlockM / 32 / kScaleWarps;
+  const float *base;
+  int32_t      first;    /* this lane's first row */
+  int32_t      last;     /* the operand's last row */
+  uint32_t     stride;   /* between rows */
+  const float *b_tile;   /* FPROP, DGRAD: B's tile's scales */
+};
+
+template <int kKind>
+__device__ __forceinline__ TileScales<kKind>
+tile_scales (const GemmParams &p, const Tile &tile, const GroupWork &w, int share)
+{
+  using T = TileScales<kKind>;
+  const bool b_rows = T::kWgrad && share == 1;
+  T t;
+
+  t.base = b_rows ? w.b_scales : w.a_scales;
+  t.first = (b_rows ? tile.n0 : T::kWgrad ? tile.m0 : tile.m0 + share * T::kPerLane * 32) +
+            (int32_t) (threadIdx.x % 32);
+  t.last = (int32_t) ((b_rows ? p.out_cols : T::kWgrad ? p.out_rows_fixed : w.rows) - 1);
+  t.stride = (uint32_t) (b_rows ? p.b_scales.row_stride : p.a_scales.row_stride);
+  t.b_tile = w.b_scales + (tile.n0 >> 7) * p.b_scales.row_stride;
+  return t;
+}
+
+/* Copies this scale warp's share of reduction block kb's scales into its
+ * stage's slot (A's kBlockM rows, then B's kBlockN columns for WGRAD or
+ * B's one tile scale). The copies are asynchronous (cp.async): their
+ * latency, the rows' scales lying a row of scales apart, is not the warp's
+ * to wait out. */
 template <int kKind>
 __device__ __forceinline__ void
-copy_stage_scales (const GemmParams &p, const Tile &tile, const GroupWork &w, uint32_t kb,
-                   float *slot)
+copy_stage_scales (const GemmParams &p, const TileScales<kKind> &t, int share, uint32_t kb, float *slot)
 {
+  using T = TileScales<kKind>;
   const int lane = threadIdx.x % 32;
-  const int64_t a_rows = kKind == GMLP_KERNEL_GEMM_WGRAD ? p.out_rows_fixed : w.rows;
+  const bool b_rows = T::kWgrad && share == 1;
+  const uint32_t depth = (uint32_t) (kb * (b_rows ? p.b_scales.depth_stride : p.a_scales.depth_stride));
+  float *dst = slot + (b_rows ? kBlockM : T::kWgrad ? 0 : share * T::kPerLane * 32) + lane;
 
 #pragma unroll
-  for (int i = 0; i < 4; i++)
-    {
-      const int64_t r = min ((int64_t) tile.m0 + lane + 32 * i, a_rows - 1);
-      cp_async_4 (slot + lane + 32 * i,
-                  w.a_scales + r * p.a_scales.row_stride + kb * p.a_scales.depth_stride);
-    }
-  if (kKind == GMLP_KERNEL_GEMM_WGRAD)
-    {
-#pragma unroll
-      for (int i = 0; i < 4; i++)
-        {
-          const int64_t c = min ((int64_t) tile.n0 + lane + 32 * i, p.out_cols - 1);
-          cp_async_4 (slot + kBlockM + lane + 32 * i,
-                      w.b_scales + c * p.b_scales.row_stride + kb * p.b_scales.depth_stride);
-        }
-    }
-  else if (lane == 0)
-    {
-      cp_async_4 (slot + kBlockM, w.b_scales + (tile.n0 >> 7) * p.b_scales.row_stride +
-                                    kb * p.b_scales.depth_stride);
-    }
+  for (int i = 0; i < T::kPerLane; i++)
+    cp_async_4 (dst + 32 * i, t.base + ((uint32_t) min (t.first + 32 * i, t.last) * t.stride + depth));
+  if (!T::kWgrad && share == 0 && lane == 0)
+    cp_async_4 (slot + kBlockM, t.b_tile + kb * p.b_scales.depth_stride);
 }
 
 /* Moves to the next stage of the ring. */
@@ -501,7 +530,6 @@ produce (const GemmParams &p, uint8_t *ring, float *scales, uint64_t *full, uint
   const uint32_t total = direct ? UINT32_MAX : p.tile_begin[p.n_groups];
   const bool leader = threadIdx.x % 32 == 0;
   uint32_t acquired = 0xffffffffu, stage = 0, phase = 0;
-  GroupWork work = {};   /* blockwise FP8: the tile's scales */
   Walk walk;
   Tile tile;
 
@@ -512,8 +540,6 @@ produce (const GemmParams &p, uint8_t *ring, float *scales, uint64_t *full, uint
 
       if (!locate_tile<kOps, kKind> (p, t, walk, tile))
         break;
-      if constexpr (Cfg::kBlockScaled)
-        work = p.groups[tile.group];
       if (direct)
         {
           /* The host's maps, never edited: no acquire. */
@@ -541,13 +567,7 @@ produce (const GemmParams &p, uint8_t *ring, float *scales, uint64_t *full, uint
           const int32_t k0 = (int32_t) kb * kBlockK;
 
           mbarrier_wait (&empty[stage], phase ^ 1);
-          if constexpr (Cfg::kBlockScaled)
-            {
-              /* Every lane arrives once its scales have landed. */
-              copy_stage_scales<kKind> (p, tile, work, kb, scales + stage * Cfg::kScaleSlot);
-              cp_async_arrive (&full[stage]);
-            }
-          else if (copies_tile_scales<kOps, kKind> (p) && leader)
+          if (copies_tile_scales<kOps, kKind> (p) && leader)
             {
               /* The consumers would otherwise load them at the tile's
                * start and wait there for the loads. */
@@ -598,6 +618,38 @@ produce (const GemmParams &p, uint8_t *ring, float *scales, uint64_t *full, uint
                 }
             }
           next_stage<kStages> (stage, phase);
+        }
+    }
+}
+
+/* Blockwise FP8: scale warp `share` of the producer warpgroup (see
+ * kScaleWarps). It walks the tiles as the operands' warp does and, as
+ * each stage comes free, copies its share of the stage's scales; each of
+ * its lanes arrives on the stage's full barrier once its copies have
+ * landed. */
+template <int kOps, int kKind>
+__device__ __forceinline__ void
+produce_scales (const GemmParams &p, float *scales, uint64_t *full, uint64_t *empty, int share)
+{
+  using Cfg = Config<kOps>;
+  const uint32_t total = is_direct<kOps, kKind> (p) ? UINT32_MAX : p.tile_begin[p.n_groups];
+  uint32_t stage = 0, phase = 0;
+  Walk walk;
+  Tile tile;
+
+  for (uint32_t t = blockIdx.x; t < total; t += gridDim.x)
+    {
+      if (!locate_tile<kOps, kKind> (p, t, walk, tile))
+        break;
+
+      const TileScales<kKind> offsets = tile_scales<kKind> (p, tile, p.groups[tile.group], share);
+
+      for (uint32_t kb = 0; kb < tile.k_blocks; kb++)
+        {
+          mbarrier_wait (&empty[stage], phase ^ 1);
+          copy_stage_scales<kKind> (p, offsets, share, kb, scales + stage * Cfg::kScaleSlot);
+          cp_async_arrive (&full[stage]);
+          next_stage<Cfg::kStages> (stage, phase);
         }
     }
 }
@@ -1017,43 +1069,83 @@ issue_fp8_stage (float (&part)[kN / 2], uint64_t desc_a, uint64_t desc_b)
   wgmma_commit ();
 }
 
-/* FP8: the promotion of ring stage stage, whose products have landed in
- * part: acc += part in FP32 (acc starts each tile at zero, so that every
- * promotion is the same adds), times the stage's scales of each result's
- * row and column with blockwise scales (its slot holds A's rows, then B's
- * columns for WGRAD or B's one tile scale; this thread holds rows frag_row
- * and frag_row + 8 of its half, columns 8 j + 2 (lane % 4) + {0, 1}).
- * Then the stage goes back to the producer. */
-template <int kOps, int kKind, int kN>
-__device__ __forceinline__ void
-promote_fp8_stage (float (&acc)[kN / 2], float (&part)[kN / 2], const float *scales,
-                   uint64_t *empty, uint32_t stage, int half)
+/* Blockwise FP8: what one ring stage's promotion multiplies this thread's
+ * partial sums by, read from the stage's slot (A's row scales, then B's
+ * column scales for WGRAD or B's one tile scale) before the wait for the
+ * stage's products, so that the loads overlap it: for its rows frag_row
+ * and frag_row + 8 of its half, A's row scale times B's tile scale, or
+ * for WGRAD A's row scale alone (B's are per column, read in the
+ * promotion). slot_address is the stage's slot in shared memory. */
+struct StageScales
 {
-  const float *slot = scales + stage * Config<kOps>::kScaleSlot;
+  float row[2];
+};
 
-  wgmma_fence_operand (part);
+template <int kOps, int kKind>
+__device__ __forceinline__ StageScales
+stage_scales (uint32_t slot_address, int half)
+{
+  StageScales s = { { 1.0f, 1.0f } };
+
   if constexpr (Config<kOps>::kBlockScaled)
     {
       const int thread = threadIdx.x % 128;
-      const int lane = thread % 32;
-      const int frag_row = half * 64 + (thread / 32) * 16 + lane / 4;
-      const float a[2] = { slot[frag_row], slot[frag_row + 8] };
-      const float b_tile = slot[kBlockM];
+      const uint32_t row = slot_address + 4 * (half * 64 + (thread / 32) * 16 + (thread % 32) / 4);
+
+      s.row[0] = lds_f32 (row);
+      s.row[1] = lds_f32 (row + 4 * 8);
+      if constexpr (kKind != GMLP_KERNEL_GEMM_WGRAD)
+        {
+          const float b_tile = lds_f32 (slot_address + 4 * kBlockM);
+
+          s.row[0] *= b_tile;
+          s.row[1] *= b_tile;
+        }
+    }
+  return s;
+}
+
+/* FP8: the promotion of the ring stage whose slot is at slot_address and
+ * whose products have landed in part: acc += part in FP32 (acc starts
+ * each tile at zero, so that every promotion is the same adds), with
+ * blockwise scales times each result's scales (s from stage_scales(); for
+ * WGRAD also its column's, columns 8 j + 2 (lane % 4) + {0, 1} of this
+ * thread). Then the stage goes back to the producer. */
+template <int kOps, int kKind, int kN>
+__device__ __forceinline__ void
+promote_fp8_stage (float (&acc)[kN / 2], float (&part)[kN / 2], const StageScales &s,
+                   uint32_t slot_address, uint64_t *empty, uint32_t stage)
+{
+  wgmma_fence_operand (part);
+  if constexpr (Config<kOps>::kBlockScaled)
+    {
+      const int lane = threadIdx.x % 32;
+      const uint32_t cols = slot_address + 4 * (kBlockM + 2 * (lane % 4));
 
 #pragma unroll
       for (int j = 0; j < kN / 8; j++)
         {
-          const float2 b = kKind == GMLP_KERNEL_GEMM_WGRAD ?
-            *reinterpret_cast<const float2 *> (slot + kBlockM + 8 * j + 2 * (lane % 4)) :
-            make_float2 (b_tile, b_tile);
+          float2 scale[2];
 
+          if constexpr (kKind == GMLP_KERNEL_GEMM_WGRAD)
+            {
+              const float2 b = lds_f32x2 (cols + 4 * 8 * j);
+
+              scale[0] = make_float2 (s.row[0] * b.x, s.row[0] * b.y);
+              scale[1] = make_float2 (s.row[1] * b.x, s.row[1] * b.y);
+            }
+          else
+            {
+              scale[0] = make_float2 (s.row[0], s.row[0]);
+              scale[1] = make_float2 (s.row[1], s.row[1]);
+            }
 #pragma unroll
           for (int h = 0; h < 2; h++)
             {
               const int i = 4 * j + 2 * h;
 
-              acc[i] = fmaf (part[i], a[h] * b.x, acc[i]);
-              acc[i + 1] = fmaf (part[i + 1], a[h] * b.y, acc[i + 1]);
+              acc[i] = fmaf (part[i], scale[h].x, acc[i]);
+              acc[i + 1] = fmaf (part[i + 1], scale[h].y, acc[i + 1]);
             }
         }
       /* Each warp gives the stage back once all its lanes have read its
@@ -1088,6 +1180,8 @@ tile_products (float (&acc)[kN / 2], uint64_t desc_a0, uint64_t desc_b0, const f
   constexpr bool kTransB = Layout<kOps, kKind>::kTransB;
   constexpr int kStages = Cfg::kStages;
   const bool leader = threadIdx.x % 128 == 0;
+  const uint32_t scales_address = smem_address (scales);
+  auto slot_of = [&] (uint32_t s) { return scales_address + s * Cfg::kScaleSlot * 4; };
   uint32_t held = 0;
 
   if constexpr (Cfg::kFp8 && kN < Cfg::kBlockN)
@@ -1102,13 +1196,16 @@ tile_products (float (&acc)[kN / 2], uint64_t desc_a0, uint64_t desc_b0, const f
         acc[i] = 0.0f;
       for (uint32_t kb = 0; kb < k_blocks; kb++)
         {
+          StageScales ss;
+
           mbarrier_wait (&full[stage], phase);
           issue_fp8_stage<kOps, kKind, kN> (part, descriptor_plus (desc_a0, stage * Cfg::kStageBytes),
                                             descriptor_plus (desc_b0, stage * Cfg::kStageBytes));
           if (kb == 0)
             on_first_stage ();
+          ss = stage_scales<kOps, kKind> (slot_of (stage), half);
           wgmma_wait<0> ();
-          promote_fp8_stage<kOps, kKind, kN> (acc, part, scales, empty, stage, half);
+          promote_fp8_stage<kOps, kKind, kN> (acc, part, ss, slot_of (stage), empty, stage);
           next_stage<kStages> (stage, phase);
         }
     }
@@ -1120,19 +1217,32 @@ tile_products (float (&acc)[kN / 2], uint64_t desc_a0, uint64_t desc_b0, const f
        * the tensor cores to the other consumer alone meanwhile: ncu saw
        * instructions issued on half the cycles.) */
       float part_even[kN / 2], part_odd[kN / 2];
+      StageScales held_scales = {};   /* the scales of stage held */
       auto step = [&] (float (&issue)[kN / 2], float (&ready)[kN / 2], uint32_t kb)
       {
+        StageScales landed;
+
         mbarrier_wait (&full[stage], phase);
+        /* The same in every lane, but with blockwise scales the compiler
+         * kept it in a vector register and rebuilt each wgmma's
+         * descriptors through R2UR moves (a third of the loop's
+         * instructions). Broadcast, it stays uniform. */
+        if constexpr (Cfg::kBlockScaled)
+          stage = __shfl_sync (0xffffffffu, stage, 0);
         issue_fp8_stage<kOps, kKind, kN> (issue, descriptor_plus (desc_a0, stage * Cfg::kStageBytes),
                                           descriptor_plus (desc_b0, stage * Cfg::kStageBytes));
         if (kb == 0)
           on_first_stage ();
+        /* This stage's scales, read now for its promotion in the next
+         * step: their latency is then hidden. */
+        landed = stage_scales<kOps, kKind> (slot_of (stage), half);
         if (kb > 0)
           {
             wgmma_wait<1> ();
-            promote_fp8_stage<kOps, kKind, kN> (acc, ready, scales, empty, held, half);
+            promote_fp8_stage<kOps, kKind, kN> (acc, ready, held_scales, slot_of (held), empty, held);
           }
         held = stage;
+        held_scales = landed;
         next_stage<kStages> (stage, phase);
       };
 
@@ -1153,14 +1263,14 @@ tile_products (float (&acc)[kN / 2], uint64_t desc_a0, uint64_t desc_b0, const f
               if (++kb == k_blocks)
                 {
                   wgmma_wait<0> ();
-                  promote_fp8_stage<kOps, kKind, kN> (acc, part_even, scales, empty, held, half);
+                  promote_fp8_stage<kOps, kKind, kN> (acc, part_even, held_scales, slot_of (held), empty, held);
                   break;
                 }
               step (part_odd, part_even, kb);
               if (++kb == k_blocks)
                 {
                   wgmma_wait<0> ();
-                  promote_fp8_stage<kOps, kKind, kN> (acc, part_odd, scales, empty, held, half);
+                  promote_fp8_stage<kOps, kKind, kN> (acc, part_odd, held_scales, slot_of (held), empty, held);
                   break;
                 }
             }
@@ -1371,13 +1481,13 @@ gemm_kernel (const __grid_constant__ GemmParams p)
 
   if (threadIdx.x == 0)
     {
-      /* Blockwise scales: a stage is full once the producer's 32 lanes'
-       * copies of its scales have landed and its leader has armed it for
-       * the operands' bytes (copied per-tensor scales: its leader's copies
-       * and bytes); the consumers' 8 warps give it back. */
+      /* Blockwise scales: a stage is full once the scale warps' lanes'
+       * copies of its scales have landed and the producer's leader has
+       * armed it for the operands' bytes (copied per-tensor scales: its
+       * leader's copies and bytes); the consumers' 8 warps give it back. */
       for (int s = 0; s < Cfg::kStages; s++)
         {
-          mbarrier_init (&full[s], Cfg::kBlockScaled ? 32 + 1 :
+          mbarrier_init (&full[s], Cfg::kBlockScaled ? 32 * kScaleWarps + 1 :
                                    copies_tile_scales<kOps, kKind> (p) ? 2 : 1);
           mbarrier_init (&empty[s], Cfg::kBlockScaled ? 4 * kConsumers : kConsumers);
         }
@@ -1390,9 +1500,18 @@ gemm_kernel (const __grid_constant__ GemmParams p)
 
   if (warpgroup == 0)
     {
+      const int warp = threadIdx.x / 32;
+
       registers_decrease<40> ();
-      if (threadIdx.x < 32)
-        produce<kOps, kKind> (p, ring, scales, full, empty);
+      if (warp == 0)
+        {
+          produce<kOps, kKind> (p, ring, scales, full, empty);
+        }
+      else if constexpr (Cfg::kBlockScaled)
+        {
+          if (warp <= kScaleWarps)
+            produce_scales<kOps, kKind> (p, scales, full, empty, warp - 1);
+        }
     }
   else
     {

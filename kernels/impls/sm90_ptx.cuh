@@ -30,6 +30,31 @@ smem_address (const void *ptr)
   return static_cast<uint32_t> (__cvta_generic_to_shared (ptr));
 }
 
+/* Loads from shared memory by address. A float * into shared memory that
+ * the compiler cannot trace back to it is read with generic loads, whose
+ * address arithmetic and latency the FP8 promotion then waits on.
+ * Volatile, so that a load stays after the mbarrier wait that made its
+ * data visible. */
+__device__ __forceinline__ float
+lds_f32 (uint32_t address)
+{
+  float v = 0.0f;
+#if GMLP_SM90_ENABLED
+  asm volatile ("ld.shared.f32 %0, [%1];" : "=f" (v) : "r" (address));
+#endif
+  return v;
+}
+
+__device__ __forceinline__ float2
+lds_f32x2 (uint32_t address)
+{
+  float2 v = make_float2 (0.0f, 0.0f);
+#if GMLP_SM90_ENABLED
+  asm volatile ("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f" (v.x), "=f" (v.y) : "r" (address));
+#endif
+  return v;
+}
+
 /* Programmatic dependent launch: a grid launched with programmatic stream
  * serialization may start before the grid ahead of it has finished; it
  * waits for that grid's completion and memory with grid_dependency_wait().
