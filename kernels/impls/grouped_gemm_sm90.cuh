@@ -1069,23 +1069,26 @@ issue_fp8_stage (float (&part)[kN / 2], uint64_t desc_a, uint64_t desc_b)
   wgmma_commit ();
 }
 
-/* Blockwise FP8: what one ring stage's promotion multiplies this thread's
- * partial sums by, read from the stage's slot (A's row scales, then B's
- * column scales for WGRAD or B's one tile scale) before the wait for the
- * stage's products, so that the loads overlap it: for its rows frag_row
- * and frag_row + 8 of its half, A's row scale times B's tile scale, or
- * for WGRAD A's row scale alone (B's are per column, read in the
- * promotion). slot_address is the stage's slot in shared memory. */
+/* Blockwise FP8: the scales of one ring stage that this thread's
+ * promotion multiplies by, read from the stage's slot (A's row scales,
+ * then B's column scales for WGRAD or B's one tile scale) a step before
+ * the promotion, so that their loads' latency is hidden: A's scales of its
+ * rows frag_row and frag_row + 8 of its half, and B's tile scale (WGRAD:
+ * B's are per column, read in the promotion). Kept apart, not multiplied
+ * here: ptxas moved such a product between the stage's wgmma, where it
+ * waited for the loads and held the last one back. slot_address is the
+ * stage's slot in shared memory. */
 struct StageScales
 {
   float row[2];
+  float tile;
 };
 
 template <int kOps, int kKind>
 __device__ __forceinline__ StageScales
 stage_scales (uint32_t slot_address, int half)
 {
-  StageScales s = { { 1.0f, 1.0f } };
+  StageScales s = { { 1.0f, 1.0f }, 1.0f };
 
   if constexpr (Config<kOps>::kBlockScaled)
     {
@@ -1095,12 +1098,7 @@ stage_scales (uint32_t slot_address, int half)
       s.row[0] = lds_f32 (row);
       s.row[1] = lds_f32 (row + 4 * 8);
       if constexpr (kKind != GMLP_KERNEL_GEMM_WGRAD)
-        {
-          const float b_tile = lds_f32 (slot_address + 4 * kBlockM);
-
-          s.row[0] *= b_tile;
-          s.row[1] *= b_tile;
-        }
+        s.tile = lds_f32 (slot_address + 4 * kBlockM);
     }
   return s;
 }
@@ -1136,8 +1134,8 @@ promote_fp8_stage (float (&acc)[kN / 2], float (&part)[kN / 2], const StageScale
             }
           else
             {
-              scale[0] = make_float2 (s.row[0], s.row[0]);
-              scale[1] = make_float2 (s.row[1], s.row[1]);
+              scale[0] = make_float2 (s.row[0] * s.tile, s.row[0] * s.tile);
+              scale[1] = make_float2 (s.row[1] * s.tile, s.row[1] * s.tile);
             }
 #pragma unroll
           for (int h = 0; h < 2; h++)
