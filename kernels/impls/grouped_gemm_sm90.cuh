@@ -20,8 +20,8 @@
  *    same way), and one thread issues the TMA copies of A and B tiles into
  *    a kStages-deep shared-memory ring, each stage guarded by a "full"
  *    mbarrier (copy bytes landed) and an "empty" one (both consumers
- *    done). With blockwise FP8 scales, two more of its warps copy each
- *    stage's scales beside it (kScaleWarps).
+ *    done). With blockwise FP8 scales, two more of its warps copy the
+ *    scales into a ring of their own (kScaleDepth stages at a time).
  *    Warpgroups 1 and 2 are the consumers: each multiplies one 64-row half
  *    of the 128 × 256 output tile with wgmma (FP32 accumulators in
  *    registers) and hands it, bias added, to TMA stores (reduce-add for an
@@ -98,10 +98,11 @@ enum Operands
  * stages make room for a deeper ring. With blockwise scales a stage is
  * one 128-deep block of the scales: the promotion multiplies it by the
  * scales of its rows (A) and of its 128 × 128 tile or columns (B), which
- * the producer's scale warps copy beside the operands (kScaleSlot floats a
- * stage); they take the room of one stage of the ring. Per-tensor FP8 on
- * the direct schedule: the first stage of a tile brings its group's two
- * scale inverses the same way. */
+ * the producer's scale warps copy kScaleDepth stages at a time into
+ * kScaleBufs buffers of their own (ScaleBlocks); they take the room of one
+ * stage of the ring. Per-tensor FP8 on the direct schedule: the producer
+ * copies the group's two scale inverses beside the first stage of each
+ * tile (kScaleSlot floats a stage). */
 template <int kOps>
 struct Config
 {
@@ -114,14 +115,23 @@ struct Config
   static constexpr int kBlockK = kFp8 ? 128 : 64;    /* reduction elements of a stage */
   static constexpr int kMmaK = kFp8 ? 32 : 16;       /* of one wgmma */
   static constexpr int kStages = kBlockScaled ? 5 : kFp8 ? 6 : 4;
-  static constexpr int kScaleSlot = kBlockScaled ? kBlockM + kBlockN : kFp8 ? 2 : 0;
+  static constexpr int kScaleSlot = kFp8 && !kBlockScaled ? 2 : 0;
+  /* Blockwise: the scales of kScaleDepth stages make one copy, so that each
+   * 32-byte sector of a row's scales is read from L2 once, not once per
+   * stage (4-byte reads, a sector each, added a quarter to the L2 traffic
+   * of a product that L2 bounds). A buffer holds A's rows, then B's tile
+   * (FPROP, DGRAD) or columns (WGRAD), each depth-major: [d][row]. */
+  static constexpr int kScaleDepth = 8;
+  static constexpr int kScaleBufs = kBlockScaled ? 2 : 0;
+  static constexpr uint32_t kScaleBlockFloats = kBlockScaled ? kScaleDepth * (kBlockM + kBlockN) : 0;
   static constexpr uint32_t kTileABytes = kBlockM * 128;
   static constexpr uint32_t kTileBBytes = kBlockN * 128;
   static constexpr uint32_t kStageBytes = kTileABytes + kTileBBytes;
   /* The ring, the epilogue buffers, the barriers, the staged scales, and
    * slack to align the ring to the 1024 bytes of a swizzle atom. */
   static constexpr uint32_t kSmemBytes = kStages * kStageBytes + kConsumers * kEpilogueBytes +
-                                         2 * kStages * 8 + kStages * kScaleSlot * 4 + 1024;
+                                         2 * (kStages + kScaleBufs) * 8 + kStages * kScaleSlot * 4 +
+                                         kScaleBufs * kScaleBlockFloats * 4 + 1024;
   static_assert (kSmemBytes <= 227 * 1024, "the kernel needs more shared memory than an SM has");
 };
 
@@ -437,71 +447,26 @@ struct Layout
 };
 
 /* Blockwise FP8: the producer warpgroup's warps that copy the scales
- * beside the operands (its first warp issues the operands' copies). When
- * the operands' warp copied them too, its issue time per stage (addresses,
- * 4-byte copies, sharing the FMA pipe with the consumers' promotions)
- * outlasted the products, and the consumers waited for stages. Each scale
- * warp copies its share of every stage's scales: FPROP and DGRAD, A's
- * rows 64 share + lane + 32 i (and the first warp B's tile scale); WGRAD,
- * A's 128 rows (the first warp) or B's 128 columns (the second). */
+ * (its first warp issues the operands' copies). When the operands' warp
+ * copied them too, its issue time per stage outlasted the products, and
+ * the consumers waited for stages. Each scale warp copies its share of
+ * every block of kScaleDepth stages: FPROP and DGRAD, A's rows 64 share +
+ * r (and the first warp B's tile scales); WGRAD, A's 128 rows (the first
+ * warp) or B's 128 columns (the second). */
 constexpr int kScaleWarps = 2;
 
-/* One scale warp's copies of one tile: its operand's scales, the tile's
- * first row of them for this lane and the operand's last, worked out once
- * per tile. Rows past an operand's end take its last row's scales (their
- * results are never stored); nothing past the group's scales is read.
- * 32-bit offsets keep the warp within its 40 registers: a group's scales
- * number 128 times fewer than its operand's bytes, far fewer than 2^32. */
-template <int kKind>
-struct TileScales
+/* The scale buffers of blockwise FP8 (Config::kScaleBufs of them), each
+ * guarded by a "full" mbarrier (the scale warps' copies landed) and an
+ * "empty" one (the consumers' 8 warps done with it); count is how many
+ * blocks the holder has taken so far, which gives the buffer and parity
+ * of the next. */
+struct ScaleBlocks
 {
-  static constexpr bool kWgrad = kKind == GMLP_KERNEL_GEMM_WGRAD;
-  static constexpr int kPerLane = kWgrad ? kBlockM / 32 : kBlockM / 32 / kScaleWarps;
-  const float *base;
-  int32_t      first;    /* this lane's first row */
-  int32_t      last;     /* the operand's last row */
-  uint32_t     stride;   /* between rows */
-  const float *b_tile;   /* FPROP, DGRAD: B's tile's scales */
+  float    *data;
+  uint64_t *full;
+  uint64_t *empty;
+  uint32_t  count;
 };
-
-template <int kKind>
-__device__ __forceinline__ TileScales<kKind>
-tile_scales (const GemmParams &p, const Tile &tile, const GroupWork &w, int share)
-{
-  using T = TileScales<kKind>;
-  const bool b_rows = T::kWgrad && share == 1;
-  T t;
-
-  t.base = b_rows ? w.b_scales : w.a_scales;
-  t.first = (b_rows ? tile.n0 : T::kWgrad ? tile.m0 : tile.m0 + share * T::kPerLane * 32) +
-            (int32_t) (threadIdx.x % 32);
-  t.last = (int32_t) ((b_rows ? p.out_cols : T::kWgrad ? p.out_rows_fixed : w.rows) - 1);
-  t.stride = (uint32_t) (b_rows ? p.b_scales.row_stride : p.a_scales.row_stride);
-  t.b_tile = w.b_scales + (tile.n0 >> 7) * p.b_scales.row_stride;
-  return t;
-}
-
-/* Copies this scale warp's share of reduction block kb's scales into its
- * stage's slot (A's kBlockM rows, then B's kBlockN columns for WGRAD or
- * B's one tile scale). The copies are asynchronous (cp.async): their
- * latency, the rows' scales lying a row of scales apart, is not the warp's
- * to wait out. */
-template <int kKind>
-__device__ __forceinline__ void
-copy_stage_scales (const GemmParams &p, const TileScales<kKind> &t, int share, uint32_t kb, float *slot)
-{
-  using T = TileScales<kKind>;
-  const int lane = threadIdx.x % 32;
-  const bool b_rows = T::kWgrad && share == 1;
-  const uint32_t depth = (uint32_t) (kb * (b_rows ? p.b_scales.depth_stride : p.a_scales.depth_stride));
-  float *dst = slot + (b_rows ? kBlockM : T::kWgrad ? 0 : share * T::kPerLane * 32) + lane;
-
-#pragma unroll
-  for (int i = 0; i < T::kPerLane; i++)
-    cp_async_4 (dst + 32 * i, t.base + ((uint32_t) min (t.first + 32 * i, t.last) * t.stride + depth));
-  if (!T::kWgrad && share == 0 && lane == 0)
-    cp_async_4 (slot + kBlockM, t.b_tile + kb * p.b_scales.depth_stride);
-}
 
 /* Moves to the next stage of the ring. */
 template <int kStages>
@@ -581,8 +546,7 @@ produce (const GemmParams &p, uint8_t *ring, float *scales, uint64_t *full, uint
                 }
               cp_async_arrive (&full[stage]);
             }
-          /* One lane issues the copies; the others only help locate tiles
-           * (and stage blockwise scales). */
+          /* One lane issues the copies; the others only help locate tiles. */
           if (leader)
             {
               mbarrier_arrive_expect_tx (&full[stage], kStageBytes);
@@ -623,17 +587,31 @@ produce (const GemmParams &p, uint8_t *ring, float *scales, uint64_t *full, uint
 }
 
 /* Blockwise FP8: scale warp `share` of the producer warpgroup (see
- * kScaleWarps). It walks the tiles as the operands' warp does and, as
- * each stage comes free, copies its share of the stage's scales; each of
- * its lanes arrives on the stage's full barrier once its copies have
- * landed. */
+ * kScaleWarps). It walks the tiles as the operands' warp does and copies
+ * its share of each block of kScaleDepth stages' scales as a buffer comes
+ * free; each of its lanes arrives on the buffer's full barrier once its
+ * copies have landed. Lane l copies depth l % 8 of rows l / 8 + 4 i, so
+ * that 8 lanes read one row's 8 depths, one sector when they share one.
+ * Rows past an operand's end take its last row's scales (their results
+ * are never stored); depths past the tile's reduction are not copied (nor
+ * read); nothing past the group's scales is read. The copies are
+ * asynchronous (cp.async): their latency is not the warp's to wait out. */
 template <int kOps, int kKind>
 __device__ __forceinline__ void
-produce_scales (const GemmParams &p, float *scales, uint64_t *full, uint64_t *empty, int share)
+produce_scales (const GemmParams &p, ScaleBlocks &sb, int share)
 {
   using Cfg = Config<kOps>;
+  constexpr bool kWgrad = kKind == GMLP_KERNEL_GEMM_WGRAD;
+  constexpr int kDepth = Cfg::kScaleDepth;
+  constexpr int kRows = kWgrad ? kBlockM : kBlockM / kScaleWarps;   /* this warp's */
   const uint32_t total = is_direct<kOps, kKind> (p) ? UINT32_MAX : p.tile_begin[p.n_groups];
-  uint32_t stage = 0, phase = 0;
+  const int lane = threadIdx.x % 32;
+  const bool b_rows = kWgrad && share == 1;
+  const GmlpKernelFp8Scales &layout = b_rows ? p.b_scales : p.a_scales;
+  /* Where this lane's copies go in a buffer: its depth's row of the
+   * operand's scales, from its first row. */
+  const uint32_t dst = (b_rows ? kDepth * kBlockM : 0) + (lane % kDepth) * (b_rows ? Cfg::kBlockN : kBlockM) +
+                       (kWgrad ? 0 : share * kRows) + lane / kDepth;
   Walk walk;
   Tile tile;
 
@@ -642,14 +620,31 @@ produce_scales (const GemmParams &p, float *scales, uint64_t *full, uint64_t *em
       if (!locate_tile<kOps, kKind> (p, t, walk, tile))
         break;
 
-      const TileScales<kKind> offsets = tile_scales<kKind> (p, tile, p.groups[tile.group], share);
+      const GroupWork w = p.groups[tile.group];
+      const int32_t first = (b_rows ? tile.n0 : tile.m0) + (kWgrad ? 0 : share * kRows) + lane / kDepth;
+      const int32_t last = (int32_t) ((b_rows ? p.out_cols : kWgrad ? p.out_rows_fixed : w.rows) - 1);
 
-      for (uint32_t kb = 0; kb < tile.k_blocks; kb++)
+      for (uint32_t kb0 = 0; kb0 < tile.k_blocks; kb0 += kDepth)
         {
-          mbarrier_wait (&empty[stage], phase ^ 1);
-          copy_stage_scales<kKind> (p, offsets, share, kb, scales + stage * Cfg::kScaleSlot);
-          cp_async_arrive (&full[stage]);
-          next_stage<Cfg::kStages> (stage, phase);
+          const uint32_t buf = sb.count % Cfg::kScaleBufs;
+          const uint32_t kb = kb0 + lane % kDepth;
+          float *data = sb.data + buf * Cfg::kScaleBlockFloats;
+
+          mbarrier_wait (&sb.empty[buf], ((sb.count / Cfg::kScaleBufs) & 1) ^ 1);
+          if (kb < tile.k_blocks)
+            {
+              const float *column = (b_rows ? w.b_scales : w.a_scales) + kb * layout.depth_stride;
+
+#pragma unroll 4
+              for (int i = 0; i < kRows / (32 / kDepth); i++)
+                cp_async_4 (data + dst + (32 / kDepth) * i,
+                            column + min (first + (32 / kDepth) * i, last) * layout.row_stride);
+              if (!kWgrad && share == 0 && lane < kDepth)
+                cp_async_4 (data + kDepth * kBlockM + lane,
+                            w.b_scales + (tile.n0 >> 7) * p.b_scales.row_stride + kb * p.b_scales.depth_stride);
+            }
+          cp_async_arrive (&sb.full[buf]);
+          sb.count++;
         }
     }
 }
@@ -1070,56 +1065,58 @@ issue_fp8_stage (float (&part)[kN / 2], uint64_t desc_a, uint64_t desc_b)
 }
 
 /* Blockwise FP8: the scales of one ring stage that this thread's
- * promotion multiplies by, read from the stage's slot (A's row scales,
- * then B's column scales for WGRAD or B's one tile scale) a step before
- * the promotion, so that their loads' latency is hidden: A's scales of its
- * rows frag_row and frag_row + 8 of its half, and B's tile scale (WGRAD:
- * B's are per column, read in the promotion). Kept apart, not multiplied
- * here: ptxas moved such a product between the stage's wgmma, where it
- * waited for the loads and held the last one back. slot_address is the
- * stage's slot in shared memory. */
+ * promotion multiplies by, read from depth d of its block's buffer (at
+ * block_address in shared memory) a step before the promotion, so that
+ * their loads' latency is hidden: A's scales of its rows frag_row and
+ * frag_row + 8 of its half, and B's tile scale, or for WGRAD where B's
+ * columns' scales start for this thread (columns 8 j + 2 (lane % 4) +
+ * {0, 1}, read in the promotion). Kept apart, not multiplied here: ptxas
+ * moved such a product between the stage's wgmma, where it waited for the
+ * loads and held the last one back. */
 struct StageScales
 {
-  float row[2];
-  float tile;
+  float    row[2];
+  float    tile;
+  uint32_t cols;
 };
 
 template <int kOps, int kKind>
 __device__ __forceinline__ StageScales
-stage_scales (uint32_t slot_address, int half)
+stage_scales (uint32_t block_address, uint32_t d, int half)
 {
-  StageScales s = { { 1.0f, 1.0f }, 1.0f };
+  StageScales s = { { 1.0f, 1.0f }, 1.0f, 0 };
 
   if constexpr (Config<kOps>::kBlockScaled)
     {
+      constexpr int kDepth = Config<kOps>::kScaleDepth;
       const int thread = threadIdx.x % 128;
-      const uint32_t row = slot_address + 4 * (half * 64 + (thread / 32) * 16 + (thread % 32) / 4);
+      const uint32_t row = block_address + 4 * (d * kBlockM + half * 64 + (thread / 32) * 16 + (thread % 32) / 4);
 
       s.row[0] = lds_f32 (row);
       s.row[1] = lds_f32 (row + 4 * 8);
       if constexpr (kKind != GMLP_KERNEL_GEMM_WGRAD)
-        s.tile = lds_f32 (slot_address + 4 * kBlockM);
+        s.tile = lds_f32 (block_address + 4 * (kDepth * kBlockM + d));
+      else
+        s.cols = block_address + 4 * (kDepth * kBlockM + d * Config<kOps>::kBlockN + 2 * (thread % 4));
     }
   return s;
 }
 
-/* FP8: the promotion of the ring stage whose slot is at slot_address and
- * whose products have landed in part: acc += part in FP32 (acc starts
- * each tile at zero, so that every promotion is the same adds), with
- * blockwise scales times each result's scales (s from stage_scales(); for
- * WGRAD also its column's, columns 8 j + 2 (lane % 4) + {0, 1} of this
- * thread). Then the stage goes back to the producer. */
+/* FP8: the promotion of ring stage `stage`, whose products have landed in
+ * part: acc += part in FP32 (acc starts each tile at zero, so that every
+ * promotion is the same adds), with blockwise scales times each result's
+ * scales (s from stage_scales(); for WGRAD also its column's). The stage
+ * goes back to the producer first: its operands have been read. */
 template <int kOps, int kKind, int kN>
 __device__ __forceinline__ void
-promote_fp8_stage (float (&acc)[kN / 2], float (&part)[kN / 2], const StageScales &s,
-                   uint32_t slot_address, uint64_t *empty, uint32_t stage)
+promote_fp8_stage (float (&acc)[kN / 2], float (&part)[kN / 2], const StageScales &s, uint64_t *empty,
+                   uint32_t stage)
 {
   wgmma_fence_operand (part);
+  if (threadIdx.x % 128 == 0)
+    mbarrier_arrive (&empty[stage]);
   if constexpr (Config<kOps>::kBlockScaled)
     {
-      const int lane = threadIdx.x % 32;
-      const uint32_t cols = slot_address + 4 * (kBlockM + 2 * (lane % 4));
-
 #pragma unroll
       for (int j = 0; j < kN / 8; j++)
         {
@@ -1127,7 +1124,7 @@ promote_fp8_stage (float (&acc)[kN / 2], float (&part)[kN / 2], const StageScale
 
           if constexpr (kKind == GMLP_KERNEL_GEMM_WGRAD)
             {
-              const float2 b = lds_f32x2 (cols + 4 * 8 * j);
+              const float2 b = lds_f32x2 (s.cols + 4 * 8 * j);
 
               scale[0] = make_float2 (s.row[0] * b.x, s.row[0] * b.y);
               scale[1] = make_float2 (s.row[1] * b.x, s.row[1] * b.y);
@@ -1146,16 +1143,9 @@ promote_fp8_stage (float (&acc)[kN / 2], float (&part)[kN / 2], const StageScale
               acc[i + 1] = fmaf (part[i + 1], scale[h].y, acc[i + 1]);
             }
         }
-      /* Each warp gives the stage back once all its lanes have read its
-       * scales. */
-      __syncwarp ();
-      if (lane == 0)
-        mbarrier_arrive (&empty[stage]);
     }
   else
     {
-      if (threadIdx.x % 128 == 0)
-        mbarrier_arrive (&empty[stage]);
 #pragma unroll
       for (int i = 0; i < kN / 2; i++)
         acc[i] += part[i];
@@ -1165,11 +1155,12 @@ promote_fp8_stage (float (&acc)[kN / 2], float (&part)[kN / 2], const StageScale
 /* The products of a consumer's share of one tile, kN columns, into acc
  * (kN / 2 registers), from the descriptors of its A rows and B columns in
  * ring stage 0 (a stage's are those plus its offset); each stage goes back
- * to the producer once read. on_first_stage() runs while the first
- * stage's products do. */
+ * to the producer once read, and with blockwise scales each block of
+ * kScaleDepth stages' scales once promoted. on_first_stage() runs while
+ * the first stage's products do. */
 template <int kOps, int kKind, int kN, typename OnFirstStage>
 __device__ __forceinline__ void
-tile_products (float (&acc)[kN / 2], uint64_t desc_a0, uint64_t desc_b0, const float *scales,
+tile_products (float (&acc)[kN / 2], uint64_t desc_a0, uint64_t desc_b0, ScaleBlocks &sb,
                uint64_t *full, uint64_t *empty, uint32_t k_blocks, uint32_t &stage, uint32_t &phase,
                int half, OnFirstStage &&on_first_stage)
 {
@@ -1177,9 +1168,8 @@ tile_products (float (&acc)[kN / 2], uint64_t desc_a0, uint64_t desc_b0, const f
   constexpr bool kTransA = Layout<kOps, kKind>::kTransA;
   constexpr bool kTransB = Layout<kOps, kKind>::kTransB;
   constexpr int kStages = Cfg::kStages;
+  constexpr int kDepth = Cfg::kScaleDepth;
   const bool leader = threadIdx.x % 128 == 0;
-  const uint32_t scales_address = smem_address (scales);
-  auto slot_of = [&] (uint32_t s) { return scales_address + s * Cfg::kScaleSlot * 4; };
   uint32_t held = 0;
 
   if constexpr (Cfg::kFp8 && kN < Cfg::kBlockN)
@@ -1201,9 +1191,9 @@ tile_products (float (&acc)[kN / 2], uint64_t desc_a0, uint64_t desc_b0, const f
                                             descriptor_plus (desc_b0, stage * Cfg::kStageBytes));
           if (kb == 0)
             on_first_stage ();
-          ss = stage_scales<kOps, kKind> (slot_of (stage), half);
+          ss = stage_scales<kOps, kKind> (0, 0, half);   /* short tiles: per-tensor only */
           wgmma_wait<0> ();
-          promote_fp8_stage<kOps, kKind, kN> (acc, part, ss, slot_of (stage), empty, stage);
+          promote_fp8_stage<kOps, kKind, kN> (acc, part, ss, empty, stage);
           next_stage<kStages> (stage, phase);
         }
     }
@@ -1216,6 +1206,21 @@ tile_products (float (&acc)[kN / 2], uint64_t desc_a0, uint64_t desc_b0, const f
        * instructions issued on half the cycles.) */
       float part_even[kN / 2], part_odd[kN / 2];
       StageScales held_scales = {};   /* the scales of stage held */
+      /* Blockwise: the buffer of the current block's scales, and of held's. */
+      const uint32_t blocks_address = smem_address (sb.data);
+      uint32_t block = 0, held_block = 0;
+      /* Blockwise: once the last stage of a block (or of the tile) has been
+       * promoted, each warp gives its buffer back. */
+      auto promoted = [&] (uint32_t kb)
+      {
+        if constexpr (Cfg::kBlockScaled)
+          if (kb % kDepth == kDepth - 1 || kb + 1 == k_blocks)
+            {
+              __syncwarp ();
+              if (threadIdx.x % 32 == 0)
+                mbarrier_arrive (&sb.empty[held_block]);
+            }
+      };
       auto step = [&] (float (&issue)[kN / 2], float (&ready)[kN / 2], uint32_t kb)
       {
         StageScales landed;
@@ -1231,16 +1236,26 @@ tile_products (float (&acc)[kN / 2], uint64_t desc_a0, uint64_t desc_b0, const f
                                           descriptor_plus (desc_b0, stage * Cfg::kStageBytes));
         if (kb == 0)
           on_first_stage ();
+        if constexpr (Cfg::kBlockScaled)
+          if (kb % kDepth == 0)
+            {
+              block = sb.count % Cfg::kScaleBufs;
+              mbarrier_wait (&sb.full[block], (sb.count / Cfg::kScaleBufs) & 1);
+              sb.count++;
+            }
         /* This stage's scales, read now for its promotion in the next
          * step: their latency is then hidden. */
-        landed = stage_scales<kOps, kKind> (slot_of (stage), half);
+        landed = stage_scales<kOps, kKind> (blocks_address + block * Cfg::kScaleBlockFloats * 4, kb % kDepth,
+                                            half);
         if (kb > 0)
           {
             wgmma_wait<1> ();
-            promote_fp8_stage<kOps, kKind, kN> (acc, ready, held_scales, slot_of (held), empty, held);
+            promote_fp8_stage<kOps, kKind, kN> (acc, ready, held_scales, empty, held);
+            promoted (kb - 1);
           }
         held = stage;
         held_scales = landed;
+        held_block = block;
         next_stage<kStages> (stage, phase);
       };
 
@@ -1261,14 +1276,16 @@ tile_products (float (&acc)[kN / 2], uint64_t desc_a0, uint64_t desc_b0, const f
               if (++kb == k_blocks)
                 {
                   wgmma_wait<0> ();
-                  promote_fp8_stage<kOps, kKind, kN> (acc, part_even, held_scales, slot_of (held), empty, held);
+                  promote_fp8_stage<kOps, kKind, kN> (acc, part_even, held_scales, empty, held);
+                  promoted (kb - 1);
                   break;
                 }
               step (part_odd, part_even, kb);
               if (++kb == k_blocks)
                 {
                   wgmma_wait<0> ();
-                  promote_fp8_stage<kOps, kKind, kN> (acc, part_odd, held_scales, slot_of (held), empty, held);
+                  promote_fp8_stage<kOps, kKind, kN> (acc, part_odd, held_scales, empty, held);
+                  promoted (kb - 1);
                   break;
                 }
             }
@@ -1312,8 +1329,8 @@ tile_products (float (&acc)[kN / 2], uint64_t desc_a0, uint64_t desc_b0, const f
 
 template <int kOps, int kKind>
 __device__ __forceinline__ void
-consume (const GemmParams &p, uint8_t *ring, const float *scales, uint64_t *full, uint64_t *empty,
-         float *staging, int half)
+consume (const GemmParams &p, uint8_t *ring, const float *scales, ScaleBlocks &sb, uint64_t *full,
+         uint64_t *empty, float *staging, int half)
 {
   using Cfg = Config<kOps>;
   constexpr bool kTransA = Layout<kOps, kKind>::kTransA;
@@ -1413,11 +1430,11 @@ consume (const GemmParams &p, uint8_t *ring, const float *scales, uint64_t *full
             tile_products<kOps, kKind, kBlockN / 2> (
               reinterpret_cast<float (&)[kBlockN / 4]> (acc), descriptor_minus (desc_a0, half * 64 * 128),
               descriptor_plus (desc_b0, half * (kTransB ? (kBlockN / 2 / kChunk) * kChunkBytes : (kBlockN / 2) * 128)),
-              scales, full, empty, tile.k_blocks, stage, phase, half, on_first_stage);
+              sb, full, empty, tile.k_blocks, stage, phase, half, on_first_stage);
         }
       else
         {
-          tile_products<kOps, kKind, kBlockN> (acc, desc_a0, desc_b0, scales, full, empty, tile.k_blocks,
+          tile_products<kOps, kKind, kBlockN> (acc, desc_a0, desc_b0, sb, full, empty, tile.k_blocks,
                                                stage, phase, half, on_first_stage);
         }
       if (tile.k_blocks == 0)
@@ -1471,7 +1488,10 @@ gemm_kernel (const __grid_constant__ GemmParams p)
   uint64_t *full = reinterpret_cast<uint64_t *> (ring + Cfg::kStages * Cfg::kStageBytes +
                                                  kConsumers * kEpilogueBytes);
   uint64_t *empty = full + Cfg::kStages;
-  float *scales = reinterpret_cast<float *> (empty + Cfg::kStages);
+  uint64_t *scale_full = empty + Cfg::kStages;
+  uint64_t *scale_empty = scale_full + Cfg::kScaleBufs;
+  float *scales = reinterpret_cast<float *> (scale_empty + Cfg::kScaleBufs);
+  ScaleBlocks sb = { scales + Cfg::kStages * Cfg::kScaleSlot, scale_full, scale_empty, 0 };
   /* Broadcast, so that the compiler knows it is the same across a warp
    * and keeps what derives from it (the consumers' wgmma descriptors) in
    * uniform registers. */
@@ -1479,15 +1499,20 @@ gemm_kernel (const __grid_constant__ GemmParams p)
 
   if (threadIdx.x == 0)
     {
-      /* Blockwise scales: a stage is full once the scale warps' lanes'
-       * copies of its scales have landed and the producer's leader has
-       * armed it for the operands' bytes (copied per-tensor scales: its
-       * leader's copies and bytes); the consumers' 8 warps give it back. */
+      /* A stage is full once the producer's leader has armed it for the
+       * operands' bytes (copied per-tensor scales: and its copies have
+       * landed); both consumers give it back. A blockwise scale buffer is
+       * full once the scale warps' lanes' copies have landed; the
+       * consumers' 8 warps give it back. */
       for (int s = 0; s < Cfg::kStages; s++)
         {
-          mbarrier_init (&full[s], Cfg::kBlockScaled ? 32 * kScaleWarps + 1 :
-                                   copies_tile_scales<kOps, kKind> (p) ? 2 : 1);
-          mbarrier_init (&empty[s], Cfg::kBlockScaled ? 4 * kConsumers : kConsumers);
+          mbarrier_init (&full[s], copies_tile_scales<kOps, kKind> (p) ? 2 : 1);
+          mbarrier_init (&empty[s], kConsumers);
+        }
+      for (int b = 0; b < Cfg::kScaleBufs; b++)
+        {
+          mbarrier_init (&scale_full[b], 32 * kScaleWarps);
+          mbarrier_init (&scale_empty[b], 4 * kConsumers);
         }
       mbarrier_init_fence ();
     }
@@ -1508,13 +1533,13 @@ gemm_kernel (const __grid_constant__ GemmParams p)
       else if constexpr (Cfg::kBlockScaled)
         {
           if (warp <= kScaleWarps)
-            produce_scales<kOps, kKind> (p, scales, full, empty, warp - 1);
+            produce_scales<kOps, kKind> (p, sb, warp - 1);
         }
     }
   else
     {
       registers_increase<232> ();
-      consume<kOps, kKind> (p, ring, scales, full, empty,
+      consume<kOps, kKind> (p, ring, scales, sb, full, empty,
                             staging + (warpgroup - 1) * (kEpilogueBytes / 4), warpgroup - 1);
     }
 }
