@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# On the GPU host, from a call that carried .prebuilt packed with every GPU
+# test (scripts/dev/pack-prebuilt.sh, below): the 'gpu' suite of
+# tests/meson.build, each run with the environment meson gives it, several
+# at a time. About a minute on an H200, against about five for a build and
+# `meson test` there. Keep the runs here in step with tests/meson.build.
+#
+#   here:     scripts/dev/pack-prebuilt.sh test-device test-grouped-tensor \
+#               test-grouped-linear test-offload-context test-grouped-mlp \
+#               test-graph test-quantizer test-grouped-linear-fp8 \
+#               test-grouped-mlp-fp8 test-grouped-linear-portable \
+#               test-grouped-linear-host-sm90 test-grouped-linear-fp8-forced \
+#               test-grouped-linear-sm90-plan
+#   GPU host: scripts/dev/prebuilt-suite.sh   (logs in $OUT, or /tmp)
+#
+# Prints one line per run and exits non-zero if any test failed.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+. scripts/dev/prebuilt-env.sh
+export G_TEST_SRCDIR="$PWD/tests" G_DEBUG=gc-friendly,fatal-criticals MALLOC_CHECK_=2 GMLP_POISON=1 \
+       OPENBLAS_NUM_THREADS=1 GMLP_TEST_DEVICE=cuda
+tests=.prebuilt/tests
+logs=${OUT:-/tmp}
+status=0
+
+# run NAME [VAR=VALUE...] TEST [ARGS...]: in the background, one line when done.
+run ()
+{
+  local name=$1
+  shift
+  (
+    env "$@" --tap -k > "$logs/$name.log" 2>&1
+    rc=$?
+    echo "$name: rc $rc, $(grep -cE '^ok' "$logs/$name.log") ok, $(grep -cE '^not ok' "$logs/$name.log") not ok"
+  ) &
+}
+
+for t in device grouped-tensor grouped-linear offload-context grouped-mlp graph quantizer \
+         grouped-linear-fp8 grouped-mlp-fp8; do
+  run "$t" "$tests/test-$t"
+done
+wait
+run grouped-linear-portable GMLP_CUDA_DEVICE_GEMM=portable "$tests/test-grouped-linear-portable" \
+  -p /Gmlp/GroupedLinear/device-sizes
+run grouped-linear-host-sm90 GMLP_CUDA_HOST_GEMM=sm90 "$tests/test-grouped-linear-host-sm90"
+run grouped-linear-fp8-cublas GMLP_CUDA_HOST_GEMM=cublas "$tests/test-grouped-linear-fp8-forced"
+run grouped-linear-fp8-sm90 GMLP_CUDA_HOST_GEMM=sm90 "$tests/test-grouped-linear-fp8-forced"
+wait
+run grouped-linear-sm90-plan GMLP_CUDA_HOST_GEMM=sm90 GMLP_SM90_SCHEDULE=plan \
+  "$tests/test-grouped-linear-sm90-plan"
+run grouped-linear-fp8-sm90-plan GMLP_CUDA_HOST_GEMM=sm90 GMLP_SM90_SCHEDULE=plan \
+  "$tests/test-grouped-linear-fp8-forced"
+run grouped-linear-fp8-portable GMLP_CUDA_DEVICE_GEMM=portable "$tests/test-grouped-linear-fp8-forced" \
+  -p /Gmlp/GroupedLinear/fp8/device-sizes
+wait
+
+for log in "$logs"/*.log; do
+  if grep -qE '^not ok|^Bail out' "$log" || ! grep -qE '^ok' "$log"; then
+    echo "failed: $log"
+    grep -E '^not ok|^Bail out' "$log" | head -5
+    status=1
+  fi
+done
+exit $status
