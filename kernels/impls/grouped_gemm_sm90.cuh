@@ -1179,6 +1179,8 @@ tile_products (float (&acc)[kN / 2], uint64_t desc_a0, uint64_t desc_b0, ScaleBl
        * spill; short tiles are a group's last). */
       float part[kN / 2];
 
+      static_assert (!Cfg::kBlockScaled, "blockwise scales take no short tiles (ShortTiles)");
+
 #pragma unroll
       for (int i = 0; i < kN / 2; i++)
         acc[i] = 0.0f;
