@@ -282,8 +282,7 @@ typedef struct {
    * FLOAT8_E5M2) and b_dtype B's, both K-major, the transposed ones being
    * the quantizer's columnwise copies: DGRAD's weight_i is Wᵀ_i (k × n);
    * WGRAD's a and b_rows are the copies of dy and x (member i n × m_i and
-   * k × m_i, at the offsets of the rowwise members), and takes host sizes
-   * that are multiples of 16 only. Value
+   * k × m_i, at the offsets of the rowwise members). Value
    * q of group i stands for q × *a_scale_inv[i] (B: b_scale_inv), host
    * arrays of device pointers to one FP32 each; c_dtype FLOAT32, FLOAT16
    * or BFLOAT16. Ignored for 16-bit operands. */
@@ -292,13 +291,18 @@ typedef struct {
   const float * const *b_scale_inv;
   /* Blockwise FP8 (row_block > 0; zeros: per-tensor): A's scales in rows
    * (row_block 1), B's in 128 × 128 tiles for FPROP and DGRAD and in rows
-   * for WGRAD, E4M3 × E4M3 or E5M2 × E4M3. With device sizes A's
-   * scales are a_scale_rows (row_block 1), a tensor grouped by the same
-   * sizes as a (member i: m_i × ceil (depth / 128) floats), and
-   * a_scale_inv is not read. */
+   * for WGRAD, E4M3 × E4M3 or E5M2 × E4M3. With device sizes the scales
+   * that follow the sizes are tensors grouped by them, and the
+   * scale_inv tables of those are not read: FPROP and DGRAD, A's are
+   * a_scale_rows (member i: m_i × ceil (depth / 128) floats); WGRAD, the
+   * columnwise copies' scales, A's a_scale_rows and B's b_scale_rows
+   * (member i: ceil (m_i / 128) × n floats for A, × k for B, as the
+   * quantizer lays them out, row capacity
+   * gmlp_quant_blocked_capacity (row_capacity, n_groups, 128)). */
   GmlpKernelFp8Scales  a_scales;
   GmlpKernelFp8Scales  b_scales;
   const float         *a_scale_rows;
+  const float         *b_scale_rows;
 } GmlpKernelDeviceGemm;
 
 /* libgmlp's Hopper kernel (sm_90a: TMA, wgmma, a persistent device-side

@@ -332,6 +332,17 @@ gmlp_quant_blocks_along (int64_t n, int64_t block)
   return n > 0 ? (n + block - 1) / block : 0;
 }
 
+/* The row capacity of a tensor of row blocks (block > 1) of a tensor with
+ * device-only sizes of capacity rows in n_groups groups: Σ ceil (m_i /
+ * block) over clamped sizes, which add up to at most capacity. The
+ * quantizer allocates the scales of such blocks with it, and the products
+ * that read them describe them with it. */
+GMLP_HD int64_t
+gmlp_quant_blocked_capacity (int64_t capacity, int64_t n_groups, int64_t block)
+{
+  return (capacity + n_groups * (block - 1)) / block;
+}
+
 /* Whether the columnwise copy needs scales of its own, or shares the
  * rowwise ones (per-tensor scales and square tiles). */
 GMLP_HD int

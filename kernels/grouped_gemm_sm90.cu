@@ -24,6 +24,7 @@
 #include <cub/block/block_scan.cuh>
 
 #include "gmlp-kernels.h"
+#include "gmlp-quantize-numeric.h"
 #include "impls/grouped_gemm_sm90.cuh"
 
 namespace gmlp {
@@ -61,11 +62,16 @@ struct PlanParams
   int                   transposed;
   GroupedOperand        a;             /* x (FPROP) or dy */
   GroupedOperand        rows2;         /* c_rows, or b_rows for WGRAD */
-  /* Blockwise FP8: the groups' scale pointers are the tables' (the scales
-   * of a grouped by the device sizes: a_scales instead). */
+  /* Blockwise FP8: the groups' scale pointers are the tables', or for
+   * scales grouped by the device sizes a_scales (FPROP and DGRAD: A's;
+   * WGRAD: the columnwise copies' of A and B, with b_scales), member g
+   * having blocks_along (m_g, scale_row_block) rows. */
   int                   blockwise;
   int                   a_scales_grouped;
+  int                   b_scales_grouped;
+  int64_t               scale_row_block;
   GroupedOperand        a_scales;
+  GroupedOperand        b_scales;
   uint32_t              tiles_n;       /* output tiles across */
   uint32_t              tiles_m_fixed; /* WGRAD: output tiles down */
   /* The host tables (table_words()): weight (FPROP, DGRAD) or wgrad
@@ -164,6 +170,33 @@ group_tables (const PlanParams &p, const InlineTables<kWords> &inline_tables, ui
   return t;
 }
 
+/* The rows of a group of raw rows asked for, rows of them placed so far,
+ * whose scales (blocks of block rows, from offset in op) fit in op. */
+__device__ __forceinline__ int64_t
+rows_with_scales (int64_t rows, int64_t raw, uint64_t offset, const GroupedOperand &op, int64_t block)
+{
+  const int64_t blocks = gmlp_quant_blocks_along (raw, block);
+  const int64_t fit = rows_that_fit (blocks, offset, op);
+
+  return fit < blocks && fit * block < rows ? fit * block : rows;
+}
+
+/* An exclusive scan of the member strides of a group's scales (blocks of
+ * block rows of raw rows) over the block's groups, after carry; the total
+ * into *total. Every thread calls it. */
+template <typename Scan>
+__device__ __forceinline__ uint64_t
+scale_offsets (Scan &scan, bool valid, int64_t raw, const GroupedOperand &op, int64_t block,
+               uint64_t carry, uint64_t *total)
+{
+  uint64_t offset;
+
+  scan.ExclusiveScan (valid ? member_stride (gmlp_quant_blocks_along (raw, block), op) : 0, offset,
+                      (uint64_t) 0, SaturatingAdd (), *total);
+  __syncthreads ();
+  return SaturatingAdd () (offset, carry);
+}
+
 /* Group g's size as asked for (before any clamping): from the device, or
  * from the host's table. */
 template <int kWords>
@@ -184,13 +217,14 @@ plan_kernel (const __grid_constant__ PlanParams p, const __grid_constant__ Inlin
   launch_dependents ();
   using Scan = cub::BlockScan<uint64_t, kPlanThreads>;
   __shared__ typename Scan::TempStorage scan_storage;
-  __shared__ uint64_t carry[5];   /* offsets of a, rows2, tiles, a_scales, repacked rows so far */
+  /* Offsets of a, rows2, tiles, a_scales, repacked rows and b_scales so far. */
+  __shared__ uint64_t carry[6];
   __shared__ TensorMap map_slots[kPlanThreads];
   TensorMap *slot = &map_slots[threadIdx.x];
   const bool wgrad = p.kind == GMLP_KERNEL_GEMM_WGRAD;
 
   if (threadIdx.x == 0)
-    carry[0] = carry[1] = carry[2] = carry[3] = carry[4] = 0;
+    carry[0] = carry[1] = carry[2] = carry[3] = carry[4] = carry[5] = 0;
   __syncthreads ();
 
   for (uint32_t base = 0; base < p.n_groups; base += kPlanThreads)
@@ -199,7 +233,8 @@ plan_kernel (const __grid_constant__ PlanParams p, const __grid_constant__ Inlin
       const bool valid = g < p.n_groups;
       const int64_t asked = valid ? group_rows (p, tables, g) : 0;
       const int64_t raw = asked > 0 ? asked : 0;
-      uint64_t off_a, off_2, off_s = 0, total_a, total_2, total_s = 0, tile_off, tile_total, tiles;
+      uint64_t off_a, off_2, off_s = 0, off_sb = 0, total_a, total_2, total_s = 0, total_sb = 0;
+      uint64_t tile_off, tile_total, tiles;
       uint64_t off_r = 0, total_r = 0;
       int64_t rows, pitch;
 
@@ -211,18 +246,25 @@ plan_kernel (const __grid_constant__ PlanParams p, const __grid_constant__ Inlin
       __syncthreads ();
       if (p.a_scales_grouped)
         {
-          Scan (scan_storage).ExclusiveScan (valid ? member_stride (raw, p.a_scales) : 0, off_s,
-                                             (uint64_t) 0, SaturatingAdd (), total_s);
-          __syncthreads ();
-          off_s = SaturatingAdd () (off_s, carry[3]);
+          Scan scan (scan_storage);
+
+          off_s = scale_offsets (scan, valid, raw, p.a_scales, p.scale_row_block, carry[3], &total_s);
+        }
+      if (p.b_scales_grouped)
+        {
+          Scan scan (scan_storage);
+
+          off_sb = scale_offsets (scan, valid, raw, p.b_scales, p.scale_row_block, carry[5], &total_sb);
         }
       off_a = SaturatingAdd () (off_a, carry[0]);
       off_2 = SaturatingAdd () (off_2, carry[1]);
       rows = rows_that_fit (raw, off_a, p.a);
       if (rows_that_fit (raw, off_2, p.rows2) < rows)
         rows = rows_that_fit (raw, off_2, p.rows2);
-      if (p.a_scales_grouped && rows_that_fit (raw, off_s, p.a_scales) < rows)
-        rows = rows_that_fit (raw, off_s, p.a_scales);
+      if (p.a_scales_grouped)
+        rows = rows_with_scales (rows, raw, off_s, p.a_scales, p.scale_row_block);
+      if (p.b_scales_grouped)
+        rows = rows_with_scales (rows, raw, off_sb, p.b_scales, p.scale_row_block);
 
       if (!valid)
         tiles = 0;
@@ -262,7 +304,9 @@ plan_kernel (const __grid_constant__ PlanParams p, const __grid_constant__ Inlin
           w.a_scales = p.a_scales_grouped ?
             reinterpret_cast<const float *> (rows > 0 ? p.a_scales.data + off_s : p.a_scales.data) :
             reinterpret_cast<const float *> (t.a_scale);
-          w.b_scales = reinterpret_cast<const float *> (t.b_scale);
+          w.b_scales = p.b_scales_grouped ?
+            reinterpret_cast<const float *> (rows > 0 ? p.b_scales.data + off_sb : p.b_scales.data) :
+            reinterpret_cast<const float *> (t.b_scale);
           /* Written by the quantizer earlier in the stream. */
           w.scale = p.has_scales && !p.blockwise ? *reinterpret_cast<const float *> (t.a_scale) *
                                                      *reinterpret_cast<const float *> (t.b_scale)
@@ -314,6 +358,7 @@ plan_kernel (const __grid_constant__ PlanParams p, const __grid_constant__ Inlin
           carry[2] += tile_total;
           carry[3] = SaturatingAdd () (carry[3], total_s);
           carry[4] += total_r;
+          carry[5] = SaturatingAdd () (carry[5], total_sb);
         }
       __syncthreads ();
     }
@@ -568,6 +613,37 @@ bool
 grouped_a_scales (const GmlpKernelDeviceGemm *g)
 {
   return g->device_rows != nullptr && blockwise (g);
+}
+
+/* Whether B's are (b_scale_rows): WGRAD's, the columnwise copy's of x. */
+bool
+grouped_b_scales (const GmlpKernelDeviceGemm *g)
+{
+  return grouped_a_scales (g) && g->kind == GMLP_KERNEL_GEMM_WGRAD;
+}
+
+/* Where a grouped scale tensor's rows are (rows of blocks of this many of
+ * the operand's rows): A's scale rows for FPROP and DGRAD, 128-row blocks
+ * of the tokens for WGRAD's columnwise copies. */
+int64_t
+scale_row_block (const GmlpKernelDeviceGemm *g)
+{
+  return g->kind == GMLP_KERNEL_GEMM_WGRAD ? 128 : 1;
+}
+
+/* A grouped scale tensor at data (grouped_a_scales(), grouped_b_scales())
+ * with cols scales a row, as the quantizer allocated it. */
+bool
+describe_scales (GroupedOperand *op, const float *data, int64_t cols, const GmlpKernelDeviceGemm *g)
+{
+  GmlpKernelGroupedShape shape;
+
+  shape.device_rows = g->device_rows;
+  shape.n_groups = g->n_groups;
+  shape.row_capacity = scale_row_block (g) > 1 ?
+    gmlp_quant_blocked_capacity (g->row_capacity, g->n_groups, scale_row_block (g)) : g->row_capacity;
+  shape.cols = cols;
+  return describe_operand (op, data, sizeof (float), &shape);
 }
 
 /* Why the kernel does not take these blockwise scales, or nullptr. The
@@ -864,17 +940,20 @@ gmlp_kernel_device_gemm_sm90_check (const GmlpKernelDeviceGemm *gemm,
         }
       if (blockwise (gemm) && (*reason = blockwise_refusal (gemm)) != nullptr)
         return GMLP_KERNEL_UNSUPPORTED;
-      if (wgrad && blockwise (gemm) && !host_rows_aligned (gemm))
+      if (wgrad && blockwise (gemm) && gemm->host_rows != nullptr && !host_rows_aligned (gemm))
         {
-          *reason = "the Hopper kernel's blockwise FP8 WGRAD needs group sizes known on the "
-                    "host, each a multiple of 16 (TMA reads rows of whole 16-byte units)";
+          *reason = "the Hopper kernel's blockwise FP8 WGRAD of host sizes needs each a multiple "
+                    "of 16 (TMA reads rows of whole 16-byte units)";
           return GMLP_KERNEL_UNSUPPORTED;
         }
       if ((grouped_a_scales (gemm) ? gemm->a_scale_rows == nullptr ||
                                      !is_aligned (gemm->a_scale_rows, 16)
                                    : !pointers_ok ((const void * const *) gemm->a_scale_inv,
                                                    gemm->n_groups)) ||
-          !pointers_ok ((const void * const *) gemm->b_scale_inv, gemm->n_groups))
+          (grouped_b_scales (gemm) ? gemm->b_scale_rows == nullptr ||
+                                     !is_aligned (gemm->b_scale_rows, 16)
+                                   : !pointers_ok ((const void * const *) gemm->b_scale_inv,
+                                                   gemm->n_groups)))
         {
           *reason = "FP8 operands need every group's scale inverse pointers";
           return GMLP_KERNEL_INVALID_VALUE;
@@ -1029,13 +1108,16 @@ gmlp_kernel_device_gemm_sm90 (const GmlpKernelDeviceGemm *gemm,
   plan.has_scales = fp8;
   plan.blockwise = fp8 && blockwise (gemm);
   plan.a_scales_grouped = fp8 && grouped_a_scales (gemm);
-  if (plan.a_scales_grouped)
-    {
-      /* Member i: m_i rows of ceil (depth / 128) scales. */
-      shape.cols = div_up (e.a_cols, (int64_t) 128);
-      if (!describe_operand (&plan.a_scales, gemm->a_scale_rows, sizeof (float), &shape))
-        return GMLP_KERNEL_INVALID_VALUE;
-    }
+  plan.b_scales_grouped = fp8 && grouped_b_scales (gemm);
+  plan.scale_row_block = scale_row_block (gemm);
+  /* FPROP, DGRAD: A's member i is m_i rows of ceil (depth / 128) scales.
+   * WGRAD: the copies' member i is ceil (m_i / 128) rows of n (A) or k (B). */
+  if (plan.a_scales_grouped &&
+      !describe_scales (&plan.a_scales, gemm->a_scale_rows, wgrad ? gemm->n : div_up (e.a_cols, (int64_t) 128),
+                        gemm))
+    return GMLP_KERNEL_INVALID_VALUE;
+  if (plan.b_scales_grouped && !describe_scales (&plan.b_scales, gemm->b_scale_rows, gemm->k, gemm))
+    return GMLP_KERNEL_INVALID_VALUE;
   plan.has_accumulate = gemm->accumulate != nullptr;
   plan.tile_begin = reinterpret_cast<uint32_t *> (ws + layout.tile_begin);
   plan.groups = reinterpret_cast<GroupWork *> (ws + layout.groups);
@@ -1061,7 +1143,7 @@ gmlp_kernel_device_gemm_sm90 (const GmlpKernelDeviceGemm *gemm,
       if (fp8)
         {
           table[3 * n + g] = grouped_a_scales (gemm) ? 0 : (uint64_t) (uintptr_t) gemm->a_scale_inv[g];
-          table[4 * n + g] = (uint64_t) (uintptr_t) gemm->b_scale_inv[g];
+          table[4 * n + g] = grouped_b_scales (gemm) ? 0 : (uint64_t) (uintptr_t) gemm->b_scale_inv[g];
         }
     }
   if (gemm->accumulate != nullptr)

@@ -1980,15 +1980,15 @@ gmlp_grouped_linear_get_grad_added_to_main_grad (GmlpGroupedLinear *self)
  * the columnwise copies of dy and x; the quantizers write the copies in the
  * same pass when the backward will need them. With device-only group sizes
  * FPROP and DGRAD take gemm_device's FP8 products where the backend has them
- * (fp8_run_device(): CUDA on Hopper, the CPU), and so does WGRAD with
- * per-tensor scales, on the columnwise copies (fp8_run_device_wgrad():
- * CUDA on Hopper). Blockwise scales take the same products, each operand
- * with its scale layout (fp8_operand_scales(): CUDA on its Hopper kernel,
- * the CPU); where a backend refuses them (UNSUPPORTED: another GPU, the
- * CPU's WGRAD of device sizes, WGRAD groups whose rows the kernel cannot
- * read) and for MXFP8, the blockwise WGRAD of device sizes, and operands
- * given without the copies, the layer dequantizes the FP8 operands to
- * fp8_fallback_dtype() and runs its usual products: correct, not fast.
+ * (fp8_run_device(): CUDA on Hopper, the CPU), and so does WGRAD on the
+ * columnwise copies (fp8_run_device_wgrad(): CUDA on Hopper). Blockwise
+ * scales take the same products, each operand with its scale layout
+ * (fp8_operand_scales(): CUDA on its Hopper kernel, the CPU); where a
+ * backend refuses them (UNSUPPORTED: another GPU, the CPU's WGRAD of
+ * device sizes, WGRAD groups whose rows the kernel cannot read) and for
+ * MXFP8 and operands given without the copies, the layer dequantizes the
+ * FP8 operands to fp8_fallback_dtype() and runs its usual products:
+ * correct, not fast.
  *
  * The forward saves the quantized input ("input": offload moves every part
  * of it) and the quantized weights ("weight-fp8", resident on the device);
@@ -2176,12 +2176,13 @@ fp8_operand_dtype (GmlpGroupedTensor *tensor,
 
 /* Whether the WGRAD of device-only group sizes multiplies FP8, reading the
  * columnwise copies of dy and x (fp8_run_device_wgrad()): per-tensor scales
- * on both. */
+ * on both, or blockwise on both (the copies' own 128 × 1 blocks). */
 static gboolean
 fp8_device_wgrad (GmlpScalingRecipe x_recipe,
                   GmlpScalingRecipe dy_recipe)
 {
-  return fp8_per_tensor (x_recipe) && fp8_per_tensor (dy_recipe);
+  return (fp8_per_tensor (x_recipe) && fp8_per_tensor (dy_recipe)) ||
+         (x_recipe == GMLP_SCALING_RECIPE_BLOCKWISE && dy_recipe == GMLP_SCALING_RECIPE_BLOCKWISE);
 }
 
 /* An activation operand of an FP8 product (the input or the output
@@ -2516,8 +2517,8 @@ fp8_run_device (GmlpGroupedLinear  *self,
 
 /* WGRAD dW [+]= dy8ᵀ x8 with the group sizes of sized_by on the device
  * only, on the backend's gemm_device: dy_t and x_t are the columnwise
- * copies (per-tensor scales, fp8_device_wgrad()), the outputs and the
- * accumulation mask @wgrad's. *ran as for fp8_gemm_device(). */
+ * copies (per-tensor or blockwise scales, fp8_device_wgrad()), the outputs
+ * and the accumulation mask @wgrad's. *ran as for fp8_gemm_device(). */
 static gboolean
 fp8_run_device_wgrad (GmlpGroupedLinear  *self,
                       const Product      *wgrad,
@@ -2527,12 +2528,26 @@ fp8_run_device_wgrad (GmlpGroupedLinear  *self,
                       gboolean           *ran,
                       GError            **error)
 {
+  GmlpGroupedTensor *dy_scales = gmlp_grouped_tensor_get_scale_inv (dy_t);
+  GmlpGroupedTensor *x_scales = gmlp_grouped_tensor_get_scale_inv (x_t);
   g_autofree gpointer *pdw = member_pointers (NULL, wgrad->fixed->members, self->n_groups);
-  g_autofree gpointer *sdy = member_pointers (gmlp_grouped_tensor_get_scale_inv (dy_t), NULL, self->n_groups);
-  g_autofree gpointer *sx = member_pointers (gmlp_grouped_tensor_get_scale_inv (x_t), NULL, self->n_groups);
+  g_autofree gpointer *sdy = NULL;
+  g_autofree gpointer *sx = NULL;
+  GmlpBackendFp8Scales dy_layout, x_layout;
   GmlpBackendShape shape;
+  gboolean blockwise;
 
   *ran = FALSE;
+  if (!fp8_operand_scales (dy_t, &dy_layout) || !fp8_operand_scales (x_t, &x_layout))
+    return TRUE;
+  /* Blockwise: the copies' scales are grouped by the blocks of the device
+   * sizes, read from their bases; per-tensor: one per group. */
+  blockwise = gmlp_backend_fp8_scales_blockwise (&dy_layout, &x_layout);
+  if (!blockwise)
+    {
+      sdy = member_pointers (dy_scales, NULL, self->n_groups);
+      sx = member_pointers (x_scales, NULL, self->n_groups);
+    }
   if (!gmlp_grouped_tensor_get_backend_shape (sized_by, &shape, error))
     return FALSE;
   {
@@ -2552,6 +2567,10 @@ fp8_run_device_wgrad (GmlpGroupedLinear  *self,
       .accumulate = wgrad->accumulate,
       .a_scale_inv = (const float * const *) sdy,
       .b_scale_inv = (const float * const *) sx,
+      .a_scales = dy_layout,
+      .b_scales = x_layout,
+      .a_scale_rows = blockwise ? gmlp_grouped_tensor_get_data (dy_scales) : NULL,
+      .b_scale_rows = blockwise ? gmlp_grouped_tensor_get_data (x_scales) : NULL,
     };
 
     return fp8_gemm_device (self, &gemm, ran, error);
@@ -2618,7 +2637,7 @@ fp8_forward (GmlpGroupedLinear     *self,
 
   /* The columnwise copies are written only for a backward that reads
    * them: DGRAD reads W's (host or device sizes), WGRAD x's (host sizes;
-   * device sizes with per-tensor scales). */
+   * device sizes with per-tensor or blockwise scales on both). */
   x_recipe = fp8_operand_recipe (input, self->input_quantizer);
   multiplied = gmlp_scaling_recipe_multiplies_fp8 (x_recipe) &&
                gmlp_scaling_recipe_multiplies_fp8 (gmlp_quantizer_get_recipe (self->weight_quantizer));

@@ -500,10 +500,8 @@ new_blocked_tensor (GmlpGroupedTensor  *src,
       return gmlp_grouped_tensor_new_with_device_sizes (device, dtype, sizes, capacity, cols, error);
     }
 
-  /* Σ ceil (m_i / b) over clamped sizes that add up to at most the
-   * capacity. */
   g_assert (derived != NULL);
-  capacity = (capacity + (gint64) n * (row_block - 1)) / row_block;
+  capacity = gmlp_quant_blocked_capacity (capacity, n, row_block);
   return gmlp_grouped_tensor_new_with_device_sizes (device, dtype, derived, capacity, cols, error);
 }
 

@@ -158,15 +158,21 @@ typedef struct {
    * are the columnwise copies of dy and x (member i n × m_i and k × m_i,
    * laid out as the rowwise members), a_scale_inv and b_scale_inv theirs;
    * a backend without it answers UNSUPPORTED (the CPU's does).
-   * Blockwise scales (a_scales, b_scales; zeros for per-tensor): a's are
-   * a_scale_rows, grouped by the device sizes like a (row_block 1, member
-   * i m_i × ceil (depth / 128) floats), and a_scale_inv is not read. */
+   * Blockwise scales (a_scales, b_scales; zeros for per-tensor): FPROP
+   * and DGRAD, a's are a_scale_rows, grouped by the device sizes like a
+   * (row_block 1, member i m_i × ceil (depth / 128) floats), and
+   * a_scale_inv is not read; WGRAD, the columnwise copies' own scales
+   * (128 × 1 blocks down the tokens) are a_scale_rows and b_scale_rows,
+   * grouped by the blocks of the sizes as the quantizer writes them
+   * (member i ceil (m_i / 128) × n floats for dy, × k for x), and neither
+   * scale_inv table is read. */
   int                  b_dtype;
   const float * const *a_scale_inv;
   const float * const *b_scale_inv;
   GmlpBackendFp8Scales a_scales;
   GmlpBackendFp8Scales b_scales;
   const float         *a_scale_rows;
+  const float         *b_scale_rows;
 } GmlpBackendGemmDevice;
 
 enum {

@@ -69,6 +69,7 @@ gmlp_cuda_kernel_device_gemm (const GmlpBackendGemmDevice *gemm,
     .a_scales = gmlp_cuda_kernel_fp8_scales (&gemm->a_scales),
     .b_scales = gmlp_cuda_kernel_fp8_scales (&gemm->b_scales),
     .a_scale_rows = gemm->a_scale_rows,
+    .b_scale_rows = gemm->b_scale_rows,
   };
 }
 
