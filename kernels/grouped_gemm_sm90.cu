@@ -186,13 +186,13 @@ rows_with_scales (int64_t rows, int64_t raw, uint64_t offset, const GroupedOpera
  * into *total. Every thread calls it. */
 template <typename Scan>
 __device__ __forceinline__ uint64_t
-scale_offsets (Scan &scan, bool valid, int64_t raw, const GroupedOperand &op, int64_t block,
-               uint64_t carry, uint64_t *total)
+scale_offsets (typename Scan::TempStorage &storage, bool valid, int64_t raw, const GroupedOperand &op,
+               int64_t block, uint64_t carry, uint64_t *total)
 {
   uint64_t offset;
 
-  scan.ExclusiveScan (valid ? member_stride (gmlp_quant_blocks_along (raw, block), op) : 0, offset,
-                      (uint64_t) 0, SaturatingAdd (), *total);
+  Scan (storage).ExclusiveScan (valid ? member_stride (gmlp_quant_blocks_along (raw, block), op) : 0, offset,
+                                (uint64_t) 0, SaturatingAdd (), *total);
   __syncthreads ();
   return SaturatingAdd () (offset, carry);
 }
@@ -245,17 +245,11 @@ plan_kernel (const __grid_constant__ PlanParams p, const __grid_constant__ Inlin
                                          (uint64_t) 0, SaturatingAdd (), total_2);
       __syncthreads ();
       if (p.a_scales_grouped)
-        {
-          Scan scan (scan_storage);
-
-          off_s = scale_offsets (scan, valid, raw, p.a_scales, p.scale_row_block, carry[3], &total_s);
-        }
+        off_s = scale_offsets<Scan> (scan_storage, valid, raw, p.a_scales, p.scale_row_block, carry[3],
+                                     &total_s);
       if (p.b_scales_grouped)
-        {
-          Scan scan (scan_storage);
-
-          off_sb = scale_offsets (scan, valid, raw, p.b_scales, p.scale_row_block, carry[5], &total_sb);
-        }
+        off_sb = scale_offsets<Scan> (scan_storage, valid, raw, p.b_scales, p.scale_row_block, carry[5],
+                                      &total_sb);
       off_a = SaturatingAdd () (off_a, carry[0]);
       off_2 = SaturatingAdd () (off_2, carry[1]);
       rows = rows_that_fit (raw, off_a, p.a);
@@ -640,10 +634,18 @@ describe_scales (GroupedOperand *op, const float *data, int64_t cols, const Gmlp
 
   shape.device_rows = g->device_rows;
   shape.n_groups = g->n_groups;
-  shape.row_capacity = scale_row_block (g) > 1 ?
-    gmlp_quant_blocked_capacity (g->row_capacity, g->n_groups, scale_row_block (g)) : g->row_capacity;
+  shape.row_capacity = gmlp_quant_blocked_capacity (g->row_capacity, g->n_groups, scale_row_block (g));
   shape.cols = cols;
   return describe_operand (op, data, sizeof (float), &shape);
+}
+
+/* Whether one operand's FP8 scales are given: a grouped scale tensor
+ * (rows, 16-byte aligned) or a pointer for every group (table). */
+bool
+scales_given (bool grouped, const float *rows, const float * const *table, uint32_t n_groups)
+{
+  return grouped ? rows != nullptr && is_aligned (rows, 16)
+                 : pointers_ok ((const void * const *) table, n_groups);
 }
 
 /* Why the kernel does not take these blockwise scales, or nullptr. The
@@ -946,14 +948,8 @@ gmlp_kernel_device_gemm_sm90_check (const GmlpKernelDeviceGemm *gemm,
                     "of 16 (TMA reads rows of whole 16-byte units)";
           return GMLP_KERNEL_UNSUPPORTED;
         }
-      if ((grouped_a_scales (gemm) ? gemm->a_scale_rows == nullptr ||
-                                     !is_aligned (gemm->a_scale_rows, 16)
-                                   : !pointers_ok ((const void * const *) gemm->a_scale_inv,
-                                                   gemm->n_groups)) ||
-          (grouped_b_scales (gemm) ? gemm->b_scale_rows == nullptr ||
-                                     !is_aligned (gemm->b_scale_rows, 16)
-                                   : !pointers_ok ((const void * const *) gemm->b_scale_inv,
-                                                   gemm->n_groups)))
+      if (!scales_given (grouped_a_scales (gemm), gemm->a_scale_rows, gemm->a_scale_inv, gemm->n_groups) ||
+          !scales_given (grouped_b_scales (gemm), gemm->b_scale_rows, gemm->b_scale_inv, gemm->n_groups))
         {
           *reason = "FP8 operands need every group's scale inverse pointers";
           return GMLP_KERNEL_INVALID_VALUE;
@@ -1113,8 +1109,8 @@ gmlp_kernel_device_gemm_sm90 (const GmlpKernelDeviceGemm *gemm,
   /* FPROP, DGRAD: A's member i is m_i rows of ceil (depth / 128) scales.
    * WGRAD: the copies' member i is ceil (m_i / 128) rows of n (A) or k (B). */
   if (plan.a_scales_grouped &&
-      !describe_scales (&plan.a_scales, gemm->a_scale_rows, wgrad ? gemm->n : div_up (e.a_cols, (int64_t) 128),
-                        gemm))
+      !describe_scales (&plan.a_scales, gemm->a_scale_rows,
+                        wgrad ? gemm->n : div_up (e.a_cols, (int64_t) 128), gemm))
     return GMLP_KERNEL_INVALID_VALUE;
   if (plan.b_scales_grouped && !describe_scales (&plan.b_scales, gemm->b_scale_rows, gemm->k, gemm))
     return GMLP_KERNEL_INVALID_VALUE;

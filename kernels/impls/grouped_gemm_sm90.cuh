@@ -1448,27 +1448,22 @@ consume (const GemmParams &p, uint8_t *ring, const float *scales, ScaleBlocks &s
             acc[i] = 0.0f;
           find_next (t);
         }
-      if constexpr (Cfg::kFp8 && !Cfg::kBlockScaled)
+      if constexpr (Cfg::kFp8)
         {
+          /* Per-tensor: the groups' scale inverses. Blockwise: 1 (the
+           * scales were applied stage by stage), but the multiply gives the
+           * stores registers of their own. Stored as they were, the sums
+           * had to lie in the register pairs of the FP32 stores, which put
+           * each acc[i] in the register bank of the partial sum part[i]
+           * that the promotion's FFMA adds to it: every FFMA read two
+           * registers of one bank. Now 82 of 256 do (the rest take the
+           * scale from the operand cache): about 1.5% on the large shapes
+           * (scripts/dev/ffma-banks.py counts them). */
           const float scale = w.scale * scale_a * scale_b;
 
 #pragma unroll
           for (int i = 0; i < kBlockN / 2; i++)
             acc[i] *= scale;
-        }
-      else if constexpr (Cfg::kBlockScaled)
-        {
-          /* w.scale is 1 (the scales were applied stage by stage), but the
-           * multiply gives the stores registers of their own. Stored as
-           * they were, the sums had to lie in the register pairs of the
-           * FP32 stores, which put each acc[i] in the register bank of the
-           * partial sum part[i] that the promotion's FFMA adds to it: every
-           * FFMA read two registers of one bank. Now half of them do (the
-           * other operand, the scale, is read from the operand cache on
-           * the others): about 1.5% on the large shapes. */
-#pragma unroll
-          for (int i = 0; i < kBlockN / 2; i++)
-            acc[i] *= w.scale;
         }
 
       const Share share = short_tile<kOps, kKind> (p, tile) ?
