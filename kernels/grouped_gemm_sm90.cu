@@ -583,23 +583,57 @@ blockwise (const GmlpKernelDeviceGemm *g)
   return g->a_scales.row_block != 0 || g->b_scales.row_block != 0;
 }
 
+/* Whether environment variable `name` is set to `value`. */
+bool
+env_equals (const char *name, const char *value)
+{
+  const char *set = getenv (name);
+
+  return set != nullptr && strcmp (set, value) == 0;
+}
+
+/* Whether a per-tensor FP8 product takes the wide instances' 128 × 192
+ * tiles (Config): WGRAD always, FPROP and DGRAD where padding the output's
+ * columns to 192 adds at most 1/25 of them (the narrow tiles won where it
+ * added 1/8: small-e64's 1024 columns). On the H200, device sizes, narrow
+ * -> wide TFLOP/s (docs/performance.md): mixtral-fc1 fprop 1132 -> 1165,
+ * qwen3-fc1 fprop 898 -> 931 and dgrad 557 -> 629, WGRAD +3-13% on every
+ * shape. GMLP_SM90_FP8_TILES=128 or =192 forces one width (the tests run
+ * both). */
+bool
+wide_tiles (const GmlpKernelDeviceGemm *g, int64_t out_cols)
+{
+  static const bool narrow = env_equals ("GMLP_SM90_FP8_TILES", "128");
+  static const bool wide = env_equals ("GMLP_SM90_FP8_TILES", "192");
+  const int64_t padded = (out_cols + 191) / 192 * 192;
+
+  if (narrow || wide)
+    return wide;
+  return g->kind == GMLP_KERNEL_GEMM_WGRAD || 25 * (padded - out_cols) <= out_cols;
+}
+
 /* The kernel instance's operand types (Operands), or -1 for a pair it
  * does not multiply. */
 int
 operands_of (const GmlpKernelDeviceGemm *g)
 {
   const bool blocks = blockwise (g);
+  int pair;
 
   if (!gmlp_num_dtype_is_fp8 (g->ab_dtype))
     return g->ab_dtype == GMLP_NUM_BFLOAT16 ? kOpsBf16 :
            g->ab_dtype == GMLP_NUM_FLOAT16 ? kOpsFp16 : -1;
   if (g->ab_dtype == GMLP_NUM_FLOAT8_E4M3 && g->b_dtype == GMLP_NUM_FLOAT8_E4M3)
-    return blocks ? kOpsE4m3E4m3Blocks : kOpsE4m3E4m3;
-  if (g->ab_dtype == GMLP_NUM_FLOAT8_E4M3 && g->b_dtype == GMLP_NUM_FLOAT8_E5M2)
-    return blocks ? -1 : kOpsE4m3E5m2;
-  if (g->ab_dtype == GMLP_NUM_FLOAT8_E5M2 && g->b_dtype == GMLP_NUM_FLOAT8_E4M3)
-    return blocks ? kOpsE5m2E4m3Blocks : kOpsE5m2E4m3;
-  return -1;
+    pair = blocks ? kOpsE4m3E4m3Blocks : kOpsE4m3E4m3;
+  else if (g->ab_dtype == GMLP_NUM_FLOAT8_E4M3 && g->b_dtype == GMLP_NUM_FLOAT8_E5M2)
+    pair = blocks ? -1 : kOpsE4m3E5m2;
+  else if (g->ab_dtype == GMLP_NUM_FLOAT8_E5M2 && g->b_dtype == GMLP_NUM_FLOAT8_E4M3)
+    pair = blocks ? kOpsE5m2E4m3Blocks : kOpsE5m2E4m3;
+  else
+    return -1;
+  if (!blocks && pair >= 0 && wide_tiles (g, extents_of (g).out_cols))
+    pair += kWideOffset;
+  return pair;
 }
 
 /* Whether A's scales are grouped by the device sizes (a_scale_rows). */
@@ -685,15 +719,6 @@ equally_spaced (const void * const *table, uint32_t n, uint64_t *stride)
   return true;
 }
 
-/* Whether environment variable `name` is set to `value`. */
-bool
-env_equals (const char *name, const char *value)
-{
-  const char *set = getenv (name);
-
-  return set != nullptr && strcmp (set, value) == 0;
-}
-
 /* GMLP_SM90_SCHEDULE=plan sends every call through the plan (the tests
  * use it to check that path on shapes the direct schedule takes). */
 bool
@@ -735,7 +760,15 @@ short_tiles_on (bool fp8, int64_t reduction)
 int
 block_n_of (const GmlpKernelDeviceGemm *g)
 {
-  return gmlp_num_dtype_is_fp8 (g->ab_dtype) ? Config<kOpsE4m3E4m3>::kBlockN : Config<kOpsBf16>::kBlockN;
+  switch (operands_of (g))
+    {
+    case kOpsBf16:
+    case kOpsFp16:         return Config<kOpsBf16>::kBlockN;
+    case kOpsE4m3E4m3Wide:
+    case kOpsE4m3E5m2Wide:
+    case kOpsE5m2E4m3Wide: return Config<kOpsE4m3E4m3Wide>::kBlockN;
+    default:               return Config<kOpsE4m3E4m3>::kBlockN;
+    }
 }
 
 /* How FPROP and DGRAD read each group's B matrix (the weight): W_i (n × k)
@@ -869,6 +902,9 @@ launch_fp8 (int ops, bool wgrad, const GemmParams &params, int n_sms, cudaStream
     case kOpsE4m3E4m3: return launch_fp8_kind<kOpsE4m3E4m3> (wgrad, params, n_sms, stream);
     case kOpsE4m3E5m2: return launch_fp8_kind<kOpsE4m3E5m2> (wgrad, params, n_sms, stream);
     case kOpsE5m2E4m3: return launch_fp8_kind<kOpsE5m2E4m3> (wgrad, params, n_sms, stream);
+    case kOpsE4m3E4m3Wide: return launch_fp8_kind<kOpsE4m3E4m3Wide> (wgrad, params, n_sms, stream);
+    case kOpsE4m3E5m2Wide: return launch_fp8_kind<kOpsE4m3E5m2Wide> (wgrad, params, n_sms, stream);
+    case kOpsE5m2E4m3Wide: return launch_fp8_kind<kOpsE5m2E4m3Wide> (wgrad, params, n_sms, stream);
     case kOpsE4m3E4m3Blocks: return launch_fp8_kind<kOpsE4m3E4m3Blocks> (wgrad, params, n_sms, stream);
     default:           return launch_fp8_kind<kOpsE5m2E4m3Blocks> (wgrad, params, n_sms, stream);
     }

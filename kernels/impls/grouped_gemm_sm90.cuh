@@ -23,14 +23,15 @@
  *    done). With blockwise FP8 scales, two more of its warps copy the
  *    scales into a ring of their own (kScaleDepth stages at a time).
  *    Warpgroups 1 and 2 are the consumers: each multiplies one 64-row half
- *    of the 128 × 256 output tile with wgmma (FP32 accumulators in
- *    registers) and hands it, bias added, to TMA stores (reduce-add for an
- *    accumulating FP32 output) that drain while the next tile computes;
- *    the producer is already filling the ring for that tile.
+ *    of the output tile (16-bit: 128 × 256; FP8: 128 × 128 or 128 × 192,
+ *    Config) with wgmma (FP32 accumulators in registers) and hands it,
+ *    bias added, to TMA stores (reduce-add for an accumulating FP32
+ *    output) that drain while the next tile computes; the producer is
+ *    already filling the ring for that tile.
  *    A group's last row tile, where it holds 64 rows or fewer, is a short
  *    tile: with per-tensor FP8 both consumers take its 64 rows, half the
- *    columns each; in the 16-bit kernels the first consumer takes them
- *    while the second stands idle (IdleHalves).
+ *    columns each (of 192 columns, 128 and 64); in the 16-bit kernels the
+ *    first consumer takes them while the second stands idle (IdleHalves).
  *
  * Layouts (C = A · Bᵀ, reduction over r, every matrix row-major):
  *   FPROP  A = x_g   [m × k]  K-major    B = W_g  [n × k]  K-major
@@ -86,16 +87,27 @@ enum Operands
   kOpsE5m2E4m3 = 4,
   kOpsE4m3E4m3Blocks = 5,
   kOpsE5m2E4m3Blocks = 6,
+  /* The per-tensor pairs on 128 × 192 tiles (Config). */
+  kOpsE4m3E4m3Wide = 7,
+  kOpsE4m3E5m2Wide = 8,
+  kOpsE5m2E4m3Wide = 9,
 };
+
+/* The wide instance of a per-tensor FP8 pair. */
+constexpr int kWideOffset = kOpsE4m3E4m3Wide - kOpsE4m3E4m3;
 
 /* The tile shape and ring of each operand type. Either way a stage holds
  * 128-byte rows: 64 16-bit or 128 FP8 reduction elements. FP8 products
  * are promoted out of the tensor cores' accumulators into a further set of
  * FP32 registers after every stage (the FP8 accumulators keep fewer bits,
- * and long reductions would lose accuracy); a consumer has two stages in
- * flight, so it holds three 64 × kBlockN sets (two of partial sums, one
- * promoted): kBlockN 128 keeps that within its registers, and the smaller
- * stages make room for a deeper ring. With blockwise scales a stage is
+ * and long reductions would lose accuracy). On 128 × 128 tiles a consumer
+ * has two stages in flight, so it holds three 64 × 128 sets (two of
+ * partial sums, one promoted), and the smaller stages make room for a
+ * deeper ring. The wide per-tensor instances take 128 × 192 tiles (a
+ * sixth less shared-memory and L2 traffic per product, and fewer tiles
+ * for short reductions) with one set of partial sums, each stage's
+ * promoted once it lands while the other consumer's products run; the
+ * host picks them (wide_tiles()). With blockwise scales a stage is
  * one 128-deep block of the scales: the promotion multiplies it by the
  * scales of its rows (A) and of its 128 × 128 tile or columns (B), which
  * the producer's scale warps copy kScaleDepth stages at a time into
@@ -107,14 +119,17 @@ template <int kOps>
 struct Config
 {
   static constexpr bool kFp8 = kOps >= kOpsE4m3E4m3;
-  static constexpr bool kBlockScaled = kOps >= kOpsE4m3E4m3Blocks;
+  static constexpr bool kBlockScaled = kOps == kOpsE4m3E4m3Blocks || kOps == kOpsE5m2E4m3Blocks;
+  static constexpr bool kWide = kOps >= kOpsE4m3E4m3Wide;
   static constexpr bool kBf16 = kOps == kOpsBf16;
-  static constexpr bool kAE5m2 = kOps == kOpsE5m2E4m3 || kOps == kOpsE5m2E4m3Blocks;
-  static constexpr bool kBE5m2 = kOps == kOpsE4m3E5m2;
-  static constexpr int kBlockN = kFp8 ? 128 : 256;
+  static constexpr bool kAE5m2 = kOps == kOpsE5m2E4m3 || kOps == kOpsE5m2E4m3Blocks || kOps == kOpsE5m2E4m3Wide;
+  static constexpr bool kBE5m2 = kOps == kOpsE4m3E5m2 || kOps == kOpsE4m3E5m2Wide;
+  static constexpr int kBlockN = kWide ? 192 : kFp8 ? 128 : 256;
   static constexpr int kBlockK = kFp8 ? 128 : 64;    /* reduction elements of a stage */
   static constexpr int kMmaK = kFp8 ? 32 : 16;       /* of one wgmma */
-  static constexpr int kStages = kBlockScaled ? 5 : kFp8 ? 6 : 4;
+  /* FP8: sets of partial sums a consumer holds beside the promoted ones. */
+  static constexpr int kPartialSets = kFp8 && kBlockN == 128 ? 2 : 1;
+  static constexpr int kStages = kBlockScaled ? 5 : kFp8 ? (kBlockN == 128 ? 6 : 4) : 4;
   static constexpr int kScaleSlot = kFp8 && !kBlockScaled ? 2 : 0;
   /* Blockwise: the scales of kScaleDepth stages make one copy, so that each
    * 32-byte sector of a row's scales is read from L2 once, not once per
@@ -956,8 +971,9 @@ struct MmaOf<kOps, kKind, kN, true>
 };
 
 /* Short tiles: a group's last row tile, where it holds 64 rows or fewer,
- * is computed as 64 rows by both consumers, half of the columns each
- * (Share), not as 128 rows of which one consumer's half would be thrown
+ * is computed as 64 rows by both consumers, half of the columns each (on
+ * the wide tiles 128 and 64: whole subtiles for the TMA epilogue; Share),
+ * not as 128 rows of which one consumer's half would be thrown
  * away. Skewed routing leaves many such tails (small-e64: 344 of its 760
  * FP8 tiles). Per-tensor FP8 row-grouped products only: blockwise
  * promotion reads the scales of each consumer's rows, and in the 16-bit
@@ -1172,7 +1188,7 @@ tile_products (float (&acc)[kN / 2], uint64_t desc_a0, uint64_t desc_b0, ScaleBl
   const bool leader = threadIdx.x % 128 == 0;
   uint32_t held = 0;
 
-  if constexpr (Cfg::kFp8 && kN < Cfg::kBlockN)
+  if constexpr (Cfg::kFp8 && (kN < Cfg::kBlockN || Cfg::kPartialSets == 1))
     {
       /* A short tile's share: one set of partial sums, promoted as soon
        * as it lands (two sets beside the full tiles' made the consumers
@@ -1340,6 +1356,10 @@ consume (const GemmParams &p, uint8_t *ring, const float *scales, ScaleBlocks &s
   constexpr bool kTransA = Layout<kOps, kKind>::kTransA;
   constexpr bool kTransB = Layout<kOps, kKind>::kTransB;
   constexpr int kBlockN = Cfg::kBlockN;
+  /* A short tile's columns of each consumer: halves, or on the wide tiles
+   * 128 and 64, so that each writes whole 64-column subtiles. */
+  constexpr int kShortCols0 = kBlockN == 192 ? 128 : kBlockN / 2;
+  constexpr int kShortCols1 = kBlockN - kShortCols0;
   const bool direct = is_direct<kOps, kKind> (p);
   const uint32_t total = direct ? UINT32_MAX : p.tile_begin[p.n_groups];
   const bool leader = threadIdx.x % 128 == 0;
@@ -1428,13 +1448,23 @@ consume (const GemmParams &p, uint8_t *ring, const float *scales, ScaleBlocks &s
       if (short_tile<kOps, kKind> (p, tile))
         {
           /* The first 64 rows of A's tile (K-major: short tiles are
-           * row-grouped) and this consumer's half of B's columns; the sums
-           * are the first half of acc. */
+           * row-grouped) and this consumer's columns of B's (ShortTiles);
+           * the sums are the first of acc. */
           if constexpr (ShortTiles<kOps, kKind>::value)
-            tile_products<kOps, kKind, kBlockN / 2> (
-              reinterpret_cast<float (&)[kBlockN / 4]> (acc), descriptor_minus (desc_a0, half * 64 * 128),
-              descriptor_plus (desc_b0, half * (kTransB ? (kBlockN / 2 / kChunk) * kChunkBytes : (kBlockN / 2) * 128)),
-              sb, full, empty, tile.k_blocks, stage, phase, half, on_first_stage);
+            {
+              const uint64_t desc_a = descriptor_minus (desc_a0, half * 64 * 128);
+
+              if (kShortCols0 == kShortCols1 || half == 0)
+                tile_products<kOps, kKind, kShortCols0> (
+                  reinterpret_cast<float (&)[kShortCols0 / 2]> (acc), desc_a,
+                  descriptor_plus (desc_b0, half * kShortCols0 * 128), sb, full, empty, tile.k_blocks, stage,
+                  phase, half, on_first_stage);
+              else
+                tile_products<kOps, kKind, kShortCols1> (
+                  reinterpret_cast<float (&)[kShortCols1 / 2]> (acc), desc_a,
+                  descriptor_plus (desc_b0, kShortCols0 * 128), sb, full, empty, tile.k_blocks, stage, phase,
+                  half, on_first_stage);
+            }
         }
       else
         {
@@ -1467,7 +1497,7 @@ consume (const GemmParams &p, uint8_t *ring, const float *scales, ScaleBlocks &s
         }
 
       const Share share = short_tile<kOps, kKind> (p, tile) ?
-        Share { tile.m0, tile.n0 + half * (kBlockN / 2), kBlockN / 2 } :
+        Share { tile.m0, tile.n0 + half * kShortCols0, half == 0 ? kShortCols0 : kShortCols1 } :
         Share { tile.m0 + half * 64, tile.n0, kBlockN };
       bool written;
 

@@ -76,7 +76,7 @@ for n in WIDTHS:
              n, 16, f'{t}.{t}', True)
 
 # FP8: K-major operands only (no transpose immediates), k32 per instruction.
-FP8_WIDTHS = [64, 128]
+FP8_WIDTHS = [64, 96, 128, 192]
 print('''/* FP8 operands (kAE5m2 / kBE5m2: E5M2, else E4M3), both K-major: one
  * warpgroup multiplies a 64×32 tile of A by a 32×N tile of B. */
 template <int kN, bool kAE5m2, bool kBE5m2>

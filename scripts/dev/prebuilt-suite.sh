@@ -50,6 +50,10 @@ run grouped-linear-sm90-plan GMLP_CUDA_HOST_GEMM=sm90 GMLP_SM90_SCHEDULE=plan \
   "$tests/test-grouped-linear-sm90-plan"
 run grouped-linear-fp8-sm90-plan GMLP_CUDA_HOST_GEMM=sm90 GMLP_SM90_SCHEDULE=plan \
   "$tests/test-grouped-linear-fp8-forced"
+for tiles in 128 192; do
+  run grouped-linear-fp8-sm90-tiles$tiles GMLP_CUDA_HOST_GEMM=sm90 GMLP_SM90_FP8_TILES=$tiles \
+    "$tests/test-grouped-linear-fp8-forced"
+done
 run grouped-linear-fp8-portable GMLP_CUDA_DEVICE_GEMM=portable "$tests/test-grouped-linear-fp8-forced" \
   -p /Gmlp/GroupedLinear/fp8/device-sizes
 wait
