@@ -269,12 +269,14 @@ plan_kernel (const __grid_constant__ PlanParams p, const __grid_constant__ Inlin
       Scan (scan_storage).ExclusiveSum (tiles, tile_off, tile_total);
       tile_off += carry[2];
       /* Repacked rows lie pitch bytes apart (0 for an empty group: its
-       * maps, never read, get rows of map_cols bytes). */
+       * maps, never read, get rows of map_cols bytes). A group whose rows
+       * are whole 16-byte units already is read in place (FP8 pipelines
+       * commonly pad each expert's rows to 16), and takes no scratch. */
       pitch = div_up (rows, kRepackAlign) * kRepackAlign;
       if (p.repack_a != nullptr)
         {
           __syncthreads ();
-          Scan (scan_storage).ExclusiveSum (valid ? (uint64_t) pitch : 0, off_r, total_r);
+          Scan (scan_storage).ExclusiveSum (valid && pitch != rows ? (uint64_t) pitch : 0, off_r, total_r);
           off_r += carry[4];
         }
 
@@ -314,24 +316,29 @@ plan_kernel (const __grid_constant__ PlanParams p, const __grid_constant__ Inlin
             {
               /* Rows of the group's m_g bytes, read up to there (TMA fills
                * the rest of the last stage with zeros): in place, or
-               * repacked pitch apart. */
+               * repacked pitch apart (rows 0 tells the repack to skip the
+               * group). */
               const uint8_t *a_rows_at = a_data, *b_rows_at = rows2_data;
               uint32_t row_pitch = 0;
 
               if (p.repack_a != nullptr)
                 {
+                  const bool in_place = pitch == rows;
                   RepackGroup r;
 
                   r.src_a = a_data;
                   r.src_b = rows2_data;
                   r.dst_a = p.repack_a + off_r * (uint64_t) p.a.row_bytes;
                   r.dst_b = p.repack_b + off_r * (uint64_t) p.rows2.row_bytes;
-                  r.rows = rows;
+                  r.rows = in_place ? 0 : rows;
                   r.pitch = pitch;
                   p.repack[g] = r;
-                  a_rows_at = r.dst_a;
-                  b_rows_at = r.dst_b;
-                  row_pitch = (uint32_t) pitch;
+                  if (!in_place)
+                    {
+                      a_rows_at = r.dst_a;
+                      b_rows_at = r.dst_b;
+                      row_pitch = (uint32_t) pitch;
+                    }
                 }
               write_map (map_a, p.template_a, slot, a_rows_at, 0, map_cols, row_pitch);
               write_map (map_b, p.template_b, slot, b_rows_at, 0, map_cols, row_pitch);

@@ -1049,16 +1049,18 @@ static void
 test_device_sizes (void)
 {
   g_autoptr(GmlpDevice) device = device_or_skip ();
-  /* Sizes no multiple of 16 (the Hopper kernel repacks WGRAD's copies),
-   * an empty group, and groups of several 128-deep WGRAD stages, more
-   * than the 8 whose blockwise scales the kernel copies at a time;
-   * features whose FP8 and BF16 rows are whole multiples of 256 bytes (the
-   * Hopper kernel's direct schedule for FPROP and DGRAD, row tiles
-   * reaching into the next group). */
+  /* Sizes no multiple of 16 (the Hopper kernel repacks those groups of
+   * WGRAD's copies and reads the others in place), all of them multiples
+   * of 16 (nothing repacked), an empty group, and groups of several
+   * 128-deep WGRAD stages, more than the 8 whose blockwise scales the
+   * kernel copies at a time; features whose FP8 and BF16 rows are whole
+   * multiples of 256 bytes (the Hopper kernel's direct schedule for FPROP
+   * and DGRAD, row tiles reaching into the next group). */
   const gint64 all_rows[][4] = {
     { 29, 0, 64, 7 }, { 300, 129, 0, 17 }, { 300, 129, 0, 17 }, { 1100, 0, 1300, 5 },
+    { 144, 16, 0, 1040 },
   };
-  const gint64 features[][2] = { { 48, 32 }, { 48, 32 }, { 256, 256 }, { 256, 144 } };
+  const gint64 features[][2] = { { 48, 32 }, { 48, 32 }, { 256, 256 }, { 256, 144 }, { 256, 192 } };
   guint i;
 
   if (device == NULL)
