@@ -150,6 +150,20 @@ struct Config
   static_assert (kSmemBytes <= 227 * 1024, "the kernel needs more shared memory than an SM has");
 };
 
+/* The ring of an instance: its operand type's (Config), but the wide FP8
+ * WGRAD takes one stage fewer. On the H200, 3 stages against 4 gave the
+ * wide WGRAD 2-8% and cost the wide FPROP 1-3% (docs/performance.md). */
+template <int kOps, int kKind>
+struct Ring
+{
+  using Cfg = Config<kOps>;
+  static constexpr int kStages = Cfg::kWide && kKind == GMLP_KERNEL_GEMM_WGRAD ? Cfg::kStages - 1 : Cfg::kStages;
+  /* Config's size less the stages dropped: each has its operands, two
+   * barriers and its scale slot. */
+  static constexpr uint32_t kSmemBytes =
+    Cfg::kSmemBytes - (uint32_t) (Cfg::kStages - kStages) * (Cfg::kStageBytes + 2 * 8 + Cfg::kScaleSlot * 4);
+};
+
 /* The widest output tile of any instance (the host's coordinate bound). */
 constexpr int kMaxBlockN = 256;
 
@@ -504,7 +518,7 @@ produce (const GemmParams &p, uint8_t *ring, float *scales, uint64_t *full, uint
   constexpr bool kTransB = Layout<kOps, kKind>::kTransB;
   constexpr int kBlockN = Cfg::kBlockN;
   constexpr int kBlockK = Cfg::kBlockK;
-  constexpr int kStages = Cfg::kStages;
+  constexpr int kStages = Ring<kOps, kKind>::kStages;
   constexpr uint32_t kStageBytes = Cfg::kStageBytes;
   const bool direct = is_direct<kOps, kKind> (p);
   const uint32_t total = direct ? UINT32_MAX : p.tile_begin[p.n_groups];
@@ -1043,7 +1057,7 @@ idle_half (const GemmParams &p, const Tile &tile, int half)
  * next tile before the leader has passed this one's stages. With no
  * products to overlap, on_first_stage() (which finds the next tile) runs
  * after them. */
-template <int kOps, typename OnFirstStage>
+template <int kOps, int kKind, typename OnFirstStage>
 __device__ __forceinline__ void
 pass_stages (uint64_t *full, uint64_t *empty, uint32_t k_blocks, uint32_t &stage, uint32_t &phase,
              int half, OnFirstStage &&on_first_stage)
@@ -1057,7 +1071,7 @@ pass_stages (uint64_t *full, uint64_t *empty, uint32_t k_blocks, uint32_t &stage
           mbarrier_wait (&full[stage], phase);
           mbarrier_arrive (&empty[stage]);
         }
-      next_stage<Config<kOps>::kStages> (stage, phase);
+      next_stage<Ring<kOps, kKind>::kStages> (stage, phase);
     }
   on_first_stage ();
   consumer_sync (half);
@@ -1183,7 +1197,7 @@ tile_products (float (&acc)[kN / 2], uint64_t desc_a0, uint64_t desc_b0, ScaleBl
   using Cfg = Config<kOps>;
   constexpr bool kTransA = Layout<kOps, kKind>::kTransA;
   constexpr bool kTransB = Layout<kOps, kKind>::kTransB;
-  constexpr int kStages = Cfg::kStages;
+  constexpr int kStages = Ring<kOps, kKind>::kStages;
   constexpr int kDepth = Cfg::kScaleDepth;
   const bool leader = threadIdx.x % 128 == 0;
   uint32_t held = 0;
@@ -1442,7 +1456,7 @@ consume (const GemmParams &p, uint8_t *ring, const float *scales, ScaleBlocks &s
 
       if (idle_half<kOps, kKind> (p, tile, half))
         {
-          pass_stages<kOps> (full, empty, tile.k_blocks, stage, phase, half, on_first_stage);
+          pass_stages<kOps, kKind> (full, empty, tile.k_blocks, stage, phase, half, on_first_stage);
           continue;
         }
       if (short_tile<kOps, kKind> (p, tile))
@@ -1524,17 +1538,18 @@ __global__ void __launch_bounds__ (kThreads, 1)
 gemm_kernel (const __grid_constant__ GemmParams p)
 {
   using Cfg = Config<kOps>;
+  constexpr int kStages = Ring<kOps, kKind>::kStages;
   extern __shared__ uint8_t smem_raw[];
   uint8_t *ring = reinterpret_cast<uint8_t *> (
     (reinterpret_cast<uintptr_t> (smem_raw) + 1023) & ~(uintptr_t) 1023);
-  float *staging = reinterpret_cast<float *> (ring + Cfg::kStages * Cfg::kStageBytes);
-  uint64_t *full = reinterpret_cast<uint64_t *> (ring + Cfg::kStages * Cfg::kStageBytes +
+  float *staging = reinterpret_cast<float *> (ring + kStages * Cfg::kStageBytes);
+  uint64_t *full = reinterpret_cast<uint64_t *> (ring + kStages * Cfg::kStageBytes +
                                                  kConsumers * kEpilogueBytes);
-  uint64_t *empty = full + Cfg::kStages;
-  uint64_t *scale_full = empty + Cfg::kStages;
+  uint64_t *empty = full + kStages;
+  uint64_t *scale_full = empty + kStages;
   uint64_t *scale_empty = scale_full + Cfg::kScaleBufs;
   float *scales = reinterpret_cast<float *> (scale_empty + Cfg::kScaleBufs);
-  ScaleBlocks sb = { scales + Cfg::kStages * Cfg::kScaleSlot, scale_full, scale_empty, 0 };
+  ScaleBlocks sb = { scales + kStages * Cfg::kScaleSlot, scale_full, scale_empty, 0 };
   /* Broadcast, so that the compiler knows it is the same across a warp
    * and keeps what derives from it (the consumers' wgmma descriptors) in
    * uniform registers. */
@@ -1547,7 +1562,7 @@ gemm_kernel (const __grid_constant__ GemmParams p)
        * landed); both consumers give it back. A blockwise scale buffer is
        * full once the scale warps' lanes' copies have landed; the
        * consumers' 256 threads give it back. */
-      for (int s = 0; s < Cfg::kStages; s++)
+      for (int s = 0; s < kStages; s++)
         {
           mbarrier_init (&full[s], copies_tile_scales<kOps, kKind> (p) ? 2 : 1);
           mbarrier_init (&empty[s], kConsumers);
@@ -1613,7 +1628,7 @@ GmlpKernelStatus launch_gemm (const GemmParams &params, int n_sms, cudaStream_t 
     /* Set on every call: the attribute belongs to the current device. */           \
     err = cudaFuncSetAttribute (gemm_kernel<kOpsArg, kKindArg>,                     \
                                 cudaFuncAttributeMaxDynamicSharedMemorySize,        \
-                                Config<kOpsArg>::kSmemBytes);                       \
+                                (Ring<kOpsArg, kKindArg>::kSmemBytes));             \
     if (err != cudaSuccess)                                                         \
       return record_cuda_error (err);                                               \
     /* A dependent of the plan (programmatic stream serialization): its CTAs     \
@@ -1622,7 +1637,7 @@ GmlpKernelStatus launch_gemm (const GemmParams &params, int n_sms, cudaStream_t 
     attribute.val.programmaticStreamSerializationAllowed = 1;                       \
     config.gridDim = dim3 (n_sms);                                                  \
     config.blockDim = dim3 (kThreads);                                              \
-    config.dynamicSmemBytes = Config<kOpsArg>::kSmemBytes;                          \
+    config.dynamicSmemBytes = Ring<kOpsArg, kKindArg>::kSmemBytes;                  \
     config.stream = stream;                                                         \
     config.attrs = &attribute;                                                      \
     config.numAttrs = 1;                                                            \
