@@ -602,11 +602,10 @@ env_equals (const char *name, const char *value)
 /* Whether a per-tensor FP8 product takes the wide instances' 128 × 192
  * tiles (Config): WGRAD always, FPROP and DGRAD where padding the output's
  * columns to 192 adds at most 1/25 of them (the narrow tiles won where it
- * added 1/8: small-e64's 1024 columns). On the H200, device sizes, narrow
- * -> wide TFLOP/s (docs/performance.md): mixtral-fc1 fprop 1132 -> 1165,
- * qwen3-fc1 fprop 898 -> 931 and dgrad 557 -> 629, WGRAD +3-13% on every
- * shape. GMLP_SM90_FP8_TILES=128 or =192 forces one width (the tests run
- * both). */
+ * added 1/8: small-e64's 1024 columns). On the H200, device sizes, one
+ * build, 128 -> picked, TFLOP/s (docs/performance.md): mixtral-fc1 fprop
+ * 1080 -> 1115, qwen3-fc1 dgrad 488 -> 536, WGRAD +1-15% on every shape.
+ * GMLP_SM90_FP8_TILES=128 or =192 forces one width (the tests run both). */
 bool
 wide_tiles (const GmlpKernelDeviceGemm *g, int64_t out_cols)
 {

@@ -152,7 +152,8 @@ struct Config
 
 /* The ring of an instance: its operand type's (Config), but the wide FP8
  * WGRAD takes one stage fewer. On the H200, 3 stages against 4 gave the
- * wide WGRAD 2-8% and cost the wide FPROP 1-3% (docs/performance.md). */
+ * wide WGRAD up to 9% on balanced routing (flat on skewed) and cost the
+ * wide FPROP 1-3%, which keeps 4 (docs/performance.md). */
 template <int kOps, int kKind>
 struct Ring
 {
@@ -1204,9 +1205,10 @@ tile_products (float (&acc)[kN / 2], uint64_t desc_a0, uint64_t desc_b0, ScaleBl
 
   if constexpr (Cfg::kFp8 && (kN < Cfg::kBlockN || Cfg::kPartialSets == 1))
     {
-      /* A short tile's share: one set of partial sums, promoted as soon
-       * as it lands (two sets beside the full tiles' made the consumers
-       * spill; short tiles are a group's last). */
+      /* One set of partial sums, promoted as soon as it lands: a short
+       * tile's share (two sets beside the full tiles' made the consumers
+       * spill; short tiles are a group's last), or a wide tile, whose
+       * sets take the registers of the narrow tiles' three. */
       float part[kN / 2];
 
       static_assert (!Cfg::kBlockScaled, "blockwise scales take no short tiles (ShortTiles)");
