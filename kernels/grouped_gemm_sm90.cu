@@ -607,11 +607,13 @@ env_equals (const char *name, const char *value)
  * 1080 -> 1115, qwen3-fc1 dgrad 488 -> 536, WGRAD +1-15% on every shape.
  * GMLP_SM90_FP8_TILES=128 or =192 forces one width (the tests run both). */
 bool
-wide_tiles (const GmlpKernelDeviceGemm *g, int64_t out_cols)
+wide_tiles (const GmlpKernelDeviceGemm *g)
 {
   static const bool narrow = env_equals ("GMLP_SM90_FP8_TILES", "128");
   static const bool wide = env_equals ("GMLP_SM90_FP8_TILES", "192");
-  const int64_t padded = (out_cols + 191) / 192 * 192;
+  const int64_t block_n = Config<kOpsE4m3E4m3Wide>::kBlockN;
+  const int64_t out_cols = extents_of (g).out_cols;
+  const int64_t padded = div_up (out_cols, block_n) * block_n;
 
   if (narrow || wide)
     return wide;
@@ -637,7 +639,7 @@ operands_of (const GmlpKernelDeviceGemm *g)
     pair = blocks ? kOpsE5m2E4m3Blocks : kOpsE5m2E4m3;
   else
     return -1;
-  if (!blocks && pair >= 0 && wide_tiles (g, extents_of (g).out_cols))
+  if (!blocks && wide_tiles (g))
     pair += kWideOffset;
   return pair;
 }

@@ -1082,10 +1082,10 @@ test_device_sizes (void)
       /* Per-tensor and blockwise FPROP and DGRAD multiply FP8 (the CPU;
        * CUDA on Hopper), and so does WGRAD on Hopper (blockwise: the
        * columnwise copies); the rest dequantized operands. */
-      gboolean native_wgrad = on_gpu && multiplies_fp8 (device, recipe) && fp8_device_native (device);
+      gboolean native = multiplies_fp8 (device, recipe) && fp8_device_native (device);
+      gboolean native_wgrad = on_gpu && native;
       double tol_w = tolerance_a (GMLP_DTYPE_BFLOAT16, !native_wgrad);
-      double tol_native = tolerance_a (GMLP_DTYPE_BFLOAT16,
-                                       !multiplies_fp8 (device, recipe) || !fp8_device_native (device));
+      double tol_native = tolerance_a (GMLP_DTYPE_BFLOAT16, !native);
       Quantizers q = { 0, };
       Results ref = { 0, };
       gsize n;

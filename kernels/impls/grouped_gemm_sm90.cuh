@@ -128,8 +128,8 @@ struct Config
   static constexpr int kBlockK = kFp8 ? 128 : 64;    /* reduction elements of a stage */
   static constexpr int kMmaK = kFp8 ? 32 : 16;       /* of one wgmma */
   /* FP8: sets of partial sums a consumer holds beside the promoted ones. */
-  static constexpr int kPartialSets = kFp8 && kBlockN == 128 ? 2 : 1;
-  static constexpr int kStages = kBlockScaled ? 5 : kFp8 ? (kBlockN == 128 ? 6 : 4) : 4;
+  static constexpr int kPartialSets = kFp8 && !kWide ? 2 : 1;
+  static constexpr int kStages = kBlockScaled ? 5 : kWide ? 4 : kFp8 ? 6 : 4;
   static constexpr int kScaleSlot = kFp8 && !kBlockScaled ? 2 : 0;
   /* Blockwise: the scales of kScaleDepth stages make one copy, so that each
    * 32-byte sector of a row's scales is read from L2 once, not once per
@@ -142,12 +142,16 @@ struct Config
   static constexpr uint32_t kTileABytes = kBlockM * 128;
   static constexpr uint32_t kTileBBytes = kBlockN * 128;
   static constexpr uint32_t kStageBytes = kTileABytes + kTileBBytes;
-  /* The ring, the epilogue buffers, the barriers, the staged scales, and
-   * slack to align the ring to the 1024 bytes of a swizzle atom. */
-  static constexpr uint32_t kSmemBytes = kStages * kStageBytes + kConsumers * kEpilogueBytes +
-                                         2 * (kStages + kScaleBufs) * 8 + kStages * kScaleSlot * 4 +
-                                         kScaleBufs * kScaleBlockFloats * 4 + 1024;
-  static_assert (kSmemBytes <= 227 * 1024, "the kernel needs more shared memory than an SM has");
+  /* The shared memory of a ring of `stages`: the ring, the epilogue
+   * buffers, the barriers, the staged scales, and slack to align the ring
+   * to the 1024 bytes of a swizzle atom. */
+  static constexpr uint32_t
+  smem_bytes (int stages)
+  {
+    return stages * kStageBytes + kConsumers * kEpilogueBytes + 2 * (stages + kScaleBufs) * 8 +
+           stages * kScaleSlot * 4 + kScaleBufs * kScaleBlockFloats * 4 + 1024;
+  }
+  static_assert (smem_bytes (kStages) <= 227 * 1024, "the kernel needs more shared memory than an SM has");
 };
 
 /* The ring of an instance: its operand type's (Config), but the wide FP8
@@ -159,10 +163,7 @@ struct Ring
 {
   using Cfg = Config<kOps>;
   static constexpr int kStages = Cfg::kWide && kKind == GMLP_KERNEL_GEMM_WGRAD ? Cfg::kStages - 1 : Cfg::kStages;
-  /* Config's size less the stages dropped: each has its operands, two
-   * barriers and its scale slot. */
-  static constexpr uint32_t kSmemBytes =
-    Cfg::kSmemBytes - (uint32_t) (Cfg::kStages - kStages) * (Cfg::kStageBytes + 2 * 8 + Cfg::kScaleSlot * 4);
+  static constexpr uint32_t kSmemBytes = Cfg::smem_bytes (kStages);
 };
 
 /* The widest output tile of any instance (the host's coordinate bound). */
@@ -1374,7 +1375,7 @@ consume (const GemmParams &p, uint8_t *ring, const float *scales, ScaleBlocks &s
   constexpr int kBlockN = Cfg::kBlockN;
   /* A short tile's columns of each consumer: halves, or on the wide tiles
    * 128 and 64, so that each writes whole 64-column subtiles. */
-  constexpr int kShortCols0 = kBlockN == 192 ? 128 : kBlockN / 2;
+  constexpr int kShortCols0 = Cfg::kWide ? 128 : kBlockN / 2;
   constexpr int kShortCols1 = kBlockN - kShortCols0;
   const bool direct = is_direct<kOps, kKind> (p);
   const uint32_t total = direct ? UINT32_MAX : p.tile_begin[p.n_groups];
