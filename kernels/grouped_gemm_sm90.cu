@@ -599,13 +599,16 @@ env_equals (const char *name, const char *value)
   return set != nullptr && strcmp (set, value) == 0;
 }
 
-/* Whether a per-tensor FP8 product takes the wide instances' 128 × 192
- * tiles (Config): WGRAD always, FPROP and DGRAD where padding the output's
- * columns to 192 adds at most 1/25 of them (the narrow tiles won where it
- * added 1/8: small-e64's 1024 columns). On the H200, device sizes, one
- * build, 128 -> picked, TFLOP/s (docs/performance.md): mixtral-fc1 fprop
- * 1080 -> 1115, qwen3-fc1 dgrad 488 -> 536, WGRAD +1-15% on every shape.
- * GMLP_SM90_FP8_TILES=128 or =192 forces one width (the tests run both). */
+/* Whether an FP8 product takes the wide instances' 128 × 192 tiles
+ * (Config), per-tensor or blockwise: WGRAD always, FPROP and DGRAD where
+ * padding the output's columns to 192 adds at most 1/25 of them (the
+ * narrow tiles won where it added 1/8: small-e64's 1024 columns). On the
+ * H200, device sizes, one build, 128 -> picked, TFLOP/s
+ * (docs/performance.md): per-tensor mixtral-fc1 fprop 1080 -> 1115,
+ * qwen3-fc1 dgrad 488 -> 536, WGRAD +1-15% on every shape; blockwise
+ * (against the build before its wide instances) mixtral-fc1 fprop
+ * 979 -> 1038, qwen3-fc1 wgrad 386 -> 452. GMLP_SM90_FP8_TILES=128 or
+ * =192 forces one width (the tests run both). */
 bool
 wide_tiles (const GmlpKernelDeviceGemm *g)
 {
@@ -639,7 +642,7 @@ operands_of (const GmlpKernelDeviceGemm *g)
     pair = blocks ? kOpsE5m2E4m3Blocks : kOpsE5m2E4m3;
   else
     return -1;
-  if (!blocks && wide_tiles (g))
+  if (wide_tiles (g))
     pair += kWideOffset;
   return pair;
 }
@@ -774,7 +777,9 @@ block_n_of (const GmlpKernelDeviceGemm *g)
     case kOpsFp16:         return Config<kOpsBf16>::kBlockN;
     case kOpsE4m3E4m3Wide:
     case kOpsE4m3E5m2Wide:
-    case kOpsE5m2E4m3Wide: return Config<kOpsE4m3E4m3Wide>::kBlockN;
+    case kOpsE5m2E4m3Wide:
+    case kOpsE4m3E4m3BlocksWide:
+    case kOpsE5m2E4m3BlocksWide: return Config<kOpsE4m3E4m3Wide>::kBlockN;
     default:               return Config<kOpsE4m3E4m3>::kBlockN;
     }
 }
@@ -914,7 +919,9 @@ launch_fp8 (int ops, bool wgrad, const GemmParams &params, int n_sms, cudaStream
     case kOpsE4m3E5m2Wide: return launch_fp8_kind<kOpsE4m3E5m2Wide> (wgrad, params, n_sms, stream);
     case kOpsE5m2E4m3Wide: return launch_fp8_kind<kOpsE5m2E4m3Wide> (wgrad, params, n_sms, stream);
     case kOpsE4m3E4m3Blocks: return launch_fp8_kind<kOpsE4m3E4m3Blocks> (wgrad, params, n_sms, stream);
-    default:           return launch_fp8_kind<kOpsE5m2E4m3Blocks> (wgrad, params, n_sms, stream);
+    case kOpsE5m2E4m3Blocks: return launch_fp8_kind<kOpsE5m2E4m3Blocks> (wgrad, params, n_sms, stream);
+    case kOpsE4m3E4m3BlocksWide: return launch_fp8_kind<kOpsE4m3E4m3BlocksWide> (wgrad, params, n_sms, stream);
+    default:           return launch_fp8_kind<kOpsE5m2E4m3BlocksWide> (wgrad, params, n_sms, stream);
     }
 }
 

@@ -87,14 +87,19 @@ enum Operands
   kOpsE5m2E4m3 = 4,
   kOpsE4m3E4m3Blocks = 5,
   kOpsE5m2E4m3Blocks = 6,
-  /* The per-tensor pairs on 128 × 192 tiles (Config). */
+  /* The FP8 pairs on 128 × 192 tiles (Config): per-tensor, then blockwise. */
   kOpsE4m3E4m3Wide = 7,
   kOpsE4m3E5m2Wide = 8,
   kOpsE5m2E4m3Wide = 9,
+  kOpsE4m3E4m3BlocksWide = 10,
+  kOpsE5m2E4m3BlocksWide = 11,
 };
 
-/* The wide instance of a per-tensor FP8 pair. */
+/* The wide instance of an FP8 pair, per-tensor or blockwise. */
 constexpr int kWideOffset = kOpsE4m3E4m3Wide - kOpsE4m3E4m3;
+static_assert (kOpsE4m3E4m3Blocks + kWideOffset == kOpsE4m3E4m3BlocksWide &&
+               kOpsE5m2E4m3Blocks + kWideOffset == kOpsE5m2E4m3BlocksWide,
+               "every FP8 pair's wide instance lies kWideOffset further");
 
 /* The tile shape and ring of each operand type. Either way a stage holds
  * 128-byte rows: 64 16-bit or 128 FP8 reduction elements. FP8 products
@@ -103,33 +108,35 @@ constexpr int kWideOffset = kOpsE4m3E4m3Wide - kOpsE4m3E4m3;
  * and long reductions would lose accuracy). On 128 × 128 tiles a consumer
  * has two stages in flight, so it holds three 64 × 128 sets (two of
  * partial sums, one promoted), and the smaller stages make room for a
- * deeper ring. The wide per-tensor instances take 128 × 192 tiles (a
- * sixth less shared-memory and L2 traffic per product, and fewer tiles
- * for short reductions) with one set of partial sums, each stage's
- * promoted once it lands while the other consumer's products run; the
- * host picks them (wide_tiles()). With blockwise scales a stage is
+ * deeper ring. The wide instances, per-tensor and blockwise, take
+ * 128 × 192 tiles (a sixth less shared-memory and L2 traffic per product,
+ * and fewer tiles for short reductions) with one set of partial sums, each
+ * stage's promoted once it lands while the other consumer's products run;
+ * the host picks them (wide_tiles()). With blockwise scales a stage is
  * one 128-deep block of the scales: the promotion multiplies it by the
- * scales of its rows (A) and of its 128 × 128 tile or columns (B), which
- * the producer's scale warps copy kScaleDepth stages at a time into
- * kScaleBufs buffers of their own (ScaleBlocks); they take the room of one
- * stage of the ring. Per-tensor FP8 on the direct schedule: the producer
+ * scales of its rows (A) and of its 128 × 128 tiles (B; TileScales) or
+ * columns (WGRAD's B), which the producer's scale warps copy kScaleDepth
+ * stages at a time into kScaleBufs buffers of their own (ScaleBlocks);
+ * they take the room of one stage of the ring. Per-tensor FP8 on the direct schedule: the producer
  * copies the group's two scale inverses beside the first stage of each
  * tile (kScaleSlot floats a stage). */
 template <int kOps>
 struct Config
 {
   static constexpr bool kFp8 = kOps >= kOpsE4m3E4m3;
-  static constexpr bool kBlockScaled = kOps == kOpsE4m3E4m3Blocks || kOps == kOpsE5m2E4m3Blocks;
+  static constexpr bool kBlockScaled = kOps == kOpsE4m3E4m3Blocks || kOps == kOpsE5m2E4m3Blocks ||
+                                       kOps == kOpsE4m3E4m3BlocksWide || kOps == kOpsE5m2E4m3BlocksWide;
   static constexpr bool kWide = kOps >= kOpsE4m3E4m3Wide;
   static constexpr bool kBf16 = kOps == kOpsBf16;
-  static constexpr bool kAE5m2 = kOps == kOpsE5m2E4m3 || kOps == kOpsE5m2E4m3Blocks || kOps == kOpsE5m2E4m3Wide;
+  static constexpr bool kAE5m2 = kOps == kOpsE5m2E4m3 || kOps == kOpsE5m2E4m3Blocks || kOps == kOpsE5m2E4m3Wide ||
+                                 kOps == kOpsE5m2E4m3BlocksWide;
   static constexpr bool kBE5m2 = kOps == kOpsE4m3E5m2 || kOps == kOpsE4m3E5m2Wide;
   static constexpr int kBlockN = kWide ? 192 : kFp8 ? 128 : 256;
   static constexpr int kBlockK = kFp8 ? 128 : 64;    /* reduction elements of a stage */
   static constexpr int kMmaK = kFp8 ? 32 : 16;       /* of one wgmma */
   /* FP8: sets of partial sums a consumer holds beside the promoted ones. */
   static constexpr int kPartialSets = kFp8 && !kWide ? 2 : 1;
-  static constexpr int kStages = kBlockScaled ? 5 : kWide ? 4 : kFp8 ? 6 : 4;
+  static constexpr int kStages = kWide ? 4 : kBlockScaled ? 5 : kFp8 ? 6 : 4;
   static constexpr int kScaleSlot = kFp8 && !kBlockScaled ? 2 : 0;
   /* Blockwise: the scales of kScaleDepth stages make one copy, so that each
    * 32-byte sector of a row's scales is read from L2 once, not once per
@@ -486,6 +493,19 @@ struct Layout
  * warp) or B's 128 columns (the second). */
 constexpr int kScaleWarps = 2;
 
+/* Blockwise FP8 FPROP and DGRAD: the scales of B's 128 × 128 blocks that
+ * a stage's promotion takes. A narrow tile's 128 columns lie in one block;
+ * the 192 of a wide tile start at a multiple of 192, so at 0 or 64 within
+ * a block, and each of their 64-column thirds lies in one block: the scale
+ * warp copies one scale per third (the same block's twice, or two), and
+ * the promotion takes column j's from third j / 64, with no test of where
+ * the tile starts. */
+template <int kOps>
+struct TileScales
+{
+  static constexpr int value = Config<kOps>::kWide ? 3 : 1;
+};
+
 /* The scale buffers of blockwise FP8 (Config::kScaleBufs of them), each
  * guarded by a "full" mbarrier (the scale warps' copies landed) and an
  * "empty" one (the consumers' 256 threads done with it); count is how many
@@ -634,15 +654,16 @@ produce_scales (const GemmParams &p, ScaleBlocks &sb, int share)
   using Cfg = Config<kOps>;
   constexpr bool kWgrad = kKind == GMLP_KERNEL_GEMM_WGRAD;
   constexpr int kDepth = Cfg::kScaleDepth;
-  constexpr int kRows = kWgrad ? kBlockM : kBlockM / kScaleWarps;   /* this warp's */
+  constexpr int kRowsA = kWgrad ? kBlockM : kBlockM / kScaleWarps;   /* this warp's of A */
   const uint32_t total = is_direct<kOps, kKind> (p) ? UINT32_MAX : p.tile_begin[p.n_groups];
   const int lane = threadIdx.x % 32;
   const bool b_rows = kWgrad && share == 1;
+  const int rows = b_rows ? Cfg::kBlockN : kRowsA;
   const GmlpKernelFp8Scales &layout = b_rows ? p.b_scales : p.a_scales;
   /* Where this lane's copies go in a buffer: its depth's row of the
    * operand's scales, from its first row. */
   const uint32_t dst = (b_rows ? kDepth * kBlockM : 0) + (lane % kDepth) * (b_rows ? Cfg::kBlockN : kBlockM) +
-                       (kWgrad ? 0 : share * kRows) + lane / kDepth;
+                       (kWgrad ? 0 : share * kRowsA) + lane / kDepth;
   Walk walk;
   Tile tile;
 
@@ -652,8 +673,12 @@ produce_scales (const GemmParams &p, ScaleBlocks &sb, int share)
         break;
 
       const GroupWork w = p.groups[tile.group];
-      const int32_t first = (b_rows ? tile.n0 : tile.m0) + (kWgrad ? 0 : share * kRows) + lane / kDepth;
+      const int32_t first = (b_rows ? tile.n0 : tile.m0) + (kWgrad ? 0 : share * kRowsA) + lane / kDepth;
       const int32_t last = (int32_t) ((b_rows ? p.out_cols : kWgrad ? p.out_rows_fixed : w.rows) - 1);
+      /* FPROP and DGRAD: the 128 × 128 block of B's scales under each
+       * 64-column third of the tile (TileScales), the last one past B's
+       * rows. Depth-major after A's: [third][d]. */
+      const int32_t b_block = min ((tile.n0 + (lane / kDepth) * 64) >> 7, (int32_t) ((p.out_cols - 1) >> 7));
 
       for (uint32_t kb0 = 0; kb0 < tile.k_blocks; kb0 += kDepth)
         {
@@ -667,12 +692,12 @@ produce_scales (const GemmParams &p, ScaleBlocks &sb, int share)
               const float *column = (b_rows ? w.b_scales : w.a_scales) + kb * layout.depth_stride;
 
 #pragma unroll 4
-              for (int i = 0; i < kRows / (32 / kDepth); i++)
+              for (int i = 0; i < rows / (32 / kDepth); i++)
                 cp_async_4 (data + dst + (32 / kDepth) * i,
                             column + min (first + (32 / kDepth) * i, last) * layout.row_stride);
-              if (!kWgrad && share == 0 && lane < kDepth)
+              if (!kWgrad && share == 0 && lane < kDepth * TileScales<kOps>::value)
                 cp_async_4 (data + kDepth * kBlockM + lane,
-                            w.b_scales + (tile.n0 >> 7) * p.b_scales.row_stride + kb * p.b_scales.depth_stride);
+                            w.b_scales + b_block * p.b_scales.row_stride + kb * p.b_scales.depth_stride);
             }
           cp_async_arrive (&sb.full[buf]);
           sb.count++;
@@ -1100,7 +1125,7 @@ issue_fp8_stage (float (&part)[kN / 2], uint64_t desc_a, uint64_t desc_b)
  * promotion multiplies by, read from depth d of its block's buffer (at
  * block_address in shared memory) a step before the promotion, so that
  * their loads' latency is hidden: A's scales of its rows frag_row and
- * frag_row + 8 of its half, and B's tile scale, or for WGRAD where B's
+ * frag_row + 8 of its half, and B's tile scales (TileScales), or for WGRAD where B's
  * columns' scales start for this thread (columns 8 j + 2 (lane % 4) +
  * {0, 1}, read in the promotion). Kept apart, not multiplied here: ptxas
  * moved such a product between the stage's wgmma, where it waited for the
@@ -1108,7 +1133,7 @@ issue_fp8_stage (float (&part)[kN / 2], uint64_t desc_a, uint64_t desc_b)
 struct StageScales
 {
   float    row[2];
-  float    tile;
+  float    tile[3];   /* TileScales<kOps>::value of them */
   uint32_t cols;
 };
 
@@ -1116,7 +1141,7 @@ template <int kOps, int kKind>
 __device__ __forceinline__ StageScales
 stage_scales (uint32_t block_address, uint32_t d, int half)
 {
-  StageScales s = { { 1.0f, 1.0f }, 1.0f, 0 };
+  StageScales s = { { 1.0f, 1.0f }, { 1.0f, 1.0f, 1.0f }, 0 };
 
   if constexpr (Config<kOps>::kBlockScaled)
     {
@@ -1127,7 +1152,11 @@ stage_scales (uint32_t block_address, uint32_t d, int half)
       s.row[0] = lds_f32 (row);
       s.row[1] = lds_f32 (row + 4 * 8);
       if constexpr (kKind != GMLP_KERNEL_GEMM_WGRAD)
-        s.tile = lds_f32 (block_address + 4 * (kDepth * kBlockM + d));
+        {
+#pragma unroll
+          for (int t = 0; t < TileScales<kOps>::value; t++)
+            s.tile[t] = lds_f32 (block_address + 4 * (kDepth * kBlockM + t * kDepth + d));
+        }
       else
         s.cols = block_address + 4 * (kDepth * kBlockM + d * Config<kOps>::kBlockN + 2 * (thread % 4));
     }
@@ -1163,8 +1192,11 @@ promote_fp8_stage (float (&acc)[kN / 2], float (&part)[kN / 2], const StageScale
             }
           else
             {
-              scale[0] = make_float2 (s.row[0] * s.tile, s.row[0] * s.tile);
-              scale[1] = make_float2 (s.row[1] * s.tile, s.row[1] * s.tile);
+              /* Columns 8 j ... 8 j + 7: the block of third j / 8. */
+              const float tile = s.tile[TileScales<kOps>::value > 1 ? j / 8 : 0];
+
+              scale[0] = make_float2 (s.row[0] * tile, s.row[0] * tile);
+              scale[1] = make_float2 (s.row[1] * tile, s.row[1] * tile);
             }
 #pragma unroll
           for (int h = 0; h < 2; h++)
@@ -1182,6 +1214,43 @@ promote_fp8_stage (float (&acc)[kN / 2], float (&part)[kN / 2], const StageScale
       for (int i = 0; i < kN / 2; i++)
         acc[i] += part[i];
     }
+}
+
+/* Blockwise FP8: the scale buffer of stage kb of a tile (the buffer of
+ * stage kb - 1, block, but at the first stage of each block of
+ * kScaleDepth, the next one, once its copies have landed). */
+template <int kOps>
+__device__ __forceinline__ uint32_t
+scale_block_of (ScaleBlocks &sb, uint32_t kb, uint32_t block)
+{
+  using Cfg = Config<kOps>;
+
+  if constexpr (Cfg::kBlockScaled)
+    if (kb % Cfg::kScaleDepth == 0)
+      {
+        block = sb.count % Cfg::kScaleBufs;
+        mbarrier_wait (&sb.full[block], (sb.count / Cfg::kScaleBufs) & 1);
+        sb.count++;
+      }
+  return block;
+}
+
+/* Blockwise FP8: once the last stage of a block (or of the tile) has been
+ * promoted, each thread gives its buffer back, its own reads of it done.
+ * (Once in 8 stages: the 256 arrivals timed the same as one per
+ * warpgroup. With one arrival per warp after __syncwarp, or per warpgroup
+ * after its named barrier, compute-sanitizer's racecheck reported the
+ * buffer's next copies as racing with the other threads' reads: it
+ * follows an mbarrier's order from the threads that arrive only.) */
+template <int kOps>
+__device__ __forceinline__ void
+scale_block_promoted (ScaleBlocks &sb, uint32_t block, uint32_t kb, uint32_t k_blocks)
+{
+  using Cfg = Config<kOps>;
+
+  if constexpr (Cfg::kBlockScaled)
+    if (kb % Cfg::kScaleDepth == Cfg::kScaleDepth - 1 || kb + 1 == k_blocks)
+      mbarrier_arrive (&sb.empty[block]);
 }
 
 /* The products of a consumer's share of one tile, kN columns, into acc
@@ -1202,17 +1271,17 @@ tile_products (float (&acc)[kN / 2], uint64_t desc_a0, uint64_t desc_b0, ScaleBl
   constexpr int kStages = Ring<kOps, kKind>::kStages;
   constexpr int kDepth = Cfg::kScaleDepth;
   const bool leader = threadIdx.x % 128 == 0;
-  uint32_t held = 0;
+  /* Blockwise: the scale buffers (ScaleBlocks), and the current block's. */
+  const uint32_t blocks_address = smem_address (sb.data);
+  uint32_t held = 0, block = 0;
 
   if constexpr (Cfg::kFp8 && (kN < Cfg::kBlockN || Cfg::kPartialSets == 1))
     {
       /* One set of partial sums, promoted as soon as it lands: a short
        * tile's share (two sets beside the full tiles' made the consumers
-       * spill; short tiles are a group's last), or a wide tile, whose
-       * sets take the registers of the narrow tiles' three. */
+       * spill; short tiles are a group's last; per-tensor only), or a wide
+       * tile, whose sets take the registers of the narrow tiles' three. */
       float part[kN / 2];
-
-      static_assert (!Cfg::kBlockScaled, "blockwise scales take no short tiles (ShortTiles)");
 
 #pragma unroll
       for (int i = 0; i < kN / 2; i++)
@@ -1222,13 +1291,19 @@ tile_products (float (&acc)[kN / 2], uint64_t desc_a0, uint64_t desc_b0, ScaleBl
           StageScales ss;
 
           mbarrier_wait (&full[stage], phase);
+          /* Blockwise: kept uniform (see the two sets' step below). */
+          if constexpr (Cfg::kBlockScaled)
+            stage = __shfl_sync (0xffffffffu, stage, 0);
           issue_fp8_stage<kOps, kKind, kN> (part, descriptor_plus (desc_a0, stage * Cfg::kStageBytes),
                                             descriptor_plus (desc_b0, stage * Cfg::kStageBytes));
           if (kb == 0)
             on_first_stage ();
-          ss = stage_scales<kOps, kKind> (0, 0, half);   /* short tiles: per-tensor only */
+          /* Read while the products run. */
+          block = scale_block_of<kOps> (sb, kb, block);
+          ss = stage_scales<kOps, kKind> (blocks_address + block * Cfg::kScaleBlockFloats * 4, kb % kDepth, half);
           wgmma_wait<0> ();
           promote_fp8_stage<kOps, kKind, kN> (acc, part, ss, empty, stage);
+          scale_block_promoted<kOps> (sb, block, kb, k_blocks);
           next_stage<kStages> (stage, phase);
         }
     }
@@ -1241,23 +1316,8 @@ tile_products (float (&acc)[kN / 2], uint64_t desc_a0, uint64_t desc_b0, ScaleBl
        * instructions issued on half the cycles.) */
       float part_even[kN / 2], part_odd[kN / 2];
       StageScales held_scales = {};   /* the scales of stage held */
-      /* Blockwise: the buffer of the current block's scales, and of held's. */
-      const uint32_t blocks_address = smem_address (sb.data);
-      uint32_t block = 0, held_block = 0;
-      /* Blockwise: once the last stage of a block (or of the tile) has been
-       * promoted, each thread gives its buffer back, its own reads of it
-       * done. (Once in 8 stages: the 256 arrivals timed the same as one
-       * per warpgroup. With one arrival per warp after __syncwarp, or per
-       * warpgroup after its named barrier, compute-sanitizer's racecheck
-       * reported the buffer's next copies as racing with the other
-       * threads' reads: it follows an mbarrier's order from the threads
-       * that arrive only.) */
-      auto promoted = [&] (uint32_t kb)
-      {
-        if constexpr (Cfg::kBlockScaled)
-          if (kb % kDepth == kDepth - 1 || kb + 1 == k_blocks)
-            mbarrier_arrive (&sb.empty[held_block]);
-      };
+      uint32_t held_block = 0;        /* blockwise: the buffer of held's */
+      auto promoted = [&] (uint32_t kb) { scale_block_promoted<kOps> (sb, held_block, kb, k_blocks); };
       auto step = [&] (float (&issue)[kN / 2], float (&ready)[kN / 2], uint32_t kb)
       {
         StageScales landed;
@@ -1273,13 +1333,7 @@ tile_products (float (&acc)[kN / 2], uint64_t desc_a0, uint64_t desc_b0, ScaleBl
                                           descriptor_plus (desc_b0, stage * Cfg::kStageBytes));
         if (kb == 0)
           on_first_stage ();
-        if constexpr (Cfg::kBlockScaled)
-          if (kb % kDepth == 0)
-            {
-              block = sb.count % Cfg::kScaleBufs;
-              mbarrier_wait (&sb.full[block], (sb.count / Cfg::kScaleBufs) & 1);
-              sb.count++;
-            }
+        block = scale_block_of<kOps> (sb, kb, block);
         /* This stage's scales, read now for its promotion in the next
          * step: their latency is then hidden. */
         landed = stage_scales<kOps, kKind> (blocks_address + block * Cfg::kScaleBlockFloats * 4, kb % kDepth,
