@@ -138,6 +138,14 @@ struct Config
   static constexpr int kPartialSets = kFp8 && !kWide ? 2 : 1;
   static constexpr int kStages = kWide ? 4 : kBlockScaled ? 5 : kFp8 ? 6 : 4;
   static constexpr int kScaleSlot = kFp8 && !kBlockScaled ? 2 : 0;
+  /* Registers per thread of the producer's warpgroup and of each
+   * consumer's (setmaxnreg; 128 × producer + 256 × consumer within the 64K
+   * of an SM). The narrow blockwise instances' scale warps walk the direct
+   * schedule's sizes and A's scale members beside their copies (see
+   * DirectCapable): in 40 they spilled. */
+  static constexpr int kProducerRegs = kBlockScaled && !kWide ? 56 : 40;
+  static constexpr int kConsumerRegs = kBlockScaled && !kWide ? 224 : 232;
+  static_assert (128 * kProducerRegs + 256 * kConsumerRegs <= 65536, "more registers than an SM has");
   /* Blockwise: the scales of kScaleDepth stages make one copy, so that each
    * 32-byte sector of a row's scales is read from L2 once, not once per
    * stage (4-byte reads, a sector each, added a quarter to the L2 traffic
@@ -190,9 +198,10 @@ struct GroupWork
 };
 
 
-/* The direct schedule (FPROP and DGRAD with per-tensor or no scales,
- * where the host finds every member of A and C one row after another and
- * the groups' B matrices, biases and scales equally spaced): no plan. The
+/* The direct schedule (FPROP and DGRAD, where the host finds every member
+ * of A and C one row after another, the groups' B matrices, biases and
+ * per-tensor scales or B's blockwise scales equally spaced, and A's
+ * blockwise scales laid out by the sizes, scale_member_offset()): no plan. The
  * maps are the host's, over whole tensors (A and C: their capacity rows;
  * B: one plane per group), and each CTA walks the sizes itself
  * (locate_direct()). A tile's rows past its group's end are the next
@@ -213,9 +222,10 @@ struct DirectSchedule
   const uint8_t *bias;          /* group g's at bias + g * bias_stride, or NULL */
   uint64_t       bias_stride;
   const uint8_t *a_scale;       /* FP8: group g's scale inverses, the same way */
-  const uint8_t *b_scale;
+  const uint8_t *b_scale;       /* (blockwise: B's, the group's 128 × 128 blocks) */
   uint64_t       a_scale_stride;
   uint64_t       b_scale_stride;
+  GroupedOperand a_scales;      /* blockwise: A's, member g group g's rows' */
   uint32_t       host_rows[kDirectHostGroups];   /* clamped to capacity */
 };
 
@@ -267,11 +277,14 @@ struct Walk
 };
 
 /* Whether an instance can take the direct schedule, and whether this
- * launch does. */
+ * launch does. Blockwise FP8 only on 128 × 128 tiles, for small products
+ * (the host's rule, direct_schedule()): on the H200 it gave small-e64's
+ * fprop 23% (the plan's launch was a fifth of it), but on 128 × 192 tiles
+ * it cost qwen3-fc1's skewed fprop and dsv3-fc1's dgrad 7-8%. */
 template <int kOps, int kKind>
 struct DirectCapable
 {
-  static constexpr bool value = kKind != GMLP_KERNEL_GEMM_WGRAD && !Config<kOps>::kBlockScaled;
+  static constexpr bool value = kKind != GMLP_KERNEL_GEMM_WGRAD && !(Config<kOps>::kBlockScaled && Config<kOps>::kWide);
 };
 
 template <int kOps, int kKind>
@@ -302,6 +315,43 @@ direct_rows (const DirectSchedule &d, uint32_t g)
   const int64_t asked = d.device_rows != nullptr ? __ldg (d.device_rows + g) : (int64_t) d.host_rows[g];
 
   return (uint32_t) (asked < 0 ? 0 : asked < d.capacity ? asked : d.capacity);
+}
+
+/* Blockwise FP8 on the direct schedule: where the scale warps' walk over
+ * the members of A's scales stands (groups only ever increase). */
+struct MemberWalk
+{
+  uint32_t group = 0;
+  uint64_t offset = 0;
+};
+
+/* The offset of member g of A's scales (DirectSchedule::a_scales), as the
+ * quantizer laid them out: each earlier group's member stride, from the
+ * sizes as asked (the plan's rule), 32 groups a step. Every lane of the
+ * warp calls it with the same g. */
+__device__ __forceinline__ uint64_t
+scale_member_offset (const DirectSchedule &d, MemberWalk &walk, uint32_t g)
+{
+  const uint32_t lane = threadIdx.x % 32;
+
+  while (walk.group < g)
+    {
+      const uint32_t i = walk.group + lane;
+      uint64_t stride = 0;
+
+      if (i < g)
+        {
+          const int64_t asked = d.device_rows != nullptr ? __ldg (d.device_rows + i) : (int64_t) d.host_rows[i];
+
+          stride = member_stride (asked > 0 ? asked : 0, d.a_scales);
+        }
+#pragma unroll
+      for (int delta = 16; delta > 0; delta /= 2)
+        stride = SaturatingAdd () (stride, __shfl_xor_sync (0xffffffffu, stride, delta));
+      walk.offset = SaturatingAdd () (walk.offset, stride);
+      walk.group = min (g, walk.group + 32);
+    }
+  return walk.offset;
 }
 
 /* Finds tile t's group by scanning the sizes 32 groups a step from where
@@ -665,6 +715,7 @@ produce_scales (const GemmParams &p, ScaleBlocks &sb, int share)
   const uint32_t dst = (b_rows ? kDepth * kBlockM : 0) + (lane % kDepth) * (b_rows ? Cfg::kBlockN : kBlockM) +
                        (kWgrad ? 0 : share * kRowsA) + lane / kDepth;
   Walk walk;
+  MemberWalk members;
   Tile tile;
 
   for (uint32_t t = blockIdx.x; t < total; t += gridDim.x)
@@ -672,9 +723,26 @@ produce_scales (const GemmParams &p, ScaleBlocks &sb, int share)
       if (!locate_tile<kOps, kKind> (p, t, walk, tile))
         break;
 
-      const GroupWork w = p.groups[tile.group];
+      /* The group's scales: the plan's, or on the direct schedule A's
+       * member and B's equally spaced blocks. */
+      const float *a_scales, *b_scales;
+
+      if (is_direct<kOps, kKind> (p))
+        {
+          const DirectSchedule &d = p.direct;
+
+          a_scales = reinterpret_cast<const float *> (d.a_scales.data +
+                                                      scale_member_offset (d, members, tile.group));
+          b_scales = reinterpret_cast<const float *> (d.b_scale + tile.group * d.b_scale_stride);
+        }
+      else
+        {
+          a_scales = p.groups[tile.group].a_scales;
+          b_scales = p.groups[tile.group].b_scales;
+        }
+
       const int32_t first = (b_rows ? tile.n0 : tile.m0) + (kWgrad ? 0 : share * kRowsA) + lane / kDepth;
-      const int32_t last = (int32_t) ((b_rows ? p.out_cols : kWgrad ? p.out_rows_fixed : w.rows) - 1);
+      const int32_t last = (int32_t) ((b_rows ? p.out_cols : kWgrad ? p.out_rows_fixed : tile.rows) - 1);
       /* FPROP and DGRAD: the 128 × 128 block of B's scales under each
        * 64-column third of the tile (TileScales), the last one past B's
        * rows. Depth-major after A's: [third][d]. */
@@ -689,7 +757,7 @@ produce_scales (const GemmParams &p, ScaleBlocks &sb, int share)
           mbarrier_wait (&sb.empty[buf], ((sb.count / Cfg::kScaleBufs) & 1) ^ 1);
           if (kb < tile.k_blocks)
             {
-              const float *column = (b_rows ? w.b_scales : w.a_scales) + kb * layout.depth_stride;
+              const float *column = (b_rows ? b_scales : a_scales) + kb * layout.depth_stride;
 
 #pragma unroll 4
               for (int i = 0; i < rows / (32 / kDepth); i++)
@@ -697,7 +765,7 @@ produce_scales (const GemmParams &p, ScaleBlocks &sb, int share)
                             column + min (first + (32 / kDepth) * i, last) * layout.row_stride);
               if (!kWgrad && share == 0 && lane < kDepth * TileScales<kOps>::value)
                 cp_async_4 (data + kDepth * kBlockM + lane,
-                            w.b_scales + b_block * p.b_scales.row_stride + kb * p.b_scales.depth_stride);
+                            b_scales + b_block * p.b_scales.row_stride + kb * p.b_scales.depth_stride);
             }
           cp_async_arrive (&sb.full[buf]);
           sb.count++;
@@ -1640,7 +1708,7 @@ gemm_kernel (const __grid_constant__ GemmParams p)
     {
       const int warp = threadIdx.x / 32;
 
-      registers_decrease<40> ();
+      registers_decrease<Cfg::kProducerRegs> ();
       if (warp == 0)
         {
           produce<kOps, kKind> (p, ring, scales, full, empty);
@@ -1653,7 +1721,7 @@ gemm_kernel (const __grid_constant__ GemmParams p)
     }
   else
     {
-      registers_increase<232> ();
+      registers_increase<Cfg::kConsumerRegs> ();
       consume<kOps, kKind> (p, ring, scales, sb, full, empty,
                             staging + (warpgroup - 1) * (kEpilogueBytes / 4), warpgroup - 1);
     }
