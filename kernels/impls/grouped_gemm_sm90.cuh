@@ -279,7 +279,7 @@ struct Walk
 /* Whether an instance can take the direct schedule, and whether this
  * launch does. Blockwise FP8 only on 128 × 128 tiles, for small products
  * (the host's rule, direct_schedule()): on the H200 it gave small-e64's
- * fprop 23% (the plan's launch was a fifth of it), but on 128 × 192 tiles
+ * fprop a quarter (the plan's launch was a fifth of it), but on 128 × 192 tiles
  * it cost qwen3-fc1's skewed fprop and dsv3-fc1's dgrad 7-8%. */
 template <int kOps, int kKind>
 struct DirectCapable
@@ -548,7 +548,7 @@ constexpr int kScaleWarps = 2;
  * the 192 of a wide tile start at a multiple of 192, so at 0 or 64 within
  * a block, and each of their 64-column thirds lies in one block: the scale
  * warp copies one scale per third (the same block's twice, or two), and
- * the promotion takes column j's from third j / 64, with no test of where
+ * the promotion takes column c's from third c / 64, with no test of where
  * the tile starts. */
 template <int kOps>
 struct TileScales
@@ -744,8 +744,8 @@ produce_scales (const GemmParams &p, ScaleBlocks &sb, int share)
       const int32_t first = (b_rows ? tile.n0 : tile.m0) + (kWgrad ? 0 : share * kRowsA) + lane / kDepth;
       const int32_t last = (int32_t) ((b_rows ? p.out_cols : kWgrad ? p.out_rows_fixed : tile.rows) - 1);
       /* FPROP and DGRAD: the 128 × 128 block of B's scales under each
-       * 64-column third of the tile (TileScales), the last one past B's
-       * rows. Depth-major after A's: [third][d]. */
+       * 64-column third of the tile (TileScales), a third past B's rows
+       * taking the last block's. Depth-major after A's: [third][d]. */
       const int32_t b_block = min ((tile.n0 + (lane / kDepth) * 64) >> 7, (int32_t) ((p.out_cols - 1) >> 7));
 
       for (uint32_t kb0 = 0; kb0 < tile.k_blocks; kb0 += kDepth)
