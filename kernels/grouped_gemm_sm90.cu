@@ -771,17 +771,11 @@ short_tiles_on (bool fp8, int64_t reduction)
 int
 block_n_of (const GmlpKernelDeviceGemm *g)
 {
-  switch (operands_of (g))
-    {
-    case kOpsBf16:
-    case kOpsFp16:         return Config<kOpsBf16>::kBlockN;
-    case kOpsE4m3E4m3Wide:
-    case kOpsE4m3E5m2Wide:
-    case kOpsE5m2E4m3Wide:
-    case kOpsE4m3E4m3BlocksWide:
-    case kOpsE5m2E4m3BlocksWide: return Config<kOpsE4m3E4m3Wide>::kBlockN;
-    default:               return Config<kOpsE4m3E4m3>::kBlockN;
-    }
+  const int ops = operands_of (g);
+
+  if (ops == kOpsBf16 || ops == kOpsFp16)
+    return Config<kOpsBf16>::kBlockN;
+  return ops_wide (ops) ? Config<kOpsE4m3E4m3Wide>::kBlockN : Config<kOpsE4m3E4m3>::kBlockN;
 }
 
 /* How FPROP and DGRAD read each group's B matrix (the weight): W_i (n × k)
@@ -841,8 +835,8 @@ direct_a_scales (const GmlpKernelDeviceGemm *g, GroupedOperand *op)
 }
 
 /* Blockwise FP8 takes the direct schedule for products of at most this
- * many multiply-adds (by the rows A can hold), on 128 × 128 tiles
- * (DirectCapable): small-e64's fprop, 2^33, ran at 511 TFLOP/s direct
+ * many multiply-adds (by the rows A can hold), where its instance can
+ * (direct_capable(): 128 × 128 tiles): small-e64's fprop, 2^33, ran at 511 TFLOP/s direct
  * against 414 after the plan on the H200. */
 constexpr double kBlockwiseDirectMaxMacs = 0x1p34;
 
@@ -866,9 +860,8 @@ direct_schedule (const GmlpKernelDeviceGemm *g, DirectSchedule *d)
   const bool blocks = fp8 && blockwise (g);
   GroupedOperand a_scales = {};
 
-  if (plan_forced () || g->kind == GMLP_KERNEL_GEMM_WGRAD ||
-      (blocks && (block_n_of (g) != Config<kOpsE4m3E4m3Blocks>::kBlockN ||
-                  (double) g->row_capacity * (double) e.out_cols * (double) e.reduction > kBlockwiseDirectMaxMacs)) ||
+  if (plan_forced () || !direct_capable (operands_of (g), g->kind) ||
+      (blocks && (double) g->row_capacity * (double) e.out_cols * (double) e.reduction > kBlockwiseDirectMaxMacs) ||
       a_row_bytes % kGmlpMemberAlignment != 0 || c_row_bytes % kGmlpMemberAlignment != 0 ||
       (g->host_rows != nullptr && g->n_groups > kDirectHostGroups))
     return false;

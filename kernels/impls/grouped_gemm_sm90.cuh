@@ -101,6 +101,21 @@ static_assert (kOpsE4m3E4m3Blocks + kWideOffset == kOpsE4m3E4m3BlocksWide &&
                kOpsE5m2E4m3Blocks + kWideOffset == kOpsE5m2E4m3BlocksWide,
                "every FP8 pair's wide instance lies kWideOffset further");
 
+/* Whether an operand type's instances take blockwise scales, and 128 × 192
+ * tiles: Config's, and the host's for a type known at run time. */
+constexpr bool
+ops_block_scaled (int ops)
+{
+  return ops == kOpsE4m3E4m3Blocks || ops == kOpsE5m2E4m3Blocks || ops == kOpsE4m3E4m3BlocksWide ||
+         ops == kOpsE5m2E4m3BlocksWide;
+}
+
+constexpr bool
+ops_wide (int ops)
+{
+  return ops >= kOpsE4m3E4m3Wide;
+}
+
 /* The tile shape and ring of each operand type. Either way a stage holds
  * 128-byte rows: 64 16-bit or 128 FP8 reduction elements. FP8 products
  * are promoted out of the tensor cores' accumulators into a further set of
@@ -124,9 +139,8 @@ template <int kOps>
 struct Config
 {
   static constexpr bool kFp8 = kOps >= kOpsE4m3E4m3;
-  static constexpr bool kBlockScaled = kOps == kOpsE4m3E4m3Blocks || kOps == kOpsE5m2E4m3Blocks ||
-                                       kOps == kOpsE4m3E4m3BlocksWide || kOps == kOpsE5m2E4m3BlocksWide;
-  static constexpr bool kWide = kOps >= kOpsE4m3E4m3Wide;
+  static constexpr bool kBlockScaled = ops_block_scaled (kOps);
+  static constexpr bool kWide = ops_wide (kOps);
   static constexpr bool kBf16 = kOps == kOpsBf16;
   static constexpr bool kAE5m2 = kOps == kOpsE5m2E4m3 || kOps == kOpsE5m2E4m3Blocks || kOps == kOpsE5m2E4m3Wide ||
                                  kOps == kOpsE5m2E4m3BlocksWide;
@@ -276,15 +290,22 @@ struct Walk
   int32_t  row_base = 0;
 };
 
-/* Whether an instance can take the direct schedule, and whether this
- * launch does. Blockwise FP8 only on 128 × 128 tiles, for small products
- * (the host's rule, direct_schedule()): on the H200 it gave small-e64's
- * fprop a quarter (the plan's launch was a fifth of it), but on 128 × 192 tiles
- * it cost qwen3-fc1's skewed fprop and dsv3-fc1's dgrad 7-8%. */
+/* Whether an instance can take the direct schedule (the host asks too,
+ * direct_schedule()), and whether this launch does. Blockwise FP8 only on
+ * 128 × 128 tiles, and the host sends it only small products: on the H200
+ * it gave small-e64's fprop a quarter (the plan's launch was a fifth of
+ * it), but on 128 × 192 tiles it cost qwen3-fc1's skewed fprop and
+ * dsv3-fc1's dgrad 7-8%. */
+constexpr bool
+direct_capable (int ops, int kind)
+{
+  return kind != GMLP_KERNEL_GEMM_WGRAD && !(ops_block_scaled (ops) && ops_wide (ops));
+}
+
 template <int kOps, int kKind>
 struct DirectCapable
 {
-  static constexpr bool value = kKind != GMLP_KERNEL_GEMM_WGRAD && !(Config<kOps>::kBlockScaled && Config<kOps>::kWide);
+  static constexpr bool value = direct_capable (kOps, kKind);
 };
 
 template <int kOps, int kKind>
