@@ -8,7 +8,10 @@
  * the one cublas_anchor.cu uses.
  *
  *   gmlp-bench [--shape NAME] [--iters N] [--divide D] [--rest-ms MS] [--fp8[=RECIPE]] [--quantized]
- *              [--method steady|do-bench]
+ *              [--method steady|do-bench] [--dims E,M,K,N]
+ *
+ * --dims runs one shape of those dimensions instead, named "custom" (to
+ * see how a product's time grows with one dimension).
  *   gmlp-bench --quantize [--fp8=RECIPE] [--device-sizes] ...
  *
  * --method=do-bench times fprop and wgrad as ../shared/bench/anchors.py
@@ -35,6 +38,7 @@
  * SPDX-License-Identifier: LGPL-2.1-or-later
  */
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -45,14 +49,20 @@ typedef struct {
   gint64      experts, rows, in, out;
 } Shape;
 
-static const Shape shapes[] = {
+static const Shape anchor_shapes[] = {
   { "mixtral-fc1", 8, 16384, 4096, 14336 },
   { "dsv3-fc1", 32, 32768, 7168, 2048 },
   { "qwen3-fc1", 128, 65536, 2048, 768 },
   { "small-e64", 64, 8192, 1024, 1024 },
 };
 
+/* The shapes run: the anchors', or --dims's. */
+static Shape custom_shape;
+static const Shape *shapes = anchor_shapes;
+static guint n_shapes = G_N_ELEMENTS (anchor_shapes);
+
 static char *only_shape = NULL;
+static char *dims = NULL;
 static char *only_routing = NULL;
 static gint iters = 100;
 static gint divide = 1;
@@ -110,6 +120,8 @@ static const GOptionEntry entries[] = {
     "With --fp8: operands quantized before the timed calls", NULL },
   { "fp8", 0, G_OPTION_FLAG_OPTIONAL_ARG, G_OPTION_ARG_CALLBACK, (gpointer) parse_fp8,
     "Time FP8 products through quantizers (delayed by default)", "RECIPE" },
+  { "dims", 0, 0, G_OPTION_ARG_STRING, &dims, "Run one shape of these dimensions instead (\"custom\")",
+    "E,M,K,N" },
   { "method", 0, 0, G_OPTION_ARG_STRING, &method,
     "steady (the default) or do-bench (triton's, as anchors.py times torch; fprop and wgrad only)",
     "METHOD" },
@@ -853,6 +865,24 @@ main (int argc, char *argv[])
       return EXIT_FAILURE;
     }
 
+  if (dims != NULL)
+    {
+      Shape custom = { "custom", 0, 0, 0, 0 };
+      char end;
+
+      if (sscanf (dims, "%" G_GINT64_FORMAT ",%" G_GINT64_FORMAT ",%" G_GINT64_FORMAT ",%" G_GINT64_FORMAT "%c",
+                  &custom.experts, &custom.rows, &custom.in, &custom.out, &end) != 4 ||
+          custom.experts < 1 || custom.rows < 1 || custom.in < 1 || custom.out < 1)
+        {
+          g_printerr ("--dims takes four positive integers E,M,K,N, not %s\n", dims);
+          return EXIT_FAILURE;
+        }
+      custom_shape = custom;
+      shapes = &custom_shape;
+      n_shapes = 1;
+      only_shape = NULL;
+    }
+
   device = gmlp_device_get_default ();
   if (offload_mode)
     {
@@ -863,7 +893,7 @@ main (int argc, char *argv[])
         }
       return EXIT_SUCCESS;
     }
-  for (s = 0; s < G_N_ELEMENTS (shapes); s++)
+  for (s = 0; s < n_shapes; s++)
     {
       if (only_shape != NULL && strcmp (only_shape, shapes[s].name) != 0)
         continue;

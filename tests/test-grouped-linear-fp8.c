@@ -1045,6 +1045,84 @@ fp8_device_native (GmlpDevice *device)
   return strstr (name, "H100") != NULL || strstr (name, "H200") != NULL || strstr (name, "H800") != NULL;
 }
 
+/* Long reductions in FP32 on the GPU, against (a): Hopper's FP8 tensor
+ * cores keep about 14 significant bits in their sums, so a kernel that
+ * summed a whole 4096-deep FPROP reduction there would be off by several
+ * 1e-3; promoted into FP32 registers every few stages it stays within
+ * tolerance_a(). Device sizes, so that every product runs on libgmlp's
+ * own kernel where it multiplies FP8 (Hopper), on 128 × 192 tiles
+ * (384 outputs): FPROP reduces over 32 stages, WGRAD over up to 5.
+ * Per-tensor recipes: blockwise sums are scaled, so promoted, stage by
+ * stage. The measured errors are in the log (docs/fp8.md). */
+static void
+test_long_reduction (void)
+{
+  g_autoptr(GmlpDevice) device = device_or_skip ();
+  gint64 rows[] = { 600, 0, 200 };
+  guint f;
+
+  if (device == NULL)
+    return;
+  if (!on_gpu)
+    {
+      g_test_skip ("the CPU sums FP8 products in FP32");
+      return;
+    }
+
+  for (f = 0; f < G_N_ELEMENTS (test_formats); f++)
+    {
+      GmlpScalingRecipe recipe = f == 0 ? GMLP_SCALING_RECIPE_CURRENT : GMLP_SCALING_RECIPE_DELAYED;
+      g_autoptr(GmlpGroupedLinear) layer = NULL;
+      g_autoptr(Problem) p = NULL;
+      g_autoptr(GmlpGroupedTensor) x = NULL, dy = NULL, y = NULL, dx = NULL, yv = NULL, dxv = NULL;
+      g_autoptr(GmlpSavedActivations) saved = NULL;
+      g_autoptr(GError) error = NULL;
+      g_autofree char *what = g_strdup_printf ("long reduction, %s, %s", gmlp_test_recipe_name (recipe),
+                                               test_formats[f] == GMLP_FP8_FORMAT_HYBRID ? "hybrid" : "e4m3");
+      g_autofree double *got_y = NULL, *got_dx = NULL, *got_dw = NULL;
+      /* As in test_device_sizes: WGRAD multiplies FP8 on Hopper only. */
+      gboolean native = fp8_device_native (device);
+      double tol = tolerance_a (GMLP_DTYPE_FLOAT32, !native);
+      double tol_w = tolerance_a (GMLP_DTYPE_FLOAT32, !(on_gpu && native));
+      double err[3];
+      Quantizers q = { 0, };
+      Results ref = { 0, };
+      gsize n;
+
+      quantizers_new (&q, device, recipe, test_formats[f], 4);
+      layer = new_layer (device, G_N_ELEMENTS (rows), 4096, 384, GMLP_DTYPE_FLOAT32,
+                         GMLP_LINEAR_SINGLE_GROUPED_WEIGHT, &q);
+      p = problem_new (layer, rows, 1.0);
+      reference_quantized (p, &q, FALSE, &ref);
+      x = device_sized_copy (p->xt, rows, G_N_ELEMENTS (rows));
+      dy = device_sized_copy (p->dyt, rows, G_N_ELEMENTS (rows));
+
+      y = gmlp_grouped_linear_forward (layer, x, &saved, &error);
+      g_assert_no_error (error);
+      dx = gmlp_grouped_linear_backward (layer, saved, dy, &error);
+      g_assert_no_error (error);
+      yv = gmlp_test_host_view (y, rows);
+      dxv = gmlp_test_host_view (dx, rows);
+      got_y = gmlp_test_download (yv, &n);
+      g_assert_cmpuint (n, ==, p->total * p->o);
+      got_dx = gmlp_test_download (dxv, &n);
+      g_assert_cmpuint (n, ==, p->total * p->k);
+      got_dw = gmlp_test_download (gmlp_grouped_linear_get_wgrad (layer), &n);
+      g_assert_cmpuint (n, ==, p->n * p->o * p->k);
+
+      err[0] = gmlp_test_relative_error (got_y, ref.y, p->total * p->o, what);
+      err[1] = gmlp_test_relative_error (got_dx, ref.dx, p->total * p->k, what);
+      err[2] = gmlp_test_relative_error (got_dw, ref.dw, p->n * p->o * p->k, what);
+      g_test_message ("(a) %s: fprop %.2e dgrad %.2e wgrad %.2e (tolerances %.0e, %.0e)", what, err[0],
+                      err[1], err[2], tol, tol_w);
+      gmlp_test_assert_close (got_y, ref.y, p->total * p->o, tol, what);
+      gmlp_test_assert_close (got_dx, ref.dx, p->total * p->k, tol, what);
+      gmlp_test_assert_close (got_dw, ref.dw, p->n * p->o * p->k, tol_w, what);
+      results_clear (&ref);
+      quantizers_clear (&q);
+    }
+}
+
 static void
 test_device_sizes (void)
 {
@@ -1490,6 +1568,7 @@ main (int argc, char *argv[])
   g_test_add_func ("/Gmlp/GroupedLinear/fp8/mixed-per-tensor", test_mixed_per_tensor);
   g_test_add_func ("/Gmlp/GroupedLinear/fp8/prequantized", test_prequantized);
   g_test_add_func ("/Gmlp/GroupedLinear/fp8/device-sizes", test_device_sizes);
+  g_test_add_func ("/Gmlp/GroupedLinear/fp8/long-reduction", test_long_reduction);
   g_test_add_func ("/Gmlp/GroupedLinear/fp8/offload", test_offload);
   g_test_add_func ("/Gmlp/GroupedLinear/fp8/offload-parts", test_offload_parts);
   g_test_add_func ("/Gmlp/GroupedLinear/fp8/bad-input", test_bad_input);

@@ -119,8 +119,8 @@ ops_wide (int ops)
 /* The tile shape and ring of each operand type. Either way a stage holds
  * 128-byte rows: 64 16-bit or 128 FP8 reduction elements. FP8 products
  * are promoted out of the tensor cores' accumulators into a further set of
- * FP32 registers after every stage (the FP8 accumulators keep fewer bits,
- * and long reductions would lose accuracy). On 128 × 128 tiles a consumer
+ * FP32 registers after every stage, or every kPromoteStages (the FP8
+ * accumulators keep fewer bits, and long reductions would lose accuracy). On 128 × 128 tiles a consumer
  * has two stages in flight, so it holds three 64 × 128 sets (two of
  * partial sums, one promoted), and the smaller stages make room for a
  * deeper ring. The wide instances, per-tensor and blockwise, take
@@ -150,6 +150,13 @@ struct Config
   static constexpr int kMmaK = kFp8 ? 32 : 16;       /* of one wgmma */
   /* FP8: sets of partial sums a consumer holds beside the promoted ones. */
   static constexpr int kPartialSets = kFp8 && !kWide ? 2 : 1;
+  /* Per-tensor FP8 with one set of partial sums: the stages whose
+   * products run into it before each promotion. Two (256 products) cost
+   * FP32 outputs of a 4096-deep reduction 1.8e-4 of relative error where
+   * one costs 1.1e-4 (four: 2.9e-4; none: 1.2e-3; the long-reduction
+   * test), and gave the wide FPROP 2-5% on the H200 (docs/fp8.md).
+   * Blockwise scales change every stage, so they promote every one. */
+  static constexpr int kPromoteStages = kFp8 && !kBlockScaled && kPartialSets == 1 ? 2 : 1;
   static constexpr int kStages = kWide ? 4 : kBlockScaled ? 5 : kFp8 ? 6 : 4;
   static constexpr int kScaleSlot = kFp8 && !kBlockScaled ? 2 : 0;
   /* Registers per thread of the producer's warpgroup and of each
@@ -1198,7 +1205,7 @@ pass_stages (uint64_t *full, uint64_t *empty, uint32_t k_blocks, uint32_t &stage
  * while these run. */
 template <int kOps, int kKind, int kN>
 __device__ __forceinline__ void
-issue_fp8_stage (float (&part)[kN / 2], uint64_t desc_a, uint64_t desc_b)
+issue_fp8_stage (float (&part)[kN / 2], uint64_t desc_a, uint64_t desc_b, bool accumulate)
 {
   using Cfg = Config<kOps>;
   using Mma = typename MmaOf<kOps, kKind, kN>::Type;
@@ -1206,7 +1213,7 @@ issue_fp8_stage (float (&part)[kN / 2], uint64_t desc_a, uint64_t desc_b)
   wgmma_fence ();
 #pragma unroll
   for (int s = 0; s < Cfg::kBlockK / Cfg::kMmaK; s++)
-    Mma::run (part, descriptor_plus (desc_a, s * 32), descriptor_plus (desc_b, s * 32), s > 0);
+    Mma::run (part, descriptor_plus (desc_a, s * 32), descriptor_plus (desc_b, s * 32), accumulate || s > 0);
   wgmma_commit ();
 }
 
@@ -1363,6 +1370,24 @@ tile_products (float (&acc)[kN / 2], uint64_t desc_a0, uint64_t desc_b0, ScaleBl
   /* Blockwise: the scale buffers (ScaleBlocks), and the current block's. */
   const uint32_t blocks_address = smem_address (sb.data);
   uint32_t held = 0, block = 0;
+  /* FP8: waits for ring stage `stage` and issues its products into part
+   * (a stage's set, or added to it with accumulate), then, at the tile's
+   * first stage, runs on_first_stage(); generic, so that the 16-bit
+   * instances never make it. */
+  auto issue_stage = [&] (auto &part, bool first, bool accumulate)
+  {
+    mbarrier_wait (&full[stage], phase);
+    /* The same in every lane, but with blockwise scales the compiler kept
+     * it in a vector register and rebuilt each wgmma's descriptors
+     * through R2UR moves (a third of the loop's instructions). Broadcast,
+     * it stays uniform. */
+    if constexpr (Cfg::kBlockScaled)
+      stage = __shfl_sync (0xffffffffu, stage, 0);
+    issue_fp8_stage<kOps, kKind, kN> (part, descriptor_plus (desc_a0, stage * Cfg::kStageBytes),
+                                      descriptor_plus (desc_b0, stage * Cfg::kStageBytes), accumulate);
+    if (first)
+      on_first_stage ();
+  };
 
   if constexpr (Cfg::kFp8 && (kN < Cfg::kBlockN || Cfg::kPartialSets == 1))
     {
@@ -1375,25 +1400,55 @@ tile_products (float (&acc)[kN / 2], uint64_t desc_a0, uint64_t desc_b0, ScaleBl
 #pragma unroll
       for (int i = 0; i < kN / 2; i++)
         acc[i] = 0.0f;
-      for (uint32_t kb = 0; kb < k_blocks; kb++)
+      if constexpr (Cfg::kPromoteStages > 1)
         {
-          StageScales ss;
+          /* kPromoteStages stages' products run into part, then one
+           * promotion; each stage but the last of them goes back as soon
+           * as its products are done. Every path out of the inner loop
+           * drains part before the promotion (see the two sets' loop). */
+          const StageScales none = {};
+          uint32_t kb = 0;
 
-          mbarrier_wait (&full[stage], phase);
-          /* Blockwise: kept uniform (see the two sets' step below). */
-          if constexpr (Cfg::kBlockScaled)
-            stage = __shfl_sync (0xffffffffu, stage, 0);
-          issue_fp8_stage<kOps, kKind, kN> (part, descriptor_plus (desc_a0, stage * Cfg::kStageBytes),
-                                            descriptor_plus (desc_b0, stage * Cfg::kStageBytes));
-          if (kb == 0)
-            on_first_stage ();
-          /* Read while the products run. */
-          block = scale_block_of<kOps> (sb, kb, block);
-          ss = stage_scales<kOps, kKind> (blocks_address + block * Cfg::kScaleBlockFloats * 4, kb % kDepth, half);
-          wgmma_wait<0> ();
-          promote_fp8_stage<kOps, kKind, kN> (acc, part, ss, empty, stage);
-          scale_block_promoted<kOps> (sb, block, kb, k_blocks);
-          next_stage<kStages> (stage, phase);
+          while (kb < k_blocks)
+            {
+              uint32_t issued = stage;
+
+              issue_stage (part, kb == 0, false);
+              next_stage<kStages> (stage, phase);
+              kb++;
+#pragma unroll
+              for (int j = 1; j < Cfg::kPromoteStages; j++)
+                {
+                  if (kb == k_blocks)
+                    break;
+                  issue_stage (part, false, true);
+                  wgmma_wait<1> ();
+                  if (leader)
+                    mbarrier_arrive (&empty[issued]);
+                  issued = stage;
+                  next_stage<kStages> (stage, phase);
+                  kb++;
+                }
+              wgmma_wait<0> ();
+              promote_fp8_stage<kOps, kKind, kN> (acc, part, none, empty, issued);
+            }
+        }
+      else
+        {
+          for (uint32_t kb = 0; kb < k_blocks; kb++)
+            {
+              StageScales ss;
+
+              issue_stage (part, kb == 0, false);
+              /* Read while the products run. */
+              block = scale_block_of<kOps> (sb, kb, block);
+              ss = stage_scales<kOps, kKind> (blocks_address + block * Cfg::kScaleBlockFloats * 4, kb % kDepth,
+                                              half);
+              wgmma_wait<0> ();
+              promote_fp8_stage<kOps, kKind, kN> (acc, part, ss, empty, stage);
+              scale_block_promoted<kOps> (sb, block, kb, k_blocks);
+              next_stage<kStages> (stage, phase);
+            }
         }
     }
   else if constexpr (Cfg::kFp8)
@@ -1411,17 +1466,7 @@ tile_products (float (&acc)[kN / 2], uint64_t desc_a0, uint64_t desc_b0, ScaleBl
       {
         StageScales landed;
 
-        mbarrier_wait (&full[stage], phase);
-        /* The same in every lane, but with blockwise scales the compiler
-         * kept it in a vector register and rebuilt each wgmma's
-         * descriptors through R2UR moves (a third of the loop's
-         * instructions). Broadcast, it stays uniform. */
-        if constexpr (Cfg::kBlockScaled)
-          stage = __shfl_sync (0xffffffffu, stage, 0);
-        issue_fp8_stage<kOps, kKind, kN> (issue, descriptor_plus (desc_a0, stage * Cfg::kStageBytes),
-                                          descriptor_plus (desc_b0, stage * Cfg::kStageBytes));
-        if (kb == 0)
-          on_first_stage ();
+        issue_stage (issue, kb == 0, false);
         block = scale_block_of<kOps> (sb, kb, block);
         /* This stage's scales, read now for its promotion in the next
          * step: their latency is then hidden. */
