@@ -9,10 +9,10 @@
  *
  *   gmlp-bench [--shape NAME] [--iters N] [--divide D] [--rest-ms MS] [--fp8[=RECIPE]] [--quantized]
  *              [--method steady|do-bench] [--dims E,M,K,N]
+ *   gmlp-bench --quantize [--fp8=RECIPE] [--device-sizes] ...
  *
  * --dims runs one shape of those dimensions instead, named "custom" (to
  * see how a product's time grows with one dimension).
- *   gmlp-bench --quantize [--fp8=RECIPE] [--device-sizes] ...
  *
  * --method=do-bench times fprop and wgrad as ../shared/bench/anchors.py
  * times torch (triton's do_bench) instead of the default steady state

@@ -1045,6 +1045,37 @@ fp8_device_native (GmlpDevice *device)
   return strstr (name, "H100") != NULL || strstr (name, "H200") != NULL || strstr (name, "H800") != NULL;
 }
 
+/* Forward and backward of @layer on copies of @p's x and dy whose group
+ * sizes (@rows, of @p's groups) are on the device only; the outputs, kept
+ * so, downloaded in @p's host layout: y, dx and the packed weight
+ * gradients. */
+static void
+run_layer_device_sized (GmlpGroupedLinear *layer, const Problem *p, const gint64 *rows, Outputs *out)
+{
+  g_autoptr(GmlpGroupedTensor) x = device_sized_copy (p->xt, rows, p->n);
+  g_autoptr(GmlpGroupedTensor) dy = device_sized_copy (p->dyt, rows, p->n);
+  g_autoptr(GmlpGroupedTensor) y = NULL, dx = NULL, yv = NULL, dxv = NULL;
+  g_autoptr(GmlpSavedActivations) saved = NULL;
+  g_autoptr(GError) error = NULL;
+  gsize n;
+
+  y = gmlp_grouped_linear_forward (layer, x, &saved, &error);
+  g_assert_no_error (error);
+  g_assert_false (gmlp_grouped_tensor_has_host_sizes (y));
+  dx = gmlp_grouped_linear_backward (layer, saved, dy, &error);
+  g_assert_no_error (error);
+  g_assert_false (gmlp_grouped_tensor_has_host_sizes (dx));
+
+  yv = gmlp_test_host_view (y, rows);
+  dxv = gmlp_test_host_view (dx, rows);
+  out->y = gmlp_test_download (yv, &out->n_y);
+  g_assert_cmpuint (out->n_y, ==, p->total * p->o);
+  out->dx = gmlp_test_download (dxv, &out->n_dx);
+  g_assert_cmpuint (out->n_dx, ==, p->total * p->k);
+  out->dw = gmlp_test_download (gmlp_grouped_linear_get_wgrad (layer), &n);
+  g_assert_cmpuint (n, ==, p->n * p->o * p->k);
+}
+
 /* Long reductions in FP32 on the GPU, against (a): Hopper's FP8 tensor
  * cores keep about 14 significant bits in their sums, so a kernel that
  * summed a whole 4096-deep FPROP reduction there would be off by several
@@ -1074,51 +1105,31 @@ test_long_reduction (void)
       GmlpScalingRecipe recipe = f == 0 ? GMLP_SCALING_RECIPE_CURRENT : GMLP_SCALING_RECIPE_DELAYED;
       g_autoptr(GmlpGroupedLinear) layer = NULL;
       g_autoptr(Problem) p = NULL;
-      g_autoptr(GmlpGroupedTensor) x = NULL, dy = NULL, y = NULL, dx = NULL, yv = NULL, dxv = NULL;
-      g_autoptr(GmlpSavedActivations) saved = NULL;
-      g_autoptr(GError) error = NULL;
       g_autofree char *what = g_strdup_printf ("long reduction, %s, %s", gmlp_test_recipe_name (recipe),
                                                test_formats[f] == GMLP_FP8_FORMAT_HYBRID ? "hybrid" : "e4m3");
-      g_autofree double *got_y = NULL, *got_dx = NULL, *got_dw = NULL;
-      /* As in test_device_sizes: WGRAD multiplies FP8 on Hopper only. */
-      gboolean native = fp8_device_native (device);
-      double tol = tolerance_a (GMLP_DTYPE_FLOAT32, !native);
-      double tol_w = tolerance_a (GMLP_DTYPE_FLOAT32, !(on_gpu && native));
-      double err[3];
+      /* On the GPU every product multiplies FP8 on Hopper only (as in
+       * test_device_sizes, WGRAD too). */
+      double tol = tolerance_a (GMLP_DTYPE_FLOAT32, !fp8_device_native (device));
       Quantizers q = { 0, };
       Results ref = { 0, };
-      gsize n;
+      Outputs out = { 0, };
 
       quantizers_new (&q, device, recipe, test_formats[f], 4);
       layer = new_layer (device, G_N_ELEMENTS (rows), 4096, 384, GMLP_DTYPE_FLOAT32,
                          GMLP_LINEAR_SINGLE_GROUPED_WEIGHT, &q);
       p = problem_new (layer, rows, 1.0);
       reference_quantized (p, &q, FALSE, &ref);
-      x = device_sized_copy (p->xt, rows, G_N_ELEMENTS (rows));
-      dy = device_sized_copy (p->dyt, rows, G_N_ELEMENTS (rows));
+      run_layer_device_sized (layer, p, rows, &out);
 
-      y = gmlp_grouped_linear_forward (layer, x, &saved, &error);
-      g_assert_no_error (error);
-      dx = gmlp_grouped_linear_backward (layer, saved, dy, &error);
-      g_assert_no_error (error);
-      yv = gmlp_test_host_view (y, rows);
-      dxv = gmlp_test_host_view (dx, rows);
-      got_y = gmlp_test_download (yv, &n);
-      g_assert_cmpuint (n, ==, p->total * p->o);
-      got_dx = gmlp_test_download (dxv, &n);
-      g_assert_cmpuint (n, ==, p->total * p->k);
-      got_dw = gmlp_test_download (gmlp_grouped_linear_get_wgrad (layer), &n);
-      g_assert_cmpuint (n, ==, p->n * p->o * p->k);
-
-      err[0] = gmlp_test_relative_error (got_y, ref.y, p->total * p->o, what);
-      err[1] = gmlp_test_relative_error (got_dx, ref.dx, p->total * p->k, what);
-      err[2] = gmlp_test_relative_error (got_dw, ref.dw, p->n * p->o * p->k, what);
-      g_test_message ("(a) %s: fprop %.2e dgrad %.2e wgrad %.2e (tolerances %.0e, %.0e)", what, err[0],
-                      err[1], err[2], tol, tol_w);
-      gmlp_test_assert_close (got_y, ref.y, p->total * p->o, tol, what);
-      gmlp_test_assert_close (got_dx, ref.dx, p->total * p->k, tol, what);
-      gmlp_test_assert_close (got_dw, ref.dw, p->n * p->o * p->k, tol_w, what);
+      g_test_message ("(a) %s: fprop %.2e dgrad %.2e wgrad %.2e (tolerance %.0e)", what,
+                      gmlp_test_relative_error (out.y, ref.y, out.n_y, what),
+                      gmlp_test_relative_error (out.dx, ref.dx, out.n_dx, what),
+                      gmlp_test_relative_error (out.dw, ref.dw, p->n * p->o * p->k, what), tol);
+      gmlp_test_assert_close (out.y, ref.y, out.n_y, tol, what);
+      gmlp_test_assert_close (out.dx, ref.dx, out.n_dx, tol, what);
+      gmlp_test_assert_close (out.dw, ref.dw, p->n * p->o * p->k, tol, what);
       results_clear (&ref);
+      outputs_clear (&out);
       quantizers_clear (&q);
     }
 }
@@ -1151,11 +1162,7 @@ test_device_sizes (void)
       gint64 rows[4];
       g_autoptr(GmlpGroupedLinear) layer = NULL;
       g_autoptr(Problem) p = NULL;
-      g_autoptr(GmlpGroupedTensor) x = NULL, dy = NULL, y = NULL, dx = NULL, yv = NULL, dxv = NULL;
-      g_autoptr(GmlpSavedActivations) saved = NULL;
-      g_autoptr(GError) error = NULL;
       g_autofree char *what = g_strdup_printf ("device sizes %u, %s", s, gmlp_test_recipe_name (recipe));
-      g_autofree double *got_y = NULL, *got_dx = NULL, *got_dw = NULL;
       g_autofree gint64 *len_y = g_new (gint64, 4), *len_dx = g_new (gint64, 4), *len_w = g_new (gint64, 4);
       /* Per-tensor and blockwise FPROP and DGRAD multiply FP8 (the CPU;
        * CUDA on Hopper), and so does WGRAD on Hopper (blockwise: the
@@ -1166,7 +1173,7 @@ test_device_sizes (void)
       double tol_native = tolerance_a (GMLP_DTYPE_BFLOAT16, !native);
       Quantizers q = { 0, };
       Results ref = { 0, };
-      gsize n;
+      Outputs out = { 0, };
       guint g;
 
       memcpy (rows, all_rows[s], sizeof rows);
@@ -1176,31 +1183,18 @@ test_device_sizes (void)
                          GMLP_LINEAR_SINGLE_GROUPED_WEIGHT | GMLP_LINEAR_BIAS, &q);
       p = problem_new (layer, rows, 1.0);
       reference_quantized (p, &q, native_wgrad && recipe == GMLP_SCALING_RECIPE_BLOCKWISE, &ref);
-      x = device_sized_copy (p->xt, rows, 4);
-      dy = device_sized_copy (p->dyt, rows, 4);
-
-      y = gmlp_grouped_linear_forward (layer, x, &saved, &error);
-      g_assert_no_error (error);
-      g_assert_false (gmlp_grouped_tensor_has_host_sizes (y));
-      dx = gmlp_grouped_linear_backward (layer, saved, dy, &error);
-      g_assert_no_error (error);
-      g_assert_false (gmlp_grouped_tensor_has_host_sizes (dx));
-
-      yv = gmlp_test_host_view (y, rows);
-      dxv = gmlp_test_host_view (dx, rows);
-      got_y = gmlp_test_download (yv, &n);
-      got_dx = gmlp_test_download (dxv, &n);
-      got_dw = gmlp_test_download (gmlp_grouped_linear_get_wgrad (layer), &n);
+      run_layer_device_sized (layer, p, rows, &out);
       for (g = 0; g < 4; g++)
         {
           len_y[g] = rows[g] * p->o;
           len_dx[g] = rows[g] * p->k;
           len_w[g] = p->o * p->k;
         }
-      assert_groups_close (got_y, ref.y, 4, len_y, tol_native, what);
-      assert_groups_close (got_dx, ref.dx, 4, len_dx, tol_native, what);
-      assert_groups_close (got_dw, ref.dw, 4, len_w, tol_w, what);
+      assert_groups_close (out.y, ref.y, 4, len_y, tol_native, what);
+      assert_groups_close (out.dx, ref.dx, 4, len_dx, tol_native, what);
+      assert_groups_close (out.dw, ref.dw, 4, len_w, tol_w, what);
       results_clear (&ref);
+      outputs_clear (&out);
       quantizers_clear (&q);
     }
 }

@@ -120,8 +120,8 @@ ops_wide (int ops)
  * 128-byte rows: 64 16-bit or 128 FP8 reduction elements. FP8 products
  * are promoted out of the tensor cores' accumulators into a further set of
  * FP32 registers after every stage, or every kPromoteStages (the FP8
- * accumulators keep fewer bits, and long reductions would lose accuracy). On 128 × 128 tiles a consumer
- * has two stages in flight, so it holds three 64 × 128 sets (two of
+ * accumulators keep fewer bits, and long reductions would lose accuracy).
+ * On 128 × 128 tiles a consumer has two stages in flight, so it holds three 64 × 128 sets (two of
  * partial sums, one promoted), and the smaller stages make room for a
  * deeper ring. The wide instances, per-tensor and blockwise, take
  * 128 × 192 tiles (a sixth less shared-memory and L2 traffic per product,
@@ -1201,8 +1201,8 @@ pass_stages (uint64_t *full, uint64_t *empty, uint32_t k_blocks, uint32_t &stage
 }
 
 /* FP8: issues the products of one ring stage into part, a set of
- * registers of its own, so that the previous stage's set can be promoted
- * while these run. */
+ * registers of its own (so that the previous stage's set can be promoted
+ * while these run), or with accumulate adds them to what part holds. */
 template <int kOps, int kKind, int kN>
 __device__ __forceinline__ void
 issue_fp8_stage (float (&part)[kN / 2], uint64_t desc_a, uint64_t desc_b, bool accumulate)
