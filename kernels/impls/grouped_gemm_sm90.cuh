@@ -958,6 +958,22 @@ write_tile (const GemmParams &p, const Tile &tile, const GroupWork &w, const Sha
     }
 }
 
+/* One result of the TMA epilogue: a sum, scaled (FP8) and with the bias
+ * added (FPROP with a bias), each only where the instance has it. */
+template <bool kScaled, bool kBias>
+__device__ __forceinline__ float
+epilogue_value (float sum, float scale, float bias)
+{
+  if constexpr (kScaled && kBias)
+    return fmaf (sum, scale, bias);
+  else if constexpr (kScaled)
+    return sum * scale;
+  else if constexpr (kBias)
+    return sum + bias;
+  else
+    return sum;
+}
+
 /* The TMA epilogue: the common case, and the one that overlaps the next
  * tile's products. Each consumer writes its share (Share) in 64-column
  * subtiles: the fragments, bias added and rounded to C's dtype (by the
@@ -977,11 +993,15 @@ write_tile (const GemmParams &p, const Tile &tile, const GroupWork &w, const Sha
  * the direct schedule for a half that reaches past its group's rows (the
  * map's rows go on into the next group's): write_tile() does those. C's
  * dtype is a template argument: the unrolled code of the dtype that runs
- * is then contiguous, not interleaved with that of the others. */
-template <int kKind, int kCDtype, int kBlockN>
+ * is then contiguous, not interleaved with that of the others. So are
+ * whether a bias is added (kBias: without it, the bias loads' addresses,
+ * bounds and zeros ran predicated off, half the epilogue's instructions)
+ * and whether the sums are scaled (kScaled: FP8, by `scale`, in one FFMA
+ * with the bias). The fragments go in by shared-memory address (sts_*). */
+template <int kKind, int kCDtype, int kBlockN, bool kBias, bool kScaled>
 __device__ __forceinline__ bool
 write_tile_tma (const GemmParams &p, const Tile &tile, const GroupWork &w, const Share &share,
-                const float (&acc)[kBlockN / 2], uint8_t *slots, uint32_t &stores, int half,
+                const float (&acc)[kBlockN / 2], float scale, uint8_t *slots, uint32_t &stores, int half,
                 bool direct)
 {
   constexpr bool fp32 = kCDtype == GMLP_NUM_FLOAT32;
@@ -992,6 +1012,10 @@ write_tile_tma (const GemmParams &p, const Tile &tile, const GroupWork &w, const
   const int t = lane % 4;
   const TensorMap *map_c = direct ? &p.direct.c : p.maps + kMapsPerGroup * (uint64_t) tile.group + 2;
   const int32_t out_row = (int32_t) ((direct ? tile.row_base : 0) + share.row);
+  /* Rows r and r + 8 of this thread's fragments share r % 8, the swizzle's
+   * row: in 16-byte chunk c of a 128-byte row, c ^ (r % 8) is stored. */
+  const uint32_t slots_address = smem_address (slots);
+  const uint32_t swizzle = (uint32_t) frag_row % 8;
 
   if (accumulate && !fp32)
     return false;
@@ -1008,7 +1032,7 @@ write_tile_tma (const GemmParams &p, const Tile &tile, const GroupWork &w, const
       if (sub * 64 >= share.cols || col0 >= p.out_cols)
         break;   /* uniform over the warpgroup */
       /* Counted here, past the break: only a store turns the slots. */
-      uint8_t *slot = slots + (fp32 ? 0 : (stores++ % 2) * 8192);
+      const uint32_t slot = slots_address + (fp32 ? 0 : (stores++ % 2) * 8192);
       /* The slot's last store has read it (16-bit C: the other slot's may
        * still be running). */
       if (thread == 0)
@@ -1027,8 +1051,7 @@ write_tile_tma (const GemmParams &p, const Tile &tile, const GroupWork &w, const
           const int64_t col = col0 + 8 * jj + 2 * t;
           float b0 = 0.0f, b1 = 0.0f;
 
-          /* Only FPROP has a bias: no bias code in the other kernels. */
-          if (kKind == GMLP_KERNEL_GEMM_FPROP && w.bias != nullptr && col < p.out_cols)
+          if (kBias && col < p.out_cols)
             {
               const StorageType<kCDtype> *bias = static_cast<const StorageType<kCDtype> *> (w.bias);
 
@@ -1039,15 +1062,14 @@ write_tile_tma (const GemmParams &p, const Tile &tile, const GroupWork &w, const
           for (int h = 0; h < 2; h++)
             {
               const int r = frag_row + 8 * h;
-              const float v0 = acc[4 * j + 2 * h] + b0, v1 = acc[4 * j + 2 * h + 1] + b1;
+              const float v0 = epilogue_value<kScaled, kBias> (acc[4 * j + 2 * h], scale, b0);
+              const float v1 = epilogue_value<kScaled, kBias> (acc[4 * j + 2 * h + 1], scale, b1);
 
               if (fp32)
                 {
                   /* Box jj / 4 of 32 columns; 16-byte chunk 2 (jj % 4) + t / 2. */
-                  const int chunk = 2 * (jj % 4) + t / 2;
-                  *reinterpret_cast<float2 *> (slot + (jj / 4) * 8192 + r * 128 +
-                                               ((chunk ^ (r % 8)) * 16) + 8 * (t % 2)) =
-                    make_float2 (v0, v1);
+                  const uint32_t chunk = 2 * (jj % 4) + t / 2;
+                  sts_f32x2 (slot + (jj / 4) * 8192 + r * 128 + ((chunk ^ swizzle) * 16) + 8 * (t % 2), v0, v1);
                 }
               else
                 {
@@ -1063,7 +1085,7 @@ write_tile_tma (const GemmParams &p, const Tile &tile, const GroupWork &w, const
                       const __half2 v = __floats2half2_rn (v0, v1);
                       pair = *reinterpret_cast<const uint32_t *> (&v);
                     }
-                  *reinterpret_cast<uint32_t *> (slot + r * 128 + ((jj ^ (r % 8)) * 16) + 4 * t) = pair;
+                  sts_u32 (slot + r * 128 + ((jj ^ swizzle) * 16) + 4 * t, pair);
                 }
             }
         }
@@ -1071,27 +1093,44 @@ write_tile_tma (const GemmParams &p, const Tile &tile, const GroupWork &w, const
       consumer_sync (half);
       if (thread == 0)
         {
+          uint8_t *slot_ptr = slots + (slot - slots_address);   /* tma_store_2d()'s pointer */
+
           if (fp32)
             {
               if (accumulate)
                 {
-                  tma_store_2d<true> (map_c, slot, col0, out_row);
-                  tma_store_2d<true> (map_c, slot + 8192, col0 + 32, out_row);
+                  tma_store_2d<true> (map_c, slot_ptr, col0, out_row);
+                  tma_store_2d<true> (map_c, slot_ptr + 8192, col0 + 32, out_row);
                 }
               else
                 {
-                  tma_store_2d<false> (map_c, slot, col0, out_row);
-                  tma_store_2d<false> (map_c, slot + 8192, col0 + 32, out_row);
+                  tma_store_2d<false> (map_c, slot_ptr, col0, out_row);
+                  tma_store_2d<false> (map_c, slot_ptr + 8192, col0 + 32, out_row);
                 }
             }
           else
             {
-              tma_store_2d<false> (map_c, slot, col0, out_row);
+              tma_store_2d<false> (map_c, slot_ptr, col0, out_row);
             }
           bulk_commit ();
         }
     }
   return true;
+}
+
+/* write_tile_tma() with the bias or without it (a run-time choice, made
+ * once a tile). */
+template <int kKind, int kCDtype, int kBlockN, bool kScaled>
+__device__ __forceinline__ bool
+write_tile_tma_with (bool bias, const GemmParams &p, const Tile &tile, const GroupWork &w, const Share &share,
+                     const float (&acc)[kBlockN / 2], float scale, uint8_t *slots, uint32_t &stores, int half,
+                     bool direct)
+{
+  if (bias)
+    return write_tile_tma<kKind, kCDtype, kBlockN, true, kScaled> (p, tile, w, share, acc, scale, slots, stores,
+                                                                   half, direct);
+  return write_tile_tma<kKind, kCDtype, kBlockN, false, kScaled> (p, tile, w, share, acc, scale, slots, stores,
+                                                                  half, direct);
 }
 
 /* The wgmma of an instance's operands and layout, kN columns wide. */
@@ -1683,42 +1722,41 @@ consume (const GemmParams &p, uint8_t *ring, const float *scales, ScaleBlocks &s
             acc[i] = 0.0f;
           find_next (t);
         }
-      if constexpr (Cfg::kFp8)
-        {
-          /* Per-tensor: the groups' scale inverses. Blockwise: 1 (the
-           * scales were applied stage by stage), but the multiply gives the
-           * stores registers of their own. Stored as they were, the sums
-           * had to lie in the register pairs of the FP32 stores, which put
-           * each acc[i] in the register bank of the partial sum part[i]
-           * that the promotion's FFMA adds to it: every FFMA read two
-           * registers of one bank. Now 82 of 256 do (the rest take the
-           * scale from the operand cache): about 1.5% on the large shapes
-           * (scripts/dev/ffma-banks.py counts them). */
-          const float scale = w.scale * scale_a * scale_b;
-
-#pragma unroll
-          for (int i = 0; i < kBlockN / 2; i++)
-            acc[i] *= scale;
-        }
-
+      /* FP8: the sums' scale, applied as they are stored. Per-tensor: the
+       * groups' scale inverses. Blockwise: 1 (the scales were applied
+       * stage by stage), but the multiply gives the stores registers of
+       * their own: stored as they were, the sums' registers put the
+       * blockwise promotion's FFMAs on two registers of one bank in 96 of
+       * 96 (64 this way; scripts/dev/ffma-banks.py). */
+      const float scale = Cfg::kFp8 ? w.scale * scale_a * scale_b : 1.0f;
       const Share share = short_tile<kOps, kKind> (p, tile) ?
         Share { tile.m0, tile.n0 + half * kShortCols0, half == 0 ? kShortCols0 : kShortCols1 } :
         Share { tile.m0 + half * 64, tile.n0, kBlockN };
+      /* Only FPROP has a bias: no bias code in the other kernels. */
+      const bool bias = kKind == GMLP_KERNEL_GEMM_FPROP && w.bias != nullptr;
       bool written;
 
       /* C is FP32 or the operands' dtype (the host check); FP8 products
        * write any of FP32, BF16 and FP16. */
       if (p.c_dtype == GMLP_NUM_FLOAT32)
-        written = write_tile_tma<kKind, GMLP_NUM_FLOAT32, kBlockN> (p, tile, w, share, acc, slots, stores,
-                                                                    half, direct);
+        written = write_tile_tma_with<kKind, GMLP_NUM_FLOAT32, kBlockN, Cfg::kFp8> (bias, p, tile, w, share, acc,
+                                                                                 scale, slots, stores, half, direct);
       else if (Cfg::kFp8 ? p.c_dtype == GMLP_NUM_BFLOAT16 : Cfg::kBf16)
-        written = write_tile_tma<kKind, GMLP_NUM_BFLOAT16, kBlockN> (p, tile, w, share, acc, slots, stores,
-                                                                     half, direct);
+        written = write_tile_tma_with<kKind, GMLP_NUM_BFLOAT16, kBlockN, Cfg::kFp8> (bias, p, tile, w, share, acc,
+                                                                                  scale, slots, stores, half, direct);
       else
-        written = write_tile_tma<kKind, GMLP_NUM_FLOAT16, kBlockN> (p, tile, w, share, acc, slots, stores,
-                                                                    half, direct);
+        written = write_tile_tma_with<kKind, GMLP_NUM_FLOAT16, kBlockN, Cfg::kFp8> (bias, p, tile, w, share, acc,
+                                                                                 scale, slots, stores, half, direct);
       if (!written)
-        write_tile<kKind, kBlockN> (p, tile, w, share, acc, staging, half);
+        {
+          if constexpr (Cfg::kFp8)
+            {
+#pragma unroll
+              for (int i = 0; i < kBlockN / 2; i++)
+                acc[i] *= scale;
+            }
+          write_tile<kKind, kBlockN> (p, tile, w, share, acc, staging, half);
+        }
     }
   if (leader)
     bulk_wait_all ();

@@ -55,6 +55,24 @@ lds_f32x2 (uint32_t address)
   return v;
 }
 
+/* Stores to shared memory by address: the epilogue's fragment stores
+ * through a generic pointer took 64-bit address arithmetic each. */
+__device__ __forceinline__ void
+sts_u32 (uint32_t address, uint32_t v)
+{
+#if GMLP_SM90_ENABLED
+  asm volatile ("st.shared.b32 [%0], %1;" :: "r" (address), "r" (v) : "memory");
+#endif
+}
+
+__device__ __forceinline__ void
+sts_f32x2 (uint32_t address, float x, float y)
+{
+#if GMLP_SM90_ENABLED
+  asm volatile ("st.shared.v2.f32 [%0], {%1, %2};" :: "r" (address), "f" (x), "f" (y) : "memory");
+#endif
+}
+
 /* Programmatic dependent launch: a grid launched with programmatic stream
  * serialization may start before the grid ahead of it has finished; it
  * waits for that grid's completion and memory with grid_dependency_wait().
