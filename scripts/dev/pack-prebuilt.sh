@@ -12,6 +12,7 @@
 #
 # On the GPU host: . scripts/dev/prebuilt-env.sh, then .prebuilt/bench/gmlp-bench
 # (or .prebuilt/tests/TEST with the GMLP_TEST_* variables of tests/meson.build).
+# Other builds of the backend to time beside this one: scripts/dev/pack-alt.sh.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 backend=build/libgmlp/backend/cuda/libgmlp-backend-cuda.so
@@ -32,7 +33,10 @@ for t in "$@"; do
 done
 # Debug information stays here: it would take most of the 64 MiB a call carries.
 find .prebuilt -type f ! -name '*.deb' -exec strip -g {} +
-for p in libglib2.0-0 libffi8 libpcre2-8-0 libopenblas0 libopenblas0-pthread libgfortran5; do
+for p in libglib2.0-0 libffi8 libpcre2-8-0 libopenblas0 libopenblas0-pthread libgfortran5 zstd; do
   cp .debs/${p}_*.deb .prebuilt/debs/
 done
+# The backend is most of a call's 64 MiB: compressed here, unpacked there
+# by prebuilt-env.sh.
+xz -T0 .prebuilt/libgmlp/backend/cuda/libgmlp-backend-cuda.so
 du -sh .prebuilt

@@ -1,8 +1,19 @@
 # Sourced on the GPU host from the repository root of a call that carried
-# .prebuilt (scripts/dev/pack-prebuilt.sh): unpacks its run-time packages
+# .prebuilt (scripts/dev/pack-prebuilt.sh): unpacks its run-time packages,
+# its backend and any other builds of the backend (scripts/dev/pack-alt.sh;
+# `gmlp_alt_dir NAME` says where one lies, to give as GMLP_BACKEND_DIR),
 # and sets the paths its programs need.
 for f in .prebuilt/debs/*.deb; do dpkg -x "$f" /; done
 ldconfig
+gmlp_main=.prebuilt/libgmlp/backend/cuda/libgmlp-backend-cuda.so
+[ -f "$gmlp_main" ] || xz -d "$gmlp_main.xz"
+gmlp_alt_dir () { echo "/tmp/gmlp-alts/$1"; }
+for z in .prebuilt/alts/*.zst; do
+  [ -f "$z" ] || continue
+  n=$(basename "$z" .zst)
+  mkdir -p "$(gmlp_alt_dir "$n")"
+  zstd -q -d -f --long=27 --patch-from="$gmlp_main" "$z" -o "$(gmlp_alt_dir "$n")/libgmlp-backend-cuda.so"
+done
 export LD_LIBRARY_PATH="/usr/lib/x86_64-linux-gnu/openblas-pthread${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export GMLP_BACKEND_DIR="$PWD/.prebuilt/libgmlp/backend/cuda"
 export PATH="/usr/local/cuda/bin:$PATH"
