@@ -17,18 +17,10 @@ session) has what this found in the blockwise promotion.
 import struct
 import sys
 
+from cubin_elf import sections
+
 FFMA = 0x223
 NO_REGISTER = 255
-
-
-def sections(elf):
-    shoff, = struct.unpack_from('<Q', elf, 0x28)
-    entsize, count, names = struct.unpack_from('<HHH', elf, 0x3a)
-    headers = [struct.unpack_from('<IIQQQQ', elf, shoff + i * entsize) for i in range(count)]
-    strings = headers[names][4]
-    for name, _, _, _, offset, size in headers:
-        end = elf.index(b'\0', strings + name)
-        yield elf[strings + name:end].decode(), offset, size
 
 
 def report(elf, offset, size, verbose):

@@ -16,6 +16,8 @@ import re
 import struct
 import sys
 
+from cubin_elf import sections
+
 CUDA_ELF = b'\x7fELF\x02\x01\x01\x41'
 
 
@@ -28,20 +30,8 @@ def cubins(path):
         yield data[start:start + shoff + entsize * count]
 
 
-def sections(elf):
-    shoff, = struct.unpack_from('<Q', elf, 0x28)
-    entsize, count, names = struct.unpack_from('<HHH', elf, 0x3a)
-    headers = [struct.unpack_from('<IIQQQQ', elf, shoff + i * entsize) for i in range(count)]
-    strings = headers[names][4]
-    found = {}
-    for name, _, _, _, offset, size in headers:
-        end = elf.index(b'\0', strings + name)
-        found[elf[strings + name:end].decode()] = elf[offset:offset + size]
-    return found
-
-
 def code(elf):
-    return {name: body for name, body in sections(elf).items() if 'debug' not in name}
+    return {name: elf[offset:offset + size] for name, offset, size in sections(elf) if 'debug' not in name}
 
 
 def main():
