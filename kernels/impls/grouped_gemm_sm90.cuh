@@ -295,6 +295,10 @@ struct Walk
   uint32_t group = 0;
   uint32_t tile_base = 0;
   int32_t  row_base = 0;
+  /* The direct schedule, once a tile is found: the first tile past its
+   * group's and the group's rows (locate_direct()'s fast path). */
+  uint32_t tile_end = 0;
+  int32_t  rows = 0;
 };
 
 /* Whether an instance can take the direct schedule (the host asks too,
@@ -397,6 +401,15 @@ locate_direct (const GemmParams &p, uint32_t t, Walk &walk, Tile &tile)
   const uint32_t capacity = (uint32_t) d.capacity;
   const int lane = threadIdx.x % 32;
 
+  /* Most of a CTA's tiles lie in the group of its last one: no scan. */
+  if (t < walk.tile_end)
+    {
+      tile.group = walk.group;
+      tile.rows = walk.rows;
+      tile.row_base = walk.row_base;
+      tile.m0 = (int32_t) (t - walk.tile_base);
+      return true;
+    }
   for (;;)
     {
       const uint32_t g = walk.group + lane;
@@ -450,8 +463,10 @@ locate_direct (const GemmParams &p, uint32_t t, Walk &walk, Tile &tile)
         walk.group += passed;
         walk.tile_base = first_tile;
         walk.row_base = (int32_t) group_start;
+        walk.tile_end = first_tile + __shfl_sync (0xffffffffu, tiles, passed);
+        walk.rows = (int32_t) (group_end - group_start);
         tile.group = walk.group;
-        tile.rows = (int32_t) (group_end - group_start);
+        tile.rows = walk.rows;
         tile.row_base = (int32_t) group_start;
         tile.m0 = (int32_t) (t - first_tile);   /* the tile's index in its group, for now */
         return true;
@@ -1181,6 +1196,29 @@ short_tile (const GemmParams &p, const Tile &tile)
     return false;
 }
 
+/* Narrow last columns: on the wide tiles, a group's last column tile
+ * holds out_cols mod 192 columns (dsv3-fc1's FPROP 128 of its 11th, its
+ * DGRAD 64 of its 38th); its consumers compute only the subtiles that
+ * hold columns, with the m64n128 or m64n64 wgmma of the short tiles, where
+ * the m64n192 one spent a third or two thirds of its products on columns
+ * the epilogue clips. Returns the columns to compute: kBlockN, or
+ * ShortTiles' two widths. */
+template <int kOps>
+__device__ __forceinline__ int
+narrow_columns (const GemmParams &p, const Tile &tile)
+{
+  if constexpr (Config<kOps>::kWide)
+    {
+      const int32_t left = (int32_t) p.out_cols - tile.n0;
+
+      return left <= 64 ? 64 : left <= 128 ? 128 : Config<kOps>::kBlockN;
+    }
+  else
+    {
+      return Config<kOps>::kBlockN;
+    }
+}
+
 /* Idle halves, the 16-bit kernels' short tiles: where a row-grouped tile's
  * rows end within its first 64 (a group's last tile, often, under skewed
  * routing), the second consumer's 64 rows lie wholly past the group's end.
@@ -1689,31 +1727,48 @@ consume (const GemmParams &p, uint8_t *ring, const float *scales, ScaleBlocks &s
           pass_stages<kOps, kKind> (full, empty, tile.k_blocks, stage, phase, half, on_first_stage);
           continue;
         }
-      if (short_tile<kOps, kKind> (p, tile))
-        {
-          /* The first 64 rows of A's tile (K-major: short tiles are
-           * row-grouped) and this consumer's columns of B's (ShortTiles);
-           * the sums are the first of acc. */
-          if constexpr (ShortTiles<kOps, kKind>::value)
-            {
-              const uint64_t desc_a = descriptor_minus (desc_a0, half * 64 * 128);
+      /* The columns this consumer computes, and where its operands start:
+       * all of a tile's, or a short tile's share, or (narrow_columns())
+       * those that a group's last column tile has. */
+      int cols = kBlockN;
+      uint64_t desc_a = desc_a0, desc_b = desc_b0;
 
-              if (kShortCols0 == kShortCols1 || half == 0)
-                tile_products<kOps, kKind, kShortCols0> (
-                  reinterpret_cast<float (&)[kShortCols0 / 2]> (acc), desc_a,
-                  descriptor_plus (desc_b0, half * kShortCols0 * 128), sb, full, empty, tile.k_blocks, stage,
-                  phase, half, on_first_stage);
-              else
-                tile_products<kOps, kKind, kShortCols1> (
-                  reinterpret_cast<float (&)[kShortCols1 / 2]> (acc), desc_a,
-                  descriptor_plus (desc_b0, kShortCols0 * 128), sb, full, empty, tile.k_blocks, stage, phase,
-                  half, on_first_stage);
+      if constexpr (ShortTiles<kOps, kKind>::value)
+        {
+          if (short_tile<kOps, kKind> (p, tile))
+            {
+              /* The first 64 rows of A's tile (K-major: short tiles are
+               * row-grouped) and this consumer's columns of B's; the sums
+               * are the first of acc. */
+              desc_a = descriptor_minus (desc_a0, half * 64 * 128);
+              desc_b = descriptor_plus (desc_b0, half * kShortCols0 * 128);
+              cols = half == 0 ? kShortCols0 : kShortCols1;
             }
+          else
+            {
+              cols = narrow_columns<kOps> (p, tile);
+            }
+        }
+      /* One call of each width (each is inlined): the narrow instances'
+       * two short widths are one. */
+      if constexpr (ShortTiles<kOps, kKind>::value)
+        {
+          if (cols == kShortCols0)
+            tile_products<kOps, kKind, kShortCols0> (reinterpret_cast<float (&)[kShortCols0 / 2]> (acc), desc_a,
+                                                     desc_b, sb, full, empty, tile.k_blocks, stage, phase, half,
+                                                     on_first_stage);
+          else if (kShortCols1 != kShortCols0 && cols == kShortCols1)
+            tile_products<kOps, kKind, kShortCols1> (reinterpret_cast<float (&)[kShortCols1 / 2]> (acc), desc_a,
+                                                     desc_b, sb, full, empty, tile.k_blocks, stage, phase, half,
+                                                     on_first_stage);
+          else
+            tile_products<kOps, kKind, kBlockN> (acc, desc_a, desc_b, sb, full, empty, tile.k_blocks, stage,
+                                                 phase, half, on_first_stage);
         }
       else
         {
-          tile_products<kOps, kKind, kBlockN> (acc, desc_a0, desc_b0, sb, full, empty, tile.k_blocks,
-                                               stage, phase, half, on_first_stage);
+          tile_products<kOps, kKind, kBlockN> (acc, desc_a, desc_b, sb, full, empty, tile.k_blocks, stage, phase,
+                                               half, on_first_stage);
         }
       if (tile.k_blocks == 0)
         {
@@ -1730,8 +1785,8 @@ consume (const GemmParams &p, uint8_t *ring, const float *scales, ScaleBlocks &s
        * 96 (64 this way; scripts/dev/ffma-banks.py). */
       const float scale = Cfg::kFp8 ? w.scale * scale_a * scale_b : 1.0f;
       const Share share = short_tile<kOps, kKind> (p, tile) ?
-        Share { tile.m0, tile.n0 + half * kShortCols0, half == 0 ? kShortCols0 : kShortCols1 } :
-        Share { tile.m0 + half * 64, tile.n0, kBlockN };
+        Share { tile.m0, tile.n0 + half * kShortCols0, cols } :
+        Share { tile.m0 + half * 64, tile.n0, cols };
       /* Only FPROP has a bias: no bias code in the other kernels. */
       const bool bias = kKind == GMLP_KERNEL_GEMM_FPROP && w.bias != nullptr;
       bool written;

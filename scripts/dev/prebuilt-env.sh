@@ -15,5 +15,6 @@ for z in .prebuilt/alts/*.zst; do
   zstd -q -d -f --long=27 --patch-from="$gmlp_main" "$z" -o "$(gmlp_alt_dir "$n")/libgmlp-backend-cuda.so"
 done
 export LD_LIBRARY_PATH="/usr/lib/x86_64-linux-gnu/openblas-pthread${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-export GMLP_BACKEND_DIR="$PWD/.prebuilt/libgmlp/backend/cuda"
+# (kept where the caller chose one: GMLP_BACKEND_DIR=$(gmlp_alt_dir NAME) prebuilt-suite.sh)
+export GMLP_BACKEND_DIR="${GMLP_BACKEND_DIR:-$PWD/.prebuilt/libgmlp/backend/cuda}"
 export PATH="/usr/local/cuda/bin:$PATH"
