@@ -840,14 +840,42 @@ direct_a_scales (const GmlpKernelDeviceGemm *g, GroupedOperand *op)
  * against 414 after the plan on the H200. */
 constexpr double kBlockwiseDirectMaxMacs = 0x1p34;
 
+/* Whether the direct schedule's CTAs run in pairs that share B's tiles
+ * (for the instances that can, Pairable): products of at least
+ * kPairedTilesPerSm output tiles an SM at the capacity's rows and
+ * kPairedStages stages of reduction; GMLP_SM90_PAIRS=0 or =1 for none or
+ * all that can (the tests run both). On the H200, per-tensor FP8 FPROP
+ * against the same kernel alone, two runs (docs/performance.md):
+ * skewed routing +3-4% (mixtral-fc1 1185 -> 1224, dsv3-fc1 1098 -> 1133),
+ * balanced 0-2%; qwen3-fc1 (16 stages) lost 4%, which the depth rule
+ * leaves alone, and small-e64 (4 tiles an SM) 5%. */
+constexpr int64_t kPairedTilesPerSm = 8;
+constexpr int64_t kPairedStages = 32;
+
+bool
+pairs_pay (const GmlpKernelDeviceGemm *g, int block_n, int n_sms)
+{
+  static const bool off = env_equals ("GMLP_SM90_PAIRS", "0");
+  static const bool forced = env_equals ("GMLP_SM90_PAIRS", "1");
+  const Extents e = extents_of (g);
+  const int64_t tiles = div_up (g->row_capacity, (int64_t) kBlockM) * div_up (e.out_cols, (int64_t) block_n);
+
+  if (off || g->kind == GMLP_KERNEL_GEMM_WGRAD || !ops_wide (operands_of (g)) ||
+      ops_block_scaled (operands_of (g)))
+    return false;
+  return forced || (tiles >= kPairedTilesPerSm * n_sms &&
+                    div_up (e.reduction, (int64_t) Config<kOpsE4m3E4m3Wide>::kBlockK) >= kPairedStages);
+}
+
 /* Fills in the direct schedule (DirectSchedule) where it takes the call:
  * FPROP or DGRAD (blockwise: small products on 128 × 128 tiles); rows of A
  * and C that are whole multiples of the member alignment, so that member g
  * starts at row P_g of one matrix; the groups' B matrices, biases and
  * scales equally spaced (blockwise: B's; A's as direct_a_scales() takes
- * them); host sizes that fit in the parameters. */
+ * them); host sizes that fit in the parameters. With b_half, also B's
+ * map in boxes of half a tile's rows (paired CTAs', pairs_pay()). */
 bool
-direct_schedule (const GmlpKernelDeviceGemm *g, DirectSchedule *d)
+direct_schedule (const GmlpKernelDeviceGemm *g, DirectSchedule *d, TensorMap *b_half)
 {
   const bool fp8 = gmlp_num_dtype_is_fp8 (g->ab_dtype);
   const Extents e = extents_of (g);
@@ -880,7 +908,9 @@ direct_schedule (const GmlpKernelDeviceGemm *g, DirectSchedule *d)
   if (!encode_map (&d->a, g->a, g->row_capacity, e.a_cols, g->ab_dtype, kBlockM) ||
       !encode_map (&d->c, g->c_rows, g->row_capacity, e.out_cols, g->c_dtype, 64) ||
       !encode_map (&d->b, g->weight[0], b.rows, b.cols, b_dtype, b.box_rows, g->n_groups,
-                   b_stride))
+                   b_stride) ||
+      (b_half != nullptr && !encode_map (b_half, g->weight[0], b.rows, b.cols, b_dtype, b.box_rows / 2,
+                                         g->n_groups, b_stride)))
     return false;
   d->device_rows = g->device_rows;
   d->capacity = g->row_capacity;
@@ -1128,13 +1158,17 @@ gmlp_kernel_device_gemm_sm90 (const GmlpKernelDeviceGemm *gemm,
   params.reduction = e.reduction;
   params.c_dtype = gemm->c_dtype;
   params.short_tiles = short_tiles_on (fp8, e.reduction);
+
   params.a_scales = gemm->a_scales;
   params.b_scales = gemm->b_scales;
-  if (direct_schedule (gemm, &params.direct))
+  params.pairs = pairs_pay (gemm, block_n, n_sms);
+  if (direct_schedule (gemm, &params.direct, params.pairs ? &params.b_half : nullptr))
     {
       params.use_direct = 1;
       return launch_operands (operands_of (gemm), gemm->kind, params, n_sms, stream);
     }
+  /* The plan's schedule never runs paired (Pairable). */
+  params.pairs = 0;
 
   memset (&plan, 0, sizeof plan);
   shape.device_rows = gemm->device_rows;

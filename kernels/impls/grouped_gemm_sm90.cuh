@@ -27,7 +27,9 @@
  *    Config) with wgmma (FP32 accumulators in registers) and hands it,
  *    bias added, to TMA stores (reduce-add for an accumulating FP32
  *    output) that drain while the next tile computes; the producer is
- *    already filling the ring for that tile.
+ *    already filling the ring for that tile. Large per-tensor FP8
+ *    products on the wide tiles run in clusters of two CTAs that share B's
+ *    tiles (TMA multicast; Pairable).
  *    A group's last row tile, where it holds 64 rows or fewer, is a short
  *    tile: with per-tensor FP8 both consumers take its 64 rows, half the
  *    columns each (of 192 columns, 128 and 64); in the 16-bit kernels the
@@ -45,6 +47,8 @@
  */
 
 #pragma once
+
+#include <atomic>
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -160,13 +164,11 @@ struct Config
   static constexpr int kStages = kWide ? 4 : kBlockScaled ? 5 : kFp8 ? 6 : 4;
   static constexpr int kScaleSlot = kFp8 && !kBlockScaled ? 2 : 0;
   /* Registers per thread of the producer's warpgroup and of each
-   * consumer's (setmaxnreg; 128 × producer + 256 × consumer within the 64K
-   * of an SM). The narrow blockwise instances' scale warps walk the direct
-   * schedule's sizes and A's scale members beside their copies (see
-   * DirectCapable): in 40 they spilled. */
+   * consumer's (setmaxnreg; Ring's for an instance). The narrow blockwise
+   * instances' scale warps walk the direct schedule's sizes and A's scale
+   * members beside their copies (see DirectCapable): in 40 they spilled. */
   static constexpr int kProducerRegs = kBlockScaled && !kWide ? 56 : 40;
   static constexpr int kConsumerRegs = kBlockScaled && !kWide ? 224 : 232;
-  static_assert (128 * kProducerRegs + 256 * kConsumerRegs <= 65536, "more registers than an SM has");
   /* Blockwise: the scales of kScaleDepth stages make one copy, so that each
    * 32-byte sector of a row's scales is read from L2 once, not once per
    * stage (4-byte reads, a sector each, added a quarter to the L2 traffic
@@ -190,16 +192,36 @@ struct Config
   static_assert (smem_bytes (kStages) <= 227 * 1024, "the kernel needs more shared memory than an SM has");
 };
 
+/* Whether an instance's CTAs can run in pairs (see pairs_pay() and
+ * "Clusters of two CTAs" below): per-tensor FP8 on the wide tiles, FPROP
+ * (FP8 DGRAD runs it too). WGRAD reduces over each group's rows, which
+ * would put paired CTAs' rings out of step; the 16-bit and narrow FP8
+ * instances gained nothing paired on the H200, and keep the producer's 40
+ * registers (the pairing code needs 56, which cost small-e64's narrow
+ * consumers 6% in 224). */
+template <int kOps, int kKind>
+struct Pairable
+{
+  static constexpr bool value = kKind == GMLP_KERNEL_GEMM_FPROP && Config<kOps>::kWide && !Config<kOps>::kBlockScaled;
+};
+
 /* The ring of an instance: its operand type's (Config), but the wide FP8
  * WGRAD takes one stage fewer. On the H200, 3 stages against 4 gave the
  * wide WGRAD up to 9% on balanced routing (flat on skewed) and cost the
- * wide FPROP 1-3%, which keeps 4 (docs/performance.md). */
+ * wide FPROP 1-3%, which keeps 4 (docs/performance.md). Its registers:
+ * Config's, but a pairable instance's producer needs 56. */
 template <int kOps, int kKind>
 struct Ring
 {
   using Cfg = Config<kOps>;
   static constexpr int kStages = Cfg::kWide && kKind == GMLP_KERNEL_GEMM_WGRAD ? Cfg::kStages - 1 : Cfg::kStages;
   static constexpr uint32_t kSmemBytes = Cfg::smem_bytes (kStages);
+  static constexpr int kProducerRegs = Pairable<kOps, kKind>::value ? 56 : Cfg::kProducerRegs;
+  static constexpr int kConsumerRegs = Pairable<kOps, kKind>::value ? 224 : Cfg::kConsumerRegs;
+  /* A CTA holds what its 384 threads got at launch, 168 each (the most in
+   * steps of 8 within the SM's 64K): setmaxnreg.inc waits for registers
+   * that setmaxnreg.dec gave back, forever where it asks for more. */
+  static_assert (128 * kProducerRegs + 256 * kConsumerRegs <= kThreads * 168, "more registers than a CTA holds");
 };
 
 /* The widest output tile of any instance (the host's coordinate bound). */
@@ -269,6 +291,11 @@ struct GemmParams
    * A, 128 for B, 1 for WGRAD's B; checked on the host). */
   GmlpKernelFp8Scales a_scales;
   GmlpKernelFp8Scales b_scales;
+  /* Paired CTAs (pairs_pay()): the direct schedule's B in boxes of half a
+   * tile's rows. (Last, so that the other fields' offsets, and the code of
+   * the instances that never pair, stay as they were.) */
+  uint32_t         pairs;
+  TensorMap        b_half;
 };
 
 /* The tile schedule both roles follow: tile t of the whole list, found in
@@ -474,6 +501,19 @@ locate_direct (const GemmParams &p, uint32_t t, Walk &walk, Tile &tile)
     }
 }
 
+/* The first column of the tile with index local in a group of tiles_m
+ * row tiles, on place_tile()'s raster. */
+template <int kOps>
+__device__ __forceinline__ int32_t
+raster_column (const GemmParams &p, uint32_t local, uint32_t tiles_m)
+{
+  const uint32_t panel_tiles = kPanelTiles * p.tiles_n;
+  const uint32_t panel = local / panel_tiles;
+  const uint32_t panel_rows = min (kPanelTiles, tiles_m - panel * kPanelTiles);
+
+  return (int32_t) ((local % panel_tiles) / panel_rows * Config<kOps>::kBlockN);
+}
+
 /* Fills in the coordinates of the tile with index local in its group
  * (tile.group and tile.rows known). */
 template <int kOps, int kKind>
@@ -547,6 +587,95 @@ locate_tile (const GemmParams &p, uint32_t t, Walk &walk, Tile &tile)
   if (!locate_direct (p, t, walk, tile))
     return false;
   place_tile<kOps, kKind> (p, (uint32_t) tile.m0, tile);
+  return true;
+}
+
+/* Clusters of two CTAs (per-tensor FP8 FPROP and DGRAD on the wide tiles
+ * and the direct schedule, where the host launches them so: Pairable,
+ * pairs_pay(), pairs_fit()). CTA b and its partner b ^ 1 take tiles t and
+ * t ^ 1 of the list, on the panel raster the next row tile of the same
+ * columns; where the two share B's tile (same group and columns), each
+ * copies one half of it (GemmParams::b_half) into both CTAs' rings (TMA
+ * multicast), which halves B's traffic from L2. A producer writes into its
+ * partner's ring, so each consumer gives every stage back to both
+ * producers, and the two rings keep in step: the CTAs must pass through
+ * the same stages. They do, because all of FPROP's and DGRAD's tiles
+ * reduce over the same depth, and because where a CTA's tile lies past the
+ * end while its partner's does not, its producer runs the partner's tile
+ * as a phantom: it copies nothing, and gives each stage back for its
+ * consumers (which have stopped) once the stage comes free. */
+/* Whether this launch's CTAs run in pairs. */
+template <int kOps, int kKind>
+__device__ __forceinline__ bool
+paired ()
+{
+  if constexpr (Pairable<kOps, kKind>::value)
+    return cluster_ctas () > 1;
+  else
+    return false;
+}
+
+/* Hands ring stage `stage` back to the producer, and with paired CTAs to
+ * the partner's too (which copies into this CTA's ring). */
+template <int kOps, int kKind>
+__device__ __forceinline__ void
+release_stage (uint64_t *empty, uint32_t stage)
+{
+  mbarrier_arrive (&empty[stage]);
+  if (paired<kOps, kKind> ())
+    mbarrier_arrive_cluster (&empty[stage], (blockIdx.x & 1) ^ 1);
+}
+
+/* Tile t if it lies below total (any t on the direct schedule). */
+template <int kOps, int kKind>
+__device__ __forceinline__ bool
+locate_listed (const GemmParams &p, uint32_t t, uint32_t total, Walk &walk, Tile &tile)
+{
+  return t < total && locate_tile<kOps, kKind> (p, t, walk, tile);
+}
+
+/* Paired CTAs: whether the partner's tile (t ^ 1) lies in the list, in
+ * the group of this CTA's tile t (just found: the walk stands there), and
+ * in its columns, so that the two need the same B tile. */
+template <int kOps, int kKind>
+__device__ __forceinline__ bool
+partner_shares_b (const GemmParams &p, uint32_t t, const Walk &walk, const Tile &tile)
+{
+  const uint32_t partner = t ^ 1;
+  const bool direct = is_direct<kOps, kKind> (p);
+  const uint32_t first = direct ? walk.tile_base : p.tile_begin[walk.group];
+  const uint32_t end = direct ? walk.tile_end : p.tile_begin[walk.group + 1];
+
+  if (partner < first || partner >= end)
+    return false;
+  return raster_column<kOps> (p, partner - first, (uint32_t) div_up (tile.rows, kBlockM)) == tile.n0;
+}
+
+/* The producer's tile t (below total, or any t on the direct schedule);
+ * false when there is none. On paired CTAs, also where t lies past the end
+ * and the partner's tile does not: that tile, as a phantom (Pairable),
+ * found by a walk from the first group (once a kernel, at its end);
+ * shares_b says whether the two CTAs' tiles need the same B tile. One walk
+ * inlined, one tile and no copy of the walk: the producer's registers
+ * spilled with two tiles. */
+template <int kOps, int kKind>
+__device__ __forceinline__ bool
+locate_produced (const GemmParams &p, uint32_t t, uint32_t total, bool pair, Walk &walk, Tile &tile,
+                 bool &shares_b, bool &phantom)
+{
+  uint32_t wanted = t;
+
+  for (;;)
+    {
+      if (locate_listed<kOps, kKind> (p, wanted, total, walk, tile))
+        break;
+      if (!pair || (t & 1) == 0 || wanted != t)
+        return false;
+      walk = Walk ();
+      wanted = t - 1;
+    }
+  phantom = wanted != t;
+  shares_b = pair && !phantom && is_direct<kOps, kKind> (p) && partner_shares_b<kOps, kKind> (p, t, walk, tile);
   return true;
 }
 
@@ -642,13 +771,28 @@ produce (const GemmParams &p, uint8_t *ring, float *scales, uint64_t *full, uint
   Walk walk;
   Tile tile;
 
+  /* Paired CTAs: this CTA's rank in its cluster, and the pair's. */
+  const bool pair = paired<kOps, kKind> ();
+  const uint32_t rank = blockIdx.x & 1;
+  constexpr uint16_t kBoth = 3;
+  bool shares_b = false, phantom = false;
+
+  /* (A phantom's t lies past the end only on the direct schedule, where
+   * total is no bound: the plan's never runs paired, pairs_pay().) */
   for (uint32_t t = blockIdx.x; t < total; t += gridDim.x)
     {
+      if constexpr (Pairable<kOps, kKind>::value)
+        {
+          if (!locate_produced<kOps, kKind> (p, t, total, pair, walk, tile, shares_b, phantom))
+            break;
+        }
+      else if (!locate_tile<kOps, kKind> (p, t, walk, tile))
+        {
+          break;
+        }
       const TensorMap *map_a, *map_b;
       int32_t a_row;
 
-      if (!locate_tile<kOps, kKind> (p, t, walk, tile))
-        break;
       if (direct)
         {
           /* The host's maps, never edited: no acquire. */
@@ -676,6 +820,18 @@ produce (const GemmParams &p, uint8_t *ring, float *scales, uint64_t *full, uint
           const int32_t k0 = (int32_t) kb * kBlockK;
 
           mbarrier_wait (&empty[stage], phase ^ 1);
+          if (phantom)
+            {
+              /* The consumers' arrivals, on this CTA's barrier and the
+               * partner's: once this CTA's has seen the partner's for the
+               * stage's last use, the partner's has seen those of the
+               * consumers here, so these count for its next. */
+              if (leader)
+                for (int c = 0; c < kConsumers; c++)
+                  release_stage<kOps, kKind> (empty, stage);
+              next_stage<kStages> (stage, phase);
+              continue;
+            }
           if (copies_tile_scales<kOps, kKind> (p) && leader)
             {
               /* The consumers would otherwise load them at the tile's
@@ -690,7 +846,8 @@ produce (const GemmParams &p, uint8_t *ring, float *scales, uint64_t *full, uint
                 }
               cp_async_arrive (&full[stage]);
             }
-          /* One lane issues the copies; the others only help locate tiles. */
+          /* One lane issues the copies; the others only help locate tiles.
+           * Shared or not, each CTA's stage takes all of A's and B's bytes. */
           if (leader)
             {
               mbarrier_arrive_expect_tx (&full[stage], kStageBytes);
@@ -704,8 +861,23 @@ produce (const GemmParams &p, uint8_t *ring, float *scales, uint64_t *full, uint
                 {
                   tma_load_2d (tile_a, map_a, &full[stage], k0, a_row);
                 }
-              /* B: the group's plane of the direct map, or its own map. */
-              if (kTransB)
+              /* B: the group's plane of the direct map, or its own map.
+               * Where the pair shares B's tile (the direct schedule),
+               * this CTA's half of it, into both CTAs' rings. */
+              if (shares_b)
+                {
+                  constexpr int kHalfChunks = kBlockN / kChunk / 2;
+
+                  if (kTransB)
+                    for (int c = (int) rank * kHalfChunks; c < ((int) rank + 1) * kHalfChunks; c++)
+                      tma_load_3d_multicast (tile_b + c * kChunkBytes, map_b, &full[stage],
+                                             (int32_t) tile.n0 + c * kChunk, k0, (int32_t) tile.group, kBoth);
+                  else
+                    tma_load_3d_multicast (tile_b + rank * (Cfg::kTileBBytes / 2), &p.b_half, &full[stage],
+                                           k0, (int32_t) tile.n0 + (int32_t) rank * (kBlockN / 2),
+                                           (int32_t) tile.group, kBoth);
+                }
+              else if (kTransB)
                 {
                   for (int c = 0; c < kBlockN / kChunk; c++)
                     if (direct)
@@ -1269,7 +1441,7 @@ pass_stages (uint64_t *full, uint64_t *empty, uint32_t k_blocks, uint32_t &stage
       if (leader)
         {
           mbarrier_wait (&full[stage], phase);
-          mbarrier_arrive (&empty[stage]);
+          release_stage<kOps, kKind> (empty, stage);
         }
       next_stage<Ring<kOps, kKind>::kStages> (stage, phase);
     }
@@ -1348,7 +1520,7 @@ promote_fp8_stage (float (&acc)[kN / 2], float (&part)[kN / 2], const StageScale
 {
   wgmma_fence_operand (part);
   if (threadIdx.x % 128 == 0)
-    mbarrier_arrive (&empty[stage]);
+    release_stage<kOps, kKind> (empty, stage);
   if constexpr (Config<kOps>::kBlockScaled)
     {
 #pragma unroll
@@ -1501,7 +1673,7 @@ tile_products (float (&acc)[kN / 2], uint64_t desc_a0, uint64_t desc_b0, ScaleBl
                   issue_stage (part, false, true);
                   wgmma_wait<1> ();
                   if (leader)
-                    mbarrier_arrive (&empty[issued]);
+                    release_stage<kOps, kKind> (empty, issued);
                   issued = stage;
                   next_stage<kStages> (stage, phase);
                   kb++;
@@ -1619,13 +1791,13 @@ tile_products (float (&acc)[kN / 2], uint64_t desc_a0, uint64_t desc_b0, ScaleBl
           /* The stage before this one is no longer read: give it back. */
           wgmma_wait<1> ();
           if (kb > 0 && leader)
-            mbarrier_arrive (&empty[held]);
+            release_stage<kOps, kKind> (empty, held);
           held = stage;
           next_stage<kStages> (stage, phase);
         }
       wgmma_wait<0> ();
       if (k_blocks > 0 && leader)
-        mbarrier_arrive (&empty[held]);
+        release_stage<kOps, kKind> (empty, held);
     }
 }
 
@@ -1849,7 +2021,7 @@ gemm_kernel (const __grid_constant__ GemmParams p)
       for (int s = 0; s < kStages; s++)
         {
           mbarrier_init (&full[s], copies_tile_scales<kOps, kKind> (p) ? 2 : 1);
-          mbarrier_init (&empty[s], kConsumers);
+          mbarrier_init (&empty[s], kConsumers * (paired<kOps, kKind> () ? 2 : 1));
         }
       for (int b = 0; b < Cfg::kScaleBufs; b++)
         {
@@ -1858,7 +2030,12 @@ gemm_kernel (const __grid_constant__ GemmParams p)
         }
       mbarrier_init_fence ();
     }
-  __syncthreads ();
+  /* Paired CTAs: the partner's barriers are ready before anything of
+   * this CTA's reaches them. */
+  if (paired<kOps, kKind> ())
+    cluster_sync ();
+  else
+    __syncthreads ();
   /* Launched as a programmatic dependent (of the plan, or on the direct
    * schedule of whatever came before): what it wrote is read from here on. */
   grid_dependency_wait ();
@@ -1867,7 +2044,7 @@ gemm_kernel (const __grid_constant__ GemmParams p)
     {
       const int warp = threadIdx.x / 32;
 
-      registers_decrease<Cfg::kProducerRegs> ();
+      registers_decrease<Ring<kOps, kKind>::kProducerRegs> ();
       if (warp == 0)
         {
           produce<kOps, kKind> (p, ring, scales, full, empty);
@@ -1880,10 +2057,14 @@ gemm_kernel (const __grid_constant__ GemmParams p)
     }
   else
     {
-      registers_increase<Cfg::kConsumerRegs> ();
+      registers_increase<Ring<kOps, kKind>::kConsumerRegs> ();
       consume<kOps, kKind> (p, ring, scales, sb, full, empty,
                             staging + (warpgroup - 1) * (kEpilogueBytes / 4), warpgroup - 1);
     }
+  /* Paired CTAs: neither leaves while the other's consumers may still
+   * give stages back to it. */
+  if (paired<kOps, kKind> ())
+    cluster_sync ();
 }
 
 }  // namespace sm90
@@ -1899,6 +2080,43 @@ namespace sm90 {
 template <int kOps, int kKind>
 GmlpKernelStatus launch_gemm (const GemmParams &params, int n_sms, cudaStream_t stream);
 
+/* Whether gemm_kernel<kOps, kKind> can run in clusters of two CTAs
+ * (Pairable): an even n_sms, and that many CTAs fitting at once in pairs
+ * (on the H200, 66 pairs on its 132 SMs). The count of pairs that fit is
+ * asked once per instance and device. */
+template <int kOps, int kKind>
+bool
+pairs_fit (int n_sms)
+{
+  static std::atomic<int> asked_device (-1), pairs (0);
+  cudaLaunchConfig_t config = {};
+  cudaLaunchAttribute attribute;
+  int device, fit = 0;
+
+  if (!Pairable<kOps, kKind>::value || n_sms % 2 != 0 || cudaGetDevice (&device) != cudaSuccess)
+    return false;
+  if (asked_device.load () != device)
+    {
+      attribute.id = cudaLaunchAttributeClusterDimension;
+      attribute.val.clusterDim.x = 2;
+      attribute.val.clusterDim.y = 1;
+      attribute.val.clusterDim.z = 1;
+      config.gridDim = dim3 (n_sms);
+      config.blockDim = dim3 (kThreads);
+      config.dynamicSmemBytes = Ring<kOps, kKind>::kSmemBytes;
+      config.attrs = &attribute;
+      config.numAttrs = 1;
+      if (cudaOccupancyMaxActiveClusters (&fit, gemm_kernel<kOps, kKind>, &config) != cudaSuccess)
+        {
+          (void) cudaGetLastError ();
+          fit = 0;
+        }
+      pairs.store (fit);
+      asked_device.store (device);
+    }
+  return 2 * pairs.load () >= n_sms;
+}
+
 #define GMLP_SM90_DEFINE_LAUNCH(kOpsArg, kKindArg)                                  \
   template <>                                                                       \
   GmlpKernelStatus                                                                  \
@@ -1906,7 +2124,7 @@ GmlpKernelStatus launch_gemm (const GemmParams &params, int n_sms, cudaStream_t 
                                   cudaStream_t stream)                              \
   {                                                                                 \
     cudaLaunchConfig_t config = {};                                                 \
-    cudaLaunchAttribute attribute;                                                  \
+    cudaLaunchAttribute attributes[2];                                              \
     cudaError_t err;                                                                \
                                                                                     \
     /* Set on every call: the attribute belongs to the current device. */           \
@@ -1917,14 +2135,22 @@ GmlpKernelStatus launch_gemm (const GemmParams &params, int n_sms, cudaStream_t 
       return record_cuda_error (err);                                               \
     /* A dependent of the plan (programmatic stream serialization): its CTAs     \
      * set up while the plan runs. */                                               \
-    attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;              \
-    attribute.val.programmaticStreamSerializationAllowed = 1;                       \
+    attributes[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;          \
+    attributes[0].val.programmaticStreamSerializationAllowed = 1;                   \
+    config.numAttrs = 1;                                                            \
+    if (params.pairs && pairs_fit<kOpsArg, kKindArg> (n_sms))                       \
+      {                                                                             \
+        attributes[1].id = cudaLaunchAttributeClusterDimension;                     \
+        attributes[1].val.clusterDim.x = 2;                                         \
+        attributes[1].val.clusterDim.y = 1;                                         \
+        attributes[1].val.clusterDim.z = 1;                                         \
+        config.numAttrs = 2;                                                        \
+      }                                                                             \
     config.gridDim = dim3 (n_sms);                                                  \
     config.blockDim = dim3 (kThreads);                                              \
     config.dynamicSmemBytes = Ring<kOpsArg, kKindArg>::kSmemBytes;                  \
     config.stream = stream;                                                         \
-    config.attrs = &attribute;                                                      \
-    config.numAttrs = 1;                                                            \
+    config.attrs = attributes;                                                      \
     err = cudaLaunchKernelEx (&config, gemm_kernel<kOpsArg, kKindArg>, params);      \
     if (err != cudaSuccess)                                                         \
       return record_cuda_error (err);                                               \

@@ -142,6 +142,48 @@ mbarrier_arrive (uint64_t *bar)
 #endif
 }
 
+/* Clusters ------------------------------------------------------------------ */
+
+/* The CTAs of the calling CTA's cluster (1 where it was launched without
+ * one). Not volatile: the same for the whole kernel. */
+__device__ __forceinline__ uint32_t
+cluster_ctas ()
+{
+  uint32_t n = 1;
+#if GMLP_SM90_ENABLED
+  asm ("mov.u32 %0, %%cluster_nctarank;" : "=r" (n));
+#endif
+  return n;
+}
+
+/* An arrival on the barrier at bar's offset in the shared memory of CTA
+ * `rank` of the cluster. Released at CTA scope, as a local arrival is: the
+ * reads it vouches for are wgmma's, done once waited for, and a release
+ * at cluster scope fences every memory access of the thread before it. */
+__device__ __forceinline__ void
+mbarrier_arrive_cluster (uint64_t *bar, uint32_t rank)
+{
+#if GMLP_SM90_ENABLED
+  asm volatile ("{\n"
+                "  .reg .b32 remote;\n"
+                "  mapa.shared::cluster.u32 remote, %0, %1;\n"
+                "  mbarrier.arrive.shared::cluster.b64 _, [remote];\n"
+                "}"
+                :: "r" (smem_address (bar)), "r" (rank) : "memory");
+#endif
+}
+
+/* Every thread of the cluster's CTAs meets here; what each wrote before
+ * (shared memory, barriers' initialisation) is seen by all after. */
+__device__ __forceinline__ void
+cluster_sync ()
+{
+#if GMLP_SM90_ENABLED
+  asm volatile ("barrier.cluster.arrive.release;\n"
+                "barrier.cluster.wait.acquire;" ::: "memory");
+#endif
+}
+
 /* An arrival on bar once the calling thread's cp.async copies so far have
  * landed; it counts as one of the arrivals bar was initialised with
  * (.noinc). */
@@ -263,6 +305,35 @@ tma_load_3d (void *dst, const TensorMap *map, uint64_t *bar, int32_t inner, int3
   asm volatile ("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
                 " [%0], [%1, {%3, %4, %5}], [%2];"
                 :: "r" (smem_address (dst)), "l" (map), "r" (smem_address (bar)),
+                   "r" (inner), "r" (outer), "r" (plane)
+                : "memory");
+#endif
+}
+
+/* tma_load_2d() and tma_load_3d() into the same offset of the shared
+ * memory of each CTA of the cluster in `ctas` (a bit per rank), each
+ * CTA's barrier at bar's offset taking the box's bytes. */
+__device__ __forceinline__ void
+tma_load_2d_multicast (void *dst, const TensorMap *map, uint64_t *bar, int32_t inner, int32_t outer,
+                       uint16_t ctas)
+{
+#if GMLP_SM90_ENABLED
+  asm volatile ("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+                " [%0], [%1, {%4, %5}], [%2], %3;"
+                :: "r" (smem_address (dst)), "l" (map), "r" (smem_address (bar)), "h" (ctas),
+                   "r" (inner), "r" (outer)
+                : "memory");
+#endif
+}
+
+__device__ __forceinline__ void
+tma_load_3d_multicast (void *dst, const TensorMap *map, uint64_t *bar, int32_t inner, int32_t outer,
+                       int32_t plane, uint16_t ctas)
+{
+#if GMLP_SM90_ENABLED
+  asm volatile ("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+                " [%0], [%1, {%4, %5, %6}], [%2], %3;"
+                :: "r" (smem_address (dst)), "l" (map), "r" (smem_address (bar)), "h" (ctas),
                    "r" (inner), "r" (outer), "r" (plane)
                 : "memory");
 #endif
