@@ -10,7 +10,7 @@
 #               test-graph test-quantizer test-grouped-linear-fp8 \
 #               test-grouped-mlp-fp8 test-grouped-linear-portable \
 #               test-grouped-linear-host-sm90 test-grouped-linear-fp8-forced \
-#               test-grouped-linear-sm90-plan test-grouped-linear-sm90-paired
+#               test-grouped-linear-sm90-plan
 #   GPU host: scripts/dev/prebuilt-suite.sh   (logs in $OUT, or /tmp)
 #
 # Prints one line per run and exits non-zero if any test failed.
@@ -54,9 +54,7 @@ for tiles in 128 192; do
   run grouped-linear-fp8-sm90-tiles$tiles GMLP_CUDA_HOST_GEMM=sm90 GMLP_SM90_FP8_TILES=$tiles \
     "$tests/test-grouped-linear-fp8-forced"
 done
-run grouped-linear-sm90-paired GMLP_CUDA_HOST_GEMM=sm90 GMLP_SM90_PAIRS=1 \
-  "$tests/test-grouped-linear-sm90-paired"
-run grouped-linear-fp8-sm90-paired GMLP_CUDA_HOST_GEMM=sm90 GMLP_SM90_PAIRS=1 \
+run grouped-linear-fp8-sm90-paired GMLP_CUDA_HOST_GEMM=sm90 GMLP_SM90_FP8_TILES=192 GMLP_SM90_PAIRS=1 \
   "$tests/test-grouped-linear-fp8-forced"
 run grouped-linear-fp8-portable GMLP_CUDA_DEVICE_GEMM=portable "$tests/test-grouped-linear-fp8-forced" \
   -p /Gmlp/GroupedLinear/fp8/device-sizes
