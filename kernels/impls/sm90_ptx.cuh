@@ -310,22 +310,9 @@ tma_load_3d (void *dst, const TensorMap *map, uint64_t *bar, int32_t inner, int3
 #endif
 }
 
-/* tma_load_2d() and tma_load_3d() into the same offset of the shared
- * memory of each CTA of the cluster in `ctas` (a bit per rank), each
- * CTA's barrier at bar's offset taking the box's bytes. */
-__device__ __forceinline__ void
-tma_load_2d_multicast (void *dst, const TensorMap *map, uint64_t *bar, int32_t inner, int32_t outer,
-                       uint16_t ctas)
-{
-#if GMLP_SM90_ENABLED
-  asm volatile ("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
-                " [%0], [%1, {%4, %5}], [%2], %3;"
-                :: "r" (smem_address (dst)), "l" (map), "r" (smem_address (bar)), "h" (ctas),
-                   "r" (inner), "r" (outer)
-                : "memory");
-#endif
-}
-
+/* tma_load_3d() into the same offset of the shared memory of each CTA of
+ * the cluster in `ctas` (a bit per rank), each CTA's barrier at bar's
+ * offset taking the box's bytes. */
 __device__ __forceinline__ void
 tma_load_3d_multicast (void *dst, const TensorMap *map, uint64_t *bar, int32_t inner, int32_t outer,
                        int32_t plane, uint16_t ctas)
