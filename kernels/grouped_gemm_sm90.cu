@@ -860,8 +860,7 @@ pairs_pay (const GmlpKernelDeviceGemm *g, int block_n, int n_sms)
   const Extents e = extents_of (g);
   const int64_t tiles = div_up (g->row_capacity, (int64_t) kBlockM) * div_up (e.out_cols, (int64_t) block_n);
 
-  if (off || g->kind == GMLP_KERNEL_GEMM_WGRAD || !ops_wide (operands_of (g)) ||
-      ops_block_scaled (operands_of (g)))
+  if (off || !pairable (operands_of (g), g->kind))
     return false;
   return forced || (tiles >= kPairedTilesPerSm * n_sms &&
                     div_up (e.reduction, (int64_t) Config<kOpsE4m3E4m3Wide>::kBlockK) >= kPairedStages);
@@ -1158,7 +1157,6 @@ gmlp_kernel_device_gemm_sm90 (const GmlpKernelDeviceGemm *gemm,
   params.reduction = e.reduction;
   params.c_dtype = gemm->c_dtype;
   params.short_tiles = short_tiles_on (fp8, e.reduction);
-
   params.a_scales = gemm->a_scales;
   params.b_scales = gemm->b_scales;
   params.pairs = pairs_pay (gemm, block_n, n_sms);

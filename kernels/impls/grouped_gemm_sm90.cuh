@@ -192,17 +192,24 @@ struct Config
   static_assert (smem_bytes (kStages) <= 227 * 1024, "the kernel needs more shared memory than an SM has");
 };
 
-/* Whether an instance's CTAs can run in pairs (see pairs_pay() and
- * "Clusters of two CTAs" below): per-tensor FP8 on the wide tiles, FPROP
- * (FP8 DGRAD runs it too). WGRAD reduces over each group's rows, which
+/* Whether an instance's CTAs can run in pairs, and whether a product's can
+ * (the host asks too, pairs_pay(); see "Clusters of two CTAs" below):
+ * per-tensor FP8 on the wide tiles, FPROP and DGRAD (FP8 DGRAD runs the
+ * FPROP instance). WGRAD reduces over each group's rows, which
  * would put paired CTAs' rings out of step; the 16-bit and narrow FP8
  * instances gained nothing paired on the H200, and keep the producer's 40
  * registers (the pairing code needs 56, which cost small-e64's narrow
  * consumers 6% in 224). */
+constexpr bool
+pairable (int ops, int kind)
+{
+  return kind != GMLP_KERNEL_GEMM_WGRAD && ops_wide (ops) && !ops_block_scaled (ops);
+}
+
 template <int kOps, int kKind>
 struct Pairable
 {
-  static constexpr bool value = kKind == GMLP_KERNEL_GEMM_FPROP && Config<kOps>::kWide && !Config<kOps>::kBlockScaled;
+  static constexpr bool value = pairable (kOps, kKind);
 };
 
 /* The ring of an instance: its operand type's (Config), but the wide FP8
@@ -501,19 +508,6 @@ locate_direct (const GemmParams &p, uint32_t t, Walk &walk, Tile &tile)
     }
 }
 
-/* The first column of the tile with index local in a group of tiles_m
- * row tiles, on place_tile()'s raster. */
-template <int kOps>
-__device__ __forceinline__ int32_t
-raster_column (const GemmParams &p, uint32_t local, uint32_t tiles_m)
-{
-  const uint32_t panel_tiles = kPanelTiles * p.tiles_n;
-  const uint32_t panel = local / panel_tiles;
-  const uint32_t panel_rows = min (kPanelTiles, tiles_m - panel * kPanelTiles);
-
-  return (int32_t) ((local % panel_tiles) / panel_rows * Config<kOps>::kBlockN);
-}
-
 /* Fills in the coordinates of the tile with index local in its group
  * (tile.group and tile.rows known). */
 template <int kOps, int kKind>
@@ -634,21 +628,21 @@ locate_listed (const GemmParams &p, uint32_t t, uint32_t total, Walk &walk, Tile
   return t < total && locate_tile<kOps, kKind> (p, t, walk, tile);
 }
 
-/* Paired CTAs: whether the partner's tile (t ^ 1) lies in the list, in
- * the group of this CTA's tile t (just found: the walk stands there), and
- * in its columns, so that the two need the same B tile. */
+/* Paired CTAs on the direct schedule: whether the partner's tile (t ^ 1)
+ * lies in the group of this CTA's tile t (just found: the walk stands
+ * there, tile_base to tile_end) and in its columns, so that the two need
+ * the same B tile. */
 template <int kOps, int kKind>
 __device__ __forceinline__ bool
 partner_shares_b (const GemmParams &p, uint32_t t, const Walk &walk, const Tile &tile)
 {
   const uint32_t partner = t ^ 1;
-  const bool direct = is_direct<kOps, kKind> (p);
-  const uint32_t first = direct ? walk.tile_base : p.tile_begin[walk.group];
-  const uint32_t end = direct ? walk.tile_end : p.tile_begin[walk.group + 1];
+  Tile other = tile;
 
-  if (partner < first || partner >= end)
+  if (partner < walk.tile_base || partner >= walk.tile_end)
     return false;
-  return raster_column<kOps> (p, partner - first, (uint32_t) div_up (tile.rows, kBlockM)) == tile.n0;
+  place_tile<kOps, kKind> (p, partner - walk.tile_base, other);
+  return other.n0 == tile.n0;
 }
 
 /* The producer's tile t (below total, or any t on the direct schedule);
@@ -2080,6 +2074,19 @@ namespace sm90 {
 template <int kOps, int kKind>
 GmlpKernelStatus launch_gemm (const GemmParams &params, int n_sms, cudaStream_t stream);
 
+/* The launch attribute of clusters of two CTAs along x (paired CTAs). */
+inline cudaLaunchAttribute
+pair_clusters ()
+{
+  cudaLaunchAttribute attribute;
+
+  attribute.id = cudaLaunchAttributeClusterDimension;
+  attribute.val.clusterDim.x = 2;
+  attribute.val.clusterDim.y = 1;
+  attribute.val.clusterDim.z = 1;
+  return attribute;
+}
+
 /* Whether gemm_kernel<kOps, kKind> can run in clusters of two CTAs
  * (Pairable): an even n_sms, and that many CTAs fitting at once in pairs
  * (on the H200, 66 pairs on its 132 SMs). The count of pairs that fit is
@@ -2090,17 +2097,13 @@ pairs_fit (int n_sms)
 {
   static std::atomic<int> asked_device (-1), pairs (0);
   cudaLaunchConfig_t config = {};
-  cudaLaunchAttribute attribute;
+  cudaLaunchAttribute attribute = pair_clusters ();
   int device, fit = 0;
 
   if (!Pairable<kOps, kKind>::value || n_sms % 2 != 0 || cudaGetDevice (&device) != cudaSuccess)
     return false;
   if (asked_device.load () != device)
     {
-      attribute.id = cudaLaunchAttributeClusterDimension;
-      attribute.val.clusterDim.x = 2;
-      attribute.val.clusterDim.y = 1;
-      attribute.val.clusterDim.z = 1;
       config.gridDim = dim3 (n_sms);
       config.blockDim = dim3 (kThreads);
       config.dynamicSmemBytes = Ring<kOps, kKind>::kSmemBytes;
@@ -2140,10 +2143,7 @@ pairs_fit (int n_sms)
     config.numAttrs = 1;                                                            \
     if (params.pairs && pairs_fit<kOpsArg, kKindArg> (n_sms))                       \
       {                                                                             \
-        attributes[1].id = cudaLaunchAttributeClusterDimension;                     \
-        attributes[1].val.clusterDim.x = 2;                                         \
-        attributes[1].val.clusterDim.y = 1;                                         \
-        attributes[1].val.clusterDim.z = 1;                                         \
+        attributes[1] = pair_clusters ();                                           \
         config.numAttrs = 2;                                                        \
       }                                                                             \
     config.gridDim = dim3 (n_sms);                                                  \
