@@ -852,18 +852,48 @@ constexpr double kBlockwiseDirectMaxMacs = 0x1p34;
 constexpr int64_t kPairedTilesPerSm = 8;
 constexpr int64_t kPairedStages = 32;
 
+/* Whether an FPROP or DGRAD has at least kPairedTilesPerSm output tiles
+ * an SM at the capacity's rows (as many as the sizes can make, where every
+ * group's rows fill whole tiles) and kPairedStages stages of reduction. */
+bool
+long_product (const GmlpKernelDeviceGemm *g, int block_n, int n_sms)
+{
+  const Extents e = extents_of (g);
+  const int64_t tiles = div_up (g->row_capacity, (int64_t) kBlockM) * div_up (e.out_cols, (int64_t) block_n);
+  const int block_k = gmlp_num_dtype_is_fp8 (g->ab_dtype) ? Config<kOpsE4m3E4m3>::kBlockK : Config<kOpsBf16>::kBlockK;
+
+  return tiles >= kPairedTilesPerSm * n_sms && div_up (e.reduction, (int64_t) block_k) >= kPairedStages;
+}
+
 bool
 pairs_pay (const GmlpKernelDeviceGemm *g, int block_n, int n_sms)
 {
   static const bool off = env_equals ("GMLP_SM90_PAIRS", "0");
   static const bool forced = env_equals ("GMLP_SM90_PAIRS", "1");
-  const Extents e = extents_of (g);
-  const int64_t tiles = div_up (g->row_capacity, (int64_t) kBlockM) * div_up (e.out_cols, (int64_t) block_n);
 
   if (off || !pairable (operands_of (g), g->kind))
     return false;
-  return forced || (tiles >= kPairedTilesPerSm * n_sms &&
-                    div_up (e.reduction, (int64_t) Config<kOpsE4m3E4m3Wide>::kBlockK) >= kPairedStages);
+  return forced || long_product (g, block_n, n_sms);
+}
+
+/* Whether the kernel runs on as few CTAs as keep its waves
+ * (working_ctas()), where its instance can (even_waves_capable()): the
+ * long products, as for paired CTAs. On the H200, against the whole grid
+ * (docs/performance.md): dsv3-fc1's fprop (21.3 waves of 132) +1.5-2% in
+ * per-tensor FP8 and up to 2% in BF16; small products, bound by latency
+ * and bandwidth, which fewer SMs have less of, lost 2-4% (small-e64, 2-4
+ * tiles an SM), and dsv3-fc1's FP8 dgrad (16 stages) read 2-4% lower,
+ * within its spread. GMLP_SM90_EVEN_WAVES=0 or =1 for none or all that
+ * can. */
+bool
+even_waves (const GmlpKernelDeviceGemm *g, int block_n, int n_sms)
+{
+  static const bool off = env_equals ("GMLP_SM90_EVEN_WAVES", "0");
+  static const bool forced = env_equals ("GMLP_SM90_EVEN_WAVES", "1");
+
+  if (off || !even_waves_capable (operands_of (g), g->kind))
+    return false;
+  return forced || long_product (g, block_n, n_sms);
 }
 
 /* Fills in the direct schedule (DirectSchedule) where it takes the call:
@@ -1160,6 +1190,7 @@ gmlp_kernel_device_gemm_sm90 (const GmlpKernelDeviceGemm *gemm,
   params.a_scales = gemm->a_scales;
   params.b_scales = gemm->b_scales;
   params.pairs = pairs_pay (gemm, block_n, n_sms);
+  params.even_waves = even_waves (gemm, block_n, n_sms);
   if (direct_schedule (gemm, &params.direct, params.pairs ? &params.b_half : nullptr))
     {
       params.use_direct = 1;

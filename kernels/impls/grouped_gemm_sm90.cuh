@@ -303,6 +303,8 @@ struct GemmParams
    * the instances that never pair, stay as they were.) */
   uint32_t         pairs;
   TensorMap        b_half;
+  /* Whether as few CTAs take tiles as keep the waves (working_ctas()). */
+  uint32_t         even_waves;
 };
 
 /* The tile schedule both roles follow: tile t of the whole list, found in
@@ -491,7 +493,9 @@ locate_direct (const GemmParams &p, uint32_t t, Walk &walk, Tile &tile)
 
         if (walk.group + passed >= p.n_groups)
           {
+            /* (count_tiles() reads the tiles of every group here.) */
             walk.group = p.n_groups;
+            walk.tile_base = first_tile;
             return false;
           }
         walk.group += passed;
@@ -584,6 +588,21 @@ locate_tile (const GemmParams &p, uint32_t t, Walk &walk, Tile &tile)
   return true;
 }
 
+/* The tiles of the whole list: the plan's count, or on the direct
+ * schedule a walk past every group. */
+template <int kOps, int kKind>
+__device__ __forceinline__ uint32_t
+count_tiles (const GemmParams &p)
+{
+  Walk walk;
+  Tile tile;
+
+  if (!is_direct<kOps, kKind> (p))
+    return p.tile_begin[p.n_groups];
+  (void) locate_direct (p, UINT32_MAX, walk, tile);
+  return walk.tile_base;
+}
+
 /* Clusters of two CTAs (per-tensor FP8 FPROP and DGRAD on the wide tiles
  * and the direct schedule, where the host launches them so: Pairable,
  * pairs_pay(), pairs_fit()). CTA b and its partner b ^ 1 take tiles t and
@@ -607,6 +626,74 @@ paired ()
     return cluster_ctas () > 1;
   else
     return false;
+}
+
+/* Whether an instance can run on fewer CTAs than its grid (the host asks
+ * too, even_waves()): FPROP and DGRAD, whose tiles all reduce over the
+ * same depth (a WGRAD tile's is its group's rows), but not blockwise FP8,
+ * whose wide FPROP lost 2% to the count and the stride's register alone
+ * (dsv3-fc1 on the H200, even waves off). */
+constexpr bool
+even_waves_capable (int ops, int kind)
+{
+  return kind != GMLP_KERNEL_GEMM_WGRAD && !ops_block_scaled (ops);
+}
+
+template <int kOps, int kKind>
+struct EvenWavesCapable
+{
+  static constexpr bool value = even_waves_capable (kOps, kKind);
+};
+
+/* The CTAs that take tiles, the first of the grid, each taking every
+ * working_ctas()-th tile from its own: with even_waves, as few as still
+ * run the list in as many waves as the whole grid (ceil(total / grid)),
+ * an even count where CTAs run in pairs. The SMs left out idle through
+ * the kernel rather than the last wave of SMs working alone, and those
+ * that work run the same tiles each: on the H200 at its power limit,
+ * dsv3-fc1's FP8 fprop (2816 tiles: 22 waves of 128, 21.3 of 132) ran 2%
+ * faster on 128 CTAs. */
+template <int kOps, int kKind>
+__device__ __forceinline__ uint32_t
+working_ctas (const GemmParams &p)
+{
+  uint32_t total, waves, ctas;
+
+  if (!EvenWavesCapable<kOps, kKind>::value || !p.even_waves)
+    return gridDim.x;
+  total = count_tiles<kOps, kKind> (p);
+  waves = (uint32_t) div_up (total, gridDim.x);
+  if (waves == 0)
+    return gridDim.x;
+  ctas = (uint32_t) div_up (total, waves);
+  if (paired<kOps, kKind> ())
+    ctas += ctas & 1;
+  return min (ctas, gridDim.x);
+}
+
+/* A CTA's first tile: its index among the working CTAs, or for those
+ * past them none (an index no list reaches, as UINT32_MAX). */
+template <int kOps, int kKind>
+__device__ __forceinline__ uint32_t
+first_tile (uint32_t ctas)
+{
+  if constexpr (EvenWavesCapable<kOps, kKind>::value)
+    return blockIdx.x < ctas ? blockIdx.x : UINT32_MAX;
+  else
+    return blockIdx.x;
+}
+
+/* The step from one of a CTA's tiles to its next: working_ctas(), or the
+ * grid where an instance always runs on all of it (its code as before: the
+ * grid's size is read where it is used, and holds no register). */
+template <int kOps, int kKind>
+__device__ __forceinline__ uint32_t
+tile_step (uint32_t ctas)
+{
+  if constexpr (EvenWavesCapable<kOps, kKind>::value)
+    return ctas;
+  else
+    return gridDim.x;
 }
 
 /* Hands ring stage `stage` back to the producer, and with paired CTAs to
@@ -749,7 +836,7 @@ next_stage (uint32_t &stage, uint32_t &phase)
 
 template <int kOps, int kKind>
 __device__ __forceinline__ void
-produce (const GemmParams &p, uint8_t *ring, float *scales, uint64_t *full, uint64_t *empty)
+produce (const GemmParams &p, uint32_t ctas, uint8_t *ring, float *scales, uint64_t *full, uint64_t *empty)
 {
   using Cfg = Config<kOps>;
   constexpr bool kTransA = Layout<kOps, kKind>::kTransA;
@@ -773,7 +860,7 @@ produce (const GemmParams &p, uint8_t *ring, float *scales, uint64_t *full, uint
 
   /* (A phantom's t lies past the end only on the direct schedule, where
    * total is no bound: the plan's never runs paired, pairs_pay().) */
-  for (uint32_t t = blockIdx.x; t < total; t += gridDim.x)
+  for (uint32_t t = first_tile<kOps, kKind> (ctas); t < total; t += tile_step<kOps, kKind> (ctas))
     {
       if constexpr (Pairable<kOps, kKind>::value)
         {
@@ -908,7 +995,7 @@ produce (const GemmParams &p, uint8_t *ring, float *scales, uint64_t *full, uint
  * asynchronous (cp.async): their latency is not the warp's to wait out. */
 template <int kOps, int kKind>
 __device__ __forceinline__ void
-produce_scales (const GemmParams &p, ScaleBlocks &sb, int share)
+produce_scales (const GemmParams &p, uint32_t ctas, ScaleBlocks &sb, int share)
 {
   using Cfg = Config<kOps>;
   constexpr bool kWgrad = kKind == GMLP_KERNEL_GEMM_WGRAD;
@@ -927,7 +1014,7 @@ produce_scales (const GemmParams &p, ScaleBlocks &sb, int share)
   MemberWalk members;
   Tile tile;
 
-  for (uint32_t t = blockIdx.x; t < total; t += gridDim.x)
+  for (uint32_t t = first_tile<kOps, kKind> (ctas); t < total; t += tile_step<kOps, kKind> (ctas))
     {
       if (!locate_tile<kOps, kKind> (p, t, walk, tile))
         break;
@@ -1797,8 +1884,8 @@ tile_products (float (&acc)[kN / 2], uint64_t desc_a0, uint64_t desc_b0, ScaleBl
 
 template <int kOps, int kKind>
 __device__ __forceinline__ void
-consume (const GemmParams &p, uint8_t *ring, const float *scales, ScaleBlocks &sb, uint64_t *full,
-         uint64_t *empty, float *staging, int half)
+consume (const GemmParams &p, uint32_t ctas, uint8_t *ring, const float *scales, ScaleBlocks &sb,
+         uint64_t *full, uint64_t *empty, float *staging, int half)
 {
   using Cfg = Config<kOps>;
   constexpr bool kTransA = Layout<kOps, kKind>::kTransA;
@@ -1828,8 +1915,8 @@ consume (const GemmParams &p, uint8_t *ring, const float *scales, ScaleBlocks &s
    * run (its reads are off the critical path then); the direct one finds
    * each tile at its start: its walk, beside the FP8 consumer's three sets
    * of sums, would spill, and its reads of the sizes hit in L1. */
-  bool have_next = !direct && blockIdx.x < total &&
-                   locate_planned<kOps, kKind> (p, blockIdx.x, walk, next);
+  bool have_next = !direct && first_tile<kOps, kKind> (ctas) < total &&
+                   locate_planned<kOps, kKind> (p, first_tile<kOps, kKind> (ctas), walk, next);
   GroupWork next_work = {};
   /* With the next tile, its GroupWork and its C map's acquire: at the
    * tile's start the warp waited there for them. */
@@ -1846,8 +1933,8 @@ consume (const GemmParams &p, uint8_t *ring, const float *scales, ScaleBlocks &s
   {
     if (!direct)
       {
-        have_next = t + gridDim.x < total &&
-                    locate_planned<kOps, kKind> (p, t + gridDim.x, walk, next);
+        have_next = t + tile_step<kOps, kKind> (ctas) < total &&
+                    locate_planned<kOps, kKind> (p, t + tile_step<kOps, kKind> (ctas), walk, next);
         if (have_next)
           prepare_next ();
       }
@@ -1856,7 +1943,7 @@ consume (const GemmParams &p, uint8_t *ring, const float *scales, ScaleBlocks &s
   if (have_next)
     prepare_next ();
 
-  for (uint32_t t = blockIdx.x;; t += gridDim.x)
+  for (uint32_t t = first_tile<kOps, kKind> (ctas);; t += tile_step<kOps, kKind> (ctas))
     {
       if (direct)
         {
@@ -2033,6 +2120,8 @@ gemm_kernel (const __grid_constant__ GemmParams p)
   /* Launched as a programmatic dependent (of the plan, or on the direct
    * schedule of whatever came before): what it wrote is read from here on. */
   grid_dependency_wait ();
+  /* (Each warp counts for itself: the sizes are read-only, and hit in L1.) */
+  const uint32_t ctas = working_ctas<kOps, kKind> (p);
 
   if (warpgroup == 0)
     {
@@ -2041,18 +2130,18 @@ gemm_kernel (const __grid_constant__ GemmParams p)
       registers_decrease<Ring<kOps, kKind>::kProducerRegs> ();
       if (warp == 0)
         {
-          produce<kOps, kKind> (p, ring, scales, full, empty);
+          produce<kOps, kKind> (p, ctas, ring, scales, full, empty);
         }
       else if constexpr (Cfg::kBlockScaled)
         {
           if (warp <= kScaleWarps)
-            produce_scales<kOps, kKind> (p, sb, warp - 1);
+            produce_scales<kOps, kKind> (p, ctas, sb, warp - 1);
         }
     }
   else
     {
       registers_increase<Ring<kOps, kKind>::kConsumerRegs> ();
-      consume<kOps, kKind> (p, ring, scales, sb, full, empty,
+      consume<kOps, kKind> (p, ctas, ring, scales, sb, full, empty,
                             staging + (warpgroup - 1) * (kEpilogueBytes / 4), warpgroup - 1);
     }
   /* Paired CTAs: neither leaves while the other's consumers may still
