@@ -778,6 +778,13 @@ block_n_of (const GmlpKernelDeviceGemm *g)
   return ops_wide (ops) ? Config<kOpsE4m3E4m3Wide>::kBlockN : Config<kOpsE4m3E4m3>::kBlockN;
 }
 
+/* The reduction elements of a stage (every FP8 instance's are the same). */
+int
+block_k_of (const GmlpKernelDeviceGemm *g)
+{
+  return gmlp_num_dtype_is_fp8 (g->ab_dtype) ? Config<kOpsE4m3E4m3>::kBlockK : Config<kOpsBf16>::kBlockK;
+}
+
 /* How FPROP and DGRAD read each group's B matrix (the weight): W_i (n × k)
  * K-major in block_n-row boxes for FPROP, in MN-major chunks of 64 rows
  * for 16-bit DGRAD; FP8 DGRAD's Wᵀ_i (k × n), K-major. */
@@ -860,9 +867,8 @@ long_product (const GmlpKernelDeviceGemm *g, int block_n, int n_sms)
 {
   const Extents e = extents_of (g);
   const int64_t tiles = div_up (g->row_capacity, (int64_t) kBlockM) * div_up (e.out_cols, (int64_t) block_n);
-  const int block_k = gmlp_num_dtype_is_fp8 (g->ab_dtype) ? Config<kOpsE4m3E4m3>::kBlockK : Config<kOpsBf16>::kBlockK;
 
-  return tiles >= kPairedTilesPerSm * n_sms && div_up (e.reduction, (int64_t) block_k) >= kPairedStages;
+  return tiles >= kPairedTilesPerSm * n_sms && div_up (e.reduction, (int64_t) block_k_of (g)) >= kPairedStages;
 }
 
 bool
@@ -1162,7 +1168,7 @@ gmlp_kernel_device_gemm_sm90 (const GmlpKernelDeviceGemm *gemm,
   /* B's dtype: its own for FP8, A's otherwise. */
   const int b_dtype = fp8 ? gemm->b_dtype : gemm != nullptr ? gemm->ab_dtype : 0;
   const int block_n = gemm != nullptr ? block_n_of (gemm) : 0;
-  const int block_k = fp8 ? Config<kOpsE4m3E4m3>::kBlockK : Config<kOpsBf16>::kBlockK;
+  const int block_k = gemm != nullptr ? block_k_of (gemm) : 0;
   Extents e;
 
   if (cudaGetDevice (&device) != cudaSuccess ||
