@@ -74,9 +74,10 @@ constexpr int kThreads = 128 * (1 + kConsumers);
  * elements of M or N × 64 reduction rows. */
 constexpr uint32_t kChunkBytes = kChunk * 64 * 2;            /* 8 KiB */
 /* The epilogue stages each consumer's 64-row half of the output tile
- * through shared memory, 64 columns of FP32 at a time (staging_index()). */
+ * through shared memory, 64 columns of FP32 at a time (staging_index()):
+ * the least of a consumer's epilogue buffer (Config::kEpilogueBytes). */
 constexpr int kStageCols = 64;
-constexpr uint32_t kEpilogueBytes = 64 * kStageCols * 4;
+constexpr uint32_t kStagingBytes = 64 * kStageCols * 4;
 
 /* The operand types of a kernel instance: 16-bit floats, or a pair of FP8
  * formats (A's, then B's) with one scale per group, or with blockwise
@@ -180,6 +181,13 @@ struct Config
   static constexpr uint32_t kTileABytes = kBlockM * 128;
   static constexpr uint32_t kTileBBytes = kBlockN * 128;
   static constexpr uint32_t kStageBytes = kTileABytes + kTileBBytes;
+  /* Each consumer's epilogue buffer: on the per-tensor wide FP8 tiles,
+   * room for the 16-bit results of a whole share, which then take one
+   * round of stores a tile (write_tile_tma()); elsewhere two 64-column
+   * subtiles' (the 16-bit tiles' and the wide blockwise ones' shared
+   * memory is full). */
+  static constexpr uint32_t kEpilogueBytes = kWide && !kBlockScaled ? 3 * 8192 : kStagingBytes;
+  static_assert (kEpilogueBytes >= kStagingBytes, "write_tile() stages 64 columns of FP32");
   /* The shared memory of a ring of `stages`: the ring, the epilogue
    * buffers, the barriers, the staged scales, and slack to align the ring
    * to the 1024 bytes of a swizzle atom. */
@@ -1243,20 +1251,20 @@ epilogue_value (float sum, float scale, float bias)
 }
 
 /* The TMA epilogue: the common case, and the one that overlaps the next
- * tile's products. Each consumer writes its share (Share) in 64-column
- * subtiles: the fragments, bias added and rounded to C's dtype (by the
- * hardware, to nearest even), go into one of two 8 KiB slots of its buffer
- * in the 128-byte swizzled layout of C's tensor map, then one thread hands
- * the subtile to the copy engine, which stores it (or adds it into an FP32
- * C) and clips what lies outside the group's matrix. The warpgroup goes on
- * to its next tile while the stores drain; a slot is written again only
- * once its previous store has read it. The slots alternate with the
- * consumer's count of 16-bit stores (stores), across tiles: taken by the
- * subtile's index, a tile of one (or three) subtiles wrote slot 0 while
- * the last tile's store from it could still be reading (wait_read<1> lets
- * one store run), and that store took the new tile's values (in small
- * shapes: a group's last rows, or an empty group's zeros in a wgrad). An
- * FP32 subtile takes both slots (two boxes of 32 columns). Returns false,
+ * tile's products. Each consumer writes its share (Share) in rounds: the
+ * fragments of a round's 64-column subtiles, bias added and rounded to C's
+ * dtype (by the hardware, to nearest even), go into 8 KiB slots of its
+ * buffer in the 128-byte swizzled layout of C's tensor map; then one
+ * thread hands them to the copy engine, which stores them (or adds them
+ * into an FP32 C) and clips what lies outside the group's matrix. A round
+ * costs two barriers and a fence, whatever it holds. Where the buffer
+ * (kBufferBytes) holds the whole share, it is one round, which the last
+ * round's stores (a tile ago) have long since read: on the wide FP8 tiles
+ * a round a subtile cost WGRAD 4-7% (H200). Where it does not, a round is
+ * a subtile, and the rounds take the buffer's slots in turn (rounds counts
+ * them, across tiles), each once the store that last read it has: the
+ * warpgroup goes on while the stores drain. An FP32 subtile takes two
+ * slots (two boxes of 32 columns). Returns false,
  * having written nothing, for a 16-bit C that is accumulated into, and on
  * the direct schedule for a half that reaches past its group's rows (the
  * map's rows go on into the next group's): write_tile() does those. C's
@@ -1265,14 +1273,20 @@ epilogue_value (float sum, float scale, float bias)
  * whether a bias is added (kBias: without it, the bias loads' addresses,
  * bounds and zeros ran predicated off, half the epilogue's instructions)
  * and whether the sums are scaled (kScaled: FP8, by `scale`, in one FFMA
- * with the bias). The fragments go in by shared-memory address (sts_*). */
-template <int kKind, int kCDtype, int kBlockN, bool kBias, bool kScaled>
+ * with the bias). 16-bit fragments go in by stmatrix, four 8 × 8 matrices an
+ * instruction. */
+template <int kKind, int kCDtype, int kBlockN, uint32_t kBufferBytes, bool kBias, bool kScaled>
 __device__ __forceinline__ bool
 write_tile_tma (const GemmParams &p, const Tile &tile, const GroupWork &w, const Share &share,
-                const float (&acc)[kBlockN / 2], float scale, uint8_t *slots, uint32_t &stores, int half,
+                const float (&acc)[kBlockN / 2], float scale, uint8_t *slots, uint32_t &rounds, int half,
                 bool direct)
 {
   constexpr bool fp32 = kCDtype == GMLP_NUM_FLOAT32;
+  constexpr int kSubtiles = kBlockN / 64;
+  constexpr uint32_t kSubtileBytes = fp32 ? 16384 : 8192;
+  constexpr int kSlots = (int) (kBufferBytes / kSubtileBytes);
+  constexpr int kPerRound = kSlots >= kSubtiles ? kSubtiles : 1;
+  constexpr int kTurns = kSlots / kPerRound;   /* rounds the buffer holds */
   const bool accumulate = w.accumulate != 0;
   const int thread = threadIdx.x % 128;
   const int lane = thread % 32;
@@ -1280,11 +1294,17 @@ write_tile_tma (const GemmParams &p, const Tile &tile, const GroupWork &w, const
   const int t = lane % 4;
   const TensorMap *map_c = direct ? &p.direct.c : p.maps + kMapsPerGroup * (uint64_t) tile.group + 2;
   const int32_t out_row = (int32_t) ((direct ? tile.row_base : 0) + share.row);
-  /* Rows r and r + 8 of this thread's fragments share r % 8, the swizzle's
-   * row: in 16-byte chunk c of a 128-byte row, c ^ (r % 8) is stored. */
   const uint32_t slots_address = smem_address (slots);
+  /* FP32: rows r and r + 8 of this thread's fragments share r % 8, the
+   * swizzle's row: in 16-byte chunk c of a 128-byte row, c ^ (r % 8) is
+   * stored. 16-bit (stmatrix): lanes 8 i ... 8 i + 7 give the rows of
+   * matrix i, rows 8 (i % 2) + l % 8 of the warp's 16 in column chunk
+   * 2 jp + i / 2. */
   const uint32_t swizzle = (uint32_t) frag_row % 8;
+  const uint32_t matrix_row = (uint32_t) ((thread / 32) * 16 + 8 * ((lane / 8) % 2) + lane % 8);
+  const uint32_t matrix_chunk = (uint32_t) (lane / 16);
 
+  static_assert (kSlots >= 1, "a consumer's buffer holds a subtile");
   if (accumulate && !fp32)
     return false;
   if (direct && share.row + 64 > tile.rows)
@@ -1293,92 +1313,101 @@ write_tile_tma (const GemmParams &p, const Tile &tile, const GroupWork &w, const
     return true;   /* adding zero */
 
 #pragma unroll
-  for (int sub = 0; sub < kBlockN / 64; sub++)
+  for (int first = 0; first < kSubtiles; first += kPerRound)
     {
-      const int32_t col0 = share.col + sub * 64;
-
-      if (sub * 64 >= share.cols || col0 >= p.out_cols)
+      if (first * 64 >= share.cols || share.col + first * 64 >= p.out_cols)
         break;   /* uniform over the warpgroup */
-      /* Counted here, past the break: only a store turns the slots. */
-      const uint32_t slot = slots_address + (fp32 ? 0 : (stores++ % 2) * 8192);
-      /* The slot's last store has read it (16-bit C: the other slot's may
-       * still be running). */
+      /* Counted here, past the break: only a round of stores turns the slots. */
+      const uint32_t turn = (rounds++ % kTurns) * kPerRound * kSubtileBytes;
+      /* The turn's slots have been read by their last stores (the other
+       * turns' may still be running). */
       if (thread == 0)
-        {
-          if (fp32)
-            bulk_wait_read<0> ();
-          else
-            bulk_wait_read<1> ();
-        }
+        bulk_wait_read<kTurns - 1> ();
       consumer_sync (half);
 
 #pragma unroll
-      for (int jj = 0; jj < 8; jj++)
+      for (int sub = first; sub < first + kPerRound && sub < kSubtiles; sub++)
         {
-          const int j = sub * 8 + jj;
-          const int64_t col = col0 + 8 * jj + 2 * t;
-          float b0 = 0.0f, b1 = 0.0f;
+          const int32_t col0 = share.col + sub * 64;
+          const uint32_t slot = slots_address + turn + (uint32_t) (sub - first) * kSubtileBytes;
 
-          if (kBias && col < p.out_cols)
-            {
-              const StorageType<kCDtype> *bias = static_cast<const StorageType<kCDtype> *> (w.bias);
-
-              b0 = to_float<kCDtype> (bias[col]);
-              b1 = to_float<kCDtype> (bias[col + 1]);
-            }
+          if (sub * 64 >= share.cols || col0 >= p.out_cols)
+            break;   /* uniform over the warpgroup */
 #pragma unroll
-          for (int h = 0; h < 2; h++)
+          for (int jp = 0; jp < 4; jp++)
             {
-              const int r = frag_row + 8 * h;
-              const float v0 = epilogue_value<kScaled, kBias> (acc[4 * j + 2 * h], scale, b0);
-              const float v1 = epilogue_value<kScaled, kBias> (acc[4 * j + 2 * h + 1], scale, b1);
+              uint32_t packed[4];
 
-              if (fp32)
+#pragma unroll
+              for (int jo = 0; jo < 2; jo++)
                 {
-                  /* Box jj / 4 of 32 columns; 16-byte chunk 2 (jj % 4) + t / 2. */
-                  const uint32_t chunk = 2 * (jj % 4) + t / 2;
-                  sts_f32x2 (slot + (jj / 4) * 8192 + r * 128 + ((chunk ^ swizzle) * 16) + 8 * (t % 2), v0, v1);
-                }
-              else
-                {
-                  uint32_t pair;
+                  const int jj = 2 * jp + jo;
+                  const int j = sub * 8 + jj;
+                  const int64_t col = col0 + 8 * jj + 2 * t;
+                  float b0 = 0.0f, b1 = 0.0f;
 
-                  if (kCDtype == GMLP_NUM_BFLOAT16)
+                  if (kBias && col < p.out_cols)
                     {
-                      const __nv_bfloat162 v = __floats2bfloat162_rn (v0, v1);
-                      pair = *reinterpret_cast<const uint32_t *> (&v);
+                      const StorageType<kCDtype> *bias = static_cast<const StorageType<kCDtype> *> (w.bias);
+
+                      b0 = to_float<kCDtype> (bias[col]);
+                      b1 = to_float<kCDtype> (bias[col + 1]);
                     }
-                  else
+#pragma unroll
+                  for (int h = 0; h < 2; h++)
                     {
-                      const __half2 v = __floats2half2_rn (v0, v1);
-                      pair = *reinterpret_cast<const uint32_t *> (&v);
+                      const int r = frag_row + 8 * h;
+                      const float v0 = epilogue_value<kScaled, kBias> (acc[4 * j + 2 * h], scale, b0);
+                      const float v1 = epilogue_value<kScaled, kBias> (acc[4 * j + 2 * h + 1], scale, b1);
+
+                      if (fp32)
+                        {
+                          /* Box jj / 4 of 32 columns; 16-byte chunk 2 (jj % 4) + t / 2. */
+                          const uint32_t chunk = 2 * (jj % 4) + t / 2;
+                          sts_f32x2 (slot + (jj / 4) * 8192 + r * 128 + ((chunk ^ swizzle) * 16) + 8 * (t % 2),
+                                     v0, v1);
+                        }
+                      else if (kCDtype == GMLP_NUM_BFLOAT16)
+                        {
+                          const __nv_bfloat162 v = __floats2bfloat162_rn (v0, v1);
+                          packed[2 * jo + h] = *reinterpret_cast<const uint32_t *> (&v);
+                        }
+                      else
+                        {
+                          const __half2 v = __floats2half2_rn (v0, v1);
+                          packed[2 * jo + h] = *reinterpret_cast<const uint32_t *> (&v);
+                        }
                     }
-                  sts_u32 (slot + r * 128 + ((jj ^ swizzle) * 16) + 4 * t, pair);
                 }
+              if (!fp32)
+                stmatrix_x4 (slot + matrix_row * 128 + (((2 * jp + matrix_chunk) ^ (matrix_row % 8)) * 16),
+                             packed[0], packed[1], packed[2], packed[3]);
             }
         }
       fence_async_shared ();
       consumer_sync (half);
       if (thread == 0)
         {
-          uint8_t *slot_ptr = slots + (slot - slots_address);   /* tma_store_2d()'s pointer */
-
-          if (fp32)
+#pragma unroll
+          for (int sub = first; sub < first + kPerRound && sub < kSubtiles; sub++)
             {
-              if (accumulate)
+              const int32_t col0 = share.col + sub * 64;
+              uint8_t *slot = slots + turn + (sub - first) * kSubtileBytes;
+
+              if (sub * 64 >= share.cols || col0 >= p.out_cols)
+                break;
+              if (fp32 && accumulate)
                 {
-                  tma_store_2d<true> (map_c, slot_ptr, col0, out_row);
-                  tma_store_2d<true> (map_c, slot_ptr + 8192, col0 + 32, out_row);
+                  tma_store_2d<true> (map_c, slot, col0, out_row);
+                  tma_store_2d<true> (map_c, slot + 8192, col0 + 32, out_row);
+                }
+              else if (fp32)
+                {
+                  tma_store_2d<false> (map_c, slot, col0, out_row);
+                  tma_store_2d<false> (map_c, slot + 8192, col0 + 32, out_row);
                 }
               else
-                {
-                  tma_store_2d<false> (map_c, slot_ptr, col0, out_row);
-                  tma_store_2d<false> (map_c, slot_ptr + 8192, col0 + 32, out_row);
-                }
-            }
-          else
-            {
-              tma_store_2d<false> (map_c, slot_ptr, col0, out_row);
+                tma_store_2d<false> (map_c, slot, col0, out_row);
             }
           bulk_commit ();
         }
@@ -1388,17 +1417,17 @@ write_tile_tma (const GemmParams &p, const Tile &tile, const GroupWork &w, const
 
 /* write_tile_tma() with the bias or without it (a run-time choice, made
  * once a tile). */
-template <int kKind, int kCDtype, int kBlockN, bool kScaled>
+template <int kKind, int kCDtype, int kBlockN, uint32_t kBufferBytes, bool kScaled>
 __device__ __forceinline__ bool
 write_tile_tma_with (bool bias, const GemmParams &p, const Tile &tile, const GroupWork &w, const Share &share,
-                     const float (&acc)[kBlockN / 2], float scale, uint8_t *slots, uint32_t &stores, int half,
+                     const float (&acc)[kBlockN / 2], float scale, uint8_t *slots, uint32_t &rounds, int half,
                      bool direct)
 {
   if (bias)
-    return write_tile_tma<kKind, kCDtype, kBlockN, true, kScaled> (p, tile, w, share, acc, scale, slots, stores,
-                                                                   half, direct);
-  return write_tile_tma<kKind, kCDtype, kBlockN, false, kScaled> (p, tile, w, share, acc, scale, slots, stores,
-                                                                  half, direct);
+    return write_tile_tma<kKind, kCDtype, kBlockN, kBufferBytes, true, kScaled> (p, tile, w, share, acc, scale,
+                                                                                 slots, rounds, half, direct);
+  return write_tile_tma<kKind, kCDtype, kBlockN, kBufferBytes, false, kScaled> (p, tile, w, share, acc, scale,
+                                                                                slots, rounds, half, direct);
 }
 
 /* The wgmma of an instance's operands and layout, kN columns wide. */
@@ -1906,7 +1935,7 @@ consume (const GemmParams &p, uint32_t ctas, uint8_t *ring, const float *scales,
                                             kTransA ? kChunkBytes : 0);
   const uint64_t desc_b0 = smem_descriptor (ring_address + Cfg::kTileABytes, kTransB ? kChunkBytes : 0);
   uint8_t *slots = reinterpret_cast<uint8_t *> (staging);
-  uint32_t stores = 0;   /* 16-bit TMA stores so far: write_tile_tma()'s slot */
+  uint32_t rounds = 0;   /* write_tile_tma()'s rounds of stores so far: its slots' turn */
   uint32_t stage = 0, phase = 0, acquired = 0xffffffffu;
   float acc[kBlockN / 2];
   Walk walk;
@@ -2047,14 +2076,14 @@ consume (const GemmParams &p, uint32_t ctas, uint8_t *ring, const float *scales,
       /* C is FP32 or the operands' dtype (the host check); FP8 products
        * write any of FP32, BF16 and FP16. */
       if (p.c_dtype == GMLP_NUM_FLOAT32)
-        written = write_tile_tma_with<kKind, GMLP_NUM_FLOAT32, kBlockN, Cfg::kFp8> (bias, p, tile, w, share, acc,
-                                                                                 scale, slots, stores, half, direct);
+        written = write_tile_tma_with<kKind, GMLP_NUM_FLOAT32, kBlockN, Cfg::kEpilogueBytes, Cfg::kFp8> (
+          bias, p, tile, w, share, acc, scale, slots, rounds, half, direct);
       else if (Cfg::kFp8 ? p.c_dtype == GMLP_NUM_BFLOAT16 : Cfg::kBf16)
-        written = write_tile_tma_with<kKind, GMLP_NUM_BFLOAT16, kBlockN, Cfg::kFp8> (bias, p, tile, w, share, acc,
-                                                                                  scale, slots, stores, half, direct);
+        written = write_tile_tma_with<kKind, GMLP_NUM_BFLOAT16, kBlockN, Cfg::kEpilogueBytes, Cfg::kFp8> (
+          bias, p, tile, w, share, acc, scale, slots, rounds, half, direct);
       else
-        written = write_tile_tma_with<kKind, GMLP_NUM_FLOAT16, kBlockN, Cfg::kFp8> (bias, p, tile, w, share, acc,
-                                                                                 scale, slots, stores, half, direct);
+        written = write_tile_tma_with<kKind, GMLP_NUM_FLOAT16, kBlockN, Cfg::kEpilogueBytes, Cfg::kFp8> (
+          bias, p, tile, w, share, acc, scale, slots, rounds, half, direct);
       if (!written)
         {
           if constexpr (Cfg::kFp8)
@@ -2081,7 +2110,7 @@ gemm_kernel (const __grid_constant__ GemmParams p)
     (reinterpret_cast<uintptr_t> (smem_raw) + 1023) & ~(uintptr_t) 1023);
   float *staging = reinterpret_cast<float *> (ring + kStages * Cfg::kStageBytes);
   uint64_t *full = reinterpret_cast<uint64_t *> (ring + kStages * Cfg::kStageBytes +
-                                                 kConsumers * kEpilogueBytes);
+                                                 kConsumers * Cfg::kEpilogueBytes);
   uint64_t *empty = full + kStages;
   uint64_t *scale_full = empty + kStages;
   uint64_t *scale_empty = scale_full + Cfg::kScaleBufs;
@@ -2142,7 +2171,7 @@ gemm_kernel (const __grid_constant__ GemmParams p)
     {
       registers_increase<Ring<kOps, kKind>::kConsumerRegs> ();
       consume<kOps, kKind> (p, ctas, ring, scales, sb, full, empty,
-                            staging + (warpgroup - 1) * (kEpilogueBytes / 4), warpgroup - 1);
+                            staging + (warpgroup - 1) * (Cfg::kEpilogueBytes / 4), warpgroup - 1);
     }
   /* Paired CTAs: neither leaves while the other's consumers may still
    * give stages back to it. */

@@ -58,18 +58,23 @@ lds_f32x2 (uint32_t address)
 /* Stores to shared memory by address: the epilogue's fragment stores
  * through a generic pointer took 64-bit address arithmetic each. */
 __device__ __forceinline__ void
-sts_u32 (uint32_t address, uint32_t v)
-{
-#if GMLP_SM90_ENABLED
-  asm volatile ("st.shared.b32 [%0], %1;" :: "r" (address), "r" (v) : "memory");
-#endif
-}
-
-__device__ __forceinline__ void
 sts_f32x2 (uint32_t address, float x, float y)
 {
 #if GMLP_SM90_ENABLED
   asm volatile ("st.shared.v2.f32 [%0], {%1, %2};" :: "r" (address), "f" (x), "f" (y) : "memory");
+#endif
+}
+
+/* Stores four 8 × 8 matrices of 16-bit values, a warp's: register i of
+ * lane l holds row l / 4, columns 2 (l % 4) and 2 (l % 4) + 1 of matrix i
+ * (wgmma's fragment layout), and lanes 8 i ... 8 i + 7 give the addresses
+ * of matrix i's rows. One instruction where st.shared takes four. */
+__device__ __forceinline__ void
+stmatrix_x4 (uint32_t address, uint32_t m0, uint32_t m1, uint32_t m2, uint32_t m3)
+{
+#if GMLP_SM90_ENABLED
+  asm volatile ("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};"
+                :: "r" (address), "r" (m0), "r" (m1), "r" (m2), "r" (m3) : "memory");
 #endif
 }
 
