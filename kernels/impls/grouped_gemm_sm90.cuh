@@ -263,8 +263,9 @@ struct GroupWork
  * maps are the host's, over whole tensors (A and C: their capacity rows;
  * B: one plane per group), and each CTA walks the sizes itself
  * (locate_direct()). A tile's rows past its group's end are the next
- * group's, read but never stored: a consumer half that holds any writes
- * through write_tile(). Saves the plan's launch (7.5 µs with 64 groups on
+ * group's, read but never stored: a consumer half that holds any copies
+ * its group's rows out itself (copy_clipped(); an FP32 C through
+ * write_tile()). Saves the plan's launch (7.5 µs with 64 groups on
  * the H200, a sixth of a small FP8 product). */
 constexpr uint32_t kDirectHostGroups = 512;
 
