@@ -1298,10 +1298,10 @@ copy_clipped (const GemmParams &p, const Share &share, const uint8_t *round, int
  * group's) is staged the same way, and the warpgroup copies its rows in
  * the group out (copy_clipped()): on qwen3-fc1's skewed split, where 357
  * of 1716 tiles end a group, write_tile() there put the direct schedule
- * 6-10% behind the plan's, and this 2% (H200). Returns false, having written nothing,
- * for a 16-bit C that is accumulated into, and for such a half of an FP32
- * C: write_tile() does those. C's
- * dtype is a template argument: the unrolled code of the dtype that runs
+ * 6-10% behind the plan's, and this 2% (H200). Returns false, having
+ * written nothing, for a 16-bit C that is accumulated into, and for such
+ * a half of an FP32 C: write_tile() does those. C's dtype is a template
+ * argument: the unrolled code of the dtype that runs
  * is then contiguous, not interleaved with that of the others. So are
  * whether a bias is added (kBias: without it, the bias loads' addresses,
  * bounds and zeros ran predicated off, half the epilogue's instructions)
