@@ -1168,6 +1168,15 @@ struct Share
   int32_t cols;
 };
 
+/* Whether 64-column subtile `sub` of a share lies past the share's
+ * columns or past C's: the epilogue's loops stop there (uniform over the
+ * warpgroup). */
+__device__ __forceinline__ bool
+subtile_past (const GemmParams &p, const Share &share, int sub)
+{
+  return sub * 64 >= share.cols || share.col + sub * 64 >= p.out_cols;
+}
+
 /* Writes one consumer's share of an output tile: 64 columns at a time,
  * the fragments go to shared memory, then every thread copies whole rows
  * of 4 results out, so that a warp's stores are contiguous. */
@@ -1268,7 +1277,7 @@ copy_clipped (const GemmParams &p, const Share &share, const uint8_t *round, int
       const int32_t col = share.col + sub * 64 + 8 * chunk;
       const uint8_t *slot = round + (sub - first) * 8192;
 
-      if (sub * 64 >= share.cols || share.col + sub * 64 >= p.out_cols)
+      if (subtile_past (p, share, sub))
         break;   /* uniform over the warpgroup */
 #pragma unroll
       for (int r = thread / 8; r < 64; r += 16)
@@ -1356,7 +1365,7 @@ write_tile_tma (const GemmParams &p, const Tile &tile, const GroupWork &w, const
 #pragma unroll
   for (int first = 0; first < kSubtiles; first += kPerRound)
     {
-      if (first * 64 >= share.cols || share.col + first * 64 >= p.out_cols)
+      if (subtile_past (p, share, first))
         break;   /* uniform over the warpgroup */
       /* Counted here, past the break: only a round of stores turns the slots. */
       const uint32_t turn = (rounds++ % kTurns) * kPerRound * kSubtileBytes;
@@ -1372,7 +1381,7 @@ write_tile_tma (const GemmParams &p, const Tile &tile, const GroupWork &w, const
           const int32_t col0 = share.col + sub * 64;
           const uint32_t slot = slots_address + turn + (uint32_t) (sub - first) * kSubtileBytes;
 
-          if (sub * 64 >= share.cols || col0 >= p.out_cols)
+          if (subtile_past (p, share, sub))
             break;   /* uniform over the warpgroup */
 #pragma unroll
           for (int jp = 0; jp < 4; jp++)
@@ -1438,7 +1447,7 @@ write_tile_tma (const GemmParams &p, const Tile &tile, const GroupWork &w, const
               const int32_t col0 = share.col + sub * 64;
               uint8_t *slot = slots + turn + (sub - first) * kSubtileBytes;
 
-              if (clipped || sub * 64 >= share.cols || col0 >= p.out_cols)
+              if (clipped || subtile_past (p, share, sub))
                 break;
               if (fp32 && accumulate)
                 {
