@@ -847,6 +847,16 @@ direct_a_scales (const GmlpKernelDeviceGemm *g, GroupedOperand *op)
  * against 414 after the plan on the H200. */
 constexpr double kBlockwiseDirectMaxMacs = 0x1p34;
 
+/* 16-bit DGRAD (B MN-major) takes the direct schedule for products of at
+ * most this many multiply-adds too; larger ones run faster after the plan.
+ * H200, TFLOP/s, direct against the plan (GMLP_SM90_SCHEDULE=plan), two
+ * rounds: qwen3-fc1 (2^36.6) 412-414 vs 453-506 balanced and 347-386 vs
+ * 451-462 skewed; dsv3-fc1 and mixtral-fc1 0-3% better after the plan;
+ * small-e64 (2^33) 336 vs 286, where the plan's launch is a sixth of the
+ * call. FPROP and FP8 DGRAD (K-major operands) read level or better direct
+ * (docs/performance.md). */
+constexpr double kDgrad16DirectMaxMacs = 0x1p34;
+
 /* Whether the direct schedule's CTAs run in pairs that share B's tiles
  * (for the instances that can, Pairable): products of at least
  * kPairedTilesPerSm output tiles an SM at the capacity's rows and
@@ -903,7 +913,8 @@ even_waves (const GmlpKernelDeviceGemm *g, int block_n, int n_sms)
 }
 
 /* Fills in the direct schedule (DirectSchedule) where it takes the call:
- * FPROP or DGRAD (blockwise: small products on 128 × 128 tiles); rows of A
+ * FPROP or DGRAD (blockwise: small products on 128 × 128 tiles; 16-bit
+ * DGRAD: small products, kDgrad16DirectMaxMacs); rows of A
  * and C that are whole multiples of the member alignment, so that member g
  * starts at row P_g of one matrix; the groups' B matrices, biases and
  * scales equally spaced (blockwise: B's; A's as direct_a_scales() takes
@@ -925,6 +936,8 @@ direct_schedule (const GmlpKernelDeviceGemm *g, DirectSchedule *d, TensorMap *b_
 
   if (plan_forced () || !direct_capable (operands_of (g), g->kind) ||
       (blocks && (double) g->row_capacity * (double) e.out_cols * (double) e.reduction > kBlockwiseDirectMaxMacs) ||
+      (!fp8 && g->kind == GMLP_KERNEL_GEMM_DGRAD &&
+       (double) g->row_capacity * (double) e.out_cols * (double) e.reduction > kDgrad16DirectMaxMacs) ||
       a_row_bytes % kGmlpMemberAlignment != 0 || c_row_bytes % kGmlpMemberAlignment != 0 ||
       (g->host_rows != nullptr && g->n_groups > kDirectHostGroups))
     return false;
