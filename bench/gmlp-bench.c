@@ -7,7 +7,7 @@
  * device events and the median taken, as the anchors are. The skewed split is
  * the one cublas_anchor.cu uses.
  *
- *   gmlp-bench [--shape NAME] [--iters N] [--divide D] [--rest-ms MS] [--fp8[=RECIPE]] [--quantized]
+ *   gmlp-bench [--shape NAME] [--iters N] [--divide D] [--rest-ms MS] [--warm-ms MS] [--fp8[=RECIPE]] [--quantized]
  *              [--method steady|do-bench] [--dims E,M,K,N]
  *   gmlp-bench --quantize [--fp8=RECIPE] [--device-sizes] ...
  *
@@ -71,6 +71,8 @@ static gint divide = 1;
  * the same rested GPU rather than from the clock the previous routing's
  * seconds of products left it at. */
 static gint rest_ms = 1000;
+/* How long each op runs back to back before its timed calls (time_op()). */
+static gint warm_ms = 400;
 static gboolean offload_mode = FALSE;
 static gboolean mlp_mode = FALSE;
 static gboolean quantize_mode = FALSE;
@@ -110,6 +112,8 @@ static const GOptionEntry entries[] = {
   { "divide", 'd', 0, G_OPTION_ARG_INT, &divide, "Divide M, K and N by D (for the CPU)", "D" },
   { "rest-ms", 0, 0, G_OPTION_ARG_INT, &rest_ms,
     "Idle time before each shape and routing (default 1000, as cublas_loop_steady)", "MS" },
+  { "warm-ms", 0, 0, G_OPTION_ARG_INT, &warm_ms,
+    "Back-to-back calls before each timing (default 400, as cublas_loop_steady's CLS_WARM_MS)", "MS" },
   { "offload", 0, 0, G_OPTION_ARG_NONE, &offload_mode, "Measure activation offload instead", NULL },
   { "mlp", 0, 0, G_OPTION_ARG_NONE, &mlp_mode, "Time a SwiGLU GroupedMLP step instead", NULL },
   { "quantize", 0, 0, G_OPTION_ARG_NONE, &quantize_mode,
@@ -179,14 +183,15 @@ compare_doubles (gconstpointer a, gconstpointer b)
   return x < y ? -1 : x > y;
 }
 
-/* How long warm() runs back to back before the timed calls. The GPU runs
- * these products at its power limit: on the H200 the SM clock falls from
- * 1980 MHz to about 1450 within a few hundred ms of back-to-back GEMMs,
- * dipping to 1100-1200 on the way (nvidia-smi, docs/performance.md). A
- * short timed loop right after an idle moment sees the boost or the dip
- * (dsv3-fc1 fprop read 491-544 TFLOP/s in 30-call loops, 663 in a
- * 300-call one); after this the timed calls see the steady state. */
-#define WARM_UP_US (400 * 1000)
+/* How long warm() runs back to back before the timed calls: warm_ms
+ * (--warm-ms). The GPU runs these products at its power limit: on the
+ * H200 the SM clock falls from 1980 MHz to about 1450 within a few hundred
+ * ms of back-to-back GEMMs, dips to 1100-1300 about 0.8 s in, and settles
+ * back at about 1450-1500 (nvidia-smi, docs/performance.md). A short timed
+ * loop right after an idle moment sees the boost or the dip (dsv3-fc1
+ * fprop read 491-544 TFLOP/s in 30-call loops, 663 in a 300-call one);
+ * after 400 ms the timed calls see the power limit, and after a few
+ * seconds its settled state, past the dip. */
 
 /* The host cost of op: three calls, each on an idle device, the mean in
  * µs. They are calls 0-2 of op's data. */
@@ -242,7 +247,7 @@ median_ms (GPtrArray *events, double *median, GError **error)
 /* Times n calls of op back to back with a pair of device events around
  * each, as the anchors (triton's do_bench, cublas_anchor) do, and takes
  * the median; before them, warm (a call that can be repeated: op may use
- * up state) runs back to back for WARM_UP_US. */
+ * up state) runs back to back for warm_ms. */
 static gboolean
 time_op (GmlpDevice *device, Op op, Op warm, gpointer data, guint n, Timing *t, GError **error)
 {
@@ -253,7 +258,7 @@ time_op (GmlpDevice *device, Op op, Op warm, gpointer data, guint n, Timing *t, 
   if (!time_host (device, op, data, &t->host_us, error))
     return FALSE;
   start = g_get_monotonic_time ();
-  for (i = 0; g_get_monotonic_time () - start < WARM_UP_US; i++)
+  for (i = 0; g_get_monotonic_time () - start < (gint64) warm_ms * 1000; i++)
     /* A few calls ahead of the device at most: the clock is the point. */
     if (!warm (data, i, error) || (i % 4 == 3 && !gmlp_device_synchronize (device, error)))
       return FALSE;
@@ -859,9 +864,9 @@ main (int argc, char *argv[])
       g_printerr ("--method takes steady or do-bench, not %s\n", method);
       return EXIT_FAILURE;
     }
-  if (iters < 1 || divide < 1 || rest_ms < 0)
+  if (iters < 1 || divide < 1 || rest_ms < 0 || warm_ms < 0)
     {
-      g_printerr ("--iters and --divide must be positive, --rest-ms not negative\n");
+      g_printerr ("--iters and --divide must be positive, --rest-ms and --warm-ms not negative\n");
       return EXIT_FAILURE;
     }
 

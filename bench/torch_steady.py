@@ -15,7 +15,10 @@ draws its skewed split from a Dirichlet law, a different problem), its
 1 s rest before each shape and routing. gmlp-bench --method=do-bench times
 libgmlp the do_bench way.
 
-    python3 bench/torch_steady.py [-s SHAPE] [-n ITERS] [--rest-ms MS]
+    python3 bench/torch_steady.py [-s SHAPE] [-n ITERS] [--rest-ms MS] [--warm-ms MS]
+
+--warm-ms sets the back-to-back time before each steady timing, as
+gmlp-bench --warm-ms does (default 400).
 
 One JSON line per shape and routing: OP_steady_tflops (gmlp-bench's
 method) and OP_dobench_tflops (anchors.py's), OP one of grouped_fprop,
@@ -37,7 +40,7 @@ SHAPES = [
     ("qwen3-fc1", 128, 65536, 2048, 768),
     ("small-e64", 64, 8192, 1024, 1024),
 ]
-WARM_UP_S = 0.4     # gmlp-bench's WARM_UP_US
+WARM_UP_MS = 400    # gmlp-bench's default --warm-ms
 HOST_CALLS = 3      # gmlp-bench times three calls on the host first
 
 
@@ -60,14 +63,14 @@ def split_rows(experts, rows, skew):
     return m
 
 
-def steady_ms(fn, iters):
-    """gmlp-bench's time_op(): host calls, 400 ms back to back, then the
+def steady_ms(fn, iters, warm_ms):
+    """gmlp-bench's time_op(): host calls, warm_ms back to back, then the
     median of iters calls, each between two events."""
     for _ in range(HOST_CALLS):
         torch.cuda.synchronize()
         fn()
     start, i = time.monotonic(), 0
-    while time.monotonic() - start < WARM_UP_S:
+    while time.monotonic() - start < warm_ms / 1000.0:
         fn()
         if i % 4 == 3:
             torch.cuda.synchronize()
@@ -96,6 +99,7 @@ def main():
     parser.add_argument("-s", "--shape")
     parser.add_argument("-n", "--iters", type=int, default=100)
     parser.add_argument("--rest-ms", type=int, default=1000)
+    parser.add_argument("--warm-ms", type=int, default=WARM_UP_MS)
     args = parser.parse_args()
     dev = "cuda"
     torch.manual_seed(0)
@@ -129,7 +133,7 @@ def main():
             for op, fn in ops.items():
                 try:
                     fn()
-                    row[op + "_steady_ms"] = steady_ms(fn, args.iters)
+                    row[op + "_steady_ms"] = steady_ms(fn, args.iters, args.warm_ms)
                 except RuntimeError as e:
                     row[op + "_err"] = repr(e)[:300]
             # do_bench after every steady timing: it starts from the power
