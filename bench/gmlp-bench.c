@@ -71,7 +71,15 @@ static gint divide = 1;
  * the same rested GPU rather than from the clock the previous routing's
  * seconds of products left it at. */
 static gint rest_ms = 1000;
-/* How long each op runs back to back before its timed calls (time_op()). */
+/* How long each op runs back to back before its timed calls (time_op(),
+ * --warm-ms). The GPU runs these products at its power limit: on the
+ * H200 the SM clock falls from 1980 MHz to about 1450 within a few hundred
+ * ms of back-to-back GEMMs, dips to 1100-1300 about 0.8 s in, and settles
+ * back at about 1450-1500 (nvidia-smi, docs/performance.md). A short timed
+ * loop right after an idle moment sees the boost or the dip (dsv3-fc1
+ * fprop read 491-544 TFLOP/s in 30-call loops, 663 in a 300-call one);
+ * after 400 ms the timed calls see the power limit, and after a few
+ * seconds its settled state, past the dip. */
 static gint warm_ms = 400;
 static gboolean offload_mode = FALSE;
 static gboolean mlp_mode = FALSE;
@@ -182,16 +190,6 @@ compare_doubles (gconstpointer a, gconstpointer b)
   double x = *(const double *) a, y = *(const double *) b;
   return x < y ? -1 : x > y;
 }
-
-/* How long warm() runs back to back before the timed calls: warm_ms
- * (--warm-ms). The GPU runs these products at its power limit: on the
- * H200 the SM clock falls from 1980 MHz to about 1450 within a few hundred
- * ms of back-to-back GEMMs, dips to 1100-1300 about 0.8 s in, and settles
- * back at about 1450-1500 (nvidia-smi, docs/performance.md). A short timed
- * loop right after an idle moment sees the boost or the dip (dsv3-fc1
- * fprop read 491-544 TFLOP/s in 30-call loops, 663 in a 300-call one);
- * after 400 ms the timed calls see the power limit, and after a few
- * seconds its settled state, past the dip. */
 
 /* The host cost of op: three calls, each on an idle device, the mean in
  * µs. They are calls 0-2 of op's data. */

@@ -932,12 +932,13 @@ direct_schedule (const GmlpKernelDeviceGemm *g, DirectSchedule *d, TensorMap *b_
   uint64_t b_stride, bias_stride = 0, a_scale_stride = 0, b_scale_stride = 0;
 
   const bool blocks = fp8 && blockwise (g);
+  /* The product's multiply-adds at the rows A can hold. */
+  const double macs = (double) g->row_capacity * (double) e.out_cols * (double) e.reduction;
   GroupedOperand a_scales = {};
 
   if (plan_forced () || !direct_capable (operands_of (g), g->kind) ||
-      (blocks && (double) g->row_capacity * (double) e.out_cols * (double) e.reduction > kBlockwiseDirectMaxMacs) ||
-      (!fp8 && g->kind == GMLP_KERNEL_GEMM_DGRAD &&
-       (double) g->row_capacity * (double) e.out_cols * (double) e.reduction > kDgrad16DirectMaxMacs) ||
+      (blocks && macs > kBlockwiseDirectMaxMacs) ||
+      (!fp8 && g->kind == GMLP_KERNEL_GEMM_DGRAD && macs > kDgrad16DirectMaxMacs) ||
       a_row_bytes % kGmlpMemberAlignment != 0 || c_row_bytes % kGmlpMemberAlignment != 0 ||
       (g->host_rows != nullptr && g->n_groups > kDirectHostGroups))
     return false;
