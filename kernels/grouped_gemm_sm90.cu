@@ -437,8 +437,20 @@ struct WorkspaceLayout
   size_t repack;   /* RepackGroup of each group, when repacking */
   size_t repack_a; /* the repacked rows of A, then of B */
   size_t repack_b;
+  size_t partials; /* the stream-K tail's (TailSplit), when it may split */
+  size_t partial_flags;
   size_t total;
 };
+
+/* The stream-K tail's room: each CTA's slot of partial sums and its two
+ * flags (stream_k_launch_sms()), or 0 where the product never splits. */
+struct StreamKRoom
+{
+  size_t partials;
+  size_t flags;
+};
+
+StreamKRoom stream_k_room (const GmlpKernelDeviceGemm *g);
 
 size_t
 round_up (size_t n, size_t alignment)
@@ -500,6 +512,14 @@ workspace_layout (const GmlpKernelDeviceGemm *g)
       l.repack_b = off;
       off += (size_t) g->k * (size_t) repack_capacity (g);
     }
+  {
+    const StreamKRoom room = stream_k_room (g);
+
+    l.partials = off = round_up (off, 256);
+    off += room.partials;
+    l.partial_flags = off = round_up (off, 256);
+    off += room.flags;
+  }
   l.total = off;
   return l;
 }
@@ -912,6 +932,67 @@ even_waves (const GmlpKernelDeviceGemm *g, int block_n, int n_sms)
   return forced || long_product (g, block_n, n_sms);
 }
 
+/* The CTAs of a launch on n_sms SMs: all of them, or GMLP_SM90_GRID=N's
+ * N (even, at least 2; for the tests, which thus make several waves of
+ * small products). */
+int
+grid_ctas (int n_sms)
+{
+  static const int cap = [] ()
+  {
+    const char *set = getenv ("GMLP_SM90_GRID");
+    const int n = set != nullptr ? atoi (set) : 0;
+
+    return n >= 2 ? n & ~1 : 0;
+  }();
+
+  return cap > 0 && cap < n_sms ? cap : n_sms;
+}
+
+/* Whether an FPROP or DGRAD on the direct schedule may split its tail's
+ * reductions (TailSplit, for the instances that can: stream_k_capable()):
+ * 16-bit long products, as for paired CTAs and even waves;
+ * GMLP_SM90_STREAM_K=0 or =1 for none or all that can (the tests run
+ * both). The kernel splits only where a last partial wave holds at most
+ * half a wave (plan_tail_split()). On the H200 against even waves, same
+ * call, two rounds (docs/performance.md): dsv3-fc1's skewed BF16 fprop
+ * (2144 tiles: 16 waves and 32 tiles, cut in 4 parts) 636 / 636 against
+ * 608 / 619; its per-tensor FP8 fprop (1408 pairs: 21 waves of 66 and 22,
+ * in 3 parts) 1184 / 1191 against 1216 / 1216, so FP8 splits only where
+ * forced. */
+bool
+stream_k_pays (const GmlpKernelDeviceGemm *g, int block_n, int n_sms)
+{
+  static const bool off = env_equals ("GMLP_SM90_STREAM_K", "0");
+  static const bool forced = env_equals ("GMLP_SM90_STREAM_K", "1");
+  const int ops = operands_of (g);
+
+  if (off || ops < 0 || !stream_k_capable (ops, g->kind))
+    return false;
+  return forced || (!gmlp_num_dtype_is_fp8 (g->ab_dtype) && long_product (g, block_n, n_sms));
+}
+
+StreamKRoom
+stream_k_room (const GmlpKernelDeviceGemm *g)
+{
+  StreamKRoom room = { 0, 0 };
+  int device, n_sms = 0;
+
+  if (cudaGetDevice (&device) != cudaSuccess ||
+      cudaDeviceGetAttribute (&n_sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
+    {
+      (void) cudaGetLastError ();
+      return room;
+    }
+  n_sms = grid_ctas (n_sms);
+  if (!stream_k_pays (g, block_n_of (g), n_sms))
+    return room;
+  /* A slot: two halves of 64 rows × block_n FP32 sums. */
+  room.partials = (size_t) n_sms * 128 * (size_t) block_n_of (g) * sizeof (float);
+  room.flags = (size_t) n_sms * 2 * sizeof (uint32_t);
+  return room;
+}
+
 /* Fills in the direct schedule (DirectSchedule) where it takes the call:
  * FPROP or DGRAD (blockwise: small products on 128 × 128 tiles; 16-bit
  * DGRAD: small products, kDgrad16DirectMaxMacs); rows of A
@@ -1194,6 +1275,7 @@ gmlp_kernel_device_gemm_sm90 (const GmlpKernelDeviceGemm *gemm,
     return status;
   if (workspace == nullptr || !is_aligned (workspace, 256) || n_sms <= 0)
     return GMLP_KERNEL_INVALID_VALUE;
+  n_sms = grid_ctas (n_sms);
 
   layout = workspace_layout (gemm);
   e = extents_of (gemm);
@@ -1214,6 +1296,22 @@ gmlp_kernel_device_gemm_sm90 (const GmlpKernelDeviceGemm *gemm,
   if (direct_schedule (gemm, &params.direct, params.pairs ? &params.b_half : nullptr))
     {
       params.use_direct = 1;
+      if (stream_k_pays (gemm, block_n, n_sms) && layout.partial_flags > layout.partials)
+        {
+          /* The flags start lowered; the workspace's room was sized for
+           * this grid (stream_k_room()). */
+          const size_t flags = (size_t) n_sms * 2 * sizeof (uint32_t);
+
+          if (layout.total - layout.partial_flags < flags)
+            return GMLP_KERNEL_INVALID_VALUE;
+          params.stream_k = 1;
+          params.partials = reinterpret_cast<float *> (ws + layout.partials);
+          params.partial_flags = reinterpret_cast<uint32_t *> (ws + layout.partial_flags);
+          const cudaError_t err = cudaMemsetAsync (params.partial_flags, 0, flags, stream);
+
+          if (err != cudaSuccess)
+            return record_cuda_error (err);
+        }
       return launch_operands (operands_of (gemm), gemm->kind, params, n_sms, stream);
     }
   /* The plan's schedule never runs paired (Pairable). */

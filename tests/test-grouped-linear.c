@@ -1327,6 +1327,41 @@ test_device_sizes_tiles (void)
     }
 }
 
+/* Long reductions on the Hopper kernel's direct schedule (features
+ * multiples of 128) with more output tiles than a few CTAs take in whole
+ * waves: run with GMLP_SM90_GRID=6 GMLP_SM90_STREAM_K=1 (tests/meson.build),
+ * the last tiles' reductions are split across CTAs and their partial sums
+ * added by another (TailSplit in kernels/impls/grouped_gemm_sm90.cuh),
+ * FPROP 16 stages deep and DGRAD 6, with biases, empty groups and row
+ * tiles of every length. On a whole GPU, and on the CPU, plain products. */
+static void
+test_device_sizes_long_reduction (void)
+{
+  g_autoptr(GmlpDevice) device = gmlp_test_device_or_skip ();
+  gint64 scale;
+  guint round;
+
+  if (device == NULL)
+    return;
+  scale = gmlp_device_get_kind (device) == GMLP_DEVICE_KIND_CPU ? 4 : 1;
+
+  for (round = 0; round < 4; round++)
+    {
+      guint n = round < 2 ? 5 : 9, g;
+      gint64 k = 1024 / scale, o = 384 / scale;
+      GmlpDType dtype = round % 2 ? GMLP_DTYPE_FLOAT16 : GMLP_DTYPE_BFLOAT16;
+      g_autofree gint64 *sizes = g_new0 (gint64, n);
+      g_autoptr(GmlpGroupedLinear) layer = NULL;
+
+      for (g = 0; g < n; g++)
+        sizes[g] = g == 1 ? 0 : g_test_rand_int_range (1, 700 / (gint32) scale);
+      g_test_message ("%s n=%u k=%" G_GINT64_FORMAT " o=%" G_GINT64_FORMAT, gmlp_dtype_get_name (dtype), n, k,
+                      o);
+      layer = new_layer (device, n, k, o, dtype, GMLP_LINEAR_SINGLE_GROUPED_WEIGHT | GMLP_LINEAR_BIAS);
+      run_device_sizes (layer, sizes, sum_of_sizes (sizes, n));
+    }
+}
+
 /* Shapes the Hopper kernel takes on its direct schedule, without a plan
  * (rows of x, y, dy and dx whole multiples of 256 bytes: 16-bit features
  * multiples of 128): row tiles that reach into the next group, empty and
@@ -1606,6 +1641,7 @@ main (int argc, char *argv[])
   g_test_add_func ("/Gmlp/GroupedLinear/device-sizes/shapes", test_device_sizes_shapes);
   g_test_add_func ("/Gmlp/GroupedLinear/device-sizes/many-tiles", test_device_sizes_many_tiles);
   g_test_add_func ("/Gmlp/GroupedLinear/device-sizes/tiles", test_device_sizes_tiles);
+  g_test_add_func ("/Gmlp/GroupedLinear/device-sizes/long-reduction", test_device_sizes_long_reduction);
   g_test_add_func ("/Gmlp/GroupedLinear/device-sizes/tiny-groups", test_tiny_groups);
   g_test_add_func ("/Gmlp/GroupedLinear/device-sizes/direct", test_device_sizes_direct);
   g_test_add_func ("/Gmlp/GroupedLinear/device-sizes/same-as-host", test_device_sizes_same_as_host);

@@ -314,6 +314,12 @@ struct GemmParams
   TensorMap        b_half;
   /* Whether as few CTAs take tiles as keep the waves (working_ctas()). */
   uint32_t         even_waves;
+  /* Whether the last tiles' reductions may be split across CTAs
+   * (TailSplit), and the room of the split tiles' partial sums and flags
+   * (the workspace's; the flags zeroed before the launch). */
+  uint32_t         stream_k;
+  float           *partials;
+  uint32_t        *partial_flags;
 };
 
 /* The tile schedule both roles follow: tile t of the whole list, found in
@@ -705,6 +711,165 @@ tile_step (uint32_t ctas)
     return gridDim.x;
 }
 
+/* The split tail. With W whole waves of tiles and R tiles more (R at
+ * most half a wave), the last R tiles would run alone on R SMs while the
+ * others idle: long reductions (dsv3-fc1's 56 or 112 stages a tile) lose
+ * most of a tile's time there. Instead each of the R tiles is cut along
+ * its reduction into S parts (S = the CTAs over R, at most a part per 4
+ * stages), run at once by S CTAs: part j of tail tile r by CTA j R + r,
+ * so that the parts running side by side read the same depths of their
+ * operands (a first version that gave each CTA an equal run of the tail's
+ * stages staggered them, and read more from DRAM than it saved). Parts
+ * 1 to S - 1 store their unscaled sums in slots of the workspace and raise
+ * a flag each; part 0 waits for the flags, adds the sums and writes the
+ * tile. Paired CTAs split in bundles of two tiles (t and t ^ 1, as they
+ * take them), so that the pair runs the same stages. The direct schedule
+ * only (per-tensor FP8 and 16-bit FPROP and DGRAD), where every tile
+ * reduces over the same depth. Every CTA must be resident at once (the
+ * grid is one CTA an SM). */
+constexpr bool
+stream_k_capable (int ops, int kind)
+{
+  return direct_capable (ops, kind) && kind != GMLP_KERNEL_GEMM_WGRAD && !ops_block_scaled (ops);
+}
+
+template <int kOps, int kKind>
+struct StreamKCapable
+{
+  static constexpr bool value = stream_k_capable (kOps, kKind);
+};
+
+/* A launch's split (in shared memory, set once a launch): whole tiles
+ * t = first, first + step, ... below whole_tiles, then, for the first
+ * rest × parts CTAs (in bundles), one part of a tail tile. */
+struct TailSplit
+{
+  uint32_t whole_tiles;   /* UINT32_MAX: no split */
+  uint32_t rest;          /* tail bundles */
+  uint32_t parts;         /* of each */
+  uint32_t k_blocks;      /* a whole tile's stages */
+};
+
+/* This launch's (gemm_kernel() sets it). At a fixed address, so that the
+ * roles read it with no register held for it. */
+static __shared__ TailSplit tail_split;
+
+/* A cursor over a CTA's work: a whole tile's index, or kTailCursor for its
+ * part of the tail (kTailCursor + 1: done). */
+constexpr uint32_t kTailCursor = 0x80000000u;
+
+template <int kOps, int kKind>
+__device__ __forceinline__ uint32_t
+bundle_tiles ()
+{
+  return paired<kOps, kKind> () ? 2 : 1;
+}
+
+/* The split of this launch, or whole_tiles UINT32_MAX for none: where the
+ * tiles make a whole wave or more and then at most half a wave, and the
+ * tiles have 8 stages or more. Called by a whole warp (count_tiles()). */
+template <int kOps, int kKind>
+__device__ __forceinline__ TailSplit
+plan_tail_split (const GemmParams &p)
+{
+  TailSplit split = { UINT32_MAX, 0, 0, 0 };
+  const uint32_t width = bundle_tiles<kOps, kKind> ();
+  const uint32_t bundles = (uint32_t) div_up (count_tiles<kOps, kKind> (p), width);
+  const uint32_t slots = gridDim.x / width;
+  const uint32_t rest = bundles % slots;
+  const uint32_t k_blocks = (uint32_t) div_up (p.reduction, Config<kOps>::kBlockK);
+
+  if (bundles > slots && rest != 0 && 2 * rest <= slots && k_blocks >= 8)
+    {
+      split.whole_tiles = (bundles - rest) * width;
+      split.rest = rest;
+      split.parts = min (slots / rest, k_blocks / 4);
+      split.k_blocks = k_blocks;
+    }
+  return split;
+}
+
+/* A piece of a CTA's work: tile t, from stage k_first, k_blocks stages
+ * (a whole tile's, from place_tile(), where k_blocks is 0). */
+struct Piece
+{
+  uint32_t t;
+  uint32_t k_first;
+  uint32_t k_blocks;
+};
+
+/* The first cursor of a CTA. (Where the launch splits nothing,
+ * tail_split.whole_tiles is UINT32_MAX: every cursor is a tile's index.) */
+template <int kOps, int kKind>
+__device__ __forceinline__ uint32_t
+first_cursor (uint32_t ctas)
+{
+  const uint32_t t = first_tile<kOps, kKind> (ctas);
+
+  if constexpr (StreamKCapable<kOps, kKind>::value)
+    return t < tail_split.whole_tiles ? t : kTailCursor;
+  else
+    return t;
+}
+
+/* The cursor after the piece at cursor. */
+template <int kOps, int kKind>
+__device__ __forceinline__ uint32_t
+next_cursor (uint32_t cursor, uint32_t ctas)
+{
+  const uint32_t t = cursor + tile_step<kOps, kKind> (ctas);
+
+  if constexpr (StreamKCapable<kOps, kKind>::value)
+    {
+      if ((cursor & kTailCursor) != 0)
+        return kTailCursor + 1;
+      return t < tail_split.whole_tiles ? t : kTailCursor;
+    }
+  else
+    {
+      return t;
+    }
+}
+
+/* Whether the cursor is on the tail's units. */
+template <int kOps, int kKind>
+__device__ __forceinline__ bool
+in_tail (uint32_t cursor)
+{
+  return StreamKCapable<kOps, kKind>::value && (cursor & kTailCursor) != 0;
+}
+
+/* The stages of part j of a tail tile: [first, end). */
+__device__ __forceinline__ uint32_t
+part_start (uint32_t j)
+{
+  return (uint32_t) ((uint64_t) j * tail_split.k_blocks / tail_split.parts);
+}
+
+/* The piece at cursor; false once a CTA is past its part of the tail (or
+ * has none). */
+template <int kOps, int kKind>
+__device__ __forceinline__ bool
+piece_at (uint32_t cursor, Piece &piece)
+{
+  const uint32_t slot = blockIdx.x / bundle_tiles<kOps, kKind> ();
+  uint32_t j;
+
+  if (!in_tail<kOps, kKind> (cursor))
+    {
+      piece = Piece { cursor, 0, 0 };
+      return true;
+    }
+  if (cursor != kTailCursor || slot >= tail_split.rest * tail_split.parts)
+    return false;
+  j = slot / tail_split.rest;
+  piece.t = tail_split.whole_tiles + (slot % tail_split.rest) * bundle_tiles<kOps, kKind> () +
+            blockIdx.x % bundle_tiles<kOps, kKind> ();
+  piece.k_first = part_start (j);
+  piece.k_blocks = part_start (j + 1) - piece.k_first;
+  return true;
+}
+
 /* Hands ring stage `stage` back to the producer, and with paired CTAs to
  * the partner's too (which copies into this CTA's ring). */
 template <int kOps, int kKind>
@@ -845,7 +1010,8 @@ next_stage (uint32_t &stage, uint32_t &phase)
 
 template <int kOps, int kKind>
 __device__ __forceinline__ void
-produce (const GemmParams &p, uint32_t ctas, uint8_t *ring, float *scales, uint64_t *full, uint64_t *empty)
+produce (const GemmParams &p, uint32_t ctas, uint8_t *ring, float *scales,
+         uint64_t *full, uint64_t *empty)
 {
   using Cfg = Config<kOps>;
   constexpr bool kTransA = Layout<kOps, kKind>::kTransA;
@@ -869,8 +1035,15 @@ produce (const GemmParams &p, uint32_t ctas, uint8_t *ring, float *scales, uint6
 
   /* (A phantom's t lies past the end only on the direct schedule, where
    * total is no bound: the plan's never runs paired, pairs_pay().) */
-  for (uint32_t t = first_tile<kOps, kKind> (ctas); t < total; t += tile_step<kOps, kKind> (ctas))
+  for (uint32_t cursor = first_cursor<kOps, kKind> (ctas);;
+       cursor = next_cursor<kOps, kKind> (cursor, ctas))
     {
+      Piece piece;
+
+      if (!piece_at<kOps, kKind> (cursor, piece) || piece.t >= total)
+        break;
+      const uint32_t t = piece.t;
+
       if constexpr (Pairable<kOps, kKind>::value)
         {
           if (!locate_produced<kOps, kKind> (p, t, total, pair, walk, tile, shares_b, phantom))
@@ -880,6 +1053,8 @@ produce (const GemmParams &p, uint32_t ctas, uint8_t *ring, float *scales, uint6
         {
           break;
         }
+      if (piece.k_blocks != 0)
+        tile.k_blocks = piece.k_blocks;
       const TensorMap *map_a, *map_b;
       int32_t a_row;
 
@@ -907,7 +1082,7 @@ produce (const GemmParams &p, uint32_t ctas, uint8_t *ring, float *scales, uint6
         {
           uint8_t *tile_a = ring + stage * kStageBytes;
           uint8_t *tile_b = tile_a + Cfg::kTileABytes;
-          const int32_t k0 = (int32_t) kb * kBlockK;
+          const int32_t k0 = (int32_t) (piece.k_first + kb) * kBlockK;
 
           mbarrier_wait (&empty[stage], phase ^ 1);
           if (phantom)
@@ -1153,6 +1328,79 @@ __device__ __forceinline__ void
 consumer_sync (int half)
 {
   asm volatile ("bar.sync %0, 128;" :: "r" (1 + half) : "memory");
+}
+
+/* Where a tail tile's part j (1 to parts - 1) leaves its sums: the
+ * slot of the part's CTA in its bundle, this consumer's half, each
+ * thread's sums as float4s side by side across the warpgroup (coalesced;
+ * the two CTAs hold them alike). */
+template <int kOps, int kKind, int kBlockN>
+__device__ __forceinline__ float4 *
+partial_sums (const GemmParams &p, uint32_t r, uint32_t j, int half)
+{
+  const uint32_t slot = ((r * (tail_split.parts - 1) + j - 1) * bundle_tiles<kOps, kKind> () +
+                         blockIdx.x % bundle_tiles<kOps, kKind> ()) * 2 + half;
+
+  return reinterpret_cast<float4 *> (p.partials) + (uint64_t) slot * (kBlockN / 2 / 4) * 128 + threadIdx.x % 128;
+}
+
+template <int kOps, int kKind>
+__device__ __forceinline__ uint32_t *
+partial_flag (const GemmParams &p, uint32_t r, uint32_t j, int half)
+{
+  return p.partial_flags + ((r * (tail_split.parts - 1) + j - 1) * bundle_tiles<kOps, kKind> () +
+                            blockIdx.x % bundle_tiles<kOps, kKind> ()) * 2 + half;
+}
+
+/* A tail part past the first: its sums into its slot, and its flag
+ * raised. */
+template <int kOps, int kKind, int kBlockN>
+__device__ __forceinline__ void
+store_partial (const GemmParams &p, const float (&acc)[kBlockN / 2], uint32_t r, uint32_t j, int half)
+{
+  float4 *slot = partial_sums<kOps, kKind, kBlockN> (p, r, j, half);
+
+#pragma unroll
+  for (int i = 0; i < kBlockN / 2 / 4; i++)
+    __stcg (slot + i * 128, make_float4 (acc[4 * i], acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3]));
+  /* The warpgroup's stores, then the leader's fence (cumulative: it
+   * orders what the barrier made it see) and the flag. */
+  consumer_sync (half);
+  if (threadIdx.x % 128 == 0)
+    {
+      __threadfence ();
+      st_release_gpu (partial_flag<kOps, kKind> (p, r, j, half), 1);
+    }
+}
+
+/* A tail tile's first part, its stages done: waits for each other part's
+ * sums and adds them. */
+template <int kOps, int kKind, int kBlockN>
+__device__ __forceinline__ void
+add_partials (const GemmParams &p, float (&acc)[kBlockN / 2], uint32_t r, int half)
+{
+  for (uint32_t j = 1; j < tail_split.parts; j++)
+    {
+      const float4 *slot = partial_sums<kOps, kKind, kBlockN> (p, r, j, half);
+
+      if (threadIdx.x % 128 == 0)
+        {
+          while (ld_acquire_gpu (partial_flag<kOps, kKind> (p, r, j, half)) == 0)
+            __nanosleep (64);
+          __threadfence ();
+        }
+      consumer_sync (half);
+#pragma unroll
+      for (int i = 0; i < kBlockN / 2 / 4; i++)
+        {
+          const float4 v = __ldcg (slot + i * 128);
+
+          acc[4 * i] += v.x;
+          acc[4 * i + 1] += v.y;
+          acc[4 * i + 2] += v.z;
+          acc[4 * i + 3] += v.w;
+        }
+    }
 }
 
 /* The part of an output tile that one consumer computes and writes: 64
@@ -1967,8 +2215,8 @@ tile_products (float (&acc)[kN / 2], uint64_t desc_a0, uint64_t desc_b0, ScaleBl
 
 template <int kOps, int kKind>
 __device__ __forceinline__ void
-consume (const GemmParams &p, uint32_t ctas, uint8_t *ring, const float *scales, ScaleBlocks &sb,
-         uint64_t *full, uint64_t *empty, float *staging, int half)
+consume (const GemmParams &p, uint32_t ctas, uint8_t *ring, const float *scales,
+         ScaleBlocks &sb, uint64_t *full, uint64_t *empty, float *staging, int half)
 {
   using Cfg = Config<kOps>;
   constexpr bool kTransA = Layout<kOps, kKind>::kTransA;
@@ -2026,20 +2274,31 @@ consume (const GemmParams &p, uint32_t ctas, uint8_t *ring, const float *scales,
   if (have_next)
     prepare_next ();
 
-  for (uint32_t t = first_tile<kOps, kKind> (ctas);; t += tile_step<kOps, kKind> (ctas))
+  for (uint32_t cursor = first_cursor<kOps, kKind> (ctas);;
+       cursor = next_cursor<kOps, kKind> (cursor, ctas))
     {
-      if (direct)
-        {
-          if (!locate_tile<kOps, kKind> (p, t, walk, tile))
-            break;
-        }
-      else
-        {
-          if (!have_next)
-            break;
-          tile = next;
-          have_next = false;
-        }
+      /* (The plan's schedule splits nothing: there the cursor is the
+       * tile's index, which find_next() takes.) */
+      {
+        Piece piece;
+
+        if (!piece_at<kOps, kKind> (cursor, piece))
+          break;
+        if (direct)
+          {
+            if (!locate_tile<kOps, kKind> (p, piece.t, walk, tile))
+              break;
+          }
+        else
+          {
+            if (!have_next)
+              break;
+            tile = next;
+            have_next = false;
+          }
+        if (piece.k_blocks != 0)
+          tile.k_blocks = piece.k_blocks;
+      }
 
       const GroupWork w = direct ? group_work<kOps, kKind> (p, tile) : next_work;
       /* Per-tensor FP8 on the direct schedule: the group's scale inverses,
@@ -2050,7 +2309,7 @@ consume (const GemmParams &p, uint32_t ctas, uint8_t *ring, const float *scales,
       float scale_a = 1.0f, scale_b = 1.0f;
       auto on_first_stage = [&] ()
       {
-        find_next (t);
+        find_next (cursor);
         if (copies_tile_scales<kOps, kKind> (p))
           {
             scale_a = scales[first_stage * Cfg::kScaleSlot];
@@ -2111,7 +2370,24 @@ consume (const GemmParams &p, uint32_t ctas, uint8_t *ring, const float *scales,
 #pragma unroll
           for (int i = 0; i < kBlockN / 2; i++)
             acc[i] = 0.0f;
-          find_next (t);
+          find_next (cursor);
+        }
+      /* A tail tile's part (TailSplit): the later parts leave their sums
+       * to the first, which adds them (all before any scale). */
+      if constexpr (StreamKCapable<kOps, kKind>::value)
+        {
+          if (in_tail<kOps, kKind> (cursor))
+            {
+              const uint32_t slot = blockIdx.x / bundle_tiles<kOps, kKind> ();
+              const uint32_t r = slot % tail_split.rest, j = slot / tail_split.rest;
+
+              if (j != 0)
+                {
+                  store_partial<kOps, kKind, kBlockN> (p, acc, r, j, half);
+                  continue;
+                }
+              add_partials<kOps, kKind, kBlockN> (p, acc, r, half);
+            }
         }
       /* FP8: the sums' scale, applied as they are stored. Per-tensor: the
        * groups' scale inverses. Blockwise: 1 (the scales were applied
@@ -2203,8 +2479,22 @@ gemm_kernel (const __grid_constant__ GemmParams p)
   /* Launched as a programmatic dependent (of the plan, or on the direct
    * schedule of whatever came before): what it wrote is read from here on. */
   grid_dependency_wait ();
+  /* The stream-K tail's split (TailSplit), or none. Every warp works it
+   * out (a warp alone, diverged from the others, made ptxas spill the
+   * consumers' sums); a split tail takes every CTA of the grid. */
+  bool split = false;
+
+  if constexpr (StreamKCapable<kOps, kKind>::value)
+    {
+      const TailSplit mine = p.stream_k ? plan_tail_split<kOps, kKind> (p) : TailSplit { UINT32_MAX, 0, 0, 0 };
+
+      if (threadIdx.x == 0)
+        tail_split = mine;
+      __syncthreads ();
+      split = mine.whole_tiles != UINT32_MAX;
+    }
   /* (Each warp counts for itself: the sizes are read-only, and hit in L1.) */
-  const uint32_t ctas = working_ctas<kOps, kKind> (p);
+  const uint32_t ctas = split ? gridDim.x : working_ctas<kOps, kKind> (p);
 
   if (warpgroup == 0)
     {

@@ -449,6 +449,29 @@ wgmma_fence_operand (float (&registers)[kCount])
     asm volatile ("" : "+f" (registers[i]) :: "memory");
 }
 
+/* A flag between CTAs (the stream-K tail's partial sums): the store
+ * publishes, at GPU scope, every write this thread ordered before it (the
+ * writers' fences and a barrier order the others'); the load sees them once
+ * it reads the stored value. */
+__device__ __forceinline__ void
+st_release_gpu (uint32_t *flag, uint32_t value)
+{
+#if GMLP_SM90_ENABLED
+  asm volatile ("st.release.gpu.global.u32 [%0], %1;" :: "l" (flag), "r" (value) : "memory");
+#endif
+}
+
+__device__ __forceinline__ uint32_t
+ld_acquire_gpu (const uint32_t *flag)
+{
+  uint32_t value = 0;
+
+#if GMLP_SM90_ENABLED
+  asm volatile ("ld.acquire.gpu.global.u32 %0, [%1];" : "=r" (value) : "l" (flag) : "memory");
+#endif
+  return value;
+}
+
 /* The shared-memory matrix descriptor of wgmma, for 128-byte swizzled
  * tiles: each 128-byte row holds 64 16-bit elements, 8 rows make one
  * 1024-byte swizzle atom.

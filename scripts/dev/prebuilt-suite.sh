@@ -63,6 +63,12 @@ run grouped-linear-plan-sm90-even-waves GMLP_CUDA_HOST_GEMM=sm90 GMLP_SM90_SCHED
 run grouped-linear-fp8-paired-sm90-even-waves GMLP_CUDA_HOST_GEMM=sm90 GMLP_SM90_FP8_TILES=192 GMLP_SM90_PAIRS=1 \
   GMLP_SM90_EVEN_WAVES=1 "$tests/test-grouped-linear-fp8-forced"
 wait
+run grouped-linear-sm90-stream-k GMLP_CUDA_HOST_GEMM=sm90 GMLP_SM90_STREAM_K=1 GMLP_SM90_GRID=6 \
+  "$tests/test-grouped-linear-host-sm90"
+run grouped-linear-fp8-tiles128-sm90-stream-k GMLP_CUDA_HOST_GEMM=sm90 GMLP_SM90_STREAM_K=1 GMLP_SM90_GRID=6 \
+  GMLP_SM90_FP8_TILES=128 "$tests/test-grouped-linear-fp8-forced"
+run grouped-linear-fp8-paired-sm90-stream-k GMLP_CUDA_HOST_GEMM=sm90 GMLP_SM90_STREAM_K=1 GMLP_SM90_GRID=6 \
+  GMLP_SM90_FP8_TILES=192 GMLP_SM90_PAIRS=1 "$tests/test-grouped-linear-fp8-forced"
 run grouped-linear-fp8-portable GMLP_CUDA_DEVICE_GEMM=portable "$tests/test-grouped-linear-fp8-forced" \
   -p /Gmlp/GroupedLinear/fp8/device-sizes
 wait
