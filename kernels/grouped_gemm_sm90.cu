@@ -442,15 +442,17 @@ struct WorkspaceLayout
   size_t total;
 };
 
-/* The stream-K tail's room: each CTA's slot of partial sums and its two
- * flags (stream_k_launch_sms()), or 0 where the product never splits. */
+/* The split tail's room on a grid of n_sms CTAs (grid_ctas()): each
+ * CTA's slot of partial sums and its two flags, or 0 where the product
+ * never splits (stream_k_pays()). */
 struct StreamKRoom
 {
   size_t partials;
   size_t flags;
 };
 
-StreamKRoom stream_k_room (const GmlpKernelDeviceGemm *g);
+StreamKRoom stream_k_room (const GmlpKernelDeviceGemm *g, int n_sms);
+int         device_grid_ctas ();
 
 size_t
 round_up (size_t n, size_t alignment)
@@ -513,7 +515,7 @@ workspace_layout (const GmlpKernelDeviceGemm *g)
       off += (size_t) g->k * (size_t) repack_capacity (g);
     }
   {
-    const StreamKRoom room = stream_k_room (g);
+    const StreamKRoom room = stream_k_room (g, device_grid_ctas ());
 
     l.partials = off = round_up (off, 256);
     off += room.partials;
@@ -972,20 +974,27 @@ stream_k_pays (const GmlpKernelDeviceGemm *g, int block_n, int n_sms)
   return forced || (!gmlp_num_dtype_is_fp8 (g->ab_dtype) && long_product (g, block_n, n_sms));
 }
 
-StreamKRoom
-stream_k_room (const GmlpKernelDeviceGemm *g)
+/* The CTAs of a launch on the current device (grid_ctas()), or 0. */
+int
+device_grid_ctas ()
 {
-  StreamKRoom room = { 0, 0 };
   int device, n_sms = 0;
 
   if (cudaGetDevice (&device) != cudaSuccess ||
       cudaDeviceGetAttribute (&n_sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
     {
       (void) cudaGetLastError ();
-      return room;
+      return 0;
     }
-  n_sms = grid_ctas (n_sms);
-  if (!stream_k_pays (g, block_n_of (g), n_sms))
+  return grid_ctas (n_sms);
+}
+
+StreamKRoom
+stream_k_room (const GmlpKernelDeviceGemm *g, int n_sms)
+{
+  StreamKRoom room = { 0, 0 };
+
+  if (n_sms <= 0 || !stream_k_pays (g, block_n_of (g), n_sms))
     return room;
   /* A slot: two halves of 64 rows × block_n FP32 sums. */
   room.partials = (size_t) n_sms * 128 * (size_t) block_n_of (g) * sizeof (float);
@@ -1296,18 +1305,18 @@ gmlp_kernel_device_gemm_sm90 (const GmlpKernelDeviceGemm *gemm,
   if (direct_schedule (gemm, &params.direct, params.pairs ? &params.b_half : nullptr))
     {
       params.use_direct = 1;
-      if (stream_k_pays (gemm, block_n, n_sms) && layout.partial_flags > layout.partials)
-        {
-          /* The flags start lowered; the workspace's room was sized for
-           * this grid (stream_k_room()). */
-          const size_t flags = (size_t) n_sms * 2 * sizeof (uint32_t);
+      const StreamKRoom room = stream_k_room (gemm, n_sms);
 
-          if (layout.total - layout.partial_flags < flags)
+      if (room.flags != 0)
+        {
+          /* The workspace's room was sized for the current device's grid:
+           * this one's must fit it. The flags start lowered. */
+          if (layout.partial_flags - layout.partials < room.partials || layout.total - layout.partial_flags < room.flags)
             return GMLP_KERNEL_INVALID_VALUE;
           params.stream_k = 1;
           params.partials = reinterpret_cast<float *> (ws + layout.partials);
           params.partial_flags = reinterpret_cast<uint32_t *> (ws + layout.partial_flags);
-          const cudaError_t err = cudaMemsetAsync (params.partial_flags, 0, flags, stream);
+          const cudaError_t err = cudaMemsetAsync (params.partial_flags, 0, room.flags, stream);
 
           if (err != cudaSuccess)
             return record_cuda_error (err);

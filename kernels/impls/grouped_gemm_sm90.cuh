@@ -730,7 +730,7 @@ tile_step (uint32_t ctas)
 constexpr bool
 stream_k_capable (int ops, int kind)
 {
-  return direct_capable (ops, kind) && kind != GMLP_KERNEL_GEMM_WGRAD && !ops_block_scaled (ops);
+  return direct_capable (ops, kind) && !ops_block_scaled (ops);
 }
 
 template <int kOps, int kKind>
@@ -1010,8 +1010,7 @@ next_stage (uint32_t &stage, uint32_t &phase)
 
 template <int kOps, int kKind>
 __device__ __forceinline__ void
-produce (const GemmParams &p, uint32_t ctas, uint8_t *ring, float *scales,
-         uint64_t *full, uint64_t *empty)
+produce (const GemmParams &p, uint32_t ctas, uint8_t *ring, float *scales, uint64_t *full, uint64_t *empty)
 {
   using Cfg = Config<kOps>;
   constexpr bool kTransA = Layout<kOps, kKind>::kTransA;
@@ -1330,26 +1329,23 @@ consumer_sync (int half)
   asm volatile ("bar.sync %0, 128;" :: "r" (1 + half) : "memory");
 }
 
-/* Where a tail tile's part j (1 to parts - 1) leaves its sums: the
- * slot of the part's CTA in its bundle, this consumer's half, each
- * thread's sums as float4s side by side across the warpgroup (coalesced;
- * the two CTAs hold them alike). */
-template <int kOps, int kKind, int kBlockN>
-__device__ __forceinline__ float4 *
-partial_sums (const GemmParams &p, uint32_t r, uint32_t j, int half)
+/* The slot of tail tile r's part j (1 to parts - 1), this CTA's tile of
+ * its bundle and this consumer's half: one slot of sums and one flag. */
+template <int kOps, int kKind>
+__device__ __forceinline__ uint32_t
+partial_slot (uint32_t r, uint32_t j, int half)
 {
-  const uint32_t slot = ((r * (tail_split.parts - 1) + j - 1) * bundle_tiles<kOps, kKind> () +
-                         blockIdx.x % bundle_tiles<kOps, kKind> ()) * 2 + half;
-
-  return reinterpret_cast<float4 *> (p.partials) + (uint64_t) slot * (kBlockN / 2 / 4) * 128 + threadIdx.x % 128;
+  return ((r * (tail_split.parts - 1) + j - 1) * bundle_tiles<kOps, kKind> () +
+          blockIdx.x % bundle_tiles<kOps, kKind> ()) * 2 + half;
 }
 
-template <int kOps, int kKind>
-__device__ __forceinline__ uint32_t *
-partial_flag (const GemmParams &p, uint32_t r, uint32_t j, int half)
+/* Where a part leaves its sums: each thread's as float4s side by side
+ * across the warpgroup (coalesced; the two CTAs hold them alike). */
+template <int kBlockN>
+__device__ __forceinline__ float4 *
+partial_sums (const GemmParams &p, uint32_t slot)
 {
-  return p.partial_flags + ((r * (tail_split.parts - 1) + j - 1) * bundle_tiles<kOps, kKind> () +
-                            blockIdx.x % bundle_tiles<kOps, kKind> ()) * 2 + half;
+  return reinterpret_cast<float4 *> (p.partials) + (uint64_t) slot * (kBlockN / 2 / 4) * 128 + threadIdx.x % 128;
 }
 
 /* A tail part past the first: its sums into its slot, and its flag
@@ -1358,18 +1354,19 @@ template <int kOps, int kKind, int kBlockN>
 __device__ __forceinline__ void
 store_partial (const GemmParams &p, const float (&acc)[kBlockN / 2], uint32_t r, uint32_t j, int half)
 {
-  float4 *slot = partial_sums<kOps, kKind, kBlockN> (p, r, j, half);
+  const uint32_t slot = partial_slot<kOps, kKind> (r, j, half);
+  float4 *sums = partial_sums<kBlockN> (p, slot);
 
 #pragma unroll
   for (int i = 0; i < kBlockN / 2 / 4; i++)
-    __stcg (slot + i * 128, make_float4 (acc[4 * i], acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3]));
+    __stcg (sums + i * 128, make_float4 (acc[4 * i], acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3]));
   /* The warpgroup's stores, then the leader's fence (cumulative: it
    * orders what the barrier made it see) and the flag. */
   consumer_sync (half);
   if (threadIdx.x % 128 == 0)
     {
       __threadfence ();
-      st_release_gpu (partial_flag<kOps, kKind> (p, r, j, half), 1);
+      st_release_gpu (p.partial_flags + slot, 1);
     }
 }
 
@@ -1381,11 +1378,12 @@ add_partials (const GemmParams &p, float (&acc)[kBlockN / 2], uint32_t r, int ha
 {
   for (uint32_t j = 1; j < tail_split.parts; j++)
     {
-      const float4 *slot = partial_sums<kOps, kKind, kBlockN> (p, r, j, half);
+      const uint32_t slot = partial_slot<kOps, kKind> (r, j, half);
+      const float4 *sums = partial_sums<kBlockN> (p, slot);
 
       if (threadIdx.x % 128 == 0)
         {
-          while (ld_acquire_gpu (partial_flag<kOps, kKind> (p, r, j, half)) == 0)
+          while (ld_acquire_gpu (p.partial_flags + slot) == 0)
             __nanosleep (64);
           __threadfence ();
         }
@@ -1393,7 +1391,7 @@ add_partials (const GemmParams &p, float (&acc)[kBlockN / 2], uint32_t r, int ha
 #pragma unroll
       for (int i = 0; i < kBlockN / 2 / 4; i++)
         {
-          const float4 v = __ldcg (slot + i * 128);
+          const float4 v = __ldcg (sums + i * 128);
 
           acc[4 * i] += v.x;
           acc[4 * i + 1] += v.y;
@@ -2215,8 +2213,8 @@ tile_products (float (&acc)[kN / 2], uint64_t desc_a0, uint64_t desc_b0, ScaleBl
 
 template <int kOps, int kKind>
 __device__ __forceinline__ void
-consume (const GemmParams &p, uint32_t ctas, uint8_t *ring, const float *scales,
-         ScaleBlocks &sb, uint64_t *full, uint64_t *empty, float *staging, int half)
+consume (const GemmParams &p, uint32_t ctas, uint8_t *ring, const float *scales, ScaleBlocks &sb,
+         uint64_t *full, uint64_t *empty, float *staging, int half)
 {
   using Cfg = Config<kOps>;
   constexpr bool kTransA = Layout<kOps, kKind>::kTransA;
