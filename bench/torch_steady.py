@@ -15,14 +15,22 @@ draws its skewed split from a Dirichlet law, a different problem), its
 1 s rest before each shape and routing. gmlp-bench --method=do-bench times
 libgmlp the do_bench way.
 
-    python3 bench/torch_steady.py [-s SHAPE] [-n ITERS] [--rest-ms MS] [--warm-ms MS]
+    python3 bench/torch_steady.py [-s SHAPE] [-n ITERS] [--rest-ms MS] [--warm-ms MS] [--dense]
 
 --warm-ms sets the back-to-back time before each steady timing, as
 gmlp-bench --warm-ms does (default 400).
 
+--dense times instead one dense product of each shape's whole size (all M
+rows by the first expert's weights: the same FLOPs, one GEMM):
+torch.matmul in BF16 (cuBLAS), and torch._scaled_mm in FP8 E4M3 with
+per-tensor scales (cuBLASLt), with and without fast accumulation, both
+ways. Those are what the hardware gives one library call at the power
+limit: the ceiling a grouped product of the same size can be held against.
+
 One JSON line per shape and routing: OP_steady_tflops (gmlp-bench's
 method) and OP_dobench_tflops (anchors.py's), OP one of grouped_fprop,
-grouped_wgrad, fp8_grouped_fprop.
+grouped_wgrad, fp8_grouped_fprop (with --dense: dense_bf16, dense_fp8,
+dense_fp8_fast_accum).
 
 SPDX-License-Identifier: LGPL-2.1-or-later
 """
@@ -94,15 +102,62 @@ def dobench_ms(fn):
     return do_bench(fn, warmup=25, rep=200, return_mode="median")
 
 
+def report(row, ops, args, flops):
+    """Times each op of ops into row (steady, then do_bench), prints it."""
+    torch.cuda.synchronize()
+    time.sleep(args.rest_ms / 1000.0)
+    for op, fn in ops.items():
+        try:
+            fn()
+            row[op + "_steady_ms"] = steady_ms(fn, args.iters, args.warm_ms)
+        except RuntimeError as e:
+            row[op + "_err"] = repr(e)[:300]
+    # do_bench after every steady timing: it starts from the power
+    # limit here, where anchors.py's follows whatever ran before.
+    for op, fn in ops.items():
+        if op + "_err" not in row:
+            row[op + "_dobench_ms"] = dobench_ms(fn)
+    for k in list(row):
+        if k.endswith("_ms"):
+            row[k[:-3] + "_tflops"] = round(flops / (row[k] * 1e-3) / 1e12, 1)
+    print(json.dumps(row), flush=True)
+
+
+def dense(args, dev):
+    """--dense: one product of each shape's whole size."""
+    for name, E, M, K, N in SHAPES:
+        if args.shape and args.shape != name:
+            continue
+        x = torch.randn(M, K, device=dev, dtype=torch.bfloat16)
+        w = torch.randn(N, K, device=dev, dtype=torch.bfloat16) * 0.02
+        wt = w.t()
+        xf = x.to(torch.float8_e4m3fn)
+        wft = w.to(torch.float8_e4m3fn).t()   # column-major, as _scaled_mm takes B
+        one = torch.ones((), device=dev, dtype=torch.float32)
+        ops = {
+            "dense_bf16": lambda: torch.matmul(x, wt),
+            "dense_fp8": lambda: torch._scaled_mm(xf, wft, one, one, out_dtype=torch.bfloat16),
+            "dense_fp8_fast_accum": lambda: torch._scaled_mm(xf, wft, one, one, out_dtype=torch.bfloat16,
+                                                             use_fast_accum=True),
+        }
+        row = {"bench": "torch-dense-steady", "device": torch.cuda.get_device_name(0),
+               "torch": torch.__version__, "shape": name, "M": M, "K": K, "N": N}
+        report(row, ops, args, 2.0 * M * N * K)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("-s", "--shape")
     parser.add_argument("-n", "--iters", type=int, default=100)
     parser.add_argument("--rest-ms", type=int, default=1000)
     parser.add_argument("--warm-ms", type=int, default=WARM_UP_MS)
+    parser.add_argument("--dense", action="store_true")
     args = parser.parse_args()
     dev = "cuda"
     torch.manual_seed(0)
+    if args.dense:
+        dense(args, dev)
+        return
 
     for name, E, M, K, N in SHAPES:
         if args.shape and args.shape != name:
@@ -128,24 +183,7 @@ def main():
             row = {"bench": "torch-steady", "device": torch.cuda.get_device_name(0),
                    "torch": torch.__version__, "shape": name, "E": E, "M": M, "K": K, "N": N,
                    "skew": skew}
-            torch.cuda.synchronize()
-            time.sleep(args.rest_ms / 1000.0)
-            for op, fn in ops.items():
-                try:
-                    fn()
-                    row[op + "_steady_ms"] = steady_ms(fn, args.iters, args.warm_ms)
-                except RuntimeError as e:
-                    row[op + "_err"] = repr(e)[:300]
-            # do_bench after every steady timing: it starts from the power
-            # limit here, where anchors.py's follows whatever ran before.
-            for op, fn in ops.items():
-                if op + "_err" not in row:
-                    row[op + "_dobench_ms"] = dobench_ms(fn)
-            for k in list(row):
-                if k.endswith("_ms"):
-                    row[k[:-3] + "_tflops"] = round(flops / (row[k] * 1e-3) / 1e12, 1)
-            print(json.dumps(row), flush=True)
-
+            report(row, ops, args, flops)
 
 if __name__ == "__main__":
     main()

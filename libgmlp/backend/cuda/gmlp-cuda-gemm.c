@@ -790,9 +790,15 @@ gmlp_cuda_gemm_uniform_products (const GmlpBackendGemm *gemm,
  *          tiles) 551 vs 460; small-e64 balanced 249 vs 288, skewed (59%)
  *          239 vs 182; DGRAD alike
  *
- * and WGRAD of unequal products below the batched size (a uniform set runs
- * batched, a little faster still): dsv3-fc1 skewed 604 vs 524 for the
- * loop (device sizes against host sizes, one run).
+ * and WGRAD and FPROP of unequal products below the batched size (a
+ * uniform set runs batched, a little faster still), which the loop runs a
+ * product of under a wave or a few at a time, each ending in a part-empty
+ * wave, where the Hopper kernel runs all of them in one grid (its split
+ * tail evens the last wave): dsv3-fc1 skewed WGRAD 604 vs 524 for the
+ * loop (device sizes against host sizes, one run), FPROP 605-606 vs
+ * 578-594 (585 for cublas_loop_steady; past the clock dip, two rounds).
+ * 16-bit DGRAD stays on cuBLAS: its B arrives MN-major, which the kernel
+ * reads slower (dsv3-fc1 skewed 486-556 on the kernel, 594 looped).
  *
  * GMLP_CUDA_HOST_GEMM=cublas or =sm90 forces one side, for comparisons. */
 #define GMLP_CUDA_SM90_MAX_TILED 0.95
@@ -827,7 +833,7 @@ gmlp_cuda_gemm_prefer_sm90 (const GmlpBackendGemm  *gemm,
       g_autofree GmlpCudaProduct *uniform = NULL;
       guint count;
 
-      if (gemm->kind != GMLP_GEMM_WGRAD || !gmlp_cuda_gemm_below_batched_size (plan))
+      if (gemm->kind == GMLP_GEMM_DGRAD || !gmlp_cuda_gemm_below_batched_size (plan))
         return FALSE;
       uniform = gmlp_cuda_gemm_uniform_products (gemm, &count);
       return uniform == NULL;
