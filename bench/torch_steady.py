@@ -185,5 +185,6 @@ def main():
                    "skew": skew}
             report(row, ops, args, flops)
 
+
 if __name__ == "__main__":
     main()
