@@ -44,22 +44,12 @@
 
 #include <gmlp.h>
 
-typedef struct {
-  const char *name;
-  gint64      experts, rows, in, out;
-} Shape;
-
-static const Shape anchor_shapes[] = {
-  { "mixtral-fc1", 8, 16384, 4096, 14336 },
-  { "dsv3-fc1", 32, 32768, 7168, 2048 },
-  { "qwen3-fc1", 128, 65536, 2048, 768 },
-  { "small-e64", 64, 8192, 1024, 1024 },
-};
+#include "bench-shapes.h"
 
 /* The shapes run: the anchors', or --dims's. */
-static Shape custom_shape;
-static const Shape *shapes = anchor_shapes;
-static guint n_shapes = G_N_ELEMENTS (anchor_shapes);
+static BenchShape custom_shape;
+static const BenchShape *shapes = bench_anchor_shapes;
+static guint n_shapes;
 
 static char *only_shape = NULL;
 static char *dims = NULL;
@@ -140,41 +130,12 @@ static const GOptionEntry entries[] = {
   { NULL }
 };
 
-/* Group sizes: balanced, or the skewed split of cublas_anchor.cu. */
+/* Group sizes: balanced, or the skewed split of cublas_anchor.cu (in
+ * multiples of 16 rows, fewer where --divide shrinks the shape). */
 static gint64 *
 split_rows (gint64 experts, gint64 rows, gboolean skew)
 {
-  gint64 *m = g_new (gint64, experts);
-  gint64 e, acc = 0;
-
-  if (!skew)
-    {
-      for (e = 0; e < experts; e++)
-        m[e] = rows / experts;
-      m[0] += rows - (rows / experts) * experts;
-      return m;
-    }
-
-  {
-    double *w = g_new (double, experts), total = 0.0;
-    guint32 x = 12345;
-    gint64 align = MAX (16 / divide, 1);
-
-    for (e = 0; e < experts; e++)
-      {
-        x = x * 1103515245u + 12345u;
-        w[e] = 1.0 + ((x >> 8) % 1000) / 250.0;
-        total += w[e];
-      }
-    for (e = 0; e < experts; e++)
-      {
-        m[e] = (gint64) (w[e] / total * rows / align) * align;
-        acc += m[e];
-      }
-    m[0] += rows - acc;
-    g_free (w);
-  }
-  return m;
+  return bench_split_rows (experts, rows, skew, MAX (16 / divide, 1));
 }
 
 typedef struct {
@@ -385,7 +346,7 @@ device_sizes_tensor (GmlpDevice *device, const gint64 *m, guint n, GError **erro
 }
 
 static gboolean
-bench_shape (GmlpDevice *device, const Shape *s, gboolean skew, GError **error)
+bench_shape (GmlpDevice *device, const BenchShape *s, gboolean skew, GError **error)
 {
   gint64 rows = s->rows / divide, in = MAX (s->in / divide, 1), out = MAX (s->out / divide, 1);
   g_autofree gint64 *m = split_rows (s->experts, rows, skew);
@@ -535,7 +496,7 @@ op_quantize (gpointer data, guint i, GError **error)
 }
 
 static gboolean
-bench_quantize (GmlpDevice *device, const Shape *s, gboolean skew, GError **error)
+bench_quantize (GmlpDevice *device, const BenchShape *s, gboolean skew, GError **error)
 {
   gint64 rows = s->rows / divide, in = MAX (s->in / divide, 1);
   g_autofree gint64 *m = split_rows (s->experts, rows, skew);
@@ -599,7 +560,7 @@ op_mlp_step (gpointer data, guint i, GError **error)
 }
 
 static gboolean
-bench_mlp (GmlpDevice *device, const Shape *s, gboolean skew, GError **error)
+bench_mlp (GmlpDevice *device, const BenchShape *s, gboolean skew, GError **error)
 {
   gint64 rows = s->rows / divide, k = MAX (s->in / divide, 1), n = MAX (s->out / divide, 1);
   g_autofree gint64 *m = split_rows (s->experts, rows, skew);
@@ -844,6 +805,7 @@ main (int argc, char *argv[])
   guint s, skew;
   gboolean any = FALSE;
 
+  n_shapes = bench_n_anchor_shapes;
   g_option_context_add_main_entries (context, entries, NULL);
   if (!g_option_context_parse (context, &argc, &argv, &error))
     {
@@ -870,7 +832,7 @@ main (int argc, char *argv[])
 
   if (dims != NULL)
     {
-      Shape custom = { "custom", 0, 0, 0, 0 };
+      BenchShape custom = { "custom", 0, 0, 0, 0 };
       char end;
 
       if (sscanf (dims, "%" G_GINT64_FORMAT ",%" G_GINT64_FORMAT ",%" G_GINT64_FORMAT ",%" G_GINT64_FORMAT "%c",

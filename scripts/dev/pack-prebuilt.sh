@@ -27,6 +27,7 @@ mkdir -p .prebuilt/libgmlp/backend/cuda .prebuilt/bench .prebuilt/debs
 cp -L build/libgmlp/libgmlp-1.0.so.0 .prebuilt/libgmlp/
 cp "$backend" .prebuilt/libgmlp/backend/cuda/
 cp build/bench/gmlp-bench .prebuilt/bench/
+[ ! -f build/bench/gmlp-versus-loop ] || cp build/bench/gmlp-versus-loop .prebuilt/bench/
 for t in "$@"; do
   mkdir -p .prebuilt/tests
   cp "build/tests/$t" .prebuilt/tests/
