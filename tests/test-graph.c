@@ -629,6 +629,109 @@ test_device_sizes (void)
     }
 }
 
+/* A GroupedLinear with bias and a single grouped weight of random values
+ * (their float64 values in *w and *b). */
+static GmlpGroupedLinear *
+random_linear (GmlpDevice *device,
+               GmlpDType   dtype,
+               guint       n,
+               gint64      k,
+               gint64      o,
+               double    **w,
+               double    **b)
+{
+  g_autoptr(GError) error = NULL;
+  g_autoptr(GBytes) wb = random_values (dtype, n * o * k, 0.5, w);
+  g_autoptr(GBytes) bb = random_values (dtype, n * o, 0.5, b);
+  GmlpGroupedLinear *layer = gmlp_grouped_linear_new_full (device, n, k, o, dtype,
+                                                           GMLP_LINEAR_BIAS | GMLP_LINEAR_SINGLE_GROUPED_WEIGHT,
+                                                           &error);
+
+  g_assert_no_error (error);
+  g_assert_true (gmlp_grouped_linear_set_weight_from_bytes (layer, wb, &error));
+  g_assert_true (gmlp_grouped_linear_set_bias_from_bytes (layer, bb, &error));
+  g_assert_no_error (error);
+  return layer;
+}
+
+/* A forward (y) and backward (dx) of layer on x and dy, captured. */
+static GmlpGraph *
+capture_step (GmlpGroupedLinear  *layer,
+              GmlpGroupedTensor  *x,
+              GmlpGroupedTensor  *dy,
+              GmlpGroupedTensor **y,
+              GmlpGroupedTensor **dx)
+{
+  GmlpDevice *device = gmlp_grouped_tensor_get_device (x);
+  g_autoptr(GmlpSavedActivations) saved = NULL;
+  g_autoptr(GError) error = NULL;
+  GmlpGraph *graph;
+
+  g_assert_true (gmlp_device_begin_capture (device, &error));
+  g_assert_no_error (error);
+  *y = gmlp_grouped_linear_forward (layer, x, &saved, &error);
+  g_assert_no_error (error);
+  *dx = gmlp_grouped_linear_backward (layer, saved, dy, &error);
+  g_assert_no_error (error);
+  graph = gmlp_device_end_capture (device, &error);
+  g_assert_no_error (error);
+  return graph;
+}
+
+/* After a replay of capture_step()'s graph on x and dy (xv and dyv, rows
+ * of n groups): y, dx and layer's weight and bias gradients equal the
+ * float64 reference, and the same step run eagerly, bit for bit. */
+static void
+assert_replayed_step (GmlpGroupedLinear *layer,
+                      GmlpGroupedTensor *x,
+                      GmlpGroupedTensor *dy,
+                      GmlpGroupedTensor *y,
+                      GmlpGroupedTensor *dx,
+                      const gint64      *rows,
+                      guint              n,
+                      const double      *xv,
+                      const double      *w,
+                      const double      *b,
+                      const double      *dyv)
+{
+  gint64 k = gmlp_grouped_tensor_get_cols (x), o = gmlp_grouped_tensor_get_cols (dy);
+  gint64 total = sum_rows (rows, n);
+  g_autofree double *yr = g_new (double, MAX (total * o, 1)), *dxr = g_new (double, MAX (total * k, 1));
+  g_autofree double *dwr = g_new (double, n * o * k), *dbr = g_new (double, n * o);
+  g_autoptr(GmlpSavedActivations) eager_saved = NULL;
+  g_autoptr(GmlpGroupedTensor) ey = NULL, edx = NULL;
+  g_autoptr(GError) error = NULL;
+  GBytes *graph_out[4], *eager_out[4];
+  guint i;
+
+  gmlp_test_linear_reference (rows, n, k, o, xv, w, b, dyv, dyv, yr, dxr, dwr, dbr);
+  assert_values (y, yr, total * o, "y (replay)");
+  assert_values (dx, dxr, total * k, "dx (replay)");
+  assert_values (gmlp_grouped_linear_get_wgrad (layer), dwr, n * o * k, "dW (replay)");
+  assert_values (gmlp_grouped_linear_get_bgrad (layer), dbr, n * o, "db (replay)");
+
+  graph_out[0] = gmlp_grouped_tensor_to_bytes (y, &error);
+  graph_out[1] = gmlp_grouped_tensor_to_bytes (dx, &error);
+  graph_out[2] = gmlp_grouped_tensor_to_bytes (gmlp_grouped_linear_get_wgrad (layer), &error);
+  graph_out[3] = gmlp_grouped_tensor_to_bytes (gmlp_grouped_linear_get_bgrad (layer), &error);
+  g_assert_no_error (error);
+  ey = gmlp_grouped_linear_forward (layer, x, &eager_saved, &error);
+  g_assert_no_error (error);
+  edx = gmlp_grouped_linear_backward (layer, eager_saved, dy, &error);
+  g_assert_no_error (error);
+  eager_out[0] = gmlp_grouped_tensor_to_bytes (ey, &error);
+  eager_out[1] = gmlp_grouped_tensor_to_bytes (edx, &error);
+  eager_out[2] = gmlp_grouped_tensor_to_bytes (gmlp_grouped_linear_get_wgrad (layer), &error);
+  eager_out[3] = gmlp_grouped_tensor_to_bytes (gmlp_grouped_linear_get_bgrad (layer), &error);
+  g_assert_no_error (error);
+  for (i = 0; i < 4; i++)
+    {
+      g_assert_true (g_bytes_equal (graph_out[i], eager_out[i]));
+      g_bytes_unref (graph_out[i]);
+      g_bytes_unref (eager_out[i]);
+    }
+}
+
 /* A whole forward and backward of a GroupedLinear with its group sizes on
  * the device, captured once and replayed with other sizes and data written
  * in between (an empty group among them): each replay equals the same step
@@ -643,9 +746,8 @@ test_grouped_linear (void)
   const gint64 k = 136, o = 264, capacity = 400, three = n;
   g_autoptr(GmlpGroupedLinear) layer = NULL;
   g_autoptr(GmlpGroupedTensor) sizes = NULL, x = NULL, dy = NULL, y = NULL, dx = NULL;
-  g_autoptr(GmlpSavedActivations) saved = NULL;
   g_autoptr(GmlpGraph) graph = NULL;
-  g_autoptr(GBytes) wb = NULL, bb = NULL, zero_sizes = NULL;
+  g_autoptr(GBytes) zero_sizes = NULL;
   g_autoptr(GError) error = NULL;
   g_autofree double *w = NULL, *b = NULL;
   gint64 no_rows[3] = { 0, 0, 0 };
@@ -654,16 +756,7 @@ test_grouped_linear (void)
   if (device == NULL)
     return;
 
-  layer = gmlp_grouped_linear_new_full (device, n, k, o, dtype,
-                                        GMLP_LINEAR_BIAS | GMLP_LINEAR_SINGLE_GROUPED_WEIGHT, &error);
-  g_assert_no_error (error);
-  wb = random_values (dtype, n * o * k, 0.5, &w);
-  bb = random_values (dtype, n * o, 0.5, &b);
-  g_assert_true (gmlp_grouped_linear_set_weight_from_bytes (layer, wb, &error));
-  g_assert_no_error (error);
-  g_assert_true (gmlp_grouped_linear_set_bias_from_bytes (layer, bb, &error));
-  g_assert_no_error (error);
-
+  layer = random_linear (device, dtype, n, k, o, &w, &b);
   zero_sizes = g_bytes_new (no_rows, sizeof no_rows);
   sizes = gmlp_grouped_tensor_new_from_bytes (device, GMLP_DTYPE_INT64, &three, 1, 1, zero_sizes, &error);
   g_assert_no_error (error);
@@ -671,24 +764,14 @@ test_grouped_linear (void)
   g_assert_no_error (error);
   dy = gmlp_grouped_tensor_new_with_device_sizes (device, dtype, sizes, capacity, o, &error);
   g_assert_no_error (error);
-
-  g_assert_true (gmlp_device_begin_capture (device, &error));
-  g_assert_no_error (error);
-  y = gmlp_grouped_linear_forward (layer, x, &saved, &error);
-  g_assert_no_error (error);
-  dx = gmlp_grouped_linear_backward (layer, saved, dy, &error);
-  g_assert_no_error (error);
-  graph = gmlp_device_end_capture (device, &error);
-  g_assert_no_error (error);
+  graph = capture_step (layer, x, dy, &y, &dx);
 
   for (replay = 0; replay < 3; replay++)
     {
       gint64 rows[3];
-      g_autofree double *xv = NULL, *dyv = NULL, *yr = NULL, *dxr = NULL, *dwr = NULL, *dbr = NULL;
+      g_autofree double *xv = NULL, *dyv = NULL;
       g_autoptr(GBytes) xb = NULL, dyb = NULL;
-      GBytes *graph_out[4], *eager_out[4];
       gint64 total;
-      guint i;
 
       rows[0] = g_test_rand_int_range (0, 200);
       rows[1] = replay == 1 ? 0 : g_test_rand_int_range (1, 150);
@@ -704,44 +787,56 @@ test_grouped_linear (void)
 
       g_assert_true (gmlp_graph_replay (graph, &error));
       g_assert_no_error (error);
-      graph_out[0] = gmlp_grouped_tensor_to_bytes (y, &error);
-      g_assert_no_error (error);
-      graph_out[1] = gmlp_grouped_tensor_to_bytes (dx, &error);
-      g_assert_no_error (error);
-      graph_out[2] = gmlp_grouped_tensor_to_bytes (gmlp_grouped_linear_get_wgrad (layer), &error);
-      g_assert_no_error (error);
-      graph_out[3] = gmlp_grouped_tensor_to_bytes (gmlp_grouped_linear_get_bgrad (layer), &error);
-      g_assert_no_error (error);
+      assert_replayed_step (layer, x, dy, y, dx, rows, n, xv, w, b, dyv);
+    }
+}
 
-      yr = g_new (double, MAX (total * o, 1));
-      dxr = g_new (double, MAX (total * k, 1));
-      dwr = g_new (double, n * o * k);
-      dbr = g_new (double, n * o);
-      gmlp_test_linear_reference (rows, n, k, o, xv, w, b, dyv, dyv, yr, dxr, dwr, dbr);
-      assert_values (y, yr, total * o, "y (replay)");
-      assert_values (dx, dxr, total * k, "dx (replay)");
-      assert_values (gmlp_grouped_linear_get_wgrad (layer), dwr, n * o * k, "dW (replay)");
-      assert_values (gmlp_grouped_linear_get_bgrad (layer), dbr, n * o, "db (replay)");
+/* A forward and backward of a GroupedLinear with host sizes, captured once
+ * and replayed with new data written in between. Its few unaligned
+ * products (an empty group among them) run as the loop of per-group cuBLAS
+ * calls, which alternates them between the compute stream and a side
+ * stream forked from it and joined back: the capture must take in both.
+ * Each replay equals the same step run eagerly, bit for bit, and the
+ * float64 reference; FP32 (cuBLAS for every product) and BF16. */
+static void
+test_host_sizes (void)
+{
+  g_autoptr(GmlpDevice) device = capture_device_or_skip ();
+  static const GmlpDType dtypes[] = { GMLP_DTYPE_FLOAT32, GMLP_DTYPE_BFLOAT16 };
+  gint64 rows[] = { 37, 0, 21, 9 };
+  const guint n = G_N_ELEMENTS (rows);
+  const gint64 k = 24, o = 40, total = sum_rows (rows, n);
 
-      {
-        g_autoptr(GmlpSavedActivations) eager_saved = NULL;
-        g_autoptr(GmlpGroupedTensor) ey = gmlp_grouped_linear_forward (layer, x, &eager_saved, &error);
-        g_autoptr(GmlpGroupedTensor) edx = NULL;
+  if (device == NULL)
+    return;
 
-        g_assert_no_error (error);
-        edx = gmlp_grouped_linear_backward (layer, eager_saved, dy, &error);
-        g_assert_no_error (error);
-        eager_out[0] = gmlp_grouped_tensor_to_bytes (ey, &error);
-        eager_out[1] = gmlp_grouped_tensor_to_bytes (edx, &error);
-        eager_out[2] = gmlp_grouped_tensor_to_bytes (gmlp_grouped_linear_get_wgrad (layer), &error);
-        eager_out[3] = gmlp_grouped_tensor_to_bytes (gmlp_grouped_linear_get_bgrad (layer), &error);
-        g_assert_no_error (error);
-      }
-      for (i = 0; i < 4; i++)
+  for (guint d = 0; d < G_N_ELEMENTS (dtypes); d++)
+    {
+      const GmlpDType dtype = dtypes[d];
+      g_autoptr(GmlpGroupedLinear) layer = NULL;
+      g_autoptr(GmlpGroupedTensor) x = NULL, dy = NULL, y = NULL, dx = NULL;
+      g_autoptr(GmlpGraph) graph = NULL;
+      g_autoptr(GError) error = NULL;
+      g_autofree double *w = NULL, *b = NULL;
+
+      layer = random_linear (device, dtype, n, k, o, &w, &b);
+      x = gmlp_grouped_tensor_new (device, dtype, rows, n, k, &error);
+      g_assert_no_error (error);
+      dy = gmlp_grouped_tensor_new (device, dtype, rows, n, o, &error);
+      g_assert_no_error (error);
+      graph = capture_step (layer, x, dy, &y, &dx);
+
+      for (guint replay = 0; replay < 2; replay++)
         {
-          g_assert_true (g_bytes_equal (graph_out[i], eager_out[i]));
-          g_bytes_unref (graph_out[i]);
-          g_bytes_unref (eager_out[i]);
+          g_autofree double *xv = NULL, *dyv = NULL;
+          g_autoptr(GBytes) xb = random_values (dtype, total * k, 1.0, &xv);
+          g_autoptr(GBytes) dyb = random_values (dtype, total * o, 1.0, &dyv);
+
+          write_values (x, rows, n, xb);
+          write_values (dy, rows, n, dyb);
+          g_assert_true (gmlp_graph_replay (graph, &error));
+          g_assert_no_error (error);
+          assert_replayed_step (layer, x, dy, y, dx, rows, n, xv, w, b, dyv);
         }
     }
 }
@@ -816,6 +911,7 @@ main (int argc, char *argv[])
   g_test_add_func ("/Gmlp/Graph/invalidated", test_invalidated);
   g_test_add_func ("/Gmlp/Graph/device-sizes", test_device_sizes);
   g_test_add_func ("/Gmlp/Graph/grouped-linear", test_grouped_linear);
+  g_test_add_func ("/Gmlp/Graph/host-sizes", test_host_sizes);
   g_test_add_func ("/Gmlp/Graph/offload-refused", test_offload_refused);
 
   return g_test_run ();

@@ -21,7 +21,7 @@
  * chosen: libgmlp's Hopper kernel (many small products; WGRAD of unequal
  * mid-sized ones), cuBLAS's batched and grouped calls for many small
  * products, one batched call for mid-sized products all of one shape, and
- * otherwise one cublasGemmEx() per group.
+ * otherwise one cublasGemmEx() per group, alternating between two streams.
  *
  * SPDX-License-Identifier: LGPL-2.1-or-later
  */
@@ -129,31 +129,34 @@ gmlp_cuda_blas_fail (GError         **error,
   return FALSE;
 }
 
-gboolean
-gmlp_cuda_cublas_init (GmlpBackendDevice  *device,
-                       GError            **error)
+/* A cuBLAS handle bound to stream, with a workspace of its own from the
+ * pool (taken in the compute stream's order, before any use on stream). */
+static gboolean
+gmlp_cuda_cublas_handle_init (GmlpBackendDevice  *device,
+                              cudaStream_t        stream,
+                              cublasHandle_t     *handle,
+                              void              **workspace,
+                              GError            **error)
 {
   cublasStatus_t status;
 
-  status = cublasCreate (&device->cublas);
+  status = cublasCreate (handle);
   if (status != CUBLAS_STATUS_SUCCESS)
     {
-      device->cublas = NULL;
+      *handle = NULL;
       return gmlp_cuda_blas_fail (error, "cuBLAS", "cublasCreate", status, "cuda:%d", device->ordinal);
     }
 
   /* cublasSetStream() puts back cuBLAS's own workspace, so ours is set
-   * after it. The workspace is taken from the pool in stream order, which
-   * is the order cuBLAS uses it in. */
-  status = cublasSetStream (device->cublas, device->stream);
+   * after it. */
+  status = cublasSetStream (*handle, stream);
   if (status != CUBLAS_STATUS_SUCCESS)
     return gmlp_cuda_blas_fail (error, "cuBLAS", "cublasSetStream", status, "cuda:%d", device->ordinal);
 
-  device->cublas_workspace = gmlp_cuda_alloc (device, GMLP_CUDA_CUBLAS_WORKSPACE, error);
-  if (device->cublas_workspace == NULL)
+  *workspace = gmlp_cuda_alloc (device, GMLP_CUDA_CUBLAS_WORKSPACE, error);
+  if (*workspace == NULL)
     return FALSE;
-  status = cublasSetWorkspace (device->cublas, device->cublas_workspace,
-                               GMLP_CUDA_CUBLAS_WORKSPACE);
+  status = cublasSetWorkspace (*handle, *workspace, GMLP_CUDA_CUBLAS_WORKSPACE);
   if (status != CUBLAS_STATUS_SUCCESS)
     return gmlp_cuda_blas_fail (error, "cuBLAS", "cublasSetWorkspace", status, "cuda:%d", device->ordinal);
 
@@ -161,18 +164,63 @@ gmlp_cuda_cublas_init (GmlpBackendDevice  *device,
    * default mode already, but the default may change), and no split-K
    * reductions in the 16-bit output type: sums are FP32 throughout, as the
    * backend interface promises. */
-  status = cublasSetMathMode (device->cublas,
+  status = cublasSetMathMode (*handle,
                               (cublasMath_t) (CUBLAS_DEFAULT_MATH |
                                               CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION));
   if (status != CUBLAS_STATUS_SUCCESS)
     return gmlp_cuda_blas_fail (error, "cuBLAS", "cublasSetMathMode", status, "cuda:%d", device->ordinal);
 
   /* alpha and beta live on the host. */
-  status = cublasSetPointerMode (device->cublas, CUBLAS_POINTER_MODE_HOST);
+  status = cublasSetPointerMode (*handle, CUBLAS_POINTER_MODE_HOST);
   if (status != CUBLAS_STATUS_SUCCESS)
     return gmlp_cuda_blas_fail (error, "cuBLAS", "cublasSetPointerMode", status, "cuda:%d", device->ordinal);
 
   return TRUE;
+}
+
+gboolean
+gmlp_cuda_cublas_init (GmlpBackendDevice  *device,
+                       GError            **error)
+{
+  cudaEvent_t *events[] = { &device->side_fork, &device->side_join };
+  cudaError_t err;
+
+  if (!gmlp_cuda_cublas_handle_init (device, device->stream, &device->cublas, &device->cublas_workspace, error))
+    return FALSE;
+
+  err = cudaStreamCreateWithFlags (&device->side_stream, cudaStreamNonBlocking);
+  if (err != cudaSuccess)
+    {
+      device->side_stream = NULL;
+      return gmlp_cuda_fail (error, "cudaStreamCreateWithFlags", err);
+    }
+  for (guint i = 0; i < G_N_ELEMENTS (events); i++)
+    {
+      err = cudaEventCreateWithFlags (events[i], cudaEventDisableTiming);
+      if (err != cudaSuccess)
+        {
+          *events[i] = NULL;
+          return gmlp_cuda_fail (error, "cudaEventCreateWithFlags", err);
+        }
+    }
+  return gmlp_cuda_cublas_handle_init (device, device->side_stream, &device->side_cublas,
+                                       &device->side_cublas_workspace, error);
+}
+
+/* cublasDestroy() waits for the device first, so nothing of cuBLAS's is
+ * still running when the workspace goes back to the pool (in the compute
+ * stream's order, which the side stream's work has joined). */
+static void
+gmlp_cuda_cublas_handle_fini (GmlpBackendDevice  *device,
+                              cublasHandle_t     *handle,
+                              void              **workspace)
+{
+  if (*handle != NULL)
+    (void) cublasDestroy (*handle);
+  *handle = NULL;
+  if (*workspace != NULL && device->stream != NULL)
+    (void) cudaFreeAsync (*workspace, device->stream);
+  *workspace = NULL;
 }
 
 /* Safe on a partly initialised device. The caller has made the device
@@ -180,15 +228,19 @@ gmlp_cuda_cublas_init (GmlpBackendDevice  *device,
 void
 gmlp_cuda_cublas_fini (GmlpBackendDevice *device)
 {
-  /* cublasDestroy() waits for the device first, so nothing of cuBLAS's is
-   * still running when the workspace goes back to the pool. */
-  if (device->cublas != NULL)
-    (void) cublasDestroy (device->cublas);
-  device->cublas = NULL;
-
-  if (device->cublas_workspace != NULL && device->stream != NULL)
-    (void) cudaFreeAsync (device->cublas_workspace, device->stream);
-  device->cublas_workspace = NULL;
+  gmlp_cuda_cublas_handle_fini (device, &device->cublas, &device->cublas_workspace);
+  gmlp_cuda_cublas_handle_fini (device, &device->side_cublas, &device->side_cublas_workspace);
+  if (device->side_stream != NULL)
+    {
+      (void) cudaStreamSynchronize (device->side_stream);
+      (void) cudaStreamDestroy (device->side_stream);
+    }
+  device->side_stream = NULL;
+  if (device->side_fork != NULL)
+    (void) cudaEventDestroy (device->side_fork);
+  if (device->side_join != NULL)
+    (void) cudaEventDestroy (device->side_join);
+  device->side_fork = device->side_join = NULL;
 }
 
 static gboolean
@@ -483,6 +535,44 @@ gmlp_cuda_gemm_zero_groups (GmlpBackendDevice      *device,
   return TRUE;
 }
 
+/* Whether the loop alternates its products between two streams;
+ * GMLP_CUDA_LOOP_STREAMS=1 keeps it on the compute stream alone, for
+ * comparisons. */
+static gboolean
+gmlp_cuda_loop_two_streams (void)
+{
+  static gsize two = 0;   /* 0: not read yet, else 1 + the answer */
+
+  if (g_once_init_enter (&two))
+    g_once_init_leave (&two, 1 + (g_strcmp0 (g_getenv ("GMLP_CUDA_LOOP_STREAMS"), "1") != 0));
+  return two - 1;
+}
+
+/* Orders waiter after all work on producer so far, through event. */
+static gboolean
+gmlp_cuda_stream_after (cudaStream_t   waiter,
+                        cudaStream_t   producer,
+                        cudaEvent_t    event,
+                        GError       **error)
+{
+  cudaError_t err = cudaEventRecord (event, producer);
+
+  if (err == cudaSuccess)
+    err = cudaStreamWaitEvent (waiter, event, 0);
+  return err == cudaSuccess || gmlp_cuda_fail (error, "ordering one stream after another", err);
+}
+
+/* One cublasGemmEx per group. With more than one product they alternate
+ * between the compute stream and the side stream, forked from it before
+ * the first and joined to it after the last: the products are independent
+ * (each writes its own group's C), and on one stream each would wait for
+ * the last CTAs of the one before it and for cuBLAS's set-up of its own
+ * (a 4-byte memset before each of its Hopper kernels), where on two the
+ * next product's CTAs take the SMs that the last wave of the one before
+ * leaves idle. H200, against the one-stream loop interleaved in one
+ * process (bench/gmlp-versus-loop.c, docs/performance.md): mixtral-fc1
+ * (eight 240-GFLOP products) FPROP +3.3-4.8%, DGRAD +1-1.5%, WGRAD
+ * +2.4-2.8%; dsv3-fc1 skewed DGRAD (32 products of 11-60 GFLOP) +12%. */
 static gboolean
 gmlp_cuda_gemm_loop (GmlpBackendDevice       *device,
                      const GmlpBackendGemm   *gemm,
@@ -490,28 +580,40 @@ gmlp_cuda_gemm_loop (GmlpBackendDevice       *device,
                      GError                 **error)
 {
   const float alpha = 1.0f;
+  gboolean two = plan->n_products > 1 && gmlp_cuda_loop_two_streams ();
+  gboolean ok = TRUE;
+  guint issued = 0;
 
-  for (guint i = 0; i < gemm->n_groups; i++)
+  if (two && !gmlp_cuda_stream_after (device->side_stream, device->stream, device->side_fork, error))
+    return FALSE;
+  for (guint i = 0; ok && i < gemm->n_groups; i++)
     {
+      cublasHandle_t handle = two && issued % 2 == 1 ? device->side_cublas : device->cublas;
       GmlpCudaProduct p;
       cublasStatus_t status;
 
       if (gmlp_cuda_gemm_group_work (gemm, i) != GMLP_CUDA_GROUP_GEMM)
         continue;
       gmlp_cuda_gemm_product (gemm, i, &p);
-      status = cublasGemmEx (device->cublas, p.transa, p.transb, p.m, p.n, p.k,
+      status = cublasGemmEx (handle, p.transa, p.transb, p.m, p.n, p.k,
                              &alpha, p.a, plan->ab_type, p.lda,
                              p.b, plan->ab_type, p.ldb,
                              &p.beta, p.c, plan->c_type, p.ldc,
                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
       if (status != CUBLAS_STATUS_SUCCESS)
-        return gmlp_cuda_blas_fail (error, "cuBLAS", "cublasGemmEx", status,
-                                      "%s group %u, m=%" G_GINT64_FORMAT ", n=%"
-                                      G_GINT64_FORMAT ", k=%" G_GINT64_FORMAT,
-                                      gmlp_cuda_gemm_kind_name (gemm->kind), i,
-                                      gemm->rows[i], gemm->n, gemm->k);
+        ok = gmlp_cuda_blas_fail (error, "cuBLAS", "cublasGemmEx", status,
+                                  "%s group %u, m=%" G_GINT64_FORMAT ", n=%"
+                                  G_GINT64_FORMAT ", k=%" G_GINT64_FORMAT,
+                                  gmlp_cuda_gemm_kind_name (gemm->kind), i,
+                                  gemm->rows[i], gemm->n, gemm->k);
+      issued++;
     }
-  return TRUE;
+  /* Joined after a failure too: a capture cannot end with the side stream
+   * forked from it. */
+  if (two &&
+      !gmlp_cuda_stream_after (device->stream, device->side_stream, device->side_join, ok ? error : NULL))
+    ok = FALSE;
+  return ok;
 }
 
 /* Orders products by shape, so that equal shapes sit next to each other,
@@ -796,7 +898,8 @@ gmlp_cuda_gemm_uniform_products (const GmlpBackendGemm *gemm,
  * wave, where the Hopper kernel runs all of them in one grid (its split
  * tail evens the last wave): dsv3-fc1 skewed WGRAD 604 vs 524 for the
  * loop (device sizes against host sizes, one run), FPROP 605-606 vs
- * 578-594 (585 for cublas_loop_steady; past the clock dip, two rounds).
+ * 578-594 (585 for cublas_loop_steady; past the clock dip, two rounds),
+ * and 7.4% above the loop on two streams (interleaved in one process).
  * 16-bit DGRAD stays on cuBLAS: its B arrives MN-major, which the kernel
  * reads slower (dsv3-fc1 skewed 486-556 on the kernel, 594 looped).
  *

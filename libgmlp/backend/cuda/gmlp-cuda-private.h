@@ -43,6 +43,15 @@ struct _GmlpBackendDevice
   /* Bound to stream, with cublas_workspace (from pool) as its workspace. */
   cublasHandle_t  cublas;
   void           *cublas_workspace;
+  /* The loop of per-group cuBLAS calls alternates its products between
+   * stream and side_stream, each with a handle and workspace of its own, so
+   * that one product's last wave and cuBLAS's set-up of the next overlap
+   * (gmlp_cuda_gemm_loop()); side_fork orders side_stream after stream,
+   * side_join stream after side_stream, both re-recorded for every use. */
+  cudaStream_t    side_stream;
+  cublasHandle_t  side_cublas;
+  void           *side_cublas_workspace;
+  cudaEvent_t     side_fork, side_join;
   /* FP8 products (gmlp-cuda-gemm-fp8.c): cuBLASLt, with its own workspace
    * from pool, used in compute-stream order. */
   cublasLtHandle_t cublaslt;
