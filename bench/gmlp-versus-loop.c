@@ -301,11 +301,14 @@ gmlp_prepare (Layer *g, guint n, GError **error)
 
       if (y == NULL)
         return FALSE;
-      if (op == OP_WGRAD &&
-          ((dx = gmlp_grouped_linear_backward (g->layer, g->saved[i], g->dy, error)) == NULL))
-        return FALSE;
+      /* wgrad: the backward that leaves its weight gradients pending. */
       if (op == OP_WGRAD)
-        g_clear_object (&g->saved[i]);
+        {
+          dx = gmlp_grouped_linear_backward (g->layer, g->saved[i], g->dy, error);
+          g_clear_object (&g->saved[i]);
+          if (dx == NULL)
+            return FALSE;
+        }
     }
   return TRUE;
 }

@@ -442,6 +442,23 @@ gmlp_test_dequantize (GmlpGroupedTensor *q)
 }
 
 void
+gmlp_test_step_bytes (GmlpGroupedLinear *layer,
+                      GmlpGroupedTensor *y,
+                      GmlpGroupedTensor *dx,
+                      GBytes            *out[4])
+{
+  GmlpGroupedTensor *results[4] = { y, dx, gmlp_grouped_linear_get_wgrad (layer),
+                                    gmlp_grouped_linear_get_bgrad (layer) };
+  g_autoptr(GError) error = NULL;
+
+  for (guint i = 0; i < 4; i++)
+    {
+      out[i] = gmlp_grouped_tensor_to_bytes (results[i], &error);
+      g_assert_no_error (error);
+    }
+}
+
+void
 gmlp_test_assert_same_bytes (GmlpGroupedTensor *a,
                              GmlpGroupedTensor *b,
                              const char        *what)

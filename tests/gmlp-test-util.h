@@ -110,6 +110,13 @@ void               gmlp_test_assert_same_bytes (GmlpGroupedTensor *a,
                                                 GmlpGroupedTensor *b,
                                                 const char        *what);
 
+/* A GroupedLinear step's results as bytes (each to unref): y, dx, and
+ * layer's weight and bias gradients, in that order. */
+void               gmlp_test_step_bytes        (GmlpGroupedLinear *layer,
+                                                GmlpGroupedTensor *y,
+                                                GmlpGroupedTensor *dx,
+                                                GBytes            *out[4]);
+
 /* The float64 products of a GroupedLinear over packed rows (rows[g] rows of
  * group g): y = x Wᵀ + b, dx = dy W, dW = dyᵀ x and db = Σ dy_bias, group by
  * group. An output that is NULL is not computed; b may be NULL (no bias). */

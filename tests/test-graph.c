@@ -710,20 +710,12 @@ assert_replayed_step (GmlpGroupedLinear *layer,
   assert_values (gmlp_grouped_linear_get_wgrad (layer), dwr, n * o * k, "dW (replay)");
   assert_values (gmlp_grouped_linear_get_bgrad (layer), dbr, n * o, "db (replay)");
 
-  graph_out[0] = gmlp_grouped_tensor_to_bytes (y, &error);
-  graph_out[1] = gmlp_grouped_tensor_to_bytes (dx, &error);
-  graph_out[2] = gmlp_grouped_tensor_to_bytes (gmlp_grouped_linear_get_wgrad (layer), &error);
-  graph_out[3] = gmlp_grouped_tensor_to_bytes (gmlp_grouped_linear_get_bgrad (layer), &error);
-  g_assert_no_error (error);
+  gmlp_test_step_bytes (layer, y, dx, graph_out);
   ey = gmlp_grouped_linear_forward (layer, x, &eager_saved, &error);
   g_assert_no_error (error);
   edx = gmlp_grouped_linear_backward (layer, eager_saved, dy, &error);
   g_assert_no_error (error);
-  eager_out[0] = gmlp_grouped_tensor_to_bytes (ey, &error);
-  eager_out[1] = gmlp_grouped_tensor_to_bytes (edx, &error);
-  eager_out[2] = gmlp_grouped_tensor_to_bytes (gmlp_grouped_linear_get_wgrad (layer), &error);
-  eager_out[3] = gmlp_grouped_tensor_to_bytes (gmlp_grouped_linear_get_bgrad (layer), &error);
-  g_assert_no_error (error);
+  gmlp_test_step_bytes (layer, ey, edx, eager_out);
   for (i = 0; i < 4; i++)
     {
       g_assert_true (g_bytes_equal (graph_out[i], eager_out[i]));

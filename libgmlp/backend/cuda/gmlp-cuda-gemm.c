@@ -562,51 +562,62 @@ gmlp_cuda_stream_after (cudaStream_t   waiter,
   return err == cudaSuccess || gmlp_cuda_fail (error, "ordering one stream after another", err);
 }
 
-/* One cublasGemmEx per group. With more than one product they alternate
- * between the compute stream and the side stream, forked from it before
- * the first and joined to it after the last: the products are independent
- * (each writes its own group's C), and on one stream each would wait for
- * the last CTAs of the one before it and for cuBLAS's set-up of its own
- * (a 4-byte memset before each of its Hopper kernels), where on two the
- * next product's CTAs take the SMs that the last wave of the one before
- * leaves idle. H200, against the one-stream loop interleaved in one
- * process (bench/gmlp-versus-loop.c, docs/performance.md): mixtral-fc1
- * (eight 240-GFLOP products) FPROP +3.3-4.8%, DGRAD +1-1.5%, WGRAD
- * +2.4-2.8%; dsv3-fc1 skewed DGRAD (32 products of 11-60 GFLOP) +12%. */
+/* The products to compute, in group order, with their number in *count. */
+static GmlpCudaProduct *
+gmlp_cuda_gemm_products (const GmlpBackendGemm *gemm,
+                         guint                 *count)
+{
+  GmlpCudaProduct *products = g_new (GmlpCudaProduct, MAX (gemm->n_groups, 1));
+  guint n = 0;
+
+  for (guint i = 0; i < gemm->n_groups; i++)
+    if (gmlp_cuda_gemm_group_work (gemm, i) == GMLP_CUDA_GROUP_GEMM)
+      gmlp_cuda_gemm_product (gemm, i, &products[n++]);
+  *count = n;
+  return products;
+}
+
+/* One cublasGemmEx per product. More than one alternate between the
+ * compute stream and the side stream, forked from it before the first and
+ * joined to it after the last: the products are independent (each writes
+ * its own C), and on one stream each would wait for the last CTAs of the
+ * one before it and for cuBLAS's set-up of its own (a 4-byte memset before
+ * each of its Hopper kernels), where on two the next product's CTAs take
+ * the SMs that the last wave of the one before leaves idle. H200, against
+ * the one-stream loop interleaved in one process (bench/gmlp-versus-loop.c,
+ * docs/performance.md): mixtral-fc1 (eight 240-GFLOP products) FPROP
+ * +3.3-4.8%, DGRAD +1-1.5%, WGRAD +2.4-2.8%; dsv3-fc1 skewed DGRAD (32
+ * products of 11-60 GFLOP) +12%. */
 static gboolean
-gmlp_cuda_gemm_loop (GmlpBackendDevice       *device,
-                     const GmlpBackendGemm   *gemm,
-                     const GmlpCudaGemmPlan  *plan,
-                     GError                 **error)
+gmlp_cuda_run_looped (GmlpBackendDevice       *device,
+                      const GmlpBackendGemm   *gemm,
+                      const GmlpCudaGemmPlan  *plan,
+                      const GmlpCudaProduct   *products,
+                      guint                    count,
+                      GError                 **error)
 {
   const float alpha = 1.0f;
-  gboolean two = plan->n_products > 1 && gmlp_cuda_loop_two_streams ();
+  gboolean two = count > 1 && gmlp_cuda_loop_two_streams ();
   gboolean ok = TRUE;
-  guint issued = 0;
 
   if (two && !gmlp_cuda_stream_after (device->side_stream, device->stream, device->side_fork, error))
     return FALSE;
-  for (guint i = 0; ok && i < gemm->n_groups; i++)
+  for (guint j = 0; ok && j < count; j++)
     {
-      cublasHandle_t handle = two && issued % 2 == 1 ? device->side_cublas : device->cublas;
-      GmlpCudaProduct p;
+      const GmlpCudaProduct *p = &products[j];
       cublasStatus_t status;
 
-      if (gmlp_cuda_gemm_group_work (gemm, i) != GMLP_CUDA_GROUP_GEMM)
-        continue;
-      gmlp_cuda_gemm_product (gemm, i, &p);
-      status = cublasGemmEx (handle, p.transa, p.transb, p.m, p.n, p.k,
-                             &alpha, p.a, plan->ab_type, p.lda,
-                             p.b, plan->ab_type, p.ldb,
-                             &p.beta, p.c, plan->c_type, p.ldc,
+      status = cublasGemmEx (two && j % 2 == 1 ? device->side_cublas : device->cublas,
+                             p->transa, p->transb, p->m, p->n, p->k,
+                             &alpha, p->a, plan->ab_type, p->lda,
+                             p->b, plan->ab_type, p->ldb,
+                             &p->beta, p->c, plan->c_type, p->ldc,
                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
       if (status != CUBLAS_STATUS_SUCCESS)
         ok = gmlp_cuda_blas_fail (error, "cuBLAS", "cublasGemmEx", status,
-                                  "%s group %u, m=%" G_GINT64_FORMAT ", n=%"
-                                  G_GINT64_FORMAT ", k=%" G_GINT64_FORMAT,
-                                  gmlp_cuda_gemm_kind_name (gemm->kind), i,
-                                  gemm->rows[i], gemm->n, gemm->k);
-      issued++;
+                                  "%s product %u of %u, m=%d, n=%d, k=%d",
+                                  gmlp_cuda_gemm_kind_name (gemm->kind), j, count,
+                                  p->m, p->n, p->k);
     }
   /* Joined after a failure too: a capture cannot end with the side stream
    * forked from it. */
@@ -858,27 +869,16 @@ gmlp_cuda_gemm_below_batched_size (const GmlpCudaGemmPlan *plan)
          plan->total_flop < GMLP_CUDA_BATCHED_MAX_MEAN_FLOP * plan->n_products;
 }
 
-/* The products to compute when every one has the same shape, in group
- * order, with their number in *count; NULL when they differ. */
-static GmlpCudaProduct *
-gmlp_cuda_gemm_uniform_products (const GmlpBackendGemm *gemm,
-                                 guint                 *count)
+/* Whether every product has the same shape, which includes the same beta:
+ * then one batched call, with one scalar, serves them. */
+static gboolean
+gmlp_cuda_products_uniform (const GmlpCudaProduct *products,
+                            guint                  count)
 {
-  g_autofree GmlpCudaProduct *products = g_new (GmlpCudaProduct, gemm->n_groups);
-  guint n = 0;
-
-  for (guint i = 0; i < gemm->n_groups; i++)
-    {
-      if (gmlp_cuda_gemm_group_work (gemm, i) != GMLP_CUDA_GROUP_GEMM)
-        continue;
-      gmlp_cuda_gemm_product (gemm, i, &products[n]);
-      /* The same shape includes the same beta: one scalar serves the call. */
-      if (n > 0 && !gmlp_cuda_product_same_shape (&products[n], &products[0]))
-        return NULL;
-      n++;
-    }
-  *count = n;
-  return g_steal_pointer (&products);
+  for (guint j = 1; j < count; j++)
+    if (!gmlp_cuda_product_same_shape (&products[j], &products[0]))
+      return FALSE;
+  return TRUE;
 }
 
 /* Where libgmlp's Hopper kernel beats cuBLAS with host sizes: the many
@@ -933,13 +933,13 @@ gmlp_cuda_gemm_prefer_sm90 (const GmlpBackendGemm  *gemm,
     return forced == GMLP_CUDA_HOST_GEMM_SM90;
   if (!gmlp_cuda_gemm_prefer_grouped (plan->n_products, plan->total_flop))
     {
-      g_autofree GmlpCudaProduct *uniform = NULL;
+      g_autofree GmlpCudaProduct *products = NULL;
       guint count;
 
       if (gemm->kind == GMLP_GEMM_DGRAD || !gmlp_cuda_gemm_below_batched_size (plan))
         return FALSE;
-      uniform = gmlp_cuda_gemm_uniform_products (gemm, &count);
-      return uniform == NULL;
+      products = gmlp_cuda_gemm_products (gemm, &count);
+      return !gmlp_cuda_products_uniform (products, count);
     }
   if (gemm->kind == GMLP_GEMM_WGRAD)
     return TRUE;
@@ -1005,21 +1005,7 @@ gmlp_cuda_gemm_grouped (GmlpBackendDevice       *device,
 
   /* The tiles are enqueued already: only the rest falls back, here. */
   *fall_back = FALSE;
-  for (guint j = 0; j < rest->len; j++)
-    {
-      const GmlpCudaProduct *p = &g_array_index (rest, GmlpCudaProduct, j);
-      const float alpha = 1.0f;
-      cublasStatus_t status;
-
-      status = cublasGemmEx (device->cublas, p->transa, p->transb, p->m, p->n, p->k,
-                             &alpha, p->a, plan->ab_type, p->lda, p->b, plan->ab_type,
-                             p->ldb, &p->beta, p->c, plan->c_type, p->ldc,
-                             CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-      if (status != CUBLAS_STATUS_SUCCESS)
-        return gmlp_cuda_blas_fail (error, "cuBLAS", "cublasGemmEx", status, "%s leftover rows",
-                                      gmlp_cuda_gemm_kind_name (gemm->kind));
-    }
-  return TRUE;
+  return gmlp_cuda_run_looped (device, gemm, plan, (GmlpCudaProduct *) rest->data, rest->len, error);
 }
 
 gboolean
@@ -1027,7 +1013,9 @@ gmlp_cuda_gemm (GmlpBackendDevice      *device,
                 const GmlpBackendGemm  *gemm,
                 GError                **error)
 {
+  g_autofree GmlpCudaProduct *products = NULL;
   GmlpCudaGemmPlan plan;
+  guint count;
 
   if (!gmlp_cuda_gemm_validate (gemm, &plan, error))
     return FALSE;
@@ -1057,19 +1045,15 @@ gmlp_cuda_gemm (GmlpBackendDevice      *device,
         return TRUE;
       if (!fall_back)
         return FALSE;
-      return gmlp_cuda_gemm_loop (device, gemm, &plan, error);
+      products = gmlp_cuda_gemm_products (gemm, &count);
+      return gmlp_cuda_run_looped (device, gemm, &plan, products, count, error);
     }
 
   if (!gmlp_cuda_gemm_zero_groups (device, gemm, error))
     return FALSE;
+  products = gmlp_cuda_gemm_products (gemm, &count);
   if (plan.aligned && plan.n_products <= G_MAXINT && gmlp_cuda_gemm_below_batched_size (&plan) &&
-      g_getenv ("GMLP_CUDA_NO_BATCHED") == NULL)
-    {
-      guint count;
-      g_autofree GmlpCudaProduct *uniform = gmlp_cuda_gemm_uniform_products (gemm, &count);
-
-      if (uniform != NULL)
-        return gmlp_cuda_run_batched (device, gemm, &plan, uniform, count, error);
-    }
-  return gmlp_cuda_gemm_loop (device, gemm, &plan, error);
+      g_getenv ("GMLP_CUDA_NO_BATCHED") == NULL && gmlp_cuda_products_uniform (products, count))
+    return gmlp_cuda_run_batched (device, gemm, &plan, products, count, error);
+  return gmlp_cuda_run_looped (device, gemm, &plan, products, count, error);
 }

@@ -46,7 +46,7 @@ struct _GmlpBackendDevice
   /* The loop of per-group cuBLAS calls alternates its products between
    * stream and side_stream, each with a handle and workspace of its own, so
    * that one product's last wave and cuBLAS's set-up of the next overlap
-   * (gmlp_cuda_gemm_loop()); side_fork orders side_stream after stream,
+   * (gmlp_cuda_run_looped()); side_fork orders side_stream after stream,
    * side_join stream after side_stream, both re-recorded for every use. */
   cudaStream_t    side_stream;
   cublasHandle_t  side_cublas;
