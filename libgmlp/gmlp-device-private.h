@@ -20,6 +20,11 @@ typedef struct {
   int              copied;     /* atomic: a copy-stream copy has read it */
 } GmlpBuffer;
 
+/* FALSE with the reason when @self could not be opened (made by
+ * g_object_new() for a device that does not exist). Objects check their
+ * device with it before they keep it. */
+gboolean           gmlp_device_check_usable        (GmlpDevice  *self,
+                                                    GError     **error);
 const GmlpBackend *gmlp_device_get_backend         (GmlpDevice  *self);
 GmlpBackendDevice *gmlp_device_get_backend_device  (GmlpDevice  *self);
 

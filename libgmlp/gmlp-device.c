@@ -5,12 +5,15 @@
 
 #include "config.h"
 
+#include <gio/gio.h>
+
 #include <stdlib.h>
 #include <string.h>
 
 #include "gmlp-device-private.h"
 #include "gmlp-enum-types.h"
 #include "gmlp-error.h"
+#include "gmlp-error-private.h"
 #include "gmlp-graph-private.h"
 
 /**
@@ -32,6 +35,12 @@
  * The work enqueued on a GPU's stream can also be recorded into a
  * [class@Gmlp.Graph] and replayed ([method@Gmlp.Device.begin_capture]).
  *
+ * g_object_new() with the construct properties
+ * [property@Gmlp.Device:kind] and [property@Gmlp.Device:ordinal]
+ * (`Gmlp.Device(kind=Gmlp.DeviceKind.CUDA)` in Python) gives the same object
+ * as [ctor@Gmlp.Device.new]; when that device cannot be opened, the object's
+ * methods fail with the reason, as [iface@Gio.Initable]'s init does.
+ *
  * Since: 0.1
  */
 
@@ -46,9 +55,14 @@ struct _GmlpDevice
   GmlpBackendDevice  *backend_device;
   gssize              bytes_in_use;   /* atomic; pointer-sized for g_atomic_pointer_add */
   int                 capture_serial; /* atomic: the number of captures begun */
+  GError             *construct_error;
 };
 
-G_DEFINE_FINAL_TYPE (GmlpDevice, gmlp_device, G_TYPE_OBJECT)
+static void gmlp_device_initable_iface_init (GInitableIface *iface);
+
+G_DEFINE_FINAL_TYPE_WITH_CODE (GmlpDevice, gmlp_device, G_TYPE_OBJECT,
+                               G_IMPLEMENT_INTERFACE (G_TYPE_INITABLE,
+                                                      gmlp_device_initable_iface_init))
 
 enum {
   PROP_0,
@@ -60,11 +74,6 @@ enum {
 
 static GParamSpec *properties[N_PROPS];
 
-/* The process-wide registry: devices are created once and live as long as
- * the process, like the streams and pools they own. */
-static GMutex registry_lock;
-static GHashTable *registry;
-
 static void
 gmlp_device_finalize (GObject *object)
 {
@@ -73,6 +82,7 @@ gmlp_device_finalize (GObject *object)
   if (self->backend_device != NULL)
     self->backend->close_device (self->backend_device);
   g_clear_pointer (&self->name, g_free);
+  g_clear_error (&self->construct_error);
 
   G_OBJECT_CLASS (gmlp_device_parent_class)->finalize (object);
 }
@@ -102,12 +112,115 @@ gmlp_device_get_property (GObject    *object,
 }
 
 static void
+gmlp_device_set_property (GObject      *object,
+                          guint         prop_id,
+                          const GValue *value,
+                          GParamSpec   *pspec)
+{
+  GmlpDevice *self = GMLP_DEVICE (object);
+
+  switch (prop_id)
+    {
+    case PROP_KIND:
+      self->kind = g_value_get_enum (value);
+      break;
+    case PROP_ORDINAL:
+      self->ordinal = g_value_get_int (value);
+      break;
+    default:
+      G_OBJECT_WARN_INVALID_PROPERTY_ID (object, prop_id, pspec);
+    }
+}
+
+static gboolean open_device (GmlpDevice  *self,
+                             GError     **error);
+
+/* The process-wide registry: devices are created once and live as long as
+ * the process, like the streams and pools they own. */
+static GMutex registry_lock;
+static GHashTable *registry;
+
+static gpointer
+registry_key (GmlpDeviceKind kind,
+              int            ordinal)
+{
+  return GINT_TO_POINTER (((int) kind << 16) | (ordinal & 0xffff));
+}
+
+/* One object per device, also for g_object_new(): the constructor returns
+ * the device's object when it exists, and opens the device otherwise. The
+ * registry lock is held throughout, so two threads open a device once. */
+static GObject *
+gmlp_device_constructor (GType                  type,
+                         guint                  n_construct_properties,
+                         GObjectConstructParam *construct_properties)
+{
+  g_autoptr(GMutexLocker) locker = g_mutex_locker_new (&registry_lock);
+  GmlpDeviceKind kind = GMLP_DEVICE_KIND_CPU;
+  int ordinal = 0;
+  GmlpDevice *self;
+  guint i;
+
+  for (i = 0; i < n_construct_properties; i++)
+    {
+      const char *name = construct_properties[i].pspec->name;
+
+      if (g_str_equal (name, "kind"))
+        kind = g_value_get_enum (construct_properties[i].value);
+      else if (g_str_equal (name, "ordinal"))
+        ordinal = g_value_get_int (construct_properties[i].value);
+    }
+
+  if (registry == NULL)
+    registry = g_hash_table_new (NULL, NULL);
+  self = g_hash_table_lookup (registry, registry_key (kind, ordinal));
+  if (self != NULL)
+    return g_object_ref (G_OBJECT (self));
+
+  self = GMLP_DEVICE (G_OBJECT_CLASS (gmlp_device_parent_class)->constructor (
+                        type, n_construct_properties, construct_properties));
+  if (open_device (self, &self->construct_error))
+    g_hash_table_insert (registry, registry_key (kind, ordinal), g_object_ref (self));
+  else
+    self->name = g_strdup_printf ("%s:%d (not usable)",
+                                  kind == GMLP_DEVICE_KIND_CUDA ? "cuda" : "cpu", ordinal);
+  return G_OBJECT (self);
+}
+
+static gboolean
+gmlp_device_initable_init (GInitable     *initable,
+                           GCancellable  *cancellable,
+                           GError       **error)
+{
+  return gmlp_device_check_usable (GMLP_DEVICE (initable), error);
+}
+
+static void
+gmlp_device_initable_iface_init (GInitableIface *iface)
+{
+  iface->init = gmlp_device_initable_init;
+}
+
+gboolean
+gmlp_device_check_usable (GmlpDevice  *self,
+                          GError     **error)
+{
+  if (G_LIKELY (self->backend_device != NULL))
+    return TRUE;
+  return gmlp_check_constructed (self, self->construct_error, error);
+}
+
+static void
 gmlp_device_class_init (GmlpDeviceClass *klass)
 {
   GObjectClass *object_class = G_OBJECT_CLASS (klass);
+  const GParamFlags construct = G_PARAM_READWRITE | G_PARAM_CONSTRUCT_ONLY |
+                                G_PARAM_EXPLICIT_NOTIFY | G_PARAM_STATIC_STRINGS;
 
+  object_class->constructor = gmlp_device_constructor;
   object_class->finalize = gmlp_device_finalize;
   object_class->get_property = gmlp_device_get_property;
+  object_class->set_property = gmlp_device_set_property;
 
   /**
    * GmlpDevice:kind:
@@ -118,8 +231,7 @@ gmlp_device_class_init (GmlpDeviceClass *klass)
    */
   properties[PROP_KIND] =
     g_param_spec_enum ("kind", NULL, NULL,
-                       GMLP_TYPE_DEVICE_KIND, GMLP_DEVICE_KIND_CPU,
-                       G_PARAM_READABLE | G_PARAM_EXPLICIT_NOTIFY | G_PARAM_STATIC_STRINGS);
+                       GMLP_TYPE_DEVICE_KIND, GMLP_DEVICE_KIND_CPU, construct);
 
   /**
    * GmlpDevice:ordinal:
@@ -128,10 +240,9 @@ gmlp_device_class_init (GmlpDeviceClass *klass)
    *
    * Since: 0.1
    */
+  /* Negative values are the construction's GError, not GObject's warning. */
   properties[PROP_ORDINAL] =
-    g_param_spec_int ("ordinal", NULL, NULL,
-                      0, G_MAXINT, 0,
-                      G_PARAM_READABLE | G_PARAM_EXPLICIT_NOTIFY | G_PARAM_STATIC_STRINGS);
+    g_param_spec_int ("ordinal", NULL, NULL, G_MININT, G_MAXINT, 0, construct);
 
   /**
    * GmlpDevice:name:
@@ -186,6 +297,51 @@ gmlp_device_get_count (GmlpDeviceKind kind)
   return backend != NULL ? backend->get_device_count () : 0;
 }
 
+/* Opens the device of self->kind and self->ordinal (the constructor holds
+ * the registry lock). */
+static gboolean
+open_device (GmlpDevice  *self,
+             GError     **error)
+{
+  const GmlpBackend *backend;
+  int count;
+
+  if (self->kind != GMLP_DEVICE_KIND_CPU && self->kind != GMLP_DEVICE_KIND_CUDA)
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
+                   "Unknown device kind %d", (int) self->kind);
+      return FALSE;
+    }
+
+  backend = backend_for_kind (self->kind);
+  if (backend == NULL)
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_NO_DEVICE,
+                   "No CUDA backend: libgmlp was built without CUDA, or "
+                   "libgmlp-backend-cuda or the CUDA libraries could not be loaded");
+      return FALSE;
+    }
+
+  count = backend->get_device_count ();
+  if (self->ordinal < 0 || self->ordinal >= count)
+    {
+      if (count == 0)
+        g_set_error (error, GMLP_ERROR, GMLP_ERROR_NO_DEVICE,
+                     "No usable %s device (no NVIDIA driver or no GPU)", backend->name);
+      else
+        g_set_error (error, GMLP_ERROR, GMLP_ERROR_NO_DEVICE,
+                     "No %s device %d: there are %d", backend->name, self->ordinal, count);
+      return FALSE;
+    }
+
+  self->backend_device = backend->open_device (self->ordinal, error);
+  if (self->backend_device == NULL)
+    return FALSE;
+  self->backend = backend;
+  self->name = backend->get_device_name (self->backend_device);
+  return TRUE;
+}
+
 /**
  * gmlp_device_new:
  * @kind: the kind of device
@@ -204,15 +360,9 @@ gmlp_device_new (GmlpDeviceKind   kind,
                  int              ordinal,
                  GError         **error)
 {
-  g_autoptr(GMutexLocker) locker = NULL;
-  const GmlpBackend *backend;
-  GmlpBackendDevice *backend_device;
-  GmlpDevice *self;
-  gpointer key;
-  int count;
-
   g_return_val_if_fail (error == NULL || *error == NULL, NULL);
 
+  /* GObject would warn about a kind out of the enumeration's range. */
   if (kind != GMLP_DEVICE_KIND_CPU && kind != GMLP_DEVICE_KIND_CUDA)
     {
       g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
@@ -220,48 +370,7 @@ gmlp_device_new (GmlpDeviceKind   kind,
       return NULL;
     }
 
-  backend = backend_for_kind (kind);
-  if (backend == NULL)
-    {
-      g_set_error (error, GMLP_ERROR, GMLP_ERROR_NO_DEVICE,
-                   "No CUDA backend: libgmlp was built without CUDA, or "
-                   "libgmlp-backend-cuda or the CUDA libraries could not be loaded");
-      return NULL;
-    }
-
-  count = backend->get_device_count ();
-  if (ordinal < 0 || ordinal >= count)
-    {
-      if (count == 0)
-        g_set_error (error, GMLP_ERROR, GMLP_ERROR_NO_DEVICE,
-                     "No usable %s device (no NVIDIA driver or no GPU)", backend->name);
-      else
-        g_set_error (error, GMLP_ERROR, GMLP_ERROR_NO_DEVICE,
-                     "No %s device %d: there are %d", backend->name, ordinal, count);
-      return NULL;
-    }
-
-  key = GINT_TO_POINTER (((int) kind << 16) | ordinal);
-  locker = g_mutex_locker_new (&registry_lock);
-  if (registry == NULL)
-    registry = g_hash_table_new (NULL, NULL);
-  self = g_hash_table_lookup (registry, key);
-  if (self != NULL)
-    return g_object_ref (self);
-
-  backend_device = backend->open_device (ordinal, error);
-  if (backend_device == NULL)
-    return NULL;
-
-  self = g_object_new (GMLP_TYPE_DEVICE, NULL);
-  self->kind = kind;
-  self->ordinal = ordinal;
-  self->backend = backend;
-  self->backend_device = backend_device;
-  self->name = backend->get_device_name (backend_device);
-  g_hash_table_insert (registry, key, g_object_ref (self));
-
-  return self;
+  return g_initable_new (GMLP_TYPE_DEVICE, NULL, error, "kind", kind, "ordinal", ordinal, NULL);
 }
 
 /**
@@ -436,9 +545,10 @@ gmlp_device_synchronize (GmlpDevice  *self,
                          GError     **error)
 {
   g_return_val_if_fail (GMLP_IS_DEVICE (self), FALSE);
-  g_return_val_if_fail (self->backend != NULL, FALSE);
+  g_return_val_if_fail (error == NULL || *error == NULL, FALSE);
 
-  if (!gmlp_device_check_not_capturing (self, "Synchronizing", error))
+  if (!gmlp_device_check_usable (self, error) ||
+      !gmlp_device_check_not_capturing (self, "Synchronizing", error))
     return FALSE;
   return self->backend->synchronize (self->backend_device, error);
 }
@@ -476,6 +586,8 @@ gmlp_device_begin_capture (GmlpDevice  *self,
   g_return_val_if_fail (GMLP_IS_DEVICE (self), FALSE);
   g_return_val_if_fail (error == NULL || *error == NULL, FALSE);
 
+  if (!gmlp_device_check_usable (self, error))
+    return FALSE;
   if (gmlp_device_is_capturing (self))
     {
       g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_STATE,
@@ -515,6 +627,8 @@ gmlp_device_end_capture (GmlpDevice  *self,
   g_return_val_if_fail (GMLP_IS_DEVICE (self), NULL);
   g_return_val_if_fail (error == NULL || *error == NULL, NULL);
 
+  if (!gmlp_device_check_usable (self, error))
+    return NULL;
   if (!gmlp_device_is_capturing (self))
     {
       g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_STATE,
@@ -542,7 +656,7 @@ gmlp_device_is_capturing (GmlpDevice *self)
 {
   g_return_val_if_fail (GMLP_IS_DEVICE (self), FALSE);
 
-  return self->backend->is_capturing (self->backend_device);
+  return self->backend_device != NULL && self->backend->is_capturing (self->backend_device);
 }
 
 gboolean
@@ -617,8 +731,9 @@ gmlp_buffer_new (GmlpDevice  *device,
   gpointer data;
 
   g_return_val_if_fail (GMLP_IS_DEVICE (device), NULL);
-  g_return_val_if_fail (device->backend != NULL, NULL);
 
+  if (!gmlp_device_check_usable (device, error))
+    return NULL;
   data = device->backend->alloc (device->backend_device, nbytes, error);
   if (data == NULL)
     return NULL;

@@ -6,5 +6,20 @@
 #include "config.h"
 
 #include "gmlp-error.h"
+#include "gmlp-error-private.h"
 
 G_DEFINE_QUARK (gmlp-error-quark, gmlp_error)
+
+gboolean
+gmlp_check_constructed (gconstpointer  object,
+                        const GError  *construct_error,
+                        GError       **error)
+{
+  if (G_LIKELY (construct_error == NULL))
+    return TRUE;
+
+  g_set_error (error, construct_error->domain, construct_error->code,
+               "This %s could not be constructed: %s",
+               G_OBJECT_TYPE_NAME (object), construct_error->message);
+  return FALSE;
+}

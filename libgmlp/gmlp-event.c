@@ -5,9 +5,12 @@
 
 #include "config.h"
 
+#include <gio/gio.h>
+
 #include "gmlp-event-private.h"
 #include "gmlp-device-private.h"
 #include "gmlp-error.h"
+#include "gmlp-error-private.h"
 
 /**
  * GmlpEvent:
@@ -28,6 +31,12 @@
  * cannot wait for it or poll it, and only the capturing device's own stream
  * may wait for it, during that capture.
  *
+ * g_object_new() with [property@Gmlp.Event:device] records the event as
+ * [ctor@Gmlp.Event.new_recorded] does (when that fails, every method reports
+ * why, as [iface@Gio.Initable]'s init does). An event made without a device
+ * marks no work: it is complete, waiting for it returns at once, and it has
+ * no device, no native handle and no time.
+ *
  * Since: 0.1
  */
 
@@ -41,6 +50,7 @@ struct _GmlpEvent
    * 0: the backend refuses host waits for such an event, and a capture that
    * tries one breaks. */
   guint              capture_serial;
+  GError            *construct_error;
 };
 
 /* Host waits and waits of other streams for an event recorded during a
@@ -59,7 +69,19 @@ check_not_captured (GmlpEvent   *self,
   return FALSE;
 }
 
-G_DEFINE_FINAL_TYPE (GmlpEvent, gmlp_event, G_TYPE_OBJECT)
+static void gmlp_event_initable_iface_init (GInitableIface *iface);
+
+G_DEFINE_FINAL_TYPE_WITH_CODE (GmlpEvent, gmlp_event, G_TYPE_OBJECT,
+                               G_IMPLEMENT_INTERFACE (G_TYPE_INITABLE,
+                                                      gmlp_event_initable_iface_init))
+
+enum {
+  PROP_0,
+  PROP_DEVICE,
+  N_PROPS
+};
+
+static GParamSpec *properties[N_PROPS];
 
 static void
 gmlp_event_finalize (GObject *object)
@@ -69,14 +91,113 @@ gmlp_event_finalize (GObject *object)
   if (self->event != NULL)
     gmlp_device_get_backend (self->device)->event_free (self->event);
   g_clear_object (&self->device);
+  g_clear_error (&self->construct_error);
 
   G_OBJECT_CLASS (gmlp_event_parent_class)->finalize (object);
 }
 
 static void
+gmlp_event_get_property (GObject    *object,
+                         guint       prop_id,
+                         GValue     *value,
+                         GParamSpec *pspec)
+{
+  GmlpEvent *self = GMLP_EVENT (object);
+
+  switch (prop_id)
+    {
+    case PROP_DEVICE:
+      g_value_set_object (value, self->device);
+      break;
+    default:
+      G_OBJECT_WARN_INVALID_PROPERTY_ID (object, prop_id, pspec);
+    }
+}
+
+static void
+gmlp_event_set_property (GObject      *object,
+                         guint         prop_id,
+                         const GValue *value,
+                         GParamSpec   *pspec)
+{
+  GmlpEvent *self = GMLP_EVENT (object);
+
+  switch (prop_id)
+    {
+    case PROP_DEVICE:
+      self->device = g_value_dup_object (value);
+      break;
+    default:
+      G_OBJECT_WARN_INVALID_PROPERTY_ID (object, prop_id, pspec);
+    }
+}
+
+/* Records @self on its device's stream, after the work enqueued so far. */
+static gboolean
+record (GmlpEvent  *self,
+        GError    **error)
+{
+  if (!gmlp_device_check_usable (self->device, error))
+    return FALSE;
+  self->event = GMLP_DEVICE_CALL (self->device, event_record, error);
+  if (self->event == NULL)
+    return FALSE;
+  self->capture_serial = gmlp_device_get_capture_serial (self->device);
+  return TRUE;
+}
+
+static void
+gmlp_event_constructed (GObject *object)
+{
+  GmlpEvent *self = GMLP_EVENT (object);
+
+  G_OBJECT_CLASS (gmlp_event_parent_class)->constructed (object);
+
+  /* The library's own constructors give no device and set the event. */
+  if (self->device != NULL && !record (self, &self->construct_error))
+    g_clear_object (&self->device);
+}
+
+static gboolean
+gmlp_event_initable_init (GInitable     *initable,
+                          GCancellable  *cancellable,
+                          GError       **error)
+{
+  GmlpEvent *self = GMLP_EVENT (initable);
+
+  return gmlp_check_constructed (self, self->construct_error, error);
+}
+
+static void
+gmlp_event_initable_iface_init (GInitableIface *iface)
+{
+  iface->init = gmlp_event_initable_init;
+}
+
+static void
 gmlp_event_class_init (GmlpEventClass *klass)
 {
-  G_OBJECT_CLASS (klass)->finalize = gmlp_event_finalize;
+  GObjectClass *object_class = G_OBJECT_CLASS (klass);
+
+  object_class->constructed = gmlp_event_constructed;
+  object_class->finalize = gmlp_event_finalize;
+  object_class->get_property = gmlp_event_get_property;
+  object_class->set_property = gmlp_event_set_property;
+
+  /**
+   * GmlpEvent:device:
+   *
+   * The device on whose stream the event was recorded; %NULL for an event
+   * made without one, which marks no work.
+   *
+   * Since: 0.1
+   */
+  properties[PROP_DEVICE] =
+    g_param_spec_object ("device", NULL, NULL, GMLP_TYPE_DEVICE,
+                         G_PARAM_READWRITE | G_PARAM_CONSTRUCT_ONLY |
+                         G_PARAM_EXPLICIT_NOTIFY | G_PARAM_STATIC_STRINGS);
+
+  g_object_class_install_properties (object_class, N_PROPS, properties);
 }
 
 static void
@@ -99,21 +220,16 @@ GmlpEvent *
 gmlp_event_new_recorded (GmlpDevice  *device,
                          GError     **error)
 {
-  GmlpBackendEvent *event;
-  GmlpEvent *self;
+  g_autoptr(GmlpEvent) self = NULL;
 
   g_return_val_if_fail (GMLP_IS_DEVICE (device), NULL);
   g_return_val_if_fail (error == NULL || *error == NULL, NULL);
 
-  event = GMLP_DEVICE_CALL (device, event_record, error);
-  if (event == NULL)
-    return NULL;
-
   self = g_object_new (GMLP_TYPE_EVENT, NULL);
   self->device = g_object_ref (device);
-  self->event = event;
-  self->capture_serial = gmlp_device_get_capture_serial (device);
-  return self;
+  if (!record (self, error))
+    return NULL;
+  return g_steal_pointer (&self);
 }
 
 GmlpEvent *
@@ -131,7 +247,8 @@ gmlp_event_new_for_backend (GmlpDevice       *device,
  * gmlp_event_get_device:
  * @self: a #GmlpEvent
  *
- * Returns: (transfer none): the device on whose stream the event was recorded
+ * Returns: (transfer none) (nullable): the device on whose stream the event
+ *   was recorded, or %NULL for an event made without one
  *
  * Since: 0.1
  */
@@ -159,6 +276,8 @@ gmlp_event_is_complete (GmlpEvent *self)
 {
   g_return_val_if_fail (GMLP_IS_EVENT (self), FALSE);
 
+  if (self->event == NULL)
+    return TRUE;
   /* CUDA forbids the query, and it would break a capture in progress. */
   if (self->capture_serial != 0)
     return FALSE;
@@ -186,8 +305,11 @@ gmlp_event_synchronize (GmlpEvent  *self,
   g_return_val_if_fail (GMLP_IS_EVENT (self), FALSE);
   g_return_val_if_fail (error == NULL || *error == NULL, FALSE);
 
-  if (!check_not_captured (self, "Waiting on the host for", error))
+  if (!gmlp_check_constructed (self, self->construct_error, error) ||
+      !check_not_captured (self, "Waiting on the host for", error))
     return FALSE;
+  if (self->event == NULL)
+    return TRUE;
 
   return gmlp_device_get_backend (self->device)->event_synchronize (self->event, error);
 }
@@ -218,6 +340,11 @@ gmlp_event_wait_on_device (GmlpEvent   *self,
   g_return_val_if_fail (GMLP_IS_DEVICE (device), FALSE);
   g_return_val_if_fail (error == NULL || *error == NULL, FALSE);
 
+  if (!gmlp_check_constructed (self, self->construct_error, error) ||
+      !gmlp_device_check_usable (device, error))
+    return FALSE;
+  if (self->event == NULL)
+    return TRUE;
   /* Within the capture the wait is an edge of the graph; any other stream
    * would be pulled into the capture, or cross its boundary. */
   if (self->capture_serial != 0 &&
@@ -268,9 +395,17 @@ gmlp_event_elapsed_ms (GmlpEvent  *start,
   g_return_val_if_fail (error == NULL || *error == NULL, FALSE);
 
   *ms = 0.0;
-  if (!check_not_captured (start, "Timing", error) ||
+  if (!gmlp_check_constructed (start, start->construct_error, error) ||
+      !gmlp_check_constructed (end, end->construct_error, error) ||
+      !check_not_captured (start, "Timing", error) ||
       !check_not_captured (end, "Timing", error))
     return FALSE;
+  if (start->event == NULL || end->event == NULL)
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
+                   "An event made without a device marks no time");
+      return FALSE;
+    }
   if (start->device != end->device)
     {
       g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
@@ -287,7 +422,8 @@ gmlp_event_elapsed_ms (GmlpEvent  *start,
  *
  * Gets the backend's own event, for C code that drives its own streams: a
  * `cudaEvent_t` for a CUDA device (pass it to `cudaStreamWaitEvent()`), %NULL
- * for the CPU. It stays valid as long as @self.
+ * for the CPU and for an event made without a device. It stays valid as
+ * long as @self.
  *
  * Returns: (nullable) (transfer none): the native event
  *
@@ -298,5 +434,7 @@ gmlp_event_get_native_handle (GmlpEvent *self)
 {
   g_return_val_if_fail (GMLP_IS_EVENT (self), NULL);
 
+  if (self->event == NULL)
+    return NULL;
   return gmlp_device_get_backend (self->device)->event_get_native (self->event);
 }

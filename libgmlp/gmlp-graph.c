@@ -43,6 +43,10 @@
  * Graphs need a GPU: on the CPU, [method@Gmlp.Device.begin_capture] fails
  * with %GMLP_ERROR_UNSUPPORTED.
  *
+ * Graphs come from [method@Gmlp.Device.end_capture]; one made with
+ * g_object_new() holds no work, and replaying it fails with
+ * %GMLP_ERROR_INVALID_STATE.
+ *
  * Since: 0.1
  */
 
@@ -145,8 +149,9 @@ gmlp_graph_new_for_backend (GmlpDevice       *device,
  * the device. Replays of one graph run one after the other.
  *
  * Returns: %TRUE on success; %FALSE with %GMLP_ERROR_INVALID_STATE while the
- *   device is capturing (a graph cannot be replayed inside another capture),
- *   or %GMLP_ERROR_BACKEND if the launch failed
+ *   device is capturing (a graph cannot be replayed inside another capture)
+ *   or for a graph that holds no work, or %GMLP_ERROR_BACKEND if the launch
+ *   failed
  *
  * Since: 0.1
  */
@@ -157,6 +162,13 @@ gmlp_graph_replay (GmlpGraph  *self,
   g_return_val_if_fail (GMLP_IS_GRAPH (self), FALSE);
   g_return_val_if_fail (error == NULL || *error == NULL, FALSE);
 
+  if (self->graph == NULL)
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_STATE,
+                   "This graph holds no captured work: graphs come from "
+                   "gmlp_device_end_capture()");
+      return FALSE;
+    }
   /* Recorded into another graph, the replay would use memory that only
    * this graph keeps alive. */
   if (!gmlp_device_check_not_capturing (self->device, "Replaying a graph", error))
@@ -169,7 +181,8 @@ gmlp_graph_replay (GmlpGraph  *self,
  * gmlp_graph_get_device:
  * @self: a #GmlpGraph
  *
- * Returns: (transfer none): the device whose stream was captured
+ * Returns: (transfer none) (nullable): the device whose stream was
+ *   captured, or %NULL for a graph that holds no work
  *
  * Since: 0.1
  */

@@ -14,6 +14,7 @@
 #include "gmlp-device-private.h"
 #include "gmlp-enum-types.h"
 #include "gmlp-error.h"
+#include "gmlp-error-private.h"
 #include "gmlp-grouped-tensor-private.h"
 #include "gmlp-offload-context-private.h"
 #include "gmlp-quantize-numeric.h"
@@ -139,6 +140,9 @@ struct _GmlpGroupedLinear
    * cache_fp8_weights is set and nothing has changed the weights. */
   gboolean            cache_fp8_weights;
   GmlpGroupedTensor  *weight_fp8;
+
+  /* Why constructed() failed; every method reports it. */
+  GError             *construct_error;
 };
 
 typedef struct {
@@ -283,6 +287,7 @@ gmlp_grouped_linear_finalize (GObject *object)
   g_clear_object (&self->grad_output_quantizer);
   g_clear_object (&self->weight_fp8);
   g_clear_object (&self->device);
+  g_clear_error (&self->construct_error);
 
   G_OBJECT_CLASS (gmlp_grouped_linear_parent_class)->finalize (object);
 }
@@ -379,7 +384,7 @@ gmlp_grouped_linear_set_property (GObject      *object,
     case PROP_DTYPE:
       self->dtype = g_value_get_enum (value);
       break;
-    /* Construct-only; initable_init checks them together. */
+    /* Construct-only; constructed() checks them together. */
     case PROP_INPUT_QUANTIZER:
       self->input_quantizer = g_value_dup_object (value);
       break;
@@ -397,6 +402,8 @@ gmlp_grouped_linear_set_property (GObject      *object,
     }
 }
 
+static void gmlp_grouped_linear_constructed (GObject *object);
+
 static void
 gmlp_grouped_linear_class_init (GmlpGroupedLinearClass *klass)
 {
@@ -405,9 +412,13 @@ gmlp_grouped_linear_class_init (GmlpGroupedLinearClass *klass)
                                 G_PARAM_EXPLICIT_NOTIFY | G_PARAM_STATIC_STRINGS;
   const GParamFlags readable = G_PARAM_READABLE | G_PARAM_EXPLICIT_NOTIFY | G_PARAM_STATIC_STRINGS;
 
+  object_class->constructed = gmlp_grouped_linear_constructed;
   object_class->finalize = gmlp_grouped_linear_finalize;
   object_class->get_property = gmlp_grouped_linear_get_property;
   object_class->set_property = gmlp_grouped_linear_set_property;
+
+  /* The ranges of the sizes are wide on purpose: a bad value is a GError of
+   * the construction, not a warning of GObject's. */
 
   /**
    * GmlpGroupedLinear:device:
@@ -437,7 +448,7 @@ gmlp_grouped_linear_class_init (GmlpGroupedLinearClass *klass)
    * Since: 0.1
    */
   properties[PROP_IN_FEATURES] =
-    g_param_spec_int64 ("in-features", NULL, NULL, 0, G_MAXINT32, 1, construct);
+    g_param_spec_int64 ("in-features", NULL, NULL, G_MININT64, G_MAXINT64, 1, construct);
 
   /**
    * GmlpGroupedLinear:out-features:
@@ -447,7 +458,7 @@ gmlp_grouped_linear_class_init (GmlpGroupedLinearClass *klass)
    * Since: 0.1
    */
   properties[PROP_OUT_FEATURES] =
-    g_param_spec_int64 ("out-features", NULL, NULL, 0, G_MAXINT32, 1, construct);
+    g_param_spec_int64 ("out-features", NULL, NULL, G_MININT64, G_MAXINT64, 1, construct);
 
   /**
    * GmlpGroupedLinear:dtype:
@@ -634,32 +645,31 @@ new_uniform (GmlpGroupedLinear  *self,
   return gmlp_grouped_tensor_new_uniform (self->device, dtype, self->n_groups, rows, cols, error);
 }
 
+/* The work of construction, once, whatever made the object. */
 static gboolean
-gmlp_grouped_linear_initable_init (GInitable     *initable,
-                                   GCancellable  *cancellable,
-                                   GError       **error)
+construct_layer (GmlpGroupedLinear  *self,
+                 GError            **error)
 {
-  GmlpGroupedLinear *self = GMLP_GROUPED_LINEAR (initable);
   g_autoptr(GmlpGroupedTensor) weight = NULL;
   g_autoptr(GmlpGroupedTensor) bias = NULL;
   g_autoptr(GmlpGroupedTensor) main_grad = NULL;
 
   if (self->device == NULL)
-    {
-      g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT, "GroupedLinear needs a device");
-      return FALSE;
-    }
+    self->device = g_object_ref (gmlp_device_get_default ());
+  if (!gmlp_device_check_usable (self->device, error))
+    return FALSE;
   if (self->n_groups == 0 || self->n_groups > GMLP_MAX_GROUPS)
     {
       g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
                    "GroupedLinear has 1 to %d groups, not %u", GMLP_MAX_GROUPS, self->n_groups);
       return FALSE;
     }
-  if (self->in_features <= 0 || self->out_features <= 0)
+  if (self->in_features <= 0 || self->out_features <= 0 ||
+      self->in_features > G_MAXINT32 || self->out_features > G_MAXINT32)
     {
       g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
-                   "GroupedLinear features must be positive, not %" G_GINT64_FORMAT " → %"
-                   G_GINT64_FORMAT, self->in_features, self->out_features);
+                   "GroupedLinear features must be between 1 and %d, not %" G_GINT64_FORMAT
+                   " → %" G_GINT64_FORMAT, G_MAXINT32, self->in_features, self->out_features);
       return FALSE;
     }
   if (self->dtype != GMLP_DTYPE_FLOAT32 && self->dtype != GMLP_DTYPE_FLOAT16 &&
@@ -702,6 +712,28 @@ gmlp_grouped_linear_initable_init (GInitable     *initable,
 }
 
 static void
+gmlp_grouped_linear_constructed (GObject *object)
+{
+  GmlpGroupedLinear *self = GMLP_GROUPED_LINEAR (object);
+
+  G_OBJECT_CLASS (gmlp_grouped_linear_parent_class)->constructed (object);
+
+  (void) construct_layer (self, &self->construct_error);
+}
+
+/* Construction happened in constructed(): init only reports it, so a
+ * second init changes nothing. */
+static gboolean
+gmlp_grouped_linear_initable_init (GInitable     *initable,
+                                   GCancellable  *cancellable,
+                                   GError       **error)
+{
+  GmlpGroupedLinear *self = GMLP_GROUPED_LINEAR (initable);
+
+  return gmlp_check_constructed (self, self->construct_error, error);
+}
+
+static void
 gmlp_grouped_linear_initable_iface_init (GInitableIface *iface)
 {
   iface->init = gmlp_grouped_linear_initable_init;
@@ -717,7 +749,9 @@ gmlp_grouped_linear_initable_iface_init (GInitableIface *iface)
  *
  * Creates an FP32 layer with a single grouped weight and no other option;
  * see [ctor@Gmlp.GroupedLinear.new_full], or set the construct properties
- * with g_initable_new(). The parameters are initialised with seed 0 (see
+ * with g_object_new() or g_initable_new() (a layer made with bad properties
+ * reports why from [iface@Gio.Initable]'s init and from every method). The
+ * parameters are initialised with seed 0 (see
  * [method@Gmlp.GroupedLinear.init_parameters]).
  *
  * Returns: (transfer full): the layer, or %NULL with an error
@@ -815,6 +849,9 @@ gmlp_grouped_linear_init_parameters (GmlpGroupedLinear  *self,
   g_return_val_if_fail (GMLP_IS_GROUPED_LINEAR (self), FALSE);
   g_return_val_if_fail (error == NULL || *error == NULL, FALSE);
 
+  if (!gmlp_check_constructed (self, self->construct_error, error))
+    return FALSE;
+
   bound = 1.0 / sqrt ((double) self->in_features);
   gmlp_grouped_linear_invalidate_fp8_weights (self);
   if (!gmlp_grouped_tensor_fill_random (self->weight.grouped, seed, bound, error))
@@ -882,6 +919,9 @@ gmlp_grouped_linear_set_weight_from_bytes (GmlpGroupedLinear  *self,
   g_return_val_if_fail (bytes != NULL, FALSE);
   g_return_val_if_fail (error == NULL || *error == NULL, FALSE);
 
+  if (!gmlp_check_constructed (self, self->construct_error, error))
+    return FALSE;
+
   if (!set_from_bytes (self, self->weight.grouped, bytes, "The weight", error))
     return FALSE;
   gmlp_grouped_linear_invalidate_fp8_weights (self);
@@ -909,6 +949,9 @@ gmlp_grouped_linear_set_bias_from_bytes (GmlpGroupedLinear  *self,
   g_return_val_if_fail (GMLP_IS_GROUPED_LINEAR (self), FALSE);
   g_return_val_if_fail (bytes != NULL, FALSE);
   g_return_val_if_fail (error == NULL || *error == NULL, FALSE);
+
+  if (!gmlp_check_constructed (self, self->construct_error, error))
+    return FALSE;
 
   if (self->bias.grouped == NULL)
     {
@@ -946,6 +989,9 @@ gmlp_grouped_linear_set_wgrad_accumulation_mask (GmlpGroupedLinear  *self,
   g_return_val_if_fail (GMLP_IS_GROUPED_LINEAR (self), FALSE);
   g_return_val_if_fail (accumulate != NULL || n_groups == 0, FALSE);
   g_return_val_if_fail (error == NULL || *error == NULL, FALSE);
+
+  if (!gmlp_check_constructed (self, self->construct_error, error))
+    return FALSE;
 
   if (n_groups != self->n_groups)
     {
@@ -1035,6 +1081,10 @@ gmlp_grouped_linear_set_main_grad (GmlpGroupedLinear  *self,
   g_return_val_if_fail (GMLP_IS_GROUPED_TENSOR (main_grad), FALSE);
   g_return_val_if_fail (error == NULL || *error == NULL, FALSE);
 
+  if (!gmlp_check_constructed (self, self->construct_error, error) ||
+      !gmlp_grouped_tensor_check_usable (main_grad, error))
+    return FALSE;
+
   if (!check_main_grad (self, main_grad, self->n_groups, GMLP_LINEAR_SINGLE_GROUPED_WEIGHT, error))
     return FALSE;
   return param_set (&self->main_grad, main_grad, self->n_groups, error);
@@ -1065,6 +1115,10 @@ gmlp_grouped_linear_set_main_grad_member (GmlpGroupedLinear  *self,
   g_return_val_if_fail (GMLP_IS_GROUPED_LINEAR (self), FALSE);
   g_return_val_if_fail (GMLP_IS_GROUPED_TENSOR (main_grad), FALSE);
   g_return_val_if_fail (error == NULL || *error == NULL, FALSE);
+
+  if (!gmlp_check_constructed (self, self->construct_error, error) ||
+      !gmlp_grouped_tensor_check_usable (main_grad, error))
+    return FALSE;
 
   if (!check_main_grad (self, main_grad, 1, 0, error))
     return FALSE;
@@ -1336,6 +1390,10 @@ gmlp_grouped_linear_forward (GmlpGroupedLinear     *self,
   g_return_val_if_fail (GMLP_IS_GROUPED_TENSOR (input), NULL);
   g_return_val_if_fail (error == NULL || *error == NULL, NULL);
 
+  if (!gmlp_check_constructed (self, self->construct_error, error) ||
+      !gmlp_grouped_tensor_check_usable (input, error))
+    return NULL;
+
   return gmlp_grouped_linear_forward_full (self, input, TRUE, saved, error);
 }
 
@@ -1553,6 +1611,10 @@ gmlp_grouped_linear_backward (GmlpGroupedLinear     *self,
   g_return_val_if_fail (GMLP_IS_GROUPED_TENSOR (grad_output), NULL);
   g_return_val_if_fail (error == NULL || *error == NULL, NULL);
 
+  if (!gmlp_check_constructed (self, self->construct_error, error) ||
+      !gmlp_grouped_tensor_check_usable (grad_output, error))
+    return NULL;
+
   if (!gmlp_saved_activations_check (saved, self->id, "GroupedLinear", error))
     return NULL;
   /* FP8: whatever the layer's quantizers are now, the forward was. */
@@ -1624,6 +1686,9 @@ gmlp_grouped_linear_backward_dw (GmlpGroupedLinear  *self,
   g_return_val_if_fail (GMLP_IS_GROUPED_LINEAR (self), FALSE);
   g_return_val_if_fail (error == NULL || *error == NULL, FALSE);
 
+  if (!gmlp_check_constructed (self, self->construct_error, error))
+    return FALSE;
+
   if (!has_flag (self, GMLP_LINEAR_DELAY_WGRAD_COMPUTE))
     {
       g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_STATE,
@@ -1680,9 +1745,8 @@ member_face (GmlpGroupedLinear *self,
              guint              index,
              gboolean           valid)
 {
-  g_return_val_if_fail (index < self->n_groups, NULL);
-
-  if (has_flag (self, GMLP_LINEAR_SINGLE_GROUPED_WEIGHT) || !valid || param->members == NULL)
+  if (index >= self->n_groups || has_flag (self, GMLP_LINEAR_SINGLE_GROUPED_WEIGHT) || !valid ||
+      param->members == NULL)
     return NULL;
   return param->members[index];
 }
@@ -2889,6 +2953,9 @@ gmlp_grouped_linear_set_quantizers (GmlpGroupedLinear  *self,
   g_return_val_if_fail (grad_output == NULL || GMLP_IS_QUANTIZER (grad_output), FALSE);
   g_return_val_if_fail (error == NULL || *error == NULL, FALSE);
 
+  if (!gmlp_check_constructed (self, self->construct_error, error))
+    return FALSE;
+
   if (!fp8_check_quantizers (self, input, weight, grad_output, error))
     return FALSE;
 
@@ -2962,6 +3029,9 @@ gmlp_grouped_linear_update_quantizers (GmlpGroupedLinear  *self,
 
   g_return_val_if_fail (GMLP_IS_GROUPED_LINEAR (self), FALSE);
   g_return_val_if_fail (error == NULL || *error == NULL, FALSE);
+
+  if (!gmlp_check_constructed (self, self->construct_error, error))
+    return FALSE;
 
   quantizers[0] = self->input_quantizer;
   quantizers[1] = self->weight_quantizer;

@@ -10,6 +10,7 @@
 #include "gmlp-device-private.h"
 #include "gmlp-enum-types.h"
 #include "gmlp-error.h"
+#include "gmlp-error-private.h"
 #include "gmlp-grouped-linear-private.h"
 #include "gmlp-grouped-tensor-private.h"
 #include "gmlp-quantize-numeric.h"
@@ -90,6 +91,9 @@ struct _GmlpGroupedMLP
 
   GmlpGroupedLinear  *fc1;
   GmlpGroupedLinear  *fc2;
+
+  /* Why constructed() failed; every method reports it. */
+  GError             *construct_error;
 };
 
 static void gmlp_grouped_mlp_initable_iface_init (GInitableIface *iface);
@@ -136,6 +140,7 @@ gmlp_grouped_mlp_finalize (GObject *object)
   g_clear_object (&self->fc1);
   g_clear_object (&self->fc2);
   g_clear_object (&self->device);
+  g_clear_error (&self->construct_error);
 
   G_OBJECT_CLASS (gmlp_grouped_mlp_parent_class)->finalize (object);
 }
@@ -239,6 +244,8 @@ gmlp_grouped_mlp_set_property (GObject      *object,
     }
 }
 
+static void gmlp_grouped_mlp_constructed (GObject *object);
+
 static void
 gmlp_grouped_mlp_class_init (GmlpGroupedMLPClass *klass)
 {
@@ -246,6 +253,7 @@ gmlp_grouped_mlp_class_init (GmlpGroupedMLPClass *klass)
   const GParamFlags construct = G_PARAM_READWRITE | G_PARAM_CONSTRUCT_ONLY |
                                 G_PARAM_EXPLICIT_NOTIFY | G_PARAM_STATIC_STRINGS;
 
+  object_class->constructed = gmlp_grouped_mlp_constructed;
   object_class->finalize = gmlp_grouped_mlp_finalize;
   object_class->get_property = gmlp_grouped_mlp_get_property;
   object_class->set_property = gmlp_grouped_mlp_set_property;
@@ -275,7 +283,7 @@ gmlp_grouped_mlp_class_init (GmlpGroupedMLPClass *klass)
    *
    * Since: 0.1
    */
-  properties[PROP_HIDDEN] = g_param_spec_int64 ("hidden", NULL, NULL, 0, G_MAXINT32, 1, construct);
+  properties[PROP_HIDDEN] = g_param_spec_int64 ("hidden", NULL, NULL, G_MININT64, G_MAXINT64, 1, construct);
 
   /**
    * GmlpGroupedMLP:ffn-hidden:
@@ -285,7 +293,8 @@ gmlp_grouped_mlp_class_init (GmlpGroupedMLPClass *klass)
    *
    * Since: 0.1
    */
-  properties[PROP_FFN_HIDDEN] = g_param_spec_int64 ("ffn-hidden", NULL, NULL, 0, G_MAXINT32, 1, construct);
+  properties[PROP_FFN_HIDDEN] = g_param_spec_int64 ("ffn-hidden", NULL, NULL, G_MININT64, G_MAXINT64, 1,
+                                                  construct);
 
   /**
    * GmlpGroupedMLP:activation:
@@ -413,24 +422,27 @@ static gboolean apply_fp8_recipe (GmlpGroupedMLP     *self,
                                   GmlpFp8Format       format,
                                   GError            **error);
 
+/* The work of construction, once, whatever made the object. */
 static gboolean
-gmlp_grouped_mlp_initable_init (GInitable     *initable,
-                                GCancellable  *cancellable,
-                                GError       **error)
+construct_mlp (GmlpGroupedMLP  *self,
+               GError         **error)
 {
-  GmlpGroupedMLP *self = GMLP_GROUPED_MLP (initable);
   GmlpLinearFlags layer_flags = self->flags & ~GMLP_LINEAR_RECOMPUTE_ACTIVATION;
   gint64 fc1_out;
 
   if (self->device == NULL)
-    {
-      g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT, "GroupedMLP needs a device");
-      return FALSE;
-    }
+    self->device = g_object_ref (gmlp_device_get_default ());
   if ((guint) self->activation > GMLP_ACTIVATION_GEGLU)
     {
       g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
                    "Unknown activation %d", (int) self->activation);
+      return FALSE;
+    }
+  if (self->hidden <= 0 || self->hidden > G_MAXINT32)
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
+                   "hidden must be between 1 and %d, not %" G_GINT64_FORMAT,
+                   G_MAXINT32, self->hidden);
       return FALSE;
     }
   if (self->ffn_hidden <= 0 || self->ffn_hidden > G_MAXINT32 / 2)
@@ -459,6 +471,34 @@ gmlp_grouped_mlp_initable_init (GInitable     *initable,
       !apply_fp8_recipe (self, self->fp8_recipe, self->fp8_format, error))
     return FALSE;
   return gmlp_grouped_mlp_init_parameters (self, 0, error);
+}
+
+static void
+gmlp_grouped_mlp_constructed (GObject *object)
+{
+  GmlpGroupedMLP *self = GMLP_GROUPED_MLP (object);
+
+  G_OBJECT_CLASS (gmlp_grouped_mlp_parent_class)->constructed (object);
+
+  /* A half-made MLP keeps no layer: getters then give NULL, not a layer
+   * the MLP does not use. */
+  if (!construct_mlp (self, &self->construct_error))
+    {
+      g_clear_object (&self->fc1);
+      g_clear_object (&self->fc2);
+    }
+}
+
+/* Construction happened in constructed(): init only reports it, so a
+ * second init changes nothing. */
+static gboolean
+gmlp_grouped_mlp_initable_init (GInitable     *initable,
+                                GCancellable  *cancellable,
+                                GError       **error)
+{
+  GmlpGroupedMLP *self = GMLP_GROUPED_MLP (initable);
+
+  return gmlp_check_constructed (self, self->construct_error, error);
 }
 
 static void
@@ -855,6 +895,13 @@ gmlp_grouped_mlp_forward (GmlpGroupedMLP        *self,
   g_return_val_if_fail (GMLP_IS_GROUPED_TENSOR (input), NULL);
   g_return_val_if_fail (error == NULL || *error == NULL, NULL);
 
+  if (!gmlp_check_constructed (self, self->construct_error, error) ||
+      !gmlp_grouped_tensor_check_usable (input, error))
+    return NULL;
+
+  if (!gmlp_check_constructed (self, self->construct_error, error))
+    return FALSE;
+
   if (saved != NULL)
     *saved = NULL;
   if (!check_host_sizes (input, "input", error))
@@ -947,6 +994,10 @@ gmlp_grouped_mlp_backward (GmlpGroupedMLP        *self,
   g_return_val_if_fail (GMLP_IS_GROUPED_TENSOR (grad_output), NULL);
   g_return_val_if_fail (error == NULL || *error == NULL, NULL);
 
+  if (!gmlp_check_constructed (self, self->construct_error, error) ||
+      !gmlp_grouped_tensor_check_usable (grad_output, error))
+    return NULL;
+
   if (!gmlp_saved_activations_check (saved, self->id, "GroupedMLP", error) ||
       !check_host_sizes (grad_output, "output gradient", error))
     return NULL;
@@ -1008,6 +1059,9 @@ gmlp_grouped_mlp_backward_dw (GmlpGroupedMLP  *self,
   g_return_val_if_fail (GMLP_IS_GROUPED_MLP (self), FALSE);
   g_return_val_if_fail (error == NULL || *error == NULL, FALSE);
 
+  if (!gmlp_check_constructed (self, self->construct_error, error))
+    return FALSE;
+
   return gmlp_grouped_linear_backward_dw (self->fc2, error) &&
          gmlp_grouped_linear_backward_dw (self->fc1, error) &&
          emit_wgrad_ready (self, error);
@@ -1017,8 +1071,9 @@ gmlp_grouped_mlp_backward_dw (GmlpGroupedMLP  *self,
  * gmlp_grouped_mlp_get_fc1:
  * @self: a #GmlpGroupedMLP
  *
- * Returns: (transfer none): the first layer, `hidden → ffn_hidden` (twice
- *   as wide for gated activations)
+ * Returns: (transfer none) (nullable): the first layer, `hidden → ffn_hidden`
+ *   (twice as wide for gated activations); %NULL when the MLP could not be
+ *   constructed
  *
  * Since: 0.1
  */
@@ -1033,7 +1088,8 @@ gmlp_grouped_mlp_get_fc1 (GmlpGroupedMLP *self)
  * gmlp_grouped_mlp_get_fc2:
  * @self: a #GmlpGroupedMLP
  *
- * Returns: (transfer none): the second layer, `ffn_hidden → hidden`
+ * Returns: (transfer none) (nullable): the second layer, `ffn_hidden →
+ *   hidden`; %NULL when the MLP could not be constructed
  *
  * Since: 0.1
  */
@@ -1072,7 +1128,7 @@ gboolean
 gmlp_grouped_mlp_get_grad_added_to_main_grad (GmlpGroupedMLP *self)
 {
   g_return_val_if_fail (GMLP_IS_GROUPED_MLP (self), FALSE);
-  return gmlp_grouped_linear_get_grad_added_to_main_grad (self->fc1);
+  return self->fc1 != NULL && gmlp_grouped_linear_get_grad_added_to_main_grad (self->fc1);
 }
 
 /* Makes six quantizers of @recipe and @format (none for NONE) and gives
@@ -1179,6 +1235,9 @@ gmlp_grouped_mlp_set_fp8_recipe (GmlpGroupedMLP     *self,
   g_return_val_if_fail (GMLP_IS_GROUPED_MLP (self), FALSE);
   g_return_val_if_fail (error == NULL || *error == NULL, FALSE);
 
+  if (!gmlp_check_constructed (self, self->construct_error, error))
+    return FALSE;
+
   return apply_fp8_recipe (self, recipe, format, error);
 }
 
@@ -1238,6 +1297,9 @@ gmlp_grouped_mlp_update_quantizers (GmlpGroupedMLP  *self,
   g_return_val_if_fail (GMLP_IS_GROUPED_MLP (self), FALSE);
   g_return_val_if_fail (error == NULL || *error == NULL, FALSE);
 
+  if (!gmlp_check_constructed (self, self->construct_error, error))
+    return FALSE;
+
   for (i = 0; i < 3; i++)
     {
       all[i] = gmlp_grouped_linear_get_quantizer (self->fc1, (GmlpQuantizerRole) i);
@@ -1273,7 +1335,7 @@ gmlp_grouped_mlp_set_cache_fp8_weights (GmlpGroupedMLP *self,
 
   cache = !!cache;
   /* The layers too when the MLP's value is unchanged (they may have been
-   * set apart); none yet at construction (initable_init gives them it). */
+   * set apart); none yet at construction (constructed() gives them it). */
   if (self->fc1 != NULL)
     gmlp_grouped_linear_set_cache_fp8_weights (self->fc1, cache);
   if (self->fc2 != NULL)

@@ -16,11 +16,19 @@ G_BEGIN_DECLS
 /* Device pointer to the first byte of the tensor (its member 0). */
 gpointer  gmlp_grouped_tensor_get_data          (GmlpGroupedTensor *self);
 /* Bytes the allocation for this layout needs (the worst case when sizes are
- * on the device). */
-gsize     gmlp_grouped_tensor_layout_bytes      (guint              n_groups,
+ * on the device), every product and sum checked: FALSE for negative sizes or
+ * when the count overflows or passes the largest tensor libgmlp makes. The
+ * one size check of every path that lays a tensor out. */
+gboolean  gmlp_grouped_tensor_layout_bytes      (guint              n_groups,
                                                  const gint64      *rows,
                                                  gint64             row_capacity,
-                                                 guint64            row_bytes);
+                                                 guint64            row_bytes,
+                                                 gsize             *nbytes);
+/* FALSE with the reason when @self has no storage: made by a bare
+ * g_object_new(), or its construction from properties failed. Public
+ * methods check their tensors with it before anything else. */
+gboolean  gmlp_grouped_tensor_check_usable      (GmlpGroupedTensor *self,
+                                                 GError           **error);
 /* The shape, as the backends take it; uploads host sizes on first use. */
 gboolean  gmlp_grouped_tensor_get_backend_shape (GmlpGroupedTensor *self,
                                                  GmlpBackendShape  *shape,

@@ -5,6 +5,8 @@
 
 #include "config.h"
 
+#include <gio/gio.h>
+
 #include <math.h>
 #include <string.h>
 
@@ -12,6 +14,7 @@
 #include "gmlp-dlpack-private.h"
 #include "gmlp-enum-types.h"
 #include "gmlp-error.h"
+#include "gmlp-error-private.h"
 #include "gmlp-numeric.h"
 
 /**
@@ -36,6 +39,16 @@
  * sharing the storage. Data comes in and goes out as #GBytes, in the packed
  * order (members in order, row-major, no padding).
  *
+ * A tensor can also be made with g_object_new() (`Gmlp.GroupedTensor(rows=…,
+ * cols=…)` in Python, `new Gmlp.GroupedTensor({rows: …, cols: …})` in gjs)
+ * from its construct properties: [property@Gmlp.GroupedTensor:rows] (host
+ * sizes) or [property@Gmlp.GroupedTensor:sizes] with
+ * [property@Gmlp.GroupedTensor:row-capacity] (device sizes), and
+ * [property@Gmlp.GroupedTensor:cols], [property@Gmlp.GroupedTensor:dtype]
+ * and [property@Gmlp.GroupedTensor:device]. Such a tensor is complete; when
+ * the properties are invalid, or none is given, every method fails with the
+ * reason ([iface@Gio.Initable] reports it too).
+ *
  * Since: 0.1
  */
 
@@ -54,11 +67,17 @@ struct _GmlpGroupedTensor
   GmlpBuffer         *buffer;
   gsize               offset;      /* of this tensor inside buffer */
   gsize               nbytes;      /* span of this tensor inside buffer */
+  GError             *construct_error;
   guint               uniform : 1;
   guint               is_view : 1;
+  guint               construct_props : 1;  /* made by g_object_new() with properties */
 };
 
-G_DEFINE_FINAL_TYPE (GmlpGroupedTensor, gmlp_grouped_tensor, G_TYPE_OBJECT)
+static void gmlp_grouped_tensor_initable_iface_init (GInitableIface *iface);
+
+G_DEFINE_FINAL_TYPE_WITH_CODE (GmlpGroupedTensor, gmlp_grouped_tensor, G_TYPE_OBJECT,
+                               G_IMPLEMENT_INTERFACE (G_TYPE_INITABLE,
+                                                      gmlp_grouped_tensor_initable_iface_init))
 
 enum {
   PROP_0,
@@ -67,13 +86,17 @@ enum {
   PROP_N_GROUPS,
   PROP_COLS,
   PROP_ROW_CAPACITY,
+  PROP_ROWS,
+  PROP_SIZES,
   N_PROPS
 };
 
 static GParamSpec *properties[N_PROPS];
 
 /* Sizes beyond these are reported as errors, not attempted: no real tensor
- * comes near them, and they keep every byte count far from overflow. */
+ * comes near them. Byte counts are checked for overflow on the way
+ * (gmlp_grouped_tensor_layout_bytes()), and once a layout is within
+ * MAX_BYTES every later count derived from it is too. */
 #define MAX_ROWS  (G_GINT64_CONSTANT (1) << 40)
 #define MAX_COLS  (G_GINT64_CONSTANT (1) << 31)
 #define MAX_BYTES (G_GUINT64_CONSTANT (1) << 50)
@@ -88,6 +111,7 @@ gmlp_grouped_tensor_finalize (GObject *object)
   g_clear_object (&self->device);
   g_clear_pointer (&self->rows, g_free);
   g_clear_pointer (&self->offsets, g_free);
+  g_clear_error (&self->construct_error);
 
   G_OBJECT_CLASS (gmlp_grouped_tensor_parent_class)->finalize (object);
 }
@@ -117,9 +141,183 @@ gmlp_grouped_tensor_get_property (GObject    *object,
     case PROP_ROW_CAPACITY:
       g_value_set_int64 (value, self->row_capacity);
       break;
+    case PROP_ROWS:
+      g_value_take_variant (value, self->rows == NULL ? NULL :
+                            g_variant_new_fixed_array (G_VARIANT_TYPE_INT64, self->rows,
+                                                       self->n_groups, sizeof (gint64)));
+      break;
+    case PROP_SIZES:
+      g_value_set_object (value, self->rows == NULL ? self->sizes : NULL);
+      break;
     default:
       G_OBJECT_WARN_INVALID_PROPERTY_ID (object, prop_id, pspec);
     }
+}
+
+/* Construct-only: constructed() checks them together and allocates. */
+static void
+gmlp_grouped_tensor_set_property (GObject      *object,
+                                  guint         prop_id,
+                                  const GValue *value,
+                                  GParamSpec   *pspec)
+{
+  GmlpGroupedTensor *self = GMLP_GROUPED_TENSOR (object);
+  GVariant *rows;
+
+  /* GObject sets every construct property, with its default when not
+   * given; the library's own constructors give none. */
+  if (!g_param_value_defaults (pspec, value))
+    self->construct_props = TRUE;
+
+  switch (prop_id)
+    {
+    case PROP_DEVICE:
+      self->device = g_value_dup_object (value);
+      break;
+    case PROP_DTYPE:
+      self->dtype = g_value_get_enum (value);
+      break;
+    case PROP_COLS:
+      self->cols = g_value_get_int64 (value);
+      break;
+    case PROP_ROW_CAPACITY:
+      self->row_capacity = g_value_get_int64 (value);
+      break;
+    case PROP_ROWS:
+      rows = g_value_get_variant (value);
+      if (rows != NULL)
+        {
+          gsize n;
+          const gint64 *data = g_variant_get_fixed_array (rows, &n, sizeof (gint64));
+
+          /* More groups than a guint counts are refused in constructed(). */
+          self->n_groups = (guint) MIN (n, (gsize) G_MAXUINT);
+          self->rows = g_memdup2 (data, sizeof (gint64) * self->n_groups);
+        }
+      break;
+    case PROP_SIZES:
+      self->sizes = g_value_dup_object (value);
+      break;
+    default:
+      G_OBJECT_WARN_INVALID_PROPERTY_ID (object, prop_id, pspec);
+    }
+}
+
+static void layout_init (GmlpGroupedTensor *self,
+                         GmlpDevice        *device,
+                         GmlpDType          dtype,
+                         const gint64      *rows,
+                         guint              n_groups,
+                         gint64             cols,
+                         gint64             row_capacity);
+static gboolean check_common (GmlpDevice  *device,
+                              GmlpDType    dtype,
+                              guint        n_groups,
+                              gint64       cols,
+                              GError     **error);
+static gboolean check_rows (const gint64  *rows,
+                            guint          n_groups,
+                            gint64         cols,
+                            GmlpDType      dtype,
+                            gint64        *total_rows,
+                            GError       **error);
+static gboolean check_device_sizes (GmlpDevice         *device,
+                                    GmlpDType           dtype,
+                                    GmlpGroupedTensor  *sizes,
+                                    gint64              row_capacity,
+                                    gint64              cols,
+                                    guint              *n_groups,
+                                    GError            **error);
+
+/* The work of the constructors, for a tensor made from its properties. */
+static gboolean
+construct_from_properties (GmlpGroupedTensor  *self,
+                           GError            **error)
+{
+  g_autoptr(GmlpDevice) device = NULL;
+  g_autofree gint64 *rows = g_steal_pointer (&self->rows);
+  guint n_groups = self->n_groups;
+  gint64 row_capacity;
+
+  if (self->device == NULL)
+    self->device = g_object_ref (gmlp_device_get_default ());
+  device = g_object_ref (self->device);
+  if (!gmlp_device_check_usable (device, error))
+    return FALSE;
+
+  if ((rows != NULL) == (self->sizes != NULL))
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
+                   "A GroupedTensor takes its group sizes from one of the properties "
+                   "\"rows\" (on the host) or \"sizes\" (on the device)");
+      return FALSE;
+    }
+
+  if (rows != NULL)
+    {
+      if (!check_common (device, self->dtype, n_groups, self->cols, error) ||
+          !check_rows (rows, n_groups, self->cols, self->dtype, &row_capacity, error))
+        return FALSE;
+    }
+  else
+    {
+      row_capacity = self->row_capacity;
+      if (!check_device_sizes (device, self->dtype, self->sizes, row_capacity, self->cols,
+                               &n_groups, error))
+        return FALSE;
+    }
+
+  layout_init (self, device, self->dtype, rows, n_groups, self->cols, row_capacity);
+  self->buffer = gmlp_buffer_new (device, self->nbytes, error);
+  return self->buffer != NULL;
+}
+
+static void
+gmlp_grouped_tensor_constructed (GObject *object)
+{
+  GmlpGroupedTensor *self = GMLP_GROUPED_TENSOR (object);
+
+  G_OBJECT_CLASS (gmlp_grouped_tensor_parent_class)->constructed (object);
+
+  /* The library's own constructors give no property and lay the tensor out
+   * themselves; a bare g_object_new() stays empty (check_usable() says so). */
+  if (self->construct_props && !construct_from_properties (self, &self->construct_error))
+    {
+      g_clear_pointer (&self->rows, g_free);
+      g_clear_pointer (&self->offsets, g_free);
+      g_clear_pointer (&self->buffer, gmlp_buffer_unref);
+      self->n_groups = 0;
+      self->nbytes = 0;
+    }
+}
+
+static gboolean
+gmlp_grouped_tensor_initable_init (GInitable     *initable,
+                                   GCancellable  *cancellable,
+                                   GError       **error)
+{
+  return gmlp_grouped_tensor_check_usable (GMLP_GROUPED_TENSOR (initable), error);
+}
+
+static void
+gmlp_grouped_tensor_initable_iface_init (GInitableIface *iface)
+{
+  iface->init = gmlp_grouped_tensor_initable_init;
+}
+
+gboolean
+gmlp_grouped_tensor_check_usable (GmlpGroupedTensor  *self,
+                                  GError            **error)
+{
+  if (G_LIKELY (self->buffer != NULL))
+    return TRUE;
+  if (self->construct_error != NULL)
+    return gmlp_check_constructed (self, self->construct_error, error);
+
+  g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_STATE,
+               "This GroupedTensor has no storage: it was made by g_object_new() without its "
+               "construct properties (rows or sizes, and cols)");
+  return FALSE;
 }
 
 static void
@@ -127,20 +325,27 @@ gmlp_grouped_tensor_class_init (GmlpGroupedTensorClass *klass)
 {
   GObjectClass *object_class = G_OBJECT_CLASS (klass);
 
+  const GParamFlags construct = G_PARAM_READWRITE | G_PARAM_CONSTRUCT_ONLY |
+                                G_PARAM_EXPLICIT_NOTIFY | G_PARAM_STATIC_STRINGS;
+
   object_class->finalize = gmlp_grouped_tensor_finalize;
   object_class->get_property = gmlp_grouped_tensor_get_property;
+  object_class->set_property = gmlp_grouped_tensor_set_property;
+  object_class->constructed = gmlp_grouped_tensor_constructed;
+
+  /* The ranges of the construct properties are wide on purpose: a bad value
+   * is a GError of the construction, not a warning of GObject's. */
 
   /**
    * GmlpGroupedTensor:device:
    *
-   * The device holding the storage.
+   * The device holding the storage; at construction, %NULL stands for
+   * [func@Gmlp.Device.get_default].
    *
    * Since: 0.1
    */
   properties[PROP_DEVICE] =
-    g_param_spec_object ("device", NULL, NULL,
-                         GMLP_TYPE_DEVICE,
-                         G_PARAM_READABLE | G_PARAM_EXPLICIT_NOTIFY | G_PARAM_STATIC_STRINGS);
+    g_param_spec_object ("device", NULL, NULL, GMLP_TYPE_DEVICE, construct);
 
   /**
    * GmlpGroupedTensor:dtype:
@@ -150,9 +355,7 @@ gmlp_grouped_tensor_class_init (GmlpGroupedTensorClass *klass)
    * Since: 0.1
    */
   properties[PROP_DTYPE] =
-    g_param_spec_enum ("dtype", NULL, NULL,
-                       GMLP_TYPE_DTYPE, GMLP_DTYPE_FLOAT32,
-                       G_PARAM_READABLE | G_PARAM_EXPLICIT_NOTIFY | G_PARAM_STATIC_STRINGS);
+    g_param_spec_enum ("dtype", NULL, NULL, GMLP_TYPE_DTYPE, GMLP_DTYPE_FLOAT32, construct);
 
   /**
    * GmlpGroupedTensor:n-groups:
@@ -174,22 +377,45 @@ gmlp_grouped_tensor_class_init (GmlpGroupedTensorClass *klass)
    * Since: 0.1
    */
   properties[PROP_COLS] =
-    g_param_spec_int64 ("cols", NULL, NULL,
-                        0, G_MAXINT64, 0,
-                        G_PARAM_READABLE | G_PARAM_EXPLICIT_NOTIFY | G_PARAM_STATIC_STRINGS);
+    g_param_spec_int64 ("cols", NULL, NULL, G_MININT64, G_MAXINT64, 0, construct);
 
   /**
    * GmlpGroupedTensor:row-capacity:
    *
    * The number of rows the storage can hold over all members: the total row
-   * count when the sizes are on the host.
+   * count when the sizes are on the host. At construction it is given with
+   * [property@Gmlp.GroupedTensor:sizes] (and ignored with
+   * [property@Gmlp.GroupedTensor:rows]).
    *
    * Since: 0.1
    */
   properties[PROP_ROW_CAPACITY] =
-    g_param_spec_int64 ("row-capacity", NULL, NULL,
-                        0, G_MAXINT64, 0,
-                        G_PARAM_READABLE | G_PARAM_EXPLICIT_NOTIFY | G_PARAM_STATIC_STRINGS);
+    g_param_spec_int64 ("row-capacity", NULL, NULL, G_MININT64, G_MAXINT64, 0, construct);
+
+  /**
+   * GmlpGroupedTensor:rows:
+   *
+   * The group sizes on the host, as an array of int64 (`ax`), or %NULL when
+   * they are only on the device. At construction it gives the tensor host
+   * sizes, as [ctor@Gmlp.GroupedTensor.new] does.
+   *
+   * Since: 0.1
+   */
+  properties[PROP_ROWS] =
+    g_param_spec_variant ("rows", NULL, NULL, G_VARIANT_TYPE ("ax"), NULL, construct);
+
+  /**
+   * GmlpGroupedTensor:sizes:
+   *
+   * The device INT64 sizes tensor of a tensor with device-only sizes, or
+   * %NULL when the sizes are on the host. At construction it gives the
+   * tensor device sizes, with [property@Gmlp.GroupedTensor:row-capacity], as
+   * [ctor@Gmlp.GroupedTensor.new_with_device_sizes] does.
+   *
+   * Since: 0.1
+   */
+  properties[PROP_SIZES] =
+    g_param_spec_object ("sizes", NULL, NULL, GMLP_TYPE_GROUPED_TENSOR, construct);
 
   g_object_class_install_properties (object_class, N_PROPS, properties);
 }
@@ -199,23 +425,53 @@ gmlp_grouped_tensor_init (GmlpGroupedTensor *self)
 {
 }
 
-gsize
+/* Rounds @bytes up to the member alignment, or FALSE past 64 bits. */
+static gboolean
+align_member (guint64  bytes,
+              guint64 *aligned)
+{
+  if (!gmlp_checked_add (bytes, kGmlpMemberAlignment - 1, aligned))
+    return FALSE;
+  *aligned &= ~(guint64) (kGmlpMemberAlignment - 1);
+  return TRUE;
+}
+
+gboolean
 gmlp_grouped_tensor_layout_bytes (guint          n_groups,
                                   const gint64  *rows,
                                   gint64         row_capacity,
-                                  guint64        row_bytes)
+                                  guint64        row_bytes,
+                                  gsize         *nbytes)
 {
-  guint64 bytes = 0;
+  guint64 bytes = 0, member;
   guint g;
 
   if (rows != NULL)
     {
       for (g = 0; g < n_groups; g++)
-        bytes += gmlp_num_member_stride (rows[g], row_bytes);
-      return bytes;
+        if (rows[g] < 0 ||
+            !gmlp_checked_mul ((guint64) rows[g], row_bytes, &member) ||
+            !align_member (member, &member) ||
+            !gmlp_checked_add (bytes, member, &bytes))
+          return FALSE;
+    }
+  else
+    {
+      /* As gmlp_num_device_sized_bytes(), checked. */
+      if (row_capacity < 0 || !gmlp_checked_mul ((guint64) row_capacity, row_bytes, &bytes))
+        return FALSE;
+      if (row_bytes % kGmlpMemberAlignment != 0 &&
+          !gmlp_checked_add (bytes, (guint64) n_groups * (kGmlpMemberAlignment - 1), &bytes))
+        return FALSE;
+      if (!align_member (bytes, &bytes))
+        return FALSE;
+      g_assert (bytes == gmlp_num_device_sized_bytes (n_groups, row_capacity, row_bytes));
     }
 
-  return gmlp_num_device_sized_bytes (n_groups, row_capacity, row_bytes);
+  if (bytes > MAX_BYTES)
+    return FALSE;
+  *nbytes = bytes;
+  return TRUE;
 }
 
 static gboolean
@@ -258,6 +514,7 @@ check_rows (const gint64  *rows,
 {
   guint64 row_bytes = (guint64) cols * gmlp_dtype_get_size (dtype);
   gint64 total = 0;
+  gsize nbytes;
   guint g;
 
   if (rows == NULL)
@@ -284,7 +541,7 @@ check_rows (const gint64  *rows,
         }
     }
 
-  if (gmlp_grouped_tensor_layout_bytes (n_groups, rows, total, row_bytes) > MAX_BYTES)
+  if (!gmlp_grouped_tensor_layout_bytes (n_groups, rows, total, row_bytes, &nbytes))
     {
       g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
                    "A tensor of %" G_GINT64_FORMAT " × %" G_GINT64_FORMAT " %s is too large",
@@ -296,22 +553,23 @@ check_rows (const gint64  *rows,
   return TRUE;
 }
 
-/* A tensor of this layout with no storage yet: the host sizes, the member
- * offsets and the span it needs. */
-static GmlpGroupedTensor *
-grouped_tensor_new_layout (GmlpDevice     *device,
-                           GmlpDType       dtype,
-                           const gint64   *rows,
-                           guint           n_groups,
-                           gint64          cols,
-                           gint64          row_capacity)
+/* Lays @self out, with no storage yet: the host sizes, the member offsets
+ * and the span it needs. The sizes were checked (check_rows(),
+ * check_device_sizes()), so no count here overflows. */
+static void
+layout_init (GmlpGroupedTensor *self,
+             GmlpDevice        *device,
+             GmlpDType          dtype,
+             const gint64      *rows,
+             guint              n_groups,
+             gint64             cols,
+             gint64             row_capacity)
 {
-  GmlpGroupedTensor *self = g_object_new (GMLP_TYPE_GROUPED_TENSOR, NULL);
   guint64 row_bytes = (guint64) cols * gmlp_dtype_get_size (dtype);
   gsize offset = 0;
   guint g;
 
-  self->device = g_object_ref (device);
+  g_set_object (&self->device, device);
   self->dtype = dtype;
   self->n_groups = n_groups;
   self->cols = cols;
@@ -331,7 +589,21 @@ grouped_tensor_new_layout (GmlpDevice     *device,
         }
     }
 
-  self->nbytes = gmlp_grouped_tensor_layout_bytes (n_groups, rows, row_capacity, row_bytes);
+  if (!gmlp_grouped_tensor_layout_bytes (n_groups, rows, row_capacity, row_bytes, &self->nbytes))
+    g_assert_not_reached ();
+}
+
+static GmlpGroupedTensor *
+grouped_tensor_new_layout (GmlpDevice     *device,
+                           GmlpDType       dtype,
+                           const gint64   *rows,
+                           guint           n_groups,
+                           gint64          cols,
+                           gint64          row_capacity)
+{
+  GmlpGroupedTensor *self = g_object_new (GMLP_TYPE_GROUPED_TENSOR, NULL);
+
+  layout_init (self, device, dtype, rows, n_groups, cols, row_capacity);
   return self;
 }
 
@@ -523,7 +795,10 @@ gmlp_grouped_tensor_new_from_bytes (GmlpDevice    *device,
       for (g = 0; g < n_groups; g++)
         {
           gsize member = (gsize) rows[g] * row_bytes;
-          memcpy (staging + self->offsets[g], src, member);
+
+          /* An empty GBytes has no data pointer at all. */
+          if (member > 0)
+            memcpy (staging + self->offsets[g], src, member);
           src += member;
         }
       data = staging;
@@ -570,51 +845,75 @@ gmlp_grouped_tensor_new_with_device_sizes (GmlpDevice         *device,
                                            GError            **error)
 {
   GmlpGroupedTensor *self;
-  gint64 n_sizes;
+  guint n_groups;
 
   g_return_val_if_fail (GMLP_IS_DEVICE (device), NULL);
   g_return_val_if_fail (GMLP_IS_GROUPED_TENSOR (sizes), NULL);
   g_return_val_if_fail (error == NULL || *error == NULL, NULL);
 
+  if (!check_device_sizes (device, dtype, sizes, row_capacity, cols, &n_groups, error))
+    return NULL;
+
+  self = grouped_tensor_new_internal (device, dtype, NULL, n_groups, cols, row_capacity, error);
+  if (self != NULL)
+    self->sizes = g_object_ref (sizes);
+  return self;
+}
+
+/* Checks the arguments of a tensor with device-only sizes; the number of
+ * groups is the number of elements of @sizes. */
+static gboolean
+check_device_sizes (GmlpDevice         *device,
+                    GmlpDType           dtype,
+                    GmlpGroupedTensor  *sizes,
+                    gint64              row_capacity,
+                    gint64              cols,
+                    guint              *n_groups,
+                    GError            **error)
+{
+  guint64 n_sizes;
+  gsize nbytes;
+
+  if (!gmlp_grouped_tensor_check_usable (sizes, error))
+    return FALSE;
   if (sizes->dtype != GMLP_DTYPE_INT64)
     {
       g_set_error (error, GMLP_ERROR, GMLP_ERROR_DTYPE_MISMATCH,
                    "Group sizes must be int64, not %s", gmlp_dtype_get_name (sizes->dtype));
-      return NULL;
+      return FALSE;
     }
   if (sizes->device != device)
     {
       g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
                    "The group sizes are on %s, the tensor on %s",
                    gmlp_device_get_name (sizes->device), gmlp_device_get_name (device));
-      return NULL;
+      return FALSE;
     }
   if (sizes->rows == NULL || sizes->n_groups != 1)
     {
       g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
                    "The group sizes must be one contiguous member");
-      return NULL;
+      return FALSE;
     }
 
-  n_sizes = sizes->rows[0] * sizes->cols;
-  if (n_sizes > G_MAXUINT)
+  /* Past G_MAXUINT, check_common() refuses the count as it refuses any
+   * count past GMLP_MAX_GROUPS. */
+  if (!gmlp_checked_mul ((guint64) sizes->rows[0], (guint64) sizes->cols, &n_sizes) ||
+      n_sizes > G_MAXUINT)
     n_sizes = G_MAXUINT;
   if (!check_common (device, dtype, (guint) n_sizes, cols, error))
-    return NULL;
+    return FALSE;
   if (row_capacity < 0 || row_capacity > MAX_ROWS ||
-      gmlp_grouped_tensor_layout_bytes ((guint) n_sizes, NULL, row_capacity,
-                                        (guint64) cols * gmlp_dtype_get_size (dtype)) > MAX_BYTES)
+      !gmlp_grouped_tensor_layout_bytes ((guint) n_sizes, NULL, row_capacity,
+                                         (guint64) cols * gmlp_dtype_get_size (dtype), &nbytes))
     {
       g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
                    "Invalid row capacity %" G_GINT64_FORMAT, row_capacity);
-      return NULL;
+      return FALSE;
     }
 
-  self = grouped_tensor_new_internal (device, dtype, NULL, (guint) n_sizes, cols,
-                                      row_capacity, error);
-  if (self != NULL)
-    self->sizes = g_object_ref (sizes);
-  return self;
+  *n_groups = (guint) n_sizes;
+  return TRUE;
 }
 
 gpointer
@@ -642,6 +941,9 @@ gmlp_grouped_tensor_get_sizes (GmlpGroupedTensor  *self,
 {
   g_return_val_if_fail (GMLP_IS_GROUPED_TENSOR (self), NULL);
   g_return_val_if_fail (error == NULL || *error == NULL, NULL);
+
+  if (!gmlp_grouped_tensor_check_usable (self, error))
+    return NULL;
 
   if (self->sizes == NULL)
     {
@@ -699,6 +1001,8 @@ gmlp_grouped_tensor_read_sizes (GmlpGroupedTensor  *self,
   g_return_val_if_fail (error == NULL || *error == NULL, NULL);
 
   *n_groups = 0;
+  if (!gmlp_grouped_tensor_check_usable (self, error))
+    return NULL;
   if (self->rows != NULL)
     {
       *n_groups = self->n_groups;
@@ -746,6 +1050,9 @@ gmlp_grouped_tensor_to_bytes (GmlpGroupedTensor  *self,
 
   g_return_val_if_fail (GMLP_IS_GROUPED_TENSOR (self), NULL);
   g_return_val_if_fail (error == NULL || *error == NULL, NULL);
+
+  if (!gmlp_grouped_tensor_check_usable (self, error))
+    return NULL;
 
   if (!gmlp_device_check_not_capturing (self->device, "Reading a tensor to the host", error))
     return NULL;
@@ -811,6 +1118,9 @@ gmlp_grouped_tensor_convert (GmlpGroupedTensor  *self,
   g_return_val_if_fail (GMLP_IS_GROUPED_TENSOR (self), NULL);
   g_return_val_if_fail (error == NULL || *error == NULL, NULL);
 
+  if (!gmlp_grouped_tensor_check_usable (self, error))
+    return NULL;
+
   if (!gmlp_dtype_can_convert (self->dtype, dtype))
     {
       g_set_error (error, GMLP_ERROR, GMLP_ERROR_UNSUPPORTED,
@@ -861,6 +1171,9 @@ gmlp_grouped_tensor_get_member (GmlpGroupedTensor  *self,
 
   g_return_val_if_fail (GMLP_IS_GROUPED_TENSOR (self), NULL);
   g_return_val_if_fail (error == NULL || *error == NULL, NULL);
+
+  if (!gmlp_grouped_tensor_check_usable (self, error))
+    return NULL;
 
   if (index >= self->n_groups)
     {
@@ -914,6 +1227,9 @@ gmlp_grouped_tensor_fill_zero (GmlpGroupedTensor  *self,
   g_return_val_if_fail (GMLP_IS_GROUPED_TENSOR (self), FALSE);
   g_return_val_if_fail (error == NULL || *error == NULL, FALSE);
 
+  if (!gmlp_grouped_tensor_check_usable (self, error))
+    return FALSE;
+
   return GMLP_DEVICE_CALL (self->device, fill_bytes, gmlp_grouped_tensor_get_data (self),
                            0, self->nbytes, error);
 }
@@ -946,6 +1262,9 @@ gmlp_grouped_tensor_fill_random (GmlpGroupedTensor  *self,
 
   g_return_val_if_fail (GMLP_IS_GROUPED_TENSOR (self), FALSE);
   g_return_val_if_fail (error == NULL || *error == NULL, FALSE);
+
+  if (!gmlp_grouped_tensor_check_usable (self, error))
+    return FALSE;
 
   if (!gmlp_dtype_is_floating (self->dtype))
     {
@@ -1036,7 +1355,8 @@ gmlp_grouped_tensor_get_cols (GmlpGroupedTensor *self)
  * @index: the member
  *
  * Returns: the number of rows of member @index, or -1 when the sizes are
- *   only on the device (see [method@Gmlp.GroupedTensor.read_sizes])
+ *   only on the device (see [method@Gmlp.GroupedTensor.read_sizes]) or
+ *   @index is out of range
  *
  * Since: 0.1
  */
@@ -1045,9 +1365,8 @@ gmlp_grouped_tensor_get_rows (GmlpGroupedTensor *self,
                               guint              index)
 {
   g_return_val_if_fail (GMLP_IS_GROUPED_TENSOR (self), -1);
-  g_return_val_if_fail (index < self->n_groups, -1);
 
-  return self->rows != NULL ? self->rows[index] : -1;
+  return self->rows != NULL && index < self->n_groups ? self->rows[index] : -1;
 }
 
 /**
@@ -1090,7 +1409,7 @@ gmlp_grouped_tensor_get_row_capacity (GmlpGroupedTensor *self)
  *
  * Returns: the byte offset of member @index from the start of the tensor, a
  *   multiple of %GMLP_MEMBER_ALIGNMENT, or -1 when the sizes are only on the
- *   device
+ *   device or @index is out of range
  *
  * Since: 0.1
  */
@@ -1099,9 +1418,8 @@ gmlp_grouped_tensor_get_member_offset (GmlpGroupedTensor *self,
                                        guint              index)
 {
   g_return_val_if_fail (GMLP_IS_GROUPED_TENSOR (self), -1);
-  g_return_val_if_fail (index < self->n_groups, -1);
 
-  return self->offsets != NULL ? self->offsets[index] : -1;
+  return self->offsets != NULL && index < self->n_groups ? self->offsets[index] : -1;
 }
 
 /**
@@ -1287,6 +1605,10 @@ gmlp_grouped_tensor_add_scaled (GmlpGroupedTensor  *self,
   g_return_val_if_fail (GMLP_IS_GROUPED_TENSOR (other), FALSE);
   g_return_val_if_fail (error == NULL || *error == NULL, FALSE);
 
+  if (!gmlp_grouped_tensor_check_usable (self, error) ||
+      !gmlp_grouped_tensor_check_usable (other, error))
+    return FALSE;
+
   if (!check_arithmetic_dtype (self, error) || !check_arithmetic_dtype (other, error) ||
       !check_arithmetic_scale (alpha, error))
     return FALSE;
@@ -1340,6 +1662,9 @@ gmlp_grouped_tensor_scale (GmlpGroupedTensor  *self,
   g_return_val_if_fail (GMLP_IS_GROUPED_TENSOR (self), FALSE);
   g_return_val_if_fail (error == NULL || *error == NULL, FALSE);
 
+  if (!gmlp_grouped_tensor_check_usable (self, error))
+    return FALSE;
+
   if (!check_arithmetic_dtype (self, error) || !check_arithmetic_scale (alpha, error) ||
       !gmlp_grouped_tensor_get_backend_shape (self, &shape, error))
     return FALSE;
@@ -1370,6 +1695,9 @@ gmlp_grouped_tensor_sum_squares (GmlpGroupedTensor  *self,
 
   g_return_val_if_fail (GMLP_IS_GROUPED_TENSOR (self), -1.0);
   g_return_val_if_fail (error == NULL || *error == NULL, -1.0);
+
+  if (!gmlp_grouped_tensor_check_usable (self, error))
+    return -1.0;
 
   if (!check_arithmetic_dtype (self, error) ||
       !gmlp_device_check_not_capturing (self->device, "A sum of squares", error) ||
@@ -1427,6 +1755,9 @@ gmlp_grouped_tensor_to_dlpack (GmlpGroupedTensor  *self,
 
   g_return_val_if_fail (GMLP_IS_GROUPED_TENSOR (self), NULL);
   g_return_val_if_fail (error == NULL || *error == NULL, NULL);
+
+  if (!gmlp_grouped_tensor_check_usable (self, error))
+    return NULL;
 
   switch (self->dtype)
     {
@@ -1743,6 +2074,9 @@ gmlp_grouped_tensor_dequantize (GmlpGroupedTensor  *self,
 
   g_return_val_if_fail (GMLP_IS_GROUPED_TENSOR (self), NULL);
   g_return_val_if_fail (error == NULL || *error == NULL, NULL);
+
+  if (!gmlp_grouped_tensor_check_usable (self, error))
+    return NULL;
 
   info = check_quantized (self, error);
   if (info == NULL)

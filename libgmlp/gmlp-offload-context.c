@@ -192,23 +192,57 @@ gmlp_offload_context_get_property (GObject    *object,
 }
 
 static void
+gmlp_offload_context_set_property (GObject      *object,
+                                   guint         prop_id,
+                                   const GValue *value,
+                                   GParamSpec   *pspec)
+{
+  GmlpOffloadContext *self = GMLP_OFFLOAD_CONTEXT (object);
+
+  switch (prop_id)
+    {
+    case PROP_DEVICE:
+      self->device = g_value_dup_object (value);
+      break;
+    default:
+      G_OBJECT_WARN_INVALID_PROPERTY_ID (object, prop_id, pspec);
+    }
+}
+
+static void
+gmlp_offload_context_constructed (GObject *object)
+{
+  GmlpOffloadContext *self = GMLP_OFFLOAD_CONTEXT (object);
+
+  G_OBJECT_CLASS (gmlp_offload_context_parent_class)->constructed (object);
+
+  if (self->device == NULL)
+    self->device = g_object_ref (gmlp_device_get_default ());
+}
+
+static void
 gmlp_offload_context_class_init (GmlpOffloadContextClass *klass)
 {
   GObjectClass *object_class = G_OBJECT_CLASS (klass);
   const GParamFlags readable = G_PARAM_READABLE | G_PARAM_EXPLICIT_NOTIFY | G_PARAM_STATIC_STRINGS;
 
+  object_class->constructed = gmlp_offload_context_constructed;
   object_class->finalize = gmlp_offload_context_finalize;
   object_class->get_property = gmlp_offload_context_get_property;
+  object_class->set_property = gmlp_offload_context_set_property;
 
   /**
    * GmlpOffloadContext:device:
    *
-   * The device whose activations this context offloads.
+   * The device whose activations this context offloads; at construction,
+   * %NULL stands for [func@Gmlp.Device.get_default].
    *
    * Since: 0.1
    */
   properties[PROP_DEVICE] =
-    g_param_spec_object ("device", NULL, NULL, GMLP_TYPE_DEVICE, readable);
+    g_param_spec_object ("device", NULL, NULL, GMLP_TYPE_DEVICE,
+                         G_PARAM_READWRITE | G_PARAM_CONSTRUCT_ONLY |
+                         G_PARAM_EXPLICIT_NOTIFY | G_PARAM_STATIC_STRINGS);
 
   /**
    * GmlpOffloadContext:bytes-offloaded:
@@ -287,14 +321,12 @@ GmlpOffloadContext *
 gmlp_offload_context_new (GmlpDevice  *device,
                           GError     **error)
 {
-  GmlpOffloadContext *self;
-
   g_return_val_if_fail (GMLP_IS_DEVICE (device), NULL);
   g_return_val_if_fail (error == NULL || *error == NULL, NULL);
 
-  self = g_object_new (GMLP_TYPE_OFFLOAD_CONTEXT, NULL);
-  self->device = g_object_ref (device);
-  return self;
+  if (!gmlp_device_check_usable (device, error))
+    return NULL;
+  return g_object_new (GMLP_TYPE_OFFLOAD_CONTEXT, "device", device, NULL);
 }
 
 /**

@@ -11,6 +11,7 @@
 #include "gmlp-device-private.h"
 #include "gmlp-enum-types.h"
 #include "gmlp-error.h"
+#include "gmlp-error-private.h"
 #include "gmlp-grouped-tensor-private.h"
 #include "gmlp-quantize-numeric.h"
 
@@ -52,6 +53,12 @@ G_STATIC_ASSERT ((int) GMLP_SCALING_RECIPE_MXFP8 == GMLP_QUANT_MXFP8);
  * bytes for the same input. docs/fp8.md describes the recipes, the formulas
  * and what happens to zeros, NaN and infinities.
  *
+ * g_object_new() with the construct properties makes a complete quantizer
+ * ([property@Gmlp.Quantizer:device] %NULL stands for
+ * [func@Gmlp.Device.get_default]). A quantizer whose recipe is
+ * %GMLP_SCALING_RECIPE_NONE quantizes nothing: its methods fail with
+ * %GMLP_ERROR_INVALID_ARGUMENT.
+ *
  * Since: 0.1
  */
 
@@ -72,6 +79,8 @@ struct _GmlpQuantizer
    * gmlp_quant_state_stride() floats; made on first use or restore. */
   GmlpGroupedTensor  *state;
   guint               n_groups;
+
+  GError             *construct_error;   /* an unusable device */
 };
 
 G_DEFINE_FINAL_TYPE (GmlpQuantizer, gmlp_quantizer, G_TYPE_OBJECT)
@@ -105,8 +114,21 @@ gmlp_quantizer_finalize (GObject *object)
 
   g_clear_object (&self->state);
   g_clear_object (&self->device);
+  g_clear_error (&self->construct_error);
 
   G_OBJECT_CLASS (gmlp_quantizer_parent_class)->finalize (object);
+}
+
+static void
+gmlp_quantizer_constructed (GObject *object)
+{
+  GmlpQuantizer *self = GMLP_QUANTIZER (object);
+
+  G_OBJECT_CLASS (gmlp_quantizer_parent_class)->constructed (object);
+
+  if (self->device == NULL)
+    self->device = g_object_ref (gmlp_device_get_default ());
+  (void) gmlp_device_check_usable (self->device, &self->construct_error);
 }
 
 static void
@@ -195,6 +217,7 @@ gmlp_quantizer_class_init (GmlpQuantizerClass *klass)
 {
   GObjectClass *object_class = G_OBJECT_CLASS (klass);
 
+  object_class->constructed = gmlp_quantizer_constructed;
   object_class->finalize = gmlp_quantizer_finalize;
   object_class->get_property = gmlp_quantizer_get_property;
   object_class->set_property = gmlp_quantizer_set_property;
@@ -333,7 +356,8 @@ gmlp_quantizer_init (GmlpQuantizer *self)
  * @format: the FP8 format
  * @role: what the quantizer quantizes
  *
- * Creates a quantizer; the other settings ([property@Gmlp.Quantizer:columnwise],
+ * Creates a quantizer (one with %GMLP_SCALING_RECIPE_NONE quantizes
+ * nothing); the other settings ([property@Gmlp.Quantizer:columnwise],
  * [property@Gmlp.Quantizer:amax-history-length],
  * [property@Gmlp.Quantizer:margin],
  * [property@Gmlp.Quantizer:power-of-2-scales]) are properties, for
@@ -350,7 +374,6 @@ gmlp_quantizer_new (GmlpDevice        *device,
                     GmlpQuantizerRole  role)
 {
   g_return_val_if_fail (GMLP_IS_DEVICE (device), NULL);
-  g_return_val_if_fail (recipe != GMLP_SCALING_RECIPE_NONE, NULL);
 
   return g_object_new (GMLP_TYPE_QUANTIZER,
                        "device", device,
@@ -570,6 +593,10 @@ gmlp_quantizer_quantize_full (GmlpQuantizer      *self,
   g_return_val_if_fail (GMLP_IS_QUANTIZER (self), NULL);
   g_return_val_if_fail (GMLP_IS_GROUPED_TENSOR (src), NULL);
   g_return_val_if_fail (error == NULL || *error == NULL, NULL);
+
+  if (!gmlp_check_constructed (self, self->construct_error, error) ||
+      !gmlp_grouped_tensor_check_usable (src, error))
+    return NULL;
 
   if (!check_source (self, src, error))
     return NULL;
@@ -852,6 +879,9 @@ gmlp_quantizer_restore_state (GmlpQuantizer  *self,
   g_return_val_if_fail (GMLP_IS_QUANTIZER (self), FALSE);
   g_return_val_if_fail (state != NULL, FALSE);
   g_return_val_if_fail (error == NULL || *error == NULL, FALSE);
+
+  if (!gmlp_check_constructed (self, self->construct_error, error))
+    return FALSE;
 
   if (!g_variant_is_of_type (state, G_VARIANT_TYPE_VARDICT))
     {

@@ -369,8 +369,9 @@ gmlp_test_host_view (GmlpGroupedTensor *t, const gint64 *rows)
   g_clear_object (&layout.sizes);
   layout.rows = g_memdup2 (rows, n * sizeof (gint64));
   layout.row_capacity = total;
-  layout.nbytes = gmlp_grouped_tensor_layout_bytes (n, rows, total,
-                                                    layout.cols * gmlp_dtype_get_size (layout.dtype));
+  g_assert_true (gmlp_grouped_tensor_layout_bytes (n, rows, total,
+                                                   layout.cols * gmlp_dtype_get_size (layout.dtype),
+                                                   &layout.nbytes));
   view = gmlp_grouped_tensor_new_with_buffer (&layout, gmlp_grouped_tensor_get_buffer (t));
   gmlp_tensor_layout_clear (&layout);
   return view;

@@ -75,6 +75,33 @@ check('grouped-linear', () => {
     assert(layer.get_wgrad().get_n_groups() === 2, 'wgrad');
 });
 
+// Objects made the gjs way, from properties alone, are complete; bad or
+// missing properties give errors, not crashes.
+check('property-constructors', () => {
+    const dev = Gmlp.Device.new(Gmlp.DeviceKind.CPU, 0);
+    const layer = new Gmlp.GroupedLinear({device: dev, n_groups: 2, in_features: 4, out_features: 8});
+    const x = new Gmlp.GroupedTensor({device: dev, rows: new GLib.Variant('ax', [2, 3]), cols: 4});
+    x.fill_random(7, 1.0);
+    const [y] = layer.forward(x);
+    assert(y.get_total_rows() === 5 && y.get_cols() === 8, 'output shape');
+    const values = new Float32Array(y.to_bytes().toArray().buffer);
+    assert(values.every(Number.isFinite), 'finite output');
+
+    for (const make of [() => new Gmlp.GroupedTensor().fill_zero(),
+        () => new Gmlp.GroupedLinear({device: dev, n_groups: 0}).forward(x),
+        () => new Gmlp.GroupedMLP({device: dev, hidden: -1}).init(null),
+        () => new Gmlp.Graph().replay()]) {
+        let threw = false;
+        try {
+            make();
+        } catch (e) {
+            threw = e.matches(Gmlp.error_quark(), e.code);
+        }
+        assert(threw, `${make} raises a Gmlp.Error`);
+    }
+    assert(new Gmlp.Device({kind: Gmlp.DeviceKind.CPU}) === dev, 'one Device per device');
+});
+
 print(`1..${results.length}`);
 results.forEach(([status, name, why], i) =>
     print(`${status} ${i + 1} /Gmlp/JS/${name}${why ? ` # ${why}` : ''}`));
