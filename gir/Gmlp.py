@@ -5,6 +5,9 @@
 import contextlib
 import ctypes
 
+import gi
+from gi.repository import GLib
+
 from ..overrides import override
 from ..module import get_introspection_module
 
@@ -15,30 +18,54 @@ __all__ = []
 
 # DLPack: a capsule named "dltensor" around gmlp_grouped_tensor_to_dlpack()'s
 # DLManagedTensor. A consumer renames it and calls the deleter when done; a
-# capsule dropped unconsumed calls it here.
-class _DLManagedTensor(ctypes.Structure):
-    _fields_ = [('dl_tensor', ctypes.c_byte * 48),
-                ('manager_ctx', ctypes.c_void_p),
-                ('deleter', ctypes.CFUNCTYPE(None, ctypes.c_void_p))]
+# capsule dropped unconsumed calls it here. The C function is not in the
+# typelib (a raw pointer that no binding can free would leak), so it is
+# called through ctypes.
+class _GError(ctypes.Structure):
+    _fields_ = [('domain', ctypes.c_uint32),
+                ('code', ctypes.c_int),
+                ('message', ctypes.c_char_p)]
 
 
-_capsule_new = ctypes.pythonapi.PyCapsule_New
-_capsule_new.restype = ctypes.py_object
-_capsule_new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
-_capsule_is_valid = ctypes.pythonapi.PyCapsule_IsValid
-_capsule_is_valid.restype = ctypes.c_int
-_capsule_is_valid.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
-_capsule_get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
-_capsule_get_pointer.restype = ctypes.c_void_p
-_capsule_get_pointer.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+def _library():
+    gi.require_version('GIRepository', '2.0')
+    from gi.repository import GIRepository
+    names = GIRepository.Repository.get_default().get_shared_library('Gmlp').split(',')
+    library = ctypes.CDLL(names[0])
+    library.gmlp_grouped_tensor_to_dlpack.restype = ctypes.c_void_p
+    library.gmlp_grouped_tensor_to_dlpack.argtypes = [ctypes.c_void_p,
+                                                      ctypes.POINTER(ctypes.POINTER(_GError))]
+    return library
 
 
-@ctypes.CFUNCTYPE(None, ctypes.c_void_p)
-def _dlpack_capsule_destructor(capsule):
-    if _capsule_is_valid(capsule, b'dltensor'):
-        pointer = _capsule_get_pointer(capsule, b'dltensor')
-        managed = _DLManagedTensor.from_address(pointer)
-        managed.deleter(pointer)
+_lib = _library()
+_glib = ctypes.CDLL('libglib-2.0.so.0')
+_glib.g_error_free.argtypes = [ctypes.POINTER(_GError)]
+_glib.g_quark_to_string.restype = ctypes.c_char_p
+
+_api = ctypes.pythonapi
+_api.PyCapsule_New.restype = ctypes.py_object
+_api.PyCapsule_New.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+_api.PyCapsule_GetPointer.restype = ctypes.c_void_p
+_api.PyCapsule_GetPointer.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+# The capsules' destructor is C (gmlp_dlpack_capsule_destructor()): a
+# consumer that refuses a tensor drops the capsule with its exception
+# pending, when no Python code, a ctypes callback included, can run.
+_capsule_destructor = ctypes.cast(_lib.gmlp_dlpack_capsule_destructor, ctypes.c_void_p)
+
+
+def _to_dlpack_capsule(tensor):
+    error = ctypes.POINTER(_GError)()
+    handle = tensor.__gpointer__  # a capsule around the GObject, kept alive here
+    gobject = _api.PyCapsule_GetPointer(id(handle), None)
+    pointer = _lib.gmlp_grouped_tensor_to_dlpack(gobject, ctypes.byref(error))
+    if not pointer:
+        e = error.contents
+        raised = GLib.Error(e.message.decode('utf-8', 'replace'),
+                            _glib.g_quark_to_string(e.domain).decode(), e.code)
+        _glib.g_error_free(error)
+        raise raised
+    return _api.PyCapsule_New(pointer, b'dltensor', _capsule_destructor)
 
 
 class GroupedTensor(Gmlp.GroupedTensor):
@@ -47,9 +74,13 @@ class GroupedTensor(Gmlp.GroupedTensor):
 
     def __dlpack__(self, stream=None, **kwargs):
         # to_dlpack() waits for the device, so any consumer stream may read.
-        pointer = self.to_dlpack()
-        return _capsule_new(pointer, b'dltensor',
-                            ctypes.cast(_dlpack_capsule_destructor, ctypes.c_void_p))
+        return _to_dlpack_capsule(self)
+
+    def to_dlpack(self):
+        """The tensor as a DLPack capsule ("dltensor") that owns its
+        reference: what `__dlpack__` gives, for consumers that take a
+        capsule. Raises GLib.Error where the tensor is not one array."""
+        return _to_dlpack_capsule(self)
 
     def __dlpack_device__(self):
         device = self.get_device()

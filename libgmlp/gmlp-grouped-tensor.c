@@ -1726,14 +1726,16 @@ dlpack_delete (GmlpDLManagedTensor *managed)
 }
 
 /**
- * gmlp_grouped_tensor_to_dlpack:
+ * gmlp_grouped_tensor_to_dlpack: (skip)
  * @self: a #GmlpGroupedTensor
  * @error: return location for a #GError
  *
  * Exports the tensor without a copy as a DLPack `DLManagedTensor`: a
  * two-dimensional `total_rows × cols` array over the storage. It keeps the
  * tensor alive until its `deleter` is called. In Python the tensor supports
- * the DLPack protocol (`numpy.from_dlpack (t)`, `torch.from_dlpack (t)`).
+ * the DLPack protocol (`numpy.from_dlpack (t)`, `torch.from_dlpack (t)`),
+ * and `to_dlpack()` gives a capsule that owns the export; the C function is
+ * not in the typelib, where a pointer that no binding frees would leak.
  *
  * Waits for the device, so the data is complete when a consumer on another
  * stream reads it; while the device captures a graph it fails with

@@ -96,6 +96,8 @@ GMLP_AVAILABLE_IN_0_1
 gpointer           gmlp_grouped_tensor_to_dlpack            (GmlpGroupedTensor  *self,
                                                              GError            **error);
 GMLP_AVAILABLE_IN_0_1
+void               gmlp_dlpack_capsule_destructor           (gpointer            capsule);
+GMLP_AVAILABLE_IN_0_1
 GmlpDevice        *gmlp_grouped_tensor_get_device           (GmlpGroupedTensor  *self);
 GMLP_AVAILABLE_IN_0_1
 GmlpDType          gmlp_grouped_tensor_get_dtype            (GmlpGroupedTensor  *self);

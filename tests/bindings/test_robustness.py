@@ -2,6 +2,7 @@
 # Python binding test: objects made the Python way, from keyword properties
 # (g_object_new(), no Gio.Initable.init()), are complete; made bare or with
 # properties that can't work, their methods raise GLib.Error, never crash.
+# DLPack exports leak nothing, also when the consumer refuses them.
 #
 # SPDX-License-Identifier: LGPL-2.1-or-later
 
@@ -95,8 +96,36 @@ def test_failed_constructions_raise():
     assert Gmlp.Device() is Gmlp.Device.new(Gmlp.DeviceKind.CPU, 0)
 
 
+def test_dlpack_leaks_nothing():
+    t = Gmlp.GroupedTensor.new(DEV, Gmlp.DType.BFLOAT16, [4], 128)
+    t.fill_zero()
+    assert t.__grefcount__ == 1
+    # numpy has no bfloat16: its own error, and the export is released
+    # (SystemError, and a tensor kept forever, before).
+    try:
+        np.from_dlpack(t)
+        raise AssertionError('numpy took a bfloat16 tensor')
+    except (RuntimeError, BufferError, TypeError) as e:
+        assert not isinstance(e, SystemError), e
+    assert t.__grefcount__ == 1, t.__grefcount__
+    capsule = t.to_dlpack()
+    assert t.__grefcount__ == 2
+    del capsule
+    assert t.__grefcount__ == 1, t.__grefcount__
+
+    f = Gmlp.GroupedTensor.new(DEV, Gmlp.DType.FLOAT32, [3, 5], 64)
+    f.fill_random(3, 1.0)
+    a = np.from_dlpack(f)
+    assert a.shape == (8, 64) and f.__grefcount__ == 2
+    assert np.array_equal(a, download(f, (8, 64)))
+    del a
+    assert f.__grefcount__ == 1, f.__grefcount__
+    raises(lambda: np.from_dlpack(Gmlp.GroupedTensor.new(DEV, Gmlp.DType.FLOAT32, [4, 3], 3)),
+           Gmlp.Error.UNSUPPORTED)
+
+
 tests = [test_linear_from_properties, test_mlp_from_properties, test_tensor_from_properties,
-         test_failed_constructions_raise]
+         test_failed_constructions_raise, test_dlpack_leaks_nothing]
 print('1..%d' % len(tests))
 failed = False
 for i, test in enumerate(tests, 1):
