@@ -10,14 +10,30 @@
 
 G_BEGIN_DECLS
 
+/* The version of a storage, as torch's tensors have one: every write
+ * through the API adds one (gmlp_version_counter_bump()), and a backward
+ * compares it with what its forward saw. Reference-counted apart from the
+ * storage, so that saved activations can keep it while they let go of the
+ * device memory (offload). */
+typedef struct _GmlpVersionCounter GmlpVersionCounter;
+
+GmlpVersionCounter *gmlp_version_counter_ref   (GmlpVersionCounter *counter);
+void                gmlp_version_counter_unref (GmlpVersionCounter *counter);
+guint64             gmlp_version_counter_get   (GmlpVersionCounter *counter);
+void                gmlp_version_counter_bump  (GmlpVersionCounter *counter);
+
+G_DEFINE_AUTOPTR_CLEANUP_FUNC (GmlpVersionCounter, gmlp_version_counter_unref)
+
 /* A reference-counted device allocation; grouped tensors and their views
- * share one. Freed stream-ordered when the last reference goes. */
+ * share one, and its version. Freed stream-ordered when the last reference
+ * goes. */
 typedef struct {
-  gatomicrefcount  ref_count;
-  GmlpDevice      *device;
-  gpointer         data;
-  gsize            nbytes;
-  int              copied;     /* atomic: a copy-stream copy has read it */
+  gatomicrefcount     ref_count;
+  GmlpDevice         *device;
+  gpointer            data;
+  gsize               nbytes;
+  int                 copied;     /* atomic: a copy-stream copy has read it */
+  GmlpVersionCounter *version;
 } GmlpBuffer;
 
 /* FALSE with the reason when @self could not be opened (made by
@@ -42,6 +58,22 @@ GmlpBuffer        *gmlp_buffer_ref                 (GmlpBuffer  *buffer);
 void               gmlp_buffer_unref               (GmlpBuffer  *buffer);
 
 G_DEFINE_AUTOPTR_CLEANUP_FUNC (GmlpBuffer, gmlp_buffer_unref)
+
+/* Where a tensor's bytes lie: in which storage, named by its version
+ * counter (one per GmlpBuffer, and it outlives the memory, so saved
+ * activations keep naming the storage after offload), and where in it. */
+typedef struct {
+  GmlpVersionCounter *storage;
+  gsize               offset;
+  gsize               nbytes;
+} GmlpSpan;
+
+/* Whether two spans share a byte: the one test for aliasing (main_grad
+ * against parameters and inputs, outputs against inputs). Each buffer owns
+ * its memory alone, so spans of two storages never overlap; empty spans
+ * overlap nothing. */
+gboolean           gmlp_spans_overlap              (const GmlpSpan *a,
+                                                    const GmlpSpan *b);
 
 /* Fails with GMLP_ERROR_INVALID_STATE while self is capturing a graph, for
  * the calls that wait for the device or read its memory on the host: a

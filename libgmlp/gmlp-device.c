@@ -750,6 +750,56 @@ gmlp_buffer_new (GmlpDevice  *device,
   return gmlp_buffer_new_wrapped (device, data, nbytes);
 }
 
+struct _GmlpVersionCounter
+{
+  gatomicrefcount ref_count;
+  gsize           value;      /* atomic */
+};
+
+static GmlpVersionCounter *
+gmlp_version_counter_new (void)
+{
+  GmlpVersionCounter *counter = g_new0 (GmlpVersionCounter, 1);
+
+  g_atomic_ref_count_init (&counter->ref_count);
+  return counter;
+}
+
+GmlpVersionCounter *
+gmlp_version_counter_ref (GmlpVersionCounter *counter)
+{
+  g_atomic_ref_count_inc (&counter->ref_count);
+  return counter;
+}
+
+void
+gmlp_version_counter_unref (GmlpVersionCounter *counter)
+{
+  if (g_atomic_ref_count_dec (&counter->ref_count))
+    g_free (counter);
+}
+
+guint64
+gmlp_version_counter_get (GmlpVersionCounter *counter)
+{
+  return (guint64) GPOINTER_TO_SIZE (g_atomic_pointer_get ((gpointer *) &counter->value));
+}
+
+void
+gmlp_version_counter_bump (GmlpVersionCounter *counter)
+{
+  g_atomic_pointer_add ((gpointer *) &counter->value, 1);
+}
+
+gboolean
+gmlp_spans_overlap (const GmlpSpan *a,
+                    const GmlpSpan *b)
+{
+  if (a->storage == NULL || a->storage != b->storage || a->nbytes == 0 || b->nbytes == 0)
+    return FALSE;
+  return a->offset < b->offset + b->nbytes && b->offset < a->offset + a->nbytes;
+}
+
 GmlpBuffer *
 gmlp_buffer_new_wrapped (GmlpDevice *device,
                          gpointer    data,
@@ -761,6 +811,7 @@ gmlp_buffer_new_wrapped (GmlpDevice *device,
   buffer->device = g_object_ref (device);
   buffer->data = data;
   buffer->nbytes = nbytes;
+  buffer->version = gmlp_version_counter_new ();
   g_atomic_pointer_add ((gpointer *) &device->bytes_in_use, (gssize) nbytes);
   return buffer;
 }
@@ -793,5 +844,6 @@ gmlp_buffer_unref (GmlpBuffer *buffer)
     device->backend->free (device->backend_device, buffer->data);
   g_atomic_pointer_add ((gpointer *) &device->bytes_in_use, -(gssize) buffer->nbytes);
   g_object_unref (device);
+  gmlp_version_counter_unref (buffer->version);
   g_free (buffer);
 }

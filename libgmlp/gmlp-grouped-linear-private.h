@@ -20,4 +20,46 @@ GmlpGroupedTensor *gmlp_grouped_linear_forward_full (GmlpGroupedLinear     *self
                                                      GmlpSavedActivations **saved,
                                                      GError               **error);
 
+/* A backward in three phases, so that GroupedMLP checks and allocates for
+ * both its layers before either writes anything:
+ *
+ * - begin: checks the saved activations (owner, use, the versions of what
+ *   the forward read, labelled @label in errors: "GroupedMLP's FC1"), the
+ *   output gradient (only its shape, dtype and device: it may be written
+ *   later, before dgrad) and main_grad's storage; reloads the input;
+ *   allocates the input gradient and the weight-gradient storage. Writes
+ *   nothing.
+ * - dgrad: the input gradient (FP8: dy quantized first). Writes only
+ *   tensors that begin or it made.
+ * - finish: the weight gradients, or queues them when delayed; consumes
+ *   the saved activations; returns the input gradient (transfer full).
+ *   Only the backend can fail here.
+ *
+ * gmlp_grouped_linear_backward() is the three in a row. */
+typedef struct _GmlpLinearBackward GmlpLinearBackward;
+
+GmlpLinearBackward *gmlp_grouped_linear_backward_begin  (GmlpGroupedLinear     *self,
+                                                         GmlpSavedActivations  *saved,
+                                                         GmlpGroupedTensor     *grad_output,
+                                                         const char            *label,
+                                                         GError               **error);
+gboolean            gmlp_grouped_linear_backward_dgrad  (GmlpGroupedLinear     *self,
+                                                         GmlpLinearBackward    *step,
+                                                         GError               **error);
+GmlpGroupedTensor  *gmlp_grouped_linear_backward_finish (GmlpGroupedLinear     *self,
+                                                         GmlpLinearBackward    *step,
+                                                         GError               **error);
+/* The input gradient that dgrad writes (transfer none). */
+GmlpGroupedTensor  *gmlp_linear_backward_get_grad_input (GmlpLinearBackward    *step);
+void                gmlp_linear_backward_free           (GmlpLinearBackward    *step);
+
+G_DEFINE_AUTOPTR_CLEANUP_FUNC (GmlpLinearBackward, gmlp_linear_backward_free)
+
+/* What backward_dw does before it writes: checks the flag, that a weight
+ * gradient is pending, the versions of its input and output gradient and
+ * the storage of its outputs; allocates what it needs. Writes nothing. */
+gboolean            gmlp_grouped_linear_backward_dw_prepare (GmlpGroupedLinear   *self,
+                                                             const char          *label,
+                                                             GError             **error);
+
 G_END_DECLS

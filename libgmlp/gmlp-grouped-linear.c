@@ -145,10 +145,22 @@ struct _GmlpGroupedLinear
   GError             *construct_error;
 };
 
+/* What an FP8 weight-gradient computation would otherwise allocate while
+ * it writes, made beforehand by fp8_wgrad_prepare(): dy in the layer's
+ * dtype for the bias gradient when dy came quantized, and both operands
+ * dequantized where the product cannot multiply FP8. */
+typedef struct {
+  GmlpGroupedTensor *bias_dy;
+  GmlpGroupedTensor *dy;
+  GmlpGroupedTensor *x;
+} Fp8WgradOperands;
+
 typedef struct {
   GmlpGroupedTensor *input;            /* FP8: quantized */
   GmlpGroupedTensor *grad_output;      /* FP8: NULL when given quantized */
   GmlpGroupedTensor *grad_output_fp8;  /* FP8: quantized; else NULL */
+  Fp8WgradOperands   fp8_operands;
+  GArray            *versions;         /* GmlpVersionRecord of the input and dy */
 } PendingWgrad;
 
 static void gmlp_grouped_linear_initable_iface_init (GInitableIface *iface);
@@ -206,9 +218,17 @@ static GmlpGroupedTensor *fp8_forward          (GmlpGroupedLinear     *self,
                                                 gboolean               save_input,
                                                 GmlpSavedActivations **saved,
                                                 GError               **error);
-static GmlpGroupedTensor *fp8_backward         (GmlpGroupedLinear     *self,
-                                                GmlpSavedActivations  *saved,
-                                                GmlpGroupedTensor     *grad_output,
+static gboolean           fp8_dgrad            (GmlpGroupedLinear     *self,
+                                                GmlpLinearBackward    *step,
+                                                GError               **error);
+static gboolean           fp8_check_activation (GmlpGroupedLinear     *self,
+                                                GmlpGroupedTensor     *tensor,
+                                                gint64                 cols,
+                                                const char            *what,
+                                                GmlpQuantizer         *quantizer,
+                                                const char            *product,
+                                                GmlpGroupedTensor     *partner,
+                                                GmlpQuantizer         *partner_quantizer,
                                                 GError               **error);
 static GmlpDType          fp8_fallback_dtype   (GmlpGroupedLinear     *self);
 
@@ -260,13 +280,23 @@ has_flag (GmlpGroupedLinear *self,
 }
 
 static void
+fp8_wgrad_operands_clear (Fp8WgradOperands *operands)
+{
+  g_clear_object (&operands->bias_dy);
+  g_clear_object (&operands->dy);
+  g_clear_object (&operands->x);
+}
+
+static void
 pending_wgrad_free (gpointer data)
 {
   PendingWgrad *pending = data;
 
+  fp8_wgrad_operands_clear (&pending->fp8_operands);
   g_object_unref (pending->input);
   g_clear_object (&pending->grad_output);
   g_clear_object (&pending->grad_output_fp8);
+  g_array_unref (pending->versions);
   g_free (pending);
 }
 
@@ -891,6 +921,7 @@ set_from_bytes (GmlpGroupedLinear  *self,
                                                self->n_groups, cols, bytes, error);
   if (staged == NULL)
     return FALSE;
+  gmlp_grouped_tensor_bump_version (target);
   return GMLP_DEVICE_CALL (self->device, copy, gmlp_grouped_tensor_get_data (target),
                            gmlp_grouped_tensor_get_data (staged),
                            gmlp_grouped_tensor_get_nbytes (target), error);
@@ -1055,6 +1086,96 @@ mismatch:
   return FALSE;
 }
 
+/* Backward adds into main_grad: it may not share a byte with what the layer
+ * keeps (it would add dW into W), nor, per group, with another group's
+ * main_grad (@index; G_MAXUINT for a grouped main_grad). */
+static gboolean
+check_main_grad_storage (GmlpGroupedLinear  *self,
+                         GmlpGroupedTensor  *main_grad,
+                         guint               index,
+                         GError            **error)
+{
+  const struct { Param *param; const char *name; } kept[] = {
+    { &self->weight, "weight" }, { &self->bias, "bias" },
+    { &self->wgrad, "weight gradient" }, { &self->bgrad, "bias gradient" },
+  };
+  guint i, g;
+
+  for (i = 0; i < G_N_ELEMENTS (kept); i++)
+    if (kept[i].param->grouped != NULL && gmlp_grouped_tensor_overlaps (main_grad, kept[i].param->grouped))
+      {
+        g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
+                     "main_grad shares storage with the layer's %s: backward would add the "
+                     "weight gradient into it", kept[i].name);
+        return FALSE;
+      }
+  for (g = 0; index != G_MAXUINT && g < self->n_groups; g++)
+    if (g != index && gmlp_grouped_tensor_overlaps (main_grad, self->main_grad.members[g]))
+      {
+        g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
+                     "This main_grad shares storage with the main_grad of group %u: the two "
+                     "groups' weight gradients would be added into the same values", g);
+        return FALSE;
+      }
+  return TRUE;
+}
+
+/* A weight-gradient computation writes wgrad (or main_grad) and bgrad
+ * while it reads the input and the output gradient (@read, the records of
+ * what it reads, and @also when not NULL): those may not share a byte. */
+static gboolean
+check_wgrad_outputs_unaliased (GmlpGroupedLinear  *self,
+                               GArray             *read,
+                               GmlpGroupedTensor  *also,
+                               GError            **error)
+{
+  gboolean fused = has_flag (self, GMLP_LINEAR_FUSE_WGRAD_ACCUMULATION);
+  gboolean per_group = fused && !has_flag (self, GMLP_LINEAR_SINGLE_GROUPED_WEIGHT);
+  GmlpSpan also_span = { NULL, 0, 0 };
+  guint i, n = per_group ? self->n_groups : 1;
+
+  if (also != NULL)
+    gmlp_grouped_tensor_get_span (also, &also_span);
+  /* n outputs for dW (one per group for per-group main_grads), then db. */
+  for (i = 0; i <= n; i++)
+    {
+      GmlpGroupedTensor *out;
+      const GmlpVersionRecord *record;
+      const char *what;
+      GmlpSpan span;
+
+      if (i == n)
+        {
+          out = self->bgrad.grouped;
+          what = "The bias gradient";
+        }
+      else if (fused)
+        {
+          out = per_group ? self->main_grad.members[i] : self->main_grad.grouped;
+          what = "main_grad";
+        }
+      else
+        {
+          out = self->wgrad.grouped;
+          what = "The weight gradient";
+        }
+      if (out == NULL)
+        continue;
+      gmlp_grouped_tensor_get_span (out, &span);
+      record = gmlp_version_records_find_overlap (read, &span);
+      if (record != NULL || gmlp_spans_overlap (&span, &also_span))
+        {
+          g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
+                       "%s shares storage with the %s, which the weight-gradient computation "
+                       "reads while it writes %s", what,
+                       record != NULL ? record->name : "output gradient",
+                       i == n || !fused ? "it" : "main_grad");
+          return FALSE;
+        }
+    }
+  return TRUE;
+}
+
 /**
  * gmlp_grouped_linear_set_main_grad:
  * @self: a #GmlpGroupedLinear with fused accumulation and a single grouped
@@ -1064,11 +1185,15 @@ mismatch:
  * @error: return location for a #GError
  *
  * Makes fused accumulation add into @main_grad (for example a slice of an
- * optimizer's flat gradient buffer) instead of the layer's own.
+ * optimizer's flat gradient buffer) instead of the layer's own. It may not
+ * share storage with the layer's weights, biases or their gradients; and a
+ * backward refuses to add into a main_grad that shares storage with what it
+ * reads (the forward's input, the output gradient).
  *
  * Returns: %TRUE on success; %FALSE with %GMLP_ERROR_INVALID_STATE when the
- *   layer does not fuse accumulation or has per-group weights, or a shape or
- *   dtype error
+ *   layer does not fuse accumulation or has per-group weights,
+ *   %GMLP_ERROR_INVALID_ARGUMENT for a @main_grad that shares storage with
+ *   the layer's parameters or their gradients, or a shape or dtype error
  *
  * Since: 0.1
  */
@@ -1085,7 +1210,8 @@ gmlp_grouped_linear_set_main_grad (GmlpGroupedLinear  *self,
       !gmlp_grouped_tensor_check_usable (main_grad, error))
     return FALSE;
 
-  if (!check_main_grad (self, main_grad, self->n_groups, GMLP_LINEAR_SINGLE_GROUPED_WEIGHT, error))
+  if (!check_main_grad (self, main_grad, self->n_groups, GMLP_LINEAR_SINGLE_GROUPED_WEIGHT, error) ||
+      !check_main_grad_storage (self, main_grad, G_MAXUINT, error))
     return FALSE;
   return param_set (&self->main_grad, main_grad, self->n_groups, error);
 }
@@ -1098,11 +1224,13 @@ gmlp_grouped_linear_set_main_grad (GmlpGroupedLinear  *self,
  *   the layer's device; it may be any allocation
  * @error: return location for a #GError
  *
- * Makes fused accumulation of group @index add into @main_grad.
+ * Makes fused accumulation of group @index add into @main_grad, which may
+ * not share storage with another group's main_grad either.
  *
  * Returns: %TRUE on success, or %FALSE with an error as for
  *   [method@Gmlp.GroupedLinear.set_main_grad], or
- *   %GMLP_ERROR_INVALID_ARGUMENT for an @index out of range
+ *   %GMLP_ERROR_INVALID_ARGUMENT for an @index out of range or a
+ *   @main_grad that shares storage with another group's
  *
  * Since: 0.1
  */
@@ -1128,6 +1256,8 @@ gmlp_grouped_linear_set_main_grad_member (GmlpGroupedLinear  *self,
                    "Group %u out of range: the layer has %u", index, self->n_groups);
       return FALSE;
     }
+  if (!check_main_grad_storage (self, main_grad, index, error))
+    return FALSE;
 
   g_set_object (&self->main_grad.members[index], main_grad);
   return TRUE;
@@ -1373,6 +1503,10 @@ run_bias_grad (GmlpGroupedLinear  *self,
  * shares @input's sizes tensor and row capacity, and the call neither reads
  * the sizes on the host nor waits for the device.
  *
+ * A forward writes no tensor but its output. One that fails after an FP8
+ * quantization (for want of memory, or a device error) leaves the amax it
+ * recorded in a delayed-scaling quantizer; a retry records the same.
+ *
  * Returns: (transfer full): the output, `rows_i × out_features` per group, or
  *   %NULL with %GMLP_ERROR_SHAPE_MISMATCH, %GMLP_ERROR_DTYPE_MISMATCH,
  *   %GMLP_ERROR_INVALID_ARGUMENT or %GMLP_ERROR_UNSUPPORTED (nothing is
@@ -1430,6 +1564,8 @@ gmlp_grouped_linear_forward_full (GmlpGroupedLinear     *self,
 
       if (save_input)
         gmlp_saved_activations_add (new_saved, "input", input);
+      /* DGRAD reads the weights as they are at the backward. */
+      gmlp_saved_activations_watch (new_saved, "weight", self->weight.grouped);
       if (!gmlp_saved_activations_apply_offload (new_saved, error))
         return NULL;
       *saved = g_steal_pointer (&new_saved);
@@ -1462,21 +1598,59 @@ ensure_wgrad_storage (GmlpGroupedLinear  *self,
   return TRUE;
 }
 
-static gboolean fp8_wgrad (GmlpGroupedLinear  *self,
-                           const Product      *wgrad,
-                           GmlpGroupedTensor  *input,
-                           GmlpGroupedTensor  *grad_output,
-                           GmlpGroupedTensor  *grad_output_fp8,
-                           GError            **error);
+static gboolean fp8_wgrad_prepare (GmlpGroupedLinear  *self,
+                                   GmlpGroupedTensor  *input,
+                                   GmlpGroupedTensor  *grad_output,
+                                   GmlpGroupedTensor  *grad_output_fp8,
+                                   Fp8WgradOperands   *operands,
+                                   GError            **error);
+static gboolean fp8_wgrad         (GmlpGroupedLinear  *self,
+                                   const Product      *wgrad,
+                                   GmlpGroupedTensor  *input,
+                                   GmlpGroupedTensor  *grad_output,
+                                   GmlpGroupedTensor  *grad_output_fp8,
+                                   Fp8WgradOperands   *operands,
+                                   GError            **error);
+
+/* Counts the write of a weight-gradient computation in the versions of its
+ * outputs: once per storage (per-group main_grads may be views of one). */
+static void
+bump_wgrad_versions (GmlpGroupedLinear *self)
+{
+  GmlpVersionCounter *last = NULL;
+  guint g;
+
+  if (!has_flag (self, GMLP_LINEAR_FUSE_WGRAD_ACCUMULATION))
+    gmlp_grouped_tensor_bump_version (self->wgrad.grouped);
+  else if (has_flag (self, GMLP_LINEAR_SINGLE_GROUPED_WEIGHT))
+    gmlp_grouped_tensor_bump_version (self->main_grad.grouped);
+  else
+    for (g = 0; g < self->n_groups; g++)
+      {
+        GmlpVersionCounter *counter = gmlp_grouped_tensor_get_version_counter (self->main_grad.members[g]);
+
+        if (counter != last)
+          gmlp_grouped_tensor_bump_version (self->main_grad.members[g]);
+        last = counter;
+      }
+  if (self->bgrad.grouped != NULL)
+    gmlp_grouped_tensor_bump_version (self->bgrad.grouped);
+}
 
 /* One weight-gradient computation: dW = dyᵀ x (into wgrad or main_grad) and
  * db = Σ dy, then wgrad-ready. FP8 (grad_output_fp8 given): input is
- * quantized too, and grad_output, the unquantized dy, may be NULL. */
+ * quantized too, grad_output, the unquantized dy, may be NULL, and
+ * @fp8_operands holds what fp8_wgrad_prepare() made (it makes what is
+ * missing). What can fail for want of memory fails before the first write,
+ * but for the dequantized operands of an FP8 product that the device
+ * turns down at run time (no kernel for it there); after the first write only
+ * the backend can fail, and the gradients are then unspecified. */
 static gboolean
 compute_wgrad (GmlpGroupedLinear  *self,
                GmlpGroupedTensor  *input,
                GmlpGroupedTensor  *grad_output,
                GmlpGroupedTensor  *grad_output_fp8,
+               Fp8WgradOperands   *fp8_operands,
                GError            **error)
 {
   gboolean fused = has_flag (self, GMLP_LINEAR_FUSE_WGRAD_ACCUMULATION);
@@ -1493,13 +1667,15 @@ compute_wgrad (GmlpGroupedLinear  *self,
 
   if (grad_output_fp8 != NULL)
     {
-      if (!fp8_wgrad (self, &wgrad, input, grad_output, grad_output_fp8, error))
+      if (!fp8_wgrad (self, &wgrad, input, grad_output, grad_output_fp8, fp8_operands, error))
         return FALSE;
     }
-  else if (!run_product (self, &wgrad, error) ||
-           (self->bias.grouped != NULL && !run_bias_grad (self, input, grad_output, error)))
+  else
     {
-      return FALSE;
+      bump_wgrad_versions (self);
+      if (!run_product (self, &wgrad, error) ||
+          (self->bias.grouped != NULL && !run_bias_grad (self, input, grad_output, error)))
+        return FALSE;
     }
 
   event = gmlp_event_new_recorded (self->device, error);
@@ -1586,13 +1762,25 @@ check_same_sizes (GmlpGroupedTensor  *input,
  * been enqueued. The products follow the forward input's sizes; different
  * values give wrong gradients, but nothing outside the tensors is touched.
  *
+ * The forward's input and the weights must not have been written since the
+ * forward (their versions, see [method@Gmlp.GroupedTensor.get_version]):
+ * the gradients would not be those of the forward. That holds with or
+ * without an [class@Gmlp.OffloadContext], although an offloaded input is
+ * read from its copy.
+ *
+ * Everything is checked, and everything allocated, before anything is
+ * written; a backward that fails leaves @saved unused, so it can be
+ * retried. Only a device error while the weight gradients are written (a
+ * CUDA launch that fails) leaves them unspecified.
+ *
  * Returns: (transfer full): the input gradient, or %NULL with
- *   %GMLP_ERROR_INVALID_ARGUMENT for activations of another layer or an
+ *   %GMLP_ERROR_INVALID_ARGUMENT for activations of another layer, an
  *   output gradient whose sizes are on the host when the input's were not
- *   (or the other way round), %GMLP_ERROR_INVALID_STATE for activations
- *   already used, %GMLP_ERROR_SHAPE_MISMATCH for other group sizes or
- *   another row capacity, or a dtype or device error (nothing is written
- *   then)
+ *   (or the other way round) or a main_grad that shares storage with the
+ *   input or the output gradient, %GMLP_ERROR_INVALID_STATE for activations
+ *   already used or an input or weights written since the forward,
+ *   %GMLP_ERROR_SHAPE_MISMATCH for other group sizes or another row
+ *   capacity, or a dtype or device error (nothing is written then)
  *
  * Since: 0.1
  */
@@ -1602,9 +1790,7 @@ gmlp_grouped_linear_backward (GmlpGroupedLinear     *self,
                               GmlpGroupedTensor     *grad_output,
                               GError               **error)
 {
-  g_autoptr(GmlpGroupedTensor) grad_input = NULL;
-  GmlpGroupedTensor *input;
-  Product dgrad = { .kind = GMLP_GEMM_DGRAD };
+  g_autoptr(GmlpLinearBackward) step = NULL;
 
   g_return_val_if_fail (GMLP_IS_GROUPED_LINEAR (self), NULL);
   g_return_val_if_fail (GMLP_IS_SAVED_ACTIVATIONS (saved), NULL);
@@ -1615,51 +1801,185 @@ gmlp_grouped_linear_backward (GmlpGroupedLinear     *self,
       !gmlp_grouped_tensor_check_usable (grad_output, error))
     return NULL;
 
-  if (!gmlp_saved_activations_check (saved, self->id, "GroupedLinear", error))
+  step = gmlp_grouped_linear_backward_begin (self, saved, grad_output, "GroupedLinear", error);
+  if (step == NULL || !gmlp_grouped_linear_backward_dgrad (self, step, error))
     return NULL;
-  /* FP8: whatever the layer's quantizers are now, the forward was. */
+  return gmlp_grouped_linear_backward_finish (self, step, error);
+}
+
+/* A backward in three phases (gmlp-grouped-linear-private.h), so that
+ * nothing is written before everything is checked, for GroupedMLP across
+ * both its layers: begin checks the saved activations, their versions and
+ * the output gradient, reloads the input and allocates; dgrad writes only
+ * tensors of its own making; finish writes the weight gradients (or queues
+ * them) and consumes the saved activations. */
+struct _GmlpLinearBackward
+{
+  GmlpSavedActivations *saved;
+  GmlpGroupedTensor    *input;             /* as saved: x, or x8 for FP8 */
+  GmlpGroupedTensor    *w8;                /* FP8: the forward's quantized weights */
+  GmlpGroupedTensor    *grad_output;       /* dy, as given */
+  GmlpGroupedTensor    *grad_output_fp8;   /* FP8: dy quantized (dgrad) */
+  Fp8WgradOperands      fp8_operands;      /* FP8: made by dgrad */
+  GmlpGroupedTensor    *grad_input;        /* dx: made by begin, written by dgrad */
+};
+
+void
+gmlp_linear_backward_free (GmlpLinearBackward *step)
+{
+  g_clear_object (&step->saved);
+  g_clear_object (&step->input);
+  g_clear_object (&step->w8);
+  g_clear_object (&step->grad_output);
+  g_clear_object (&step->grad_output_fp8);
+  fp8_wgrad_operands_clear (&step->fp8_operands);
+  g_clear_object (&step->grad_input);
+  g_free (step);
+}
+
+GmlpGroupedTensor *
+gmlp_linear_backward_get_grad_input (GmlpLinearBackward *step)
+{
+  return step->grad_input;
+}
+
+GmlpLinearBackward *
+gmlp_grouped_linear_backward_begin (GmlpGroupedLinear     *self,
+                                    GmlpSavedActivations  *saved,
+                                    GmlpGroupedTensor     *grad_output,
+                                    const char            *label,
+                                    GError               **error)
+{
+  g_autoptr(GmlpLinearBackward) step = NULL;
+  g_autoptr(GmlpGroupedTensor) grad_input = NULL;
+  GmlpGroupedTensor *input, *w8 = NULL;
+
+  if (!gmlp_saved_activations_check (saved, self->id, "GroupedLinear", error) ||
+      !gmlp_saved_activations_check_versions (saved, label, error))
+    return NULL;
+  /* FP8: whatever the layer's quantizers are now, the forward was. Its
+   * quantized weights stay on the device: getting them reloads nothing. */
   if (gmlp_saved_activations_contains (saved, "weight-fp8"))
-    return fp8_backward (self, saved, grad_output, error);
-  if (!check_activation (self, grad_output, self->out_features, "The output gradient", error))
-    return NULL;
+    {
+      w8 = gmlp_saved_activations_get (saved, "weight-fp8", error);
+      if (w8 == NULL ||
+          !fp8_check_activation (self, grad_output, self->out_features, "The output gradient",
+                                 self->grad_output_quantizer, "DGRAD", w8, NULL, error))
+        return NULL;
+    }
+  else if (!check_activation (self, grad_output, self->out_features, "The output gradient", error))
+    {
+      return NULL;
+    }
 
   input = gmlp_saved_activations_get (saved, "input", error);
   if (input == NULL)
     return NULL;
   if (gmlp_saved_activations_get_context (saved) != NULL)
     gmlp_offload_context_backward_started (gmlp_saved_activations_get_context (saved), saved);
-  if (!check_same_sizes (input, grad_output, error))
+  if ((w8 != NULL &&
+       !fp8_check_activation (self, grad_output, self->out_features, "The output gradient",
+                              self->grad_output_quantizer, "WGRAD", input, NULL, error)) ||
+      !check_same_sizes (input, grad_output, error))
+    return NULL;
+  /* A delayed weight gradient checks its outputs in its backward_dw. */
+  if (!has_flag (self, GMLP_LINEAR_DELAY_WGRAD_COMPUTE) &&
+      !check_wgrad_outputs_unaliased (self, gmlp_saved_activations_get_versions (saved), grad_output, error))
     return NULL;
 
   grad_input = new_activation_like (self, input, self->in_features, error);
   if (grad_input == NULL || !ensure_wgrad_storage (self, error))
     return NULL;
 
-  dgrad.sized_by = input;
-  dgrad.a = grad_output;
-  dgrad.c_rows = grad_input;
-  dgrad.fixed = &self->weight;
-  dgrad.c_dtype = self->dtype;
-  if (!run_product (self, &dgrad, error))
-    return NULL;
+  step = g_new0 (GmlpLinearBackward, 1);
+  step->saved = g_object_ref (saved);
+  step->input = g_object_ref (input);
+  step->w8 = w8 != NULL ? g_object_ref (w8) : NULL;
+  step->grad_output = g_object_ref (grad_output);
+  step->grad_input = g_steal_pointer (&grad_input);
+  return g_steal_pointer (&step);
+}
 
+gboolean
+gmlp_grouped_linear_backward_dgrad (GmlpGroupedLinear   *self,
+                                    GmlpLinearBackward  *step,
+                                    GError             **error)
+{
+  Product dgrad = {
+    .kind = GMLP_GEMM_DGRAD,
+    .sized_by = step->input,
+    .a = step->grad_output,
+    .c_rows = step->grad_input,
+    .fixed = &self->weight,
+    .c_dtype = self->dtype,
+  };
+
+  if (step->w8 != NULL)
+    return fp8_dgrad (self, step, error);
+  return run_product (self, &dgrad, error);
+}
+
+GmlpGroupedTensor *
+gmlp_grouped_linear_backward_finish (GmlpGroupedLinear   *self,
+                                     GmlpLinearBackward  *step,
+                                     GError             **error)
+{
+  GmlpGroupedTensor *unquantized = step->grad_output;
+
+  if (gmlp_dtype_is_fp8 (gmlp_grouped_tensor_get_dtype (step->grad_output)))
+    unquantized = NULL;
   if (has_flag (self, GMLP_LINEAR_DELAY_WGRAD_COMPUTE))
     {
       PendingWgrad *pending = g_new (PendingWgrad, 1);
 
-      pending->input = g_object_ref (input);
-      pending->grad_output = g_object_ref (grad_output);
-      pending->grad_output_fp8 = NULL;
+      pending->input = g_object_ref (step->input);
+      pending->grad_output = unquantized != NULL ? g_object_ref (unquantized) : NULL;
+      pending->grad_output_fp8 = step->grad_output_fp8 != NULL ? g_object_ref (step->grad_output_fp8) : NULL;
+      pending->fp8_operands = (Fp8WgradOperands) { NULL, NULL, NULL };
+      /* The weight gradient reads the input (as the forward saw it) and dy. */
+      pending->versions = gmlp_version_records_new ();
+      gmlp_saved_activations_copy_versions (step->saved, "input", pending->versions);
+      gmlp_version_records_add (pending->versions, "output gradient", "backward", step->grad_output);
       g_queue_push_tail (&self->pending, pending);
       g_object_notify_by_pspec (G_OBJECT (self), properties[PROP_PENDING_WGRADS]);
     }
-  else if (!compute_wgrad (self, input, grad_output, NULL, error))
+  else if (!compute_wgrad (self, step->input, unquantized, step->grad_output_fp8,
+                           &step->fp8_operands, error))
     {
       return NULL;
     }
 
-  gmlp_saved_activations_consume (saved);
-  return g_steal_pointer (&grad_input);
+  gmlp_saved_activations_consume (step->saved);
+  return g_object_ref (step->grad_input);
+}
+
+gboolean
+gmlp_grouped_linear_backward_dw_prepare (GmlpGroupedLinear  *self,
+                                         const char         *label,
+                                         GError            **error)
+{
+  PendingWgrad *pending;
+
+  if (!has_flag (self, GMLP_LINEAR_DELAY_WGRAD_COMPUTE))
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_STATE,
+                   "%s: backward_dw() needs delay-wgrad-compute: backward() computed the weight "
+                   "gradients", label);
+      return FALSE;
+    }
+  if (g_queue_is_empty (&self->pending))
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_STATE,
+                   "%s: no backward is waiting for its weight gradients", label);
+      return FALSE;
+    }
+  pending = g_queue_peek_head (&self->pending);
+  return gmlp_version_records_check (pending->versions, label, error) &&
+         check_wgrad_outputs_unaliased (self, pending->versions, NULL, error) &&
+         ensure_wgrad_storage (self, error) &&
+         (pending->grad_output_fp8 == NULL ||
+          fp8_wgrad_prepare (self, pending->input, pending->grad_output, pending->grad_output_fp8,
+                             &pending->fp8_operands, error));
 }
 
 /**
@@ -1671,8 +1991,16 @@ gmlp_grouped_linear_backward (GmlpGroupedLinear     *self,
  * them, as the gradient contract says, and emits
  * [signal@Gmlp.GroupedLinear::wgrad-ready].
  *
+ * The input of that backward's forward and its output gradient must not
+ * have been written since (see [method@Gmlp.GroupedTensor.get_version]);
+ * the weights may have been: the weight gradients do not read them. A call
+ * that fails leaves the computation pending and the gradients as they were,
+ * but for a device error while they are written.
+ *
  * Returns: %TRUE on success; %FALSE with %GMLP_ERROR_INVALID_STATE when the
- *   layer does not delay weight gradients or none is pending
+ *   layer does not delay weight gradients, none is pending, or the input or
+ *   the output gradient was written since, or
+ *   %GMLP_ERROR_INVALID_ARGUMENT when main_grad shares storage with them
  *
  * Since: 0.1
  */
@@ -1681,7 +2009,6 @@ gmlp_grouped_linear_backward_dw (GmlpGroupedLinear  *self,
                                  GError            **error)
 {
   PendingWgrad *pending;
-  gboolean ok;
 
   g_return_val_if_fail (GMLP_IS_GROUPED_LINEAR (self), FALSE);
   g_return_val_if_fail (error == NULL || *error == NULL, FALSE);
@@ -1689,26 +2016,16 @@ gmlp_grouped_linear_backward_dw (GmlpGroupedLinear  *self,
   if (!gmlp_check_constructed (self, self->construct_error, error))
     return FALSE;
 
-  if (!has_flag (self, GMLP_LINEAR_DELAY_WGRAD_COMPUTE))
-    {
-      g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_STATE,
-                   "backward_dw() needs delay-wgrad-compute: backward() computed the weight gradients");
-      return FALSE;
-    }
-  if (g_queue_is_empty (&self->pending))
-    {
-      g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_STATE,
-                   "No backward is waiting for its weight gradients");
-      return FALSE;
-    }
-  if (!ensure_wgrad_storage (self, error))
+  if (!gmlp_grouped_linear_backward_dw_prepare (self, "GroupedLinear", error))
     return FALSE;
 
-  pending = g_queue_pop_head (&self->pending);
-  ok = compute_wgrad (self, pending->input, pending->grad_output, pending->grad_output_fp8, error);
-  pending_wgrad_free (pending);
+  pending = g_queue_peek_head (&self->pending);
+  if (!compute_wgrad (self, pending->input, pending->grad_output, pending->grad_output_fp8,
+                      &pending->fp8_operands, error))
+    return FALSE;
+  pending_wgrad_free (g_queue_pop_head (&self->pending));
   g_object_notify_by_pspec (G_OBJECT (self), properties[PROP_PENDING_WGRADS]);
-  return ok;
+  return TRUE;
 }
 
 /**
@@ -2641,9 +2958,22 @@ fp8_run_device_wgrad (GmlpGroupedLinear  *self,
   }
 }
 
+/* @t dequantized to @dtype, or @t itself when it is not FP8 (dequantized
+ * already, by fp8_wgrad_prepare()). */
+static GmlpGroupedTensor *
+fp8_dequantized (GmlpGroupedTensor  *t,
+                 GmlpDType           dtype,
+                 GError            **error)
+{
+  if (!gmlp_dtype_is_fp8 (gmlp_grouped_tensor_get_dtype (t)))
+    return g_object_ref (t);
+  return gmlp_grouped_tensor_dequantize (t, dtype, error);
+}
+
 /* @product on dequantized operands: a8, b_rows8 (WGRAD's x) and weight8
- * (FPROP's and DGRAD's W) are dequantized to fp8_fallback_dtype() and the
- * layer's usual product runs on them, host or device sizes alike. */
+ * (FPROP's and DGRAD's W) are dequantized to fp8_fallback_dtype() (a8 and
+ * b_rows8 may be given so already) and the layer's usual product runs on
+ * them, host or device sizes alike. */
 static gboolean
 fp8_run_dequantized (GmlpGroupedLinear  *self,
                      const Product      *product,
@@ -2660,10 +2990,10 @@ fp8_run_dequantized (GmlpGroupedLinear  *self,
   Product dequantized = *product;
   gboolean ok;
 
-  a = gmlp_grouped_tensor_dequantize (a8, dtype, error);
+  a = fp8_dequantized (a8, dtype, error);
   if (a == NULL)
     return FALSE;
-  if (b_rows8 != NULL && (b_rows = gmlp_grouped_tensor_dequantize (b_rows8, dtype, error)) == NULL)
+  if (b_rows8 != NULL && (b_rows = fp8_dequantized (b_rows8, dtype, error)) == NULL)
     return FALSE;
   if (weight8 != NULL &&
       ((weight = gmlp_grouped_tensor_dequantize (weight8, dtype, error)) == NULL ||
@@ -2708,14 +3038,18 @@ fp8_forward (GmlpGroupedLinear     *self,
   native = rows != NULL && multiplied;
   x_copy = native || (multiplied && self->grad_output_quantizer != NULL &&
                       fp8_device_wgrad (x_recipe, gmlp_quantizer_get_recipe (self->grad_output_quantizer)));
+  /* The output first: quantizing records amaxes in delayed-scaling
+   * quantizers, which a forward that then fails for want of memory should
+   * not have done. (A failure between the two quantizations, or a device
+   * error, leaves the input's amax recorded; a retry records the same.) */
+  output = new_activation_like (self, input, self->out_features, error);
+  if (output == NULL)
+    return NULL;
   x8 = fp8_quantize (input, self->input_quantizer, training && x_copy, error);
   if (x8 == NULL)
     return NULL;
   w8 = fp8_weights (self, training && multiplied, error);
   if (w8 == NULL)
-    return NULL;
-  output = new_activation_like (self, input, self->out_features, error);
-  if (output == NULL)
     return NULL;
 
   if (native)
@@ -2758,6 +3092,12 @@ fp8_forward (GmlpGroupedLinear     *self,
       if (save_input)
         gmlp_saved_activations_add (new_saved, "input", x8);
       gmlp_saved_activations_add_resident (new_saved, "weight-fp8", w8);
+      /* The backward reads the quantized copies; their sources are checked
+       * all the same, so that FP8 and the other dtypes agree on what a
+       * write between forward and backward does. */
+      if (x8 != input)
+        gmlp_saved_activations_watch (new_saved, "input", input);
+      gmlp_saved_activations_watch (new_saved, "weight", self->weight.grouped);
       if (!gmlp_saved_activations_apply_offload (new_saved, error))
         return NULL;
       *saved = g_steal_pointer (&new_saved);
@@ -2766,99 +3106,118 @@ fp8_forward (GmlpGroupedLinear     *self,
   return g_steal_pointer (&output);
 }
 
-static GmlpGroupedTensor *
-fp8_backward (GmlpGroupedLinear     *self,
-              GmlpSavedActivations  *saved,
-              GmlpGroupedTensor     *grad_output,
-              GError               **error)
+/* The FP8 backward's dgrad phase: dy quantized, then dx = dy8 W8 (W8's
+ * columnwise copy, which the forward made). */
+static gboolean
+fp8_dgrad (GmlpGroupedLinear   *self,
+           GmlpLinearBackward  *step,
+           GError             **error)
 {
-  g_autoptr(GmlpGroupedTensor) dy8 = NULL;
-  g_autoptr(GmlpGroupedTensor) grad_input = NULL;
-  GmlpGroupedTensor *input, *w8, *unquantized;
-  GmlpGroupedTensor *w8_t;
-  const gint64 *rows;
+  GmlpGroupedTensor *input = step->input, *grad_output = step->grad_output, *w8 = step->w8;
+  GmlpGroupedTensor *dy8, *w8_t;
+  const gint64 *rows = gmlp_grouped_tensor_peek_rows (input);
   GmlpScalingRecipe dy_recipe, x_recipe;
   gboolean native_wgrad, ran = FALSE;
 
-  /* Resident: no reload, nothing to wait for. */
-  w8 = gmlp_saved_activations_get (saved, "weight-fp8", error);
-  if (w8 == NULL ||
-      !fp8_check_activation (self, grad_output, self->out_features, "The output gradient",
-                             self->grad_output_quantizer, "DGRAD", w8, NULL, error))
-    return NULL;
-
-  input = gmlp_saved_activations_get (saved, "input", error);
-  if (input == NULL)
-    return NULL;
-  if (gmlp_saved_activations_get_context (saved) != NULL)
-    gmlp_offload_context_backward_started (gmlp_saved_activations_get_context (saved), saved);
-  if (!fp8_check_activation (self, grad_output, self->out_features, "The output gradient",
-                             self->grad_output_quantizer, "WGRAD", input, NULL, error) ||
-      !check_same_sizes (input, grad_output, error))
-    return NULL;
-
-  grad_input = new_activation_like (self, input, self->in_features, error);
-  if (grad_input == NULL || !ensure_wgrad_storage (self, error))
-    return NULL;
-
   /* WGRAD reads dy's columnwise copy when it can run on FP8. */
-  rows = gmlp_grouped_tensor_peek_rows (input);
   dy_recipe = fp8_operand_recipe (grad_output, self->grad_output_quantizer);
   x_recipe = gmlp_grouped_tensor_get_scaling_recipe (input);
   native_wgrad = gmlp_grouped_tensor_get_columnwise (input) != NULL &&
                  gmlp_scaling_recipe_multiplies_fp8 (dy_recipe) &&
                  gmlp_scaling_recipe_multiplies_fp8 (x_recipe) &&
                  (rows != NULL || fp8_device_wgrad (x_recipe, dy_recipe));
-  dy8 = fp8_quantize (grad_output, self->grad_output_quantizer, native_wgrad, error);
+  if (step->grad_output_fp8 == NULL)
+    step->grad_output_fp8 = fp8_quantize (grad_output, self->grad_output_quantizer, native_wgrad, error);
+  dy8 = step->grad_output_fp8;
   if (dy8 == NULL)
-    return NULL;
+    return FALSE;
+  /* What the weight gradient would allocate, now (a delayed one makes it
+   * in its backward_dw). */
+  if (!has_flag (self, GMLP_LINEAR_DELAY_WGRAD_COMPUTE) &&
+      !fp8_wgrad_prepare (self, input, grad_output == dy8 ? NULL : grad_output, dy8,
+                          &step->fp8_operands, error))
+    return FALSE;
 
-  /* DGRAD reads W's columnwise copy, which the forward made. */
   w8_t = gmlp_grouped_tensor_get_columnwise (w8);
   if (fp8_native (input, dy8, w8_t))
     {
-      g_autofree gpointer *pdx = member_pointers (grad_input, NULL, self->n_groups);
+      g_autofree gpointer *pdx = member_pointers (step->grad_input, NULL, self->n_groups);
 
       if (!fp8_run_native (self, GMLP_GEMM_DGRAD, rows, dy8, w8_t, (void * const *) pdx, self->dtype,
                            NULL, &ran, error))
-        return NULL;
+        return FALSE;
     }
   else if (w8_t != NULL && fp8_multiplied (dy8, w8) &&
-           !fp8_run_device (self, GMLP_GEMM_DGRAD, input, dy8, w8_t, grad_input, &ran, error))
+           !fp8_run_device (self, GMLP_GEMM_DGRAD, input, dy8, w8_t, step->grad_input, &ran, error))
     {
-      return NULL;
+      return FALSE;
     }
   if (!ran)
     {
-      Product dgrad = { .kind = GMLP_GEMM_DGRAD, .sized_by = input, .c_rows = grad_input,
+      Product dgrad = { .kind = GMLP_GEMM_DGRAD, .sized_by = input, .c_rows = step->grad_input,
                         .c_dtype = self->dtype };
 
-      if (!fp8_run_dequantized (self, &dgrad, dy8, NULL, w8, error))
-        return NULL;
+      /* dy dequantized for the weight gradient serves here too. */
+      if (!fp8_run_dequantized (self, &dgrad,
+                                step->fp8_operands.dy != NULL ? step->fp8_operands.dy : dy8, NULL, w8,
+                                error))
+        return FALSE;
     }
+  return TRUE;
+}
 
-  unquantized = gmlp_dtype_is_fp8 (gmlp_grouped_tensor_get_dtype (grad_output)) ? NULL : grad_output;
-  if (has_flag (self, GMLP_LINEAR_DELAY_WGRAD_COMPUTE))
+/* Whether an FP8 weight gradient multiplies on dequantized operands
+ * whatever the device: no FP8 product takes its operands (no columnwise
+ * copies, MXFP8, ...). fp8_wgrad() tries the others first. */
+static gboolean
+fp8_wgrad_dequantizes (GmlpGroupedTensor *input,
+                       GmlpGroupedTensor *grad_output_fp8)
+{
+  GmlpGroupedTensor *x_t = gmlp_grouped_tensor_get_columnwise (input);
+  GmlpGroupedTensor *dy_t = gmlp_grouped_tensor_get_columnwise (grad_output_fp8);
+
+  return !fp8_native (input, dy_t, x_t) &&
+         !(dy_t != NULL && x_t != NULL &&
+           fp8_device_wgrad (gmlp_grouped_tensor_get_scaling_recipe (x_t),
+                             gmlp_grouped_tensor_get_scaling_recipe (dy_t)));
+}
+
+/* Makes what @operands lacks of what fp8_wgrad() will read (see
+ * Fp8WgradOperands), so that it allocates nothing once it writes. */
+static gboolean
+fp8_wgrad_prepare (GmlpGroupedLinear  *self,
+                   GmlpGroupedTensor  *input,
+                   GmlpGroupedTensor  *grad_output,
+                   GmlpGroupedTensor  *grad_output_fp8,
+                   Fp8WgradOperands   *operands,
+                   GError            **error)
+{
+  if (self->bias.grouped != NULL && grad_output == NULL && operands->bias_dy == NULL)
     {
-      PendingWgrad *pending = g_new (PendingWgrad, 1);
-
-      pending->input = g_object_ref (input);
-      pending->grad_output = unquantized != NULL ? g_object_ref (unquantized) : NULL;
-      pending->grad_output_fp8 = g_object_ref (dy8);
-      g_queue_push_tail (&self->pending, pending);
-      g_object_notify_by_pspec (G_OBJECT (self), properties[PROP_PENDING_WGRADS]);
+      operands->bias_dy = gmlp_grouped_tensor_dequantize (grad_output_fp8, self->dtype, error);
+      if (operands->bias_dy == NULL)
+        return FALSE;
     }
-  else if (!compute_wgrad (self, input, unquantized, dy8, error))
+  if (operands->dy == NULL && fp8_wgrad_dequantizes (input, grad_output_fp8))
     {
-      return NULL;
-    }
+      g_autoptr(GmlpGroupedTensor) dy = gmlp_grouped_tensor_dequantize (grad_output_fp8,
+                                                                        fp8_fallback_dtype (self), error);
+      g_autoptr(GmlpGroupedTensor) x = NULL;
 
-  gmlp_saved_activations_consume (saved);
-  return g_steal_pointer (&grad_input);
+      if (dy == NULL)
+        return FALSE;
+      x = gmlp_grouped_tensor_dequantize (input, fp8_fallback_dtype (self), error);
+      if (x == NULL)
+        return FALSE;
+      operands->dy = g_steal_pointer (&dy);
+      operands->x = g_steal_pointer (&x);
+    }
+  return TRUE;
 }
 
 /* The weight gradients of an FP8 backward: dW from the quantized x and dy
- * (into wgrad->fixed, as compute_wgrad() set it up), db from the
+ * (into wgrad->fixed, as compute_wgrad() set it up), or from their
+ * dequantized values where no FP8 product takes them; db from the
  * unquantized dy, or, when dy came quantized, from its dequantized values. */
 static gboolean
 fp8_wgrad (GmlpGroupedLinear  *self,
@@ -2866,13 +3225,17 @@ fp8_wgrad (GmlpGroupedLinear  *self,
            GmlpGroupedTensor  *input,
            GmlpGroupedTensor  *grad_output,
            GmlpGroupedTensor  *grad_output_fp8,
+           Fp8WgradOperands   *operands,
            GError            **error)
 {
   GmlpGroupedTensor *x_t = gmlp_grouped_tensor_get_columnwise (input);
   GmlpGroupedTensor *dy_t = gmlp_grouped_tensor_get_columnwise (grad_output_fp8);
-  g_autoptr(GmlpGroupedTensor) dequantized_dy = NULL;
   gboolean ran = FALSE;
 
+  if (!fp8_wgrad_prepare (self, input, grad_output, grad_output_fp8, operands, error))
+    return FALSE;
+
+  bump_wgrad_versions (self);
   if (fp8_native (input, dy_t, x_t))
     {
       g_autofree gpointer *pdw = member_pointers (NULL, wgrad->fixed->members, self->n_groups);
@@ -2888,21 +3251,19 @@ fp8_wgrad (GmlpGroupedLinear  *self,
     {
       return FALSE;
     }
-  if (!ran && !fp8_run_dequantized (self, wgrad, grad_output_fp8, input, NULL, error))
+  /* A product the device refused (before enqueuing anything) dequantizes
+   * here: the refusal cannot be known beforehand, so this is the one
+   * allocation left in the weight-gradient phase (see compute_wgrad()). */
+  if (!ran && !fp8_run_dequantized (self, wgrad,
+                                    operands->dy != NULL ? operands->dy : grad_output_fp8,
+                                    operands->x != NULL ? operands->x : input, NULL, error))
     {
       return FALSE;
     }
 
   if (self->bias.grouped == NULL)
     return TRUE;
-  if (grad_output == NULL)
-    {
-      dequantized_dy = gmlp_grouped_tensor_dequantize (grad_output_fp8, self->dtype, error);
-      if (dequantized_dy == NULL)
-        return FALSE;
-      grad_output = dequantized_dy;
-    }
-  return run_bias_grad (self, input, grad_output, error);
+  return run_bias_grad (self, input, grad_output != NULL ? grad_output : operands->bias_dy, error);
 }
 
 /**
@@ -3014,7 +3375,8 @@ gmlp_grouped_linear_get_quantizer (GmlpGroupedLinear *self,
  * quantizes with scales from the amaxes seen so far; the other recipes have
  * nothing to update. The layer never calls it itself: it cannot tell where
  * a step ends (microbatches, gradient accumulation, delayed weight
- * gradients). Stream-ordered; nothing waits.
+ * gradients). Stream-ordered; nothing waits. Only a device error can make
+ * it fail, after the quantizers before the failing one were updated.
  *
  * Returns: %TRUE on success (also for a layer without quantizers)
  *

@@ -600,6 +600,10 @@ gmlp_grouped_mlp_init_parameters (GmlpGroupedMLP  *self,
                                   GError         **error)
 {
   g_return_val_if_fail (GMLP_IS_GROUPED_MLP (self), FALSE);
+  g_return_val_if_fail (error == NULL || *error == NULL, FALSE);
+
+  if (!gmlp_check_constructed (self, self->construct_error, error))
+    return FALSE;
 
   return gmlp_grouped_linear_init_parameters (self->fc1, seed, error) &&
          gmlp_grouped_linear_init_parameters (self->fc2, seed + 0x9e3779b97f4a7c15ull, error);
@@ -621,26 +625,34 @@ check_host_sizes (GmlpGroupedTensor  *tensor,
   return FALSE;
 }
 
-/* act(in) into a new tensor (forward), or the gradient of in from d_out. */
+/* The activation's result, of the sizes of @in: act(in) (forward), or the
+ * gradient of in (@backward). */
 static GmlpGroupedTensor *
-run_activation (GmlpGroupedMLP     *self,
-                GmlpGroupedTensor  *in,
-                GmlpGroupedTensor  *d_out,
-                GError            **error)
+new_activation_output (GmlpGroupedMLP     *self,
+                       GmlpGroupedTensor  *in,
+                       gboolean            backward,
+                       GError            **error)
+{
+  return gmlp_grouped_tensor_new (self->device, self->dtype, gmlp_grouped_tensor_peek_rows (in),
+                                  self->n_groups,
+                                  backward ? gmlp_grouped_tensor_get_cols (in) : self->ffn_hidden, error);
+}
+
+/* act(in) into @out (forward), or the gradient of in from d_out; @out made
+ * by new_activation_output(). */
+static gboolean
+run_activation_into (GmlpGroupedMLP     *self,
+                     GmlpGroupedTensor  *in,
+                     GmlpGroupedTensor  *d_out,
+                     GmlpGroupedTensor  *out,
+                     GError            **error)
 {
   const gint64 *rows = gmlp_grouped_tensor_peek_rows (in);
-  gint64 width = d_out != NULL ? gmlp_grouped_tensor_get_cols (in) : self->ffn_hidden;
-  g_autoptr(GmlpGroupedTensor) out = gmlp_grouped_tensor_new (self->device, self->dtype, rows,
-                                                              self->n_groups, width, error);
-  g_autofree gpointer *pin = NULL, *pdout = NULL, *pout = NULL;
+  g_autofree gpointer *pin = g_new (gpointer, self->n_groups);
+  g_autofree gpointer *pout = g_new (gpointer, self->n_groups);
+  g_autofree gpointer *pdout = d_out != NULL ? g_new (gpointer, self->n_groups) : NULL;
   guint g;
 
-  if (out == NULL)
-    return NULL;
-
-  pin = g_new (gpointer, self->n_groups);
-  pout = g_new (gpointer, self->n_groups);
-  pdout = d_out != NULL ? g_new (gpointer, self->n_groups) : NULL;
   for (g = 0; g < self->n_groups; g++)
     {
       pin[g] = gmlp_grouped_tensor_get_member_data (in, g);
@@ -649,9 +661,20 @@ run_activation (GmlpGroupedMLP     *self,
         pdout[g] = gmlp_grouped_tensor_get_member_data (d_out, g);
     }
 
-  if (!GMLP_DEVICE_CALL (self->device, activation, (int) self->activation, self->n_groups, rows,
-                         self->ffn_hidden, (int) self->dtype, (const void * const *) pin,
-                         (const void * const *) pdout, (void * const *) pout, error))
+  return GMLP_DEVICE_CALL (self->device, activation, (int) self->activation, self->n_groups, rows,
+                           self->ffn_hidden, (int) self->dtype, (const void * const *) pin,
+                           (const void * const *) pdout, (void * const *) pout, error);
+}
+
+/* act(in) into a new tensor. */
+static GmlpGroupedTensor *
+run_activation (GmlpGroupedMLP     *self,
+                GmlpGroupedTensor  *in,
+                GError            **error)
+{
+  g_autoptr(GmlpGroupedTensor) out = new_activation_output (self, in, FALSE, error);
+
+  if (out == NULL || !run_activation_into (self, in, NULL, out, error))
     return NULL;
   return g_steal_pointer (&out);
 }
@@ -823,7 +846,7 @@ gmlp_grouped_mlp_run_activation (GmlpGroupedMLP     *self,
 
   if (!check_fc1_output (self, h, error))
     return NULL;
-  return run_activation (self, h, NULL, error);
+  return run_activation (self, h, error);
 }
 
 GmlpGroupedTensor *
@@ -853,7 +876,7 @@ make_fc2_input (GmlpGroupedMLP     *self,
 {
   if (quantizer != NULL)
     return run_activation_quantize (self, h, quantizer, with_columnwise, error);
-  return run_activation (self, h, NULL, error);
+  return run_activation (self, h, error);
 }
 
 /**
@@ -870,6 +893,10 @@ make_fc2_input (GmlpGroupedMLP     *self,
  *
  * Unlike [class@Gmlp.GroupedLinear], the MLP needs the group sizes on the
  * host: its activation kernels take them from there.
+ *
+ * As for [method@Gmlp.GroupedLinear.forward], a forward writes no tensor
+ * but its output; one that fails in FC2 leaves the amaxes FC1's FP8
+ * quantizers recorded (a retry records the same).
  *
  * Returns: (transfer full): the output, `rows_i × hidden` per group, or
  *   %NULL with an error as for [method@Gmlp.GroupedLinear.forward],
@@ -898,9 +925,6 @@ gmlp_grouped_mlp_forward (GmlpGroupedMLP        *self,
   if (!gmlp_check_constructed (self, self->construct_error, error) ||
       !gmlp_grouped_tensor_check_usable (input, error))
     return NULL;
-
-  if (!gmlp_check_constructed (self, self->construct_error, error))
-    return FALSE;
 
   if (saved != NULL)
     *saved = NULL;
@@ -973,9 +997,18 @@ emit_wgrad_ready (GmlpGroupedMLP  *self,
  * (see [method@Gmlp.GroupedLinear.backward]); the activation's gradient is
  * computed from FC1's output in the MLP's dtype.
  *
+ * Both layers are checked (their saved activations, what their forwards
+ * read, their quantizers, main_grad) and everything both need is allocated
+ * before anything is written: then both input gradients are computed, and
+ * then both layers' weight gradients. A backward that fails leaves @saved
+ * unused and the weight gradients as they were, so it can be retried; only
+ * a device error while the weight gradients are written leaves them
+ * unspecified.
+ *
  * Returns: (transfer full): the input gradient, or %NULL with an error as
- *   for [method@Gmlp.GroupedLinear.backward], or %GMLP_ERROR_UNSUPPORTED for
- *   an output gradient whose sizes are only on the device
+ *   for [method@Gmlp.GroupedLinear.backward] (for either layer), or
+ *   %GMLP_ERROR_UNSUPPORTED for an output gradient whose sizes are only on
+ *   the device
  *
  * Since: 0.1
  */
@@ -985,6 +1018,7 @@ gmlp_grouped_mlp_backward (GmlpGroupedMLP        *self,
                            GmlpGroupedTensor     *grad_output,
                            GError               **error)
 {
+  g_autoptr(GmlpLinearBackward) fc2_step = NULL, fc1_step = NULL;
   g_autoptr(GmlpGroupedTensor) da = NULL, dh = NULL, dx = NULL;
   GmlpSavedActivations *s1, *s2;
   GmlpGroupedTensor *h;
@@ -1003,13 +1037,18 @@ gmlp_grouped_mlp_backward (GmlpGroupedMLP        *self,
     return NULL;
   s1 = gmlp_saved_activations_get_child (saved, 0);
   s2 = gmlp_saved_activations_get_child (saved, 1);
+  /* What the three forwards read, before anything is reloaded. */
+  if (!gmlp_saved_activations_check_versions (saved, "GroupedMLP", error) ||
+      !gmlp_saved_activations_check_versions (s1, "GroupedMLP's FC1", error) ||
+      !gmlp_saved_activations_check_versions (s2, "GroupedMLP's FC2", error))
+    return NULL;
   h = gmlp_saved_activations_get (saved, "fc1-output", error);
   if (h == NULL)
     return NULL;
 
   /* Recompute: FC2's input as the forward made it (with an FP8 forward,
    * quantized by the same quantizer, whose scales do not change before the
-   * step's update). */
+   * step's update). Saved with FC2's activations, where a retry finds it. */
   if ((self->flags & GMLP_LINEAR_RECOMPUTE_ACTIVATION) && !gmlp_saved_activations_is_consumed (s2) &&
       !gmlp_saved_activations_contains (s2, "input"))
     {
@@ -1023,13 +1062,29 @@ gmlp_grouped_mlp_backward (GmlpGroupedMLP        *self,
       gmlp_saved_activations_add (s2, "input", a);
     }
 
-  da = gmlp_grouped_linear_backward (self->fc2, s2, grad_output, error);
-  if (da == NULL)
+  /* Both layers checked, and all allocated (FC1's output gradient too,
+   * which the activation writes later), before either writes. */
+  fc2_step = gmlp_grouped_linear_backward_begin (self->fc2, s2, grad_output, "GroupedMLP's FC2", error);
+  if (fc2_step == NULL)
     return NULL;
-  dh = run_activation (self, h, da, error);
+  dh = new_activation_output (self, h, TRUE, error);
   if (dh == NULL)
     return NULL;
-  dx = gmlp_grouped_linear_backward (self->fc1, s1, dh, error);
+  fc1_step = gmlp_grouped_linear_backward_begin (self->fc1, s1, dh, "GroupedMLP's FC1", error);
+  if (fc1_step == NULL)
+    return NULL;
+
+  /* The input gradients, into tensors of this call's own. */
+  if (!gmlp_grouped_linear_backward_dgrad (self->fc2, fc2_step, error) ||
+      !run_activation_into (self, h, gmlp_linear_backward_get_grad_input (fc2_step), dh, error) ||
+      !gmlp_grouped_linear_backward_dgrad (self->fc1, fc1_step, error))
+    return NULL;
+
+  /* The weight gradients: only the backend can fail from here. */
+  da = gmlp_grouped_linear_backward_finish (self->fc2, fc2_step, error);
+  if (da == NULL)
+    return NULL;
+  dx = gmlp_grouped_linear_backward_finish (self->fc1, fc1_step, error);
   if (dx == NULL)
     return NULL;
 
@@ -1045,10 +1100,15 @@ gmlp_grouped_mlp_backward (GmlpGroupedMLP        *self,
  * @error: return location for a #GError
  *
  * Computes the weight gradients of both layers for the oldest backward
- * still waiting for them, as [method@Gmlp.GroupedLinear.backward_dw] does.
+ * still waiting for them, as [method@Gmlp.GroupedLinear.backward_dw] does:
+ * both layers are checked before either computes, so a call that fails
+ * leaves both pending and their gradients as they were (but for a device
+ * error while they are written).
  *
  * Returns: %TRUE on success; %FALSE with %GMLP_ERROR_INVALID_STATE when the
- *   MLP does not delay weight gradients or none is pending
+ *   MLP does not delay weight gradients, either layer has none pending, or
+ *   what they read was written since, or an error as for
+ *   [method@Gmlp.GroupedLinear.backward_dw]
  *
  * Since: 0.1
  */
@@ -1062,7 +1122,9 @@ gmlp_grouped_mlp_backward_dw (GmlpGroupedMLP  *self,
   if (!gmlp_check_constructed (self, self->construct_error, error))
     return FALSE;
 
-  return gmlp_grouped_linear_backward_dw (self->fc2, error) &&
+  return gmlp_grouped_linear_backward_dw_prepare (self->fc2, "GroupedMLP's FC2", error) &&
+         gmlp_grouped_linear_backward_dw_prepare (self->fc1, "GroupedMLP's FC1", error) &&
+         gmlp_grouped_linear_backward_dw (self->fc2, error) &&
          gmlp_grouped_linear_backward_dw (self->fc1, error) &&
          emit_wgrad_ready (self, error);
 }
@@ -1281,7 +1343,9 @@ gmlp_grouped_mlp_get_fp8_format (GmlpGroupedMLP *self)
  * roles or both layers share included. Delayed scaling needs it once a
  * step, after the step's last backward (and backward_dw), as
  * [method@Gmlp.GroupedLinear.update_quantizers] explains; the other recipes
- * have nothing to update. Stream-ordered; nothing waits.
+ * have nothing to update. Stream-ordered; nothing waits. Only a device
+ * error can make it fail, after the quantizers before the failing one were
+ * updated.
  *
  * Returns: %TRUE on success (also without quantizers)
  *

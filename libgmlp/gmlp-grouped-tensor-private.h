@@ -70,3 +70,20 @@ GmlpGroupedTensor *gmlp_grouped_tensor_new_with_buffer (const GmlpTensorLayout *
 GmlpBuffer        *gmlp_grouped_tensor_get_buffer      (GmlpGroupedTensor      *self);
 
 G_END_DECLS
+
+G_BEGIN_DECLS
+
+/* The version counter of the tensor's storage (gmlp-device-private.h);
+ * NULL for a tensor without storage. */
+GmlpVersionCounter *gmlp_grouped_tensor_get_version_counter (GmlpGroupedTensor *self);
+/* For the library's own writes into existing storage: once per call that
+ * writes, before the write is enqueued. */
+void                gmlp_grouped_tensor_bump_version        (GmlpGroupedTensor *self);
+/* Where the tensor's bytes lie (the storage is not referenced). */
+void                gmlp_grouped_tensor_get_span            (GmlpGroupedTensor *self,
+                                                             GmlpSpan          *span);
+/* Whether the bytes of @a and @b overlap (gmlp_spans_overlap()). */
+gboolean            gmlp_grouped_tensor_overlaps            (GmlpGroupedTensor *a,
+                                                             GmlpGroupedTensor *b);
+
+G_END_DECLS

@@ -1230,6 +1230,7 @@ gmlp_grouped_tensor_fill_zero (GmlpGroupedTensor  *self,
   if (!gmlp_grouped_tensor_check_usable (self, error))
     return FALSE;
 
+  gmlp_grouped_tensor_bump_version (self);
   return GMLP_DEVICE_CALL (self->device, fill_bytes, gmlp_grouped_tensor_get_data (self),
                            0, self->nbytes, error);
 }
@@ -1281,6 +1282,7 @@ gmlp_grouped_tensor_fill_random (GmlpGroupedTensor  *self,
     }
 
   elem = gmlp_dtype_get_size (self->dtype);
+  gmlp_grouped_tensor_bump_version (self);
   return GMLP_DEVICE_CALL (self->device, fill_random, gmlp_grouped_tensor_get_data (self),
                            (int) self->dtype, self->nbytes / elem, seed, (float) scale, error);
 }
@@ -1486,6 +1488,78 @@ gmlp_grouped_tensor_is_view (GmlpGroupedTensor *self)
   return self->is_view;
 }
 
+/**
+ * gmlp_grouped_tensor_get_version:
+ * @self: a #GmlpGroupedTensor
+ *
+ * Gets the version of the tensor's storage, as torch's `_version`: 0 for a
+ * new tensor (the result of a forward, a backward, a conversion or a
+ * quantization included), and one more after each call that writes into
+ * existing storage: [method@Gmlp.GroupedTensor.fill_zero],
+ * [method@Gmlp.GroupedTensor.fill_random],
+ * [method@Gmlp.GroupedTensor.add_scaled], [method@Gmlp.GroupedTensor.scale],
+ * a layer's writes into its parameters
+ * ([method@Gmlp.GroupedLinear.set_weight_from_bytes],
+ * [method@Gmlp.GroupedLinear.init_parameters], …) and into its gradients
+ * (wgrad, bgrad and main_grad, also a main_grad of the caller's). A call
+ * that fails before it writes leaves the version as it was. The version
+ * belongs to the storage: a member view and its tensor share it, so a write
+ * through either counts for both.
+ *
+ * A layer's backward compares the versions of the tensors it reads (the
+ * forward's input and the weights) with those its forward saw, and fails
+ * with %GMLP_ERROR_INVALID_STATE if they changed, with or without an
+ * offload context (see [method@Gmlp.GroupedLinear.backward]).
+ *
+ * Writes that do not go through libgmlp are not counted: writes through a
+ * DLPack export ([method@Gmlp.GroupedTensor.to_dlpack]), and the work a
+ * [class@Gmlp.Graph] replays.
+ *
+ * Returns: the version
+ *
+ * Since: 0.1
+ */
+guint64
+gmlp_grouped_tensor_get_version (GmlpGroupedTensor *self)
+{
+  g_return_val_if_fail (GMLP_IS_GROUPED_TENSOR (self), 0);
+
+  return self->buffer != NULL ? gmlp_version_counter_get (self->buffer->version) : 0;
+}
+
+GmlpVersionCounter *
+gmlp_grouped_tensor_get_version_counter (GmlpGroupedTensor *self)
+{
+  return self->buffer != NULL ? self->buffer->version : NULL;
+}
+
+void
+gmlp_grouped_tensor_bump_version (GmlpGroupedTensor *self)
+{
+  if (self->buffer != NULL)
+    gmlp_version_counter_bump (self->buffer->version);
+}
+
+void
+gmlp_grouped_tensor_get_span (GmlpGroupedTensor *self,
+                              GmlpSpan          *span)
+{
+  span->storage = gmlp_grouped_tensor_get_version_counter (self);
+  span->offset = self->offset;
+  span->nbytes = self->nbytes;
+}
+
+gboolean
+gmlp_grouped_tensor_overlaps (GmlpGroupedTensor *a,
+                              GmlpGroupedTensor *b)
+{
+  GmlpSpan sa, sb;
+
+  gmlp_grouped_tensor_get_span (a, &sa);
+  gmlp_grouped_tensor_get_span (b, &sb);
+  return gmlp_spans_overlap (&sa, &sb);
+}
+
 gpointer
 gmlp_grouped_tensor_get_member_data (GmlpGroupedTensor *self,
                                      guint              index)
@@ -1628,6 +1702,7 @@ gmlp_grouped_tensor_add_scaled (GmlpGroupedTensor  *self,
 
   if (!gmlp_grouped_tensor_get_backend_shape (self, &shape, error))
     return FALSE;
+  gmlp_grouped_tensor_bump_version (self);
   return GMLP_DEVICE_CALL (self->device, axpby, &shape, gmlp_grouped_tensor_get_data (other),
                            (int) other->dtype, gmlp_grouped_tensor_get_data (self), (int) self->dtype,
                            (float) alpha, 1.0f, error);
@@ -1668,6 +1743,7 @@ gmlp_grouped_tensor_scale (GmlpGroupedTensor  *self,
   if (!check_arithmetic_dtype (self, error) || !check_arithmetic_scale (alpha, error) ||
       !gmlp_grouped_tensor_get_backend_shape (self, &shape, error))
     return FALSE;
+  gmlp_grouped_tensor_bump_version (self);
   return GMLP_DEVICE_CALL (self->device, axpby, &shape, NULL, (int) self->dtype,
                            gmlp_grouped_tensor_get_data (self), (int) self->dtype,
                            0.0f, (float) alpha, error);

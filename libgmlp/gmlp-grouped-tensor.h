@@ -124,6 +124,8 @@ gboolean           gmlp_grouped_tensor_is_uniform           (GmlpGroupedTensor  
 GMLP_AVAILABLE_IN_0_1
 gboolean           gmlp_grouped_tensor_is_view              (GmlpGroupedTensor  *self);
 GMLP_AVAILABLE_IN_0_1
+guint64            gmlp_grouped_tensor_get_version          (GmlpGroupedTensor  *self);
+GMLP_AVAILABLE_IN_0_1
 GmlpGroupedTensor *gmlp_grouped_tensor_get_sizes            (GmlpGroupedTensor  *self,
                                                              GError            **error);
 GMLP_AVAILABLE_IN_0_1

@@ -8,6 +8,7 @@
 #include "gmlp-saved-activations.h"
 #include "gmlp-grouped-tensor.h"
 #include "gmlp-offload-context.h"
+#include "gmlp-device-private.h"
 
 G_BEGIN_DECLS
 
@@ -62,5 +63,48 @@ gboolean              gmlp_saved_activations_is_on_host     (GmlpSavedActivation
 /* Lets go of the device copy of tensors that are in host memory too. */
 void                  gmlp_saved_activations_release_device (GmlpSavedActivations  *self);
 GmlpOffloadContext   *gmlp_saved_activations_get_context    (GmlpSavedActivations  *self);
+
+/* Versions (gmlp_grouped_tensor_get_version()): a backward refuses to run
+ * when a tensor its forward read has been written since. The records keep
+ * the storage's counter, not the storage, so offloaded activations are
+ * checked as those on the device are. */
+typedef struct {
+  const char         *name;      /* static: "input", "weight", ... */
+  const char         *reader;    /* static: "forward" or "backward" */
+  GmlpSpan            span;      /* holds a reference to span.storage */
+  guint64             seen;
+} GmlpVersionRecord;
+
+/* A GArray of GmlpVersionRecord that clears its elements. */
+GArray               *gmlp_version_records_new              (void);
+/* Records @tensor's version now, as @reader saw it. */
+void                  gmlp_version_records_add              (GArray                *records,
+                                                             const char            *name,
+                                                             const char            *reader,
+                                                             GmlpGroupedTensor     *tensor);
+/* Fails with GMLP_ERROR_INVALID_STATE, naming the tensor (and @layer,
+ * "GroupedLinear", "GroupedMLP's FC1", ...), if any was written since. */
+gboolean              gmlp_version_records_check            (GArray                *records,
+                                                             const char            *layer,
+                                                             GError               **error);
+/* The first record whose bytes overlap @span, or NULL. */
+const GmlpVersionRecord *gmlp_version_records_find_overlap  (GArray                *records,
+                                                             const GmlpSpan        *span);
+
+/* Records the version of a tensor the backward reads but that is not saved
+ * (the layer's weights), or that is saved as a copy (the source of an FP8
+ * input). gmlp_saved_activations_add() records the saved tensors'. */
+void                  gmlp_saved_activations_watch          (GmlpSavedActivations  *self,
+                                                             const char            *name,
+                                                             GmlpGroupedTensor     *tensor);
+gboolean              gmlp_saved_activations_check_versions (GmlpSavedActivations  *self,
+                                                             const char            *layer,
+                                                             GError               **error);
+GArray               *gmlp_saved_activations_get_versions   (GmlpSavedActivations  *self);
+/* Appends copies of the records of @name to @records (a delayed weight
+ * gradient keeps those of the input). */
+void                  gmlp_saved_activations_copy_versions  (GmlpSavedActivations  *self,
+                                                             const char            *name,
+                                                             GArray                *records);
 
 G_END_DECLS

@@ -25,9 +25,13 @@
  * to host memory after the forward and brought back for the backward; see
  * [property@Gmlp.SavedActivations:offload].
  *
- * The saved tensors are references to the forward's inputs and intermediates:
- * do not write into a tensor you passed to a forward until its backward has
- * run.
+ * The saved tensors are references to the forward's inputs and intermediates.
+ * A backward checks that nothing it reads (those tensors, the layer's
+ * weights) has been written since its forward (see
+ * [method@Gmlp.GroupedTensor.get_version]) and fails with
+ * %GMLP_ERROR_INVALID_STATE otherwise, offloaded or not. A backward that
+ * fails for another reason (a wrong output gradient, memory) leaves them
+ * unused, for a retry.
  *
  * A saved FP8 tensor made by a [class@Gmlp.Quantizer] moves with every part
  * of it: its data, its scale inverses and its columnwise copy with that
@@ -75,6 +79,7 @@ struct _GmlpSavedActivations
   GArray             *tensors;        /* SavedTensor */
   GmlpOffloadContext *context;        /* the context that offloaded them */
   GPtrArray          *children;       /* GmlpSavedActivations of sub-layers */
+  GArray             *versions;       /* GmlpVersionRecord of what the forward read */
   gboolean            offload;
   gboolean            consumed;
 };
@@ -113,6 +118,7 @@ release_tensors (GmlpSavedActivations *self)
     saved_tensor_clear (self, &g_array_index (self->tensors, SavedTensor, i));
   g_array_set_size (self->tensors, 0);
   g_ptr_array_set_size (self->children, 0);
+  g_array_set_size (self->versions, 0);
 }
 
 static void
@@ -123,6 +129,7 @@ gmlp_saved_activations_finalize (GObject *object)
   release_tensors (self);
   g_clear_pointer (&self->tensors, g_array_unref);
   g_clear_pointer (&self->children, g_ptr_array_unref);
+  g_clear_pointer (&self->versions, g_array_unref);
   g_clear_object (&self->context);
 
   G_OBJECT_CLASS (gmlp_saved_activations_parent_class)->finalize (object);
@@ -189,6 +196,7 @@ gmlp_saved_activations_init (GmlpSavedActivations *self)
 {
   self->tensors = g_array_new (FALSE, TRUE, sizeof (SavedTensor));
   self->children = g_ptr_array_new_with_free_func (g_object_unref);
+  self->versions = gmlp_version_records_new ();
 }
 
 guint64
@@ -236,6 +244,7 @@ gmlp_saved_activations_add (GmlpSavedActivations *self,
   SavedTensor *saved;
 
   index = append_entry (self, name, tensor, FALSE);
+  gmlp_version_records_add (self->versions, name, "forward", tensor);
   if (scale_inv == NULL)
     return;
 
@@ -243,14 +252,22 @@ gmlp_saved_activations_add (GmlpSavedActivations *self,
    * copy shares the rowwise scales in per-tensor recipes and 128 × 128
    * tiles: they are saved once. */
   scale_part = append_entry (self, NULL, scale_inv, FALSE);
+  gmlp_version_records_add (self->versions, name, "forward", scale_inv);
   columnwise = gmlp_grouped_tensor_get_columnwise (tensor);
   if (columnwise != NULL)
     {
       columnwise_part = append_entry (self, NULL, columnwise, FALSE);
+      gmlp_version_records_add (self->versions, name, "forward", columnwise);
       columnwise_scale_inv = gmlp_grouped_tensor_get_scale_inv (columnwise);
-      columnwise_scale_part = columnwise_scale_inv == scale_inv
-                              ? scale_part
-                              : append_entry (self, NULL, columnwise_scale_inv, FALSE);
+      if (columnwise_scale_inv == scale_inv)
+        {
+          columnwise_scale_part = scale_part;
+        }
+      else
+        {
+          columnwise_scale_part = append_entry (self, NULL, columnwise_scale_inv, FALSE);
+          gmlp_version_records_add (self->versions, name, "forward", columnwise_scale_inv);
+        }
     }
 
   saved = &g_array_index (self->tensors, SavedTensor, index);
@@ -260,6 +277,115 @@ gmlp_saved_activations_add (GmlpSavedActivations *self,
   saved->scale_inv_part = scale_part;
   saved->columnwise_part = columnwise_part;
   saved->columnwise_scale_inv_part = columnwise_scale_part;
+}
+
+static void
+version_record_clear (gpointer data)
+{
+  GmlpVersionRecord *record = data;
+
+  g_clear_pointer (&record->span.storage, gmlp_version_counter_unref);
+}
+
+GArray *
+gmlp_version_records_new (void)
+{
+  GArray *records = g_array_new (FALSE, TRUE, sizeof (GmlpVersionRecord));
+
+  g_array_set_clear_func (records, version_record_clear);
+  return records;
+}
+
+void
+gmlp_version_records_add (GArray            *records,
+                          const char        *name,
+                          const char        *reader,
+                          GmlpGroupedTensor *tensor)
+{
+  GmlpVersionRecord record = { name, reader, { NULL, 0, 0 }, 0 };
+
+  gmlp_grouped_tensor_get_span (tensor, &record.span);
+  if (record.span.storage == NULL)
+    return;
+  gmlp_version_counter_ref (record.span.storage);
+  record.seen = gmlp_version_counter_get (record.span.storage);
+  g_array_append_val (records, record);
+}
+
+gboolean
+gmlp_version_records_check (GArray      *records,
+                            const char  *layer,
+                            GError     **error)
+{
+  guint i;
+
+  for (i = 0; i < records->len; i++)
+    {
+      GmlpVersionRecord *record = &g_array_index (records, GmlpVersionRecord, i);
+      guint64 now = gmlp_version_counter_get (record->span.storage);
+
+      if (now == record->seen)
+        continue;
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_STATE,
+                   "%s: the %s was written after the %s read it (its version is %" G_GUINT64_FORMAT
+                   ", the %s read version %" G_GUINT64_FORMAT "), so these gradients would not be "
+                   "those of the forward; run the forward again", layer, record->name,
+                   record->reader, now, record->reader, record->seen);
+      return FALSE;
+    }
+  return TRUE;
+}
+
+const GmlpVersionRecord *
+gmlp_version_records_find_overlap (GArray         *records,
+                                   const GmlpSpan *span)
+{
+  guint i;
+
+  for (i = 0; i < records->len; i++)
+    if (gmlp_spans_overlap (&g_array_index (records, GmlpVersionRecord, i).span, span))
+      return &g_array_index (records, GmlpVersionRecord, i);
+  return NULL;
+}
+
+void
+gmlp_saved_activations_watch (GmlpSavedActivations *self,
+                              const char           *name,
+                              GmlpGroupedTensor    *tensor)
+{
+  gmlp_version_records_add (self->versions, name, "forward", tensor);
+}
+
+gboolean
+gmlp_saved_activations_check_versions (GmlpSavedActivations  *self,
+                                       const char            *layer,
+                                       GError               **error)
+{
+  return gmlp_version_records_check (self->versions, layer, error);
+}
+
+GArray *
+gmlp_saved_activations_get_versions (GmlpSavedActivations *self)
+{
+  return self->versions;
+}
+
+void
+gmlp_saved_activations_copy_versions (GmlpSavedActivations *self,
+                                      const char           *name,
+                                      GArray               *records)
+{
+  guint i;
+
+  for (i = 0; i < self->versions->len; i++)
+    {
+      GmlpVersionRecord record = g_array_index (self->versions, GmlpVersionRecord, i);
+
+      if (!g_str_equal (record.name, name))
+        continue;
+      gmlp_version_counter_ref (record.span.storage);
+      g_array_append_val (records, record);
+    }
 }
 
 void
@@ -405,10 +531,12 @@ gmlp_saved_activations_reload (GmlpSavedActivations  *self,
                                GError               **error)
 {
   guint64 total = 0;
-  gboolean any = FALSE;
+  gboolean any = FALSE, ok = TRUE;
   guint i;
 
-  for (i = 0; i < self->tensors->len; i++)
+  /* Entry by entry: one that fails stays in host memory for a retry, and
+   * those reloaded before it are accounted for. */
+  for (i = 0; ok && i < self->tensors->len; i++)
     {
       SavedTensor *saved = &g_array_index (self->tensors, SavedTensor, i);
       GmlpDevice *device = saved->layout.device;
@@ -419,17 +547,26 @@ gmlp_saved_activations_reload (GmlpSavedActivations  *self,
       if (saved->host == NULL || saved->tensor != NULL)
         continue;
       if (!gmlp_device_check_not_capturing (device, "Reloading offloaded activations", error))
-        return FALSE;
+        {
+          ok = FALSE;
+          break;
+        }
 
       /* Copy-stream order puts this after the offload copy. */
       data = GMLP_DEVICE_CALL (device, copy_stream_alloc, saved->layout.nbytes, error);
       if (data == NULL)
-        return FALSE;
+        {
+          ok = FALSE;
+          break;
+        }
       buffer = gmlp_buffer_new_wrapped (device, data, saved->layout.nbytes);
       done = GMLP_DEVICE_CALL (device, copy_async, data, saved->host, saved->layout.nbytes,
                                FALSE, FALSE, error);
       if (done == NULL)
-        return FALSE;
+        {
+          ok = FALSE;
+          break;
+        }
 
       saved->reload_done = gmlp_event_new_for_backend (device, done);
       saved->tensor = gmlp_grouped_tensor_new_with_buffer (&saved->layout, buffer);
@@ -443,7 +580,7 @@ gmlp_saved_activations_reload (GmlpSavedActivations  *self,
 
   if (any)
     gmlp_offload_context_reloading (self->context, self, total, prefetch);
-  return TRUE;
+  return ok;
 }
 
 gboolean

@@ -520,6 +520,300 @@ test_device_sizes_unsupported (void)
   g_assert_true (gmlp_saved_activations_is_consumed (saved));
 }
 
+/* ---- Versions and no partial writes ------------------------------------- */
+
+static GBytes *
+bytes_of (GmlpGroupedTensor *t)
+{
+  g_autoptr(GError) error = NULL;
+  GBytes *bytes = gmlp_grouped_tensor_to_bytes (t, &error);
+
+  g_assert_no_error (error);
+  return bytes;
+}
+
+/* The weight gradients of both layers (main_grad with fused accumulation),
+ * as bytes, to tell whether a call wrote any. */
+static void
+gradient_bytes (GmlpGroupedMLP *mlp, GBytes *out[2])
+{
+  guint i;
+
+  for (i = 0; i < 2; i++)
+    {
+      GmlpGroupedLinear *layer = i == 0 ? gmlp_grouped_mlp_get_fc1 (mlp) : gmlp_grouped_mlp_get_fc2 (mlp);
+      GmlpGroupedTensor *grad = gmlp_grouped_linear_get_wgrad (layer);
+
+      if (grad == NULL)
+        grad = gmlp_grouped_linear_get_main_grad (layer);
+      out[i] = bytes_of (grad);
+    }
+}
+
+static void
+assert_gradients_unchanged (GmlpGroupedMLP *mlp, GBytes *before[2])
+{
+  GBytes *after[2];
+  guint i;
+
+  gradient_bytes (mlp, after);
+  for (i = 0; i < 2; i++)
+    {
+      if (!g_bytes_equal (before[i], after[i]))
+        g_error ("FC%u's weight gradients were written by a call that failed", i + 1);
+      g_bytes_unref (after[i]);
+    }
+}
+
+static void
+gradient_bytes_clear (GBytes *bytes[2])
+{
+  g_clear_pointer (&bytes[0], g_bytes_unref);
+  g_clear_pointer (&bytes[1], g_bytes_unref);
+}
+
+/* A backward whose input, or either layer's weights, were written since
+ * the forward fails before either layer writes, naming the tensor. */
+static void
+test_versions (void)
+{
+  g_autoptr(GmlpDevice) device = gmlp_test_device_or_skip ();
+  gint64 rows[] = { 7, 0, 4 };
+  guint what;
+
+  if (device == NULL)
+    return;
+
+  for (what = 0; what < 3; what++)
+    {
+      g_autoptr(GmlpGroupedMLP) mlp = NULL;
+      g_autoptr(GmlpGroupedTensor) x = NULL, dy = NULL, y = NULL, dx = NULL;
+      g_autoptr(GmlpSavedActivations) saved = NULL;
+      g_autoptr(GError) error = NULL;
+      GBytes *before[2];
+      const char *name;
+
+      mlp = gmlp_grouped_mlp_new_full (device, 3, 16, 12, GMLP_ACTIVATION_SWIGLU, GMLP_DTYPE_FLOAT32,
+                                       GMLP_LINEAR_SINGLE_GROUPED_WEIGHT | GMLP_LINEAR_BIAS, &error);
+      g_assert_no_error (error);
+      x = gmlp_test_random_tensor (device, GMLP_DTYPE_FLOAT32, rows, 3, 16, 1.0, NULL);
+      dy = gmlp_test_random_tensor (device, GMLP_DTYPE_FLOAT32, rows, 3, 16, 1.0, NULL);
+      y = gmlp_grouped_mlp_forward (mlp, x, &saved, &error);
+      g_assert_no_error (error);
+      dx = gmlp_grouped_mlp_backward (mlp, saved, dy, &error);
+      g_assert_no_error (error);
+      g_clear_object (&saved);
+      g_clear_object (&y);
+      g_clear_object (&dx);
+
+      y = gmlp_grouped_mlp_forward (mlp, x, &saved, &error);
+      g_assert_no_error (error);
+      if (what == 0)
+        {
+          g_assert_true (gmlp_grouped_tensor_scale (x, 0.5, NULL));
+          name = "input";
+        }
+      else
+        {
+          GmlpGroupedLinear *layer = what == 1 ? gmlp_grouped_mlp_get_fc1 (mlp) : gmlp_grouped_mlp_get_fc2 (mlp);
+          GmlpGroupedTensor *w = gmlp_grouped_linear_get_weight (layer);
+
+          g_assert_true (gmlp_grouped_tensor_add_scaled (w, -0.1, w, NULL));
+          name = what == 1 ? "FC1" : "FC2";
+        }
+      gradient_bytes (mlp, before);
+
+      g_assert_null (gmlp_grouped_mlp_backward (mlp, saved, dy, &error));
+      g_assert_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_STATE);
+      if (strstr (error->message, name) == NULL || (what > 0 && strstr (error->message, "weight") == NULL))
+        g_error ("The error does not say what changed: %s", error->message);
+      g_clear_error (&error);
+      g_assert_false (gmlp_saved_activations_is_consumed (saved));
+      assert_gradients_unchanged (mlp, before);
+      gradient_bytes_clear (before);
+    }
+}
+
+/* One step of an MLP whose FC1 multiplies in FP8 (current scaling) with
+ * fused accumulation from zeroed main_grads: dx and both main_grads. */
+static GmlpGroupedMLP *
+new_fp8_fc1_mlp (GmlpDevice *device, GmlpLinearFlags flags)
+{
+  g_autoptr(GError) error = NULL;
+  GmlpGroupedMLP *mlp = gmlp_grouped_mlp_new_full (device, 3, 32, 16, GMLP_ACTIVATION_GELU,
+                                                   GMLP_DTYPE_BFLOAT16,
+                                                   GMLP_LINEAR_SINGLE_GROUPED_WEIGHT | GMLP_LINEAR_BIAS |
+                                                   GMLP_LINEAR_FUSE_WGRAD_ACCUMULATION | flags, &error);
+
+  g_assert_no_error (error);
+  g_assert_true (gmlp_grouped_mlp_init_parameters (mlp, 5, NULL));
+  return mlp;
+}
+
+static void
+set_fc1_fp8 (GmlpGroupedMLP *mlp, gboolean on)
+{
+  GmlpDevice *device = gmlp_grouped_linear_get_device (gmlp_grouped_mlp_get_fc1 (mlp));
+  g_autoptr(GmlpQuantizer) qx = NULL, qw = NULL, qg = NULL;
+  g_autoptr(GError) error = NULL;
+
+  if (on)
+    {
+      qx = gmlp_quantizer_new (device, GMLP_SCALING_RECIPE_CURRENT, GMLP_FP8_FORMAT_HYBRID,
+                               GMLP_QUANTIZER_ROLE_INPUT);
+      qw = gmlp_quantizer_new (device, GMLP_SCALING_RECIPE_CURRENT, GMLP_FP8_FORMAT_HYBRID,
+                               GMLP_QUANTIZER_ROLE_WEIGHT);
+      qg = gmlp_quantizer_new (device, GMLP_SCALING_RECIPE_CURRENT, GMLP_FP8_FORMAT_HYBRID,
+                               GMLP_QUANTIZER_ROLE_GRAD_OUTPUT);
+    }
+  g_assert_true (gmlp_grouped_linear_set_quantizers (gmlp_grouped_mlp_get_fc1 (mlp), qx, qw, qg, &error));
+  g_assert_no_error (error);
+}
+
+static void
+zero_main_grads (GmlpGroupedMLP *mlp)
+{
+  g_assert_true (gmlp_grouped_tensor_fill_zero (gmlp_grouped_linear_get_main_grad (gmlp_grouped_mlp_get_fc1 (mlp)), NULL));
+  g_assert_true (gmlp_grouped_tensor_fill_zero (gmlp_grouped_linear_get_main_grad (gmlp_grouped_mlp_get_fc2 (mlp)), NULL));
+}
+
+/* A backward that FC1 cannot run (its FP8 forward's quantizers are gone)
+ * fails before FC2 accumulates into its main_grad; the activations stay
+ * usable, and the retry gives the bits of a step that never failed. With
+ * an output gradient of the wrong shape, the same. */
+static void
+test_backward_no_partial_write (void)
+{
+  g_autoptr(GmlpDevice) device = gmlp_test_device_or_skip ();
+  gint64 rows[] = { 9, 0, 6 };
+  gint64 rows_other[] = { 9, 1, 5 };
+  guint offload;
+
+  if (device == NULL)
+    return;
+
+  for (offload = 0; offload < 2; offload++)
+    {
+      g_autoptr(GmlpGroupedMLP) mlp = new_fp8_fc1_mlp (device, 0);
+      g_autoptr(GmlpOffloadContext) ctx = gmlp_offload_context_new (device, NULL);
+      g_autoptr(GmlpGroupedTensor) x = NULL, dy = NULL, dy_other = NULL, y = NULL, dx = NULL, dx_ref = NULL;
+      g_autoptr(GmlpSavedActivations) saved = NULL;
+      g_autoptr(GError) error = NULL;
+      GBytes *before[2], *reference[2];
+
+      x = gmlp_test_random_tensor (device, GMLP_DTYPE_BFLOAT16, rows, 3, 32, 1.0, NULL);
+      dy = gmlp_test_random_tensor (device, GMLP_DTYPE_BFLOAT16, rows, 3, 32, 1.0, NULL);
+      dy_other = gmlp_test_random_tensor (device, GMLP_DTYPE_BFLOAT16, rows_other, 3, 32, 1.0, NULL);
+      set_fc1_fp8 (mlp, TRUE);
+
+      /* The reference: a step that does not fail. */
+      zero_main_grads (mlp);
+      y = gmlp_grouped_mlp_forward (mlp, x, &saved, &error);
+      g_assert_no_error (error);
+      dx_ref = gmlp_grouped_mlp_backward (mlp, saved, dy, &error);
+      g_assert_no_error (error);
+      gradient_bytes (mlp, reference);
+      g_clear_object (&saved);
+      g_clear_object (&y);
+
+      zero_main_grads (mlp);
+      if (offload)
+        gmlp_offload_context_push_thread_default (ctx, TRUE);
+      y = gmlp_grouped_mlp_forward (mlp, x, &saved, &error);
+      g_assert_no_error (error);
+      if (offload)
+        {
+          g_assert_true (gmlp_offload_context_pop_thread_default (ctx, NULL));
+          gmlp_offload_context_flush (ctx);
+          g_assert_cmpuint (gmlp_saved_activations_get_host_nbytes (saved), >, 0);
+        }
+      gradient_bytes (mlp, before);
+
+      g_assert_null (gmlp_grouped_mlp_backward (mlp, saved, dy_other, &error));
+      g_assert_error (error, GMLP_ERROR, GMLP_ERROR_SHAPE_MISMATCH);
+      g_clear_error (&error);
+      g_assert_false (gmlp_saved_activations_is_consumed (saved));
+      assert_gradients_unchanged (mlp, before);
+
+      set_fc1_fp8 (mlp, FALSE);
+      g_assert_null (gmlp_grouped_mlp_backward (mlp, saved, dy, &error));
+      g_assert_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_STATE);
+      g_clear_error (&error);
+      g_assert_false (gmlp_saved_activations_is_consumed (saved));
+      assert_gradients_unchanged (mlp, before);
+
+      set_fc1_fp8 (mlp, TRUE);
+      dx = gmlp_grouped_mlp_backward (mlp, saved, dy, &error);
+      g_assert_no_error (error);
+      g_assert_true (gmlp_saved_activations_is_consumed (saved));
+      gmlp_test_assert_same_bytes (dx, dx_ref, "dx after a retry");
+      assert_gradients_unchanged (mlp, reference);
+      gradient_bytes_clear (before);
+      gradient_bytes_clear (reference);
+    }
+}
+
+/* backward_dw computes both layers' weight gradients or neither: with FC1
+ * having nothing pending (its own backward_dw ran), or with the input
+ * written since the backward, FC2's stays pending and unwritten. */
+static void
+test_backward_dw_no_partial_write (void)
+{
+  g_autoptr(GmlpDevice) device = gmlp_test_device_or_skip ();
+  gint64 rows[] = { 4, 11, 0 };
+  guint what;
+
+  if (device == NULL)
+    return;
+
+  for (what = 0; what < 2; what++)
+    {
+      g_autoptr(GmlpGroupedMLP) mlp = NULL;
+      g_autoptr(GmlpGroupedTensor) x = NULL, dy = NULL, y = NULL, dx = NULL;
+      g_autoptr(GmlpSavedActivations) saved = NULL;
+      g_autoptr(GError) error = NULL;
+      GmlpGroupedLinear *fc1, *fc2;
+      GBytes *before[2];
+
+      mlp = gmlp_grouped_mlp_new_full (device, 3, 16, 8, GMLP_ACTIVATION_RELU, GMLP_DTYPE_FLOAT32,
+                                       GMLP_LINEAR_SINGLE_GROUPED_WEIGHT | GMLP_LINEAR_BIAS |
+                                       GMLP_LINEAR_FUSE_WGRAD_ACCUMULATION |
+                                       GMLP_LINEAR_DELAY_WGRAD_COMPUTE, &error);
+      g_assert_no_error (error);
+      fc1 = gmlp_grouped_mlp_get_fc1 (mlp);
+      fc2 = gmlp_grouped_mlp_get_fc2 (mlp);
+      x = gmlp_test_random_tensor (device, GMLP_DTYPE_FLOAT32, rows, 3, 16, 1.0, NULL);
+      dy = gmlp_test_random_tensor (device, GMLP_DTYPE_FLOAT32, rows, 3, 16, 1.0, NULL);
+      y = gmlp_grouped_mlp_forward (mlp, x, &saved, &error);
+      g_assert_no_error (error);
+      dx = gmlp_grouped_mlp_backward (mlp, saved, dy, &error);
+      g_assert_no_error (error);
+      g_assert_cmpuint (gmlp_grouped_linear_get_pending_wgrads (fc1), ==, 1);
+      g_assert_cmpuint (gmlp_grouped_linear_get_pending_wgrads (fc2), ==, 1);
+
+      if (what == 0)
+        {
+          g_assert_true (gmlp_grouped_linear_backward_dw (fc1, &error));
+          g_assert_no_error (error);
+        }
+      else
+        {
+          g_assert_true (gmlp_grouped_tensor_fill_zero (x, NULL));
+        }
+      gradient_bytes (mlp, before);
+
+      g_assert_false (gmlp_grouped_mlp_backward_dw (mlp, &error));
+      g_assert_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_STATE);
+      if (what == 1 && strstr (error->message, "input") == NULL)
+        g_error ("The error does not name the input: %s", error->message);
+      g_clear_error (&error);
+      g_assert_cmpuint (gmlp_grouped_linear_get_pending_wgrads (fc2), ==, 1);
+      g_assert_cmpuint (gmlp_grouped_linear_get_pending_wgrads (fc1), ==, what == 0 ? 0 : 1);
+      assert_gradients_unchanged (mlp, before);
+      gradient_bytes_clear (before);
+    }
+}
+
 int
 main (int argc, char *argv[])
 {
@@ -531,6 +825,9 @@ main (int argc, char *argv[])
   g_test_add_func ("/Gmlp/GroupedMLP/gradient-check", test_gradient_check);
   g_test_add_func ("/Gmlp/GroupedMLP/bad-input", test_bad_input);
   g_test_add_func ("/Gmlp/GroupedMLP/device-sizes-unsupported", test_device_sizes_unsupported);
+  g_test_add_func ("/Gmlp/GroupedMLP/versions", test_versions);
+  g_test_add_func ("/Gmlp/GroupedMLP/backward-no-partial-write", test_backward_no_partial_write);
+  g_test_add_func ("/Gmlp/GroupedMLP/backward-dw-no-partial-write", test_backward_dw_no_partial_write);
 
   return g_test_run ();
 }

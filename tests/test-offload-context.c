@@ -405,6 +405,142 @@ test_device_mismatch (void)
   g_assert_true (gmlp_offload_context_pop_thread_default (ctx, NULL));
 }
 
+/* What a backward reports about a write to its input or weights since the
+ * forward: the same error, word for word, with or without offload (where
+ * the backward reads the host copy, which no write reaches). */
+static char *
+backward_after_write (GmlpDevice *device, gboolean offload, guint what, GmlpLinearFlags extra)
+{
+  g_autoptr(GmlpOffloadContext) ctx = gmlp_offload_context_new (device, NULL);
+  g_autoptr(GmlpGroupedLinear) layer = new_layer (device, GMLP_DTYPE_FLOAT32, extra, 4);
+  g_autoptr(GmlpGroupedTensor) x = NULL, dy = NULL, y = NULL, dx = NULL;
+  g_autoptr(GmlpSavedActivations) saved = NULL;
+  g_autoptr(GError) error = NULL;
+  gint64 rows[N_GROUPS] = { 5, 0, 7, 2 };
+  gboolean delayed = (extra & GMLP_LINEAR_DELAY_WGRAD_COMPUTE) != 0;
+  gboolean ok;
+
+  x = gmlp_test_random_tensor (device, GMLP_DTYPE_FLOAT32, rows, N_GROUPS, HIDDEN, 1.0, NULL);
+  dy = gmlp_test_random_tensor (device, GMLP_DTYPE_FLOAT32, rows, N_GROUPS, HIDDEN, 1.0, NULL);
+  if (offload)
+    gmlp_offload_context_push_thread_default (ctx, TRUE);
+  saved = forward (layer, x, &y);
+  if (offload)
+    {
+      g_assert_true (gmlp_offload_context_pop_thread_default (ctx, NULL));
+      gmlp_offload_context_flush (ctx);
+      g_assert_cmpuint (gmlp_saved_activations_get_nbytes (saved), ==, 0);
+    }
+  if (delayed)
+    {
+      dx = gmlp_grouped_linear_backward (layer, saved, dy, &error);
+      g_assert_no_error (error);
+    }
+
+  if (what == 0)
+    g_assert_true (gmlp_grouped_tensor_fill_zero (x, NULL));
+  else
+    g_assert_true (gmlp_grouped_linear_init_parameters (layer, 77, NULL));
+
+  if (delayed)
+    {
+      ok = gmlp_grouped_linear_backward_dw (layer, &error);
+      g_assert_cmpuint (gmlp_grouped_linear_get_pending_wgrads (layer), ==, ok ? 0 : 1);
+      /* None computed yet: there are none to read. */
+      g_assert_true (gmlp_grouped_linear_get_wgrad (layer) == NULL || ok);
+    }
+  else
+    {
+      dx = gmlp_grouped_linear_backward (layer, saved, dy, &error);
+      ok = dx != NULL;
+      g_assert_true (gmlp_saved_activations_is_consumed (saved) == ok);
+      g_assert_true (gmlp_grouped_linear_get_wgrad (layer) == NULL || ok);
+    }
+  if (ok)
+    return NULL;
+  g_assert_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_STATE);
+  return g_strdup (error->message);
+}
+
+static void
+test_versions (void)
+{
+  g_autoptr(GmlpDevice) device = gmlp_test_device_or_skip ();
+  guint what, delayed;
+
+  if (device == NULL)
+    return;
+
+  for (delayed = 0; delayed < 2; delayed++)
+    for (what = 0; what < 2; what++)
+      {
+        GmlpLinearFlags extra = delayed ? GMLP_LINEAR_DELAY_WGRAD_COMPUTE : 0;
+        g_autofree char *plain = backward_after_write (device, FALSE, what, extra);
+        g_autofree char *offloaded = backward_after_write (device, TRUE, what, extra);
+
+        /* The weights are not read by a delayed weight gradient. */
+        if (delayed && what == 1)
+          {
+            g_assert_null (plain);
+            g_assert_null (offloaded);
+            continue;
+          }
+        g_assert_nonnull (plain);
+        g_assert_cmpstr (plain, ==, offloaded);
+      }
+}
+
+/* A backward that fails after the reload (group sizes that are not the
+ * forward's) leaves the activations usable: the retry gives the bits of a
+ * backward without offload. */
+static void
+test_retry_after_reload (void)
+{
+  g_autoptr(GmlpDevice) device = gmlp_test_device_or_skip ();
+  g_autoptr(GmlpOffloadContext) ctx = NULL;
+  g_autoptr(GmlpGroupedLinear) layer = NULL;
+  g_autoptr(GmlpGroupedTensor) x = NULL, dy = NULL, dy_other = NULL, y = NULL, dx = NULL, dx_ref = NULL;
+  g_autoptr(GmlpSavedActivations) saved = NULL;
+  g_autoptr(GBytes) wgrad_ref = NULL, wgrad = NULL;
+  g_autoptr(GError) error = NULL;
+  gint64 rows[N_GROUPS] = { 3, 8, 0, 6 };
+  gint64 rows_other[N_GROUPS] = { 3, 7, 1, 6 };
+
+  if (device == NULL)
+    return;
+
+  ctx = gmlp_offload_context_new (device, NULL);
+  layer = new_layer (device, GMLP_DTYPE_BFLOAT16, 0, 6);
+  x = gmlp_test_random_tensor (device, GMLP_DTYPE_BFLOAT16, rows, N_GROUPS, HIDDEN, 1.0, NULL);
+  dy = gmlp_test_random_tensor (device, GMLP_DTYPE_BFLOAT16, rows, N_GROUPS, HIDDEN, 1.0, NULL);
+  dy_other = gmlp_test_random_tensor (device, GMLP_DTYPE_BFLOAT16, rows_other, N_GROUPS, HIDDEN, 1.0, NULL);
+
+  saved = forward (layer, x, &y);
+  dx_ref = gmlp_grouped_linear_backward (layer, saved, dy, &error);
+  g_assert_no_error (error);
+  wgrad_ref = gmlp_grouped_tensor_to_bytes (gmlp_grouped_linear_get_wgrad (layer), NULL);
+  g_clear_object (&saved);
+  g_clear_object (&y);
+
+  gmlp_offload_context_push_thread_default (ctx, TRUE);
+  saved = forward (layer, x, &y);
+  g_assert_true (gmlp_offload_context_pop_thread_default (ctx, NULL));
+  gmlp_offload_context_flush (ctx);
+  g_assert_cmpuint (gmlp_saved_activations_get_host_nbytes (saved), >, 0);
+  g_assert_true (gmlp_grouped_tensor_fill_zero (gmlp_grouped_linear_get_wgrad (layer), NULL));
+
+  g_assert_null (gmlp_grouped_linear_backward (layer, saved, dy_other, &error));
+  g_assert_error (error, GMLP_ERROR, GMLP_ERROR_SHAPE_MISMATCH);
+  g_clear_error (&error);
+  g_assert_false (gmlp_saved_activations_is_consumed (saved));
+
+  dx = gmlp_grouped_linear_backward (layer, saved, dy, &error);
+  g_assert_no_error (error);
+  gmlp_test_assert_same_bytes (dx, dx_ref, "dx after a retry");
+  wgrad = gmlp_grouped_tensor_to_bytes (gmlp_grouped_linear_get_wgrad (layer), NULL);
+  g_assert_true (g_bytes_equal (wgrad, wgrad_ref));
+}
+
 int
 main (int argc, char *argv[])
 {
@@ -416,6 +552,8 @@ main (int argc, char *argv[])
   g_test_add_func ("/Gmlp/OffloadContext/bit-identical", test_bit_identical);
   g_test_add_func ("/Gmlp/OffloadContext/microbatches-and-prefetch", test_microbatches_and_prefetch);
   g_test_add_func ("/Gmlp/OffloadContext/device-mismatch", test_device_mismatch);
+  g_test_add_func ("/Gmlp/OffloadContext/versions", test_versions);
+  g_test_add_func ("/Gmlp/OffloadContext/retry-after-reload", test_retry_after_reload);
 
   return g_test_run ();
 }
