@@ -389,8 +389,13 @@ GmlpDevice *
 gmlp_device_new_from_string (const char  *spec,
                              GError     **error)
 {
+  g_autofree char *shown = NULL;
+
   g_return_val_if_fail (spec != NULL, NULL);
   g_return_val_if_fail (error == NULL || *error == NULL, NULL);
+
+  /* Messages are UTF-8, whatever the caller passed. */
+  shown = g_utf8_make_valid (spec, -1);
 
   if (g_ascii_strcasecmp (spec, "cpu") == 0)
     return gmlp_device_new (GMLP_DEVICE_KIND_CPU, 0, error);
@@ -403,14 +408,14 @@ gmlp_device_new_from_string (const char  *spec,
       if (!g_ascii_string_to_unsigned (spec + 5, 10, 0, G_MAXINT16, &ordinal, NULL))
         {
           g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
-                       "Invalid device ordinal in \"%s\"", spec);
+                       "Invalid device ordinal in \"%s\"", shown);
           return NULL;
         }
       return gmlp_device_new (GMLP_DEVICE_KIND_CUDA, (int) ordinal, error);
     }
 
   g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
-               "Invalid device \"%s\": expected cpu, cuda or cuda:N", spec);
+               "Invalid device \"%s\": expected cpu, cuda or cuda:N", shown);
   return NULL;
 }
 

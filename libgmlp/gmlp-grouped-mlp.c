@@ -566,10 +566,13 @@ gmlp_grouped_mlp_new_full (GmlpDevice       *device,
   g_return_val_if_fail (error == NULL || *error == NULL, NULL);
 
   if (hidden < 0 || hidden > G_MAXINT32 || ffn_hidden < 0 || ffn_hidden > G_MAXINT32 ||
-      gmlp_dtype_get_size (dtype) == 0 || (guint) activation > GMLP_ACTIVATION_GEGLU)
+      gmlp_dtype_get_size (dtype) == 0 || (guint) activation > GMLP_ACTIVATION_GEGLU ||
+      (flags & ~(GMLP_LINEAR_BIAS | GMLP_LINEAR_SINGLE_GROUPED_WEIGHT |
+                 GMLP_LINEAR_FUSE_WGRAD_ACCUMULATION | GMLP_LINEAR_DELAY_WGRAD_COMPUTE |
+                 GMLP_LINEAR_RECOMPUTE_ACTIVATION)) != 0)
     {
       g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
-                   "Invalid GroupedMLP arguments (sizes, dtype or activation)");
+                   "Invalid GroupedMLP arguments (sizes, dtype, activation or flags)");
       return NULL;
     }
 
@@ -912,7 +915,7 @@ gmlp_grouped_mlp_forward (GmlpGroupedMLP        *self,
                           GmlpSavedActivations **saved,
                           GError               **error)
 {
-  gboolean recompute = (self->flags & GMLP_LINEAR_RECOMPUTE_ACTIVATION) != 0;
+  gboolean recompute;
   g_autoptr(GmlpSavedActivations) s1 = NULL, s2 = NULL, own = NULL;
   g_autoptr(GmlpGroupedTensor) h = NULL, a = NULL, y = NULL;
   GmlpQuantizer *fc2_quantizer;
@@ -921,6 +924,8 @@ gmlp_grouped_mlp_forward (GmlpGroupedMLP        *self,
   g_return_val_if_fail (GMLP_IS_GROUPED_MLP (self), NULL);
   g_return_val_if_fail (GMLP_IS_GROUPED_TENSOR (input), NULL);
   g_return_val_if_fail (error == NULL || *error == NULL, NULL);
+
+  recompute = (self->flags & GMLP_LINEAR_RECOMPUTE_ACTIVATION) != 0;
 
   if (!gmlp_check_constructed (self, self->construct_error, error) ||
       !gmlp_grouped_tensor_check_usable (input, error))

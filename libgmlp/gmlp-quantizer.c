@@ -356,8 +356,9 @@ gmlp_quantizer_init (GmlpQuantizer *self)
  * @format: the FP8 format
  * @role: what the quantizer quantizes
  *
- * Creates a quantizer (one with %GMLP_SCALING_RECIPE_NONE quantizes
- * nothing); the other settings ([property@Gmlp.Quantizer:columnwise],
+ * Creates a quantizer (one with %GMLP_SCALING_RECIPE_NONE, or with a value
+ * outside an enumeration, quantizes nothing: its methods fail with
+ * %GMLP_ERROR_INVALID_ARGUMENT); the other settings ([property@Gmlp.Quantizer:columnwise],
  * [property@Gmlp.Quantizer:amax-history-length],
  * [property@Gmlp.Quantizer:margin],
  * [property@Gmlp.Quantizer:power-of-2-scales]) are properties, for
@@ -373,7 +374,22 @@ gmlp_quantizer_new (GmlpDevice        *device,
                     GmlpFp8Format      format,
                     GmlpQuantizerRole  role)
 {
+  GmlpQuantizer *self;
+
   g_return_val_if_fail (GMLP_IS_DEVICE (device), NULL);
+
+  /* Values outside the enumerations would be GObject's warnings; they are
+   * the quantizer's error instead, which its methods report. */
+  if ((guint) recipe > GMLP_SCALING_RECIPE_MXFP8 || (guint) format > GMLP_FP8_FORMAT_HYBRID ||
+      (guint) role > GMLP_QUANTIZER_ROLE_GRAD_OUTPUT)
+    {
+      self = g_object_new (GMLP_TYPE_QUANTIZER, "device", device, NULL);
+      if (self->construct_error == NULL)
+        g_set_error (&self->construct_error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
+                     "Invalid quantizer settings: recipe %d, format %d, role %d",
+                     (int) recipe, (int) format, (int) role);
+      return self;
+    }
 
   return g_object_new (GMLP_TYPE_QUANTIZER,
                        "device", device,
@@ -740,11 +756,13 @@ gmlp_quantizer_save_state (GmlpQuantizer  *self,
   g_autoptr(GBytes) bytes = NULL;
   const float *values = NULL;
   GVariantBuilder builder;
-  guint stride = gmlp_quant_state_stride (self->amax_history_length);
+  guint stride;
   guint n_groups = 0;
 
   g_return_val_if_fail (GMLP_IS_QUANTIZER (self), NULL);
   g_return_val_if_fail (error == NULL || *error == NULL, NULL);
+
+  stride = gmlp_quant_state_stride (self->amax_history_length);
 
   if (self->state != NULL)
     {
@@ -871,7 +889,7 @@ gmlp_quantizer_restore_state (GmlpQuantizer  *self,
   g_autoptr(GBytes) bytes = NULL;
   g_autofree float *rows = NULL;
   const char *own_recipe, *own_dtype;
-  guint stride = gmlp_quant_state_stride (self->amax_history_length);
+  guint stride;
   guint n_groups;
   gint64 n;
   GmlpGroupedTensor *restored;
@@ -882,6 +900,7 @@ gmlp_quantizer_restore_state (GmlpQuantizer  *self,
 
   if (!gmlp_check_constructed (self, self->construct_error, error))
     return FALSE;
+  stride = gmlp_quant_state_stride (self->amax_history_length);
 
   if (!g_variant_is_of_type (state, G_VARIANT_TYPE_VARDICT))
     {

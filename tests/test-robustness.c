@@ -232,6 +232,7 @@ test_construct_linear (void)
   g_assert_null (gmlp_grouped_linear_get_weight (bad));
   g_assert_null (gmlp_grouped_linear_get_weight_member (bad, 0));
   g_assert_null (gmlp_grouped_linear_get_weight_member (layer, 99));
+  g_assert_null (gmlp_grouped_linear_get_quantizer (layer, 99));
 }
 
 /* GroupedMLP from g_object_new(): complete; a second init keeps the layers
@@ -348,6 +349,24 @@ test_construct_others (void)
   q = gmlp_quantizer_quantize (quantizer, x, &error);
   g_assert_no_error (error);
   g_assert_true (gmlp_dtype_is_fp8 (gmlp_grouped_tensor_get_dtype (q)));
+
+  /* Values outside the enumerations: the quantizer's error, not GObject's
+   * warning, and no critical from the getters. */
+  g_clear_object (&quantizer);
+  quantizer = gmlp_quantizer_new (device, 99, GMLP_FP8_FORMAT_HYBRID, GMLP_QUANTIZER_ROLE_INPUT);
+  g_clear_object (&q);
+  q = gmlp_quantizer_quantize (quantizer, x, &error);
+  g_assert_null (q);
+  g_assert_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT);
+  g_clear_error (&error);
+  g_assert_null (gmlp_grouped_mlp_new_full (device, 2, 8, 8, GMLP_ACTIVATION_GELU, GMLP_DTYPE_FLOAT32,
+                                            0xff, &error));
+  g_assert_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT);
+  g_clear_error (&error);
+  g_assert_null (gmlp_device_new_from_string ("\xff\xfe", &error));
+  g_assert_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT);
+  g_assert_true (g_utf8_validate (error->message, -1, NULL));
+  g_clear_error (&error);
 
   context = g_object_new (GMLP_TYPE_OFFLOAD_CONTEXT, NULL);
   g_assert_nonnull (gmlp_offload_context_get_device (context));
