@@ -130,8 +130,10 @@ elementwise_kernel (const __grid_constant__ ElementwiseParams p)
       {
         if (kSumSquares)
           {
-            float v = gmlp_num_load_float (x, p.x_dtype, i);
-            sum += (double) (v * v);
+            /* Squared in FP64 as the CPU does: a float square overflows
+             * past 1.8e19. */
+            double v = gmlp_num_load_float (x, p.x_dtype, i);
+            sum += v * v;
           }
         else
           {
