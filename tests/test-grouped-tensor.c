@@ -850,6 +850,62 @@ test_sum_squares_range (void)
       }
 }
 
+/* On a GPU, scale, add_scaled (no product fused into a sum) and INT64 to
+ * INT32 give the CPU backend's bits, from the same fresh random inputs. */
+static void
+test_same_as_cpu (void)
+{
+  static const GmlpDType dtypes[] = { GMLP_DTYPE_FLOAT32, GMLP_DTYPE_FLOAT16, GMLP_DTYPE_BFLOAT16 };
+  g_autoptr(GmlpDevice) device = gmlp_test_device_or_skip ();
+  g_autoptr(GmlpDevice) cpu = gmlp_device_new (GMLP_DEVICE_KIND_CPU, 0, NULL);
+  guint a, b;
+
+  if (device == NULL)
+    return;
+  if (gmlp_device_get_kind (device) == GMLP_DEVICE_KIND_CPU)
+    {
+      g_test_skip ("compares another device with the CPU");
+      return;
+    }
+
+  for (a = 0; a < G_N_ELEMENTS (dtypes); a++)
+    for (b = 0; b < G_N_ELEMENTS (dtypes); b++)
+      {
+        guint n = g_test_rand_int_range (1, 9);
+        gint64 cols = g_test_rand_int_range (1, 300);
+        g_autofree gint64 *rows = gmlp_test_random_rows (n, 300);
+        gsize count = (gsize) sum_rows (rows, n) * cols;
+        g_autoptr(GBytes) yb = gmlp_test_random_bytes (dtypes[a], count, 3.0, FALSE);
+        g_autoptr(GBytes) xb = gmlp_test_random_bytes (dtypes[b], count, 3.0, FALSE);
+        g_autoptr(GmlpGroupedTensor) y = upload (device, dtypes[a], rows, n, cols, yb);
+        g_autoptr(GmlpGroupedTensor) x = upload (device, dtypes[b], rows, n, cols, xb);
+        g_autoptr(GmlpGroupedTensor) y_cpu = upload (cpu, dtypes[a], rows, n, cols, yb);
+        g_autoptr(GmlpGroupedTensor) x_cpu = upload (cpu, dtypes[b], rows, n, cols, xb);
+        g_autoptr(GBytes) got = NULL, want = NULL;
+        double alpha = g_test_rand_double_range (-3.0, 3.0), beta = g_test_rand_double_range (-3.0, 3.0);
+
+        g_assert_true (gmlp_grouped_tensor_add_scaled (y, alpha, x, NULL));
+        g_assert_true (gmlp_grouped_tensor_add_scaled (y_cpu, alpha, x_cpu, NULL));
+        g_assert_true (gmlp_grouped_tensor_scale (y, beta, NULL));
+        g_assert_true (gmlp_grouped_tensor_scale (y_cpu, beta, NULL));
+        got = download (y);
+        want = download (y_cpu);
+        assert_bytes_equal (got, want);
+      }
+
+  {
+    gint64 rows[] = { 40, 0, 300 };
+    g_autoptr(GBytes) in = gmlp_test_random_bytes (GMLP_DTYPE_INT64, 340 * 7, 1.0, FALSE);
+    g_autoptr(GmlpGroupedTensor) t = upload (device, GMLP_DTYPE_INT64, rows, 3, 7, in);
+    g_autoptr(GmlpGroupedTensor) t_cpu = upload (cpu, GMLP_DTYPE_INT64, rows, 3, 7, in);
+    g_autoptr(GmlpGroupedTensor) c = gmlp_grouped_tensor_convert (t, GMLP_DTYPE_INT32, NULL);
+    g_autoptr(GmlpGroupedTensor) c_cpu = gmlp_grouped_tensor_convert (t_cpu, GMLP_DTYPE_INT32, NULL);
+    g_autoptr(GBytes) got = download (c), want = download (c_cpu);
+
+    assert_bytes_equal (got, want);
+  }
+}
+
 /* DLPack export: a 2-D view of the storage that keeps the tensor alive;
  * padded, device-sized and FP8 tensors are refused. */
 static void
@@ -917,6 +973,7 @@ main (int argc, char *argv[])
   g_test_add_func ("/Gmlp/GroupedTensor/convert-int64-saturates", test_convert_int64_saturates);
   g_test_add_func ("/Gmlp/GroupedTensor/scalar-range", test_scalar_range);
   g_test_add_func ("/Gmlp/GroupedTensor/sum-squares-range", test_sum_squares_range);
+  g_test_add_func ("/Gmlp/GroupedTensor/same-as-cpu", test_same_as_cpu);
 
   return g_test_run ();
 }
