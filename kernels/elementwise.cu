@@ -12,6 +12,7 @@
  * SPDX-License-Identifier: LGPL-2.1-or-later
  */
 
+#include "gmlp-activation-numeric.h"
 #include "gmlp-kernels.h"
 #include "impls/common.cuh"
 
@@ -130,14 +131,17 @@ elementwise_kernel (const __grid_constant__ ElementwiseParams p)
       {
         if (kSumSquares)
           {
-            float v = gmlp_num_load_float (x, p.x_dtype, i);
-            sum += (double) (v * v);
+            /* Squared in FP64 as the CPU does: a float square overflows
+             * past 1.8e19. */
+            double v = gmlp_num_load_float (x, p.x_dtype, i);
+            sum += v * v;
           }
         else
           {
-            float v = p.beta * gmlp_num_load_float (y, p.y_dtype, i);
+            /* Rounded products and sum, never an FMA: the CPU's bits. */
+            float v = gmlp_act_mul (p.beta, gmlp_num_load_float (y, p.y_dtype, i));
             if (p.x != NULL)
-              v += p.alpha * gmlp_num_load_float (x, p.x_dtype, i);
+              v = gmlp_act_add (v, gmlp_act_mul (p.alpha, gmlp_num_load_float (x, p.x_dtype, i)));
             gmlp_num_store_float (y, p.y_dtype, i, v);
           }
       }

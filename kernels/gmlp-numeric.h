@@ -210,6 +210,18 @@ gmlp_num_e5m2_to_float (uint8_t b)
   return gmlp_num_fp8_to_float (b, 2u, 15, 1);
 }
 
+/* INT64 to INT32, saturating: values beyond the INT32 range become its
+ * nearest end, as conversions to FP8 saturate, rather than wrap. */
+GMLP_HD int32_t
+gmlp_num_int64_to_int32 (int64_t v)
+{
+  if (v > 2147483647)
+    return 2147483647;
+  if (v < -2147483647 - 1)
+    return -2147483647 - 1;
+  return (int32_t) v;
+}
+
 /* Loads element i of a floating-point array of the given dtype as float. */
 GMLP_HD float
 gmlp_num_load_float (const void *p, int dtype, uint64_t i)

@@ -5,8 +5,10 @@
 
 #include "config.h"
 
-#include "gmlp-dtype.h"
+#include <math.h>
 
+#include "gmlp-dtype-private.h"
+#include "gmlp-error.h"
 #include "gmlp-numeric.h"
 
 G_STATIC_ASSERT ((int) GMLP_DTYPE_FLOAT32 == (int) GMLP_NUM_FLOAT32);
@@ -88,9 +90,11 @@ gmlp_dtype_is_fp8 (GmlpDType dtype)
  * @from: the source type
  * @to: the destination type
  *
- * Whether [method@Gmlp.GroupedTensor.convert] supports this pair: any
- * floating type to any floating type, INT32 and INT64 to each other, and any
- * type to itself.
+ * Whether [method@Gmlp.GroupedTensor.convert] supports this pair for a
+ * tensor without scales: any floating type to any floating type, INT32 and
+ * INT64 to each other (INT64 to INT32 saturating), and any type to itself.
+ * A tensor made by a [class@Gmlp.Quantizer] converts to FP32, FP16 and
+ * BF16 only, with its scales applied.
  *
  * Returns: %TRUE if the conversion is supported
  *
@@ -105,6 +109,39 @@ gmlp_dtype_can_convert (GmlpDType from,
   return from == to ||
          (gmlp_dtype_is_floating (from) && gmlp_dtype_is_floating (to)) ||
          (!gmlp_dtype_is_floating (from) && !gmlp_dtype_is_floating (to));
+}
+
+gboolean
+gmlp_dtype_narrow_double (double           value,
+                          const char      *name,
+                          GmlpNarrowFlags  flags,
+                          float           *out,
+                          GError         **error)
+{
+  double magnitude = fabs (value);
+  const char *why = NULL;
+
+  if (isnan (value))
+    why = "it must be a number";
+  else if (value < 0.0 && (flags & GMLP_NARROW_NOT_NEGATIVE) != 0)
+    why = "it must not be negative";
+  else if (isinf (value))
+    why = (flags & GMLP_NARROW_INFINITY) != 0 ? NULL : "it must be finite";
+  else if (magnitude > G_MAXFLOAT)
+    why = "beyond the float range (3.4e38), it would become infinite";
+  else if (magnitude != 0.0 && magnitude < G_MINFLOAT &&
+           ((flags & GMLP_NARROW_SUBNORMAL) == 0 || (float) magnitude == 0.0f))
+    why = (flags & GMLP_NARROW_SUBNORMAL) != 0
+          ? "below the smallest float (1.4e-45), it would become 0"
+          : "below the float range (1.2e-38), it would lose its precision or become 0";
+
+  if (why != NULL)
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT, "%s is %g: %s", name, value, why);
+      return FALSE;
+    }
+  *out = (float) value;
+  return TRUE;
 }
 
 /**

@@ -31,7 +31,11 @@ G_BEGIN_DECLS
  * Conversions to FP8 saturate as the OCP 8-bit floating point specification's
  * saturation mode (and CUDA's `satfinite`) does: finite values and infinities
  * beyond the largest finite value become that value with their sign; NaN stays
- * NaN (`0x7f` with the sign bit of the input).
+ * NaN (`0x7f` with the sign bit of the input). Conversions to FP16, BF16 and
+ * FP32 follow IEEE 754: values beyond the range become infinities.
+ *
+ * INT64 to INT32 saturates too: values beyond the INT32 range become
+ * %G_MININT32 or %G_MAXINT32, never a wrapped value. INT32 to INT64 is exact.
  *
  * Since: 0.1
  */

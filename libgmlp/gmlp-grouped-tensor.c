@@ -12,6 +12,7 @@
 
 #include "gmlp-grouped-tensor-private.h"
 #include "gmlp-dlpack-private.h"
+#include "gmlp-dtype-private.h"
 #include "gmlp-enum-types.h"
 #include "gmlp-error.h"
 #include "gmlp-error-private.h"
@@ -1090,6 +1091,12 @@ gmlp_grouped_tensor_to_bytes (GmlpGroupedTensor  *self,
   return g_bytes_new_take (g_realloc (g_steal_pointer (&host), MAX (packed, 1)), packed);
 }
 
+/* Quantized tensors and their scales (at the end of this file). */
+static gboolean           is_scaled      (GmlpGroupedTensor  *self);
+static GmlpGroupedTensor *convert_scaled (GmlpGroupedTensor  *self,
+                                          GmlpDType           dtype,
+                                          GError            **error);
+
 /**
  * gmlp_grouped_tensor_convert:
  * @self: a #GmlpGroupedTensor
@@ -1099,11 +1106,22 @@ gmlp_grouped_tensor_to_bytes (GmlpGroupedTensor  *self,
  * Converts every element to @dtype into a new tensor of the same group sizes
  * on the same device, in one launch. Floating-point conversions round to
  * nearest even and saturate FP8 as described for [enum@Gmlp.DType]; INT32 and
- * INT64 convert to each other.
+ * INT64 convert to each other, INT64 saturating to the INT32 range.
+ *
+ * A tensor made by a [class@Gmlp.Quantizer] means its FP8 values times its
+ * scales, and converts as such: to %GMLP_DTYPE_FLOAT32,
+ * %GMLP_DTYPE_FLOAT16 or %GMLP_DTYPE_BFLOAT16 with its scales applied,
+ * exactly as [method@Gmlp.GroupedTensor.dequantize] does (per-tensor,
+ * blockwise and MXFP8 scales alike). To any other type it is refused, as
+ * is its columnwise copy (convert the rowwise tensor) and the E8M0 scale
+ * tensor of an MXFP8 tensor (read it with
+ * [method@Gmlp.GroupedTensor.to_bytes]): FP8 bits without their scales
+ * mean nothing, so to requantize, convert to a floating type and quantize
+ * that with a [class@Gmlp.Quantizer].
  *
  * Returns: (transfer full): the converted tensor, or %NULL with
  *   %GMLP_ERROR_UNSUPPORTED for a conversion between integer and floating
- *   types
+ *   types, or one that the scales of @self forbid
  *
  * Since: 0.1
  */
@@ -1121,6 +1139,8 @@ gmlp_grouped_tensor_convert (GmlpGroupedTensor  *self,
   if (!gmlp_grouped_tensor_check_usable (self, error))
     return NULL;
 
+  if (is_scaled (self))
+    return convert_scaled (self, dtype, error);
   if (!gmlp_dtype_can_convert (self->dtype, dtype))
     {
       g_set_error (error, GMLP_ERROR, GMLP_ERROR_UNSUPPORTED,
@@ -1239,7 +1259,8 @@ gmlp_grouped_tensor_fill_zero (GmlpGroupedTensor  *self,
  * gmlp_grouped_tensor_fill_random:
  * @self: a #GmlpGroupedTensor
  * @seed: the seed
- * @scale: the half-width of the distribution
+ * @scale: the half-width of the distribution, taken as a float: 0, or
+ *   from 2^-126 (%G_MINFLOAT) to %G_MAXFLOAT
  * @error: return location for a #GError
  *
  * Fills the tensor with values drawn uniformly from [-@scale, @scale), for
@@ -1248,8 +1269,8 @@ gmlp_grouped_tensor_fill_zero (GmlpGroupedTensor  *self,
  * same tensor.
  *
  * Returns: %TRUE on success; %FALSE with %GMLP_ERROR_UNSUPPORTED for integer
- *   tensors, or %GMLP_ERROR_INVALID_ARGUMENT for a scale that is negative or
- *   not finite
+ *   tensors, or %GMLP_ERROR_INVALID_ARGUMENT for a scale that is negative,
+ *   NaN or infinite, or that a float cannot hold
  *
  * Since: 0.1
  */
@@ -1259,6 +1280,7 @@ gmlp_grouped_tensor_fill_random (GmlpGroupedTensor  *self,
                                  double              scale,
                                  GError            **error)
 {
+  float half_width;
   gsize elem;
 
   g_return_val_if_fail (GMLP_IS_GROUPED_TENSOR (self), FALSE);
@@ -1274,17 +1296,13 @@ gmlp_grouped_tensor_fill_random (GmlpGroupedTensor  *self,
                    gmlp_dtype_get_name (self->dtype));
       return FALSE;
     }
-  if (!(scale >= 0.0 && scale <= G_MAXFLOAT))
-    {
-      g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
-                   "The scale must be finite and not negative, not %g", scale);
-      return FALSE;
-    }
+  if (!gmlp_dtype_narrow_double (scale, "scale", GMLP_NARROW_NOT_NEGATIVE, &half_width, error))
+    return FALSE;
 
   elem = gmlp_dtype_get_size (self->dtype);
   gmlp_grouped_tensor_bump_version (self);
   return GMLP_DEVICE_CALL (self->device, fill_random, gmlp_grouped_tensor_get_data (self),
-                           (int) self->dtype, self->nbytes / elem, seed, (float) scale, error);
+                           (int) self->dtype, self->nbytes / elem, seed, half_width, error);
 }
 
 /**
@@ -1634,35 +1652,26 @@ check_arithmetic_dtype (GmlpGroupedTensor  *self,
   return TRUE;
 }
 
-static gboolean
-check_arithmetic_scale (double   alpha,
-                        GError **error)
-{
-  if (!isfinite (alpha))
-    {
-      g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
-                   "The scale factor must be finite, not %g", alpha);
-      return FALSE;
-    }
-  return TRUE;
-}
-
 /**
  * gmlp_grouped_tensor_add_scaled:
  * @self: the tensor to update
- * @alpha: the factor
+ * @alpha: the factor, applied as a float: 0, or finite with a magnitude
+ *   from 2^-126 (%G_MINFLOAT) to %G_MAXFLOAT
  * @other: a tensor of the same group sizes and columns on the same device;
  *   its dtype may differ (for example an FP32 gradient into BF16 weights)
  * @error: return location for a #GError
  *
  * Computes `self += alpha × other` element by element, in FP32, stream-ordered
  * and in one launch: the update step of a plain SGD optimizer, or the
- * difference of two outputs.
+ * difference of two outputs. A factor that a float cannot hold (NaN, an
+ * infinity, a magnitude past %G_MAXFLOAT or a nonzero one below
+ * %G_MINFLOAT) is refused rather than rounded to infinity or 0. Products
+ * that overflow FP32 give infinities, as FP32 arithmetic does.
  *
  * Returns: %TRUE on success; %FALSE with %GMLP_ERROR_SHAPE_MISMATCH,
- *   %GMLP_ERROR_INVALID_ARGUMENT (another device, a factor that is not
- *   finite) or %GMLP_ERROR_UNSUPPORTED (integer or FP8 tensors), with @self
- *   unchanged
+ *   %GMLP_ERROR_INVALID_ARGUMENT (another device, a factor that a float
+ *   cannot hold) or %GMLP_ERROR_UNSUPPORTED (integer or FP8 tensors), with
+ *   @self unchanged
  *
  * Since: 0.1
  */
@@ -1673,6 +1682,7 @@ gmlp_grouped_tensor_add_scaled (GmlpGroupedTensor  *self,
                                 GError            **error)
 {
   GmlpBackendShape shape;
+  float factor;
   guint g;
 
   g_return_val_if_fail (GMLP_IS_GROUPED_TENSOR (self), FALSE);
@@ -1684,7 +1694,7 @@ gmlp_grouped_tensor_add_scaled (GmlpGroupedTensor  *self,
     return FALSE;
 
   if (!check_arithmetic_dtype (self, error) || !check_arithmetic_dtype (other, error) ||
-      !check_arithmetic_scale (alpha, error))
+      !gmlp_dtype_narrow_double (alpha, "alpha", GMLP_NARROW_DEFAULT, &factor, error))
     return FALSE;
   if (other->device != self->device)
     {
@@ -1705,7 +1715,7 @@ gmlp_grouped_tensor_add_scaled (GmlpGroupedTensor  *self,
   gmlp_grouped_tensor_bump_version (self);
   return GMLP_DEVICE_CALL (self->device, axpby, &shape, gmlp_grouped_tensor_get_data (other),
                            (int) other->dtype, gmlp_grouped_tensor_get_data (self), (int) self->dtype,
-                           (float) alpha, 1.0f, error);
+                           factor, 1.0f, error);
 
 mismatch:
   g_set_error (error, GMLP_ERROR, GMLP_ERROR_SHAPE_MISMATCH,
@@ -1716,14 +1726,17 @@ mismatch:
 /**
  * gmlp_grouped_tensor_scale:
  * @self: the tensor to update
- * @alpha: the factor
+ * @alpha: the factor, applied as a float: 0, or finite with a magnitude
+ *   from 2^-126 (%G_MINFLOAT) to %G_MAXFLOAT
  * @error: return location for a #GError
  *
- * Multiplies every element by @alpha, in FP32, stream-ordered.
+ * Multiplies every element by @alpha, in FP32, stream-ordered. A factor
+ * that a float cannot hold is refused, as for
+ * [method@Gmlp.GroupedTensor.add_scaled].
  *
  * Returns: %TRUE on success; %FALSE with %GMLP_ERROR_UNSUPPORTED for
  *   integer or FP8 tensors, or %GMLP_ERROR_INVALID_ARGUMENT for a factor that
- *   is not finite
+ *   a float cannot hold, with @self unchanged
  *
  * Since: 0.1
  */
@@ -1733,6 +1746,7 @@ gmlp_grouped_tensor_scale (GmlpGroupedTensor  *self,
                            GError            **error)
 {
   GmlpBackendShape shape;
+  float factor;
 
   g_return_val_if_fail (GMLP_IS_GROUPED_TENSOR (self), FALSE);
   g_return_val_if_fail (error == NULL || *error == NULL, FALSE);
@@ -1740,13 +1754,14 @@ gmlp_grouped_tensor_scale (GmlpGroupedTensor  *self,
   if (!gmlp_grouped_tensor_check_usable (self, error))
     return FALSE;
 
-  if (!check_arithmetic_dtype (self, error) || !check_arithmetic_scale (alpha, error) ||
+  if (!check_arithmetic_dtype (self, error) ||
+      !gmlp_dtype_narrow_double (alpha, "alpha", GMLP_NARROW_DEFAULT, &factor, error) ||
       !gmlp_grouped_tensor_get_backend_shape (self, &shape, error))
     return FALSE;
   gmlp_grouped_tensor_bump_version (self);
   return GMLP_DEVICE_CALL (self->device, axpby, &shape, NULL, (int) self->dtype,
                            gmlp_grouped_tensor_get_data (self), (int) self->dtype,
-                           0.0f, (float) alpha, error);
+                           0.0f, factor, error);
 }
 
 /**
@@ -1754,8 +1769,9 @@ gmlp_grouped_tensor_scale (GmlpGroupedTensor  *self,
  * @self: a #GmlpGroupedTensor
  * @error: return location for a #GError
  *
- * Sums the squares of the elements (a loss, or a norm), accumulating in
- * FP64 on the host side. Waits for the device.
+ * Sums the squares of the elements (a loss, or a norm), squaring and
+ * accumulating in FP64, so that no FP32 value's square overflows or
+ * vanishes. Waits for the device.
  *
  * Returns: the sum, or -1 with %GMLP_ERROR_UNSUPPORTED for integer or FP8
  *   tensors, or %GMLP_ERROR_INVALID_STATE while the device captures a graph
@@ -1891,8 +1907,9 @@ gmlp_grouped_tensor_to_dlpack (GmlpGroupedTensor  *self,
  * A tensor made by gmlp_quantizer_quantize() carries what its values mean:
  * the recipe, the scale-inverse tensor and, for the wgrad product, a
  * columnwise copy. They are kept as object data rather than in the instance
- * struct, so that plain tensors pay nothing for them; member views and
- * conversions of a quantized tensor are plain FP8 tensors. */
+ * struct, so that plain tensors pay nothing for them; member views of a
+ * quantized tensor are plain FP8 tensors, and convert() dequantizes it or
+ * refuses. */
 
 #include "gmlp-quantizer-private.h"
 #include "gmlp-quantize-numeric.h"
@@ -1908,6 +1925,10 @@ typedef struct {
 /* Internal linkage: the macro defines a function of the name declared here. */
 static GQuark quantized_info_quark (void);
 G_DEFINE_QUARK (gmlp-grouped-tensor-quantized, quantized_info)
+
+/* Marks the E8M0 scale tensor of an MXFP8 tensor: bytes typed E4M3. */
+static GQuark e8m0_scales_quark (void);
+G_DEFINE_QUARK (gmlp-grouped-tensor-e8m0-scales, e8m0_scales)
 
 static void
 quantized_info_free (gpointer data)
@@ -1943,6 +1964,8 @@ gmlp_grouped_tensor_set_quantized (GmlpGroupedTensor  *self,
   info->columnwise = columnwise != NULL ? g_object_ref (columnwise) : NULL;
   info->is_columnwise = is_columnwise;
   g_object_set_qdata_full (G_OBJECT (self), quantized_info_quark (), info, quantized_info_free);
+  if (recipe == GMLP_SCALING_RECIPE_MXFP8)
+    g_object_set_qdata (G_OBJECT (scale_inv), e8m0_scales_quark (), GINT_TO_POINTER (TRUE));
 }
 
 int
@@ -2183,6 +2206,44 @@ gmlp_grouped_tensor_dequantize (GmlpGroupedTensor  *self,
     return NULL;
 
   return g_steal_pointer (&result);
+}
+
+/* Whether convert() must go through convert_scaled(): the values of @self
+ * mean nothing without their scales, or are scales that are not values. */
+static gboolean
+is_scaled (GmlpGroupedTensor *self)
+{
+  return get_quantized_info (self) != NULL ||
+         g_object_get_qdata (G_OBJECT (self), e8m0_scales_quark ()) != NULL;
+}
+
+/* convert() of such a tensor: dequantized where the result is a floating
+ * type that can hold it, else an error that says what to do instead. */
+static GmlpGroupedTensor *
+convert_scaled (GmlpGroupedTensor  *self,
+                GmlpDType           dtype,
+                GError            **error)
+{
+  if (get_quantized_info (self) == NULL)
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_UNSUPPORTED,
+                   "This tensor holds the E8M0 scales of an MXFP8 tensor, bytes typed %s for "
+                   "want of an E8M0 type, not values to convert to %s: read them with "
+                   "gmlp_grouped_tensor_to_bytes()", gmlp_dtype_get_name (self->dtype),
+                   gmlp_dtype_get_name (dtype));
+      return NULL;
+    }
+  if (dtype != GMLP_DTYPE_FLOAT32 && dtype != GMLP_DTYPE_FLOAT16 && dtype != GMLP_DTYPE_BFLOAT16)
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_UNSUPPORTED,
+                   "Cannot convert a tensor quantized by a GmlpQuantizer to %s: without its "
+                   "scales its values mean nothing. It converts to float32, float16 or "
+                   "bfloat16 with its scales applied (gmlp_grouped_tensor_dequantize()); to "
+                   "requantize, quantize that with a GmlpQuantizer",
+                   gmlp_dtype_get_name (dtype));
+      return NULL;
+    }
+  return gmlp_grouped_tensor_dequantize (self, dtype, error);
 }
 
 gboolean

@@ -9,6 +9,7 @@
 
 #include "gmlp-quantizer-private.h"
 #include "gmlp-device-private.h"
+#include "gmlp-dtype-private.h"
 #include "gmlp-enum-types.h"
 #include "gmlp-error.h"
 #include "gmlp-error-private.h"
@@ -838,18 +839,27 @@ take_floats (GVariant     *dict,
                    G_GSIZE_FORMAT, n, key, count * n_rows);
       return FALSE;
     }
+  /* Scales are finite and positive floats; an amax may be +Inf (seen in
+   * the data) or subnormal, as the device records it. */
   for (row = 0; row < n_rows; row++)
     for (i = 0; i < count; i++)
       {
         double v = values[row * count + i];
-        float f = (float) v;
+        float f;
 
-        if (is_scale ? !(isfinite (f) && f >= G_MINFLOAT) : !(f >= 0.0f))
+        if (!gmlp_dtype_narrow_double (v, key, is_scale ? GMLP_NARROW_NOT_NEGATIVE :
+                                       GMLP_NARROW_NOT_NEGATIVE | GMLP_NARROW_INFINITY |
+                                       GMLP_NARROW_SUBNORMAL, &f, error))
+          {
+            g_prefix_error (error, "The quantizer state holds a value it cannot have "
+                            "(%" G_GSIZE_FORMAT " of “%s”): ", row * count + i, key);
+            return FALSE;
+          }
+        if (is_scale && f == 0.0f)
           {
             g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
-                         "The quantizer state holds %g in “%s”: %s", v, key,
-                         is_scale ? "scales must be finite and at least 2^-126"
-                                  : "amaxes must not be negative or NaN");
+                         "The quantizer state holds a scale of 0 (%" G_GSIZE_FORMAT " of “%s”): "
+                         "scales must be positive", row * count + i, key);
             return FALSE;
           }
         rows[row * stride + first + i] = f;
@@ -868,11 +878,18 @@ take_floats (GVariant     *dict,
  * history length (the margin may differ: it applies from the next update).
  * A state without groups clears the quantizer's state.
  *
+ * The values are kept as floats, so each must be one: a scale is finite
+ * and positive, from 2^-126 (%G_MINFLOAT) to %G_MAXFLOAT; an amax is
+ * not negative and may be +Inf (data that held infinities) or a float
+ * subnormal. NaN, and a finite value that a float cannot hold (past
+ * %G_MAXFLOAT, or nonzero that would round to 0), are refused rather than
+ * narrowed.
+ *
  * Returns: %TRUE on success; %FALSE with %GMLP_ERROR_INVALID_ARGUMENT for a
  *   state that is malformed, of another version, recipe or history length,
- *   or holds values a state cannot have (NaN, negative amaxes, scales that
- *   are not finite and positive), or %GMLP_ERROR_DTYPE_MISMATCH for another
- *   FP8 type; the quantizer is unchanged then
+ *   or holds values a state cannot have (see above), or
+ *   %GMLP_ERROR_DTYPE_MISMATCH for another FP8 type; the quantizer is
+ *   unchanged then
  *
  * Since: 0.1
  */

@@ -272,7 +272,8 @@ check_conversion (GBytes *src, GmlpDType src_dtype, GBytes *dst, GmlpDType dst_d
         }
       else if (dst_dtype == GMLP_DTYPE_INT32 && src_dtype == GMLP_DTYPE_INT64)
         {
-          want = (gint32) ((const gint64 *) ps)[i];
+          /* Saturated to the INT32 range, not wrapped. */
+          want = CLAMP ((double) ((const gint64 *) ps)[i], (double) G_MININT32, (double) G_MAXINT32);
         }
       else
         {
@@ -317,6 +318,55 @@ test_convert (void)
         out = download (c);
         check_conversion (in, from, out, to);
       }
+}
+
+/* INT64 to INT32 saturates, as conversions to FP8 do: random values of
+ * every magnitude, the edges of the INT32 range and 2^40 (which used to
+ * wrap to 0), into a poisoned output with padding and an empty group. */
+static void
+test_convert_int64_saturates (void)
+{
+  static const gint64 edges[] = {
+    0, 1, -1, G_MAXINT32, G_MAXINT32 + G_GINT64_CONSTANT (1), G_MININT32,
+    G_MININT32 - G_GINT64_CONSTANT (1), G_GINT64_CONSTANT (1) << 40,
+    -(G_GINT64_CONSTANT (1) << 40), G_GINT64_CONSTANT (1) << 32, G_MAXINT64, G_MININT64,
+  };
+  g_autoptr(GmlpDevice) device = gmlp_test_device_or_skip ();
+  gint64 rows[] = { 13, 0, 7, 21 };
+  gint64 cols = 3, n = 41 * 3, i;
+  g_autofree gint64 *values = g_new (gint64, n);
+  g_autoptr(GBytes) in = NULL, out = NULL;
+  g_autoptr(GmlpGroupedTensor) t = NULL, c = NULL;
+  g_autoptr(GError) error = NULL;
+  const gint32 *got;
+
+  if (device == NULL)
+    return;
+
+  for (i = 0; i < n; i++)
+    {
+      int bits = g_test_rand_int_range (0, 63);
+      gint64 magnitude = (gint64) (((guint64) (guint32) g_test_rand_int () << 32 |
+                                    (guint32) g_test_rand_int ()) >> (63 - bits));
+
+      values[i] = i < (gint64) G_N_ELEMENTS (edges) ? edges[i] :
+                  g_test_rand_bit () ? -magnitude : magnitude;
+    }
+  in = g_bytes_new (values, n * sizeof (gint64));
+  t = upload (device, GMLP_DTYPE_INT64, rows, G_N_ELEMENTS (rows), cols, in);
+  c = gmlp_grouped_tensor_convert (t, GMLP_DTYPE_INT32, &error);
+  g_assert_no_error (error);
+  out = download (c);
+  g_assert_cmpuint (g_bytes_get_size (out), ==, n * sizeof (gint32));
+  got = g_bytes_get_data (out, NULL);
+  for (i = 0; i < n; i++)
+    {
+      double want = CLAMP ((double) values[i], (double) G_MININT32, (double) G_MAXINT32);
+
+      if ((double) got[i] != want)
+        g_error ("int64 %" G_GINT64_FORMAT " [%" G_GINT64_FORMAT "] became %d, not %.0f",
+                 values[i], i, got[i], want);
+    }
 }
 
 /* Empty groups, one group holding every row, a single group and 256 groups. */
@@ -677,6 +727,185 @@ test_arithmetic (void)
   }
 }
 
+/* Asserts that a call failed with GMLP_ERROR_INVALID_ARGUMENT naming name
+ * (*error is read after the call, whatever the order of the arguments). */
+static void
+assert_refused (gboolean     ok,
+                GError     **error,
+                const char  *name)
+{
+  g_assert_false (ok);
+  g_assert_error (*error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT);
+  if (strstr ((*error)->message, name) == NULL)
+    g_error ("“%s” does not name %s", (*error)->message, name);
+}
+
+/* Factors that a float cannot hold (NaN, infinities, 1e300, which used to
+ * turn every element into inf, and magnitudes below 2^-126, which used to
+ * become 0 or lose their bits) are refused, naming the argument, and the
+ * tensor is left alone; the largest and smallest factors a float holds are
+ * applied as float64 says. */
+static void
+test_scalar_range (void)
+{
+  static const double refused[] = {
+    1e300, -1e300, 3.5e38, 1e39, 1e-300, -1e-300, 1e-40, -1e-45, 1e-50, NAN, INFINITY, -INFINITY,
+  };
+  static const GmlpDType dtypes[] = { GMLP_DTYPE_FLOAT32, GMLP_DTYPE_BFLOAT16 };
+  g_autoptr(GmlpDevice) device = gmlp_test_device_or_skip ();
+  guint d, i;
+
+  if (device == NULL)
+    return;
+
+  for (d = 0; d < G_N_ELEMENTS (dtypes); d++)
+    {
+      GmlpDType dtype = dtypes[d];
+      guint n = g_test_rand_int_range (1, 6);
+      gint64 cols = g_test_rand_int_range (1, 70);
+      g_autofree gint64 *rows = gmlp_test_random_rows (n, 20);
+      g_autofree double *tiny = NULL, *huge = NULL, *unit = NULL, *got = NULL, *want = NULL;
+      g_autoptr(GmlpGroupedTensor) a = gmlp_test_random_tensor (device, dtype, rows, n, cols, 1e-30, &tiny);
+      g_autoptr(GmlpGroupedTensor) b = gmlp_test_random_tensor (device, dtype, rows, n, cols, 1e37, &huge);
+      g_autoptr(GmlpGroupedTensor) c = gmlp_test_random_tensor (device, dtype, rows, n, cols, 1.0, &unit);
+      g_autoptr(GBytes) before = download (a), after = NULL;
+      float big = (float) g_test_rand_double_range (1e37, G_MAXFLOAT);
+      float small = (float) g_test_rand_double_range (G_MINFLOAT, 1e-37);
+      double tol = dtype == GMLP_DTYPE_FLOAT32 ? 1e-6 : 1e-2;
+      gsize count, k;
+
+      for (i = 0; i < G_N_ELEMENTS (refused); i++)
+        {
+          g_autoptr(GError) e1 = NULL, e2 = NULL, e3 = NULL;
+
+          assert_refused (gmlp_grouped_tensor_scale (a, refused[i], &e1), &e1, "alpha");
+          assert_refused (gmlp_grouped_tensor_add_scaled (a, refused[i], b, &e2), &e2, "alpha");
+          assert_refused (gmlp_grouped_tensor_fill_random (a, 1, refused[i], &e3), &e3, "scale");
+        }
+      after = download (a);
+      assert_bytes_equal (before, after);
+
+      /* a × big: ~1e-30 becomes ~1e7; b × small: ~1e37 becomes ~1. */
+      g_assert_true (gmlp_grouped_tensor_scale (a, big, NULL));
+      got = gmlp_test_download (a, &count);
+      want = g_new (double, MAX (count, 1));
+      for (k = 0; k < count; k++)
+        want[k] = gmlp_test_round ((float) (big * (float) tiny[k]), dtype);
+      gmlp_test_assert_close (got, want, count, 0.0, "scale by a large factor");
+      g_clear_pointer (&got, g_free);
+
+      /* c += small × b, before b changes. */
+      g_assert_true (gmlp_grouped_tensor_add_scaled (c, small, b, NULL));
+      got = gmlp_test_download (c, NULL);
+      for (k = 0; k < count; k++)
+        want[k] = gmlp_test_round ((float) ((float) (small * (float) huge[k]) + (float) unit[k]), dtype);
+      gmlp_test_assert_close (got, want, count, tol, "add with a small factor");
+      g_clear_pointer (&got, g_free);
+
+      g_assert_true (gmlp_grouped_tensor_scale (b, small, NULL));
+      got = gmlp_test_download (b, NULL);
+      for (k = 0; k < count; k++)
+        want[k] = gmlp_test_round ((float) (small * (float) huge[k]), dtype);
+      gmlp_test_assert_close (got, want, count, 0.0, "scale by a small factor");
+    }
+}
+
+/* The sum of squares accumulates squares in FP64: values whose squares
+ * overflow (~1e30) or underflow (~1e-30) a float still add up as float64
+ * says. */
+static void
+test_sum_squares_range (void)
+{
+  static const double scales[] = { 1e30, 1e-30, 1e19 };
+  static const GmlpDType dtypes[] = { GMLP_DTYPE_FLOAT32, GMLP_DTYPE_BFLOAT16 };
+  g_autoptr(GmlpDevice) device = gmlp_test_device_or_skip ();
+  guint d, s;
+
+  if (device == NULL)
+    return;
+
+  for (d = 0; d < G_N_ELEMENTS (dtypes); d++)
+    for (s = 0; s < G_N_ELEMENTS (scales); s++)
+      {
+        guint n = g_test_rand_int_range (1, 9);
+        gint64 cols = g_test_rand_int_range (1, 300);
+        g_autofree gint64 *rows = gmlp_test_random_rows (n, 200);
+        g_autofree double *x = NULL;
+        g_autoptr(GmlpGroupedTensor) t = NULL;
+        g_autoptr(GError) error = NULL;
+        double got, want = 0.0;
+        gsize count = 0, k;
+        guint g;
+
+        t = gmlp_test_random_tensor (device, dtypes[d], rows, n, cols, scales[s], &x);
+        for (g = 0; g < n; g++)
+          count += (gsize) rows[g] * cols;
+        for (k = 0; k < count; k++)
+          want += x[k] * x[k];
+        got = gmlp_grouped_tensor_sum_squares (t, &error);
+        g_assert_no_error (error);
+        if (!(fabs (got - want) <= 1e-12 * want))
+          g_error ("sum of squares of %s × %g: %.17g, float64 says %.17g",
+                   gmlp_dtype_get_name (dtypes[d]), scales[s], got, want);
+      }
+}
+
+/* On a GPU, scale, add_scaled (no product fused into a sum) and INT64 to
+ * INT32 give the CPU backend's bits, from the same fresh random inputs. */
+static void
+test_same_as_cpu (void)
+{
+  static const GmlpDType dtypes[] = { GMLP_DTYPE_FLOAT32, GMLP_DTYPE_FLOAT16, GMLP_DTYPE_BFLOAT16 };
+  g_autoptr(GmlpDevice) device = gmlp_test_device_or_skip ();
+  g_autoptr(GmlpDevice) cpu = gmlp_device_new (GMLP_DEVICE_KIND_CPU, 0, NULL);
+  guint a, b;
+
+  if (device == NULL)
+    return;
+  if (gmlp_device_get_kind (device) == GMLP_DEVICE_KIND_CPU)
+    {
+      g_test_skip ("compares another device with the CPU");
+      return;
+    }
+
+  for (a = 0; a < G_N_ELEMENTS (dtypes); a++)
+    for (b = 0; b < G_N_ELEMENTS (dtypes); b++)
+      {
+        guint n = g_test_rand_int_range (1, 9);
+        gint64 cols = g_test_rand_int_range (1, 300);
+        g_autofree gint64 *rows = gmlp_test_random_rows (n, 300);
+        gsize count = (gsize) sum_rows (rows, n) * cols;
+        g_autoptr(GBytes) yb = gmlp_test_random_bytes (dtypes[a], count, 3.0, FALSE);
+        g_autoptr(GBytes) xb = gmlp_test_random_bytes (dtypes[b], count, 3.0, FALSE);
+        g_autoptr(GmlpGroupedTensor) y = upload (device, dtypes[a], rows, n, cols, yb);
+        g_autoptr(GmlpGroupedTensor) x = upload (device, dtypes[b], rows, n, cols, xb);
+        g_autoptr(GmlpGroupedTensor) y_cpu = upload (cpu, dtypes[a], rows, n, cols, yb);
+        g_autoptr(GmlpGroupedTensor) x_cpu = upload (cpu, dtypes[b], rows, n, cols, xb);
+        g_autoptr(GBytes) got = NULL, want = NULL;
+        double alpha = g_test_rand_double_range (-3.0, 3.0), beta = g_test_rand_double_range (-3.0, 3.0);
+
+        g_assert_true (gmlp_grouped_tensor_add_scaled (y, alpha, x, NULL));
+        g_assert_true (gmlp_grouped_tensor_add_scaled (y_cpu, alpha, x_cpu, NULL));
+        g_assert_true (gmlp_grouped_tensor_scale (y, beta, NULL));
+        g_assert_true (gmlp_grouped_tensor_scale (y_cpu, beta, NULL));
+        got = download (y);
+        want = download (y_cpu);
+        assert_bytes_equal (got, want);
+      }
+
+  {
+    gint64 rows[] = { 40, 0, 300 };
+    g_autoptr(GBytes) in = gmlp_test_random_bytes (GMLP_DTYPE_INT64, 340 * 7, 1.0, FALSE);
+    g_autoptr(GmlpGroupedTensor) t = upload (device, GMLP_DTYPE_INT64, rows, 3, 7, in);
+    g_autoptr(GmlpGroupedTensor) t_cpu = upload (cpu, GMLP_DTYPE_INT64, rows, 3, 7, in);
+    g_autoptr(GmlpGroupedTensor) c = gmlp_grouped_tensor_convert (t, GMLP_DTYPE_INT32, NULL);
+    g_autoptr(GmlpGroupedTensor) c_cpu = gmlp_grouped_tensor_convert (t_cpu, GMLP_DTYPE_INT32, NULL);
+    g_autoptr(GBytes) got = download (c), want = download (c_cpu);
+
+    assert_bytes_equal (got, want);
+  }
+}
+
 /* DLPack export: a 2-D view of the storage that keeps the tensor alive;
  * padded, device-sized and FP8 tensors are refused. */
 static void
@@ -741,6 +970,10 @@ main (int argc, char *argv[])
   g_test_add_func ("/Gmlp/GroupedTensor/bad-input", test_bad_input);
   g_test_add_func ("/Gmlp/GroupedTensor/arithmetic", test_arithmetic);
   g_test_add_func ("/Gmlp/GroupedTensor/dlpack", test_dlpack);
+  g_test_add_func ("/Gmlp/GroupedTensor/convert-int64-saturates", test_convert_int64_saturates);
+  g_test_add_func ("/Gmlp/GroupedTensor/scalar-range", test_scalar_range);
+  g_test_add_func ("/Gmlp/GroupedTensor/sum-squares-range", test_sum_squares_range);
+  g_test_add_func ("/Gmlp/GroupedTensor/same-as-cpu", test_same_as_cpu);
 
   return g_test_run ();
 }

@@ -1324,6 +1324,230 @@ test_bad_input (void)
   g_assert_true (g_variant_equal (state_before, state_after));
 }
 
+/* A quantized copy of src; delayed scaling first records src's amax and
+ * updates, so that its scale fits the data. */
+static GmlpGroupedTensor *
+quantize_fitted (GmlpQuantizer     *quantizer,
+                 GmlpGroupedTensor *src)
+{
+  g_autoptr(GError) error = NULL;
+  GmlpGroupedTensor *q;
+
+  if (gmlp_quantizer_get_recipe (quantizer) == GMLP_SCALING_RECIPE_DELAYED)
+    {
+      g_object_unref (gmlp_quantizer_quantize (quantizer, src, &error));
+      g_assert_no_error (error);
+      g_assert_true (gmlp_quantizer_update (quantizer, &error));
+    }
+  q = gmlp_quantizer_quantize (quantizer, src, &error);
+  g_assert_no_error (error);
+  return q;
+}
+
+/* convert() of a quantized tensor applies its scales: every recipe and
+ * block shape (per tensor, 1 × 128, 128 × 128, 1 × 32), to FP32, FP16 and
+ * BF16, from data whose largest value is about 0.003 (whose conversion used
+ * to read back the raw FP8 values, up to 448). Exact against float64 (the
+ * FP8 bits times their block's scale, rounded to FP32 and then to the
+ * target), within the FP8 error of the source, and the bytes of
+ * dequantize(); with device-only sizes too. To FP8 or integers, the
+ * columnwise copy and MXFP8's E8M0 scales are refused, allocating nothing. */
+static void
+test_convert (void)
+{
+  static const GmlpDType refused[] = {
+    GMLP_DTYPE_FLOAT8_E4M3, GMLP_DTYPE_FLOAT8_E5M2, GMLP_DTYPE_INT32, GMLP_DTYPE_INT64,
+  };
+  static const GmlpQuantizerRole roles[] = { GMLP_QUANTIZER_ROLE_INPUT, GMLP_QUANTIZER_ROLE_WEIGHT };
+  g_autoptr(GmlpDevice) device = gmlp_test_device_or_skip ();
+  guint a, b, k, i;
+
+  if (device == NULL)
+    return;
+
+  for (a = 0; a < G_N_ELEMENTS (all_recipes); a++)
+    for (b = 0; b < G_N_ELEMENTS (roles); b++)
+      {
+        Config c = random_config (all_recipes[a], roles[b], TRUE);
+        GmlpDType fp8 = config_dtype (&c);
+        guint n = g_test_rand_int_range (1, 5);
+        gint64 cols = g_test_rand_int_range (1, 300), capacity = 0;
+        g_autofree gint64 *rows = gmlp_test_random_rows (n, 260);
+        g_autofree double *x = NULL, *ref = NULL;
+        g_autoptr(GmlpQuantizer) quantizer = config_quantizer (device, &c);
+        g_autoptr(GmlpGroupedTensor) src = NULL, q = NULL, sizes = NULL, src_d = NULL, q_d = NULL;
+        guint64 in_use;
+        guint g;
+
+        for (g = 0; g < n; g++)
+          capacity += rows[g];
+        src = random_source (device, source_dtypes[g_test_rand_int_range (0, 3)], rows, n, cols,
+                             0.001, FALSE, &x);
+        q = quantize_fitted (quantizer, src);
+        ref = gmlp_test_dequantize (q);
+        /* The same scales for the device-sized copy: delayed scaling keeps
+         * its scale until the next update. */
+        sizes = sizes_tensor (device, rows, n);
+        src_d = gmlp_test_device_sized_copy (src, sizes, capacity);
+        q_d = gmlp_quantizer_quantize (quantizer, src_d, NULL);
+        g_assert_nonnull (q_d);
+
+        for (k = 0; k < G_N_ELEMENTS (source_dtypes); k++)
+          {
+            GmlpDType dtype = source_dtypes[k];
+            g_autoptr(GError) error = NULL;
+            g_autoptr(GmlpGroupedTensor) d = gmlp_grouped_tensor_convert (q, dtype, &error);
+            g_autoptr(GmlpGroupedTensor) dq = NULL, d_d = NULL, view = NULL;
+            g_autoptr(GBytes) got_d = NULL, want_d = NULL;
+            g_autofree double *got = NULL;
+            double error_bound = fp8 == GMLP_DTYPE_FLOAT8_E4M3 ? 0.07 : 0.14, rel;
+            gsize count, j;
+
+            g_assert_no_error (error);
+            g_assert_cmpint (gmlp_grouped_tensor_get_dtype (d), ==, dtype);
+            got = gmlp_test_download (d, &count);
+            for (j = 0; j < count; j++)
+              gmlp_assert_same_value (got[j], gmlp_test_round (to_float (ref[j]), dtype), "convert", j);
+            rel = gmlp_test_relative_error (got, x, count, "convert");
+            if (!(rel <= error_bound))
+              g_error ("%s %s to %s: relative error %g against the source, over %g",
+                       gmlp_test_recipe_name (c.recipe), gmlp_dtype_get_name (fp8),
+                       gmlp_dtype_get_name (dtype), rel, error_bound);
+            dq = gmlp_grouped_tensor_dequantize (q, dtype, &error);
+            g_assert_no_error (error);
+            gmlp_test_assert_same_bytes (d, dq, "convert and dequantize");
+
+            d_d = gmlp_grouped_tensor_convert (q_d, dtype, &error);
+            g_assert_no_error (error);
+            g_assert_false (gmlp_grouped_tensor_has_host_sizes (d_d));
+            view = gmlp_test_host_view (d_d, rows);
+            got_d = download (view);
+            want_d = download (d);
+            assert_bytes_equal (got_d, want_d, "convert with device sizes");
+          }
+
+        /* Refused, naming the route, with nothing allocated. */
+        g_assert_true (gmlp_device_synchronize (device, NULL));
+        in_use = gmlp_device_get_bytes_in_use (device);
+        for (i = 0; i < G_N_ELEMENTS (refused) + 2; i++)
+          {
+            GmlpGroupedTensor *t = i < G_N_ELEMENTS (refused) ? q :
+                                   i == G_N_ELEMENTS (refused) ? gmlp_grouped_tensor_get_columnwise (q) :
+                                   gmlp_grouped_tensor_get_scale_inv (q);
+            GmlpDType to = i < G_N_ELEMENTS (refused) ? refused[i] : GMLP_DTYPE_FLOAT32;
+            g_autoptr(GError) error = NULL;
+
+            if (i == G_N_ELEMENTS (refused) + 1 && c.recipe != GMLP_SCALING_RECIPE_MXFP8)
+              continue;   /* FP32 scales are values: they convert */
+            g_assert_null (gmlp_grouped_tensor_convert (t, to, &error));
+            g_assert_error (error, GMLP_ERROR, GMLP_ERROR_UNSUPPORTED);
+            if (i < G_N_ELEMENTS (refused) && strstr (error->message, "GmlpQuantizer") == NULL)
+              g_error ("“%s” does not name the quantizer", error->message);
+            g_assert_cmpuint (gmlp_device_get_bytes_in_use (device), ==, in_use);
+          }
+      }
+}
+
+/* A double of a state that an FP32 state cannot hold is refused, naming
+ * its key, and the quantizer is unchanged (1e300 in an amax used to become
+ * +Inf); +Inf and subnormal amaxes, as the device records them, and fresh
+ * random floats round-trip exactly. */
+static GVariant *
+delayed_state (double scale, double amax, double h0, double h1)
+{
+  GVariantBuilder builder;
+  double history[] = { h0, h1 };
+
+  g_variant_builder_init (&builder, G_VARIANT_TYPE_VARDICT);
+  g_variant_builder_add (&builder, "{sv}", "version", g_variant_new_uint32 (1));
+  g_variant_builder_add (&builder, "{sv}", "recipe", g_variant_new_string ("delayed"));
+  g_variant_builder_add (&builder, "{sv}", "dtype", g_variant_new_string ("float8_e4m3"));
+  g_variant_builder_add (&builder, "{sv}", "amax-history-length", g_variant_new_uint32 (2));
+  g_variant_builder_add (&builder, "{sv}", "n-groups", g_variant_new_uint32 (1));
+  g_variant_builder_add (&builder, "{sv}", "scale",
+                         g_variant_new_fixed_array (G_VARIANT_TYPE_DOUBLE, &scale, 1, sizeof (double)));
+  g_variant_builder_add (&builder, "{sv}", "amax",
+                         g_variant_new_fixed_array (G_VARIANT_TYPE_DOUBLE, &amax, 1, sizeof (double)));
+  g_variant_builder_add (&builder, "{sv}", "amax-history",
+                         g_variant_new_fixed_array (G_VARIANT_TYPE_DOUBLE, history, 2, sizeof (double)));
+  return g_variant_ref_sink (g_variant_builder_end (&builder));
+}
+
+static void
+test_state_range (void)
+{
+  static const struct { double scale, amax, h0, h1; const char *key; } refused[] = {
+    { 1.0, 1e300, 0.0, 0.0, "amax" },
+    { 1.0, 0.0, 1e300, 0.0, "amax-history" },
+    { 1.0, 0.0, 0.0, 3.5e38, "amax-history" },
+    { 1.0, 1e-50, 0.0, 0.0, "amax" },
+    { 1.0, -INFINITY, 0.0, 0.0, "amax" },
+    { 1.0, NAN, 0.0, 0.0, "amax" },
+    { 1e300, 0.0, 0.0, 0.0, "scale" },
+    { 1e-300, 0.0, 0.0, 0.0, "scale" },
+    { INFINITY, 0.0, 0.0, 0.0, "scale" },
+    { 0.0, 0.0, 0.0, 0.0, "scale" },
+  };
+  g_autoptr(GmlpDevice) device = gmlp_test_device_or_skip ();
+  Config c = { GMLP_SCALING_RECIPE_DELAYED, GMLP_QUANTIZER_ROLE_INPUT, GMLP_FP8_FORMAT_E4M3,
+               FALSE, FALSE, 2, 0 };
+  g_autoptr(GmlpQuantizer) quantizer = NULL;
+  guint i;
+
+  if (device == NULL)
+    return;
+
+  quantizer = config_quantizer (device, &c);
+  for (i = 0; i < 4; i++)
+    {
+      float scale = ldexp (g_test_rand_double_range (1.0, 2.0), g_test_rand_int_range (-126, 127));
+      float amax = ldexp (g_test_rand_double_range (1.0, 2.0), g_test_rand_int_range (-149, 127));
+      float h0 = i == 0 ? INFINITY : ldexp (g_test_rand_double_range (1.0, 2.0), g_test_rand_int_range (-140, -126));
+      float h1 = i == 1 ? 1e-45f : ldexp (g_test_rand_double_range (1.0, 2.0), g_test_rand_int_range (-10, 10));
+      g_autoptr(GVariant) state = delayed_state (scale, amax, h0, h1);
+      g_autoptr(GVariant) saved = NULL;
+      g_autoptr(GError) error = NULL;
+
+      g_assert_true (gmlp_quantizer_restore_state (quantizer, state, &error));
+      g_assert_no_error (error);
+      saved = gmlp_quantizer_save_state (quantizer, &error);
+      g_assert_no_error (error);
+      {
+        g_autoptr(GVariant) s = g_variant_lookup_value (saved, "scale", G_VARIANT_TYPE ("ad"));
+        g_autoptr(GVariant) m = g_variant_lookup_value (saved, "amax", G_VARIANT_TYPE ("ad"));
+        g_autoptr(GVariant) h = g_variant_lookup_value (saved, "amax-history", G_VARIANT_TYPE ("ad"));
+        const double *sv, *mv, *hv;
+        gsize ns, nm, nh;
+
+        sv = g_variant_get_fixed_array (s, &ns, sizeof (double));
+        mv = g_variant_get_fixed_array (m, &nm, sizeof (double));
+        hv = g_variant_get_fixed_array (h, &nh, sizeof (double));
+        g_assert_cmpuint (ns + nm + nh, ==, 4);
+        gmlp_assert_same_value (sv[0], (double) scale, "scale", 0);
+        gmlp_assert_same_value (mv[0], (double) amax, "amax", 0);
+        gmlp_assert_same_value (hv[0], (double) h0, "amax-history", 0);
+        gmlp_assert_same_value (hv[1], (double) h1, "amax-history", 1);
+      }
+    }
+
+  for (i = 0; i < G_N_ELEMENTS (refused); i++)
+    {
+      g_autoptr(GVariant) state = delayed_state (refused[i].scale, refused[i].amax, refused[i].h0,
+                                                 refused[i].h1);
+      g_autoptr(GVariant) before = gmlp_quantizer_save_state (quantizer, NULL);
+      g_autoptr(GVariant) after = NULL;
+      g_autoptr(GError) error = NULL;
+      g_autofree char *quoted = g_strdup_printf ("“%s”", refused[i].key);
+
+      g_assert_false (gmlp_quantizer_restore_state (quantizer, state, &error));
+      g_assert_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT);
+      if (strstr (error->message, quoted) == NULL)
+        g_error ("“%s” does not name %s", error->message, quoted);
+      after = gmlp_quantizer_save_state (quantizer, NULL);
+      g_assert_true (g_variant_equal (before, after));
+    }
+}
+
 static void
 notify_count (GObject *object, GParamSpec *pspec, gpointer data)
 {
@@ -1517,6 +1741,8 @@ main (int argc, char *argv[])
   g_test_add_func ("/Gmlp/Quantizer/bad-input", test_bad_input);
   g_test_add_func ("/Gmlp/Quantizer/properties", test_properties);
   g_test_add_func ("/Gmlp/Quantizer/cpu-gpu-identical", test_cpu_gpu_identical);
+  g_test_add_func ("/Gmlp/Quantizer/convert", test_convert);
+  g_test_add_func ("/Gmlp/Quantizer/state-range", test_state_range);
 
   return g_test_run ();
 }

@@ -120,8 +120,9 @@ block_scan (uint64_t (&v)[kN],
 }
 
 /* Element i of in[] converted into out[i]. Same dtypes copy the bits (NaN
- * payloads included), integers convert as C does, floating types go through
- * float with gmlp-numeric.h's rounding and saturation. */
+ * payloads included), INT32 widens to INT64 and INT64 saturates to INT32,
+ * floating types go through float with gmlp-numeric.h's rounding and
+ * saturation. */
 template <int kSrc, int kDst>
 __device__ __forceinline__ void
 convert_element (const StorageType<kSrc> *in,
@@ -134,6 +135,8 @@ convert_element (const StorageType<kSrc> *in,
 
   if constexpr (kSrc == kDst)
     out[i] = in[i];
+  else if constexpr (kSrc == GMLP_NUM_INT64 && kDst == GMLP_NUM_INT32)
+    out[i] = gmlp_num_int64_to_int32 (in[i]);
   else if constexpr (is_int_dtype (kSrc))
     out[i] = (StorageType<kDst>) in[i];
   else

@@ -138,7 +138,7 @@ convert_elements (const guint8 *src,
   else if (src_dtype == GMLP_NUM_INT64 && dst_dtype == GMLP_NUM_INT32)
     {
       for (i = 0; i < n; i++)
-        ((gint32 *) dst)[i] = (gint32) ((const gint64 *) src)[i];
+        ((gint32 *) dst)[i] = gmlp_num_int64_to_int32 (((const gint64 *) src)[i]);
     }
   else
     {
