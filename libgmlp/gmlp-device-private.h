@@ -13,7 +13,7 @@ G_BEGIN_DECLS
 /* A reference-counted device allocation; grouped tensors and their views
  * share one. Freed stream-ordered when the last reference goes. */
 typedef struct {
-  gatomicrefcount  ref_count;
+  int              ref_count;  /* atomic: g_atomic_int_* */
   GmlpDevice      *device;
   gpointer         data;
   gsize            nbytes;

@@ -12,6 +12,7 @@
 #include "gmlp-enum-types.h"
 #include "gmlp-error.h"
 #include "gmlp-graph-private.h"
+#include "gmlp-thread-private.h"
 
 /**
  * GmlpDevice:
@@ -31,6 +32,13 @@
  *
  * The work enqueued on a GPU's stream can also be recorded into a
  * [class@Gmlp.Graph] and replayed ([method@Gmlp.Device.begin_capture]).
+ *
+ * `GmlpDevice` is thread-safe. Every thread that uses a device shares its
+ * stream, its pool and, on a GPU, its cuBLAS handles and workspaces: the
+ * calls of several threads are enqueued in the order they reach the
+ * device, each call's launches kept together. On the CPU the stream is the
+ * calling thread, so the threads' work runs at once. A capture records what
+ * every thread enqueues on the device.
  *
  * Since: 0.1
  */
@@ -204,7 +212,6 @@ gmlp_device_new (GmlpDeviceKind   kind,
                  int              ordinal,
                  GError         **error)
 {
-  g_autoptr(GMutexLocker) locker = NULL;
   const GmlpBackend *backend;
   GmlpBackendDevice *backend_device;
   GmlpDevice *self;
@@ -242,16 +249,23 @@ gmlp_device_new (GmlpDeviceKind   kind,
     }
 
   key = GINT_TO_POINTER (((int) kind << 16) | ordinal);
-  locker = g_mutex_locker_new (&registry_lock);
+  gmlp_mutex_lock (&registry_lock);
   if (registry == NULL)
     registry = g_hash_table_new (NULL, NULL);
   self = g_hash_table_lookup (registry, key);
   if (self != NULL)
-    return g_object_ref (self);
+    {
+      g_object_ref (self);
+      gmlp_mutex_unlock (&registry_lock);
+      return self;
+    }
 
   backend_device = backend->open_device (ordinal, error);
   if (backend_device == NULL)
-    return NULL;
+    {
+      gmlp_mutex_unlock (&registry_lock);
+      return NULL;
+    }
 
   self = g_object_new (GMLP_TYPE_DEVICE, NULL);
   self->kind = kind;
@@ -260,6 +274,7 @@ gmlp_device_new (GmlpDeviceKind   kind,
   self->backend_device = backend_device;
   self->name = backend->get_device_name (backend_device);
   g_hash_table_insert (registry, key, g_object_ref (self));
+  gmlp_mutex_unlock (&registry_lock);
 
   return self;
 }
@@ -642,7 +657,9 @@ gmlp_buffer_new_wrapped (GmlpDevice *device,
 {
   GmlpBuffer *buffer = g_new0 (GmlpBuffer, 1);
 
-  g_atomic_ref_count_init (&buffer->ref_count);
+  /* g_atomic_int_*, which ThreadSanitizer sees: the last unref frees the
+   * memory that other threads used (gmlp-thread-private.h). */
+  g_atomic_int_set (&buffer->ref_count, 1);
   buffer->device = g_object_ref (device);
   buffer->data = data;
   buffer->nbytes = nbytes;
@@ -659,7 +676,7 @@ gmlp_buffer_mark_copied (GmlpBuffer *buffer)
 GmlpBuffer *
 gmlp_buffer_ref (GmlpBuffer *buffer)
 {
-  g_atomic_ref_count_inc (&buffer->ref_count);
+  g_atomic_int_inc (&buffer->ref_count);
   return buffer;
 }
 
@@ -668,7 +685,7 @@ gmlp_buffer_unref (GmlpBuffer *buffer)
 {
   GmlpDevice *device;
 
-  if (!g_atomic_ref_count_dec (&buffer->ref_count))
+  if (!g_atomic_int_dec_and_test (&buffer->ref_count))
     return;
 
   device = buffer->device;

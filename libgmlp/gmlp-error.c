@@ -6,5 +6,6 @@
 #include "config.h"
 
 #include "gmlp-error.h"
+#include "gmlp-thread-private.h"
 
-G_DEFINE_QUARK (gmlp-error-quark, gmlp_error)
+GMLP_DEFINE_QUARK (gmlp-error-quark, gmlp_error)

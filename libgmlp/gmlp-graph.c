@@ -43,6 +43,11 @@
  * Graphs need a GPU: on the CPU, [method@Gmlp.Device.begin_capture] fails
  * with %GMLP_ERROR_UNSUPPORTED.
  *
+ * `GmlpGraph` is thread-safe: replays from several threads take turns,
+ * each enqueued on the device's stream after the work enqueued before it.
+ * Since a replay rewrites the same tensors, replays meant to be
+ * independent need the caller to order each one's inputs and outputs.
+ *
  * Since: 0.1
  */
 

@@ -19,6 +19,7 @@
 #include "gmlp-quantize-numeric.h"
 #include "gmlp-quantizer-private.h"
 #include "gmlp-saved-activations-private.h"
+#include "gmlp-thread-private.h"
 
 /**
  * GmlpGroupedLinear:
@@ -99,6 +100,28 @@
  * [method@Gmlp.Quantizer.update]) once a training step, from the caller:
  * the layer cannot tell where a step ends. docs/fp8.md has the details.
  *
+ * ## Threads
+ *
+ * A layer may be used from several threads at once. Forwards run
+ * concurrently: they only read the parameters, and the cached FP8 weights
+ * are quantized once. The weight-gradient computations (backward and
+ * backward_dw) run one at a time: concurrent calls wait for each other, so
+ * with fuse-wgrad-accumulation main_grad receives every thread's dW (in an
+ * order that the threads decide, which can change the last bits), and
+ * without it wgrad and bgrad hold the dW of whichever ran last. Each saved
+ * activations object serves one backward: when threads race to use the
+ * same one, one backward runs and the others fail with
+ * %GMLP_ERROR_INVALID_STATE. [signal@Gmlp.GroupedLinear::wgrad-ready] is
+ * emitted on the thread that computed the gradients, while the layer keeps
+ * the others waiting; a handler may call the layer, but must not wait for
+ * another thread that runs this layer's backward.
+ *
+ * Replacing the parameters or the quantizers (init_parameters,
+ * set_weight_from_bytes, set_quantizers, an optimizer step on the weights)
+ * is not ordered with forwards and backwards that run meanwhile, nor is
+ * reading the gradients: do it between steps. Binding main_grad and the
+ * accumulation mask wait for a running backward.
+ *
  * Since: 0.1
  */
 
@@ -127,6 +150,11 @@ struct _GmlpGroupedLinear
   Param               main_grad;   /* FP32; members may be rebound to caller tensors */
   guint8             *accumulate;  /* per group, for the fused main_grad */
 
+  /* Runs the weight-gradient computations (backward, backward_dw) one at
+   * a time, and guards their state: wgrad and bgrad, made at the first,
+   * pending, the two flags, main_grad's bindings and the mask.
+   * Recursive, for a wgrad-ready handler that calls back in. */
+  GRecMutex           grad_lock;
   GQueue              pending;     /* of PendingWgrad, oldest first */
   gboolean            wgrad_valid;
   gboolean            grad_added_to_main_grad;
@@ -139,6 +167,7 @@ struct _GmlpGroupedLinear
    * cache_fp8_weights is set and nothing has changed the weights. */
   gboolean            cache_fp8_weights;
   GmlpGroupedTensor  *weight_fp8;
+  GMutex              fp8_lock;    /* guards the two above */
 };
 
 typedef struct {
@@ -260,9 +289,11 @@ pending_wgrad_free (gpointer data)
 {
   PendingWgrad *pending = data;
 
-  g_object_unref (pending->input);
-  g_clear_object (&pending->grad_output);
-  g_clear_object (&pending->grad_output_fp8);
+  /* backward_dw may run on another thread than the backward that queued
+   * these, which may hold them still. */
+  gmlp_object_unref_shared (pending->input);
+  g_clear_pointer (&pending->grad_output, gmlp_object_unref_shared);
+  g_clear_pointer (&pending->grad_output_fp8, gmlp_object_unref_shared);
   g_free (pending);
 }
 
@@ -283,6 +314,8 @@ gmlp_grouped_linear_finalize (GObject *object)
   g_clear_object (&self->grad_output_quantizer);
   g_clear_object (&self->weight_fp8);
   g_clear_object (&self->device);
+  g_rec_mutex_clear (&self->grad_lock);
+  g_mutex_clear (&self->fp8_lock);
 
   G_OBJECT_CLASS (gmlp_grouped_linear_parent_class)->finalize (object);
 }
@@ -336,7 +369,7 @@ gmlp_grouped_linear_get_property (GObject    *object,
       g_value_set_object (value, self->grad_output_quantizer);
       break;
     case PROP_CACHE_FP8_WEIGHTS:
-      g_value_set_boolean (value, self->cache_fp8_weights);
+      g_value_set_boolean (value, gmlp_grouped_linear_get_cache_fp8_weights (self));
       break;
     default:
       G_OBJECT_WARN_INVALID_PROPERTY_ID (object, prop_id, pspec);
@@ -622,6 +655,8 @@ gmlp_grouped_linear_init (GmlpGroupedLinear *self)
   self->out_features = 1;
   self->flags = GMLP_LINEAR_SINGLE_GROUPED_WEIGHT;
   g_queue_init (&self->pending);
+  g_rec_mutex_init (&self->grad_lock);
+  g_mutex_init (&self->fp8_lock);
 }
 
 static GmlpGroupedTensor *
@@ -953,8 +988,10 @@ gmlp_grouped_linear_set_wgrad_accumulation_mask (GmlpGroupedLinear  *self,
                    "The mask has %u entries; the layer has %u groups", n_groups, self->n_groups);
       return FALSE;
     }
+  gmlp_rec_mutex_lock (&self->grad_lock);
   for (g = 0; g < n_groups; g++)
     self->accumulate[g] = accumulate[g] ? 1 : 0;
+  gmlp_rec_mutex_unlock (&self->grad_lock);
   return TRUE;
 }
 
@@ -1031,10 +1068,13 @@ gmlp_grouped_linear_set_main_grad (GmlpGroupedLinear  *self,
                                    GmlpGroupedTensor  *main_grad,
                                    GError            **error)
 {
+  g_autoptr(GmlpRecMutexLocker) locker = NULL;
+
   g_return_val_if_fail (GMLP_IS_GROUPED_LINEAR (self), FALSE);
   g_return_val_if_fail (GMLP_IS_GROUPED_TENSOR (main_grad), FALSE);
   g_return_val_if_fail (error == NULL || *error == NULL, FALSE);
 
+  locker = gmlp_rec_mutex_locker_new (&self->grad_lock);
   if (!check_main_grad (self, main_grad, self->n_groups, GMLP_LINEAR_SINGLE_GROUPED_WEIGHT, error))
     return FALSE;
   return param_set (&self->main_grad, main_grad, self->n_groups, error);
@@ -1075,7 +1115,9 @@ gmlp_grouped_linear_set_main_grad_member (GmlpGroupedLinear  *self,
       return FALSE;
     }
 
+  gmlp_rec_mutex_lock (&self->grad_lock);
   g_set_object (&self->main_grad.members[index], main_grad);
+  gmlp_rec_mutex_unlock (&self->grad_lock);
   return TRUE;
 }
 
@@ -1545,6 +1587,7 @@ gmlp_grouped_linear_backward (GmlpGroupedLinear     *self,
                               GError               **error)
 {
   g_autoptr(GmlpGroupedTensor) grad_input = NULL;
+  g_autoptr(GmlpRecMutexLocker) locker = NULL;
   GmlpGroupedTensor *input;
   Product dgrad = { .kind = GMLP_GEMM_DGRAD };
 
@@ -1553,6 +1596,9 @@ gmlp_grouped_linear_backward (GmlpGroupedLinear     *self,
   g_return_val_if_fail (GMLP_IS_GROUPED_TENSOR (grad_output), NULL);
   g_return_val_if_fail (error == NULL || *error == NULL, NULL);
 
+  /* One backward at a time: it writes the weight gradients, and it uses up
+   * its saved activations (a second use is refused, not raced). */
+  locker = gmlp_rec_mutex_locker_new (&self->grad_lock);
   if (!gmlp_saved_activations_check (saved, self->id, "GroupedLinear", error))
     return NULL;
   /* FP8: whatever the layer's quantizers are now, the forward was. */
@@ -1618,12 +1664,14 @@ gboolean
 gmlp_grouped_linear_backward_dw (GmlpGroupedLinear  *self,
                                  GError            **error)
 {
+  g_autoptr(GmlpRecMutexLocker) locker = NULL;
   PendingWgrad *pending;
   gboolean ok;
 
   g_return_val_if_fail (GMLP_IS_GROUPED_LINEAR (self), FALSE);
   g_return_val_if_fail (error == NULL || *error == NULL, FALSE);
 
+  locker = gmlp_rec_mutex_locker_new (&self->grad_lock);
   if (!has_flag (self, GMLP_LINEAR_DELAY_WGRAD_COMPUTE))
     {
       g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_STATE,
@@ -1657,9 +1705,14 @@ gmlp_grouped_linear_backward_dw (GmlpGroupedLinear  *self,
 guint
 gmlp_grouped_linear_get_pending_wgrads (GmlpGroupedLinear *self)
 {
+  guint length;
+
   g_return_val_if_fail (GMLP_IS_GROUPED_LINEAR (self), 0);
 
-  return self->pending.length;
+  gmlp_rec_mutex_lock (&self->grad_lock);
+  length = self->pending.length;
+  gmlp_rec_mutex_unlock (&self->grad_lock);
+  return length;
 }
 
 /* The grouped face of a parameter, in single-grouped-weight mode only. */
@@ -2300,12 +2353,14 @@ fp8_quantize (GmlpGroupedTensor  *tensor,
 
 /* The quantized weights, with the columnwise copy when asked: the cached
  * ones when they will do, else quantized now (and cached when the layer
- * caches). */
+ * caches). Under the lock, so that forwards on several threads quantize
+ * them once. */
 static GmlpGroupedTensor *
 fp8_weights (GmlpGroupedLinear  *self,
              gboolean            columnwise,
              GError            **error)
 {
+  g_autoptr(GmlpMutexLocker) locker = gmlp_mutex_locker_new (&self->fp8_lock);
   GmlpGroupedTensor *w8;
 
   if (self->weight_fp8 != NULL &&
@@ -2996,9 +3051,14 @@ gmlp_grouped_linear_set_cache_fp8_weights (GmlpGroupedLinear *self,
   cache = !!cache;
   if (!cache)
     gmlp_grouped_linear_invalidate_fp8_weights (self);
+  gmlp_mutex_lock (&self->fp8_lock);
   if (self->cache_fp8_weights == cache)
-    return;
+    {
+      gmlp_mutex_unlock (&self->fp8_lock);
+      return;
+    }
   self->cache_fp8_weights = cache;
+  gmlp_mutex_unlock (&self->fp8_lock);
   g_object_notify_by_pspec (G_OBJECT (self), properties[PROP_CACHE_FP8_WEIGHTS]);
 }
 
@@ -3013,8 +3073,14 @@ gmlp_grouped_linear_set_cache_fp8_weights (GmlpGroupedLinear *self,
 gboolean
 gmlp_grouped_linear_get_cache_fp8_weights (GmlpGroupedLinear *self)
 {
+  gboolean cache;
+
   g_return_val_if_fail (GMLP_IS_GROUPED_LINEAR (self), FALSE);
-  return self->cache_fp8_weights;
+
+  gmlp_mutex_lock (&self->fp8_lock);
+  cache = self->cache_fp8_weights;
+  gmlp_mutex_unlock (&self->fp8_lock);
+  return cache;
 }
 
 /**
@@ -3032,6 +3098,12 @@ gmlp_grouped_linear_get_cache_fp8_weights (GmlpGroupedLinear *self)
 void
 gmlp_grouped_linear_invalidate_fp8_weights (GmlpGroupedLinear *self)
 {
+  GmlpGroupedTensor *old;
+
   g_return_if_fail (GMLP_IS_GROUPED_LINEAR (self));
-  g_clear_object (&self->weight_fp8);
+
+  gmlp_mutex_lock (&self->fp8_lock);
+  old = g_steal_pointer (&self->weight_fp8);
+  gmlp_mutex_unlock (&self->fp8_lock);
+  g_clear_object (&old);
 }
