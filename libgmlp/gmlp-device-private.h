@@ -28,7 +28,7 @@ G_DEFINE_AUTOPTR_CLEANUP_FUNC (GmlpVersionCounter, gmlp_version_counter_unref)
  * share one, and its version. Freed stream-ordered when the last reference
  * goes. */
 typedef struct {
-  gatomicrefcount     ref_count;
+  int                 ref_count;  /* atomic: g_atomic_int_* */
   GmlpDevice         *device;
   gpointer            data;
   gsize               nbytes;

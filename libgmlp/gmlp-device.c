@@ -15,6 +15,7 @@
 #include "gmlp-error.h"
 #include "gmlp-error-private.h"
 #include "gmlp-graph-private.h"
+#include "gmlp-thread-private.h"
 
 /**
  * GmlpDevice:
@@ -40,6 +41,12 @@
  * (`Gmlp.Device(kind=Gmlp.DeviceKind.CUDA)` in Python) gives the same object
  * as [ctor@Gmlp.Device.new]; when that device cannot be opened, the object's
  * methods fail with the reason, as [iface@Gio.Initable]'s init does.
+ * `GmlpDevice` is thread-safe. Every thread that uses a device shares its
+ * stream, its pool and, on a GPU, its cuBLAS handles and workspaces: the
+ * calls of several threads are enqueued in the order they reach the
+ * device, each call's launches kept together. On the CPU the stream is the
+ * calling thread, so the threads' work runs at once. A capture records what
+ * every thread enqueues on the device.
  *
  * Since: 0.1
  */
@@ -155,7 +162,7 @@ gmlp_device_constructor (GType                  type,
                          guint                  n_construct_properties,
                          GObjectConstructParam *construct_properties)
 {
-  g_autoptr(GMutexLocker) locker = g_mutex_locker_new (&registry_lock);
+  g_autoptr(GmlpMutexLocker) locker = gmlp_mutex_locker_new (&registry_lock);
   GmlpDeviceKind kind = GMLP_DEVICE_KIND_CPU;
   int ordinal = 0;
   GmlpDevice *self;
@@ -812,7 +819,9 @@ gmlp_buffer_new_wrapped (GmlpDevice *device,
 {
   GmlpBuffer *buffer = g_new0 (GmlpBuffer, 1);
 
-  g_atomic_ref_count_init (&buffer->ref_count);
+  /* g_atomic_int_*, which ThreadSanitizer sees: the last unref frees the
+   * memory that other threads used (gmlp-thread-private.h). */
+  g_atomic_int_set (&buffer->ref_count, 1);
   buffer->device = g_object_ref (device);
   buffer->data = data;
   buffer->nbytes = nbytes;
@@ -830,7 +839,7 @@ gmlp_buffer_mark_copied (GmlpBuffer *buffer)
 GmlpBuffer *
 gmlp_buffer_ref (GmlpBuffer *buffer)
 {
-  g_atomic_ref_count_inc (&buffer->ref_count);
+  g_atomic_int_inc (&buffer->ref_count);
   return buffer;
 }
 
@@ -839,7 +848,7 @@ gmlp_buffer_unref (GmlpBuffer *buffer)
 {
   GmlpDevice *device;
 
-  if (!g_atomic_ref_count_dec (&buffer->ref_count))
+  if (!g_atomic_int_dec_and_test (&buffer->ref_count))
     return;
 
   device = buffer->device;

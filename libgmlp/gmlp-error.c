@@ -7,8 +7,9 @@
 
 #include "gmlp-error.h"
 #include "gmlp-error-private.h"
+#include "gmlp-thread-private.h"
 
-G_DEFINE_QUARK (gmlp-error-quark, gmlp_error)
+GMLP_DEFINE_QUARK (gmlp-error-quark, gmlp_error)
 
 gboolean
 gmlp_check_constructed (gconstpointer  object,

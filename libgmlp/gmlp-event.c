@@ -11,6 +11,7 @@
 #include "gmlp-device-private.h"
 #include "gmlp-error.h"
 #include "gmlp-error-private.h"
+#include "gmlp-thread-private.h"
 
 /**
  * GmlpEvent:
@@ -36,6 +37,9 @@
  * why, as [iface@Gio.Initable]'s init does). An event made without a device
  * marks no work: it is complete, waiting for it returns at once, and it has
  * no device, no native handle and no time.
+ * `GmlpEvent` is thread-safe: it does not change once recorded, any number
+ * of threads may use it at once, and the last reference may go on any of
+ * them.
  *
  * Since: 0.1
  */
@@ -83,11 +87,24 @@ enum {
 
 static GParamSpec *properties[N_PROPS];
 
+/* An event is shared between threads (the offload context's pool of host
+ * memory keeps one per block), and its last reference may go on any of
+ * them, through GObject's reference count, which ThreadSanitizer does not
+ * see: each use releases the event to its finalize, which acquires it. */
+static gboolean
+used (GmlpEvent *self,
+      gboolean   result)
+{
+  gmlp_tsan_release (self);
+  return result;
+}
+
 static void
 gmlp_event_finalize (GObject *object)
 {
   GmlpEvent *self = (GmlpEvent *) object;
 
+  gmlp_tsan_acquire (self);
   if (self->event != NULL)
     gmlp_device_get_backend (self->device)->event_free (self->event);
   g_clear_object (&self->device);
@@ -280,9 +297,9 @@ gmlp_event_is_complete (GmlpEvent *self)
     return TRUE;
   /* CUDA forbids the query, and it would break a capture in progress. */
   if (self->capture_serial != 0)
-    return FALSE;
+    return used (self, FALSE);
 
-  return gmlp_device_get_backend (self->device)->event_query (self->event);
+  return used (self, gmlp_device_get_backend (self->device)->event_query (self->event));
 }
 
 /**
@@ -307,11 +324,11 @@ gmlp_event_synchronize (GmlpEvent  *self,
 
   if (!gmlp_check_constructed (self, self->construct_error, error) ||
       !check_not_captured (self, "Waiting on the host for", error))
-    return FALSE;
+    return used (self, FALSE);
   if (self->event == NULL)
-    return TRUE;
+    return used (self, TRUE);
 
-  return gmlp_device_get_backend (self->device)->event_synchronize (self->event, error);
+  return used (self, gmlp_device_get_backend (self->device)->event_synchronize (self->event, error));
 }
 
 /**
@@ -350,7 +367,7 @@ gmlp_event_wait_on_device (GmlpEvent   *self,
   if (self->capture_serial != 0 &&
       (device != self->device || gmlp_device_get_capture_serial (device) != self->capture_serial) &&
       !check_not_captured (self, "Waiting from another stream or capture for", error))
-    return FALSE;
+    return used (self, FALSE);
 
   if (gmlp_device_get_backend (device) != gmlp_device_get_backend (self->device))
     {
@@ -361,10 +378,10 @@ gmlp_event_wait_on_device (GmlpEvent   *self,
       g_set_error (error, GMLP_ERROR, GMLP_ERROR_UNSUPPORTED,
                    "A %s stream cannot wait for an event of %s",
                    gmlp_device_get_name (device), gmlp_device_get_name (self->device));
-      return FALSE;
+      return used (self, FALSE);
     }
 
-  return GMLP_DEVICE_CALL (device, event_wait, self->event, error);
+  return used (self, GMLP_DEVICE_CALL (device, event_wait, self->event, error));
 }
 
 /**

@@ -46,6 +46,10 @@
  * Graphs come from [method@Gmlp.Device.end_capture]; one made with
  * g_object_new() holds no work, and replaying it fails with
  * %GMLP_ERROR_INVALID_STATE.
+ * `GmlpGraph` is thread-safe: replays from several threads take turns,
+ * each enqueued on the device's stream after the work enqueued before it.
+ * Since a replay rewrites the same tensors, replays meant to be
+ * independent need the caller to order each one's inputs and outputs.
  *
  * Since: 0.1
  */

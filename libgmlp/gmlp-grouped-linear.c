@@ -20,6 +20,7 @@
 #include "gmlp-quantize-numeric.h"
 #include "gmlp-quantizer-private.h"
 #include "gmlp-saved-activations-private.h"
+#include "gmlp-thread-private.h"
 
 /**
  * GmlpGroupedLinear:
@@ -100,6 +101,28 @@
  * [method@Gmlp.Quantizer.update]) once a training step, from the caller:
  * the layer cannot tell where a step ends. docs/fp8.md has the details.
  *
+ * ## Threads
+ *
+ * A layer may be used from several threads at once. Forwards run
+ * concurrently: they only read the parameters, and the cached FP8 weights
+ * are quantized once. The weight-gradient computations (backward and
+ * backward_dw) run one at a time: concurrent calls wait for each other, so
+ * with fuse-wgrad-accumulation main_grad receives every thread's dW (in an
+ * order that the threads decide, which can change the last bits), and
+ * without it wgrad and bgrad hold the dW of whichever ran last. Each saved
+ * activations object serves one backward: when threads race to use the
+ * same one, one backward runs and the others fail with
+ * %GMLP_ERROR_INVALID_STATE. [signal@Gmlp.GroupedLinear::wgrad-ready] is
+ * emitted on the thread that computed the gradients, while the layer keeps
+ * the others waiting; a handler may call the layer, but must not wait for
+ * another thread that runs this layer's backward.
+ *
+ * Replacing the parameters or the quantizers (init_parameters,
+ * set_weight_from_bytes, set_quantizers, an optimizer step on the weights)
+ * is not ordered with forwards and backwards that run meanwhile, nor is
+ * reading the gradients: do it between steps. Binding main_grad and the
+ * accumulation mask wait for a running backward.
+ *
  * Since: 0.1
  */
 
@@ -128,6 +151,11 @@ struct _GmlpGroupedLinear
   Param               main_grad;   /* FP32; members may be rebound to caller tensors */
   guint8             *accumulate;  /* per group, for the fused main_grad */
 
+  /* Runs the weight-gradient computations (backward, backward_dw) one at
+   * a time, and guards their state: wgrad and bgrad, made at the first,
+   * pending, the two flags, main_grad's bindings and the mask.
+   * Recursive, for a wgrad-ready handler that calls back in. */
+  GRecMutex           grad_lock;
   GQueue              pending;     /* of PendingWgrad, oldest first */
   gboolean            wgrad_valid;
   gboolean            grad_added_to_main_grad;
@@ -143,6 +171,7 @@ struct _GmlpGroupedLinear
 
   /* Why constructed() failed; every method reports it. */
   GError             *construct_error;
+  GMutex              fp8_lock;    /* guards the two above */
 };
 
 /* What an FP8 weight-gradient computation would otherwise allocate while
@@ -293,9 +322,11 @@ pending_wgrad_free (gpointer data)
   PendingWgrad *pending = data;
 
   fp8_wgrad_operands_clear (&pending->fp8_operands);
-  g_object_unref (pending->input);
-  g_clear_object (&pending->grad_output);
-  g_clear_object (&pending->grad_output_fp8);
+  /* backward_dw may run on another thread than the backward that queued
+   * these, which may hold them still. */
+  gmlp_object_unref_shared (pending->input);
+  g_clear_pointer (&pending->grad_output, gmlp_object_unref_shared);
+  g_clear_pointer (&pending->grad_output_fp8, gmlp_object_unref_shared);
   g_array_unref (pending->versions);
   g_free (pending);
 }
@@ -318,6 +349,8 @@ gmlp_grouped_linear_finalize (GObject *object)
   g_clear_object (&self->weight_fp8);
   g_clear_object (&self->device);
   g_clear_error (&self->construct_error);
+  g_rec_mutex_clear (&self->grad_lock);
+  g_mutex_clear (&self->fp8_lock);
 
   G_OBJECT_CLASS (gmlp_grouped_linear_parent_class)->finalize (object);
 }
@@ -371,7 +404,7 @@ gmlp_grouped_linear_get_property (GObject    *object,
       g_value_set_object (value, self->grad_output_quantizer);
       break;
     case PROP_CACHE_FP8_WEIGHTS:
-      g_value_set_boolean (value, self->cache_fp8_weights);
+      g_value_set_boolean (value, gmlp_grouped_linear_get_cache_fp8_weights (self));
       break;
     default:
       G_OBJECT_WARN_INVALID_PROPERTY_ID (object, prop_id, pspec);
@@ -663,6 +696,8 @@ gmlp_grouped_linear_init (GmlpGroupedLinear *self)
   self->out_features = 1;
   self->flags = GMLP_LINEAR_SINGLE_GROUPED_WEIGHT;
   g_queue_init (&self->pending);
+  g_rec_mutex_init (&self->grad_lock);
+  g_mutex_init (&self->fp8_lock);
 }
 
 static GmlpGroupedTensor *
@@ -1030,8 +1065,10 @@ gmlp_grouped_linear_set_wgrad_accumulation_mask (GmlpGroupedLinear  *self,
                    "The mask has %u entries; the layer has %u groups", n_groups, self->n_groups);
       return FALSE;
     }
+  gmlp_rec_mutex_lock (&self->grad_lock);
   for (g = 0; g < n_groups; g++)
     self->accumulate[g] = accumulate[g] ? 1 : 0;
+  gmlp_rec_mutex_unlock (&self->grad_lock);
   return TRUE;
 }
 
@@ -1202,6 +1239,8 @@ gmlp_grouped_linear_set_main_grad (GmlpGroupedLinear  *self,
                                    GmlpGroupedTensor  *main_grad,
                                    GError            **error)
 {
+  g_autoptr(GmlpRecMutexLocker) locker = NULL;
+
   g_return_val_if_fail (GMLP_IS_GROUPED_LINEAR (self), FALSE);
   g_return_val_if_fail (GMLP_IS_GROUPED_TENSOR (main_grad), FALSE);
   g_return_val_if_fail (error == NULL || *error == NULL, FALSE);
@@ -1210,6 +1249,7 @@ gmlp_grouped_linear_set_main_grad (GmlpGroupedLinear  *self,
       !gmlp_grouped_tensor_check_usable (main_grad, error))
     return FALSE;
 
+  locker = gmlp_rec_mutex_locker_new (&self->grad_lock);
   if (!check_main_grad (self, main_grad, self->n_groups, GMLP_LINEAR_SINGLE_GROUPED_WEIGHT, error) ||
       !check_main_grad_storage (self, main_grad, G_MAXUINT, error))
     return FALSE;
@@ -1259,7 +1299,9 @@ gmlp_grouped_linear_set_main_grad_member (GmlpGroupedLinear  *self,
   if (!check_main_grad_storage (self, main_grad, index, error))
     return FALSE;
 
+  gmlp_rec_mutex_lock (&self->grad_lock);
   g_set_object (&self->main_grad.members[index], main_grad);
+  gmlp_rec_mutex_unlock (&self->grad_lock);
   return TRUE;
 }
 
@@ -1791,6 +1833,7 @@ gmlp_grouped_linear_backward (GmlpGroupedLinear     *self,
                               GError               **error)
 {
   g_autoptr(GmlpLinearBackward) step = NULL;
+  g_autoptr(GmlpRecMutexLocker) locker = NULL;
 
   g_return_val_if_fail (GMLP_IS_GROUPED_LINEAR (self), NULL);
   g_return_val_if_fail (GMLP_IS_SAVED_ACTIVATIONS (saved), NULL);
@@ -1801,6 +1844,9 @@ gmlp_grouped_linear_backward (GmlpGroupedLinear     *self,
       !gmlp_grouped_tensor_check_usable (grad_output, error))
     return NULL;
 
+  /* One backward at a time: it writes the weight gradients, and it uses up
+   * its saved activations (a second use is refused, not raced). */
+  locker = gmlp_rec_mutex_locker_new (&self->grad_lock);
   step = gmlp_grouped_linear_backward_begin (self, saved, grad_output, "GroupedLinear", error);
   if (step == NULL || !gmlp_grouped_linear_backward_dgrad (self, step, error))
     return NULL;
@@ -2008,6 +2054,7 @@ gboolean
 gmlp_grouped_linear_backward_dw (GmlpGroupedLinear  *self,
                                  GError            **error)
 {
+  g_autoptr(GmlpRecMutexLocker) locker = NULL;
   PendingWgrad *pending;
 
   g_return_val_if_fail (GMLP_IS_GROUPED_LINEAR (self), FALSE);
@@ -2016,6 +2063,7 @@ gmlp_grouped_linear_backward_dw (GmlpGroupedLinear  *self,
   if (!gmlp_check_constructed (self, self->construct_error, error))
     return FALSE;
 
+  locker = gmlp_rec_mutex_locker_new (&self->grad_lock);
   if (!gmlp_grouped_linear_backward_dw_prepare (self, "GroupedLinear", error))
     return FALSE;
 
@@ -2039,9 +2087,14 @@ gmlp_grouped_linear_backward_dw (GmlpGroupedLinear  *self,
 guint
 gmlp_grouped_linear_get_pending_wgrads (GmlpGroupedLinear *self)
 {
+  guint length;
+
   g_return_val_if_fail (GMLP_IS_GROUPED_LINEAR (self), 0);
 
-  return self->pending.length;
+  gmlp_rec_mutex_lock (&self->grad_lock);
+  length = self->pending.length;
+  gmlp_rec_mutex_unlock (&self->grad_lock);
+  return length;
 }
 
 /* The grouped face of a parameter, in single-grouped-weight mode only. */
@@ -2681,12 +2734,14 @@ fp8_quantize (GmlpGroupedTensor  *tensor,
 
 /* The quantized weights, with the columnwise copy when asked: the cached
  * ones when they will do, else quantized now (and cached when the layer
- * caches). */
+ * caches). Under the lock, so that forwards on several threads quantize
+ * them once. */
 static GmlpGroupedTensor *
 fp8_weights (GmlpGroupedLinear  *self,
              gboolean            columnwise,
              GError            **error)
 {
+  g_autoptr(GmlpMutexLocker) locker = gmlp_mutex_locker_new (&self->fp8_lock);
   GmlpGroupedTensor *w8;
 
   if (self->weight_fp8 != NULL &&
@@ -3428,9 +3483,14 @@ gmlp_grouped_linear_set_cache_fp8_weights (GmlpGroupedLinear *self,
   cache = !!cache;
   if (!cache)
     gmlp_grouped_linear_invalidate_fp8_weights (self);
+  gmlp_mutex_lock (&self->fp8_lock);
   if (self->cache_fp8_weights == cache)
-    return;
+    {
+      gmlp_mutex_unlock (&self->fp8_lock);
+      return;
+    }
   self->cache_fp8_weights = cache;
+  gmlp_mutex_unlock (&self->fp8_lock);
   g_object_notify_by_pspec (G_OBJECT (self), properties[PROP_CACHE_FP8_WEIGHTS]);
 }
 
@@ -3445,8 +3505,14 @@ gmlp_grouped_linear_set_cache_fp8_weights (GmlpGroupedLinear *self,
 gboolean
 gmlp_grouped_linear_get_cache_fp8_weights (GmlpGroupedLinear *self)
 {
+  gboolean cache;
+
   g_return_val_if_fail (GMLP_IS_GROUPED_LINEAR (self), FALSE);
-  return self->cache_fp8_weights;
+
+  gmlp_mutex_lock (&self->fp8_lock);
+  cache = self->cache_fp8_weights;
+  gmlp_mutex_unlock (&self->fp8_lock);
+  return cache;
 }
 
 /**
@@ -3464,6 +3530,12 @@ gmlp_grouped_linear_get_cache_fp8_weights (GmlpGroupedLinear *self)
 void
 gmlp_grouped_linear_invalidate_fp8_weights (GmlpGroupedLinear *self)
 {
+  GmlpGroupedTensor *old;
+
   g_return_if_fail (GMLP_IS_GROUPED_LINEAR (self));
-  g_clear_object (&self->weight_fp8);
+
+  gmlp_mutex_lock (&self->fp8_lock);
+  old = g_steal_pointer (&self->weight_fp8);
+  gmlp_mutex_unlock (&self->fp8_lock);
+  g_clear_object (&old);
 }

@@ -16,6 +16,7 @@
 #include "gmlp-quantize-numeric.h"
 #include "gmlp-quantizer-private.h"
 #include "gmlp-saved-activations-private.h"
+#include "gmlp-thread-private.h"
 
 /**
  * GmlpGroupedMLP:
@@ -62,6 +63,14 @@
  * both layers quantize their weights once per step, not once per forward.
  * docs/fp8.md has the details and the accuracy.
  *
+ * ## Threads
+ *
+ * As for [class@Gmlp.GroupedLinear]: forwards run concurrently, and the
+ * MLP runs backward and backward_dw one at a time, so that FC1's and FC2's
+ * weight gradients after each come from the same step and
+ * [signal@Gmlp.GroupedMLP::wgrad-ready] follows both. Delayed-scaling
+ * quantizers shared by the threads record every thread's amaxes.
+ *
  * Since: 0.1
  */
 
@@ -94,6 +103,10 @@ struct _GmlpGroupedMLP
 
   /* Why constructed() failed; every method reports it. */
   GError             *construct_error;
+  /* Runs backward and backward_dw one at a time, so that both layers'
+   * weight gradients come from the same backward (the layers' own locks
+   * order each layer only). Recursive, as the layers'. */
+  GRecMutex           grad_lock;
 };
 
 static void gmlp_grouped_mlp_initable_iface_init (GInitableIface *iface);
@@ -141,6 +154,7 @@ gmlp_grouped_mlp_finalize (GObject *object)
   g_clear_object (&self->fc2);
   g_clear_object (&self->device);
   g_clear_error (&self->construct_error);
+  g_rec_mutex_clear (&self->grad_lock);
 
   G_OBJECT_CLASS (gmlp_grouped_mlp_parent_class)->finalize (object);
 }
@@ -415,6 +429,7 @@ gmlp_grouped_mlp_init (GmlpGroupedMLP *self)
   self->flags = GMLP_LINEAR_SINGLE_GROUPED_WEIGHT;
   self->fp8_recipe = GMLP_SCALING_RECIPE_NONE;
   self->fp8_format = GMLP_FP8_FORMAT_HYBRID;
+  g_rec_mutex_init (&self->grad_lock);
 }
 
 static gboolean apply_fp8_recipe (GmlpGroupedMLP     *self,
@@ -750,7 +765,7 @@ run_activation_quantize (GmlpGroupedMLP     *self,
   g_autoptr(GmlpGroupedTensor) data = NULL, scale_inv = NULL;
   g_autoptr(GmlpGroupedTensor) columnwise = NULL, columnwise_scale_inv = NULL;
   gint64 block_rows, block_cols, col_block_rows, col_block_cols;
-  gboolean own_column_scales;
+  gboolean own_column_scales, ok;
   GmlpBackendShape shape;
   float *state = NULL;
 
@@ -762,9 +777,6 @@ run_activation_quantize (GmlpGroupedMLP     *self,
                    gmlp_device_get_name (self->device));
       return NULL;
     }
-  if (!gmlp_quantizer_get_state_for (quantizer, self->n_groups, &state, error))
-    return NULL;
-
   gmlp_quant_blocks ((int) recipe, flags, FALSE, &block_rows, &block_cols);
   gmlp_quant_blocks ((int) recipe, flags, TRUE, &col_block_rows, &col_block_cols);
   own_column_scales = with_columnwise && gmlp_quant_columnwise_has_scales ((int) recipe, flags);
@@ -797,13 +809,19 @@ run_activation_quantize (GmlpGroupedMLP     *self,
   if (!gmlp_grouped_tensor_get_backend_shape (h, &shape, error))
     return NULL;
   shape.cols = self->ffn_hidden;
-  if (!GMLP_DEVICE_CALL (self->device, activation_quantize, &shape, (int) self->activation,
+  /* The call records amaxes into a delayed-scaling state, which quantize
+   * calls of other threads write too. */
+  gmlp_quantizer_lock_state (quantizer);
+  ok = gmlp_quantizer_get_state_for (quantizer, self->n_groups, &state, error) &&
+       GMLP_DEVICE_CALL (self->device, activation_quantize, &shape, (int) self->activation,
                          gmlp_grouped_tensor_get_data (h), (int) self->dtype, (int) recipe, flags,
                          (int) fp8_dtype, gmlp_grouped_tensor_get_data (data),
                          gmlp_grouped_tensor_get_data (scale_inv),
                          columnwise != NULL ? gmlp_grouped_tensor_get_data (columnwise) : NULL,
                          columnwise_scale_inv != NULL ? gmlp_grouped_tensor_get_data (columnwise_scale_inv) : NULL,
-                         NULL, state, gmlp_quantizer_get_amax_history_length (quantizer), error))
+                         NULL, state, gmlp_quantizer_get_amax_history_length (quantizer), error);
+  gmlp_quantizer_unlock_state (quantizer);
+  if (!ok)
     return NULL;
 
   if (columnwise != NULL)
@@ -942,8 +960,12 @@ gmlp_grouped_mlp_forward (GmlpGroupedMLP        *self,
   if (fc2_quantizer != NULL)
     {
       float *state;
+      gboolean fits;
 
-      if (!gmlp_quantizer_get_state_for (fc2_quantizer, self->n_groups, &state, error))
+      gmlp_quantizer_lock_state (fc2_quantizer);
+      fits = gmlp_quantizer_get_state_for (fc2_quantizer, self->n_groups, &state, error);
+      gmlp_quantizer_unlock_state (fc2_quantizer);
+      if (!fits)
         return NULL;
       columnwise = saved != NULL && fc2_input_wants_columnwise (self, fc2_quantizer);
     }
@@ -1025,6 +1047,7 @@ gmlp_grouped_mlp_backward (GmlpGroupedMLP        *self,
 {
   g_autoptr(GmlpLinearBackward) fc2_step = NULL, fc1_step = NULL;
   g_autoptr(GmlpGroupedTensor) da = NULL, dh = NULL, dx = NULL;
+  g_autoptr(GmlpRecMutexLocker) locker = NULL;
   GmlpSavedActivations *s1, *s2;
   GmlpGroupedTensor *h;
 
@@ -1037,6 +1060,7 @@ gmlp_grouped_mlp_backward (GmlpGroupedMLP        *self,
       !gmlp_grouped_tensor_check_usable (grad_output, error))
     return NULL;
 
+  locker = gmlp_rec_mutex_locker_new (&self->grad_lock);
   if (!gmlp_saved_activations_check (saved, self->id, "GroupedMLP", error) ||
       !check_host_sizes (grad_output, "output gradient", error))
     return NULL;
@@ -1121,12 +1145,15 @@ gboolean
 gmlp_grouped_mlp_backward_dw (GmlpGroupedMLP  *self,
                               GError         **error)
 {
+  g_autoptr(GmlpRecMutexLocker) locker = NULL;
+
   g_return_val_if_fail (GMLP_IS_GROUPED_MLP (self), FALSE);
   g_return_val_if_fail (error == NULL || *error == NULL, FALSE);
 
   if (!gmlp_check_constructed (self, self->construct_error, error))
     return FALSE;
 
+  locker = gmlp_rec_mutex_locker_new (&self->grad_lock);
   return gmlp_grouped_linear_backward_dw_prepare (self->fc2, "GroupedMLP's FC2", error) &&
          gmlp_grouped_linear_backward_dw_prepare (self->fc1, "GroupedMLP's FC1", error) &&
          gmlp_grouped_linear_backward_dw (self->fc2, error) &&

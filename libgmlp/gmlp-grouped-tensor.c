@@ -17,6 +17,7 @@
 #include "gmlp-error.h"
 #include "gmlp-error-private.h"
 #include "gmlp-numeric.h"
+#include "gmlp-thread-private.h"
 
 /**
  * GmlpGroupedTensor:
@@ -49,6 +50,14 @@
  * and [property@Gmlp.GroupedTensor:device]. Such a tensor is complete; when
  * the properties are invalid, or none is given, every method fails with the
  * reason ([iface@Gio.Initable] reports it too).
+ * A tensor's shape, dtype and device never change, and what it makes on
+ * demand (the device copy of host group sizes,
+ * [method@Gmlp.GroupedTensor.get_sizes]) is made once: any number of threads
+ * may read a tensor at once, for example use one input in forwards on
+ * several threads. Its data is not locked: a call that writes into a
+ * tensor (as an output, or [method@Gmlp.GroupedTensor.fill_zero] and the
+ * like) must not run while another thread reads or writes that tensor or a
+ * view of its storage; order such calls yourself.
  *
  * Since: 0.1
  */
@@ -107,6 +116,8 @@ gmlp_grouped_tensor_finalize (GObject *object)
 {
   GmlpGroupedTensor *self = (GmlpGroupedTensor *) object;
 
+  /* After the other threads' use (gmlp_object_unref_shared()). */
+  gmlp_tsan_acquire (self);
   g_clear_pointer (&self->buffer, gmlp_buffer_unref);
   g_clear_object (&self->sizes);
   g_clear_object (&self->device);
@@ -930,7 +941,8 @@ gmlp_grouped_tensor_get_data (GmlpGroupedTensor *self)
  *
  * Gets the group sizes as a device tensor: one member of `n_groups × 1`
  * INT64 values. For a tensor with device-only sizes this is the tensor it
- * was created with; for host sizes they are uploaded on the first call.
+ * was created with; for host sizes they are uploaded on the first call,
+ * once, also when several threads call at the same time.
  *
  * Returns: (transfer none): the sizes tensor, or %NULL with an error
  *
@@ -940,22 +952,34 @@ GmlpGroupedTensor *
 gmlp_grouped_tensor_get_sizes (GmlpGroupedTensor  *self,
                                GError            **error)
 {
+  GmlpGroupedTensor *sizes;
+
   g_return_val_if_fail (GMLP_IS_GROUPED_TENSOR (self), NULL);
   g_return_val_if_fail (error == NULL || *error == NULL, NULL);
 
   if (!gmlp_grouped_tensor_check_usable (self, error))
     return NULL;
 
-  if (self->sizes == NULL)
+  sizes = g_atomic_pointer_get (&self->sizes);
+  if (sizes == NULL)
     {
       gint64 n = self->n_groups;
       g_autoptr(GBytes) bytes = g_bytes_new (self->rows, sizeof (gint64) * self->n_groups);
+      g_autoptr(GmlpGroupedTensor) made = NULL;
 
-      self->sizes = gmlp_grouped_tensor_new_from_bytes (self->device, GMLP_DTYPE_INT64,
-                                                        &n, 1, 1, bytes, error);
+      made = gmlp_grouped_tensor_new_from_bytes (self->device, GMLP_DTYPE_INT64, &n, 1, 1,
+                                                 bytes, error);
+      if (made == NULL)
+        return NULL;
+      /* Threads that share the tensor may upload at once: the first copy
+       * published is the one, the others are dropped. */
+      if (g_atomic_pointer_compare_and_exchange (&self->sizes, NULL, made))
+        sizes = g_steal_pointer (&made);
+      else
+        sizes = g_atomic_pointer_get (&self->sizes);
     }
 
-  return self->sizes;
+  return sizes;
 }
 
 gboolean
@@ -1924,11 +1948,11 @@ typedef struct {
 
 /* Internal linkage: the macro defines a function of the name declared here. */
 static GQuark quantized_info_quark (void);
-G_DEFINE_QUARK (gmlp-grouped-tensor-quantized, quantized_info)
+GMLP_DEFINE_QUARK (gmlp-grouped-tensor-quantized, quantized_info)
 
 /* Marks the E8M0 scale tensor of an MXFP8 tensor: bytes typed E4M3. */
 static GQuark e8m0_scales_quark (void);
-G_DEFINE_QUARK (gmlp-grouped-tensor-e8m0-scales, e8m0_scales)
+GMLP_DEFINE_QUARK (gmlp-grouped-tensor-e8m0-scales, e8m0_scales)
 
 static void
 quantized_info_free (gpointer data)

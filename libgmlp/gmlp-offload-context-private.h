@@ -36,6 +36,9 @@ void                gmlp_offload_context_reloading      (GmlpOffloadContext  *se
                                                          GmlpSavedActivations *saved,
                                                          guint64              nbytes,
                                                          gboolean             prefetch);
+/* @saved is being finalized. */
+void                gmlp_offload_context_forget         (GmlpOffloadContext  *self,
+                                                         GmlpSavedActivations *saved);
 /* A backward is about to use @saved: prefetch the activations saved before
  * it, so their reload overlaps this backward. */
 void                gmlp_offload_context_backward_started (GmlpOffloadContext *self,

@@ -9,6 +9,7 @@
 #include "gmlp-device-private.h"
 #include "gmlp-error.h"
 #include "gmlp-saved-activations-private.h"
+#include "gmlp-thread-private.h"
 
 /**
  * GmlpOffloadContext:
@@ -41,6 +42,15 @@
  * drive their own schedule. Results are bit-identical with and without
  * offload. On the CPU the copies are plain host copies.
  *
+ * `GmlpOffloadContext` is thread-safe: one context may be pushed on any
+ * number of threads at once, each with its own stack of entries. The pool
+ * of host memory, the counts and the order of offloads are the context's:
+ * "the most recently offloaded" and "the activations saved just before"
+ * mean in the order in which the forwards of all the threads offloaded. So
+ * a forward on one thread may take away the device copy that another
+ * thread's last activations kept, and their backward then reloads them;
+ * results are the same.
+ *
  * Since: 0.1
  */
 
@@ -50,6 +60,19 @@ typedef struct {
   GmlpEvent *busy_until;   /* a copy may use it until this completes */
 } HostBlock;
 
+/* Activations the context offloaded, until they are finalized: a weak
+ * reference, which a thread that did not make them may turn into a strong
+ * one safely while their last reference goes on another thread, and the
+ * pointer to find them by, never dereferenced. */
+typedef struct {
+  GWeakRef  ref;
+  gpointer  key;
+} Offloaded;
+
+/* The lock guards everything below it: threads that share the context
+ * offload, reload and take host memory at once. It is never held while
+ * calling into saved activations that could take theirs (which call in
+ * here with theirs held), nor while dropping a reference to them. */
 struct _GmlpOffloadContext
 {
   GObject      parent_instance;
@@ -57,8 +80,8 @@ struct _GmlpOffloadContext
   GmlpDevice  *device;
   GMutex       lock;
   GList       *free_blocks;      /* HostBlock */
-  GList       *offloaded;        /* GmlpSavedActivations, forward order; weak */
-  GmlpSavedActivations *recent;  /* the last offloaded, still with its device copy; weak */
+  GQueue       offloaded;        /* Offloaded, in the order of the offloads */
+  Offloaded   *recent;           /* the last offloaded, still with its device copy */
   guint64      pool_bytes;
   guint64      bytes_offloaded;
   guint64      bytes_on_host;
@@ -97,7 +120,7 @@ frame_stack_free (gpointer data)
   guint i;
 
   for (i = 0; i < stack->len; i++)
-    g_object_unref (g_array_index (stack, Frame, i).context);
+    gmlp_object_unref_shared (g_array_index (stack, Frame, i).context);
   g_array_unref (stack);
 }
 
@@ -117,16 +140,44 @@ frame_stack (gboolean create)
 }
 
 static void
-saved_gone (gpointer  data,
-            GObject  *where_the_object_was)
+offloaded_free (Offloaded *entry)
 {
-  GmlpOffloadContext *self = data;
+  g_weak_ref_clear (&entry->ref);
+  g_free (entry);
+}
 
-  g_mutex_lock (&self->lock);
-  self->offloaded = g_list_remove (self->offloaded, where_the_object_was);
-  if (self->recent == (gpointer) where_the_object_was)
-    self->recent = NULL;
-  g_mutex_unlock (&self->lock);
+/* The entry of @saved, or NULL; lock held. */
+static GList *
+find_offloaded (GmlpOffloadContext   *self,
+                GmlpSavedActivations *saved)
+{
+  GList *l;
+
+  for (l = self->offloaded.tail; l != NULL; l = l->prev)
+    if (((Offloaded *) l->data)->key == saved)
+      return l;
+  return NULL;
+}
+
+void
+gmlp_offload_context_forget (GmlpOffloadContext   *self,
+                             GmlpSavedActivations *saved)
+{
+  Offloaded *entry = NULL;
+  GList *l;
+
+  gmlp_mutex_lock (&self->lock);
+  l = find_offloaded (self, saved);
+  if (l != NULL)
+    {
+      entry = l->data;
+      if (self->recent == entry)
+        self->recent = NULL;
+      g_queue_delete_link (&self->offloaded, l);
+    }
+  gmlp_mutex_unlock (&self->lock);
+  if (entry != NULL)
+    offloaded_free (entry);
 }
 
 static void
@@ -146,9 +197,10 @@ gmlp_offload_context_finalize (GObject *object)
   GmlpOffloadContext *self = (GmlpOffloadContext *) object;
   GList *l;
 
-  for (l = self->offloaded; l != NULL; l = l->next)
-    g_object_weak_unref (l->data, saved_gone, self);
-  g_list_free (self->offloaded);
+  /* The last reference may go on any thread (gmlp_object_unref_shared()). */
+  gmlp_tsan_acquire (self);
+  /* Offloaded activations hold the context: none is left. */
+  g_queue_clear_full (&self->offloaded, (GDestroyNotify) offloaded_free);
   for (l = self->free_blocks; l != NULL; l = l->next)
     host_block_free (self, l->data);
   g_list_free (self->free_blocks);
@@ -303,6 +355,7 @@ static void
 gmlp_offload_context_init (GmlpOffloadContext *self)
 {
   g_mutex_init (&self->lock);
+  g_queue_init (&self->offloaded);
 }
 
 /**
@@ -389,7 +442,7 @@ gmlp_offload_context_pop_thread_default (GmlpOffloadContext  *self,
                    "Unbalanced pop: this offload context is not the innermost one");
       return FALSE;
     }
-  g_object_unref (top->context);
+  gmlp_object_unref_shared (top->context);
   g_array_set_size (stack, stack->len - 1);
   return TRUE;
 }
@@ -468,7 +521,7 @@ gmlp_offload_context_take_host (GmlpOffloadContext  *self,
   gpointer ptr = NULL;
   GList *l;
 
-  g_mutex_lock (&self->lock);
+  gmlp_mutex_lock (&self->lock);
   for (l = self->free_blocks; l != NULL; l = l->next)
     {
       HostBlock *block = l->data;
@@ -485,7 +538,7 @@ gmlp_offload_context_take_host (GmlpOffloadContext  *self,
           break;
         }
     }
-  g_mutex_unlock (&self->lock);
+  gmlp_mutex_unlock (&self->lock);
   if (ptr != NULL)
     return ptr;
 
@@ -493,9 +546,9 @@ gmlp_offload_context_take_host (GmlpOffloadContext  *self,
   if (ptr == NULL)
     return NULL;
   *size = want;
-  g_mutex_lock (&self->lock);
+  gmlp_mutex_lock (&self->lock);
   self->pool_bytes += want;
-  g_mutex_unlock (&self->lock);
+  gmlp_mutex_unlock (&self->lock);
   return ptr;
 }
 
@@ -510,25 +563,32 @@ gmlp_offload_context_give_host (GmlpOffloadContext *self,
   block->ptr = ptr;
   block->size = size;
   block->busy_until = busy_until != NULL ? g_object_ref (busy_until) : NULL;
-  g_mutex_lock (&self->lock);
+  gmlp_mutex_lock (&self->lock);
   self->free_blocks = g_list_prepend (self->free_blocks, block);
-  g_mutex_unlock (&self->lock);
+  gmlp_mutex_unlock (&self->lock);
 }
 
-/* Takes the device copy away from the most recently offloaded activations. */
-static void
-release_recent (GmlpOffloadContext *self)
+/* Makes @recent (NULL: none) the most recently offloaded activations; lock
+ * held. Returns those that were, whose device copy the caller takes away
+ * (release_previous()) once the lock is let go. */
+static GmlpSavedActivations *
+swap_recent (GmlpOffloadContext *self,
+             Offloaded          *recent)
 {
-  GmlpSavedActivations *recent;
+  GmlpSavedActivations *previous;
 
-  g_mutex_lock (&self->lock);
-  recent = self->recent != NULL ? g_object_ref (self->recent) : NULL;
-  self->recent = NULL;
-  g_mutex_unlock (&self->lock);
-  if (recent != NULL)
+  previous = self->recent != NULL ? g_weak_ref_get (&self->recent->ref) : NULL;
+  self->recent = recent;
+  return previous;
+}
+
+static void
+release_previous (GmlpSavedActivations *previous)
+{
+  if (previous != NULL)
     {
-      gmlp_saved_activations_release_device (recent);
-      g_object_unref (recent);
+      gmlp_saved_activations_release_device (previous);
+      gmlp_object_unref_shared (previous);
     }
 }
 
@@ -537,14 +597,18 @@ gmlp_offload_context_offloaded (GmlpOffloadContext   *self,
                                 GmlpSavedActivations *saved,
                                 guint64               nbytes)
 {
-  release_recent (self);
-  g_mutex_lock (&self->lock);
+  Offloaded *entry = g_new0 (Offloaded, 1);
+  GmlpSavedActivations *previous;
+
+  g_weak_ref_init (&entry->ref, saved);
+  entry->key = saved;
+  gmlp_mutex_lock (&self->lock);
   self->bytes_offloaded += nbytes;
   self->bytes_on_host += nbytes;
-  self->offloaded = g_list_append (self->offloaded, saved);
-  self->recent = saved;
-  g_mutex_unlock (&self->lock);
-  g_object_weak_ref (G_OBJECT (saved), saved_gone, self);
+  g_queue_push_tail (&self->offloaded, entry);
+  previous = swap_recent (self, entry);
+  gmlp_mutex_unlock (&self->lock);
+  release_previous (previous);
 }
 
 void
@@ -552,11 +616,11 @@ gmlp_offload_context_kept (GmlpOffloadContext   *self,
                            GmlpSavedActivations *saved,
                            guint64               nbytes)
 {
-  g_mutex_lock (&self->lock);
+  gmlp_mutex_lock (&self->lock);
   self->bytes_on_host -= MIN (nbytes, self->bytes_on_host);
-  if (self->recent == saved)
+  if (self->recent != NULL && self->recent->key == saved)
     self->recent = NULL;
-  g_mutex_unlock (&self->lock);
+  gmlp_mutex_unlock (&self->lock);
 }
 
 /**
@@ -573,9 +637,14 @@ gmlp_offload_context_kept (GmlpOffloadContext   *self,
 void
 gmlp_offload_context_flush (GmlpOffloadContext *self)
 {
+  GmlpSavedActivations *previous;
+
   g_return_if_fail (GMLP_IS_OFFLOAD_CONTEXT (self));
 
-  release_recent (self);
+  gmlp_mutex_lock (&self->lock);
+  previous = swap_recent (self, NULL);
+  gmlp_mutex_unlock (&self->lock);
+  release_previous (previous);
 }
 
 void
@@ -584,32 +653,41 @@ gmlp_offload_context_reloading (GmlpOffloadContext   *self,
                                 guint64               nbytes,
                                 gboolean              prefetch)
 {
-  g_mutex_lock (&self->lock);
+  gmlp_mutex_lock (&self->lock);
   self->bytes_on_host -= MIN (nbytes, self->bytes_on_host);
   if (prefetch)
     self->prefetches++;
   else
     self->reload_waits++;
-  g_mutex_unlock (&self->lock);
+  gmlp_mutex_unlock (&self->lock);
 }
 
 void
 gmlp_offload_context_backward_started (GmlpOffloadContext   *self,
                                        GmlpSavedActivations *saved)
 {
+  /* Dropped after the lock: the last reference may go with them. */
+  g_autoptr(GPtrArray) passed = g_ptr_array_new_with_free_func (gmlp_object_unref_shared);
   GmlpSavedActivations *previous = NULL;
   GList *l;
 
-  g_mutex_lock (&self->lock);
-  l = g_list_find (self->offloaded, saved);
+  gmlp_mutex_lock (&self->lock);
+  l = find_offloaded (self, saved);
   /* The activations saved just before these, still in host memory. */
   for (l = l != NULL ? l->prev : NULL; l != NULL; l = l->prev)
-    if (gmlp_saved_activations_is_on_host (l->data))
-      {
-        previous = g_object_ref (l->data);
-        break;
-      }
-  g_mutex_unlock (&self->lock);
+    {
+      GmlpSavedActivations *candidate = g_weak_ref_get (&((Offloaded *) l->data)->ref);
+
+      if (candidate == NULL)
+        continue;
+      if (gmlp_saved_activations_is_on_host (candidate))
+        {
+          previous = candidate;
+          break;
+        }
+      g_ptr_array_add (passed, candidate);
+    }
+  gmlp_mutex_unlock (&self->lock);
 
   if (previous != NULL)
     {
@@ -618,7 +696,7 @@ gmlp_offload_context_backward_started (GmlpOffloadContext   *self,
       /* A failed prefetch is retried, with its error, by that backward. */
       if (!gmlp_saved_activations_reload (previous, TRUE, &error))
         g_debug ("Prefetch failed: %s", error->message);
-      g_object_unref (previous);
+      gmlp_object_unref_shared (previous);
     }
 }
 
@@ -678,9 +756,9 @@ gmlp_offload_context_get_device (GmlpOffloadContext *self)
   { \
     type value; \
     g_return_val_if_fail (GMLP_IS_OFFLOAD_CONTEXT (self), 0); \
-    g_mutex_lock (&self->lock); \
+    gmlp_mutex_lock (&self->lock); \
     value = self->field; \
-    g_mutex_unlock (&self->lock); \
+    gmlp_mutex_unlock (&self->lock); \
     return value; \
   }
 

@@ -52,6 +52,10 @@ gboolean  gmlp_quantized_check_compatible         (GmlpGroupedTensor  *a,
  * for the other recipes. FALSE with %GMLP_ERROR_SHAPE_MISMATCH when the
  * state has another number of groups. */
 int       gmlp_quantizer_get_quantize_flags       (GmlpQuantizer      *self);
+/* Call get_state_for() and use the state with it locked: every quantize
+ * call writes it. */
+void      gmlp_quantizer_lock_state               (GmlpQuantizer      *self);
+void      gmlp_quantizer_unlock_state             (GmlpQuantizer      *self);
 gboolean  gmlp_quantizer_get_state_for            (GmlpQuantizer      *self,
                                                    guint               n_groups,
                                                    float             **state,

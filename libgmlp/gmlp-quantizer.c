@@ -15,6 +15,7 @@
 #include "gmlp-error-private.h"
 #include "gmlp-grouped-tensor-private.h"
 #include "gmlp-quantize-numeric.h"
+#include "gmlp-thread-private.h"
 
 G_STATIC_ASSERT ((int) GMLP_SCALING_RECIPE_NONE == GMLP_QUANT_NONE);
 G_STATIC_ASSERT ((int) GMLP_SCALING_RECIPE_DELAYED == GMLP_QUANT_DELAYED);
@@ -59,6 +60,12 @@ G_STATIC_ASSERT ((int) GMLP_SCALING_RECIPE_MXFP8 == GMLP_QUANT_MXFP8);
  * [func@Gmlp.Device.get_default]). A quantizer whose recipe is
  * %GMLP_SCALING_RECIPE_NONE quantizes nothing: its methods fail with
  * %GMLP_ERROR_INVALID_ARGUMENT.
+ * `GmlpQuantizer` is thread-safe: several threads (and layers) may quantize
+ * with one quantizer at once. A delayed-scaling state is made once, and
+ * the calls that record amaxes into it, update it, save or restore it take
+ * turns, so that after a step the amax is that of every thread's calls.
+ * Call [method@Gmlp.Quantizer.update] between steps: during one, it would
+ * change the scales of calls running on other threads.
  *
  * Since: 0.1
  */
@@ -77,7 +84,11 @@ struct _GmlpQuantizer
   gboolean            columnwise;
 
   /* DELAYED: a one-member FP32 tensor of n_groups rows of
-   * gmlp_quant_state_stride() floats; made on first use or restore. */
+   * gmlp_quant_state_stride() floats; made on first use or restore. Every
+   * quantize call records its amaxes into it, so state_lock guards both
+   * and is held around each call that uses the state (on the CPU the call
+   * does the work; on a GPU it enqueues it). */
+  GMutex              state_lock;
   GmlpGroupedTensor  *state;
   guint               n_groups;
 
@@ -116,6 +127,7 @@ gmlp_quantizer_finalize (GObject *object)
   g_clear_object (&self->state);
   g_clear_object (&self->device);
   g_clear_error (&self->construct_error);
+  g_mutex_clear (&self->state_lock);
 
   G_OBJECT_CLASS (gmlp_quantizer_parent_class)->finalize (object);
 }
@@ -348,6 +360,7 @@ gmlp_quantizer_init (GmlpQuantizer *self)
   self->recipe = GMLP_SCALING_RECIPE_DELAYED;
   self->format = GMLP_FP8_FORMAT_HYBRID;
   self->amax_history_length = kGmlpQuantMaxHistory;
+  g_mutex_init (&self->state_lock);
 }
 
 /**
@@ -604,6 +617,7 @@ gmlp_quantizer_quantize_full (GmlpQuantizer      *self,
   gint64 block_rows, block_cols, col_block_rows, col_block_cols, derived_block;
   gboolean own_column_scales;
   guint n_groups;
+  g_autoptr(GmlpMutexLocker) locker = NULL;
   gint64 cols;
   int flags;
 
@@ -615,6 +629,9 @@ gmlp_quantizer_quantize_full (GmlpQuantizer      *self,
       !gmlp_grouped_tensor_check_usable (src, error))
     return NULL;
 
+  /* Only delayed scaling keeps state, which the call reads and writes. */
+  if (self->recipe == GMLP_SCALING_RECIPE_DELAYED)
+    locker = gmlp_mutex_locker_new (&self->state_lock);
   if (!check_source (self, src, error))
     return NULL;
 
@@ -703,14 +720,20 @@ gboolean
 gmlp_quantizer_update (GmlpQuantizer  *self,
                        GError        **error)
 {
+  gboolean ok;
+
   g_return_val_if_fail (GMLP_IS_QUANTIZER (self), FALSE);
   g_return_val_if_fail (error == NULL || *error == NULL, FALSE);
 
-  if (self->recipe != GMLP_SCALING_RECIPE_DELAYED || self->state == NULL)
+  if (self->recipe != GMLP_SCALING_RECIPE_DELAYED)
     return TRUE;
-  return GMLP_DEVICE_CALL (self->device, quantizer_update, gmlp_grouped_tensor_get_data (self->state),
-                           self->n_groups, self->amax_history_length,
-                           (int) gmlp_quantizer_get_dtype (self), self->margin, error);
+  gmlp_mutex_lock (&self->state_lock);
+  ok = self->state == NULL ||
+       GMLP_DEVICE_CALL (self->device, quantizer_update, gmlp_grouped_tensor_get_data (self->state),
+                         self->n_groups, self->amax_history_length,
+                         (int) gmlp_quantizer_get_dtype (self), self->margin, error);
+  gmlp_mutex_unlock (&self->state_lock);
+  return ok;
 }
 
 static void
@@ -765,14 +788,17 @@ gmlp_quantizer_save_state (GmlpQuantizer  *self,
 
   stride = gmlp_quant_state_stride (self->amax_history_length);
 
+  gmlp_mutex_lock (&self->state_lock);
   if (self->state != NULL)
     {
       bytes = gmlp_grouped_tensor_to_bytes (self->state, error);
-      if (bytes == NULL)
-        return NULL;
-      values = g_bytes_get_data (bytes, NULL);
       n_groups = self->n_groups;
     }
+  gmlp_mutex_unlock (&self->state_lock);
+  if (n_groups > 0 && bytes == NULL)
+    return NULL;
+  if (bytes != NULL)
+    values = g_bytes_get_data (bytes, NULL);
 
   g_variant_builder_init (&builder, G_VARIANT_TYPE_VARDICT);
   g_variant_builder_add (&builder, "{sv}", "version", g_variant_new_uint32 (STATE_VERSION));
@@ -981,8 +1007,10 @@ gmlp_quantizer_restore_state (GmlpQuantizer  *self,
 
   if (n_groups == 0)
     {
+      gmlp_mutex_lock (&self->state_lock);
       g_clear_object (&self->state);
       self->n_groups = 0;
+      gmlp_mutex_unlock (&self->state_lock);
       return TRUE;
     }
 
@@ -992,9 +1020,11 @@ gmlp_quantizer_restore_state (GmlpQuantizer  *self,
                                                  bytes, error);
   if (restored == NULL)
     return FALSE;
+  gmlp_mutex_lock (&self->state_lock);
   g_clear_object (&self->state);
   self->state = restored;
   self->n_groups = n_groups;
+  gmlp_mutex_unlock (&self->state_lock);
   return TRUE;
 }
 
@@ -1188,6 +1218,18 @@ gmlp_quantizer_get_quantize_flags (GmlpQuantizer *self)
   g_return_val_if_fail (GMLP_IS_QUANTIZER (self), 0);
 
   return quantize_flags (self);
+}
+
+void
+gmlp_quantizer_lock_state (GmlpQuantizer *self)
+{
+  gmlp_mutex_lock (&self->state_lock);
+}
+
+void
+gmlp_quantizer_unlock_state (GmlpQuantizer *self)
+{
+  gmlp_mutex_unlock (&self->state_lock);
 }
 
 gboolean

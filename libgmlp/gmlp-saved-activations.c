@@ -12,6 +12,7 @@
 #include "gmlp-grouped-tensor-private.h"
 #include "gmlp-offload-context-private.h"
 #include "gmlp-quantizer-private.h"
+#include "gmlp-thread-private.h"
 
 /**
  * GmlpSavedActivations:
@@ -39,6 +40,12 @@
  * of the weights that an FP8 layer keeps for its backward stays on the
  * device (it is not an activation); it counts in
  * [method@Gmlp.SavedActivations.get_nbytes].
+ *
+ * Saved activations are thread-safe: they may go to another thread for
+ * their backward, and the offload context may reload them or take their
+ * device copy away from other threads meanwhile. Of several backwards that
+ * race for them, one uses them and the others fail with
+ * %GMLP_ERROR_INVALID_STATE.
  *
  * Since: 0.1
  */
@@ -76,12 +83,18 @@ struct _GmlpSavedActivations
   GObject             parent_instance;
 
   guint64             owner_id;
+  /* Guards tensors and children: once offloaded, the activations are the
+   * offload context's too, and a forward or backward on another thread may
+   * take their device copy away (release_device()) or start their reload
+   * (a prefetch) while their own backward runs. */
+  GMutex              lock;
   GArray             *tensors;        /* SavedTensor */
   GmlpOffloadContext *context;        /* the context that offloaded them */
   GPtrArray          *children;       /* GmlpSavedActivations of sub-layers */
   GArray             *versions;       /* GmlpVersionRecord of what the forward read */
   gboolean            offload;
-  gboolean            consumed;
+  int                 consumed;       /* atomic */
+  int                 on_host;        /* atomic: a reload is needed */
 };
 
 G_DEFINE_FINAL_TYPE (GmlpSavedActivations, gmlp_saved_activations, G_TYPE_OBJECT)
@@ -99,7 +112,7 @@ static void
 saved_tensor_clear (GmlpSavedActivations *self,
                     SavedTensor          *saved)
 {
-  g_clear_object (&saved->tensor);
+  g_clear_pointer (&saved->tensor, gmlp_object_unref_shared);
   if (saved->host != NULL)
     gmlp_offload_context_give_host (self->context, saved->host, saved->host_size,
                                     saved->offload_done);
@@ -121,16 +134,39 @@ release_tensors (GmlpSavedActivations *self)
   g_array_set_size (self->versions, 0);
 }
 
+/* Whether a tensor waits in host memory alone; lock held. */
+static void
+update_on_host (GmlpSavedActivations *self)
+{
+  gboolean on_host = FALSE;
+  guint i;
+
+  for (i = 0; i < self->tensors->len && !on_host; i++)
+    {
+      SavedTensor *saved = &g_array_index (self->tensors, SavedTensor, i);
+      on_host = saved->host != NULL && saved->tensor == NULL;
+    }
+  g_atomic_int_set (&self->on_host, on_host);
+}
+
 static void
 gmlp_saved_activations_finalize (GObject *object)
 {
   GmlpSavedActivations *self = (GmlpSavedActivations *) object;
 
+  /* The last reference may go on any thread: after the other threads' use
+   * (gmlp_object_unref_shared(), and the lock). */
+  gmlp_tsan_acquire (self);
+  gmlp_mutex_lock (&self->lock);
   release_tensors (self);
+  gmlp_mutex_unlock (&self->lock);
+  if (self->context != NULL)
+    gmlp_offload_context_forget (self->context, self);
   g_clear_pointer (&self->tensors, g_array_unref);
   g_clear_pointer (&self->children, g_ptr_array_unref);
   g_clear_pointer (&self->versions, g_array_unref);
-  g_clear_object (&self->context);
+  g_clear_pointer (&self->context, gmlp_object_unref_shared);
+  g_mutex_clear (&self->lock);
 
   G_OBJECT_CLASS (gmlp_saved_activations_parent_class)->finalize (object);
 }
@@ -149,7 +185,7 @@ gmlp_saved_activations_get_property (GObject    *object,
       g_value_set_boolean (value, self->offload);
       break;
     case PROP_CONSUMED:
-      g_value_set_boolean (value, self->consumed);
+      g_value_set_boolean (value, g_atomic_int_get (&self->consumed));
       break;
     default:
       G_OBJECT_WARN_INVALID_PROPERTY_ID (object, prop_id, pspec);
@@ -194,8 +230,9 @@ gmlp_saved_activations_class_init (GmlpSavedActivationsClass *klass)
 static void
 gmlp_saved_activations_init (GmlpSavedActivations *self)
 {
+  g_mutex_init (&self->lock);
   self->tensors = g_array_new (FALSE, TRUE, sizeof (SavedTensor));
-  self->children = g_ptr_array_new_with_free_func (g_object_unref);
+  self->children = g_ptr_array_new_with_free_func (gmlp_object_unref_shared);
   self->versions = gmlp_version_records_new ();
 }
 
@@ -243,10 +280,14 @@ gmlp_saved_activations_add (GmlpSavedActivations *self,
   int index, scale_part, columnwise_part = -1, columnwise_scale_part = -1;
   SavedTensor *saved;
 
+  gmlp_mutex_lock (&self->lock);
   index = append_entry (self, name, tensor, FALSE);
   gmlp_version_records_add (self->versions, name, "forward", tensor);
   if (scale_inv == NULL)
-    return;
+    {
+      gmlp_mutex_unlock (&self->lock);
+      return;
+    }
 
   /* A quantized tensor: its parts are entries of their own. The columnwise
    * copy shares the rowwise scales in per-tensor recipes and 128 × 128
@@ -277,6 +318,7 @@ gmlp_saved_activations_add (GmlpSavedActivations *self,
   saved->scale_inv_part = scale_part;
   saved->columnwise_part = columnwise_part;
   saved->columnwise_scale_inv_part = columnwise_scale_part;
+  gmlp_mutex_unlock (&self->lock);
 }
 
 static void
@@ -393,21 +435,30 @@ gmlp_saved_activations_add_resident (GmlpSavedActivations *self,
                                      const char           *name,
                                      GmlpGroupedTensor    *tensor)
 {
+  gmlp_mutex_lock (&self->lock);
   append_entry (self, name, tensor, TRUE);
+  gmlp_mutex_unlock (&self->lock);
 }
 
 void
 gmlp_saved_activations_add_child (GmlpSavedActivations *self,
                                   GmlpSavedActivations *child)
 {
+  gmlp_mutex_lock (&self->lock);
   g_ptr_array_add (self->children, g_object_ref (child));
+  gmlp_mutex_unlock (&self->lock);
 }
 
 GmlpSavedActivations *
 gmlp_saved_activations_get_child (GmlpSavedActivations *self,
                                   guint                 index)
 {
-  return g_ptr_array_index (self->children, index);
+  GmlpSavedActivations *child;
+
+  gmlp_mutex_lock (&self->lock);
+  child = g_ptr_array_index (self->children, index);
+  gmlp_mutex_unlock (&self->lock);
+  return child;
 }
 
 static SavedTensor *
@@ -446,6 +497,7 @@ gmlp_saved_activations_apply_offload (GmlpSavedActivations  *self,
                                         "context around the capture)", error))
     return FALSE;
 
+  gmlp_mutex_lock (&self->lock);
   self->offload = TRUE;
   self->context = g_object_ref (context);
   device = gmlp_offload_context_get_device (context);
@@ -465,7 +517,7 @@ gmlp_saved_activations_apply_offload (GmlpSavedActivations  *self,
       saved->host = gmlp_offload_context_take_host (context, saved->layout.nbytes,
                                                     &saved->host_size, error);
       if (saved->host == NULL)
-        return FALSE;
+        goto fail;
       /* After the forward that wrote it: the copy waits for the compute
        * stream. The device memory goes back to the pool after the copy,
        * whoever lets go of it last. */
@@ -474,17 +526,25 @@ gmlp_saved_activations_apply_offload (GmlpSavedActivations  *self,
                                gmlp_grouped_tensor_get_data (saved->tensor),
                                saved->layout.nbytes, TRUE, TRUE, error);
       if (done == NULL)
-        return FALSE;
+        goto fail;
       gmlp_buffer_mark_copied (buffer);
       saved->offload_done = gmlp_event_new_for_backend (device, done);
       total += saved->layout.nbytes;
     }
 
+  update_on_host (self);
+  gmlp_mutex_unlock (&self->lock);
+
   /* The device copy stays until the next offload through the context (see
-   * gmlp_saved_activations_release_device()). */
+   * gmlp_saved_activations_release_device()). Outside the lock: that
+   * offload releases the device copy of other activations. */
   gmlp_offload_context_offloaded (context, self, total);
   g_object_notify_by_pspec (G_OBJECT (self), properties[PROP_OFFLOAD]);
   return TRUE;
+
+fail:
+  gmlp_mutex_unlock (&self->lock);
+  return FALSE;
 }
 
 void
@@ -492,17 +552,20 @@ gmlp_saved_activations_release_device (GmlpSavedActivations *self)
 {
   guint i;
 
+  gmlp_mutex_lock (&self->lock);
   for (i = 0; i < self->tensors->len; i++)
     {
       SavedTensor *saved = &g_array_index (self->tensors, SavedTensor, i);
 
       if (saved->host != NULL)
-        g_clear_object (&saved->tensor);
+        g_clear_pointer (&saved->tensor, gmlp_object_unref_shared);
     }
+  update_on_host (self);
+  gmlp_mutex_unlock (&self->lock);
 }
 
 /* Activations whose device copy is still there need no reload: the host copy
- * goes back to the pool once its copy has completed. */
+ * goes back to the pool once its copy has completed. Lock held. */
 static void
 drop_host_copies (GmlpSavedActivations *self)
 {
@@ -525,10 +588,11 @@ drop_host_copies (GmlpSavedActivations *self)
     gmlp_offload_context_kept (self->context, self, total);
 }
 
-gboolean
-gmlp_saved_activations_reload (GmlpSavedActivations  *self,
-                               gboolean               prefetch,
-                               GError               **error)
+/* Lock held. */
+static gboolean
+reload_locked (GmlpSavedActivations  *self,
+               gboolean               prefetch,
+               GError               **error)
 {
   guint64 total = 0;
   gboolean any = FALSE, ok = TRUE;
@@ -584,17 +648,25 @@ gmlp_saved_activations_reload (GmlpSavedActivations  *self,
 }
 
 gboolean
+gmlp_saved_activations_reload (GmlpSavedActivations  *self,
+                               gboolean               prefetch,
+                               GError               **error)
+{
+  gboolean ok;
+
+  gmlp_mutex_lock (&self->lock);
+  ok = reload_locked (self, prefetch, error);
+  update_on_host (self);
+  gmlp_mutex_unlock (&self->lock);
+  return ok;
+}
+
+/* Without the lock, so that the offload context may ask while holding its
+ * own: a hint, which reload() checks again. */
+gboolean
 gmlp_saved_activations_is_on_host (GmlpSavedActivations *self)
 {
-  guint i;
-
-  for (i = 0; i < self->tensors->len; i++)
-    {
-      SavedTensor *saved = &g_array_index (self->tensors, SavedTensor, i);
-      if (saved->host != NULL && saved->tensor == NULL)
-        return TRUE;
-    }
-  return FALSE;
+  return g_atomic_int_get (&self->on_host);
 }
 
 GmlpOffloadContext *
@@ -604,7 +676,7 @@ gmlp_saved_activations_get_context (GmlpSavedActivations *self)
 }
 
 /* Makes the compute stream wait for the reload of one entry (index -1:
- * none). */
+ * none). Lock held. */
 static gboolean
 wait_for_reload (GmlpSavedActivations  *self,
                  int                    index,
@@ -636,10 +708,10 @@ part_tensor (GmlpSavedActivations *self,
   return index >= 0 ? g_array_index (self->tensors, SavedTensor, index).tensor : NULL;
 }
 
-GmlpGroupedTensor *
-gmlp_saved_activations_get (GmlpSavedActivations  *self,
-                            const char            *name,
-                            GError               **error)
+static GmlpGroupedTensor *
+get_locked (GmlpSavedActivations  *self,
+            const char            *name,
+            GError               **error)
 {
   SavedTensor *saved = find (self, name);
   int index;
@@ -647,7 +719,7 @@ gmlp_saved_activations_get (GmlpSavedActivations  *self,
   g_assert (saved != NULL);
   index = (int) (saved - &g_array_index (self->tensors, SavedTensor, 0));
   drop_host_copies (self);
-  if (saved->host != NULL && !gmlp_saved_activations_reload (self, FALSE, error))
+  if (saved->host != NULL && !reload_locked (self, FALSE, error))
     return NULL;
   if (!wait_for_reload (self, index, error))
     return NULL;
@@ -676,11 +748,32 @@ gmlp_saved_activations_get (GmlpSavedActivations  *self,
   return saved->tensor;
 }
 
+GmlpGroupedTensor *
+gmlp_saved_activations_get (GmlpSavedActivations  *self,
+                            const char            *name,
+                            GError               **error)
+{
+  GmlpGroupedTensor *tensor;
+
+  /* Once got, a tensor is on the device and stays: nothing else takes it
+   * away before consume(). */
+  gmlp_mutex_lock (&self->lock);
+  tensor = get_locked (self, name, error);
+  update_on_host (self);
+  gmlp_mutex_unlock (&self->lock);
+  return tensor;
+}
+
 gboolean
 gmlp_saved_activations_contains (GmlpSavedActivations *self,
                                  const char           *name)
 {
-  return find (self, name) != NULL;
+  gboolean found;
+
+  gmlp_mutex_lock (&self->lock);
+  found = find (self, name) != NULL;
+  gmlp_mutex_unlock (&self->lock);
+  return found;
 }
 
 gboolean
@@ -696,7 +789,7 @@ gmlp_saved_activations_check (GmlpSavedActivations  *self,
                    layer_name);
       return FALSE;
     }
-  if (self->consumed)
+  if (g_atomic_int_get (&self->consumed))
     {
       g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_STATE,
                    "These saved activations were already used by a backward");
@@ -708,8 +801,11 @@ gmlp_saved_activations_check (GmlpSavedActivations  *self,
 void
 gmlp_saved_activations_consume (GmlpSavedActivations *self)
 {
+  gmlp_mutex_lock (&self->lock);
   release_tensors (self);
-  self->consumed = TRUE;
+  g_atomic_int_set (&self->consumed, TRUE);
+  update_on_host (self);
+  gmlp_mutex_unlock (&self->lock);
   g_object_notify_by_pspec (G_OBJECT (self), properties[PROP_CONSUMED]);
 }
 
@@ -742,7 +838,7 @@ gmlp_saved_activations_is_consumed (GmlpSavedActivations *self)
 {
   g_return_val_if_fail (GMLP_IS_SAVED_ACTIVATIONS (self), FALSE);
 
-  return self->consumed;
+  return g_atomic_int_get (&self->consumed);
 }
 
 /**
@@ -766,6 +862,7 @@ gmlp_saved_activations_get_nbytes (GmlpSavedActivations *self)
 
   g_return_val_if_fail (GMLP_IS_SAVED_ACTIVATIONS (self), 0);
 
+  gmlp_mutex_lock (&self->lock);
   for (i = 0; i < self->tensors->len; i++)
     {
       SavedTensor *saved = &g_array_index (self->tensors, SavedTensor, i);
@@ -774,6 +871,7 @@ gmlp_saved_activations_get_nbytes (GmlpSavedActivations *self)
     }
   for (i = 0; i < self->children->len; i++)
     total += gmlp_saved_activations_get_nbytes (self->children->pdata[i]);
+  gmlp_mutex_unlock (&self->lock);
   return total;
 }
 
@@ -793,6 +891,7 @@ gmlp_saved_activations_get_host_nbytes (GmlpSavedActivations *self)
 
   g_return_val_if_fail (GMLP_IS_SAVED_ACTIVATIONS (self), 0);
 
+  gmlp_mutex_lock (&self->lock);
   for (i = 0; i < self->tensors->len; i++)
     {
       SavedTensor *saved = &g_array_index (self->tensors, SavedTensor, i);
@@ -801,5 +900,6 @@ gmlp_saved_activations_get_host_nbytes (GmlpSavedActivations *self)
     }
   for (i = 0; i < self->children->len; i++)
     total += gmlp_saved_activations_get_host_nbytes (self->children->pdata[i]);
+  gmlp_mutex_unlock (&self->lock);
   return total;
 }

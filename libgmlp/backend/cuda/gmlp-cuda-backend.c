@@ -158,6 +158,7 @@ gmlp_cuda_close_device (GmlpBackendDevice *device)
     }
   (void) cudaGetLastError ();
 
+  g_rec_mutex_clear (&device->scratch_lock);
   g_free (device->name);
   g_free (device);
 }
@@ -183,6 +184,7 @@ gmlp_cuda_open_device (int      ordinal,
 
   device = g_new0 (GmlpBackendDevice, 1);
   device->ordinal = ordinal;
+  g_rec_mutex_init (&device->scratch_lock);
   gmlp_cuda_graph_init_device (device);
 
   if (!gmlp_cuda_activate (device, error))
@@ -672,10 +674,11 @@ gmlp_backend_cuda_get (void)
  * One buffer per device, for the tables and scratch that the kernels of
  * gmlp-kernels.h taking device group sizes need (gmlp-cuda-gemm-device.c,
  * gmlp-cuda-bias.c). Those calls write their tables into it in stream order,
- * so calls on the compute stream can share it. It is allocated with
- * cudaMalloc, outside the pool: the pool's stream-ordered allocation would
- * become a node of a graph being captured, and memory a graph may use must
- * outlive it anyway. */
+ * so calls on the compute stream can share it, one call at a time: each is
+ * several launches, which the caller enqueues under scratch_lock. It is
+ * allocated with cudaMalloc, outside the pool: the pool's stream-ordered
+ * allocation would become a node of a graph being captured, and memory a
+ * graph may use must outlive it anyway. */
 
 static GMutex workspace_lock;
 

@@ -141,6 +141,7 @@ gmlp_cuda_bias_grad_device (GmlpBackendDevice       *device,
   GmlpKernelGroupedShape kernel_shape;
   gsize workspace_bytes;
   gpointer workspace;
+  gboolean ok;
 
   gmlp_cuda_kernel_shape (shape, &kernel_shape);
   if (!gmlp_cuda_activate (device, error))
@@ -155,12 +156,15 @@ gmlp_cuda_bias_grad_device (GmlpBackendDevice       *device,
                    shape->row_capacity);
       return FALSE;
     }
+  /* The pointers and partial sums go through the device's workspace: see
+   * scratch_lock. */
+  g_rec_mutex_lock (&device->scratch_lock);
   workspace = gmlp_cuda_device_workspace (device, workspace_bytes, error);
-  if (workspace == NULL)
-    return FALSE;
-
-  return gmlp_cuda_kernel_result (gmlp_kernel_grouped_bias_grad_device (&kernel_shape, dtype, a,
-                                                                        dbias, workspace,
-                                                                        device->stream),
-                                  "gmlp_kernel_grouped_bias_grad_device", error);
+  ok = workspace != NULL &&
+       gmlp_cuda_kernel_result (gmlp_kernel_grouped_bias_grad_device (&kernel_shape, dtype, a,
+                                                                      dbias, workspace,
+                                                                      device->stream),
+                                "gmlp_kernel_grouped_bias_grad_device", error);
+  g_rec_mutex_unlock (&device->scratch_lock);
+  return ok;
 }

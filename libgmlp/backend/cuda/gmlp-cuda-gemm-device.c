@@ -131,10 +131,10 @@ gmlp_cuda_run_sm90 (GmlpBackendDevice          *device,
                                   "gmlp_kernel_device_gemm_sm90", error);
 }
 
-gboolean
-gmlp_cuda_gemm_device (GmlpBackendDevice            *device,
-                       const GmlpBackendGemmDevice  *gemm,
-                       GError                      **error)
+static gboolean
+gmlp_cuda_gemm_device_locked (GmlpBackendDevice            *device,
+                              const GmlpBackendGemmDevice  *gemm,
+                              GError                      **error)
 {
   GmlpKernelDeviceGemm kernel_gemm;
   gpointer workspace;
@@ -167,6 +167,21 @@ gmlp_cuda_gemm_device (GmlpBackendDevice            *device,
   return gmlp_cuda_kernel_result (gmlp_kernel_device_gemm_simt (&kernel_gemm, workspace,
                                                                 device->stream),
                                   "gmlp_kernel_device_gemm_simt", error);
+}
+
+/* The tables and plans go through the device's workspace: see
+ * scratch_lock. */
+gboolean
+gmlp_cuda_gemm_device (GmlpBackendDevice            *device,
+                       const GmlpBackendGemmDevice  *gemm,
+                       GError                      **error)
+{
+  gboolean ok;
+
+  g_rec_mutex_lock (&device->scratch_lock);
+  ok = gmlp_cuda_gemm_device_locked (device, gemm, error);
+  g_rec_mutex_unlock (&device->scratch_lock);
+  return ok;
 }
 
 /* Whether the members of a grouped operand lie as a grouped tensor lays

@@ -768,10 +768,10 @@ fp8_blockwise (GmlpBackendDevice         *device,
   return FALSE;
 }
 
-gboolean
-gmlp_cuda_gemm_fp8 (GmlpBackendDevice          *device,
-                    const GmlpBackendGemmFp8   *gemm,
-                    GError                    **error)
+static gboolean
+gmlp_cuda_gemm_fp8_locked (GmlpBackendDevice          *device,
+                           const GmlpBackendGemmFp8   *gemm,
+                           GError                    **error)
 {
   GmlpCudaFp8Plan plan = { 0, };
   cublasLtMatmulDesc_t desc = NULL;
@@ -889,5 +889,20 @@ out:
   if (desc != NULL)
     (void) cublasLtMatmulDescDestroy (desc);
   plan_clear (&plan);
+  return ok;
+}
+
+/* cuBLASLt's handle and workspace and the device-sizes workspace are the
+ * device's: see scratch_lock. */
+gboolean
+gmlp_cuda_gemm_fp8 (GmlpBackendDevice          *device,
+                    const GmlpBackendGemmFp8   *gemm,
+                    GError                    **error)
+{
+  gboolean ok;
+
+  g_rec_mutex_lock (&device->scratch_lock);
+  ok = gmlp_cuda_gemm_fp8_locked (device, gemm, error);
+  g_rec_mutex_unlock (&device->scratch_lock);
   return ok;
 }

@@ -1008,10 +1008,10 @@ gmlp_cuda_gemm_grouped (GmlpBackendDevice       *device,
   return gmlp_cuda_run_looped (device, gemm, plan, (GmlpCudaProduct *) rest->data, rest->len, error);
 }
 
-gboolean
-gmlp_cuda_gemm (GmlpBackendDevice      *device,
-                const GmlpBackendGemm  *gemm,
-                GError                **error)
+static gboolean
+gmlp_cuda_gemm_locked (GmlpBackendDevice      *device,
+                       const GmlpBackendGemm  *gemm,
+                       GError                **error)
 {
   g_autofree GmlpCudaProduct *products = NULL;
   GmlpCudaGemmPlan plan;
@@ -1056,4 +1056,19 @@ gmlp_cuda_gemm (GmlpBackendDevice      *device,
       g_getenv ("GMLP_CUDA_NO_BATCHED") == NULL && gmlp_cuda_products_uniform (products, count))
     return gmlp_cuda_run_batched (device, gemm, &plan, products, count, error);
   return gmlp_cuda_run_looped (device, gemm, &plan, products, count, error);
+}
+
+/* The handles, their workspaces, the side stream's events and the
+ * device-sizes workspace are the device's: see scratch_lock. */
+gboolean
+gmlp_cuda_gemm (GmlpBackendDevice      *device,
+                const GmlpBackendGemm  *gemm,
+                GError                **error)
+{
+  gboolean ok;
+
+  g_rec_mutex_lock (&device->scratch_lock);
+  ok = gmlp_cuda_gemm_locked (device, gemm, error);
+  g_rec_mutex_unlock (&device->scratch_lock);
+  return ok;
 }

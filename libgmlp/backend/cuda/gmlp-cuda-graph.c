@@ -65,6 +65,9 @@ struct _GmlpBackendGraph
   GmlpBackendDevice  *device;
   cudaGraphExec_t     exec;
   GPtrArray          *kept;   /* device pointers it holds a reference to */
+  /* CUDA does not synchronise calls on one executable graph: replays from
+   * several threads take turns. */
+  GMutex              launch_lock;
 };
 
 void
@@ -371,6 +374,7 @@ gmlp_cuda_capture_end (GmlpBackendDevice  *device,
 
   /* The capture's references become the graph's. */
   graph = g_new0 (GmlpBackendGraph, 1);
+  g_mutex_init (&graph->launch_lock);
   graph->device = device;
   graph->exec = exec;
   graph->kept = g_steal_pointer (&capture->kept);
@@ -422,7 +426,9 @@ gmlp_cuda_graph_launch (GmlpBackendGraph  *graph,
   if (!gmlp_cuda_check_not_capturing (device, "a replay", error))
     return FALSE;
 
+  g_mutex_lock (&graph->launch_lock);
   err = cudaGraphLaunch (graph->exec, device->stream);
+  g_mutex_unlock (&graph->launch_lock);
   if (err != cudaSuccess)
     return gmlp_cuda_fail (error, "cudaGraphLaunch", err);
   return TRUE;
@@ -462,6 +468,7 @@ gmlp_cuda_graph_free (GmlpBackendGraph *graph)
   g_mutex_unlock (&device->capture_lock);
 
   g_ptr_array_unref (graph->kept);
+  g_mutex_clear (&graph->launch_lock);
   g_free (graph);
 }
 

@@ -58,6 +58,15 @@ struct _GmlpBackendDevice
   void           *cublaslt_workspace;
   char           *name;
 
+  /* Host threads share the device and its streams. Kernels enqueued on one
+   * stream run in order, but a product is several calls (a table or plan
+   * written into workspace, then the kernel that reads it; cuBLAS's loop
+   * with its fork and join events; cuBLAS and cuBLASLt with their
+   * workspaces), and two threads' calls must not interleave inside one:
+   * the products (gemm, gemm_fp8, gemm_device, bias_grad_device) hold this
+   * while they enqueue. Recursive, as a product may fall back to another. */
+  GRecMutex         scratch_lock;
+
   /* Graphs (gmlp-cuda-graph.c). capture_lock guards capture and kept, and
    * the use of outside_stream: memory is freed from any thread. */
   GMutex            capture_lock;
