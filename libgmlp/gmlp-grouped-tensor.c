@@ -1117,6 +1117,10 @@ gmlp_grouped_tensor_to_bytes (GmlpGroupedTensor  *self,
 
 /* Quantized tensors and their scales (at the end of this file). */
 static gboolean           is_scaled      (GmlpGroupedTensor  *self);
+static gboolean           member_keep_scales (GmlpGroupedTensor  *self,
+                                              GmlpGroupedTensor  *view,
+                                              guint               index,
+                                              GError            **error);
 static GmlpGroupedTensor *convert_scaled (GmlpGroupedTensor  *self,
                                           GmlpDType           dtype,
                                           GError            **error);
@@ -1249,6 +1253,8 @@ gmlp_grouped_tensor_get_member (GmlpGroupedTensor  *self,
   view->uniform = TRUE;
   view->is_view = TRUE;
 
+  if (!member_keep_scales (self, view, index, error))
+    g_clear_object (&view);
   return view;
 }
 
@@ -1931,9 +1937,9 @@ gmlp_grouped_tensor_to_dlpack (GmlpGroupedTensor  *self,
  * A tensor made by gmlp_quantizer_quantize() carries what its values mean:
  * the recipe, the scale-inverse tensor and, for the wgrad product, a
  * columnwise copy. They are kept as object data rather than in the instance
- * struct, so that plain tensors pay nothing for them; member views of a
- * quantized tensor are plain FP8 tensors, and convert() dequantizes it or
- * refuses. */
+ * struct, so that plain tensors pay nothing for them; a member view of a
+ * quantized tensor is quantized too (member_keep_scales()), and convert()
+ * dequantizes it or refuses. */
 
 #include "gmlp-quantizer-private.h"
 #include "gmlp-quantize-numeric.h"
@@ -2230,6 +2236,41 @@ gmlp_grouped_tensor_dequantize (GmlpGroupedTensor  *self,
     return NULL;
 
   return g_steal_pointer (&result);
+}
+
+/* A member view of a quantized tensor keeps what its values mean: the
+ * member of the scales that belongs to it, and the member of the
+ * columnwise copy (itself quantized); a member of MXFP8's E8M0 scales stays
+ * marked as such. */
+static gboolean
+member_keep_scales (GmlpGroupedTensor  *self,
+                    GmlpGroupedTensor  *view,
+                    guint               index,
+                    GError            **error)
+{
+  QuantizedInfo *info = get_quantized_info (self);
+  g_autoptr(GmlpGroupedTensor) scale_inv = NULL;
+  g_autoptr(GmlpGroupedTensor) columnwise = NULL;
+
+  if (info == NULL)
+    {
+      if (g_object_get_qdata (G_OBJECT (self), e8m0_scales_quark ()) != NULL)
+        g_object_set_qdata (G_OBJECT (view), e8m0_scales_quark (), GINT_TO_POINTER (TRUE));
+      return TRUE;
+    }
+
+  scale_inv = gmlp_grouped_tensor_get_member (info->scale_inv, index, error);
+  if (scale_inv == NULL)
+    return FALSE;
+  if (info->columnwise != NULL)
+    {
+      columnwise = gmlp_grouped_tensor_get_member (info->columnwise, index, error);
+      if (columnwise == NULL)
+        return FALSE;
+    }
+  gmlp_grouped_tensor_set_quantized (view, info->recipe, info->flags, scale_inv, columnwise,
+                                     info->is_columnwise);
+  return TRUE;
 }
 
 /* Whether convert() must go through convert_scaled(): the values of @self

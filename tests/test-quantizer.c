@@ -1280,14 +1280,23 @@ test_bad_input (void)
     EXPECT_ERROR (gmlp_quantizer_quantize (none, f32, &_error), GMLP_ERROR_INVALID_ARGUMENT);
   }
 
-  /* Dequantize: FP8 without scales (a conversion, a member view), not FP8,
-   * a target that is not a float type, the columnwise copy. */
+  /* Dequantize: FP8 without scales (a conversion), not FP8, a target that
+   * is not a float type, the columnwise copy. A member view keeps its
+   * member's scales (it lost them, and converted to raw FP8 values). */
   view = gmlp_grouped_tensor_get_member (q, 0, NULL);
-  g_assert_cmpint (gmlp_grouped_tensor_get_scaling_recipe (view), ==, GMLP_SCALING_RECIPE_NONE);
+  g_assert_cmpint (gmlp_grouped_tensor_get_scaling_recipe (view), ==,
+                   gmlp_grouped_tensor_get_scaling_recipe (q));
+  {
+    g_autoptr(GmlpGroupedTensor) whole = gmlp_grouped_tensor_dequantize (q, GMLP_DTYPE_FLOAT32, &error);
+    g_autoptr(GmlpGroupedTensor) whole_member = gmlp_grouped_tensor_get_member (whole, 0, &error);
+    g_autoptr(GmlpGroupedTensor) from_view = gmlp_grouped_tensor_convert (view, GMLP_DTYPE_FLOAT32, &error);
+
+    g_assert_no_error (error);
+    gmlp_test_assert_same_bytes (from_view, whole_member, "member view of a quantized tensor");
+  }
   g_assert_null (gmlp_grouped_tensor_get_scale_inv (e4m3));
   g_assert_false (gmlp_grouped_tensor_get_scale_block (e4m3, NULL, NULL));
   EXPECT_ERROR (gmlp_grouped_tensor_dequantize (e4m3, GMLP_DTYPE_FLOAT32, &_error), GMLP_ERROR_INVALID_ARGUMENT);
-  EXPECT_ERROR (gmlp_grouped_tensor_dequantize (view, GMLP_DTYPE_FLOAT32, &_error), GMLP_ERROR_INVALID_ARGUMENT);
   EXPECT_ERROR (gmlp_grouped_tensor_dequantize (f32, GMLP_DTYPE_FLOAT32, &_error), GMLP_ERROR_DTYPE_MISMATCH);
   EXPECT_ERROR (gmlp_grouped_tensor_dequantize (q, GMLP_DTYPE_FLOAT8_E5M2, &_error), GMLP_ERROR_DTYPE_MISMATCH);
   EXPECT_ERROR (gmlp_grouped_tensor_dequantize (q, GMLP_DTYPE_INT64, &_error), GMLP_ERROR_DTYPE_MISMATCH);
