@@ -18,3 +18,7 @@ export LD_LIBRARY_PATH="/usr/lib/x86_64-linux-gnu/openblas-pthread${LD_LIBRARY_P
 # (kept where the caller chose one: GMLP_BACKEND_DIR=$(gmlp_alt_dir NAME) prebuilt-suite.sh)
 export GMLP_BACKEND_DIR="${GMLP_BACKEND_DIR:-$PWD/.prebuilt/libgmlp/backend/cuda}"
 export PATH="/usr/local/cuda/bin:$PATH"
+# The fuzz suite's typelib (GLib's come from gir1.2-glib-2.0) and the
+# library it names.
+export GI_TYPELIB_PATH="$PWD/.prebuilt/girepository${GI_TYPELIB_PATH:+:$GI_TYPELIB_PATH}"
+export LD_LIBRARY_PATH="$PWD/.prebuilt/libgmlp:$LD_LIBRARY_PATH"

@@ -10,8 +10,11 @@
 #               test-graph test-quantizer test-grouped-linear-fp8 \
 #               test-grouped-mlp-fp8 test-grouped-linear-portable \
 #               test-grouped-linear-host-sm90 test-grouped-linear-fp8-forced \
-#               test-grouped-linear-sm90-plan
+#               test-grouped-linear-sm90-plan test-robustness test-threads
 #   GPU host: scripts/dev/prebuilt-suite.sh   (logs in $OUT, or /tmp)
+#
+# With GMLP_SUITE_FUZZ=1 it also runs the fuzz suite (tests/fuzz, packed
+# with the library's typelib) against the GPU, in 12 shards.
 #
 # Prints one line per run and exits non-zero if any test failed.
 set -uo pipefail
@@ -36,7 +39,7 @@ run ()
 }
 
 for t in device grouped-tensor grouped-linear offload-context grouped-mlp graph quantizer \
-         grouped-linear-fp8 grouped-mlp-fp8; do
+         grouped-linear-fp8 grouped-mlp-fp8 robustness threads; do
   run "$t" "$tests/test-$t"
 done
 wait
@@ -72,6 +75,18 @@ run grouped-linear-fp8-paired-sm90-stream-k GMLP_CUDA_HOST_GEMM=sm90 GMLP_SM90_S
 run grouped-linear-fp8-portable GMLP_CUDA_DEVICE_GEMM=portable "$tests/test-grouped-linear-fp8-forced" \
   -p /Gmlp/GroupedLinear/fp8/device-sizes
 wait
+
+# The fuzz suite: each case forks and opens the GPU in its own process.
+if [ "${GMLP_SUITE_FUZZ:-0}" = 1 ]; then
+  for k in $(seq 1 12); do
+    (
+      GMLP_DEVICE=cuda timeout "${GMLP_SUITE_TIMEOUT:-600}" "$tests/gmlp-fuzz" --shard "$k/12" \
+        > "$logs/fuzz-$k.log" 2>&1
+      echo "fuzz-$k: rc $?, $(grep -cE '^ok' "$logs/fuzz-$k.log") ok, $(grep -cE '^not ok' "$logs/fuzz-$k.log") not ok"
+    ) &
+  done
+  wait
+fi
 
 for log in "$logs"/*.log; do
   if grep -qE '^not ok|^Bail out' "$log" || ! grep -qE '^ok' "$log"; then

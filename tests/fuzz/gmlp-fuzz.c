@@ -381,6 +381,12 @@ run_case (const FzCase *c,
   /* Everything the case made is freed while logs are still judged, then the
    * device must have no fault pending (an out-of-bounds kernel shows here). */
   fz_ctx_clear_built (ctx);
+  /* A case may leave a capture open (begin_capture alone): that is its
+   * documented result, and synchronizing needs it ended. */
+  if (gmlp_device_is_capturing (ctx->device))
+    {
+      g_autoptr(GmlpGraph) graph = gmlp_device_end_capture (ctx->device, NULL);
+    }
   if (!gmlp_device_synchronize (ctx->device, &error))
     fz_fail (ctx, "device fault", "the device failed after the case: %s", error->message);
   g_clear_object (&ctx->device);
