@@ -30,8 +30,9 @@ class _GError(ctypes.Structure):
 def _library():
     gi.require_version('GIRepository', '2.0')
     from gi.repository import GIRepository
+    # The typelib may name other libraries first (a sanitizer's runtime).
     names = GIRepository.Repository.get_default().get_shared_library('Gmlp').split(',')
-    library = ctypes.CDLL(names[0])
+    library = ctypes.CDLL(next(name for name in names if 'gmlp' in name))
     library.gmlp_grouped_tensor_to_dlpack.restype = ctypes.c_void_p
     library.gmlp_grouped_tensor_to_dlpack.argtypes = [ctypes.c_void_p,
                                                       ctypes.POINTER(ctypes.POINTER(_GError))]

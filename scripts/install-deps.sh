@@ -10,6 +10,9 @@ packages=(
   libopenblas-dev
   python3-gi python3-numpy gjs valac
   valgrind gi-docgen
+  # scripts/run-sanitizers.sh: gcc's runtimes, and the download of GLib's
+  # source for its ThreadSanitizer build
+  libasan8 libubsan1 libtsan2 curl xz-utils
 )
 
 missing=()
