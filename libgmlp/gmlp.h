@@ -21,4 +21,5 @@
 # include "gmlp-offload-context.h"
 # include "gmlp-grouped-linear.h"
 # include "gmlp-grouped-mlp.h"
+# include "gmlp-routing.h"
 #undef GMLP_INSIDE
