@@ -23,6 +23,12 @@ GMLP_AVAILABLE_IN_0_1
 G_DECLARE_FINAL_TYPE (GmlpRouting, gmlp_routing, GMLP, ROUTING, GObject)
 
 GMLP_AVAILABLE_IN_0_1
+GmlpRouting       *gmlp_routing_new                   (GmlpDevice         *device,
+                                                       GmlpGroupedTensor  *indices,
+                                                       GmlpGroupedTensor  *probs,
+                                                       guint               n_experts,
+                                                       GError            **error);
+GMLP_AVAILABLE_IN_0_1
 GmlpDevice        *gmlp_routing_get_device            (GmlpRouting *self);
 GMLP_AVAILABLE_IN_0_1
 gint64             gmlp_routing_get_n_tokens          (GmlpRouting *self);
@@ -40,5 +46,30 @@ GMLP_AVAILABLE_IN_0_1
 GmlpGroupedTensor *gmlp_routing_get_aux_loss          (GmlpRouting *self);
 GMLP_AVAILABLE_IN_0_1
 GmlpGroupedTensor *gmlp_routing_get_z_loss            (GmlpRouting *self);
+
+GMLP_AVAILABLE_IN_0_1
+GmlpGroupedTensor *gmlp_routing_permute               (GmlpRouting        *self,
+                                                       GmlpGroupedTensor  *x,
+                                                       GError            **error);
+GMLP_AVAILABLE_IN_0_1
+GmlpGroupedTensor *gmlp_routing_permute_full          (GmlpRouting        *self,
+                                                       GmlpGroupedTensor  *x,
+                                                       guint               padding,
+                                                       double              capacity_factor,
+                                                       GError            **error);
+GMLP_AVAILABLE_IN_0_1
+GmlpGroupedTensor *gmlp_routing_combine               (GmlpRouting        *self,
+                                                       GmlpGroupedTensor  *y,
+                                                       GError            **error);
+GMLP_AVAILABLE_IN_0_1
+GmlpGroupedTensor *gmlp_routing_permute_backward      (GmlpRouting        *self,
+                                                       GmlpGroupedTensor  *grad_permuted,
+                                                       GError            **error);
+GMLP_AVAILABLE_IN_0_1
+GmlpGroupedTensor *gmlp_routing_combine_backward      (GmlpRouting        *self,
+                                                       GmlpGroupedTensor  *grad_out,
+                                                       GmlpGroupedTensor  *y,
+                                                       GmlpGroupedTensor **grad_probs,
+                                                       GError            **error);
 
 G_END_DECLS

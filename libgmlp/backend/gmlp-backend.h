@@ -20,7 +20,7 @@ G_BEGIN_DECLS
 
 /* Bumped whenever the table changes; a module built for another version is
  * refused. */
-#define GMLP_BACKEND_ABI_VERSION 8
+#define GMLP_BACKEND_ABI_VERSION 9
 
 typedef struct _GmlpBackendDevice GmlpBackendDevice;
 typedef struct _GmlpBackendEvent GmlpBackendEvent;
@@ -262,6 +262,80 @@ gmlp_backend_gemm_fp8_accumulates (const GmlpBackendGemmFp8 *gemm,
 {
   return gemm->kind == GMLP_GEMM_WGRAD && gemm->accumulate != NULL && gemm->accumulate[g];
 }
+
+/* Token permutation (gmlp-routing-permute.c). A routing of T tokens with k
+ * choices each gives choice c = t k + j the expert indices[c] (T × k INT64,
+ * token-major, device memory); an index outside [0, n_experts) is a choice
+ * that goes nowhere. The permuted layout is a grouped tensor of n_experts
+ * groups whose sizes are only on the device: the routing_map entry writes
+ * them. Its rows are numbered by "slots": expert by expert, the padded rows
+ * of each back to back (slot s of expert e is its row s − Σ_{e' < e}
+ * sizes[e']), whatever the member padding of the tensor's dtype; kernels
+ * work out each member's offset from the sizes (docs/memory-layout.md),
+ * never on the host. Every count, slot and offset is 64-bit. */
+#define GMLP_BACKEND_MAX_TOP_K 16
+
+typedef struct {
+  gint64        n_tokens;        /* T */
+  guint         top_k;           /* k, 1 .. GMLP_BACKEND_MAX_TOP_K */
+  guint         n_experts;
+  const gint64 *indices;         /* T × k */
+  /* Each expert's rows are rounded up to a multiple of padding (1: none);
+   * the padding rows have no choice. */
+  gint64        padding;
+  /* The most choices an expert keeps, a multiple of padding, or -1
+   * (dropless). An expert keeps its choices in slot order (the earliest
+   * tokens, Megatron's "position" drop policy) and drops the rest. */
+  gint64        expert_capacity;
+  /* Slots there are: the host's bound on Σ sizes, T k + min (E, T k) ×
+   * (padding − 1), or at most n_experts × expert_capacity. */
+  gint64        row_capacity;
+  /* Outputs, device memory, every element written: */
+  gint64       *sizes;           /* n_experts: padded rows of each expert */
+  gint64       *row_of;          /* T × k: the slot of each choice, -1 when it
+                                  * goes nowhere (out of range or dropped) */
+  gint64       *choice_of;       /* row_capacity: the choice of each slot, -1
+                                  * for padding rows and slots past the last */
+} GmlpBackendRoutingMap;
+
+/* What the permute entry computes, in FP32, stored in the output's dtype
+ * (FLOAT32, FLOAT16 or BFLOAT16; each input in its own). "Tokens" tensors
+ * are T × cols, dense; "permuted" ones are laid out by shape (the sizes the
+ * map wrote, n_experts groups, cols, row_capacity) for their own element
+ * size. c = choice_of[s], t = c / k; row (t, j) = row_of[t k + j].
+ *   FORWARD           out[s] = tokens[t], 0 for a padding row
+ *   COMBINE           out[t] = Σ_j probs[t, j] permuted[row (t, j)]
+ *   BACKWARD          out[t] = Σ_j permuted[row (t, j)]
+ *   COMBINE_BACKWARD  out[s] = probs[c] tokens[t], 0 for a padding row;
+ *                     grad_probs[c] = tokens[t] · permuted[s] (if given)
+ * Sums over j go in the order of the choices, skipping those that go
+ * nowhere; a token with none gets zeros, and so does grad_probs of a
+ * choice that goes nowhere (every T × k value is written). FORWARD and
+ * COMBINE_BACKWARD write every row of every group, padding included, and
+ * nothing past the groups; COMBINE and BACKWARD every token. */
+typedef enum {
+  GMLP_PERMUTE_FORWARD,
+  GMLP_PERMUTE_COMBINE,
+  GMLP_PERMUTE_BACKWARD,
+  GMLP_PERMUTE_COMBINE_BACKWARD,
+} GmlpPermuteKind;
+
+typedef struct {
+  GmlpPermuteKind   kind;
+  GmlpBackendShape  shape;           /* the permuted layout */
+  gint64            n_tokens;
+  guint             top_k;
+  const gint64     *row_of;          /* T × k, from routing_map */
+  const gint64     *choice_of;       /* shape.row_capacity, from routing_map */
+  const float      *probs;           /* T × k: COMBINE, COMBINE_BACKWARD */
+  gconstpointer     tokens;          /* FORWARD: x; COMBINE_BACKWARD: grad_out */
+  int               tokens_dtype;
+  gconstpointer     permuted;        /* COMBINE: y; BACKWARD: grad; COMBINE_BACKWARD: y */
+  int               permuted_dtype;
+  gpointer          out;             /* permuted (FORWARD, COMBINE_BACKWARD) or tokens */
+  int               out_dtype;
+  float            *grad_probs;      /* COMBINE_BACKWARD, optional: T × k */
+} GmlpBackendPermute;
 
 typedef struct {
   int          abi_version;
@@ -571,6 +645,34 @@ typedef struct {
                                               float                   *state,
                                               guint                    history_length,
                                               GError                 **error);
+
+  /* Token permutation (GmlpBackendRoutingMap, GmlpBackendPermute above):
+   * entries below this line. None reads anything on the host, synchronizes
+   * or depends on a size the host does not know. Backends without them
+   * leave them NULL, and GmlpRouting refuses their devices with
+   * UNSUPPORTED. */
+
+  /* counts[e] = how many of the n_choices indices equal e (those outside
+   * [0, n_experts) count nowhere); every one of the n_experts counts is
+   * written. */
+  gboolean            (*routing_count)     (GmlpBackendDevice           *device,
+                                            const gint64                *indices,
+                                            gint64                       n_choices,
+                                            guint                        n_experts,
+                                            gint64                      *counts,
+                                            GError                     **error);
+  /* The expert-contiguous, stable map of a routing: within an expert,
+   * choices in the order of c (token by token, a token's choices in
+   * order); see GmlpBackendRoutingMap. */
+  gboolean            (*routing_map)       (GmlpBackendDevice           *device,
+                                            const GmlpBackendRoutingMap *map,
+                                            GError                     **error);
+  /* Rows to and from the permuted layout (GmlpBackendPermute): one pass
+   * over the output, no atomics (every output row or value has one
+   * writer), so results do not depend on scheduling. */
+  gboolean            (*permute)           (GmlpBackendDevice           *device,
+                                            const GmlpBackendPermute    *permute,
+                                            GError                     **error);
 } GmlpBackend;
 
 const GmlpBackend *gmlp_backend_cpu_get  (void);

@@ -675,6 +675,68 @@ build_graph (FzCtx           *ctx,
   return gmlp_device_end_capture (ctx->device, error);
 }
 
+/* Routings of the tokens of "x:f32:1g" (FZ_ROWS0 + FZ_ROWS1 of them) to
+ * FZ_GROUPS experts, top-2, one choice out of range: "routing" permuted
+ * once (f->flags), so that combine and the backwards can succeed,
+ * "routing:fresh" as made, and "perm", the permute's output (FZ_GROUPS
+ * groups of FZ_K columns with device sizes, which a GroupedLinear of the
+ * suite's geometry takes too). */
+#define FZ_TOKENS (FZ_ROWS0 + FZ_ROWS1)
+
+static gpointer
+build_routing_part (FzCtx           *ctx,
+                    const FzFlavour *f,
+                    GError         **error)
+{
+  gint64 idx[FZ_TOKENS * 2], rows = FZ_TOKENS;
+  float probs[FZ_TOKENS * 2];
+  g_autoptr(GBytes) bytes = NULL;
+  guint i;
+
+  for (i = 0; i < FZ_TOKENS * 2; i++)
+    {
+      idx[i] = (i * 7 + i / 2) % FZ_GROUPS;
+      probs[i] = 0.5f;
+    }
+  idx[5] = -1;
+  if (f->dtype == GMLP_DTYPE_INT64)
+    bytes = g_bytes_new (idx, sizeof idx);
+  else
+    bytes = g_bytes_new (probs, sizeof probs);
+  return gmlp_grouped_tensor_new_from_bytes (ctx->device, f->dtype, &rows, 1, 2, bytes, error);
+}
+
+static gpointer
+build_routing (FzCtx           *ctx,
+               const FzFlavour *f,
+               GError         **error)
+{
+  g_autoptr(GmlpRouting) routing = NULL;
+  g_autoptr(GmlpGroupedTensor) perm = NULL;
+  GmlpGroupedTensor *indices = fz_get (ctx, "routing:indices", error);
+  GmlpGroupedTensor *probs = indices != NULL ? fz_get (ctx, "routing:probs", error) : NULL;
+  GmlpGroupedTensor *x = probs != NULL ? fz_get (ctx, "x:f32:1g", error) : NULL;
+
+  if (x == NULL || (routing = gmlp_routing_new (ctx->device, indices, probs, FZ_GROUPS, error)) == NULL)
+    return NULL;
+  if (f->flags != 0 && (perm = gmlp_routing_permute (routing, x, error)) == NULL)
+    return NULL;
+  return g_steal_pointer (&routing);
+}
+
+static gpointer
+build_permuted (FzCtx           *ctx,
+                const FzFlavour *f,
+                GError         **error)
+{
+  GmlpRouting *routing = fz_get (ctx, "routing", error);
+  GmlpGroupedTensor *x = routing != NULL ? fz_get (ctx, "x:f32:1g", error) : NULL;
+
+  if (x == NULL)
+    return NULL;
+  return gmlp_routing_permute (routing, x, error);
+}
+
 /* The input and the output gradient that fit a layer flavour. */
 static char *
 input_for (const FzFlavour *layer,
@@ -1196,6 +1258,14 @@ fz_catalogue_init (GIRepository *repo,
         f->special = saved[i].special;
       }
   }
+  f = add ("routing:indices", "GmlpGroupedTensor", build_routing_part);
+  f->dtype = GMLP_DTYPE_INT64, f->special = TRUE;
+  f = add ("routing:probs", "GmlpGroupedTensor", build_routing_part);
+  f->dtype = GMLP_DTYPE_FLOAT32, f->special = TRUE;
+  add ("routing", "GmlpRouting", build_routing)->flags = 1;
+  add ("routing:fresh", "GmlpRouting", build_routing)->special = TRUE;
+  f = add ("perm", "GmlpGroupedTensor", build_permuted);
+  f->dtype = GMLP_DTYPE_FLOAT32, f->n = FZ_K, f->special = TRUE;
   add ("event", "GmlpEvent", build_event);
   if (cuda)
     {
@@ -1295,6 +1365,7 @@ fz_default_flavour (const char *type)
     { "GmlpOffloadContext", "offload" },
     { "GmlpSavedActivations", "saved:self" },
     { "GmlpEvent", "event" },
+    { "GmlpRouting", "routing" },
     { "GmlpGraph", "graph" },
     { "GBytes", "bytes:512" },
     { "GVariant", "var:state:delayed" },

@@ -660,6 +660,12 @@ static const GmlpBackend gmlp_cuda_backend = {
   .quantizer_update = gmlp_cuda_quantizer_update,
   .gemm_fp8 = gmlp_cuda_gemm_fp8,
   .activation_quantize = gmlp_cuda_activation_quantize,
+
+  /* Token permutation: not yet on CUDA (GmlpRouting refuses the device
+   * with UNSUPPORTED before enqueuing anything). */
+  .routing_count = NULL,
+  .routing_map = NULL,
+  .permute = NULL,
 };
 
 /* The module's one exported symbol; see GmlpBackendGetFunc. */
