@@ -18,6 +18,7 @@
 #include "backend/cpu/gmlp-cpu-quantize.h"
 #include "backend/cpu/gmlp-cpu-gemm-fp8.h"
 #include "backend/cpu/gmlp-cpu-activation-quantize.h"
+#include "backend/cpu/gmlp-cpu-router.h"
 #include "gmlp-activation-numeric.h"
 #include "gmlp-error.h"
 #include "gmlp-numeric.h"
@@ -970,6 +971,10 @@ static const GmlpBackend cpu_backend = {
   .quantizer_update = gmlp_cpu_quantizer_update,
   .gemm_fp8 = gmlp_cpu_gemm_fp8,
   .activation_quantize = gmlp_cpu_activation_quantize,
+  /* Router (gmlp-router): entries below this line. */
+  .router_forward = gmlp_cpu_router_forward,
+  .router_backward = gmlp_cpu_router_backward,
+  .router_update_bias = gmlp_cpu_router_update_bias,
 };
 
 const GmlpBackend *

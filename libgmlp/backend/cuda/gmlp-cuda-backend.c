@@ -660,6 +660,12 @@ static const GmlpBackend gmlp_cuda_backend = {
   .quantizer_update = gmlp_cuda_quantizer_update,
   .gemm_fp8 = gmlp_cuda_gemm_fp8,
   .activation_quantize = gmlp_cuda_activation_quantize,
+
+  /* Router (gmlp-router): not yet on CUDA; GmlpRouter refuses the device
+   * with UNSUPPORTED before it enqueues anything. */
+  .router_forward = NULL,
+  .router_backward = NULL,
+  .router_update_bias = NULL,
 };
 
 /* The module's one exported symbol; see GmlpBackendGetFunc. */
