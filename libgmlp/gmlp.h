@@ -22,4 +22,5 @@
 # include "gmlp-grouped-linear.h"
 # include "gmlp-grouped-mlp.h"
 # include "gmlp-routing.h"
+# include "gmlp-router.h"
 #undef GMLP_INSIDE

@@ -133,6 +133,27 @@ random_value (double scale, gboolean specials)
 }
 
 GBytes *
+gmlp_test_encode_values (const double *values, gsize n, GmlpDType dtype)
+{
+  gsize size = gmlp_dtype_get_size (dtype), i;
+  guint8 *data = g_malloc (MAX (n * size, 1));
+
+  g_assert (dtype == GMLP_DTYPE_FLOAT32 || dtype == GMLP_DTYPE_FLOAT16 || dtype == GMLP_DTYPE_BFLOAT16);
+  for (i = 0; i < n; i++)
+    {
+      float f = (float) values[i];
+
+      if (dtype == GMLP_DTYPE_FLOAT32)
+        ((float *) data)[i] = f;
+      else if (dtype == GMLP_DTYPE_FLOAT16)
+        ((guint16 *) data)[i] = gmlp_dtype_float_to_half (f);
+      else
+        ((guint16 *) data)[i] = gmlp_dtype_float_to_bfloat16 (f);
+    }
+  return g_bytes_new_take (data, n * size);
+}
+
+GBytes *
 gmlp_test_random_bytes (GmlpDType dtype, gsize n, double scale, gboolean specials)
 {
   gsize elem = gmlp_dtype_get_size (dtype);

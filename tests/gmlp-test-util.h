@@ -33,6 +33,9 @@ double      gmlp_test_decode              (gconstpointer data, GmlpDType dtype, 
  * past the range of FP8 and FP16. */
 GBytes     *gmlp_test_random_bytes        (GmlpDType dtype, gsize n_elements, double scale,
                                            gboolean specials);
+/* Values as packed host data of FLOAT32, FLOAT16 or BFLOAT16 (through
+ * float, then the library's conversions). */
+GBytes     *gmlp_test_encode_values       (const double *values, gsize n, GmlpDType dtype);
 /* n_groups random sizes in [0, max_rows], with about one in five empty. */
 gint64     *gmlp_test_random_rows         (guint n_groups, gint64 max_rows);
 

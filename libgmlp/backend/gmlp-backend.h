@@ -336,6 +336,25 @@ typedef struct {
   int               out_dtype;
   float            *grad_probs;      /* COMBINE_BACKWARD, optional: T × k */
 } GmlpBackendPermute;
+/* The gate of an MoE layer (gmlp-router.c): its options, for the three
+ * router entries. n_tokens (T) is fixed on the host by the input's shape;
+ * every count and loss is made and read on the device, so that no entry
+ * waits for it. The arithmetic, which every backend follows
+ * (backend/cpu/gmlp-cpu-router.c is the reference; GmlpRouter's
+ * documentation states it for users), is FP32 and deterministic. */
+typedef struct {
+  gint64   n_tokens;             /* T, the rows of the logits; may be 0 */
+  guint    n_experts;            /* E, 1 to 65535 */
+  guint    top_k;                /* k, 1 to MIN (16, E) */
+  int      score_function;       /* GmlpScoreFunction: 0 softmax, 1 sigmoid */
+  gboolean softmax_before_topk;  /* softmax: select on the probabilities, not the logits */
+  gboolean renormalize;          /* divide the k probabilities by their sum (+ 1e-20) */
+  float    scaling_factor;
+  guint    n_groups;             /* 0: no group limit; else divides E */
+  guint    topk_groups;          /* 1 to n_groups when n_groups > 0 */
+  float    aux_loss_coeff;       /* 0: the aux loss is 0 and has no gradient */
+  float    z_loss_coeff;         /* 0: the same for the z-loss */
+} GmlpBackendRouter;
 
 typedef struct {
   int          abi_version;
@@ -673,6 +692,47 @@ typedef struct {
   gboolean            (*permute)           (GmlpBackendDevice           *device,
                                             const GmlpBackendPermute    *permute,
                                             GError                     **error);
+  /* Router (gmlp-router): entries below this line. All tensors dense in
+   * device memory; none of them waits for the device.
+   *
+   * router_forward: from logits (T × E), and expert_bias (E values, or
+   * NULL), each token's k experts (indices, T × k, best first), their
+   * probabilities (probs, T × k), how many of the T × k choices went to
+   * each expert (tokens_per_expert, E values), and the two losses
+   * (aux_loss, z_loss: one value each, 0 when their coefficient is 0 or T
+   * is 0). With T = 0 it writes the counts and the losses only. */
+  gboolean            (*router_forward)      (GmlpBackendDevice        *device,
+                                              const GmlpBackendRouter  *router,
+                                              const float              *logits,
+                                              const float              *expert_bias,
+                                              gint64                   *indices,
+                                              float                    *probs,
+                                              gint64                   *tokens_per_expert,
+                                              float                    *aux_loss,
+                                              float                    *z_loss,
+                                              GError                  **error);
+  /* router_backward: grad_logits (T × E, overwritten) = d(Σ grad_probs ·
+   * probs + aux_loss + z_loss) / d(logits), the choices held fixed: from
+   * the forward's logits, indices and tokens_per_expert (read only when the
+   * aux loss has a coefficient, else may be NULL) and grad_probs (T × k).
+   * Indices outside 0 .. E-1 contribute nothing. */
+  gboolean            (*router_backward)     (GmlpBackendDevice        *device,
+                                              const GmlpBackendRouter  *router,
+                                              const float              *logits,
+                                              const gint64             *indices,
+                                              const gint64             *tokens_per_expert,
+                                              const float              *grad_probs,
+                                              float                    *grad_logits,
+                                              GError                  **error);
+  /* router_update_bias: expert_bias[i] += rate × sign (mean − load_i) for
+   * the n_experts loads in tokens_per_expert (mean: their average; sign 0
+   * for 0), read on the device. */
+  gboolean            (*router_update_bias)  (GmlpBackendDevice        *device,
+                                              guint                     n_experts,
+                                              const gint64             *tokens_per_expert,
+                                              float                     rate,
+                                              float                    *expert_bias,
+                                              GError                  **error);
 } GmlpBackend;
 
 const GmlpBackend *gmlp_backend_cpu_get  (void);

@@ -601,6 +601,33 @@ build_mlp (FzCtx           *ctx,
   return g_steal_pointer (&mlp);
 }
 
+/* A router: f->n experts, top-2; f->activation the score function, f->flags
+ * its gradient flags; f->role 1 adds groups, an expert bias and both
+ * losses (DeepSeek-V3's routing). */
+static gpointer
+build_router (FzCtx           *ctx,
+              const FzFlavour *f,
+              GError         **error)
+{
+  GmlpDevice *device = flavour_device (ctx, f, error);
+
+  if (device == NULL)
+    return NULL;
+  return g_initable_new (GMLP_TYPE_ROUTER, NULL, error,
+                         "device", device,
+                         "hidden", (gint64) FZ_K,
+                         "n-experts", (guint) f->n,
+                         "top-k", 2u,
+                         "score-function", f->activation,
+                         "n-expert-groups", f->role == 1 ? 4u : 0u,
+                         "topk-groups", f->role == 1 ? 2u : 0u,
+                         "expert-bias", f->role == 1,
+                         "aux-loss-coeff", f->role == 1 ? 0.01 : 0.0,
+                         "z-loss-coeff", f->role == 1 ? 0.001 : 0.0,
+                         "flags", (GmlpLinearFlags) f->flags,
+                         NULL);
+}
+
 static gpointer
 build_quantizer (FzCtx           *ctx,
                  const FzFlavour *f,
@@ -766,6 +793,9 @@ fz_input_for (const char *layer,
 {
   const FzFlavour *f = fz_flavour_lookup (layer);
 
+  /* A router routes one group of tokens. */
+  if (f != NULL && f->build == build_router && !grad)
+    return g_strdup (f->on_cpu ? "x:cpu:1g" : "x:f32:1g");
   if (!is_layer_flavour (f))
     return NULL;
   return input_for (f, grad);
@@ -1207,6 +1237,22 @@ fz_catalogue_init (GIRepository *repo,
       f->on_cpu = TRUE, f->special = TRUE;
     }
 
+  /* Routers */
+  f = add ("router", "GmlpRouter", build_router);
+  f->n = 8, f->activation = GMLP_SCORE_FUNCTION_SOFTMAX, f->special = TRUE;
+  f = add ("router:deepseek", "GmlpRouter", build_router);
+  f->n = 16, f->activation = GMLP_SCORE_FUNCTION_SIGMOID, f->role = 1, f->special = TRUE;
+  f = add ("router:fuse:delay", "GmlpRouter", build_router);
+  f->n = 8, f->activation = GMLP_SCORE_FUNCTION_SOFTMAX, f->special = TRUE;
+  f->flags = GMLP_LINEAR_FUSE_WGRAD_ACCUMULATION | GMLP_LINEAR_DELAY_WGRAD_COMPUTE;
+  if (cuda)
+    {
+      f = add ("router:cpu", "GmlpRouter", build_router);
+      f->n = 8, f->activation = GMLP_SCORE_FUNCTION_SOFTMAX, f->on_cpu = TRUE, f->special = TRUE;
+      f = add ("x:cpu:1g", "GmlpGroupedTensor", build_tensor);
+      f->dtype = GMLP_DTYPE_FLOAT32, f->layout = LAYOUT_1G, f->n = FZ_K, f->on_cpu = TRUE;
+    }
+
   /* Quantizers */
   for (i = 0; i < G_N_ELEMENTS (recipes); i++)
     for (j = 0; j < 3; j++)
@@ -1361,6 +1407,7 @@ fz_default_flavour (const char *type)
     { "GmlpGroupedTensor", "x:f32" },
     { "GmlpGroupedLinear", "linear:f32" },
     { "GmlpGroupedMLP", "mlp:f32:gelu" },
+    { "GmlpRouter", "router" },
     { "GmlpQuantizer", "q:current:input" },
     { "GmlpOffloadContext", "offload" },
     { "GmlpSavedActivations", "saved:self" },

@@ -19,6 +19,7 @@
 #include "backend/cpu/gmlp-cpu-gemm-fp8.h"
 #include "backend/cpu/gmlp-cpu-activation-quantize.h"
 #include "backend/cpu/gmlp-cpu-permute.h"
+#include "backend/cpu/gmlp-cpu-router.h"
 #include "gmlp-activation-numeric.h"
 #include "gmlp-error.h"
 #include "gmlp-numeric.h"
@@ -975,6 +976,10 @@ static const GmlpBackend cpu_backend = {
   .routing_count = gmlp_cpu_routing_count,
   .routing_map = gmlp_cpu_routing_map,
   .permute = gmlp_cpu_permute,
+  /* Router (gmlp-router): entries below this line. */
+  .router_forward = gmlp_cpu_router_forward,
+  .router_backward = gmlp_cpu_router_backward,
+  .router_update_bias = gmlp_cpu_router_update_bias,
 };
 
 const GmlpBackend *

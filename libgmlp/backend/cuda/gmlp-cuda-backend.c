@@ -666,6 +666,11 @@ static const GmlpBackend gmlp_cuda_backend = {
   .routing_count = NULL,
   .routing_map = NULL,
   .permute = NULL,
+  /* Router (gmlp-router): not yet on CUDA; GmlpRouter refuses the device
+   * with UNSUPPORTED before it enqueues anything. */
+  .router_forward = NULL,
+  .router_backward = NULL,
+  .router_update_bias = NULL,
 };
 
 /* The module's one exported symbol; see GmlpBackendGetFunc. */
