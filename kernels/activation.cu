@@ -24,77 +24,18 @@ constexpr uint64_t kMaxGridY = 65535u;
  * kernels compute fits in 64 bits with room to spare. */
 constexpr uint64_t kMaxOperandBytes = 1ull << 62;
 
-using GroupedActivationKernel = void (*) (const GroupedActivationParams);
-
-template <int kDtype, int kActivation, bool kBackward>
-GroupedActivationKernel
-pick_width (bool vectorised)
+/* The host-sizes kernels, for select_activation_instance(). */
+struct HostSizesInstances
 {
-  constexpr int kVector = kActPackBytes / (int) sizeof (StorageType<kDtype>);
+  using Kernel = void (*) (const GroupedActivationParams);
 
-  if (vectorised)
+  template <int kDtype, int kActivation, bool kBackward, int kVector>
+  static Kernel
+  get ()
+  {
     return activation_kernel<kDtype, kActivation, kBackward, kVector>;
-  return activation_kernel<kDtype, kActivation, kBackward, 1>;
-}
-
-template <int kDtype, int kActivation>
-GroupedActivationKernel
-pick_direction (bool backward, bool vectorised)
-{
-  if (backward)
-    return pick_width<kDtype, kActivation, true> (vectorised);
-  return pick_width<kDtype, kActivation, false> (vectorised);
-}
-
-template <int kDtype>
-GroupedActivationKernel
-pick_activation (int activation, bool backward, bool vectorised)
-{
-  switch (activation)
-    {
-    case GMLP_KERNEL_ACT_GELU:
-      return pick_direction<kDtype, GMLP_KERNEL_ACT_GELU> (backward, vectorised);
-    case GMLP_KERNEL_ACT_RELU:
-      return pick_direction<kDtype, GMLP_KERNEL_ACT_RELU> (backward, vectorised);
-    case GMLP_KERNEL_ACT_SRELU:
-      return pick_direction<kDtype, GMLP_KERNEL_ACT_SRELU> (backward, vectorised);
-    case GMLP_KERNEL_ACT_SWIGLU:
-      return pick_direction<kDtype, GMLP_KERNEL_ACT_SWIGLU> (backward, vectorised);
-    case GMLP_KERNEL_ACT_GEGLU:
-      return pick_direction<kDtype, GMLP_KERNEL_ACT_GEGLU> (backward, vectorised);
-    default:
-      return nullptr;
-    }
-}
-
-GroupedActivationKernel
-select_kernel (int dtype, int activation, bool backward, bool vectorised)
-{
-  switch (dtype)
-    {
-    case GMLP_NUM_FLOAT32:
-      return pick_activation<GMLP_NUM_FLOAT32> (activation, backward, vectorised);
-    case GMLP_NUM_FLOAT16:
-      return pick_activation<GMLP_NUM_FLOAT16> (activation, backward, vectorised);
-    case GMLP_NUM_BFLOAT16:
-      return pick_activation<GMLP_NUM_BFLOAT16> (activation, backward, vectorised);
-    default:
-      return nullptr;
-    }
-}
-
-bool
-is_activation_dtype (int dtype)
-{
-  return dtype == GMLP_NUM_FLOAT32 || dtype == GMLP_NUM_FLOAT16 ||
-         dtype == GMLP_NUM_BFLOAT16;
-}
-
-bool
-is_activation (int activation)
-{
-  return activation >= GMLP_KERNEL_ACT_GELU && activation <= GMLP_KERNEL_ACT_GEGLU;
-}
+  }
+};
 
 }  // namespace
 }  // namespace gmlp
@@ -172,7 +113,7 @@ gmlp_kernel_grouped_activation (const GmlpKernelActivationPlan  *plan,
 {
   using namespace gmlp;
   GroupedActivationParams params;
-  GroupedActivationKernel kernel;
+  HostSizesInstances::Kernel kernel;
   uint64_t packs_per_row;
   dim3 grid;
 
@@ -183,8 +124,8 @@ gmlp_kernel_grouped_activation (const GmlpKernelActivationPlan  *plan,
   if (device_groups == nullptr || plan->n_groups == 0 || plan->f <= 0)
     return GMLP_KERNEL_INVALID_VALUE;
 
-  kernel = select_kernel (plan->dtype, plan->activation, plan->backward != 0,
-                          plan->vectorised != 0);
+  kernel = select_activation_instance<HostSizesInstances> (plan->dtype, plan->activation,
+                                                          plan->backward != 0, plan->vectorised != 0);
   if (kernel == nullptr)
     return GMLP_KERNEL_UNSUPPORTED;
 

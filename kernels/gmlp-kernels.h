@@ -193,6 +193,33 @@ GmlpKernelStatus gmlp_kernel_grouped_activation      (const GmlpKernelActivation
                                                       const GmlpKernelActivationGroup *device_groups,
                                                       cudaStream_t                     stream);
 
+/* The same activations for group sizes that only the device knows
+ * (activation_device.cu), with the arithmetic and bits of the kernels
+ * above: shape gives the sizes (device memory), the number of groups and
+ * the row capacity every operand was allocated for, cols = f. in, d_out
+ * (backward only, else NULL) and out are the base pointers of grouped
+ * tensors over those sizes, each member laid out with
+ * gmlp_num_member_stride() for the operand's own row width (in: f or 2f
+ * values, d_out: f, out: f forward, in's width backward). A group keeps
+ * the rows that fit in every operand's allocation from its offset (as the
+ * device-sizes products do: a negative size counts as 0). A small kernel
+ * walks the sizes into workspace (device memory,
+ * gmlp_kernel_grouped_activation_device_workspace_bytes(), 8-byte
+ * aligned), then the activation kernel reads it: nothing is allocated and
+ * the host never reads the sizes, so the call can be captured in a graph.
+ * out may be in itself for a backward (the same row width); any other
+ * overlap is undefined. */
+size_t           gmlp_kernel_grouped_activation_device_workspace_bytes (uint32_t n_groups);
+GmlpKernelStatus gmlp_kernel_grouped_activation_device (const GmlpKernelGroupedShape *shape,
+                                                        int                           activation,
+                                                        int                           dtype,
+                                                        int                           backward,
+                                                        const void                   *in,
+                                                        const void                   *d_out,
+                                                        void                         *out,
+                                                        void                         *workspace,
+                                                        cudaStream_t                  stream);
+
 /* Copies nbytes (a multiple of 8) of host memory to dst (8-byte aligned
  * device memory), stream-ordered, through kernel parameters: the host never
  * waits, src may be reused at once, and the copy can be graph-captured. */

@@ -15,6 +15,14 @@ G_BEGIN_DECLS
 GmlpGroupedTensor *gmlp_grouped_mlp_run_activation          (GmlpGroupedMLP     *self,
                                                              GmlpGroupedTensor  *h,
                                                              GError            **error);
+/* The activation's backward: the gradient of @h (rows × fc1's
+ * out_features) from @grad (rows × ffn_hidden, the gradient of act(h)), of
+ * @h's sizes; @grad must have @h's sizes too (device sizes: the same
+ * capacity, and the same values on the caller's word). */
+GmlpGroupedTensor *gmlp_grouped_mlp_run_activation_grad     (GmlpGroupedMLP     *self,
+                                                             GmlpGroupedTensor  *h,
+                                                             GmlpGroupedTensor  *grad,
+                                                             GError            **error);
 /* The fused pass: act(h) quantized by @quantizer, with the columnwise copy
  * when @with_columnwise, as the FP8 forward makes FC2's input. */
 GmlpGroupedTensor *gmlp_grouped_mlp_run_activation_quantize (GmlpGroupedMLP     *self,

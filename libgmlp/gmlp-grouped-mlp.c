@@ -5,6 +5,8 @@
 
 #include "config.h"
 
+#include <string.h>
+
 #include "gmlp-grouped-mlp.h"
 #include "gmlp-grouped-mlp-private.h"
 #include "gmlp-device-private.h"
@@ -37,6 +39,24 @@
  * [property@Gmlp.GroupedMLP:recompute-activation] FC2's input is not saved
  * but recomputed from FC1's output. Saved activations offload as a whole
  * under an enabled [class@Gmlp.OffloadContext].
+ *
+ * ## Group sizes on the device
+ *
+ * The input may have its group sizes only on the device (for example
+ * written by a router kernel; see
+ * [ctor@Gmlp.GroupedTensor.new_with_device_sizes]), as for
+ * [class@Gmlp.GroupedLinear]: forward, backward and backward_dw then never
+ * read the sizes on the host and never wait for the device, so a whole step
+ * can be captured in a [class@Gmlp.Graph] and replayed with new sizes. The
+ * activation (forward, backward and recompute), the layers' bias passes and
+ * the FP8 passes (the fused activation and quantization, the quantizers)
+ * read the sizes on the device; every tensor between the layers, and the
+ * output and input gradient, share the input's sizes tensor and row
+ * capacity. The output gradient given to backward must have the same sizes
+ * and capacity (docs/gradient-contract.md). Sizes that add up to more than
+ * the capacity are clamped as docs/memory-layout.md says; with rows that
+ * are not whole multiples of 256 bytes only the rows that fit in every
+ * tensor of the step are meaningful then (docs/gradient-contract.md).
  *
  * ## FP8
  *
@@ -627,37 +647,26 @@ gmlp_grouped_mlp_init_parameters (GmlpGroupedMLP  *self,
          gmlp_grouped_linear_init_parameters (self->fc2, seed + 0x9e3779b97f4a7c15ull, error);
 }
 
-/* The activation kernels take the group sizes from the host, so an MLP
- * cannot run on a tensor whose sizes are only on the device (GroupedLinear
- * can). Said before anything is enqueued. */
-static gboolean
-check_host_sizes (GmlpGroupedTensor  *tensor,
-                  const char         *what,
-                  GError            **error)
-{
-  if (gmlp_grouped_tensor_has_host_sizes (tensor))
-    return TRUE;
-  g_set_error (error, GMLP_ERROR, GMLP_ERROR_UNSUPPORTED,
-               "GroupedMLP: the %s has its group sizes only on the device; the MLP's "
-               "activations need them on the host (GroupedLinear takes device sizes)", what);
-  return FALSE;
-}
-
 /* The activation's result, of the sizes of @in: act(in) (forward), or the
- * gradient of in (@backward). */
+ * gradient of in (@backward). With device-only sizes it shares in's sizes
+ * tensor and row capacity, as GroupedLinear's outputs do. */
 static GmlpGroupedTensor *
 new_activation_output (GmlpGroupedMLP     *self,
                        GmlpGroupedTensor  *in,
                        gboolean            backward,
                        GError            **error)
 {
-  return gmlp_grouped_tensor_new (self->device, self->dtype, gmlp_grouped_tensor_peek_rows (in),
-                                  self->n_groups,
-                                  backward ? gmlp_grouped_tensor_get_cols (in) : self->ffn_hidden, error);
+  return gmlp_grouped_tensor_new_blocked (in, self->dtype, 1,
+                                          backward ? gmlp_grouped_tensor_get_cols (in) : self->ffn_hidden,
+                                          NULL, error);
 }
 
 /* act(in) into @out (forward), or the gradient of in from d_out; @out made
- * by new_activation_output(). */
+ * by new_activation_output(). Host sizes go to the backend's activation
+ * with the members' pointers; device-only sizes to activation_device, which
+ * finds the members on the device (the sizes of in serve for every operand:
+ * d_out has the same values, which GroupedLinear's backward takes on the
+ * caller's word, and the same capacity, which it checks). */
 static gboolean
 run_activation_into (GmlpGroupedMLP     *self,
                      GmlpGroupedTensor  *in,
@@ -666,11 +675,24 @@ run_activation_into (GmlpGroupedMLP     *self,
                      GError            **error)
 {
   const gint64 *rows = gmlp_grouped_tensor_peek_rows (in);
-  g_autofree gpointer *pin = g_new (gpointer, self->n_groups);
-  g_autofree gpointer *pout = g_new (gpointer, self->n_groups);
-  g_autofree gpointer *pdout = d_out != NULL ? g_new (gpointer, self->n_groups) : NULL;
+  g_autofree gpointer *pin = NULL, *pout = NULL, *pdout = NULL;
+  GmlpBackendShape shape;
   guint g;
 
+  if (rows == NULL)
+    {
+      if (!gmlp_grouped_tensor_get_backend_shape (in, &shape, error))
+        return FALSE;
+      shape.cols = self->ffn_hidden;
+      return GMLP_DEVICE_CALL (self->device, activation_device, &shape, (int) self->activation,
+                               (int) self->dtype, gmlp_grouped_tensor_get_data (in),
+                               d_out != NULL ? gmlp_grouped_tensor_get_data (d_out) : NULL,
+                               gmlp_grouped_tensor_get_data (out), error);
+    }
+
+  pin = g_new (gpointer, self->n_groups);
+  pout = g_new (gpointer, self->n_groups);
+  pdout = d_out != NULL ? g_new (gpointer, self->n_groups) : NULL;
   for (g = 0; g < self->n_groups; g++)
     {
       pin[g] = gmlp_grouped_tensor_get_member_data (in, g);
@@ -706,42 +728,34 @@ run_activation (GmlpGroupedMLP     *self,
 #define SAVED_FC2_INPUT_COLUMNWISE "gmlp-mlp-fc2-input-columnwise"
 
 /* Whether a training forward writes the columnwise copy of FC2's input:
- * where FC2's weight gradient multiplies FP8 (per-tensor and blockwise
- * recipes, host sizes: always here) it reads the copy, as GroupedLinear
- * asks its own quantizers for it; otherwise only when the quantizer asks. */
+ * where FC2's weight gradient multiplies FP8 it reads the copy, as
+ * GroupedLinear asks its own quantizers for it: with host sizes, per-tensor
+ * and blockwise recipes (always here); with device-only sizes (those of
+ * @input), where gemm_device takes the pair with FC2's output gradient
+ * (per-tensor with per-tensor, blockwise with blockwise). Otherwise only
+ * when the quantizer asks. */
 static gboolean
-fc2_input_wants_columnwise (GmlpGroupedMLP *self,
-                            GmlpQuantizer  *quantizer)
+fc2_input_wants_columnwise (GmlpGroupedMLP     *self,
+                            GmlpQuantizer      *quantizer,
+                            GmlpGroupedTensor  *input)
 {
   GmlpQuantizer *weight = gmlp_grouped_linear_get_quantizer (self->fc2, GMLP_QUANTIZER_ROLE_WEIGHT);
+  GmlpQuantizer *grad = gmlp_grouped_linear_get_quantizer (self->fc2, GMLP_QUANTIZER_ROLE_GRAD_OUTPUT);
+  GmlpScalingRecipe recipe = gmlp_quantizer_get_recipe (quantizer), grad_recipe;
 
   if (gmlp_quantizer_get_columnwise (quantizer))
     return TRUE;
-  return weight != NULL && gmlp_scaling_recipe_multiplies_fp8 (gmlp_quantizer_get_recipe (quantizer)) &&
-         gmlp_scaling_recipe_multiplies_fp8 (gmlp_quantizer_get_recipe (weight));
-}
-
-/* A scale tensor over the groups of rows: member i has
- * gmlp_quant_blocks_along (rows_i, row_block) rows of cols scales (one row,
- * an empty group's too, for per-tensor scales), as the quantizer lays its
- * scales out. */
-static GmlpGroupedTensor *
-new_scale_tensor (GmlpGroupedMLP  *self,
-                  const gint64    *rows,
-                  GmlpDType        dtype,
-                  gint64           row_block,
-                  gint64           cols,
-                  GError         **error)
-{
-  g_autofree gint64 *block_rows = NULL;
-  guint g;
-
-  if (row_block == 0)
-    return gmlp_grouped_tensor_new_uniform (self->device, dtype, self->n_groups, 1, cols, error);
-  block_rows = g_new (gint64, self->n_groups);
-  for (g = 0; g < self->n_groups; g++)
-    block_rows[g] = gmlp_quant_blocks_along (rows[g], row_block);
-  return gmlp_grouped_tensor_new (self->device, dtype, block_rows, self->n_groups, cols, error);
+  if (weight == NULL || !gmlp_scaling_recipe_multiplies_fp8 (recipe) ||
+      !gmlp_scaling_recipe_multiplies_fp8 (gmlp_quantizer_get_recipe (weight)))
+    return FALSE;
+  if (gmlp_grouped_tensor_has_host_sizes (input))
+    return TRUE;
+  if (grad == NULL)
+    return FALSE;
+  grad_recipe = gmlp_quantizer_get_recipe (grad);
+  if (recipe == GMLP_SCALING_RECIPE_BLOCKWISE || grad_recipe == GMLP_SCALING_RECIPE_BLOCKWISE)
+    return recipe == grad_recipe;
+  return gmlp_scaling_recipe_multiplies_fp8 (grad_recipe);
 }
 
 /* act(h) quantized by @quantizer (with the columnwise copy when asked), in
@@ -754,7 +768,6 @@ run_activation_quantize (GmlpGroupedMLP     *self,
                          gboolean            with_columnwise,
                          GError            **error)
 {
-  const gint64 *rows = gmlp_grouped_tensor_peek_rows (h);
   GmlpScalingRecipe recipe = gmlp_quantizer_get_recipe (quantizer);
   GmlpDType fp8_dtype = gmlp_quantizer_get_dtype (quantizer);
   /* MXFP8's E8M0 scales are bytes, held in a one-byte dtype (as the
@@ -763,8 +776,8 @@ run_activation_quantize (GmlpGroupedMLP     *self,
                                                                : GMLP_DTYPE_FLOAT32;
   int flags = gmlp_quantizer_get_quantize_flags (quantizer);
   g_autoptr(GmlpGroupedTensor) data = NULL, scale_inv = NULL;
-  g_autoptr(GmlpGroupedTensor) columnwise = NULL, columnwise_scale_inv = NULL;
-  gint64 block_rows, block_cols, col_block_rows, col_block_cols;
+  g_autoptr(GmlpGroupedTensor) columnwise = NULL, columnwise_scale_inv = NULL, derived = NULL;
+  gint64 block_rows, block_cols, col_block_rows, col_block_cols, derived_block;
   gboolean own_column_scales, ok;
   GmlpBackendShape shape;
   float *state = NULL;
@@ -780,25 +793,38 @@ run_activation_quantize (GmlpGroupedMLP     *self,
   gmlp_quant_blocks ((int) recipe, flags, FALSE, &block_rows, &block_cols);
   gmlp_quant_blocks ((int) recipe, flags, TRUE, &col_block_rows, &col_block_cols);
   own_column_scales = with_columnwise && gmlp_quant_columnwise_has_scales ((int) recipe, flags);
+  derived_block = gmlp_quant_derived_row_block ((int) recipe, flags, with_columnwise);
 
-  data = gmlp_grouped_tensor_new (self->device, fp8_dtype, rows, self->n_groups, self->ffn_hidden, error);
+  /* Laid out as the quantizer lays out its outputs; with device-only
+   * sizes, scales in blocks of rows take their sizes from derived, which
+   * the call writes. */
+  if (!gmlp_grouped_tensor_has_host_sizes (h) && derived_block > 0)
+    {
+      gint64 n = self->n_groups;
+
+      derived = gmlp_grouped_tensor_new (self->device, GMLP_DTYPE_INT64, &n, 1, 1, error);
+      if (derived == NULL)
+        return NULL;
+    }
+  data = gmlp_grouped_tensor_new_blocked (h, fp8_dtype, 1, self->ffn_hidden, NULL, error);
   if (data == NULL)
     return NULL;
-  scale_inv = new_scale_tensor (self, rows, scale_dtype, block_rows,
-                                gmlp_quant_blocks_along (self->ffn_hidden, block_cols), error);
+  scale_inv = gmlp_grouped_tensor_new_blocked (h, scale_dtype, block_rows,
+                                               gmlp_quant_blocks_along (self->ffn_hidden, block_cols),
+                                               derived, error);
   if (scale_inv == NULL)
     return NULL;
   if (with_columnwise)
     {
-      columnwise = gmlp_grouped_tensor_new (self->device, fp8_dtype, rows, self->n_groups,
-                                            self->ffn_hidden, error);
+      columnwise = gmlp_grouped_tensor_new_blocked (h, fp8_dtype, 1, self->ffn_hidden, NULL, error);
       if (columnwise == NULL)
         return NULL;
       if (own_column_scales)
         {
-          columnwise_scale_inv = new_scale_tensor (self, rows, scale_dtype, col_block_rows,
-                                                   gmlp_quant_blocks_along (self->ffn_hidden, col_block_cols),
-                                                   error);
+          columnwise_scale_inv = gmlp_grouped_tensor_new_blocked (h, scale_dtype, col_block_rows,
+                                                                  gmlp_quant_blocks_along (self->ffn_hidden,
+                                                                                           col_block_cols),
+                                                                  derived, error);
           if (columnwise_scale_inv == NULL)
             return NULL;
         }
@@ -819,7 +845,8 @@ run_activation_quantize (GmlpGroupedMLP     *self,
                          gmlp_grouped_tensor_get_data (scale_inv),
                          columnwise != NULL ? gmlp_grouped_tensor_get_data (columnwise) : NULL,
                          columnwise_scale_inv != NULL ? gmlp_grouped_tensor_get_data (columnwise_scale_inv) : NULL,
-                         NULL, state, gmlp_quantizer_get_amax_history_length (quantizer), error);
+                         derived != NULL ? gmlp_grouped_tensor_get_data (derived) : NULL,
+                         state, gmlp_quantizer_get_amax_history_length (quantizer), error);
   gmlp_quantizer_unlock_state (quantizer);
   if (!ok)
     return NULL;
@@ -841,8 +868,6 @@ check_fc1_output (GmlpGroupedMLP     *self,
 {
   GmlpGroupedLinear *fc1 = self->fc1;
 
-  if (!check_host_sizes (h, "FC1 output", error))
-    return FALSE;
   if (gmlp_grouped_tensor_get_device (h) != self->device ||
       gmlp_grouped_tensor_get_dtype (h) != self->dtype ||
       gmlp_grouped_tensor_get_n_groups (h) != self->n_groups ||
@@ -868,6 +893,40 @@ gmlp_grouped_mlp_run_activation (GmlpGroupedMLP     *self,
   if (!check_fc1_output (self, h, error))
     return NULL;
   return run_activation (self, h, error);
+}
+
+GmlpGroupedTensor *
+gmlp_grouped_mlp_run_activation_grad (GmlpGroupedMLP     *self,
+                                      GmlpGroupedTensor  *h,
+                                      GmlpGroupedTensor  *grad,
+                                      GError            **error)
+{
+  g_autoptr(GmlpGroupedTensor) dh = NULL;
+  gboolean host = gmlp_grouped_tensor_has_host_sizes (h);
+
+  g_return_val_if_fail (GMLP_IS_GROUPED_MLP (self), NULL);
+  g_return_val_if_fail (GMLP_IS_GROUPED_TENSOR (h), NULL);
+  g_return_val_if_fail (GMLP_IS_GROUPED_TENSOR (grad), NULL);
+
+  if (!check_fc1_output (self, h, error))
+    return NULL;
+  if (gmlp_grouped_tensor_get_dtype (grad) != self->dtype ||
+      gmlp_grouped_tensor_get_cols (grad) != self->ffn_hidden ||
+      gmlp_grouped_tensor_get_n_groups (grad) != self->n_groups ||
+      host != gmlp_grouped_tensor_has_host_sizes (grad) ||
+      (host ? memcmp (gmlp_grouped_tensor_peek_rows (h), gmlp_grouped_tensor_peek_rows (grad),
+                      self->n_groups * sizeof (gint64)) != 0
+            : gmlp_grouped_tensor_get_row_capacity (h) != gmlp_grouped_tensor_get_row_capacity (grad)))
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_SHAPE_MISMATCH,
+                   "The activation's output gradient must have FC1's output's sizes and %"
+                   G_GINT64_FORMAT " columns of the MLP's dtype", self->ffn_hidden);
+      return NULL;
+    }
+  dh = new_activation_output (self, h, TRUE, error);
+  if (dh == NULL || !run_activation_into (self, h, grad, dh, error))
+    return NULL;
+  return g_steal_pointer (&dh);
 }
 
 GmlpGroupedTensor *
@@ -904,7 +963,7 @@ make_fc2_input (GmlpGroupedMLP     *self,
  * gmlp_grouped_mlp_forward:
  * @self: a #GmlpGroupedMLP
  * @input: `n_groups` members of `rows_i × hidden`, of the MLP's dtype, on
- *   its device, group sizes on the host
+ *   its device, group sizes on the host or only on the device
  * @saved: (out) (transfer full) (optional): what backward needs
  * @error: return location for a #GError
  *
@@ -912,18 +971,19 @@ make_fc2_input (GmlpGroupedMLP     *self,
  * (FP8), the activation writes FC2's input quantized by FC2's input
  * quantizer, in the same pass.
  *
- * Unlike [class@Gmlp.GroupedLinear], the MLP needs the group sizes on the
- * host: its activation kernels take them from there.
+ * With @input's group sizes only on the device, nothing reads them on the
+ * host or waits for the device, and the output has @input's sizes tensor
+ * and row capacity (see "Group sizes on the device" in the class
+ * documentation).
  *
  * As for [method@Gmlp.GroupedLinear.forward], a forward writes no tensor
  * but its output; one that fails in FC2 leaves the amaxes FC1's FP8
  * quantizers recorded (a retry records the same).
  *
  * Returns: (transfer full): the output, `rows_i × hidden` per group, or
- *   %NULL with an error as for [method@Gmlp.GroupedLinear.forward],
- *   %GMLP_ERROR_UNSUPPORTED for an input whose sizes are only on the
- *   device, or %GMLP_ERROR_SHAPE_MISMATCH when FC2's input quantizer keeps
- *   delayed scales for another number of groups
+ *   %NULL with an error as for [method@Gmlp.GroupedLinear.forward], or
+ *   %GMLP_ERROR_SHAPE_MISMATCH when FC2's input quantizer keeps delayed
+ *   scales for another number of groups
  *
  * Since: 0.1
  */
@@ -951,8 +1011,6 @@ gmlp_grouped_mlp_forward (GmlpGroupedMLP        *self,
 
   if (saved != NULL)
     *saved = NULL;
-  if (!check_host_sizes (input, "input", error))
-    return NULL;
 
   /* FP8: FC2's input comes quantized out of the activation. A delayed
    * scaling state that does not fit is refused before FC1 runs. */
@@ -967,7 +1025,7 @@ gmlp_grouped_mlp_forward (GmlpGroupedMLP        *self,
       gmlp_quantizer_unlock_state (fc2_quantizer);
       if (!fits)
         return NULL;
-      columnwise = saved != NULL && fc2_input_wants_columnwise (self, fc2_quantizer);
+      columnwise = saved != NULL && fc2_input_wants_columnwise (self, fc2_quantizer, input);
     }
 
   h = gmlp_grouped_linear_forward_full (self->fc1, input, TRUE, saved ? &s1 : NULL, error);
@@ -1033,9 +1091,9 @@ emit_wgrad_ready (GmlpGroupedMLP  *self,
  * unspecified.
  *
  * Returns: (transfer full): the input gradient, or %NULL with an error as
- *   for [method@Gmlp.GroupedLinear.backward] (for either layer), or
- *   %GMLP_ERROR_UNSUPPORTED for an output gradient whose sizes are only on
- *   the device
+ *   for [method@Gmlp.GroupedLinear.backward] (for either layer; with device
+ *   sizes, @grad_output must have its sizes on the device too, of the
+ *   forward input's values and row capacity)
  *
  * Since: 0.1
  */
@@ -1061,8 +1119,7 @@ gmlp_grouped_mlp_backward (GmlpGroupedMLP        *self,
     return NULL;
 
   locker = gmlp_rec_mutex_locker_new (&self->grad_lock);
-  if (!gmlp_saved_activations_check (saved, self->id, "GroupedMLP", error) ||
-      !check_host_sizes (grad_output, "output gradient", error))
+  if (!gmlp_saved_activations_check (saved, self->id, "GroupedMLP", error))
     return NULL;
   s1 = gmlp_saved_activations_get_child (saved, 0);
   s2 = gmlp_saved_activations_get_child (saved, 1);

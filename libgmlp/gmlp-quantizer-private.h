@@ -61,6 +61,20 @@ gboolean  gmlp_quantizer_get_state_for            (GmlpQuantizer      *self,
                                                    float             **state,
                                                    GError            **error);
 
+/* A tensor over the groups of src whose member i has
+ * gmlp_quant_blocks_along (rows_i, row_block) rows of cols columns: the
+ * layout the backends write (row_block 1: the rows of src; 0: one row),
+ * for the quantizer's outputs and for those of producers that write them
+ * (GmlpGroupedMLP). With device-only sizes it shares src's sizes tensor
+ * and capacity (row_block 1) or, for a row_block over 1, takes the sizes
+ * from derived, which the quantize call writes. */
+GmlpGroupedTensor *gmlp_grouped_tensor_new_blocked (GmlpGroupedTensor  *src,
+                                                    GmlpDType           dtype,
+                                                    gint64              row_block,
+                                                    gint64              cols,
+                                                    GmlpGroupedTensor  *derived,
+                                                    GError            **error);
+
 /* Whether the FP8 products multiply operands of this recipe in FP8: one
  * scale per group (DELAYED, CURRENT), or blockwise scales that the
  * products apply per 128-deep block (BLOCKWISE). MXFP8 operands are

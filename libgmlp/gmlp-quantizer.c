@@ -512,18 +512,14 @@ check_source (GmlpQuantizer      *self,
   return TRUE;
 }
 
-/* A tensor over the groups of src whose member i has
- * gmlp_quant_blocks_along (rows_i, row_block) rows of cols columns: the
- * layout the backends write (row_block 1: the rows of src; 0: one row).
- * With device-only sizes, a row_block over 1 takes the sizes from derived,
- * which the quantize call writes. */
-static GmlpGroupedTensor *
-new_blocked_tensor (GmlpGroupedTensor  *src,
-                    GmlpDType           dtype,
-                    gint64              row_block,
-                    gint64              cols,
-                    GmlpGroupedTensor  *derived,
-                    GError            **error)
+/* See gmlp-quantizer-private.h. */
+GmlpGroupedTensor *
+gmlp_grouped_tensor_new_blocked (GmlpGroupedTensor  *src,
+                                 GmlpDType           dtype,
+                                 gint64              row_block,
+                                 gint64              cols,
+                                 GmlpGroupedTensor  *derived,
+                                 GError            **error)
 {
   GmlpDevice *device = gmlp_grouped_tensor_get_device (src);
   guint n = gmlp_grouped_tensor_get_n_groups (src);
@@ -659,23 +655,23 @@ gmlp_quantizer_quantize_full (GmlpQuantizer      *self,
         return NULL;
     }
 
-  data = new_blocked_tensor (src, dtype, 1, cols, NULL, error);
+  data = gmlp_grouped_tensor_new_blocked (src, dtype, 1, cols, NULL, error);
   if (data == NULL)
     return NULL;
-  scale_inv = new_blocked_tensor (src, scale_dtype, block_rows,
-                                  gmlp_quant_blocks_along (cols, block_cols), derived, error);
+  scale_inv = gmlp_grouped_tensor_new_blocked (src, scale_dtype, block_rows,
+                                               gmlp_quant_blocks_along (cols, block_cols), derived, error);
   if (scale_inv == NULL)
     return NULL;
   if (with_columnwise)
     {
-      columnwise = new_blocked_tensor (src, dtype, 1, cols, NULL, error);
+      columnwise = gmlp_grouped_tensor_new_blocked (src, dtype, 1, cols, NULL, error);
       if (columnwise == NULL)
         return NULL;
       if (own_column_scales)
         {
-          columnwise_scale_inv = new_blocked_tensor (src, scale_dtype, col_block_rows,
-                                                     gmlp_quant_blocks_along (cols, col_block_cols),
-                                                     derived, error);
+          columnwise_scale_inv = gmlp_grouped_tensor_new_blocked (src, scale_dtype, col_block_rows,
+                                                                  gmlp_quant_blocks_along (cols, col_block_cols),
+                                                                  derived, error);
           if (columnwise_scale_inv == NULL)
             return NULL;
         }

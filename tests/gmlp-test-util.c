@@ -481,9 +481,9 @@ gmlp_test_step_bytes (GmlpGroupedLinear *layer,
 }
 
 void
-gmlp_test_assert_same_bytes (GmlpGroupedTensor *a,
-                             GmlpGroupedTensor *b,
-                             const char        *what)
+gmlp_test_assert_same_packed (GmlpGroupedTensor *a,
+                              GmlpGroupedTensor *b,
+                              const char        *what)
 {
   g_autoptr(GError) error = NULL;
   g_autoptr(GBytes) x = NULL, y = NULL;
@@ -495,8 +495,6 @@ gmlp_test_assert_same_bytes (GmlpGroupedTensor *a,
   g_assert_cmpint (gmlp_grouped_tensor_get_dtype (a), ==, gmlp_grouped_tensor_get_dtype (b));
   g_assert_cmpint (gmlp_grouped_tensor_get_n_groups (a), ==, gmlp_grouped_tensor_get_n_groups (b));
   g_assert_cmpint (gmlp_grouped_tensor_get_cols (a), ==, gmlp_grouped_tensor_get_cols (b));
-  for (i = 0; i < gmlp_grouped_tensor_get_n_groups (a); i++)
-    g_assert_cmpint (gmlp_grouped_tensor_get_rows (a, i), ==, gmlp_grouped_tensor_get_rows (b, i));
   x = gmlp_grouped_tensor_to_bytes (a, &error);
   g_assert_no_error (error);
   y = gmlp_grouped_tensor_to_bytes (b, &error);
@@ -508,6 +506,21 @@ gmlp_test_assert_same_bytes (GmlpGroupedTensor *a,
     if (p[i] != q[i])
       g_error ("%s: byte %" G_GSIZE_FORMAT " of %" G_GSIZE_FORMAT " differs: 0x%02x, 0x%02x",
                what, i, n, p[i], q[i]);
+}
+
+void
+gmlp_test_assert_same_bytes (GmlpGroupedTensor *a,
+                             GmlpGroupedTensor *b,
+                             const char        *what)
+{
+  guint i;
+
+  g_assert_nonnull (a);
+  g_assert_nonnull (b);
+  g_assert_cmpint (gmlp_grouped_tensor_get_n_groups (a), ==, gmlp_grouped_tensor_get_n_groups (b));
+  for (i = 0; i < gmlp_grouped_tensor_get_n_groups (a); i++)
+    g_assert_cmpint (gmlp_grouped_tensor_get_rows (a, i), ==, gmlp_grouped_tensor_get_rows (b, i));
+  gmlp_test_assert_same_packed (a, b, what);
 }
 
 void
@@ -578,5 +591,185 @@ gmlp_test_linear_reference (const gint64 *rows,
             }
         }
       r0 += rows[g];
+    }
+}
+
+gint64 *
+gmlp_test_clamped_rows (const gint64 *sizes,
+                        guint         n,
+                        gint64        capacity)
+{
+  gint64 *rows = g_new (gint64, MAX (n, 1));
+  gint64 left = capacity;
+  guint g;
+
+  for (g = 0; g < n; g++)
+    {
+      rows[g] = MIN (MAX (sizes[g], 0), left);
+      left -= rows[g];
+    }
+  return rows;
+}
+
+GmlpGroupedTensor *
+gmlp_test_sizes_tensor (GmlpDevice   *device,
+                        const gint64 *sizes,
+                        guint         n)
+{
+  g_autoptr(GBytes) bytes = g_bytes_new (sizes, n * sizeof (gint64));
+  g_autoptr(GError) error = NULL;
+  gint64 len = n;
+  GmlpGroupedTensor *t = gmlp_grouped_tensor_new_from_bytes (device, GMLP_DTYPE_INT64, &len, 1, 1,
+                                                             bytes, &error);
+
+  g_assert_no_error (error);
+  return t;
+}
+
+double
+gmlp_test_act (GmlpActivation act,
+               double         x)
+{
+  switch (act)
+    {
+    case GMLP_ACTIVATION_GELU:
+    case GMLP_ACTIVATION_GEGLU:
+      {
+        /* 1 + tanh (y) = 2 / (1 + exp (-2y)), which keeps its digits for
+         * very negative y where 1 + tanh (y) cancels. */
+        double y = sqrt (2.0 / G_PI) * (x + 0.044715 * x * x * x);
+        return x / (1.0 + exp (-2.0 * y));
+      }
+    case GMLP_ACTIVATION_SWIGLU:
+      return x / (1.0 + exp (-x));
+    case GMLP_ACTIVATION_RELU:
+      return x > 0 ? x : 0;
+    case GMLP_ACTIVATION_SRELU:
+      return x > 0 ? x * x : 0;
+    default:
+      g_assert_not_reached ();
+    }
+}
+
+/* A central difference of the float64 function: an independent check of
+ * the library's closed forms. */
+double
+gmlp_test_act_grad (GmlpActivation act,
+                    double         x)
+{
+  const double h = 1e-6;
+
+  if ((act == GMLP_ACTIVATION_RELU || act == GMLP_ACTIVATION_SRELU) && fabs (x) < h)
+    return act == GMLP_ACTIVATION_RELU ? (x > 0) : 0.0;
+  return (gmlp_test_act (act, x + h) - gmlp_test_act (act, x - h)) / (2 * h);
+}
+
+void
+gmlp_test_mlp_reference (GmlpActivation     act,
+                         GmlpDType          dtype,
+                         const gint64      *rows,
+                         guint              n_groups,
+                         gint64             hid,
+                         gint64             ffn,
+                         const double      *x,
+                         const double      *h,
+                         const double      *dy,
+                         const double      *w1,
+                         const double      *w2,
+                         const double      *b2,
+                         GmlpTestMlpResult *out)
+{
+  gboolean gated = act == GMLP_ACTIVATION_SWIGLU || act == GMLP_ACTIVATION_GEGLU;
+  gint64 w1o = gated ? 2 * ffn : ffn, total = 0, r, c;
+  g_autofree double *a = NULL, *da = NULL, *dh = NULL;
+  guint g;
+
+  for (g = 0; g < n_groups; g++)
+    total += rows[g];
+  a = g_new0 (double, MAX (total * ffn, 1));
+  da = g_new0 (double, MAX (total * ffn, 1));
+  dh = g_new0 (double, MAX (total * w1o, 1));
+  out->y = g_new0 (double, MAX (total * hid, 1));
+  out->dx = g_new0 (double, MAX (total * hid, 1));
+  out->dw1 = g_new0 (double, n_groups * w1o * hid);
+  out->db1 = g_new0 (double, n_groups * w1o);
+  out->dw2 = g_new0 (double, n_groups * hid * ffn);
+  out->db2 = g_new0 (double, n_groups * hid);
+
+  /* a = act (h), y = a W2ᵀ + b2; da = dy W2, dh = act' (h) da. */
+  for (r = 0; r < total; r++)
+    for (c = 0; c < ffn; c++)
+      a[r * ffn + c] = gmlp_test_round (gated ? gmlp_test_act (act, h[r * w1o + c]) * h[r * w1o + ffn + c]
+                                              : gmlp_test_act (act, h[r * w1o + c]), dtype);
+  gmlp_test_linear_reference (rows, n_groups, ffn, hid, a, w2, b2, dy, dy, out->y, da, out->dw2, out->db2);
+  for (r = 0; r < total; r++)
+    for (c = 0; c < ffn; c++)
+      {
+        double hv = h[r * w1o + c];
+
+        da[r * ffn + c] = gmlp_test_round (da[r * ffn + c], dtype);
+        if (gated)
+          {
+            dh[r * w1o + c] = gmlp_test_round (da[r * ffn + c] * h[r * w1o + ffn + c] *
+                                               gmlp_test_act_grad (act, hv), dtype);
+            dh[r * w1o + ffn + c] = gmlp_test_round (da[r * ffn + c] * gmlp_test_act (act, hv), dtype);
+          }
+        else
+          dh[r * w1o + c] = gmlp_test_round (da[r * ffn + c] * gmlp_test_act_grad (act, hv), dtype);
+      }
+  /* dx = dh W1, dW1 = dhᵀ x, db1 = Σ dh. */
+  gmlp_test_linear_reference (rows, n_groups, hid, w1o, x, w1, NULL, dh, dh, NULL, out->dx, out->dw1,
+                              out->db1);
+}
+
+void
+gmlp_test_mlp_result_clear (GmlpTestMlpResult *result)
+{
+  g_clear_pointer (&result->y, g_free);
+  g_clear_pointer (&result->dx, g_free);
+  g_clear_pointer (&result->dw1, g_free);
+  g_clear_pointer (&result->db1, g_free);
+  g_clear_pointer (&result->dw2, g_free);
+  g_clear_pointer (&result->db2, g_free);
+}
+
+void
+gmlp_test_mlp_step (GmlpGroupedMLP     *mlp,
+                    GmlpGroupedTensor  *x,
+                    GmlpGroupedTensor  *dy,
+                    gboolean            offload,
+                    GmlpGroupedTensor **y,
+                    GmlpGroupedTensor **dx,
+                    guint64            *saved_nbytes)
+{
+  GmlpDevice *device = gmlp_grouped_linear_get_device (gmlp_grouped_mlp_get_fc1 (mlp));
+  g_autoptr(GmlpOffloadContext) ctx = gmlp_offload_context_new (device, NULL);
+  g_autoptr(GmlpSavedActivations) saved = NULL;
+  g_autoptr(GError) error = NULL;
+  GmlpLinearFlags flags;
+
+  g_object_get (mlp, "flags", &flags, NULL);
+  if (offload)
+    gmlp_offload_context_push_thread_default (ctx, TRUE);
+  *y = gmlp_grouped_mlp_forward (mlp, x, &saved, &error);
+  if (offload)
+    g_assert_true (gmlp_offload_context_pop_thread_default (ctx, NULL));
+  g_assert_no_error (error);
+  if (saved_nbytes != NULL)
+    *saved_nbytes = gmlp_saved_activations_get_nbytes (saved);
+  if (offload)
+    {
+      g_assert_true (gmlp_saved_activations_get_offload (saved));
+      gmlp_offload_context_flush (ctx);
+      g_assert_true (gmlp_saved_activations_get_host_nbytes (saved) > 0 ||
+                     gmlp_saved_activations_get_nbytes (saved) == 0);
+    }
+  *dx = gmlp_grouped_mlp_backward (mlp, saved, dy, &error);
+  g_assert_no_error (error);
+  g_assert_true (gmlp_saved_activations_is_consumed (saved));
+  if (flags & GMLP_LINEAR_DELAY_WGRAD_COMPUTE)
+    {
+      g_assert_true (gmlp_grouped_mlp_backward_dw (mlp, &error));
+      g_assert_no_error (error);
     }
 }

@@ -107,6 +107,13 @@ const char        *gmlp_test_recipe_name       (GmlpScalingRecipe  recipe);
  * a columnwise copy, the values in the rowwise tensor's order (member i
  * m_i × cols, read from the copy's transposed member). */
 double            *gmlp_test_dequantize        (GmlpGroupedTensor *q);
+/* Asserts that two tensors have the same dtype, columns and values, read
+ * packed over the sizes each has (device sizes clamped in order to the
+ * capacity, as to_bytes() reads them): the first byte that differs, if
+ * one does. */
+void               gmlp_test_assert_same_packed (GmlpGroupedTensor *a,
+                                                 GmlpGroupedTensor *b,
+                                                 const char        *what);
 /* Asserts that two tensors have the same dtype, shape and bytes (the
  * first byte that differs, if one does). */
 void               gmlp_test_assert_same_bytes (GmlpGroupedTensor *a,
@@ -136,5 +143,64 @@ void               gmlp_test_linear_reference  (const gint64 *rows,
                                                 double       *dx,
                                                 double       *dw,
                                                 double       *db);
+
+
+/* The rows device sizes leave each group when clamped in order to what the
+ * capacity has left (a negative size counting as 0): what the passes over
+ * one layout keep, and every pass where rows are whole multiples of 256
+ * bytes (docs/memory-layout.md). */
+gint64            *gmlp_test_clamped_rows      (const gint64 *sizes,
+                                                guint         n,
+                                                gint64        capacity);
+/* A device tensor of group sizes: one member of n INT64 values. */
+GmlpGroupedTensor *gmlp_test_sizes_tensor      (GmlpDevice   *device,
+                                                const gint64 *sizes,
+                                                guint         n);
+
+/* The activations of a GroupedMLP in float64, written independently of
+ * the library (the tanh form of GELU; the gated ones' act(a)), and their
+ * derivatives by central differences. */
+double             gmlp_test_act               (GmlpActivation act,
+                                                double         x);
+double             gmlp_test_act_grad          (GmlpActivation act,
+                                                double         x);
+
+/* The float64 results of a GroupedMLP step (each n_values long, packed
+ * rows): y, dx, and the weight and bias gradients of FC1 and FC2. */
+typedef struct {
+  double *y, *dx, *dw1, *db1, *dw2, *db2;
+} GmlpTestMlpResult;
+
+/* A GroupedMLP's forward and backward for dL/dy = dy over packed rows
+ * (rows[g] of group g), from FC1's output h as the library stored it (so
+ * that a float64 h near a kink of ReLU cannot gate differently), with the
+ * intermediates (the activation, its input gradient, FC1's output
+ * gradient) rounded to dtype as the library stores them. */
+void               gmlp_test_mlp_reference     (GmlpActivation     act,
+                                                GmlpDType          dtype,
+                                                const gint64      *rows,
+                                                guint              n_groups,
+                                                gint64             hid,
+                                                gint64             ffn,
+                                                const double      *x,
+                                                const double      *h,
+                                                const double      *dy,
+                                                const double      *w1,
+                                                const double      *w2,
+                                                const double      *b2,
+                                                GmlpTestMlpResult *out);
+void               gmlp_test_mlp_result_clear  (GmlpTestMlpResult *result);
+
+/* A forward and backward of @mlp (and backward_dw when it delays weight
+ * gradients), under an offload context when @offload, whose saved
+ * activations must then have gone to the host (when there was anything to
+ * offload); *saved_nbytes (optional): the bytes they held. */
+void               gmlp_test_mlp_step          (GmlpGroupedMLP     *mlp,
+                                                GmlpGroupedTensor  *x,
+                                                GmlpGroupedTensor  *dy,
+                                                gboolean            offload,
+                                                GmlpGroupedTensor **y,
+                                                GmlpGroupedTensor **dx,
+                                                guint64            *saved_nbytes);
 
 G_END_DECLS

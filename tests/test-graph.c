@@ -783,6 +783,155 @@ test_grouped_linear (void)
     }
 }
 
+/* The bytes of a GroupedMLP step (each to unref): y and dx as read over
+ * @rows (host-sizes views of device-sizes results), and both layers'
+ * weight and bias gradients. */
+static void
+mlp_step_bytes (GmlpGroupedMLP    *mlp,
+                GmlpGroupedTensor *y,
+                GmlpGroupedTensor *dx,
+                const gint64      *rows,
+                GBytes            *out[6])
+{
+  g_autoptr(GmlpGroupedTensor) y_view = gmlp_test_host_view (y, rows);
+  g_autoptr(GmlpGroupedTensor) dx_view = gmlp_test_host_view (dx, rows);
+  GmlpGroupedLinear *fc1 = gmlp_grouped_mlp_get_fc1 (mlp), *fc2 = gmlp_grouped_mlp_get_fc2 (mlp);
+  GmlpGroupedTensor *results[6] = { y_view, dx_view, gmlp_grouped_linear_get_wgrad (fc1),
+                                    gmlp_grouped_linear_get_bgrad (fc1), gmlp_grouped_linear_get_wgrad (fc2),
+                                    gmlp_grouped_linear_get_bgrad (fc2) };
+  g_autoptr(GError) error = NULL;
+
+  for (guint i = 0; i < 6; i++)
+    {
+      /* Every result in the MLP's dtype: the caller decodes them so. */
+      g_assert_cmpint (gmlp_grouped_tensor_get_dtype (results[i]), ==, gmlp_grouped_tensor_get_dtype (y));
+      out[i] = gmlp_grouped_tensor_to_bytes (results[i], &error);
+      g_assert_no_error (error);
+    }
+}
+
+/* A whole forward and backward of a GroupedMLP (SwiGLU, bias, BF16) with
+ * its group sizes on the device, captured once and replayed with other
+ * sizes and data written in between: an empty group, and sizes past the
+ * capacity (rows of whole multiples of 256 bytes: every pass keeps the
+ * sizes clamped in order). Each replay equals the float64 reference and
+ * the same step run eagerly, bit for bit. The capture itself shows that
+ * nothing in the step reads the sizes on the host or waits for the device:
+ * either fails during a capture. */
+static void
+test_grouped_mlp (void)
+{
+  g_autoptr(GmlpDevice) device = capture_device_or_skip ();
+  const GmlpDType dtype = GMLP_DTYPE_BFLOAT16;
+  const guint n = 3;
+  const gint64 hid = 128, ffn = 128, capacity = 300;
+  g_autoptr(GmlpGroupedMLP) mlp = NULL;
+  g_autoptr(GmlpGroupedTensor) sizes = NULL, x = NULL, dy = NULL, y = NULL, dx = NULL;
+  g_autoptr(GmlpSavedActivations) saved = NULL;
+  g_autoptr(GmlpGraph) graph = NULL;
+  g_autoptr(GError) error = NULL;
+  g_autofree double *w1 = NULL, *w2 = NULL, *b2 = NULL;
+  gint64 no_rows[3] = { 0, 0, 0 };
+  guint replay;
+
+  if (device == NULL)
+    return;
+
+  mlp = gmlp_grouped_mlp_new_full (device, n, hid, ffn, GMLP_ACTIVATION_SWIGLU, dtype,
+                                   GMLP_LINEAR_SINGLE_GROUPED_WEIGHT | GMLP_LINEAR_BIAS, &error);
+  g_assert_no_error (error);
+  g_assert_true (gmlp_grouped_mlp_init_parameters (mlp, g_test_rand_int (), &error));
+  g_assert_no_error (error);
+  w1 = gmlp_test_download (gmlp_grouped_linear_get_weight (gmlp_grouped_mlp_get_fc1 (mlp)), NULL);
+  w2 = gmlp_test_download (gmlp_grouped_linear_get_weight (gmlp_grouped_mlp_get_fc2 (mlp)), NULL);
+  b2 = gmlp_test_download (gmlp_grouped_linear_get_bias (gmlp_grouped_mlp_get_fc2 (mlp)), NULL);
+  sizes = gmlp_test_sizes_tensor (device, no_rows, n);
+  x = gmlp_grouped_tensor_new_with_device_sizes (device, dtype, sizes, capacity, hid, &error);
+  g_assert_no_error (error);
+  dy = gmlp_grouped_tensor_new_with_device_sizes (device, dtype, sizes, capacity, hid, &error);
+  g_assert_no_error (error);
+
+  g_assert_true (gmlp_device_begin_capture (device, &error));
+  g_assert_no_error (error);
+  y = gmlp_grouped_mlp_forward (mlp, x, &saved, &error);
+  g_assert_no_error (error);
+  dx = gmlp_grouped_mlp_backward (mlp, saved, dy, &error);
+  g_assert_no_error (error);
+  graph = gmlp_device_end_capture (device, &error);
+  g_assert_no_error (error);
+  g_assert_false (gmlp_grouped_tensor_has_host_sizes (y));
+  g_assert_false (gmlp_grouped_tensor_has_host_sizes (dx));
+
+  for (replay = 0; replay < 3; replay++)
+    {
+      gint64 given[3], rows[3], left = capacity, total;
+      g_autofree double *xv = NULL, *dyv = NULL, *h = NULL;
+      g_autoptr(GBytes) xb = NULL, dyb = NULL;
+      g_autoptr(GmlpGroupedTensor) x_host = NULL, h_host = NULL, ey = NULL, edx = NULL;
+      g_autoptr(GmlpSavedActivations) eager_saved = NULL;
+      GmlpTestMlpResult want = { NULL, };
+      GBytes *graph_out[6], *eager_out[6];
+      double tol = gmlp_test_tolerance (dtype) * 2;
+      guint g, i;
+
+      given[0] = g_test_rand_int_range (1, 150);
+      given[1] = replay == 1 ? 0 : g_test_rand_int_range (1, 120);
+      given[2] = replay == 2 ? capacity : g_test_rand_int_range (0, 30);
+      for (g = 0; g < n; g++)
+        {
+          rows[g] = MIN (given[g], left);
+          left -= rows[g];
+        }
+      total = sum_rows (rows, n);
+      xb = random_values (dtype, total * hid, 1.0, &xv);
+      dyb = random_values (dtype, total * hid, 1.0, &dyv);
+      g_assert_true (GMLP_DEVICE_CALL (device, upload, gmlp_grouped_tensor_get_data (sizes), given,
+                                       sizeof given, &error));
+      g_assert_no_error (error);
+      write_values (x, rows, n, xb);
+      write_values (dy, rows, n, dyb);
+
+      g_assert_true (gmlp_graph_replay (graph, &error));
+      g_assert_no_error (error);
+      mlp_step_bytes (mlp, y, dx, rows, graph_out);
+
+      /* The float64 reference, from FC1's output as the layer stores it. */
+      x_host = gmlp_grouped_tensor_new_from_bytes (device, dtype, rows, n, hid, xb, &error);
+      g_assert_no_error (error);
+      h_host = gmlp_grouped_linear_forward (gmlp_grouped_mlp_get_fc1 (mlp), x_host, NULL, &error);
+      g_assert_no_error (error);
+      h = gmlp_test_download (h_host, NULL);
+      gmlp_test_mlp_reference (GMLP_ACTIVATION_SWIGLU, dtype, rows, n, hid, ffn, xv, h, dyv, w1, w2, b2, &want);
+      {
+        const double *refs[6] = { want.y, want.dx, want.dw1, want.db1, want.dw2, want.db2 };
+        static const char *const names[6] = { "y", "dx", "fc1 dW", "fc1 db", "fc2 dW", "fc2 db" };
+
+        for (i = 0; i < 6; i++)
+          {
+            gsize count = g_bytes_get_size (graph_out[i]) / gmlp_dtype_get_size (dtype);
+            g_autofree double *got = g_new (double, MAX (count, 1));
+
+            for (gsize k = 0; k < count; k++)
+              got[k] = gmlp_test_decode (g_bytes_get_data (graph_out[i], NULL), dtype, k);
+            gmlp_test_assert_close (got, refs[i], count, tol, names[i]);
+          }
+      }
+      gmlp_test_mlp_result_clear (&want);
+
+      ey = gmlp_grouped_mlp_forward (mlp, x, &eager_saved, &error);
+      g_assert_no_error (error);
+      edx = gmlp_grouped_mlp_backward (mlp, eager_saved, dy, &error);
+      g_assert_no_error (error);
+      mlp_step_bytes (mlp, ey, edx, rows, eager_out);
+      for (i = 0; i < 6; i++)
+        {
+          g_assert_true (g_bytes_equal (graph_out[i], eager_out[i]));
+          g_bytes_unref (graph_out[i]);
+          g_bytes_unref (eager_out[i]);
+        }
+    }
+}
+
 /* A forward and backward of a GroupedLinear with host sizes, captured once
  * and replayed with new data written in between. Its few unaligned
  * products (an empty group among them) run as the loop of per-group cuBLAS
@@ -903,6 +1052,7 @@ main (int argc, char *argv[])
   g_test_add_func ("/Gmlp/Graph/invalidated", test_invalidated);
   g_test_add_func ("/Gmlp/Graph/device-sizes", test_device_sizes);
   g_test_add_func ("/Gmlp/Graph/grouped-linear", test_grouped_linear);
+  g_test_add_func ("/Gmlp/Graph/grouped-mlp", test_grouped_mlp);
   g_test_add_func ("/Gmlp/Graph/host-sizes", test_host_sizes);
   g_test_add_func ("/Gmlp/Graph/offload-refused", test_offload_refused);
 

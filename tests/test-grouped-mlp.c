@@ -7,6 +7,8 @@
 #include <string.h>
 
 #include "gmlp-test-util.h"
+#include "gmlp-grouped-mlp-private.h"
+#include "gmlp-grouped-tensor-private.h"
 
 static const GmlpActivation activations[] = {
   GMLP_ACTIVATION_GELU, GMLP_ACTIVATION_RELU, GMLP_ACTIVATION_SRELU,
@@ -19,60 +21,80 @@ gated (GmlpActivation act)
   return act == GMLP_ACTIVATION_SWIGLU || act == GMLP_ACTIVATION_GEGLU;
 }
 
-/* The activations in float64, written independently of the library. */
-static double
-act_f (GmlpActivation act, double x)
-{
-  switch (act)
-    {
-    case GMLP_ACTIVATION_GELU:
-    case GMLP_ACTIVATION_GEGLU:
-      return 0.5 * x * (1.0 + tanh (sqrt (2.0 / G_PI) * (x + 0.044715 * x * x * x)));
-    case GMLP_ACTIVATION_SWIGLU:
-      return x / (1.0 + exp (-x));
-    case GMLP_ACTIVATION_RELU:
-      return x > 0 ? x : 0;
-    case GMLP_ACTIVATION_SRELU:
-      return x > 0 ? x * x : 0;
-    default:
-      g_assert_not_reached ();
-    }
-}
-
-/* The derivative by a central difference of the float64 function: an
- * independent check of the library's closed forms. */
-static double
-act_df (GmlpActivation act, double x)
-{
-  const double h = 1e-6;
-
-  if ((act == GMLP_ACTIVATION_RELU || act == GMLP_ACTIVATION_SRELU) && fabs (x) < h)
-    return act == GMLP_ACTIVATION_RELU ? (x > 0) : 0.0;
-  return (act_f (act, x + h) - act_f (act, x - h)) / (2 * h);
-}
-
 static double *
 values_of (GmlpGroupedTensor *t)
 {
   return gmlp_test_download (t, NULL);
 }
 
-/* y_i = x_i W_iᵀ + b_i over packed rows. */
-static double *
-linear_ref (const double *x, const double *w, const double *b, const gint64 *rows, guint n,
-            gint64 k, gint64 o, GmlpDType round_to)
+/* A layer's weight gradient: wgrad, or main_grad with fused accumulation. */
+static GmlpGroupedTensor *
+weight_gradient (GmlpGroupedLinear *layer)
 {
-  gint64 total = 0, i;
-  double *y;
+  GmlpGroupedTensor *grad = gmlp_grouped_linear_get_wgrad (layer);
+
+  return grad != NULL ? grad : gmlp_grouped_linear_get_main_grad (layer);
+}
+
+/* A step's results against the float64 reference of FC1's output h (as
+ * the library stored it) over the packed rows: y and dx (host-sizes views
+ * of them), both layers' weight and bias gradients. */
+static void
+check_against_reference (GmlpGroupedMLP *mlp, const gint64 *rows, const double *xv, const double *h,
+                         const double *dyv, GmlpGroupedTensor *y, GmlpGroupedTensor *dx,
+                         gboolean check_gradients, const char *what)
+{
+  GmlpGroupedLinear *fc1 = gmlp_grouped_mlp_get_fc1 (mlp), *fc2 = gmlp_grouped_mlp_get_fc2 (mlp);
+  GmlpDType dtype = gmlp_grouped_linear_get_dtype (fc1);
+  guint n = gmlp_grouped_linear_get_n_groups (fc1);
+  gint64 hid = gmlp_grouped_linear_get_in_features (fc1), ffn = gmlp_grouped_linear_get_in_features (fc2);
+  gint64 w1o = gmlp_grouped_linear_get_out_features (fc1), total = 0;
+  double tol = gmlp_test_tolerance (dtype) * 2;
+  g_autofree double *w1 = values_of (gmlp_grouped_linear_get_weight (fc1));
+  g_autofree double *w2 = values_of (gmlp_grouped_linear_get_weight (fc2));
+  g_autofree double *b2 = values_of (gmlp_grouped_linear_get_bias (fc2));
+  g_autofree double *got = NULL;
+  g_autofree char *name = NULL;
+  GmlpTestMlpResult want = { NULL, };
   guint g;
 
   for (g = 0; g < n; g++)
     total += rows[g];
-  y = g_new0 (double, MAX (total * o, 1));
-  gmlp_test_linear_reference (rows, n, k, o, x, w, b, NULL, NULL, y, NULL, NULL, NULL);
-  for (i = 0; i < total * o; i++)
-    y[i] = gmlp_test_round (y[i], round_to);
-  return y;
+  gmlp_test_mlp_reference (gmlp_grouped_mlp_get_activation (mlp), dtype, rows, n, hid, ffn, xv, h, dyv,
+                           w1, w2, b2, &want);
+
+#define CHECK(tensor, ref, count, label) \
+  G_STMT_START { \
+    got = values_of (tensor); \
+    name = g_strdup_printf ("%s: %s", what, label); \
+    gmlp_test_assert_close (got, ref, count, tol, name); \
+    g_clear_pointer (&got, g_free); \
+    g_clear_pointer (&name, g_free); \
+  } G_STMT_END
+
+  CHECK (y, want.y, total * hid, "fprop");
+  CHECK (dx, want.dx, total * hid, "dgrad");
+  if (check_gradients)
+    {
+      CHECK (weight_gradient (fc1), want.dw1, n * w1o * hid, "fc1 wgrad");
+      CHECK (weight_gradient (fc2), want.dw2, n * hid * ffn, "fc2 wgrad");
+      CHECK (gmlp_grouped_linear_get_bgrad (fc1), want.db1, n * w1o, "fc1 dbias");
+      CHECK (gmlp_grouped_linear_get_bgrad (fc2), want.db2, n * hid, "fc2 dbias");
+    }
+#undef CHECK
+  gmlp_test_mlp_result_clear (&want);
+}
+
+/* FC1's output for x (host sizes), as the layer stores it: the reference
+ * starts from it. */
+static double *
+fc1_output (GmlpGroupedMLP *mlp, GmlpGroupedTensor *x)
+{
+  g_autoptr(GError) error = NULL;
+  g_autoptr(GmlpGroupedTensor) h = gmlp_grouped_linear_forward (gmlp_grouped_mlp_get_fc1 (mlp), x, NULL, &error);
+
+  g_assert_no_error (error);
+  return values_of (h);
 }
 
 /* Forward and backward of a random MLP against the reference, with the
@@ -86,121 +108,22 @@ check_mlp (GmlpDevice *device, GmlpActivation act, GmlpDType dtype, GmlpLinearFl
                                                              flags | GMLP_LINEAR_BIAS, &error);
   g_autoptr(GmlpGroupedTensor) x = NULL, dy = NULL, y = NULL, dx = NULL;
   g_autoptr(GmlpSavedActivations) saved = NULL;
-  g_autofree double *xv = NULL, *dyv = NULL, *w1 = NULL, *b1 = NULL, *w2 = NULL, *b2 = NULL;
-  g_autofree double *h = NULL, *a = NULL, *yref = NULL, *da = NULL, *dh = NULL, *dxref = NULL;
-  g_autofree double *got = NULL, *dw1 = NULL, *dw2 = NULL, *db1 = NULL, *db2 = NULL;
-  GmlpGroupedLinear *fc1, *fc2;
-  gint64 w1o = gated (act) ? 2 * ffn : ffn, total = 0, r, j, c, r0;
-  double tol = gmlp_test_tolerance (dtype) * 2;
-  guint g;
+  g_autofree double *xv = NULL, *dyv = NULL, *h = NULL;
 
   g_assert_no_error (error);
   g_assert_true (gmlp_grouped_mlp_init_parameters (mlp, g_test_rand_int (), NULL));
-  fc1 = gmlp_grouped_mlp_get_fc1 (mlp);
-  fc2 = gmlp_grouped_mlp_get_fc2 (mlp);
-  g_assert_cmpint (gmlp_grouped_linear_get_out_features (fc1), ==, w1o);
-  for (g = 0; g < n; g++)
-    total += rows[g];
+  g_assert_cmpint (gmlp_grouped_linear_get_out_features (gmlp_grouped_mlp_get_fc1 (mlp)), ==,
+                   gated (act) ? 2 * ffn : ffn);
 
   x = gmlp_test_random_tensor (device, dtype, rows, n, hid, 1.0, &xv);
   dy = gmlp_test_random_tensor (device, dtype, rows, n, hid, 1.0, &dyv);
-  w1 = values_of (gmlp_grouped_linear_get_weight (fc1));
-  b1 = values_of (gmlp_grouped_linear_get_bias (fc1));
-  w2 = values_of (gmlp_grouped_linear_get_weight (fc2));
-  b2 = values_of (gmlp_grouped_linear_get_bias (fc2));
-
-  /* Forward reference. FC1's output is taken from the layer itself (its
-   * own tests check it): near a kink of ReLU, a float64 h could round to the
-   * other side of zero and gate differently from the stored one. */
-  {
-    g_autoptr(GmlpGroupedTensor) h_lib = gmlp_grouped_linear_forward (fc1, x, NULL, &error);
-    g_assert_no_error (error);
-    h = values_of (h_lib);
-  }
-  a = g_new0 (double, MAX (total * ffn, 1));
-  for (r = 0; r < total; r++)
-    for (j = 0; j < ffn; j++)
-      a[r * ffn + j] = gmlp_test_round (gated (act) ? act_f (act, h[r * w1o + j]) * h[r * w1o + ffn + j]
-                                                    : act_f (act, h[r * w1o + j]), dtype);
-  yref = linear_ref (a, w2, b2, rows, n, ffn, hid, GMLP_DTYPE_FLOAT32);
+  h = fc1_output (mlp, x);
 
   y = gmlp_grouped_mlp_forward (mlp, x, &saved, &error);
   g_assert_no_error (error);
-  got = values_of (y);
-  gmlp_test_assert_close (got, yref, total * hid, tol, "mlp fprop");
-  g_clear_pointer (&got, g_free);
-
-  /* Backward reference: da = dy W2, dh = act'(h) da, dx = dh W1. */
-  da = g_new0 (double, MAX (total * ffn, 1));
-  dh = g_new0 (double, MAX (total * w1o, 1));
-  dxref = g_new0 (double, MAX (total * hid, 1));
-  dw1 = g_new0 (double, n * w1o * hid);
-  dw2 = g_new0 (double, n * hid * ffn);
-  db1 = g_new0 (double, n * w1o);
-  db2 = g_new0 (double, n * hid);
-  r0 = 0;
-  for (g = 0; g < n; g++)
-    {
-      for (r = r0; r < r0 + rows[g]; r++)
-        {
-          for (c = 0; c < ffn; c++)
-            {
-              double acc = 0;
-              for (j = 0; j < hid; j++)
-                acc += dyv[r * hid + j] * w2[(g * hid + j) * ffn + c];
-              da[r * ffn + c] = gmlp_test_round (acc, dtype);
-            }
-          for (c = 0; c < ffn; c++)
-            {
-              double hv = h[r * w1o + c];
-              if (gated (act))
-                {
-                  double bv = h[r * w1o + ffn + c];
-                  dh[r * w1o + c] = gmlp_test_round (da[r * ffn + c] * bv * act_df (act, hv), dtype);
-                  dh[r * w1o + ffn + c] = gmlp_test_round (da[r * ffn + c] * act_f (act, hv), dtype);
-                }
-              else
-                dh[r * w1o + c] = gmlp_test_round (da[r * ffn + c] * act_df (act, hv), dtype);
-            }
-          for (c = 0; c < hid; c++)
-            {
-              double acc = 0;
-              for (j = 0; j < w1o; j++)
-                acc += dh[r * w1o + j] * w1[(g * w1o + j) * hid + c];
-              dxref[r * hid + c] = acc;
-            }
-          for (j = 0; j < hid; j++)
-            {
-              db2[g * hid + j] += dyv[r * hid + j];
-              for (c = 0; c < ffn; c++)
-                dw2[(g * hid + j) * ffn + c] += dyv[r * hid + j] * a[r * ffn + c];
-            }
-          for (j = 0; j < w1o; j++)
-            {
-              db1[g * w1o + j] += dh[r * w1o + j];
-              for (c = 0; c < hid; c++)
-                dw1[(g * w1o + j) * hid + c] += dh[r * w1o + j] * xv[r * hid + c];
-            }
-        }
-      r0 += rows[g];
-    }
-
   dx = gmlp_grouped_mlp_backward (mlp, saved, dy, &error);
   g_assert_no_error (error);
-  got = values_of (dx);
-  gmlp_test_assert_close (got, dxref, total * hid, tol, "mlp dgrad");
-  g_clear_pointer (&got, g_free);
-  got = values_of (gmlp_grouped_linear_get_wgrad (fc2));
-  gmlp_test_assert_close (got, dw2, n * hid * ffn, tol, "fc2 wgrad");
-  g_clear_pointer (&got, g_free);
-  got = values_of (gmlp_grouped_linear_get_wgrad (fc1));
-  gmlp_test_assert_close (got, dw1, n * w1o * hid, tol, "fc1 wgrad");
-  g_clear_pointer (&got, g_free);
-  got = values_of (gmlp_grouped_linear_get_bgrad (fc1));
-  gmlp_test_assert_close (got, db1, n * w1o, tol, "fc1 dbias");
-  g_clear_pointer (&got, g_free);
-  got = values_of (gmlp_grouped_linear_get_bgrad (fc2));
-  gmlp_test_assert_close (got, db2, n * hid, tol, "fc2 dbias");
+  check_against_reference (mlp, rows, xv, h, dyv, y, dx, TRUE, "mlp");
 }
 
 static void
@@ -468,56 +391,375 @@ test_bad_input (void)
   g_assert_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_STATE);
 }
 
-/* The MLP's activation kernels take host sizes: a tensor whose sizes are
- * only on the device is refused before anything is enqueued or allocated,
- * in forward and in backward (where the saved activations stay usable). */
+/* ---- Group sizes on the device ------------------------------------------ */
+
+/* The rows a group gets from device sizes (docs/memory-layout.md): a
+ * negative size counts as 0; member g of an operand of row_bytes[o] bytes
+ * a row starts at Σ_{j<g} align256 (size_j × row_bytes[o]), with the sizes
+ * as given, and keeps the rows that fit from there in the operand's
+ * allocation (capacity rows plus 255 bytes per member, none when rows are
+ * multiples of 256 bytes, rounded up to 256). A pass keeps the rows that
+ * fit in every operand it reads or writes; over all of @row_bytes, the rows
+ * every pass of a step keeps. */
+static gint64 *
+rows_that_fit (const gint64 *sizes, guint n, gint64 capacity, const gint64 *row_bytes, guint n_ops)
+{
+  gint64 *fit = g_new (gint64, n);
+  g_autofree gint64 *offset = g_new0 (gint64, n_ops);
+  guint g, o;
+
+  for (g = 0; g < n; g++)
+    {
+      gint64 rows = MAX (sizes[g], 0);
+
+      fit[g] = rows;
+      for (o = 0; o < n_ops; o++)
+        {
+          gint64 padding = row_bytes[o] % 256 != 0 ? 255 * (gint64) n : 0;
+          gint64 alloc = (capacity * row_bytes[o] + padding + 255) / 256 * 256;
+          gint64 room = offset[o] < alloc ? (alloc - offset[o]) / row_bytes[o] : 0;
+
+          fit[g] = MIN (fit[g], room);
+          offset[o] += (rows * row_bytes[o] + 255) / 256 * 256;
+        }
+    }
+  return fit;
+}
+
+/* All of @t's storage as one group of one column (to read or fill it
+ * whole, padding and rows past the sizes included). */
+static GmlpGroupedTensor *
+storage_view (GmlpGroupedTensor *t)
+{
+  gsize nbytes = gmlp_grouped_tensor_get_nbytes (t);
+  gint64 elements = (gint64) (nbytes / gmlp_dtype_get_size (gmlp_grouped_tensor_get_dtype (t)));
+  GmlpTensorLayout layout;
+  GmlpGroupedTensor *view;
+
+  gmlp_grouped_tensor_get_layout (t, &layout);
+  g_clear_object (&layout.sizes);
+  g_clear_pointer (&layout.rows, g_free);
+  layout.n_groups = 1;
+  layout.cols = 1;
+  layout.rows = g_memdup2 (&elements, sizeof elements);
+  layout.row_capacity = elements;
+  layout.nbytes = nbytes;
+  view = gmlp_grouped_tensor_new_with_buffer (&layout, gmlp_grouped_tensor_get_buffer (t));
+  gmlp_tensor_layout_clear (&layout);
+  return view;
+}
+
 static void
-test_device_sizes_unsupported (void)
+fill_storage (GmlpGroupedTensor *t, double scale)
+{
+  g_autoptr(GmlpGroupedTensor) whole = storage_view (t);
+  g_autoptr(GError) error = NULL;
+
+  g_assert_true (gmlp_grouped_tensor_fill_random (whole, g_test_rand_int (), scale, &error));
+  g_assert_no_error (error);
+}
+
+/* Outside the first rows[g] rows of each member (laid out by @sizes),
+ * every byte of @t still holds the poison of fresh memory (GMLP_POISON:
+ * 0xff): nothing else was written. */
+static void
+assert_only_rows_written (GmlpGroupedTensor *t, const gint64 *sizes, const gint64 *rows)
+{
+  guint n = gmlp_grouped_tensor_get_n_groups (t);
+  gsize nbytes = gmlp_grouped_tensor_get_nbytes (t);
+  gint64 row_bytes = gmlp_grouped_tensor_get_cols (t) * gmlp_dtype_get_size (gmlp_grouped_tensor_get_dtype (t));
+  g_autofree guint8 *written = g_malloc0 (MAX (nbytes, 1));
+  g_autoptr(GmlpGroupedTensor) whole = NULL;
+  g_autoptr(GBytes) bytes = NULL;
+  const guint8 *data;
+  gint64 offset = 0;
+  gsize i;
+  guint g;
+
+  if (g_getenv ("GMLP_POISON") == NULL)
+    return;
+  whole = storage_view (t);
+  bytes = gmlp_grouped_tensor_to_bytes (whole, NULL);
+  g_assert_nonnull (bytes);
+  g_assert_cmpuint (g_bytes_get_size (bytes), ==, nbytes);
+  data = g_bytes_get_data (bytes, NULL);
+  for (g = 0; g < n; g++)
+    {
+      if (rows[g] > 0)
+        {
+          g_assert_cmpint (offset + rows[g] * row_bytes, <=, (gint64) nbytes);
+          memset (written + offset, 1, rows[g] * row_bytes);
+        }
+      offset += (MAX (sizes[g], 0) * row_bytes + 255) / 256 * 256;
+    }
+  for (i = 0; i < nbytes; i++)
+    if (!written[i] && data[i] != 0xff)
+      g_error ("byte %" G_GSIZE_FORMAT " of %" G_GSIZE_FORMAT " outside the rows was written", i, nbytes);
+}
+
+/* A host-sizes view of a device-sizes result, its rows where the kernels
+ * put them (the groups before the last with rows have all their rows). */
+static GmlpGroupedTensor *
+view_of (GmlpGroupedTensor *t, const gint64 *rows)
+{
+  return gmlp_test_host_view (t, rows);
+}
+
+static GmlpGroupedMLP *
+new_mlp (GmlpDevice *device, guint n, gint64 hid, gint64 ffn, GmlpActivation act, GmlpDType dtype,
+         GmlpLinearFlags flags, guint64 seed)
+{
+  g_autoptr(GError) error = NULL;
+  GmlpGroupedMLP *mlp = gmlp_grouped_mlp_new_full (device, n, hid, ffn, act, dtype, flags, &error);
+
+  g_assert_no_error (error);
+  g_assert_true (gmlp_grouped_mlp_init_parameters (mlp, seed, &error));
+  g_assert_no_error (error);
+  if (flags & GMLP_LINEAR_FUSE_WGRAD_ACCUMULATION)
+    for (guint l = 0; l < 2; l++)
+      {
+        GmlpGroupedLinear *layer = l == 0 ? gmlp_grouped_mlp_get_fc1 (mlp) : gmlp_grouped_mlp_get_fc2 (mlp);
+        g_assert_true (gmlp_grouped_tensor_fill_zero (gmlp_grouped_linear_get_main_grad (layer), NULL));
+      }
+  return mlp;
+}
+
+/* One forward and backward with the group sizes only on the device
+ * (@sizes: maybe negative, maybe past @capacity; @rows, the rows every pass
+ * keeps, all of whose rows are defined): against the float64 reference of
+ * those rows and, on the CPU, where both run the same code, bit for bit
+ * against the same step of an MLP of the same parameters with @rows on the
+ * host (on a GPU the products may take other kernels for the two).
+ * Results are views of the device-sizes outputs, which share the input's
+ * sizes tensor and capacity. @check_gradients is FALSE where rows past
+ * @rows, which the weight gradients add up, are undefined. */
+static void
+check_device_sizes (GmlpDevice *device, GmlpActivation act, GmlpDType dtype, GmlpLinearFlags flags,
+                    gboolean offload, const gint64 *sizes, const gint64 *rows, guint n, gint64 capacity,
+                    gint64 hid, gint64 ffn, gboolean check_gradients)
+{
+  guint64 seed = g_test_rand_int ();
+  g_autoptr(GmlpGroupedMLP) mlp_host = new_mlp (device, n, hid, ffn, act, dtype, flags, seed);
+  g_autoptr(GmlpGroupedMLP) mlp_dev = new_mlp (device, n, hid, ffn, act, dtype, flags, seed);
+  g_autoptr(GmlpGroupedTensor) x = NULL, dy = NULL, x_sizes = NULL, dy_sizes = NULL, x_dev = NULL, dy_dev = NULL;
+  g_autoptr(GmlpGroupedTensor) y = NULL, dx = NULL, y_dev = NULL, dx_dev = NULL, y_view = NULL, dx_view = NULL;
+  g_autofree double *xv = NULL, *dyv = NULL, *h = NULL;
+  g_autofree char *what = g_strdup_printf ("activation %d %s flags 0x%x%s n=%u capacity=%" G_GINT64_FORMAT,
+                                           act, gmlp_dtype_get_name (dtype), flags, offload ? " offload" : "",
+                                           n, capacity);
+
+  g_test_message ("%s", what);
+  x = gmlp_test_random_tensor (device, dtype, rows, n, hid, 1.0, &xv);
+  dy = gmlp_test_random_tensor (device, dtype, rows, n, hid, 1.0, &dyv);
+  x_sizes = gmlp_test_sizes_tensor (device, sizes, n);
+  /* The output gradient's sizes: the same values, in the same tensor or in
+   * one of its own. */
+  dy_sizes = g_test_rand_bit () ? g_object_ref (x_sizes) : gmlp_test_sizes_tensor (device, sizes, n);
+  x_dev = gmlp_test_device_sized_copy (x, x_sizes, capacity);
+  dy_dev = gmlp_test_device_sized_copy (dy, dy_sizes, capacity);
+  h = fc1_output (mlp_host, x);
+
+  gmlp_test_mlp_step (mlp_dev, x_dev, dy_dev, offload, &y_dev, &dx_dev, NULL);
+  g_assert_false (gmlp_grouped_tensor_has_host_sizes (y_dev));
+  g_assert_false (gmlp_grouped_tensor_has_host_sizes (dx_dev));
+  g_assert_true (gmlp_grouped_tensor_get_sizes (y_dev, NULL) == x_sizes);
+  g_assert_true (gmlp_grouped_tensor_get_sizes (dx_dev, NULL) == x_sizes);
+  g_assert_cmpint (gmlp_grouped_tensor_get_row_capacity (y_dev), ==, capacity);
+  g_assert_cmpint (gmlp_grouped_tensor_get_row_capacity (dx_dev), ==, capacity);
+  y_view = view_of (y_dev, rows);
+  dx_view = view_of (dx_dev, rows);
+  check_against_reference (mlp_dev, rows, xv, h, dyv, y_view, dx_view, check_gradients, what);
+
+  if (gmlp_device_get_kind (device) == GMLP_DEVICE_KIND_CPU)
+    {
+      gmlp_test_mlp_step (mlp_host, x, dy, offload, &y, &dx, NULL);
+      gmlp_test_assert_same_bytes (y_view, y, "y, device sizes against host sizes");
+      gmlp_test_assert_same_bytes (dx_view, dx, "dx, device sizes against host sizes");
+      if (check_gradients)
+        for (guint l = 0; l < 2; l++)
+          {
+            GmlpGroupedLinear *a = l == 0 ? gmlp_grouped_mlp_get_fc1 (mlp_dev) : gmlp_grouped_mlp_get_fc2 (mlp_dev);
+            GmlpGroupedLinear *b = l == 0 ? gmlp_grouped_mlp_get_fc1 (mlp_host) : gmlp_grouped_mlp_get_fc2 (mlp_host);
+
+            gmlp_test_assert_same_bytes (weight_gradient (a), weight_gradient (b), "weight gradient");
+            gmlp_test_assert_same_bytes (gmlp_grouped_linear_get_bgrad (a), gmlp_grouped_linear_get_bgrad (b),
+                                         "bias gradient");
+          }
+    }
+}
+
+/* Every activation with bias, and recompute, delayed weight gradients
+ * into main_grad, offload; FP32 and BF16; random sizes with empty groups,
+ * a negative size, room to spare. */
+static void
+test_device_sizes (void)
 {
   g_autoptr(GmlpDevice) device = gmlp_test_device_or_skip ();
-  g_autoptr(GmlpGroupedMLP) mlp = NULL;
-  g_autoptr(GmlpGroupedTensor) x = NULL, dy = NULL, sizes = NULL, x_dev = NULL, dy_dev = NULL;
-  g_autoptr(GmlpGroupedTensor) y = NULL, dx = NULL;
-  g_autoptr(GmlpSavedActivations) saved = NULL, saved_dev = NULL;
-  g_autoptr(GBytes) size_bytes = NULL;
-  g_autoptr(GError) error = NULL;
-  gint64 rows[] = { 3, 0, 4 };
-  gint64 three = 3;
-  guint64 in_use;
+  static const GmlpLinearFlags modes[] = {
+    0, GMLP_LINEAR_RECOMPUTE_ACTIVATION,
+    GMLP_LINEAR_DELAY_WGRAD_COMPUTE | GMLP_LINEAR_FUSE_WGRAD_ACCUMULATION, 0,
+  };
+  guint a, m, g;
 
   if (device == NULL)
     return;
 
-  mlp = gmlp_grouped_mlp_new (device, 3, 8, 6, GMLP_ACTIVATION_GELU, &error);
-  g_assert_no_error (error);
-  x = gmlp_test_random_tensor (device, GMLP_DTYPE_FLOAT32, rows, 3, 8, 1.0, NULL);
-  dy = gmlp_test_random_tensor (device, GMLP_DTYPE_FLOAT32, rows, 3, 8, 1.0, NULL);
-  size_bytes = g_bytes_new (rows, sizeof rows);
-  sizes = gmlp_grouped_tensor_new_from_bytes (device, GMLP_DTYPE_INT64, &three, 1, 1, size_bytes, &error);
-  g_assert_no_error (error);
-  x_dev = gmlp_grouped_tensor_new_with_device_sizes (device, GMLP_DTYPE_FLOAT32, sizes, 7, 8, &error);
-  g_assert_no_error (error);
-  dy_dev = gmlp_grouped_tensor_new_with_device_sizes (device, GMLP_DTYPE_FLOAT32, sizes, 7, 8, &error);
-  g_assert_no_error (error);
+  for (a = 0; a < G_N_ELEMENTS (activations); a++)
+    for (m = 0; m < G_N_ELEMENTS (modes); m++)
+      {
+        GmlpDType dtype = (a + m) % 2 ? GMLP_DTYPE_BFLOAT16 : GMLP_DTYPE_FLOAT32;
+        guint n = g_test_rand_int_range (1, 6);
+        g_autofree gint64 *sizes = gmlp_test_random_rows (n, 40);
+        g_autofree gint64 *rows = NULL;
+        gint64 capacity = g_test_rand_int_range (0, 20);
 
-  y = gmlp_grouped_mlp_forward (mlp, x, &saved, &error);
-  g_assert_no_error (error);
-  g_assert_true (gmlp_device_synchronize (device, NULL));
-  in_use = gmlp_device_get_bytes_in_use (device);
+        if (m == 1)
+          sizes[g_test_rand_int_range (0, n)] = -g_test_rand_int_range (1, 6);
+        rows = gmlp_test_clamped_rows (sizes, n, G_MAXINT32);
+        for (g = 0; g < n; g++)
+          capacity += rows[g];
+        check_device_sizes (device, activations[a], dtype,
+                            GMLP_LINEAR_SINGLE_GROUPED_WEIGHT | GMLP_LINEAR_BIAS | modes[m], m == 3,
+                            sizes, rows, n, capacity, g_test_rand_int_range (1, 40),
+                            g_test_rand_int_range (1, 50), TRUE);
+      }
+}
 
-  g_assert_null (gmlp_grouped_mlp_forward (mlp, x_dev, &saved_dev, &error));
-  g_assert_error (error, GMLP_ERROR, GMLP_ERROR_UNSUPPORTED);
-  g_assert_null (saved_dev);
-  g_clear_error (&error);
-  g_assert_null (gmlp_grouped_mlp_backward (mlp, saved, dy_dev, &error));
-  g_assert_error (error, GMLP_ERROR, GMLP_ERROR_UNSUPPORTED);
-  g_clear_error (&error);
-  g_assert_cmpuint (gmlp_device_get_bytes_in_use (device), ==, in_use);
-  g_assert_false (gmlp_saved_activations_is_consumed (saved));
+/* Sizes past the capacity, a capacity of zero, no rows at all, a capacity
+ * that the sizes fill exactly. With rows of whole multiples of 256 bytes
+ * (FP32 64 wide, BF16 128 wide) every pass keeps the sizes clamped in
+ * order to the capacity, and the whole step is that of those rows. With
+ * other widths each pass keeps what fits in its own operands; the rows
+ * that fit in all of them are still the step's (the groups after the last
+ * one cut short have none, so nothing moves). */
+static void
+test_device_sizes_capacity (void)
+{
+  g_autoptr(GmlpDevice) device = gmlp_test_device_or_skip ();
+  static const struct {
+    guint n;
+    gint64 sizes[6];
+    gint64 capacity;
+  } cases[] = {
+    { 6, { 30, 0, 50, 20, -3, 10 }, 60 },
+    { 3, { 5, 9, 2 }, 0 },
+    { 4, { 0, 0, 0, 0 }, 16 },
+    { 2, { 5, 7 }, 12 },
+    { 3, { 9, 0, 70 }, 40 },
+  };
+  guint c, aligned;
 
-  dx = gmlp_grouped_mlp_backward (mlp, saved, dy, &error);
-  g_assert_no_error (error);
-  g_assert_true (gmlp_saved_activations_is_consumed (saved));
+  if (device == NULL)
+    return;
+
+  for (c = 0; c < G_N_ELEMENTS (cases); c++)
+    for (aligned = 0; aligned < 2; aligned++)
+      {
+        guint n = cases[c].n;
+        GmlpActivation act = (c + aligned) % 2 ? GMLP_ACTIVATION_SWIGLU : GMLP_ACTIVATION_GELU;
+        GmlpDType dtype = aligned && c % 2 ? GMLP_DTYPE_FLOAT32 : GMLP_DTYPE_BFLOAT16;
+        gint64 width = dtype == GMLP_DTYPE_FLOAT32 ? 64 : 128;
+        gint64 hid = aligned ? width : 24, ffn = aligned ? width : 40;
+        gint64 size = gmlp_dtype_get_size (dtype);
+        gint64 row_bytes[3] = { hid * size, ffn * size, (act == GMLP_ACTIVATION_SWIGLU ? 2 : 1) * ffn * size };
+        g_autofree gint64 *rows = aligned ? gmlp_test_clamped_rows (cases[c].sizes, n, cases[c].capacity)
+                                          : rows_that_fit (cases[c].sizes, n, cases[c].capacity, row_bytes, 3);
+        gboolean whole = TRUE;
+
+        if (aligned)
+          {
+            /* The clamped sizes are what the kernels' rule gives here. */
+            g_autofree gint64 *fit = rows_that_fit (cases[c].sizes, n, cases[c].capacity, row_bytes, 3);
+
+            g_assert_cmpmem (fit, n * sizeof (gint64), rows, n * sizeof (gint64));
+          }
+        else
+          {
+            /* Only the last group with rows may be cut short here (see
+             * view_of()); where it is, the rows past its fit are undefined. */
+            for (guint g = 0; g < n; g++)
+              whole = whole && rows[g] == MAX (cases[c].sizes[g], 0);
+          }
+        check_device_sizes (device, act, dtype, GMLP_LINEAR_SINGLE_GROUPED_WEIGHT | GMLP_LINEAR_BIAS,
+                            FALSE, cases[c].sizes, rows, n, cases[c].capacity, hid, ffn, whole);
+      }
+}
+
+/* The activation alone, forward and backward, every activation and dtype,
+ * widths that take the vectorised kernels and widths that do not: with
+ * device sizes (past the capacity too) the same bytes as with the rows
+ * that fit on the host, on any device (one kernel body serves both), and
+ * nothing written outside those rows. */
+static void
+test_device_sizes_activation (void)
+{
+  static const GmlpDType dtypes[] = { GMLP_DTYPE_FLOAT32, GMLP_DTYPE_FLOAT16, GMLP_DTYPE_BFLOAT16 };
+  g_autoptr(GmlpDevice) device = gmlp_test_device_or_skip ();
+  guint a, d, iter;
+
+  if (device == NULL)
+    return;
+
+  for (a = 0; a < G_N_ELEMENTS (activations); a++)
+    for (d = 0; d < G_N_ELEMENTS (dtypes); d++)
+      for (iter = 0; iter < 3; iter++)
+        {
+          GmlpActivation act = activations[a];
+          GmlpDType dtype = dtypes[d];
+          guint n = g_test_rand_int_range (1, 7), g;
+          gint64 ffn = iter == 0 ? 64 : iter == 1 ? 8 * g_test_rand_int_range (1, 20) : g_test_rand_int_range (1, 70);
+          gint64 in_cols = gated (act) ? 2 * ffn : ffn, size = gmlp_dtype_get_size (dtype), total = 0, capacity;
+          g_autofree gint64 *sizes = gmlp_test_random_rows (n, 90);
+          g_autofree gint64 *rows = NULL;
+          g_autoptr(GmlpGroupedMLP) mlp = new_mlp (device, n, 8, ffn, act, dtype, GMLP_LINEAR_SINGLE_GROUPED_WEIGHT, 1);
+          g_autoptr(GmlpGroupedTensor) h = NULL, da = NULL, sizes_t = NULL, h_dev = NULL, da_dev = NULL;
+          g_autoptr(GmlpGroupedTensor) out = NULL, out_dev = NULL, grad = NULL, grad_dev = NULL;
+          g_autoptr(GmlpGroupedTensor) out_view = NULL, grad_view = NULL;
+          g_autoptr(GError) error = NULL;
+          gint64 row_bytes[2] = { in_cols * size, ffn * size };
+
+          for (g = 0; g < n; g++)
+            total += sizes[g];
+          /* Room to spare, or sizes past the capacity. */
+          capacity = iter == 2 ? total / 2 : total + g_test_rand_int_range (0, 30);
+          rows = rows_that_fit (sizes, n, capacity, row_bytes, 2);
+          g_test_message ("activation %d %s f=%" G_GINT64_FORMAT " n=%u capacity %" G_GINT64_FORMAT
+                          " of %" G_GINT64_FORMAT, act, gmlp_dtype_get_name (dtype), ffn, n, capacity, total);
+
+          /* Random values over the whole storage of the device-sizes
+           * tensors; host-sizes views of them hold the rows that fit, where
+           * the kernels find them (the groups after one cut short have no
+           * rows: the next member starts past the allocation). */
+          sizes_t = gmlp_test_sizes_tensor (device, sizes, n);
+          h_dev = gmlp_grouped_tensor_new_with_device_sizes (device, dtype, sizes_t, capacity, in_cols, &error);
+          g_assert_no_error (error);
+          da_dev = gmlp_grouped_tensor_new_with_device_sizes (device, dtype, sizes_t, capacity, ffn, &error);
+          g_assert_no_error (error);
+          fill_storage (h_dev, 2.0);
+          fill_storage (da_dev, 1.0);
+          h = view_of (h_dev, rows);
+          da = view_of (da_dev, rows);
+
+          out = gmlp_grouped_mlp_run_activation (mlp, h, &error);
+          g_assert_no_error (error);
+          out_dev = gmlp_grouped_mlp_run_activation (mlp, h_dev, &error);
+          g_assert_no_error (error);
+          grad = gmlp_grouped_mlp_run_activation_grad (mlp, h, da, &error);
+          g_assert_no_error (error);
+          grad_dev = gmlp_grouped_mlp_run_activation_grad (mlp, h_dev, da_dev, &error);
+          g_assert_no_error (error);
+
+          g_assert_false (gmlp_grouped_tensor_has_host_sizes (out_dev));
+          g_assert_true (gmlp_grouped_tensor_get_sizes (out_dev, NULL) == sizes_t);
+          g_assert_cmpint (gmlp_grouped_tensor_get_cols (out_dev), ==, ffn);
+          g_assert_cmpint (gmlp_grouped_tensor_get_cols (grad_dev), ==, in_cols);
+          out_view = view_of (out_dev, rows);
+          grad_view = view_of (grad_dev, rows);
+          gmlp_test_assert_same_bytes (out_view, out, "activation, device sizes");
+          gmlp_test_assert_same_bytes (grad_view, grad, "activation gradient, device sizes");
+          assert_only_rows_written (out_dev, sizes, rows);
+          assert_only_rows_written (grad_dev, sizes, rows);
+        }
 }
 
 /* ---- Versions and no partial writes ------------------------------------- */
@@ -824,7 +1066,9 @@ main (int argc, char *argv[])
   g_test_add_func ("/Gmlp/GroupedMLP/recompute-offload-identical", test_recompute_offload_identical);
   g_test_add_func ("/Gmlp/GroupedMLP/gradient-check", test_gradient_check);
   g_test_add_func ("/Gmlp/GroupedMLP/bad-input", test_bad_input);
-  g_test_add_func ("/Gmlp/GroupedMLP/device-sizes-unsupported", test_device_sizes_unsupported);
+  g_test_add_func ("/Gmlp/GroupedMLP/device-sizes", test_device_sizes);
+  g_test_add_func ("/Gmlp/GroupedMLP/device-sizes/capacity", test_device_sizes_capacity);
+  g_test_add_func ("/Gmlp/GroupedMLP/device-sizes/activation", test_device_sizes_activation);
   g_test_add_func ("/Gmlp/GroupedMLP/versions", test_versions);
   g_test_add_func ("/Gmlp/GroupedMLP/backward-no-partial-write", test_backward_no_partial_write);
   g_test_add_func ("/Gmlp/GroupedMLP/backward-dw-no-partial-write", test_backward_dw_no_partial_write);

@@ -14,6 +14,9 @@
  * Element-wise, so every element of out is written by the thread that read
  * the inputs it depends on: out may be an input of the same row width.
  *
+ * The kernel of device-only sizes (impls/grouped_activation_device.cuh)
+ * runs the same per-tile code over a table the device builds.
+ *
  * SPDX-License-Identifier: LGPL-2.1-or-later
  */
 
@@ -155,12 +158,20 @@ find_activation_group (const GmlpKernelActivationGroup *groups,
   return lo;
 }
 
-/* One kernel for every (dtype, activation, direction, vector width). The
- * packs of pack are those of columns pack·kVector .. +kVector-1 of the f
- * columns; for a gated row, b and d_b lie f columns further on. */
+/* One tile of rows of one group, every strip of columns this block
+ * walks: in, d_out and out point at the tile's first row (d_out backward
+ * only), rows is at most kActTileRows. The packs of pack are those of
+ * columns pack·kVector .. +kVector-1 of the f columns; for a gated row, b
+ * and d_b lie f columns further on. Shared by the kernels of host sizes
+ * and of device sizes, so both give the same bits. */
 template <int kDtype, int kActivation, bool kBackward, int kVector>
-__global__ void __launch_bounds__ (kActThreads)
-activation_kernel (const __grid_constant__ GroupedActivationParams params)
+__device__ __forceinline__ void
+activation_tile (const StorageType<kDtype> *in,
+                 const StorageType<kDtype> *d_out,
+                 StorageType<kDtype>       *out,
+                 int64_t                    rows,
+                 uint64_t                   f,
+                 uint64_t                   n_strips)
 {
   using Type = StorageType<kDtype>;
   using TypePack = Pack<Type, kVector>;
@@ -172,10 +183,101 @@ activation_kernel (const __grid_constant__ GroupedActivationParams params)
 
   const int lane = threadIdx.x % kActLanes;
   const int warp = threadIdx.x / kActLanes;
-  const uint64_t f = (uint64_t) params.f;
   const uint64_t packs_per_row = f / kVector;
   /* Leading dimensions: in is 2f wide when gated, and so is the gradient
    * with respect to it. */
+  const uint64_t in_cols = kGated ? 2 * f : f;
+  const uint64_t out_cols = kBackward ? in_cols : f;
+
+  for (uint64_t strip = blockIdx.y; strip < n_strips; strip += gridDim.y)
+    {
+      const uint64_t pack = strip * kActLanes + lane;
+      TypePack a[kActRowsPerThread];
+      TypePack b[kGateRows];
+      TypePack dy[kGradRows];
+
+      if (pack >= packs_per_row)
+        continue;
+
+#pragma unroll
+      for (int u = 0; u < kActRowsPerThread; u++)
+        {
+          const uint64_t r = (uint64_t) (warp + u * kActWarps);
+          const Type *const row = in + r * in_cols;
+
+          if ((int64_t) r >= rows)
+            continue;
+          a[u] = act_load ((const TypePack *) row + pack);
+          if constexpr (kGated)
+            b[u] = act_load ((const TypePack *) (row + f) + pack);
+          if constexpr (kBackward)
+            dy[u] = act_load ((const TypePack *) (d_out + r * f) + pack);
+        }
+
+#pragma unroll
+      for (int u = 0; u < kActRowsPerThread; u++)
+        {
+          const uint64_t r = (uint64_t) (warp + u * kActWarps);
+          Type *const row = out + r * out_cols;
+          TypePack o;
+
+          if ((int64_t) r >= rows)
+            continue;
+
+          if constexpr (!kBackward)
+            {
+#pragma unroll
+              for (int e = 0; e < kVector; e++)
+                {
+                  float y = act_eval<kActivation> (to_float<kDtype> (a[u].v[e])).value;
+
+                  if constexpr (kGated)
+                    y *= to_float<kDtype> (b[u].v[e]);
+                  o.v[e] = from_float<kDtype> (y);
+                }
+              act_store ((TypePack *) row + pack, o);
+            }
+          else if constexpr (!kGated)
+            {
+#pragma unroll
+              for (int e = 0; e < kVector; e++)
+                {
+                  const float grad = act_eval<kActivation> (to_float<kDtype> (a[u].v[e])).grad;
+
+                  o.v[e] = from_float<kDtype> (to_float<kDtype> (dy[u].v[e]) * grad);
+                }
+              act_store ((TypePack *) row + pack, o);
+            }
+          else
+            {
+              TypePack o_b;
+
+#pragma unroll
+              for (int e = 0; e < kVector; e++)
+                {
+                  const ActValue act = act_eval<kActivation> (to_float<kDtype> (a[u].v[e]));
+                  const float d = to_float<kDtype> (dy[u].v[e]);
+
+                  o.v[e] = from_float<kDtype> (d * to_float<kDtype> (b[u].v[e]) * act.grad);
+                  o_b.v[e] = from_float<kDtype> (d * act.value);
+                }
+              act_store ((TypePack *) row + pack, o);
+              act_store ((TypePack *) (row + f) + pack, o_b);
+            }
+        }
+    }
+}
+
+/* One kernel for every (dtype, activation, direction, vector width), over
+ * the tiles of the host's table. */
+template <int kDtype, int kActivation, bool kBackward, int kVector>
+__global__ void __launch_bounds__ (kActThreads)
+activation_kernel (const __grid_constant__ GroupedActivationParams params)
+{
+  using Type = StorageType<kDtype>;
+  constexpr bool kGated = is_gated_activation (kActivation);
+
+  const uint64_t f = (uint64_t) params.f;
   const uint64_t in_cols = kGated ? 2 * f : f;
   const uint64_t out_cols = kBackward ? in_cols : f;
 
@@ -191,84 +293,76 @@ activation_kernel (const __grid_constant__ GroupedActivationParams params)
                                 (const Type *) group.d_out + (uint64_t) first_row * f : nullptr;
       Type *const out = (Type *) group.out + (uint64_t) first_row * out_cols;
 
-      for (uint64_t strip = blockIdx.y; strip < params.n_strips; strip += gridDim.y)
-        {
-          const uint64_t pack = strip * kActLanes + lane;
-          TypePack a[kActRowsPerThread];
-          TypePack b[kGateRows];
-          TypePack dy[kGradRows];
-
-          if (pack >= packs_per_row)
-            continue;
-
-#pragma unroll
-          for (int u = 0; u < kActRowsPerThread; u++)
-            {
-              const uint64_t r = (uint64_t) (warp + u * kActWarps);
-              const Type *const row = in + r * in_cols;
-
-              if ((int64_t) r >= rows)
-                continue;
-              a[u] = act_load ((const TypePack *) row + pack);
-              if constexpr (kGated)
-                b[u] = act_load ((const TypePack *) (row + f) + pack);
-              if constexpr (kBackward)
-                dy[u] = act_load ((const TypePack *) (d_out + r * f) + pack);
-            }
-
-#pragma unroll
-          for (int u = 0; u < kActRowsPerThread; u++)
-            {
-              const uint64_t r = (uint64_t) (warp + u * kActWarps);
-              Type *const row = out + r * out_cols;
-              TypePack o;
-
-              if ((int64_t) r >= rows)
-                continue;
-
-              if constexpr (!kBackward)
-                {
-#pragma unroll
-                  for (int e = 0; e < kVector; e++)
-                    {
-                      float y = act_eval<kActivation> (to_float<kDtype> (a[u].v[e])).value;
-
-                      if constexpr (kGated)
-                        y *= to_float<kDtype> (b[u].v[e]);
-                      o.v[e] = from_float<kDtype> (y);
-                    }
-                  act_store ((TypePack *) row + pack, o);
-                }
-              else if constexpr (!kGated)
-                {
-#pragma unroll
-                  for (int e = 0; e < kVector; e++)
-                    {
-                      const float grad = act_eval<kActivation> (to_float<kDtype> (a[u].v[e])).grad;
-
-                      o.v[e] = from_float<kDtype> (to_float<kDtype> (dy[u].v[e]) * grad);
-                    }
-                  act_store ((TypePack *) row + pack, o);
-                }
-              else
-                {
-                  TypePack o_b;
-
-#pragma unroll
-                  for (int e = 0; e < kVector; e++)
-                    {
-                      const ActValue act = act_eval<kActivation> (to_float<kDtype> (a[u].v[e]));
-                      const float d = to_float<kDtype> (dy[u].v[e]);
-
-                      o.v[e] = from_float<kDtype> (d * to_float<kDtype> (b[u].v[e]) * act.grad);
-                      o_b.v[e] = from_float<kDtype> (d * act.value);
-                    }
-                  act_store ((TypePack *) row + pack, o);
-                  act_store ((TypePack *) (row + f) + pack, o_b);
-                }
-            }
-        }
+      activation_tile<kDtype, kActivation, kBackward, kVector> (in, d_out, out, rows, f, params.n_strips);
     }
+}
+
+/* The instance of a kernel template for a call's dtype, activation,
+ * direction and vector width (16-byte packs, or one value): Instances::
+ * get<kDtype, kActivation, kBackward, kVector> () names it, so that the
+ * kernels of host and of device sizes pick theirs the same way. nullptr
+ * for a dtype or activation without kernels. */
+template <typename Instances, int kDtype, int kActivation>
+typename Instances::Kernel
+pick_activation_instance (bool backward, bool vectorised)
+{
+  constexpr int kVector = kActPackBytes / (int) sizeof (StorageType<kDtype>);
+
+  if (backward)
+    return vectorised ? Instances::template get<kDtype, kActivation, true, kVector> () :
+                        Instances::template get<kDtype, kActivation, true, 1> ();
+  return vectorised ? Instances::template get<kDtype, kActivation, false, kVector> () :
+                      Instances::template get<kDtype, kActivation, false, 1> ();
+}
+
+template <typename Instances, int kDtype>
+typename Instances::Kernel
+pick_activation_instance (int activation, bool backward, bool vectorised)
+{
+  switch (activation)
+    {
+    case GMLP_KERNEL_ACT_GELU:
+      return pick_activation_instance<Instances, kDtype, GMLP_KERNEL_ACT_GELU> (backward, vectorised);
+    case GMLP_KERNEL_ACT_RELU:
+      return pick_activation_instance<Instances, kDtype, GMLP_KERNEL_ACT_RELU> (backward, vectorised);
+    case GMLP_KERNEL_ACT_SRELU:
+      return pick_activation_instance<Instances, kDtype, GMLP_KERNEL_ACT_SRELU> (backward, vectorised);
+    case GMLP_KERNEL_ACT_SWIGLU:
+      return pick_activation_instance<Instances, kDtype, GMLP_KERNEL_ACT_SWIGLU> (backward, vectorised);
+    case GMLP_KERNEL_ACT_GEGLU:
+      return pick_activation_instance<Instances, kDtype, GMLP_KERNEL_ACT_GEGLU> (backward, vectorised);
+    default:
+      return nullptr;
+    }
+}
+
+template <typename Instances>
+typename Instances::Kernel
+select_activation_instance (int dtype, int activation, bool backward, bool vectorised)
+{
+  switch (dtype)
+    {
+    case GMLP_NUM_FLOAT32:
+      return pick_activation_instance<Instances, GMLP_NUM_FLOAT32> (activation, backward, vectorised);
+    case GMLP_NUM_FLOAT16:
+      return pick_activation_instance<Instances, GMLP_NUM_FLOAT16> (activation, backward, vectorised);
+    case GMLP_NUM_BFLOAT16:
+      return pick_activation_instance<Instances, GMLP_NUM_BFLOAT16> (activation, backward, vectorised);
+    default:
+      return nullptr;
+    }
+}
+
+inline bool
+is_activation_dtype (int dtype)
+{
+  return dtype == GMLP_NUM_FLOAT32 || dtype == GMLP_NUM_FLOAT16 || dtype == GMLP_NUM_BFLOAT16;
+}
+
+inline bool
+is_activation (int activation)
+{
+  return activation >= GMLP_KERNEL_ACT_GELU && activation <= GMLP_KERNEL_ACT_GEGLU;
 }
 
 }  // namespace gmlp

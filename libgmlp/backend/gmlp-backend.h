@@ -520,6 +520,24 @@ typedef struct {
                                             const void * const *d_out,
                                             void * const       *out,
                                             GError            **error);
+  /* activation for group sizes that are only on the device (GroupedMLP
+   * with device sizes): the same arithmetic and bits. shape gives the
+   * sizes, the number of groups and the row capacity every operand was laid
+   * out for (cols: f); in, d_out and out are the base pointers of grouped
+   * tensors over those sizes, each member laid out for its own row width
+   * (gmlp_num_member_stride()). A group keeps the rows that fit in every
+   * operand, as in gemm_device (docs/memory-layout.md). The sizes are read
+   * by the device only; nothing waits or is allocated per call, so it can
+   * be captured in a graph. (Host sizes keep the entry above: this one
+   * needs them uploaded and walked on the device first.) */
+  gboolean            (*activation_device) (GmlpBackendDevice      *device,
+                                            const GmlpBackendShape *shape,
+                                            int                     activation,
+                                            int                     dtype,
+                                            gconstpointer           in,
+                                            gconstpointer           d_out,
+                                            gpointer                out,
+                                            GError                **error);
 
   /* Element-wise over every member of two tensors of one shape (each laid
    * out for its own dtype, padding untouched): y = alpha x + beta y in FP32,

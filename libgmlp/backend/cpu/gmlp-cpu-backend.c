@@ -887,6 +887,60 @@ cpu_bias_grad_device (GmlpBackendDevice       *device,
                         (const void * const *) members, dbias, error);
 }
 
+/* The activation with device sizes: each group gets the rows that fit in
+ * in and in the f-wide operand (out forward, d_out backward; a backward
+ * out is as wide as in), as the CUDA kernel finds them, then the
+ * host-sizes code runs on those rows. */
+static gboolean
+cpu_activation_device (GmlpBackendDevice       *device,
+                       const GmlpBackendShape  *shape,
+                       int                      act,
+                       int                      dtype,
+                       gconstpointer            in,
+                       gconstpointer            d_out,
+                       gpointer                 out,
+                       GError                 **error)
+{
+  gboolean backward = d_out != NULL;
+  gint64 in_cols = act == GMLP_ACT_SWIGLU || act == GMLP_ACT_GEGLU ? 2 * shape->cols : shape->cols;
+  CpuRowsOperand ops[3];
+  g_autofree gint64 *rows = NULL;
+  g_autofree gpointer *in_members = NULL, *second = NULL, *out_members = NULL;
+  gpointer *members[3];
+
+  if (!cpu_check_float_dtype (dtype, error))
+    return FALSE;
+  if (act < GMLP_ACT_GELU || act > GMLP_ACT_GEGLU)
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_UNSUPPORTED, "Unknown activation %d", act);
+      return FALSE;
+    }
+  if (shape->n_groups == 0 || shape->cols == 0)
+    return TRUE;
+  if (shape->device_rows == NULL || shape->cols < 0)
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
+                   "CPU: activation_device needs the sizes and f of at least 0");
+      return FALSE;
+    }
+  if (!cpu_rows_operand_init (&ops[0], in, in_cols, dtype, shape->n_groups, shape->row_capacity, error) ||
+      !cpu_rows_operand_init (&ops[1], backward ? d_out : out, shape->cols, dtype, shape->n_groups,
+                              shape->row_capacity, error) ||
+      (backward && !cpu_rows_operand_init (&ops[2], out, in_cols, dtype, shape->n_groups,
+                                           shape->row_capacity, error)))
+    return FALSE;
+
+  rows = g_new (gint64, shape->n_groups);
+  members[0] = in_members = g_new (gpointer, shape->n_groups);
+  members[1] = second = g_new (gpointer, shape->n_groups);
+  members[2] = out_members = backward ? g_new (gpointer, shape->n_groups) : NULL;
+  cpu_walk_device_rows (shape->device_rows, shape->n_groups, ops, backward ? 3 : 2, rows, members);
+  return cpu_activation (device, act, shape->n_groups, rows, shape->cols, dtype,
+                         (const void * const *) members[0],
+                         backward ? (const void * const *) members[1] : NULL,
+                         (void * const *) (backward ? members[2] : members[1]), error);
+}
+
 /* Work on the CPU runs as it is enqueued: there is nothing to record. */
 static gboolean
 cpu_capture_begin (GmlpBackendDevice  *device,
@@ -957,6 +1011,7 @@ static const GmlpBackend cpu_backend = {
   .copy_stream_alloc = cpu_alloc,
   .free_after_copies = cpu_free,
   .activation = cpu_activation,
+  .activation_device = cpu_activation_device,
   .axpby = cpu_axpby,
   .sum_squares = cpu_sum_squares,
   .gemm_device = cpu_gemm_device,

@@ -4,7 +4,8 @@
  * for the bias operations: the per-group table is built and planned on the
  * host, goes up through kernel parameters into a pool allocation, and the
  * allocation is released, stream-ordered, once the launch is enqueued.
- * Nothing waits for the device.
+ * With device sizes (gmlp_cuda_activation_device()) the table is worked out
+ * on the device, in the device's workspace. Nothing waits for the device.
  *
  * SPDX-License-Identifier: LGPL-2.1-or-later
  */
@@ -23,6 +24,28 @@ G_STATIC_ASSERT (GMLP_ACT_GEGLU == (int) GMLP_KERNEL_ACT_GEGLU);
 /* Whole 8-byte words, so that gmlp_cuda_upload_table() sends the table
  * through kernel parameters rather than a pageable copy that may wait. */
 G_STATIC_ASSERT (sizeof (GmlpKernelActivationGroup) % sizeof (guint64) == 0);
+
+/* The dtype and activation both entries take. */
+static gboolean
+check_activation (int      activation,
+                  int      dtype,
+                  GError **error)
+{
+  if (dtype != GMLP_NUM_FLOAT32 && dtype != GMLP_NUM_FLOAT16 && dtype != GMLP_NUM_BFLOAT16)
+    {
+      g_set_error (error, GMLP_CUDA_ERROR, GMLP_ERROR_UNSUPPORTED,
+                   "CUDA: activation: dtype %d is not supported (FLOAT32, FLOAT16 or BFLOAT16)",
+                   dtype);
+      return FALSE;
+    }
+  if (activation < GMLP_ACT_GELU || activation > GMLP_ACT_GEGLU)
+    {
+      g_set_error (error, GMLP_CUDA_ERROR, GMLP_ERROR_UNSUPPORTED,
+                   "CUDA: activation: unknown activation %d", activation);
+      return FALSE;
+    }
+  return TRUE;
+}
 
 gboolean
 gmlp_cuda_activation (GmlpBackendDevice   *device,
@@ -43,19 +66,8 @@ gmlp_cuda_activation (GmlpBackendDevice   *device,
   gboolean any_rows = FALSE;
   gpointer table;
 
-  if (dtype != GMLP_NUM_FLOAT32 && dtype != GMLP_NUM_FLOAT16 && dtype != GMLP_NUM_BFLOAT16)
-    {
-      g_set_error (error, GMLP_CUDA_ERROR, GMLP_ERROR_UNSUPPORTED,
-                   "CUDA: activation: dtype %d is not supported (FLOAT32, FLOAT16 or BFLOAT16)",
-                   dtype);
-      return FALSE;
-    }
-  if (activation < GMLP_ACT_GELU || activation > GMLP_ACT_GEGLU)
-    {
-      g_set_error (error, GMLP_CUDA_ERROR, GMLP_ERROR_UNSUPPORTED,
-                   "CUDA: activation: unknown activation %d", activation);
-      return FALSE;
-    }
+  if (!check_activation (activation, dtype, error))
+    return FALSE;
   if (f < 0)
     {
       g_set_error (error, GMLP_CUDA_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
@@ -121,4 +133,44 @@ gmlp_cuda_activation (GmlpBackendDevice   *device,
   status = gmlp_kernel_grouped_activation (&plan, table, device->stream);
   gmlp_cuda_free (device, table);
   return gmlp_cuda_kernel_result (status, "gmlp_kernel_grouped_activation", error);
+}
+
+/* The sizes stay on the device: the kernels find the members and their
+ * rows themselves, in the device's scratch workspace, so nothing is
+ * allocated or waited for (graph-capturable). */
+gboolean
+gmlp_cuda_activation_device (GmlpBackendDevice       *device,
+                             const GmlpBackendShape  *shape,
+                             int                      activation,
+                             int                      dtype,
+                             gconstpointer            in,
+                             gconstpointer            d_out,
+                             gpointer                 out,
+                             GError                 **error)
+{
+  GmlpKernelGroupedShape kernel_shape;
+  gpointer workspace;
+  gboolean ok;
+
+  if (!check_activation (activation, dtype, error))
+    return FALSE;
+  if (shape->n_groups == 0 || shape->cols == 0)
+    return TRUE;
+
+  gmlp_cuda_kernel_shape (shape, &kernel_shape);
+  if (!gmlp_cuda_activate (device, error))
+    return FALSE;
+  /* The group table goes through the device's workspace: see
+   * scratch_lock. */
+  g_rec_mutex_lock (&device->scratch_lock);
+  workspace = gmlp_cuda_device_workspace (device,
+                                          gmlp_kernel_grouped_activation_device_workspace_bytes (shape->n_groups),
+                                          error);
+  ok = workspace != NULL &&
+       gmlp_cuda_kernel_result (gmlp_kernel_grouped_activation_device (&kernel_shape, activation, dtype,
+                                                                       d_out != NULL ? 1 : 0, in, d_out,
+                                                                       out, workspace, device->stream),
+                                "gmlp_kernel_grouped_activation_device", error);
+  g_rec_mutex_unlock (&device->scratch_lock);
+  return ok;
 }

@@ -642,6 +642,7 @@ static const GmlpBackend gmlp_cuda_backend = {
   .free_after_copies = gmlp_cuda_free_after_copies,
 
   .activation = gmlp_cuda_activation,
+  .activation_device = gmlp_cuda_activation_device,
   .axpby = gmlp_cuda_axpby,
   .sum_squares = gmlp_cuda_sum_squares,
 

@@ -63,8 +63,9 @@ struct _GmlpBackendDevice
    * written into workspace, then the kernel that reads it; cuBLAS's loop
    * with its fork and join events; cuBLAS and cuBLASLt with their
    * workspaces), and two threads' calls must not interleave inside one:
-   * the products (gemm, gemm_fp8, gemm_device, bias_grad_device) hold this
-   * while they enqueue. Recursive, as a product may fall back to another. */
+   * the products (gemm, gemm_fp8, gemm_device, bias_grad_device) and
+   * activation_device hold this while they enqueue. Recursive, as a
+   * product may fall back to another. */
   GRecMutex         scratch_lock;
 
   /* Graphs (gmlp-cuda-graph.c). capture_lock guards capture and kept, and
@@ -174,6 +175,14 @@ gboolean  gmlp_cuda_activation      (GmlpBackendDevice   *device,
                                      const void * const  *d_out,
                                      void * const        *out,
                                      GError             **error);
+gboolean  gmlp_cuda_activation_device (GmlpBackendDevice       *device,
+                                       const GmlpBackendShape  *shape,
+                                       int                      activation,
+                                       int                      dtype,
+                                       gconstpointer            in,
+                                       gconstpointer            d_out,
+                                       gpointer                 out,
+                                       GError                 **error);
 
 /* gmlp-cuda-event.c */
 GmlpBackendEvent *gmlp_cuda_event_record      (GmlpBackendDevice  *device,
