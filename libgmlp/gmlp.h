@@ -23,4 +23,5 @@
 # include "gmlp-grouped-mlp.h"
 # include "gmlp-routing.h"
 # include "gmlp-router.h"
+# include "gmlp-moe-layer.h"
 #undef GMLP_INSIDE

@@ -1,0 +1,1111 @@
+/* gmlp-moe-layer.c
+ *
+ * SPDX-License-Identifier: LGPL-2.1-or-later
+ */
+
+#include "config.h"
+
+#include <gio/gio.h>
+
+#include "gmlp-moe-layer.h"
+#include "gmlp-device-private.h"
+#include "gmlp-enum-types.h"
+#include "gmlp-error.h"
+#include "gmlp-error-private.h"
+#include "gmlp-grouped-tensor-private.h"
+#include "gmlp-saved-activations-private.h"
+#include "gmlp-thread-private.h"
+
+/**
+ * GmlpMoELayer:
+ *
+ * A whole Mixture-of-Experts layer: a [class@Gmlp.Router] chooses `top_k`
+ * of `n_experts` experts for every token, the tokens are permuted expert by
+ * expert ([method@Gmlp.Routing.permute_full]), a [class@Gmlp.GroupedMLP]
+ * computes every expert on its tokens, and the outputs are combined back
+ * per token, weighted by the router's probabilities
+ * ([method@Gmlp.Routing.combine]); an optional shared expert (a dense MLP
+ * over every token, [property@Gmlp.MoELayer:shared-expert-ffn-hidden]) adds
+ * its output:
+ *
+ * ```
+ * y[t] = Σ_j probs[t, j] · expert_{e(t, j)} (x[t])  (+ shared (x[t]))
+ * ```
+ *
+ * The tokens per expert are counted on the device and become the device
+ * sizes of the experts' input, so nothing on the host needs to know the
+ * routing. [method@Gmlp.MoELayer.forward] takes a one-group tensor of
+ * `tokens × hidden` and returns the output of the same shape with a
+ * [class@Gmlp.SavedActivations]; [method@Gmlp.MoELayer.backward] returns
+ * the input's gradient and fills the router's, the experts' and the shared
+ * expert's gradients, each under the gradient contract of its own class
+ * (docs/gradient-contract.md): read them from
+ * [method@Gmlp.MoELayer.get_router], [method@Gmlp.MoELayer.get_experts] and
+ * [method@Gmlp.MoELayer.get_shared_expert]. The router's auxiliary losses
+ * count in the gradient as if added to the task's loss; their values are
+ * those of the last forward ([method@Gmlp.MoELayer.get_aux_loss]).
+ *
+ * Every option is a construct property: the experts' (`activation`,
+ * `dtype`, `flags`), the router's, under the names of
+ * [class@Gmlp.Router]'s properties, and the permutation's
+ * ([property@Gmlp.MoELayer:padding],
+ * [property@Gmlp.MoELayer:capacity-factor]). A layer made with
+ * g_object_new() from them is complete; one whose properties can't work
+ * reports why from [iface@Gio.Initable]'s init and from every method.
+ *
+ * Threads: forwards may run on several threads at once; backwards and
+ * backward_dw take turns, as the sub-layers' do. The "last forward" of the
+ * getters is the last to finish.
+ *
+ * Since: 0.1
+ */
+
+/* The router's options a layer forwards to it, under the same names. */
+static const char *const router_options[] = {
+  "score-function", "softmax-before-topk", "renormalize", "scaling-factor",
+  "n-expert-groups", "topk-groups", "expert-bias", "bias-update-rate",
+  "aux-loss-coeff", "z-loss-coeff",
+};
+#define N_ROUTER_OPTIONS G_N_ELEMENTS (router_options)
+
+struct _GmlpMoELayer
+{
+  GObject             parent_instance;
+
+  GmlpDevice         *device;
+  gint64              hidden;
+  gint64              ffn_hidden;
+  guint               n_experts;
+  guint               top_k;
+  GmlpActivation      activation;
+  GmlpDType           dtype;
+  GmlpLinearFlags     flags;
+  guint               padding;
+  double              capacity_factor;
+  gint64              shared_ffn_hidden;
+  GValue              router_values[N_ROUTER_OPTIONS];
+  guint64             id;
+
+  GmlpRouter         *router;
+  GmlpGroupedMLP     *experts;
+  GmlpGroupedMLP     *shared;       /* NULL without a shared expert */
+
+  GMutex              last_lock;
+  GmlpRouting        *last;         /* of the last forward to finish */
+  GRecMutex           grad_lock;    /* backward and backward_dw take turns */
+
+  GError             *construct_error;
+};
+
+static void gmlp_moe_layer_initable_iface_init (GInitableIface *iface);
+
+G_DEFINE_FINAL_TYPE_WITH_CODE (GmlpMoELayer, gmlp_moe_layer, G_TYPE_OBJECT,
+                               G_IMPLEMENT_INTERFACE (G_TYPE_INITABLE,
+                                                      gmlp_moe_layer_initable_iface_init))
+
+enum {
+  PROP_0,
+  PROP_DEVICE,
+  PROP_HIDDEN,
+  PROP_FFN_HIDDEN,
+  PROP_N_EXPERTS,
+  PROP_TOP_K,
+  PROP_ACTIVATION,
+  PROP_DTYPE,
+  PROP_FLAGS,
+  PROP_PADDING,
+  PROP_CAPACITY_FACTOR,
+  PROP_SHARED_EXPERT_FFN_HIDDEN,
+  PROP_FIRST_ROUTER_OPTION,
+  N_PROPS = PROP_FIRST_ROUTER_OPTION + N_ROUTER_OPTIONS
+};
+
+static GParamSpec *properties[N_PROPS];
+
+/* What a saved MoE step keeps besides its children (router, experts,
+ * shared expert): the routing, whose map combine and the backwards read. */
+#define SAVED_ROUTING "gmlp-moe-layer-routing"
+
+static void
+gmlp_moe_layer_finalize (GObject *object)
+{
+  GmlpMoELayer *self = (GmlpMoELayer *) object;
+  guint i;
+
+  for (i = 0; i < N_ROUTER_OPTIONS; i++)
+    if (G_IS_VALUE (&self->router_values[i]))
+      g_value_unset (&self->router_values[i]);
+  g_clear_object (&self->router);
+  g_clear_object (&self->experts);
+  g_clear_object (&self->shared);
+  g_clear_object (&self->last);
+  g_clear_object (&self->device);
+  g_clear_error (&self->construct_error);
+  g_mutex_clear (&self->last_lock);
+  g_rec_mutex_clear (&self->grad_lock);
+
+  G_OBJECT_CLASS (gmlp_moe_layer_parent_class)->finalize (object);
+}
+
+static void
+gmlp_moe_layer_get_property (GObject    *object,
+                             guint       prop_id,
+                             GValue     *value,
+                             GParamSpec *pspec)
+{
+  GmlpMoELayer *self = GMLP_MOE_LAYER (object);
+
+  if (prop_id >= PROP_FIRST_ROUTER_OPTION && prop_id < N_PROPS)
+    {
+      g_value_copy (&self->router_values[prop_id - PROP_FIRST_ROUTER_OPTION], value);
+      return;
+    }
+
+  switch (prop_id)
+    {
+    case PROP_DEVICE:
+      g_value_set_object (value, self->device);
+      break;
+    case PROP_HIDDEN:
+      g_value_set_int64 (value, self->hidden);
+      break;
+    case PROP_FFN_HIDDEN:
+      g_value_set_int64 (value, self->ffn_hidden);
+      break;
+    case PROP_N_EXPERTS:
+      g_value_set_uint (value, self->n_experts);
+      break;
+    case PROP_TOP_K:
+      g_value_set_uint (value, self->top_k);
+      break;
+    case PROP_ACTIVATION:
+      g_value_set_enum (value, self->activation);
+      break;
+    case PROP_DTYPE:
+      g_value_set_enum (value, self->dtype);
+      break;
+    case PROP_FLAGS:
+      g_value_set_flags (value, self->flags);
+      break;
+    case PROP_PADDING:
+      g_value_set_uint (value, self->padding);
+      break;
+    case PROP_CAPACITY_FACTOR:
+      g_value_set_double (value, self->capacity_factor);
+      break;
+    case PROP_SHARED_EXPERT_FFN_HIDDEN:
+      g_value_set_int64 (value, self->shared_ffn_hidden);
+      break;
+    default:
+      G_OBJECT_WARN_INVALID_PROPERTY_ID (object, prop_id, pspec);
+    }
+}
+
+static void
+gmlp_moe_layer_set_property (GObject      *object,
+                             guint         prop_id,
+                             const GValue *value,
+                             GParamSpec   *pspec)
+{
+  GmlpMoELayer *self = GMLP_MOE_LAYER (object);
+
+  if (prop_id >= PROP_FIRST_ROUTER_OPTION && prop_id < N_PROPS)
+    {
+      GValue *option = &self->router_values[prop_id - PROP_FIRST_ROUTER_OPTION];
+
+      if (G_IS_VALUE (option))
+        g_value_unset (option);
+      g_value_init (option, G_VALUE_TYPE (value));
+      g_value_copy (value, option);
+      return;
+    }
+
+  switch (prop_id)
+    {
+    case PROP_DEVICE:
+      self->device = g_value_dup_object (value);
+      break;
+    case PROP_HIDDEN:
+      self->hidden = g_value_get_int64 (value);
+      break;
+    case PROP_FFN_HIDDEN:
+      self->ffn_hidden = g_value_get_int64 (value);
+      break;
+    case PROP_N_EXPERTS:
+      self->n_experts = g_value_get_uint (value);
+      break;
+    case PROP_TOP_K:
+      self->top_k = g_value_get_uint (value);
+      break;
+    case PROP_ACTIVATION:
+      self->activation = g_value_get_enum (value);
+      break;
+    case PROP_DTYPE:
+      self->dtype = g_value_get_enum (value);
+      break;
+    case PROP_FLAGS:
+      self->flags = g_value_get_flags (value);
+      break;
+    case PROP_PADDING:
+      self->padding = g_value_get_uint (value);
+      break;
+    case PROP_CAPACITY_FACTOR:
+      self->capacity_factor = g_value_get_double (value);
+      break;
+    case PROP_SHARED_EXPERT_FFN_HIDDEN:
+      self->shared_ffn_hidden = g_value_get_int64 (value);
+      break;
+    default:
+      G_OBJECT_WARN_INVALID_PROPERTY_ID (object, prop_id, pspec);
+    }
+}
+
+/* The router's own property of that name, with the same type, range and
+ * default, so that a layer's router options are the router's. */
+static GParamSpec *
+router_option_pspec (GObjectClass *router_class,
+                     const char   *name)
+{
+  const GParamFlags construct = G_PARAM_READWRITE | G_PARAM_CONSTRUCT_ONLY |
+                                G_PARAM_EXPLICIT_NOTIFY | G_PARAM_STATIC_NAME;
+  GParamSpec *of = g_object_class_find_property (router_class, name);
+  g_autofree char *blurb = g_strdup_printf ("The router's GmlpRouter:%s", name);
+
+  g_assert (of != NULL);
+  if (G_IS_PARAM_SPEC_BOOLEAN (of))
+    return g_param_spec_boolean (name, NULL, blurb, G_PARAM_SPEC_BOOLEAN (of)->default_value,
+                                 construct);
+  if (G_IS_PARAM_SPEC_UINT (of))
+    return g_param_spec_uint (name, NULL, blurb, G_PARAM_SPEC_UINT (of)->minimum,
+                              G_PARAM_SPEC_UINT (of)->maximum, G_PARAM_SPEC_UINT (of)->default_value,
+                              construct);
+  if (G_IS_PARAM_SPEC_DOUBLE (of))
+    return g_param_spec_double (name, NULL, blurb, G_PARAM_SPEC_DOUBLE (of)->minimum,
+                                G_PARAM_SPEC_DOUBLE (of)->maximum,
+                                G_PARAM_SPEC_DOUBLE (of)->default_value, construct);
+  if (G_IS_PARAM_SPEC_ENUM (of))
+    return g_param_spec_enum (name, NULL, blurb, of->value_type,
+                              G_PARAM_SPEC_ENUM (of)->default_value, construct);
+  g_assert_not_reached ();
+}
+
+static void gmlp_moe_layer_constructed (GObject *object);
+
+static void
+gmlp_moe_layer_class_init (GmlpMoELayerClass *klass)
+{
+  GObjectClass *object_class = G_OBJECT_CLASS (klass);
+  const GParamFlags construct = G_PARAM_READWRITE | G_PARAM_CONSTRUCT_ONLY |
+                                G_PARAM_EXPLICIT_NOTIFY | G_PARAM_STATIC_STRINGS;
+  g_autoptr(GTypeClass) router_class = g_type_class_ref (GMLP_TYPE_ROUTER);
+  guint i;
+
+  object_class->constructed = gmlp_moe_layer_constructed;
+  object_class->finalize = gmlp_moe_layer_finalize;
+  object_class->get_property = gmlp_moe_layer_get_property;
+  object_class->set_property = gmlp_moe_layer_set_property;
+
+  /* The ranges of the sizes are wide on purpose: a bad value is a GError of
+   * the construction, not a warning of GObject's. */
+
+  /**
+   * GmlpMoELayer:device:
+   *
+   * The device of the parameters and the computation; at construction,
+   * %NULL stands for [func@Gmlp.Device.get_default].
+   *
+   * Since: 0.1
+   */
+  properties[PROP_DEVICE] = g_param_spec_object ("device", NULL, NULL, GMLP_TYPE_DEVICE, construct);
+
+  /**
+   * GmlpMoELayer:hidden:
+   *
+   * The model width: the columns of the input and the output.
+   *
+   * Since: 0.1
+   */
+  properties[PROP_HIDDEN] =
+    g_param_spec_int64 ("hidden", NULL, NULL, G_MININT64, G_MAXINT64, 1, construct);
+
+  /**
+   * GmlpMoELayer:ffn-hidden:
+   *
+   * The width of every expert between its two layers.
+   *
+   * Since: 0.1
+   */
+  properties[PROP_FFN_HIDDEN] =
+    g_param_spec_int64 ("ffn-hidden", NULL, NULL, G_MININT64, G_MAXINT64, 1, construct);
+
+  /**
+   * GmlpMoELayer:n-experts:
+   *
+   * The number of experts, 1 to 65535.
+   *
+   * Since: 0.1
+   */
+  properties[PROP_N_EXPERTS] =
+    g_param_spec_uint ("n-experts", NULL, NULL, 0, G_MAXUINT, 1, construct);
+
+  /**
+   * GmlpMoELayer:top-k:
+   *
+   * How many experts each token goes to, 1 to 16 and at most
+   * [property@Gmlp.MoELayer:n-experts].
+   *
+   * Since: 0.1
+   */
+  properties[PROP_TOP_K] = g_param_spec_uint ("top-k", NULL, NULL, 0, G_MAXUINT, 1, construct);
+
+  /**
+   * GmlpMoELayer:activation:
+   *
+   * The experts' activation (and the shared expert's).
+   *
+   * Since: 0.1
+   */
+  properties[PROP_ACTIVATION] =
+    g_param_spec_enum ("activation", NULL, NULL, GMLP_TYPE_ACTIVATION, GMLP_ACTIVATION_SWIGLU,
+                       construct);
+
+  /**
+   * GmlpMoELayer:dtype:
+   *
+   * The type of the tokens and of the experts' parameters: FLOAT32,
+   * FLOAT16 or BFLOAT16 (the router computes in FP32).
+   *
+   * Since: 0.1
+   */
+  properties[PROP_DTYPE] =
+    g_param_spec_enum ("dtype", NULL, NULL, GMLP_TYPE_DTYPE, GMLP_DTYPE_FLOAT32, construct);
+
+  /**
+   * GmlpMoELayer:flags:
+   *
+   * The experts' options (and the shared expert's);
+   * %GMLP_LINEAR_FUSE_WGRAD_ACCUMULATION and
+   * %GMLP_LINEAR_DELAY_WGRAD_COMPUTE go to the router too.
+   *
+   * Since: 0.1
+   */
+  properties[PROP_FLAGS] =
+    g_param_spec_flags ("flags", NULL, NULL, GMLP_TYPE_LINEAR_FLAGS,
+                        GMLP_LINEAR_SINGLE_GROUPED_WEIGHT, construct);
+
+  /**
+   * GmlpMoELayer:padding:
+   *
+   * Every expert's rows are padded to a multiple of this (0 or 1: none; a
+   * power of two up to 128), for FP8 and aligned kernels; see
+   * [method@Gmlp.Routing.permute_full].
+   *
+   * Since: 0.1
+   */
+  properties[PROP_PADDING] = g_param_spec_uint ("padding", NULL, NULL, 0, G_MAXUINT, 0, construct);
+
+  /**
+   * GmlpMoELayer:capacity-factor:
+   *
+   * The most tokens an expert takes, as a factor of an even share
+   * (`ceil (factor × tokens × top_k / n_experts)`); the choices past it are
+   * dropped and contribute zero. 0 (the default) is dropless; a negative or
+   * infinite factor is an error.
+   *
+   * Since: 0.1
+   */
+  properties[PROP_CAPACITY_FACTOR] =
+    g_param_spec_double ("capacity-factor", NULL, NULL, -G_MAXDOUBLE, G_MAXDOUBLE, 0.0, construct);
+
+  /**
+   * GmlpMoELayer:shared-expert-ffn-hidden:
+   *
+   * The width of a shared expert, a dense MLP over every token whose output
+   * is added to the experts' ([method@Gmlp.MoELayer.get_shared_expert]);
+   * 0 for none.
+   *
+   * Since: 0.1
+   */
+  properties[PROP_SHARED_EXPERT_FFN_HIDDEN] =
+    g_param_spec_int64 ("shared-expert-ffn-hidden", NULL, NULL, G_MININT64, G_MAXINT64, 0,
+                        construct);
+
+  for (i = 0; i < N_ROUTER_OPTIONS; i++)
+    properties[PROP_FIRST_ROUTER_OPTION + i] =
+      router_option_pspec (G_OBJECT_CLASS (router_class), router_options[i]);
+
+  g_object_class_install_properties (object_class, N_PROPS, properties);
+}
+
+static void
+gmlp_moe_layer_init (GmlpMoELayer *self)
+{
+  self->hidden = 1;
+  self->ffn_hidden = 1;
+  self->n_experts = 1;
+  self->top_k = 1;
+  self->activation = GMLP_ACTIVATION_SWIGLU;
+  self->dtype = GMLP_DTYPE_FLOAT32;
+  self->flags = GMLP_LINEAR_SINGLE_GROUPED_WEIGHT;
+  g_mutex_init (&self->last_lock);
+  g_rec_mutex_init (&self->grad_lock);
+}
+
+static gboolean
+construct_layer (GmlpMoELayer  *self,
+                 GError       **error)
+{
+  const GmlpLinearFlags router_flags = GMLP_LINEAR_FUSE_WGRAD_ACCUMULATION |
+                                       GMLP_LINEAR_DELAY_WGRAD_COMPUTE;
+  const char *names[N_ROUTER_OPTIONS + 5];
+  GValue values[N_ROUTER_OPTIONS + 5] = { G_VALUE_INIT, };
+  guint n = 0, i;
+  gboolean ok;
+
+  if (self->device == NULL)
+    self->device = g_object_ref (gmlp_device_get_default ());
+  if (!gmlp_device_check_usable (self->device, error))
+    return FALSE;
+  if (!(self->capacity_factor >= 0.0 && self->capacity_factor <= G_MAXFLOAT))
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
+                   "The capacity factor must be finite and not negative (0: dropless), not %g",
+                   self->capacity_factor);
+      return FALSE;
+    }
+  if (self->shared_ffn_hidden < 0)
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
+                   "The shared expert's width must not be negative, not %" G_GINT64_FORMAT,
+                   self->shared_ffn_hidden);
+      return FALSE;
+    }
+
+  /* The router checks hidden, n_experts, top_k and its options. */
+  names[n] = "device";
+  g_value_init (&values[n], GMLP_TYPE_DEVICE);
+  g_value_set_object (&values[n++], self->device);
+  names[n] = "hidden";
+  g_value_init (&values[n], G_TYPE_INT64);
+  g_value_set_int64 (&values[n++], self->hidden);
+  names[n] = "n-experts";
+  g_value_init (&values[n], G_TYPE_UINT);
+  g_value_set_uint (&values[n++], self->n_experts);
+  names[n] = "top-k";
+  g_value_init (&values[n], G_TYPE_UINT);
+  g_value_set_uint (&values[n++], self->top_k);
+  names[n] = "flags";
+  g_value_init (&values[n], GMLP_TYPE_LINEAR_FLAGS);
+  g_value_set_flags (&values[n++], self->flags & router_flags);
+  for (i = 0; i < N_ROUTER_OPTIONS; i++)
+    if (G_IS_VALUE (&self->router_values[i]))
+      {
+        names[n] = router_options[i];
+        g_value_init (&values[n], G_VALUE_TYPE (&self->router_values[i]));
+        g_value_copy (&self->router_values[i], &values[n++]);
+      }
+  self->router = GMLP_ROUTER (g_object_new_with_properties (GMLP_TYPE_ROUTER, n, names, values));
+  for (i = 0; i < n; i++)
+    g_value_unset (&values[i]);
+  if (!g_initable_init (G_INITABLE (self->router), NULL, error))
+    return FALSE;
+
+  self->experts = gmlp_grouped_mlp_new_full (self->device, self->n_experts, self->hidden,
+                                             self->ffn_hidden, self->activation, self->dtype,
+                                             self->flags, error);
+  if (self->experts == NULL)
+    return FALSE;
+  if (self->shared_ffn_hidden > 0)
+    {
+      self->shared = gmlp_grouped_mlp_new_full (self->device, 1, self->hidden,
+                                                self->shared_ffn_hidden, self->activation,
+                                                self->dtype, self->flags, error);
+      if (self->shared == NULL)
+        return FALSE;
+    }
+
+  self->id = gmlp_layer_id_next ();
+  ok = gmlp_moe_layer_init_parameters (self, 0, error);
+  return ok;
+}
+
+static void
+gmlp_moe_layer_constructed (GObject *object)
+{
+  GmlpMoELayer *self = GMLP_MOE_LAYER (object);
+
+  G_OBJECT_CLASS (gmlp_moe_layer_parent_class)->constructed (object);
+
+  /* A half-made layer keeps no sub-layer: getters then give NULL. */
+  if (!construct_layer (self, &self->construct_error))
+    {
+      g_clear_object (&self->router);
+      g_clear_object (&self->experts);
+      g_clear_object (&self->shared);
+    }
+}
+
+/* Construction happened in constructed(): init only reports it, so a
+ * second init changes nothing. */
+static gboolean
+gmlp_moe_layer_initable_init (GInitable     *initable,
+                              GCancellable  *cancellable,
+                              GError       **error)
+{
+  GmlpMoELayer *self = GMLP_MOE_LAYER (initable);
+
+  return gmlp_check_constructed (self, self->construct_error, error);
+}
+
+static void
+gmlp_moe_layer_initable_iface_init (GInitableIface *iface)
+{
+  iface->init = gmlp_moe_layer_initable_init;
+}
+
+/**
+ * gmlp_moe_layer_new:
+ * @device: the device
+ * @hidden: the model width
+ * @ffn_hidden: the width of every expert between its layers
+ * @n_experts: the number of experts
+ * @top_k: how many experts each token goes to
+ * @error: return location for a #GError
+ *
+ * Creates an FP32 layer of SwiGLU experts with Mixtral's routing (the
+ * softmax over every expert's logit, the top-k of those probabilities,
+ * renormalized to sum to 1), dropless, without a shared expert or
+ * auxiliary loss.
+ *
+ * Returns: (transfer full): the layer, or %NULL with an error
+ *
+ * Since: 0.1
+ */
+GmlpMoELayer *
+gmlp_moe_layer_new (GmlpDevice  *device,
+                    gint64       hidden,
+                    gint64       ffn_hidden,
+                    guint        n_experts,
+                    guint        top_k,
+                    GError     **error)
+{
+  return gmlp_moe_layer_new_full (device, hidden, ffn_hidden, n_experts, top_k,
+                                  GMLP_ACTIVATION_SWIGLU, GMLP_DTYPE_FLOAT32,
+                                  GMLP_LINEAR_SINGLE_GROUPED_WEIGHT, error);
+}
+
+/**
+ * gmlp_moe_layer_new_full:
+ * @device: the device
+ * @hidden: the model width
+ * @ffn_hidden: the width of every expert between its layers
+ * @n_experts: the number of experts
+ * @top_k: how many experts each token goes to
+ * @activation: the experts' activation
+ * @dtype: FLOAT32, FLOAT16 or BFLOAT16
+ * @flags: the experts' options
+ * @error: return location for a #GError
+ *
+ * Creates a layer; the router's options, the padding, the capacity factor
+ * and the shared expert are construct properties (g_object_new()).
+ *
+ * Returns: (transfer full): the layer, or %NULL with
+ *   %GMLP_ERROR_INVALID_ARGUMENT or %GMLP_ERROR_UNSUPPORTED
+ *
+ * Since: 0.1
+ */
+GmlpMoELayer *
+gmlp_moe_layer_new_full (GmlpDevice       *device,
+                         gint64            hidden,
+                         gint64            ffn_hidden,
+                         guint             n_experts,
+                         guint             top_k,
+                         GmlpActivation    activation,
+                         GmlpDType         dtype,
+                         GmlpLinearFlags   flags,
+                         GError          **error)
+{
+  g_autoptr(GFlagsClass) flags_class = NULL;
+
+  g_return_val_if_fail (GMLP_IS_DEVICE (device), NULL);
+  g_return_val_if_fail (error == NULL || *error == NULL, NULL);
+
+  /* Values GObject would warn about are the construction's errors. */
+  flags_class = g_type_class_ref (GMLP_TYPE_LINEAR_FLAGS);
+  if (gmlp_dtype_get_size (dtype) == 0 || (guint) activation > GMLP_ACTIVATION_GEGLU ||
+      (flags & ~flags_class->mask) != 0)
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
+                   "Invalid MoELayer arguments (dtype, activation or flags)");
+      return NULL;
+    }
+
+  return g_initable_new (GMLP_TYPE_MOE_LAYER, NULL, error,
+                         "device", device, "hidden", hidden, "ffn-hidden", ffn_hidden,
+                         "n-experts", n_experts, "top-k", top_k, "activation", activation,
+                         "dtype", dtype, "flags", flags, NULL);
+}
+
+/**
+ * gmlp_moe_layer_init_parameters:
+ * @self: a #GmlpMoELayer
+ * @seed: the seed
+ * @error: return location for a #GError
+ *
+ * Draws every parameter (the router's gate, the experts', the shared
+ * expert's) as their own init_parameters do, from @seed.
+ *
+ * Returns: %TRUE on success
+ *
+ * Since: 0.1
+ */
+gboolean
+gmlp_moe_layer_init_parameters (GmlpMoELayer  *self,
+                                guint64        seed,
+                                GError       **error)
+{
+  g_return_val_if_fail (GMLP_IS_MOE_LAYER (self), FALSE);
+  g_return_val_if_fail (error == NULL || *error == NULL, FALSE);
+
+  if (!gmlp_check_constructed (self, self->construct_error, error))
+    return FALSE;
+
+  return gmlp_router_init_parameters (self->router, seed, error) &&
+         gmlp_grouped_mlp_init_parameters (self->experts, seed + 1, error) &&
+         (self->shared == NULL || gmlp_grouped_mlp_init_parameters (self->shared, seed + 2, error));
+}
+
+static gboolean
+check_tokens (GmlpMoELayer       *self,
+              GmlpGroupedTensor  *tokens,
+              const char         *what,
+              GError            **error)
+{
+  if (gmlp_grouped_tensor_get_device (tokens) != self->device)
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
+                   "%s is on %s, the MoE layer on %s", what,
+                   gmlp_device_get_name (gmlp_grouped_tensor_get_device (tokens)),
+                   gmlp_device_get_name (self->device));
+      return FALSE;
+    }
+  if (gmlp_grouped_tensor_get_dtype (tokens) != self->dtype)
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_DTYPE_MISMATCH, "%s is %s, the MoE layer %s",
+                   what, gmlp_dtype_get_name (gmlp_grouped_tensor_get_dtype (tokens)),
+                   gmlp_dtype_get_name (self->dtype));
+      return FALSE;
+    }
+  if (gmlp_grouped_tensor_get_n_groups (tokens) != 1 ||
+      !gmlp_grouped_tensor_has_host_sizes (tokens) ||
+      gmlp_grouped_tensor_get_cols (tokens) != self->hidden)
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_SHAPE_MISMATCH,
+                   "%s must be one group of tokens × %" G_GINT64_FORMAT " with its size on the "
+                   "host", what, self->hidden);
+      return FALSE;
+    }
+  return TRUE;
+}
+
+/**
+ * gmlp_moe_layer_forward:
+ * @self: a #GmlpMoELayer
+ * @input: the tokens: one group of `tokens × hidden`, of the layer's dtype
+ * @saved: (out) (optional) (transfer full): return location for what the
+ *   backward needs
+ * @error: return location for a #GError
+ *
+ * Routes the tokens, runs the experts on their tokens and combines their
+ * outputs (and adds the shared expert's). Stream-ordered; nothing waits for
+ * the device, and nothing on the host reads the routing.
+ *
+ * Returns: (transfer full): the output, `tokens × hidden`, or %NULL with an
+ *   error (nothing is written then)
+ *
+ * Since: 0.1
+ */
+GmlpGroupedTensor *
+gmlp_moe_layer_forward (GmlpMoELayer          *self,
+                        GmlpGroupedTensor     *input,
+                        GmlpSavedActivations **saved,
+                        GError               **error)
+{
+  g_autoptr(GmlpSavedActivations) router_saved = NULL, experts_saved = NULL;
+  g_autoptr(GmlpSavedActivations) shared_saved = NULL, own = NULL;
+  g_autoptr(GmlpRouting) routing = NULL;
+  g_autoptr(GmlpGroupedTensor) permuted = NULL, expert_out = NULL, output = NULL;
+  g_autoptr(GmlpGroupedTensor) shared_out = NULL;
+
+  g_return_val_if_fail (GMLP_IS_MOE_LAYER (self), NULL);
+  g_return_val_if_fail (GMLP_IS_GROUPED_TENSOR (input), NULL);
+  g_return_val_if_fail (error == NULL || *error == NULL, NULL);
+
+  if (saved != NULL)
+    *saved = NULL;
+  if (!gmlp_check_constructed (self, self->construct_error, error) ||
+      !gmlp_grouped_tensor_check_usable (input, error) ||
+      !check_tokens (self, input, "The input", error))
+    return NULL;
+
+  routing = gmlp_router_forward (self->router, input, saved ? &router_saved : NULL, error);
+  if (routing == NULL)
+    return NULL;
+  permuted = gmlp_routing_permute_full (routing, input, self->padding, self->capacity_factor, error);
+  if (permuted == NULL)
+    return NULL;
+  expert_out = gmlp_grouped_mlp_forward (self->experts, permuted, saved ? &experts_saved : NULL,
+                                         error);
+  if (expert_out == NULL)
+    return NULL;
+  output = gmlp_routing_combine (routing, expert_out, error);
+  if (output == NULL)
+    return NULL;
+  if (self->shared != NULL)
+    {
+      shared_out = gmlp_grouped_mlp_forward (self->shared, input, saved ? &shared_saved : NULL,
+                                             error);
+      if (shared_out == NULL || !gmlp_grouped_tensor_add_scaled (output, 1.0, shared_out, error))
+        return NULL;
+    }
+
+  if (saved != NULL)
+    {
+      own = gmlp_saved_activations_new (self->id);
+      gmlp_saved_activations_add_child (own, router_saved);
+      gmlp_saved_activations_add_child (own, experts_saved);
+      if (shared_saved != NULL)
+        gmlp_saved_activations_add_child (own, shared_saved);
+      gmlp_saved_activations_add (own, "expert-output", expert_out);
+      g_object_set_data_full (G_OBJECT (own), SAVED_ROUTING, g_object_ref (routing),
+                              g_object_unref);
+      if (!gmlp_saved_activations_apply_offload (own, error))
+        return NULL;
+      *saved = g_steal_pointer (&own);
+    }
+
+  gmlp_mutex_lock (&self->last_lock);
+  g_set_object (&self->last, routing);
+  gmlp_mutex_unlock (&self->last_lock);
+  return g_steal_pointer (&output);
+}
+
+/**
+ * gmlp_moe_layer_backward:
+ * @self: a #GmlpMoELayer
+ * @saved: what the forward saved
+ * @grad_output: the gradient of the output, `tokens × hidden`, of the
+ *   layer's dtype
+ * @error: return location for a #GError
+ *
+ * Computes the input's gradient: through the combine (which also gives the
+ * probabilities' gradient), the experts, the permutation and the router,
+ * plus the shared expert's. The router's, the experts' and the shared
+ * expert's weight gradients follow their gradient contract
+ * (docs/gradient-contract.md); the auxiliary losses count as if added to
+ * the loss whose gradient @grad_output is. Consumes @saved.
+ *
+ * Returns: (transfer full): the input's gradient, or %NULL with an error
+ *
+ * Since: 0.1
+ */
+GmlpGroupedTensor *
+gmlp_moe_layer_backward (GmlpMoELayer          *self,
+                         GmlpSavedActivations  *saved,
+                         GmlpGroupedTensor     *grad_output,
+                         GError               **error)
+{
+  g_autoptr(GmlpRecMutexLocker) locker = NULL;
+  g_autoptr(GmlpGroupedTensor) grad_expert_out = NULL, grad_probs = NULL;
+  g_autoptr(GmlpGroupedTensor) grad_permuted = NULL, grad_input = NULL;
+  g_autoptr(GmlpGroupedTensor) grad_router = NULL, grad_shared = NULL;
+  GmlpSavedActivations *router_saved, *experts_saved, *shared_saved = NULL;
+  GmlpGroupedTensor *expert_out;
+  GmlpRouting *routing;
+
+  g_return_val_if_fail (GMLP_IS_MOE_LAYER (self), NULL);
+  g_return_val_if_fail (GMLP_IS_SAVED_ACTIVATIONS (saved), NULL);
+  g_return_val_if_fail (GMLP_IS_GROUPED_TENSOR (grad_output), NULL);
+  g_return_val_if_fail (error == NULL || *error == NULL, NULL);
+
+  if (!gmlp_check_constructed (self, self->construct_error, error) ||
+      !gmlp_grouped_tensor_check_usable (grad_output, error) ||
+      !check_tokens (self, grad_output, "The output gradient", error))
+    return NULL;
+
+  locker = gmlp_rec_mutex_locker_new (&self->grad_lock);
+  if (!gmlp_saved_activations_check (saved, self->id, "MoELayer", error))
+    return NULL;
+  routing = g_object_get_data (G_OBJECT (saved), SAVED_ROUTING);
+  router_saved = gmlp_saved_activations_get_child (saved, 0);
+  experts_saved = gmlp_saved_activations_get_child (saved, 1);
+  if (self->shared != NULL)
+    shared_saved = gmlp_saved_activations_get_child (saved, 2);
+  if (gmlp_grouped_tensor_get_total_rows (grad_output) != gmlp_routing_get_n_tokens (routing))
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_SHAPE_MISMATCH,
+                   "The output gradient has %" G_GINT64_FORMAT " tokens, the forward had %"
+                   G_GINT64_FORMAT, gmlp_grouped_tensor_get_total_rows (grad_output),
+                   gmlp_routing_get_n_tokens (routing));
+      return NULL;
+    }
+  /* What every part's forward read, before any part writes. */
+  if (!gmlp_saved_activations_check_versions (saved, "MoELayer", error) ||
+      !gmlp_saved_activations_check_versions (router_saved, "MoELayer's router", error) ||
+      !gmlp_saved_activations_check_versions (experts_saved, "MoELayer's experts", error) ||
+      (shared_saved != NULL &&
+       !gmlp_saved_activations_check_versions (shared_saved, "MoELayer's shared expert", error)))
+    return NULL;
+  expert_out = gmlp_saved_activations_get (saved, "expert-output", error);
+  if (expert_out == NULL)
+    return NULL;
+
+  grad_expert_out = gmlp_routing_combine_backward (routing, grad_output, expert_out, &grad_probs,
+                                                   error);
+  if (grad_expert_out == NULL)
+    return NULL;
+  grad_permuted = gmlp_grouped_mlp_backward (self->experts, experts_saved, grad_expert_out, error);
+  if (grad_permuted == NULL)
+    return NULL;
+  grad_input = gmlp_routing_permute_backward (routing, grad_permuted, error);
+  if (grad_input == NULL)
+    return NULL;
+  grad_router = gmlp_router_backward (self->router, router_saved, grad_probs, error);
+  if (grad_router == NULL || !gmlp_grouped_tensor_add_scaled (grad_input, 1.0, grad_router, error))
+    return NULL;
+  if (shared_saved != NULL)
+    {
+      grad_shared = gmlp_grouped_mlp_backward (self->shared, shared_saved, grad_output, error);
+      if (grad_shared == NULL ||
+          !gmlp_grouped_tensor_add_scaled (grad_input, 1.0, grad_shared, error))
+        return NULL;
+    }
+
+  gmlp_saved_activations_consume (saved);
+  return g_steal_pointer (&grad_input);
+}
+
+/**
+ * gmlp_moe_layer_backward_dw:
+ * @self: a #GmlpMoELayer made with %GMLP_LINEAR_DELAY_WGRAD_COMPUTE
+ * @error: return location for a #GError
+ *
+ * Computes the weight gradients of the oldest backward still waiting for
+ * them: the router's, the experts' and the shared expert's (see
+ * [method@Gmlp.GroupedLinear.backward_dw]).
+ *
+ * Returns: %TRUE on success; %FALSE with %GMLP_ERROR_INVALID_STATE without
+ *   delayed weight gradients or with none pending
+ *
+ * Since: 0.1
+ */
+gboolean
+gmlp_moe_layer_backward_dw (GmlpMoELayer  *self,
+                            GError       **error)
+{
+  g_autoptr(GmlpRecMutexLocker) locker = NULL;
+
+  g_return_val_if_fail (GMLP_IS_MOE_LAYER (self), FALSE);
+  g_return_val_if_fail (error == NULL || *error == NULL, FALSE);
+
+  if (!gmlp_check_constructed (self, self->construct_error, error))
+    return FALSE;
+
+  locker = gmlp_rec_mutex_locker_new (&self->grad_lock);
+  /* The experts first: they refuse when nothing is pending, before the
+   * router or the shared expert computes anything. */
+  return gmlp_grouped_mlp_backward_dw (self->experts, error) &&
+         gmlp_router_backward_dw (self->router, error) &&
+         (self->shared == NULL || gmlp_grouped_mlp_backward_dw (self->shared, error));
+}
+
+/**
+ * gmlp_moe_layer_get_router:
+ * @self: a #GmlpMoELayer
+ *
+ * Returns: (transfer none) (nullable): the router; %NULL when the layer
+ *   could not be constructed
+ *
+ * Since: 0.1
+ */
+GmlpRouter *
+gmlp_moe_layer_get_router (GmlpMoELayer *self)
+{
+  g_return_val_if_fail (GMLP_IS_MOE_LAYER (self), NULL);
+  return self->router;
+}
+
+/**
+ * gmlp_moe_layer_get_experts:
+ * @self: a #GmlpMoELayer
+ *
+ * Returns: (transfer none) (nullable): the experts, a [class@Gmlp.GroupedMLP]
+ *   of `n_experts` groups; %NULL when the layer could not be constructed
+ *
+ * Since: 0.1
+ */
+GmlpGroupedMLP *
+gmlp_moe_layer_get_experts (GmlpMoELayer *self)
+{
+  g_return_val_if_fail (GMLP_IS_MOE_LAYER (self), NULL);
+  return self->experts;
+}
+
+/**
+ * gmlp_moe_layer_get_shared_expert:
+ * @self: a #GmlpMoELayer
+ *
+ * Returns: (transfer none) (nullable): the shared expert, a one-group
+ *   [class@Gmlp.GroupedMLP]; %NULL without one
+ *
+ * Since: 0.1
+ */
+GmlpGroupedMLP *
+gmlp_moe_layer_get_shared_expert (GmlpMoELayer *self)
+{
+  g_return_val_if_fail (GMLP_IS_MOE_LAYER (self), NULL);
+  return self->shared;
+}
+
+/**
+ * gmlp_moe_layer_get_routing:
+ * @self: a #GmlpMoELayer
+ *
+ * Returns: (transfer full) (nullable): the routing of the last forward, or
+ *   %NULL before the first
+ *
+ * Since: 0.1
+ */
+GmlpRouting *
+gmlp_moe_layer_get_routing (GmlpMoELayer *self)
+{
+  GmlpRouting *routing;
+
+  g_return_val_if_fail (GMLP_IS_MOE_LAYER (self), NULL);
+
+  gmlp_mutex_lock (&self->last_lock);
+  routing = self->last != NULL ? g_object_ref (self->last) : NULL;
+  gmlp_mutex_unlock (&self->last_lock);
+  return routing;
+}
+
+/**
+ * gmlp_moe_layer_get_aux_loss:
+ * @self: a #GmlpMoELayer
+ *
+ * Gets the load-balancing loss of the last forward (see
+ * [method@Gmlp.Routing.get_aux_loss]), a `1 × 1` FP32 device tensor.
+ *
+ * Returns: (transfer full) (nullable): the loss, or %NULL before the first
+ *   forward
+ *
+ * Since: 0.1
+ */
+GmlpGroupedTensor *
+gmlp_moe_layer_get_aux_loss (GmlpMoELayer *self)
+{
+  g_autoptr(GmlpRouting) routing = NULL;
+
+  g_return_val_if_fail (GMLP_IS_MOE_LAYER (self), NULL);
+
+  routing = gmlp_moe_layer_get_routing (self);
+  return routing != NULL ? g_object_ref (gmlp_routing_get_aux_loss (routing)) : NULL;
+}
+
+/**
+ * gmlp_moe_layer_get_tokens_per_expert:
+ * @self: a #GmlpMoELayer
+ *
+ * Gets how many tokens chose each expert in the last forward, counted on
+ * the device (see [method@Gmlp.Routing.get_tokens_per_expert]).
+ *
+ * Returns: (transfer full) (nullable): the counts, or %NULL before the
+ *   first forward
+ *
+ * Since: 0.1
+ */
+GmlpGroupedTensor *
+gmlp_moe_layer_get_tokens_per_expert (GmlpMoELayer *self)
+{
+  g_autoptr(GmlpRouting) routing = NULL;
+
+  g_return_val_if_fail (GMLP_IS_MOE_LAYER (self), NULL);
+
+  routing = gmlp_moe_layer_get_routing (self);
+  return routing != NULL ? g_object_ref (gmlp_routing_get_tokens_per_expert (routing)) : NULL;
+}
+
+/**
+ * gmlp_moe_layer_get_device:
+ * @self: a #GmlpMoELayer
+ *
+ * Returns: (transfer none): the layer's device
+ *
+ * Since: 0.1
+ */
+GmlpDevice *
+gmlp_moe_layer_get_device (GmlpMoELayer *self)
+{
+  g_return_val_if_fail (GMLP_IS_MOE_LAYER (self), NULL);
+  return self->device;
+}
+
+/**
+ * gmlp_moe_layer_get_hidden:
+ * @self: a #GmlpMoELayer
+ *
+ * Returns: the model width
+ *
+ * Since: 0.1
+ */
+gint64
+gmlp_moe_layer_get_hidden (GmlpMoELayer *self)
+{
+  g_return_val_if_fail (GMLP_IS_MOE_LAYER (self), 0);
+  return self->hidden;
+}
+
+/**
+ * gmlp_moe_layer_get_ffn_hidden:
+ * @self: a #GmlpMoELayer
+ *
+ * Returns: the experts' width between their layers
+ *
+ * Since: 0.1
+ */
+gint64
+gmlp_moe_layer_get_ffn_hidden (GmlpMoELayer *self)
+{
+  g_return_val_if_fail (GMLP_IS_MOE_LAYER (self), 0);
+  return self->ffn_hidden;
+}
+
+/**
+ * gmlp_moe_layer_get_n_experts:
+ * @self: a #GmlpMoELayer
+ *
+ * Returns: the number of experts
+ *
+ * Since: 0.1
+ */
+guint
+gmlp_moe_layer_get_n_experts (GmlpMoELayer *self)
+{
+  g_return_val_if_fail (GMLP_IS_MOE_LAYER (self), 0);
+  return self->n_experts;
+}
+
+/**
+ * gmlp_moe_layer_get_top_k:
+ * @self: a #GmlpMoELayer
+ *
+ * Returns: how many experts each token goes to
+ *
+ * Since: 0.1
+ */
+guint
+gmlp_moe_layer_get_top_k (GmlpMoELayer *self)
+{
+  g_return_val_if_fail (GMLP_IS_MOE_LAYER (self), 0);
+  return self->top_k;
+}

@@ -1,0 +1,91 @@
+/* gmlp-moe-layer.h: a whole Mixture-of-Experts layer
+ *
+ * SPDX-License-Identifier: LGPL-2.1-or-later
+ */
+
+#pragma once
+
+#if !defined(GMLP_INSIDE) && !defined(GMLP_COMPILATION)
+# error "Only <gmlp.h> can be included directly."
+#endif
+
+#include <glib-object.h>
+
+#include "gmlp-version-macros.h"
+#include "gmlp-device.h"
+#include "gmlp-dtype.h"
+#include "gmlp-grouped-linear.h"
+#include "gmlp-grouped-mlp.h"
+#include "gmlp-grouped-tensor.h"
+#include "gmlp-router.h"
+#include "gmlp-routing.h"
+#include "gmlp-saved-activations.h"
+
+G_BEGIN_DECLS
+
+#define GMLP_TYPE_MOE_LAYER (gmlp_moe_layer_get_type ())
+
+GMLP_AVAILABLE_IN_0_1
+G_DECLARE_FINAL_TYPE (GmlpMoELayer, gmlp_moe_layer, GMLP, MOE_LAYER, GObject)
+
+GMLP_AVAILABLE_IN_0_1
+GmlpMoELayer      *gmlp_moe_layer_new                   (GmlpDevice            *device,
+                                                         gint64                 hidden,
+                                                         gint64                 ffn_hidden,
+                                                         guint                  n_experts,
+                                                         guint                  top_k,
+                                                         GError               **error);
+GMLP_AVAILABLE_IN_0_1
+GmlpMoELayer      *gmlp_moe_layer_new_full              (GmlpDevice            *device,
+                                                         gint64                 hidden,
+                                                         gint64                 ffn_hidden,
+                                                         guint                  n_experts,
+                                                         guint                  top_k,
+                                                         GmlpActivation         activation,
+                                                         GmlpDType              dtype,
+                                                         GmlpLinearFlags        flags,
+                                                         GError               **error);
+
+GMLP_AVAILABLE_IN_0_1
+GmlpGroupedTensor *gmlp_moe_layer_forward               (GmlpMoELayer          *self,
+                                                         GmlpGroupedTensor     *input,
+                                                         GmlpSavedActivations **saved,
+                                                         GError               **error);
+GMLP_AVAILABLE_IN_0_1
+GmlpGroupedTensor *gmlp_moe_layer_backward              (GmlpMoELayer          *self,
+                                                         GmlpSavedActivations  *saved,
+                                                         GmlpGroupedTensor     *grad_output,
+                                                         GError               **error);
+GMLP_AVAILABLE_IN_0_1
+gboolean           gmlp_moe_layer_backward_dw           (GmlpMoELayer          *self,
+                                                         GError               **error);
+GMLP_AVAILABLE_IN_0_1
+gboolean           gmlp_moe_layer_init_parameters       (GmlpMoELayer          *self,
+                                                         guint64                seed,
+                                                         GError               **error);
+
+GMLP_AVAILABLE_IN_0_1
+GmlpRouter        *gmlp_moe_layer_get_router            (GmlpMoELayer          *self);
+GMLP_AVAILABLE_IN_0_1
+GmlpGroupedMLP    *gmlp_moe_layer_get_experts           (GmlpMoELayer          *self);
+GMLP_AVAILABLE_IN_0_1
+GmlpGroupedMLP    *gmlp_moe_layer_get_shared_expert     (GmlpMoELayer          *self);
+GMLP_AVAILABLE_IN_0_1
+GmlpRouting       *gmlp_moe_layer_get_routing           (GmlpMoELayer          *self);
+GMLP_AVAILABLE_IN_0_1
+GmlpGroupedTensor *gmlp_moe_layer_get_aux_loss          (GmlpMoELayer          *self);
+GMLP_AVAILABLE_IN_0_1
+GmlpGroupedTensor *gmlp_moe_layer_get_tokens_per_expert (GmlpMoELayer          *self);
+
+GMLP_AVAILABLE_IN_0_1
+GmlpDevice        *gmlp_moe_layer_get_device            (GmlpMoELayer          *self);
+GMLP_AVAILABLE_IN_0_1
+gint64             gmlp_moe_layer_get_hidden            (GmlpMoELayer          *self);
+GMLP_AVAILABLE_IN_0_1
+gint64             gmlp_moe_layer_get_ffn_hidden        (GmlpMoELayer          *self);
+GMLP_AVAILABLE_IN_0_1
+guint              gmlp_moe_layer_get_n_experts         (GmlpMoELayer          *self);
+GMLP_AVAILABLE_IN_0_1
+guint              gmlp_moe_layer_get_top_k             (GmlpMoELayer          *self);
+
+G_END_DECLS
