@@ -1458,9 +1458,9 @@ test_unsupported (void)
   g_assert_null (gmlp_moe_layer_get_experts (bare));
 }
 
-/* gmlp_moe_layer_new() gives Mixtral's layer: SwiGLU experts in FP32, the
- * router's defaults, no padding, no capacity, no shared expert; nothing of
- * a forward before the first. */
+/* gmlp_moe_layer_new() gives Mixtral's layer: SwiGLU experts in FP32 with
+ * grouped weights, the router's defaults, no padding, no capacity, no
+ * shared expert; nothing of a forward before the first. */
 static void
 test_defaults (void)
 {
@@ -1489,7 +1489,7 @@ test_defaults (void)
                 "expert-bias", &bias, "aux-loss-coeff", &aux, "z-loss-coeff", &z, NULL);
   g_assert_cmpint (act, ==, GMLP_ACTIVATION_SWIGLU);
   g_assert_cmpint (dtype, ==, GMLP_DTYPE_FLOAT32);
-  g_assert_cmpint (flags, ==, GMLP_LINEAR_NONE);
+  g_assert_cmpint (flags, ==, GMLP_LINEAR_SINGLE_GROUPED_WEIGHT);
   g_assert_cmpuint (padding, ==, 0);
   g_assert_cmpfloat (capacity, ==, 0.0);
   g_assert_cmpint (shared, ==, 0);
@@ -1524,20 +1524,20 @@ test_defaults (void)
   g_assert_cmpuint (gmlp_moe_layer_get_top_k (layer), ==, 2);
 
   /* Its step, with its own parameters (from init_parameters) read back
-   * for the reference: per-group weights. */
+   * for the reference. */
   g_assert_true (gmlp_moe_layer_init_parameters (layer, g_test_rand_int (), &error));
   g_assert_no_error (error);
-  g_assert_null (gmlp_grouped_linear_get_weight (gmlp_grouped_mlp_get_fc1 (experts)));
+  g_assert_nonnull (gmlp_grouped_linear_get_weight (gmlp_grouped_mlp_get_fc1 (experts)));
   p = problem_new_from_layer (config ("mixtral"), layer, T_TOKENS);
   run_and_check (p, device, layer, "gmlp_moe_layer_new");
 
-  /* new_full: the same in BF16, with biases and grouped weights. */
+  /* new_full: the same in BF16, with biases and per-group weights. */
   {
     g_autoptr(GmlpMoELayer) full = NULL;
     g_autoptr(Problem) pb = NULL;
     Config cb = *config ("mixtral");
 
-    cb.flags = GMLP_LINEAR_BIAS | GMLP_LINEAR_SINGLE_GROUPED_WEIGHT;
+    cb.flags = GMLP_LINEAR_BIAS;
     full = gmlp_moe_layer_new_full (device, HIDDEN, FFN, 8, 2, GMLP_ACTIVATION_SWIGLU, GMLP_DTYPE_BFLOAT16,
                                     cb.flags, &error);
     g_assert_no_error (error);

@@ -64,8 +64,10 @@ check('forward-backward', () => {
     assert(dx.get_total_rows() === T && dx.get_cols() === H, 'dx shape');
     const gate = layer.get_router().get_wgrad();
     assert(gate.get_total_rows() === E && gate.get_cols() === H, 'gate gradient');
-    assert(layer.get_experts().get_fc2().get_wgrad_member(0).get_cols() === F, 'experts gradient');
-    assert(layer.get_shared_expert().get_fc1().get_wgrad_member(0).get_total_rows() === 2 * SHARED,
+    // The default flags: grouped weights, one gradient tensor of E members.
+    const fc2 = layer.get_experts().get_fc2().get_wgrad();
+    assert(fc2.get_n_groups() === E && fc2.get_cols() === F, 'experts gradient');
+    assert(layer.get_shared_expert().get_fc1().get_wgrad().get_total_rows() === 2 * SHARED,
         'shared expert gradient');
 
     raises(() => layer.backward(saved, y), Gmlp.Error.INVALID_STATE, 'a second backward');
