@@ -5,6 +5,8 @@
 
 #include "config.h"
 
+#include <math.h>
+
 #include <gio/gio.h>
 
 #include "gmlp-moe-layer.h"
@@ -415,7 +417,7 @@ gmlp_moe_layer_class_init (GmlpMoELayerClass *klass)
    * Since: 0.1
    */
   properties[PROP_CAPACITY_FACTOR] =
-    g_param_spec_double ("capacity-factor", NULL, NULL, -G_MAXDOUBLE, G_MAXDOUBLE, 0.0, construct);
+    g_param_spec_double ("capacity-factor", NULL, NULL, -INFINITY, INFINITY, 0.0, construct);
 
   /**
    * GmlpMoELayer:shared-expert-ffn-hidden:
@@ -471,6 +473,14 @@ construct_layer (GmlpMoELayer  *self,
       g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
                    "The capacity factor must be finite and not negative (0: dropless), not %g",
                    self->capacity_factor);
+      return FALSE;
+    }
+  /* The permutation's rule (gmlp_routing_permute_full()), said here so
+   * that a layer that can't permute is not made. */
+  if (self->padding > 128 || (self->padding & (self->padding - 1)) != 0)
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
+                   "The padding must be 0 or a power of two up to 128, not %u", self->padding);
       return FALSE;
     }
   if (self->shared_ffn_hidden < 0)
@@ -849,12 +859,9 @@ gmlp_moe_layer_backward (GmlpMoELayer          *self,
                    gmlp_routing_get_n_tokens (routing));
       return NULL;
     }
-  /* What every part's forward read, before any part writes. */
-  if (!gmlp_saved_activations_check_versions (saved, "MoELayer", error) ||
-      !gmlp_saved_activations_check_versions (router_saved, "MoELayer's router", error) ||
-      !gmlp_saved_activations_check_versions (experts_saved, "MoELayer's experts", error) ||
-      (shared_saved != NULL &&
-       !gmlp_saved_activations_check_versions (shared_saved, "MoELayer's shared expert", error)))
+  /* What every part's forward read (the parts of the parts too), before
+   * any part writes. */
+  if (!gmlp_saved_activations_check_versions_deep (saved, "MoELayer", error))
     return NULL;
   expert_out = gmlp_saved_activations_get (saved, "expert-output", error);
   if (expert_out == NULL)

@@ -100,6 +100,11 @@ void                  gmlp_saved_activations_watch          (GmlpSavedActivation
 gboolean              gmlp_saved_activations_check_versions (GmlpSavedActivations  *self,
                                                              const char            *layer,
                                                              GError               **error);
+/* The same over @self and its children, their children included: a layer
+ * made of layers checks every part before any part writes. */
+gboolean              gmlp_saved_activations_check_versions_deep (GmlpSavedActivations  *self,
+                                                                  const char            *layer,
+                                                                  GError               **error);
 GArray               *gmlp_saved_activations_get_versions   (GmlpSavedActivations  *self);
 /* Appends copies of the records of @name to @records (a delayed weight
  * gradient keeps those of the input). */

@@ -406,6 +406,22 @@ gmlp_saved_activations_check_versions (GmlpSavedActivations  *self,
   return gmlp_version_records_check (self->versions, layer, error);
 }
 
+gboolean
+gmlp_saved_activations_check_versions_deep (GmlpSavedActivations  *self,
+                                            const char            *layer,
+                                            GError               **error)
+{
+  guint i;
+
+  if (!gmlp_version_records_check (self->versions, layer, error))
+    return FALSE;
+  for (i = 0; i < self->children->len; i++)
+    if (!gmlp_saved_activations_check_versions_deep (g_ptr_array_index (self->children, i), layer,
+                                                     error))
+      return FALSE;
+  return TRUE;
+}
+
 GArray *
 gmlp_saved_activations_get_versions (GmlpSavedActivations *self)
 {

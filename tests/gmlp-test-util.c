@@ -258,6 +258,49 @@ gmlp_test_download (GmlpGroupedTensor *tensor,
   return values;
 }
 
+GmlpGroupedTensor *
+gmlp_test_upload_values (GmlpDevice   *device,
+                         const double *values,
+                         gint64        rows,
+                         gint64        cols,
+                         GmlpDType     dtype)
+{
+  g_autoptr(GBytes) bytes = gmlp_test_encode_values (values, (gsize) (rows * cols), dtype);
+  g_autoptr(GError) error = NULL;
+  GmlpGroupedTensor *t = gmlp_grouped_tensor_new_from_bytes (device, dtype, &rows, 1, cols, bytes, &error);
+
+  g_assert_no_error (error);
+  return t;
+}
+
+gint64 *
+gmlp_test_download_i64 (GmlpGroupedTensor *tensor,
+                        gsize             *n)
+{
+  g_autoptr(GError) error = NULL;
+  g_autoptr(GBytes) bytes = NULL;
+
+  g_assert_nonnull (tensor);
+  g_assert_cmpint (gmlp_grouped_tensor_get_dtype (tensor), ==, GMLP_DTYPE_INT64);
+  bytes = gmlp_grouped_tensor_to_bytes (tensor, &error);
+  g_assert_no_error (error);
+  *n = g_bytes_get_size (bytes) / sizeof (gint64);
+  return g_memdup2 (g_bytes_get_data (bytes, NULL), MAX (g_bytes_get_size (bytes), 1));
+}
+
+double
+gmlp_test_download_scalar (GmlpGroupedTensor *tensor)
+{
+  g_autofree double *v = NULL;
+  gsize n;
+
+  g_assert_nonnull (tensor);
+  g_assert_cmpint (gmlp_grouped_tensor_get_total_rows (tensor), ==, 1);
+  v = gmlp_test_download (tensor, &n);
+  g_assert_cmpuint (n, ==, 1);
+  return v[0];
+}
+
 double
 gmlp_test_tolerance (GmlpDType dtype)
 {

@@ -66,6 +66,18 @@ GmlpGroupedTensor *gmlp_test_random_tensor     (GmlpDevice     *device,
                                                 gint64          cols,
                                                 double          scale,
                                                 double        **values);
+/* A one-group tensor of rows × cols values, stored in dtype (FLOAT32,
+ * FLOAT16 or BFLOAT16). */
+GmlpGroupedTensor *gmlp_test_upload_values     (GmlpDevice     *device,
+                                                const double   *values,
+                                                gint64          rows,
+                                                gint64          cols,
+                                                GmlpDType       dtype);
+/* An INT64 tensor's values, packed (*n of them). */
+gint64            *gmlp_test_download_i64      (GmlpGroupedTensor *tensor,
+                                                gsize             *n);
+/* The value of a 1 × 1 tensor. */
+double             gmlp_test_download_scalar   (GmlpGroupedTensor *tensor);
 /* The tensor's values, packed, decoded to double. */
 double            *gmlp_test_download          (GmlpGroupedTensor *tensor,
                                                 gsize             *n_values);

@@ -537,48 +537,6 @@ problem_new (const Config *c,
 
 /* Library side */
 
-static GmlpGroupedTensor *
-upload (GmlpDevice   *device,
-        const double *values,
-        gint64        rows,
-        gint64        cols,
-        GmlpDType     dtype)
-{
-  g_autoptr(GBytes) bytes = gmlp_test_encode_values (values, (gsize) (rows * cols), dtype);
-  g_autoptr(GError) error = NULL;
-  GmlpGroupedTensor *t = gmlp_grouped_tensor_new_from_bytes (device, dtype, &rows, 1, cols, bytes, &error);
-
-  g_assert_no_error (error);
-  return t;
-}
-
-static gint64 *
-download_i64 (GmlpGroupedTensor *t,
-              gsize             *n)
-{
-  g_autoptr(GError) error = NULL;
-  g_autoptr(GBytes) bytes = gmlp_grouped_tensor_to_bytes (t, &error);
-  gsize size;
-  gconstpointer data;
-
-  g_assert_no_error (error);
-  g_assert_cmpint (gmlp_grouped_tensor_get_dtype (t), ==, GMLP_DTYPE_INT64);
-  data = g_bytes_get_data (bytes, &size);
-  *n = size / sizeof (gint64);
-  return g_memdup2 (data, MAX (size, 1));
-}
-
-static double
-download_scalar (GmlpGroupedTensor *t)
-{
-  gsize n;
-  g_autofree double *v = gmlp_test_download (t, &n);
-
-  g_assert_cmpuint (n, ==, 1);
-  g_assert_cmpint (gmlp_grouped_tensor_get_total_rows (t), ==, 1);
-  return v[0];
-}
-
 static GmlpRouter *
 router_new (GmlpDevice      *device,
             const Config    *c,
@@ -638,7 +596,7 @@ assert_routing (Problem     *p,
 {
   const Config *c = p->c;
   gsize n, tk = (gsize) p->T * c->k, i;
-  g_autofree gint64 *idx = download_i64 (gmlp_routing_get_indices (routing), &n);
+  g_autofree gint64 *idx = gmlp_test_download_i64 (gmlp_routing_get_indices (routing), &n);
   g_autofree gint64 *counts = NULL;
   g_autofree double *probs = NULL;
   g_autofree char *label = NULL;
@@ -657,21 +615,21 @@ assert_routing (Problem     *p,
   label = g_strdup_printf ("%s: probabilities", what);
   gmlp_test_assert_close (probs, p->probs, tk, 1e-5, label);
 
-  counts = download_i64 (gmlp_routing_get_tokens_per_expert (routing), &n);
+  counts = gmlp_test_download_i64 (gmlp_routing_get_tokens_per_expert (routing), &n);
   g_assert_cmpuint (n, ==, c->E);
   g_assert_cmpint (gmlp_grouped_tensor_get_n_groups (gmlp_routing_get_tokens_per_expert (routing)), ==, 1);
   for (i = 0; i < c->E; i++)
     g_assert_cmpfloat (counts[i], ==, p->counts[i]);
 
   if (c->aux == 0.0)
-    gmlp_assert_same_value (download_scalar (gmlp_routing_get_aux_loss (routing)), 0.0, "aux loss", 0);
+    gmlp_assert_same_value (gmlp_test_download_scalar (gmlp_routing_get_aux_loss (routing)), 0.0, "aux loss", 0);
   else
-    g_assert_cmpfloat_with_epsilon (download_scalar (gmlp_routing_get_aux_loss (routing)), p->aux,
+    g_assert_cmpfloat_with_epsilon (gmlp_test_download_scalar (gmlp_routing_get_aux_loss (routing)), p->aux,
                                     1e-5 * fabs (p->aux));
   if (c->z == 0.0)
-    gmlp_assert_same_value (download_scalar (gmlp_routing_get_z_loss (routing)), 0.0, "z loss", 0);
+    gmlp_assert_same_value (gmlp_test_download_scalar (gmlp_routing_get_z_loss (routing)), 0.0, "z loss", 0);
   else
-    g_assert_cmpfloat_with_epsilon (download_scalar (gmlp_routing_get_z_loss (routing)), p->z,
+    g_assert_cmpfloat_with_epsilon (gmlp_test_download_scalar (gmlp_routing_get_z_loss (routing)), p->z,
                                     1e-5 * fabs (p->z));
 }
 
@@ -743,8 +701,8 @@ run_and_check (Problem         *p,
                const char      *what)
 {
   gsize n;
-  g_autoptr(GmlpGroupedTensor) x = upload (device, p->x, p->T, p->H, p->dtype);
-  g_autoptr(GmlpGroupedTensor) grad = upload (device, gp, p->T, p->c->k, GMLP_DTYPE_FLOAT32);
+  g_autoptr(GmlpGroupedTensor) x = gmlp_test_upload_values (device, p->x, p->T, p->H, p->dtype);
+  g_autoptr(GmlpGroupedTensor) grad = gmlp_test_upload_values (device, gp, p->T, p->c->k, GMLP_DTYPE_FLOAT32);
   g_autoptr(GmlpSavedActivations) saved = NULL;
   g_autoptr(GmlpRouting) routing = NULL;
   g_autoptr(GmlpGroupedTensor) dx = NULL;
@@ -1046,8 +1004,8 @@ test_finite_differences (void)
       g_autofree double *wp = g_memdup2 (p->w, sizeof (double) * c->E * p->H);
       g_autofree double *xp = g_memdup2 (p->x, sizeof (double) * p->T * p->H);
       g_autofree double *got = NULL;
-      g_autoptr(GmlpGroupedTensor) x = upload (device, p->x, p->T, p->H, p->dtype);
-      g_autoptr(GmlpGroupedTensor) grad = upload (device, gp, p->T, c->k, GMLP_DTYPE_FLOAT32);
+      g_autoptr(GmlpGroupedTensor) x = gmlp_test_upload_values (device, p->x, p->T, p->H, p->dtype);
+      g_autoptr(GmlpGroupedTensor) grad = gmlp_test_upload_values (device, gp, p->T, c->k, GMLP_DTYPE_FLOAT32);
       g_autoptr(GmlpSavedActivations) saved = NULL;
       g_autoptr(GmlpRouting) routing = NULL;
       g_autoptr(GmlpGroupedTensor) dx = NULL;
@@ -1138,7 +1096,7 @@ test_expert_bias (void)
     }
 
   router = problem_router (p, device, GMLP_LINEAR_NONE);
-  x = upload (device, p->x, p->T, p->H, GMLP_DTYPE_FLOAT32);
+  x = gmlp_test_upload_values (device, p->x, p->T, p->H, GMLP_DTYPE_FLOAT32);
   routing = gmlp_router_forward (router, x, NULL, &error);
   g_assert_no_error (error);
   /* The probabilities are the sigmoid scores of 6 and 2, renormalized:
@@ -1258,7 +1216,7 @@ test_main_grad (void)
     g_assert_cmpfloat (got[i], ==, 0.0);
 
   m0 = random_grad (c->E * p1->H);
-  main_grad = upload (device, m0, c->E, p1->H, GMLP_DTYPE_FLOAT32);
+  main_grad = gmlp_test_upload_values (device, m0, c->E, p1->H, GMLP_DTYPE_FLOAT32);
   g_assert_true (gmlp_router_set_main_grad (router, main_grad, &error));
   g_assert_no_error (error);
   g_assert_true (gmlp_router_get_main_grad (router) == main_grad);
@@ -1285,7 +1243,7 @@ test_main_grad (void)
   g_assert_false (gmlp_router_set_main_grad (plain, main_grad, &error));
   g_assert_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_STATE);
   g_clear_error (&error);
-  wrong = upload (device, m0, p1->H, c->E, GMLP_DTYPE_FLOAT32);
+  wrong = gmlp_test_upload_values (device, m0, p1->H, c->E, GMLP_DTYPE_FLOAT32);
   g_assert_false (gmlp_router_set_main_grad (router, wrong, &error));
   g_assert_error (error, GMLP_ERROR, GMLP_ERROR_SHAPE_MISMATCH);
   g_assert_true (gmlp_router_get_main_grad (router) == main_grad);
@@ -1478,8 +1436,8 @@ test_bad_calls (void)
   p = problem_new (c, GMLP_DTYPE_FLOAT32, T_TOKENS);
   router = problem_router (p, device, GMLP_LINEAR_NONE);
   gp = random_grad ((gsize) p->T * c->k);
-  x = upload (device, p->x, p->T, p->H, GMLP_DTYPE_FLOAT32);
-  grad = upload (device, gp, p->T, c->k, GMLP_DTYPE_FLOAT32);
+  x = gmlp_test_upload_values (device, p->x, p->T, p->H, GMLP_DTYPE_FLOAT32);
+  grad = gmlp_test_upload_values (device, gp, p->T, c->k, GMLP_DTYPE_FLOAT32);
   /* A first step, so that there is a wgrad to keep. */
   run_and_check (p, device, router, gp, NULL, "before the bad calls");
   wgrad_before = gmlp_grouped_tensor_to_bytes (gmlp_router_get_wgrad (router), &error);
@@ -1530,9 +1488,9 @@ test_bad_calls (void)
   other_routing = gmlp_router_forward (other, x, &other_saved, &error);
   g_assert_no_error (error);
   {
-    g_autoptr(GmlpGroupedTensor) wide = upload (device, gp, p->T / 2, 2 * c->k, GMLP_DTYPE_FLOAT32);
-    g_autoptr(GmlpGroupedTensor) short_grad = upload (device, gp, p->T - 1, c->k, GMLP_DTYPE_FLOAT32);
-    g_autoptr(GmlpGroupedTensor) half = upload (device, gp, p->T, c->k, GMLP_DTYPE_FLOAT16);
+    g_autoptr(GmlpGroupedTensor) wide = gmlp_test_upload_values (device, gp, p->T / 2, 2 * c->k, GMLP_DTYPE_FLOAT32);
+    g_autoptr(GmlpGroupedTensor) short_grad = gmlp_test_upload_values (device, gp, p->T - 1, c->k, GMLP_DTYPE_FLOAT32);
+    g_autoptr(GmlpGroupedTensor) half = gmlp_test_upload_values (device, gp, p->T, c->k, GMLP_DTYPE_FLOAT16);
 
     g_assert_null (gmlp_router_backward (router, saved, wide, &error));
     g_assert_error (error, GMLP_ERROR, GMLP_ERROR_SHAPE_MISMATCH);
@@ -1567,7 +1525,7 @@ test_bad_calls (void)
 
       for (what = 0; what < 3; what++)
         {
-          g_autoptr(GmlpGroupedTensor) xd = upload (device, p->x, p->T, p->H, x_dtypes[d]);
+          g_autoptr(GmlpGroupedTensor) xd = gmlp_test_upload_values (device, p->x, p->T, p->H, x_dtypes[d]);
           g_autoptr(GmlpSavedActivations) s = NULL;
           g_autoptr(GmlpRouting) r = gmlp_router_forward (router, xd, &s, &error);
           g_autoptr(GmlpGroupedTensor) ok = NULL;
@@ -1629,12 +1587,12 @@ test_zero_tokens (void)
       g_assert_cmpint (gmlp_grouped_tensor_get_total_rows (gmlp_routing_get_indices (routing)), ==, 0);
       g_assert_cmpint (gmlp_grouped_tensor_get_cols (gmlp_routing_get_indices (routing)), ==, c->k);
       g_assert_cmpint (gmlp_grouped_tensor_get_total_rows (gmlp_routing_get_probs (routing)), ==, 0);
-      counts = download_i64 (gmlp_routing_get_tokens_per_expert (routing), &n);
+      counts = gmlp_test_download_i64 (gmlp_routing_get_tokens_per_expert (routing), &n);
       g_assert_cmpuint (n, ==, c->E);
       for (i = 0; i < n; i++)
         g_assert_cmpint (counts[i], ==, 0);
-      gmlp_assert_same_value (download_scalar (gmlp_routing_get_aux_loss (routing)), 0.0, "aux", 0);
-      gmlp_assert_same_value (download_scalar (gmlp_routing_get_z_loss (routing)), 0.0, "z", 0);
+      gmlp_assert_same_value (gmlp_test_download_scalar (gmlp_routing_get_aux_loss (routing)), 0.0, "aux", 0);
+      gmlp_assert_same_value (gmlp_test_download_scalar (gmlp_routing_get_z_loss (routing)), 0.0, "z", 0);
 
       dx = gmlp_router_backward (router, saved, grad, &error);
       g_assert_no_error (error);
@@ -1685,12 +1643,12 @@ test_non_finite (void)
       for (h = 0; h < p->H; h++)
         p->x[4 * p->H + h] = 0.0;
       router = problem_router (p, device, GMLP_LINEAR_NONE);
-      x = upload (device, p->x, p->T, p->H, GMLP_DTYPE_FLOAT32);
+      x = gmlp_test_upload_values (device, p->x, p->T, p->H, GMLP_DTYPE_FLOAT32);
       routing = gmlp_router_forward (router, x, NULL, &error);
       g_assert_no_error (error);
 
-      idx = download_i64 (gmlp_routing_get_indices (routing), &n);
-      counts = download_i64 (gmlp_routing_get_tokens_per_expert (routing), &n);
+      idx = gmlp_test_download_i64 (gmlp_routing_get_indices (routing), &n);
+      counts = gmlp_test_download_i64 (gmlp_routing_get_tokens_per_expert (routing), &n);
       probs = gmlp_test_download (gmlp_routing_get_probs (routing), &n);
       for (t = 0; t < p->T; t++)
         for (j = 0; j < c->k; j++)
@@ -1727,9 +1685,9 @@ test_non_finite (void)
               }
         }
       if (c->aux == 0.0)
-        gmlp_assert_same_value (download_scalar (gmlp_routing_get_aux_loss (routing)), 0.0, "aux", 0);
+        gmlp_assert_same_value (gmlp_test_download_scalar (gmlp_routing_get_aux_loss (routing)), 0.0, "aux", 0);
       if (c->z == 0.0)
-        gmlp_assert_same_value (download_scalar (gmlp_routing_get_z_loss (routing)), 0.0, "z", 0);
+        gmlp_assert_same_value (gmlp_test_download_scalar (gmlp_routing_get_z_loss (routing)), 0.0, "z", 0);
     }
 }
 
@@ -1748,8 +1706,8 @@ test_offload (void)
       g_autoptr(Problem) p = problem_new (c, x_dtypes[d], T_TOKENS);
       g_autoptr(GmlpRouter) router = problem_router (p, device, GMLP_LINEAR_NONE);
       g_autofree double *gp = random_grad ((gsize) p->T * c->k);
-      g_autoptr(GmlpGroupedTensor) x = upload (device, p->x, p->T, p->H, p->dtype);
-      g_autoptr(GmlpGroupedTensor) grad = upload (device, gp, p->T, c->k, GMLP_DTYPE_FLOAT32);
+      g_autoptr(GmlpGroupedTensor) x = gmlp_test_upload_values (device, p->x, p->T, p->H, p->dtype);
+      g_autoptr(GmlpGroupedTensor) grad = gmlp_test_upload_values (device, gp, p->T, c->k, GMLP_DTYPE_FLOAT32);
       g_autoptr(GmlpOffloadContext) oc = NULL;
       GBytes *results[2][2] = { { NULL, NULL }, { NULL, NULL } };
       g_autoptr(GError) error = NULL;
@@ -1862,8 +1820,9 @@ thread_step (gpointer data)
 {
   ThreadStep *step = data;
   Problem *p = step->p;
-  g_autoptr(GmlpGroupedTensor) x = upload (step->device, p->x, p->T, p->H, p->dtype);
-  g_autoptr(GmlpGroupedTensor) grad = upload (step->device, step->gp, p->T, p->c->k, GMLP_DTYPE_FLOAT32);
+  g_autoptr(GmlpGroupedTensor) x = gmlp_test_upload_values (step->device, p->x, p->T, p->H, p->dtype);
+  g_autoptr(GmlpGroupedTensor) grad = gmlp_test_upload_values (step->device, step->gp, p->T, p->c->k,
+                                                               GMLP_DTYPE_FLOAT32);
   g_autoptr(GmlpSavedActivations) saved = NULL;
   g_autoptr(GmlpRouting) routing = NULL;
   g_autoptr(GmlpGroupedTensor) dx = NULL;
