@@ -31,6 +31,18 @@
  * "dtype":"fp8-RECIPE" and "quantize":"per-call" or "outside"; FLOP/s
  * count the same 2 M K N.
  *
+ * With --moe, times a whole BF16 GmlpMoELayer step (forward and backward:
+ * router, permutation, SwiGLU experts, combine) with the arguments of
+ * ../shared/bench/ep_anchor.py (--tokens, --hidden, --ffn, --experts,
+ * --topk; its defaults), then the layer's GroupedMLP alone, forward and
+ * backward, on the same routed rows (the layer's own permutation, device
+ * sizes): "bench":"gmlp-moe" lines, "part":"experts" and "part":"layer",
+ * the latter with the forward alone ("fwd_ms") and "over_experts", the
+ * cost of the layer around its experts. The routing is balanced exactly
+ * (balanced_tokens()). TFLOP/s count the experts' products as
+ * ep_anchor.py does: 18 × tokens × topk × hidden × ffn a step. Until the
+ * layer runs on CUDA, --moe refuses a CUDA device (GMLP_ERROR_UNSUPPORTED).
+ *
  * With --quantize, times the quantizer alone: a BF16 x of each shape (M × K)
  * to FP8 with the --fp8 recipe, rowwise only and with the columnwise copy,
  * as "bench":"gmlp-quantize" lines with the bandwidth of the least traffic.
@@ -78,6 +90,13 @@ static gboolean device_sizes = FALSE;
 static GmlpScalingRecipe fp8_recipe = GMLP_SCALING_RECIPE_NONE;
 static gboolean fp8_quantized = FALSE;
 static char *method = NULL;
+/* --moe: ep_anchor.py's arguments and defaults. */
+static gboolean moe_mode = FALSE;
+static gint64 moe_tokens = 8192;
+static gint64 moe_hidden = 4096;
+static gint64 moe_ffn = 1536;
+static gint moe_experts = 64;
+static gint moe_topk = 8;
 
 static const char *const fp8_recipe_names[] = { NULL, "delayed", "current", "blockwise", "mxfp8" };
 
@@ -122,6 +141,13 @@ static const GOptionEntry entries[] = {
     "With --fp8: operands quantized before the timed calls", NULL },
   { "fp8", 0, G_OPTION_FLAG_OPTIONAL_ARG, G_OPTION_ARG_CALLBACK, (gpointer) parse_fp8,
     "Time FP8 products through quantizers (delayed by default)", "RECIPE" },
+  { "moe", 0, 0, G_OPTION_ARG_NONE, &moe_mode,
+    "Time a whole MoE layer step and its GroupedMLP alone instead (ep_anchor.py's arguments)", NULL },
+  { "tokens", 0, 0, G_OPTION_ARG_INT64, &moe_tokens, "--moe: tokens (default 8192)", "T" },
+  { "hidden", 0, 0, G_OPTION_ARG_INT64, &moe_hidden, "--moe: model width (default 4096)", "H" },
+  { "ffn", 0, 0, G_OPTION_ARG_INT64, &moe_ffn, "--moe: each expert's FFN width (default 1536)", "F" },
+  { "experts", 0, 0, G_OPTION_ARG_INT, &moe_experts, "--moe: experts (default 64)", "E" },
+  { "topk", 0, 0, G_OPTION_ARG_INT, &moe_topk, "--moe: experts per token (default 8)", "K" },
   { "dims", 0, 0, G_OPTION_ARG_STRING, &dims, "Run one shape of these dimensions instead (\"custom\")",
     "E,M,K,N" },
   { "method", 0, 0, G_OPTION_ARG_STRING, &method,
@@ -796,6 +822,190 @@ rest (GmlpDevice *device, GError **error)
   return TRUE;
 }
 
+/* --moe: a whole MoE layer step, forward and backward, and its GroupedMLP
+ * alone on the same routed rows. */
+typedef struct {
+  GmlpMoELayer      *layer;
+  GmlpGroupedTensor *x, *dy;
+} MoeBench;
+
+static gboolean
+op_moe_step (gpointer data, guint i, GError **error)
+{
+  MoeBench *b = data;
+  g_autoptr(GmlpSavedActivations) saved = NULL;
+  g_autoptr(GmlpGroupedTensor) y = gmlp_moe_layer_forward (b->layer, b->x, &saved, error);
+  g_autoptr(GmlpGroupedTensor) dx = y ? gmlp_moe_layer_backward (b->layer, saved, b->dy, error) : NULL;
+
+  return dx != NULL;
+}
+
+static gboolean
+op_moe_forward (gpointer data, guint i, GError **error)
+{
+  MoeBench *b = data;
+  g_autoptr(GmlpGroupedTensor) y = gmlp_moe_layer_forward (b->layer, b->x, NULL, error);
+
+  return y != NULL;
+}
+
+/* Tokens that the gate set by balanced_gate() routes evenly: token t's
+ * logit is 2 for the experts (t·k + j) mod E, j < k, and 0 for the others,
+ * so every expert gets T·k/E choices (give or take one); its other columns
+ * are uniform in [-1, 1). Made on the host in BF16 (the high half of a
+ * float: exact for 0 and 2). */
+static GmlpGroupedTensor *
+balanced_tokens (GmlpDevice *device, GError **error)
+{
+  gsize n = (gsize) moe_tokens * moe_hidden, i;
+  guint16 *v = g_new (guint16, n);
+  guint64 state = 0x9e3779b97f4a7c15;
+  g_autoptr(GBytes) bytes = NULL;
+  gint64 t;
+  gint j;
+
+  for (i = 0; i < n; i++)
+    {
+      float f = 0.0f;
+      guint32 bits;
+
+      if ((gint64) (i % moe_hidden) >= moe_experts)
+        {
+          state ^= state << 13;
+          state ^= state >> 7;
+          state ^= state << 17;
+          f = (float) ((state >> 11) * (2.0 / 9007199254740992.0) - 1.0);
+        }
+      memcpy (&bits, &f, sizeof bits);
+      v[i] = (guint16) (bits >> 16);
+    }
+  for (t = 0; t < moe_tokens; t++)
+    for (j = 0; j < moe_topk; j++)
+      v[t * moe_hidden + (t * moe_topk + j) % moe_experts] = 0x4000;   /* 2.0 */
+  bytes = g_bytes_new_take (v, n * sizeof (guint16));
+  return gmlp_grouped_tensor_new_from_bytes (device, GMLP_DTYPE_BFLOAT16, &moe_tokens, 1, moe_hidden,
+                                             bytes, error);
+}
+
+/* The gate that reads the logits off the first E columns of the tokens:
+ * the identity there, zero elsewhere. */
+static gboolean
+balanced_gate (GmlpRouter *router, GError **error)
+{
+  gsize n = (gsize) moe_experts * moe_hidden;
+  float *w = g_new0 (float, n);
+  g_autoptr(GBytes) bytes = NULL;
+  gint e;
+
+  for (e = 0; e < moe_experts; e++)
+    w[(gsize) e * moe_hidden + e] = 1.0f;
+  bytes = g_bytes_new_take (w, n * sizeof (float));
+  return gmlp_router_set_weight_from_bytes (router, bytes, error);
+}
+
+static gboolean
+bench_moe (GmlpDevice *device, GError **error)
+{
+  g_autoptr(GmlpMoELayer) layer = NULL;
+  g_autoptr(GmlpGroupedTensor) x = NULL, dy = NULL, permuted = NULL, dy_permuted = NULL;
+  GmlpGroupedTensor *sizes;   /* the permuted tensor's */
+  g_autoptr(GmlpRouting) routing = NULL;
+  g_autoptr(GBytes) counts = NULL;
+  g_autofree char *common = NULL;
+  const gint64 *count;
+  gint64 fewest, most;
+  double flops = 18.0 * moe_tokens * moe_topk * moe_hidden * moe_ffn;
+  MoeBench b;
+  MlpBench e;
+  Timing layer_t, fwd_t, experts_t;
+  guint n = (guint) MAX (iters / 4, 5), i;
+
+  if (moe_tokens < 1 || moe_ffn < 1 || moe_experts < 1 || moe_topk < 1 || moe_hidden < moe_experts)
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
+                   "--tokens, --ffn, --experts and --topk must be positive, --hidden at least --experts "
+                   "(the balanced routing reads the logits off the first --experts columns)");
+      return FALSE;
+    }
+  layer = gmlp_moe_layer_new_full (device, moe_hidden, moe_ffn, (guint) moe_experts, (guint) moe_topk,
+                                   GMLP_ACTIVATION_SWIGLU, GMLP_DTYPE_BFLOAT16,
+                                   GMLP_LINEAR_SINGLE_GROUPED_WEIGHT, error);
+  if (layer == NULL)
+    {
+      if (error != NULL && g_error_matches (*error, GMLP_ERROR, GMLP_ERROR_UNSUPPORTED))
+        g_prefix_error (error, "the MoE layer does not run on %s yet (its kernels are still to come; "
+                        "GMLP_DEVICE=cpu times it on the CPU): ", gmlp_device_get_name (device));
+      return FALSE;
+    }
+  x = balanced_tokens (device, error);
+  dy = x ? gmlp_grouped_tensor_new (device, GMLP_DTYPE_BFLOAT16, &moe_tokens, 1, moe_hidden, error) : NULL;
+  if (dy == NULL || !gmlp_grouped_tensor_fill_random (dy, 2, 1.0, error) ||
+      !balanced_gate (gmlp_moe_layer_get_router (layer), error))
+    return FALSE;
+  b.layer = layer;
+  b.x = x;
+  b.dy = dy;
+
+  /* Warm up; the routing of the last forward is the one the experts are
+   * then timed on, and it must be balanced (one host read, untimed). */
+  for (i = 0; i < 2; i++)
+    if (!op_moe_step (&b, i, error))
+      return FALSE;
+  routing = gmlp_moe_layer_get_routing (layer);
+  counts = gmlp_grouped_tensor_to_bytes (gmlp_routing_get_tokens_per_expert (routing), error);
+  if (counts == NULL)
+    return FALSE;
+  count = g_bytes_get_data (counts, NULL);
+  fewest = most = count[0];
+  for (i = 1; i < (guint) moe_experts; i++)
+    {
+      fewest = MIN (fewest, count[i]);
+      most = MAX (most, count[i]);
+    }
+  if (most - fewest > 1)
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_BACKEND,
+                   "the backend did not route as the gate says: %" G_GINT64_FORMAT " to %"
+                   G_GINT64_FORMAT " tokens per expert, not balanced", fewest, most);
+      return FALSE;
+    }
+
+  if (!time_op (device, op_moe_step, op_moe_step, &b, n, &layer_t, error) ||
+      !time_op (device, op_moe_forward, op_moe_forward, &b, n, &fwd_t, error))
+    return FALSE;
+
+  /* The experts alone: the layer's GroupedMLP on the layer's own
+   * permutation of the same tokens (device sizes, as in the layer). */
+  permuted = gmlp_routing_permute_full (routing, x, 0, 0.0, error);
+  sizes = permuted ? gmlp_grouped_tensor_get_sizes (permuted, error) : NULL;
+  dy_permuted = sizes ? gmlp_grouped_tensor_new_with_device_sizes (device, GMLP_DTYPE_BFLOAT16, sizes,
+                                                                   gmlp_grouped_tensor_get_row_capacity (permuted),
+                                                                   moe_hidden, error) : NULL;
+  if (dy_permuted == NULL || !gmlp_grouped_tensor_fill_random (dy_permuted, 3, 1.0, error))
+    return FALSE;
+  e.mlp = gmlp_moe_layer_get_experts (layer);
+  e.x = permuted;
+  e.dy = dy_permuted;
+  if (!rest (device, error) || !op_mlp_step (&e, 0, error) ||
+      !time_op (device, op_mlp_step, op_mlp_step, &e, n, &experts_t, error))
+    return FALSE;
+
+  common = g_strdup_printf ("{\"bench\":\"gmlp-moe\",\"device\":\"%s\",\"tokens\":%" G_GINT64_FORMAT
+                            ",\"hidden\":%" G_GINT64_FORMAT ",\"ffn\":%" G_GINT64_FORMAT
+                            ",\"experts\":%d,\"topk\":%d,\"routing\":\"balanced\",\"min_tokens\":%"
+                            G_GINT64_FORMAT ",\"max_tokens\":%" G_GINT64_FORMAT
+                            ",\"dtype\":\"bf16\",\"activation\":\"swiglu\"",
+                            gmlp_device_get_name (device), moe_tokens, moe_hidden, moe_ffn, moe_experts,
+                            moe_topk, fewest, most);
+  g_print ("%s,\"part\":\"experts\",\"rows\":%" G_GINT64_FORMAT ",\"ms\":%.4f,\"tflops\":%.4g,\"host_us\":%.1f}\n",
+           common, moe_tokens * moe_topk, experts_t.ms, flops / (experts_t.ms * 1e-3) / 1e12, experts_t.host_us);
+  g_print ("%s,\"part\":\"layer\",\"fwd_ms\":%.4f,\"fwd_host_us\":%.1f,\"ms\":%.4f,\"tflops\":%.4g"
+           ",\"host_us\":%.1f,\"over_experts\":%.4f}\n",
+           common, fwd_t.ms, fwd_t.host_us, layer_t.ms, flops / (layer_t.ms * 1e-3) / 1e12, layer_t.host_us,
+           layer_t.ms / experts_t.ms);
+  return TRUE;
+}
+
 int
 main (int argc, char *argv[])
 {
@@ -849,6 +1059,20 @@ main (int argc, char *argv[])
     }
 
   device = gmlp_device_get_default ();
+  if (moe_mode)
+    {
+      if (mlp_mode || offload_mode || quantize_mode || fp8_recipe != GMLP_SCALING_RECIPE_NONE)
+        {
+          g_printerr ("gmlp-bench: --moe times a BF16 layer alone: no --mlp, --offload, --quantize or --fp8\n");
+          return EXIT_FAILURE;
+        }
+      if (!rest (device, &error) || !bench_moe (device, &error))
+        {
+          g_printerr ("gmlp-bench: --moe: %s\n", error->message);
+          return EXIT_FAILURE;
+        }
+      return EXIT_SUCCESS;
+    }
   if (offload_mode)
     {
       if (!bench_offload (device, &error))

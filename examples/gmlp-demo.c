@@ -1,53 +1,120 @@
-/* gmlp-demo: train a Mixture-of-Experts expert block with libgmlp
+/* gmlp-demo: train a whole Mixture-of-Experts layer with libgmlp
  *
- * A student GroupedMLP learns to imitate a fixed random teacher GroupedMLP
- * of the same shape: the task has a known answer (the teacher), so the loss
- * must fall. Every step routes a batch of tokens to the experts with uneven
- * group sizes, runs the teacher forward for the targets, the student forward
- * and backward, and a plain SGD step on the student's parameters; it prints
- * the loss, tokens/s and TFLOP/s. Runs on the default device (a GPU when
- * there is one, else the CPU; GMLP_DEVICE chooses). With --fp8=RECIPE the
- * student trains in FP8 (both layers' products, the activation writing
- * FC2's input quantized), its delayed scales updated after every step; the
- * teacher stays in the working dtype.
+ * A student GmlpMoELayer learns to imitate a fixed teacher MoE layer of the
+ * same shape, router included. The teacher's gate is drawn so that its
+ * routing is confident and uneven (the gate row of expert e is scaled by
+ * 0.5 + e / (E - 1), so the later experts win more tokens): the routing the
+ * student must find is known. The student starts from the teacher's experts
+ * plus noise (half their spread: this fixes which student expert stands for
+ * which teacher expert, so that the routing can be compared expert by
+ * expert) and from a gate of its own, and learns by plain SGD on every
+ * parameter: the router's gate, the experts' weights and biases, and the
+ * shared expert's with --shared-ffn. The routing is Mixtral's (the softmax
+ * over every expert, the top-k renormalized to sum to 1), or with --top-k 1
+ * Switch's (the top-1 probability as it is).
+ *
+ * Every step draws fresh tokens, runs the teacher forward for the targets
+ * and the student forward and backward, and prints the loss, the student's
+ * load-balancing (aux) loss, the routing agreement (the fraction of the
+ * teacher's k choices the student also makes; chance is k / E), tokens/s,
+ * TFLOP/s and the fewest and most tokens one of the student's experts got.
+ * TFLOP/s counts the experts' products from the tokens per expert: a
+ * forward of a GroupedMLP over R routed rows is 2·R·hidden·(fc1_out + ffn)
+ * flops, fc1_out = 2·ffn for the gated activations (SwiGLU, GeGLU), so
+ * 2·R·hidden·ffn·3 (else ·2); a step is the teacher's forward plus the
+ * student's forward and backward (dgrad and wgrad, twice a forward):
+ * flops = F(R_teacher) + 3·F(R_student), plus the same for the shared
+ * expert over every token. The router's small gate product is not counted.
+ *
+ * --json FILE writes a header line and one JSON line per step; --plot FILE
+ * writes a PNG of the loss, the agreement and the load of every expert over
+ * the steps by running gmlp-demo-plot (a small Python script with
+ * matplotlib, found next to this program or on PATH) on those lines.
+ * --check makes the exit status say whether the student learned: the loss
+ * of the last quarter of the steps at most 70% of the first quarter's, and
+ * the agreement at least 0.1 higher.
+ *
+ * The device: --device, else GMLP_DEVICE, else a GPU when there is one,
+ * else the CPU. Where the MoE layer is not implemented yet (CUDA, until its
+ * router and permutation kernels land) a device chosen by default falls
+ * back to the CPU with a notice, so that the README's main command still
+ * trains; a device named with --device or GMLP_DEVICE is an error instead,
+ * since the numbers of another device would answer a question not asked.
  *
  * SPDX-License-Identifier: LGPL-2.1-or-later
  */
 
+#include <errno.h>
+#include <locale.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include <glib/gstdio.h>
 #include <gmlp.h>
 
+/* The student's experts start at the teacher's plus this much of a fresh
+ * draw of the same spread. */
+#define EXPERT_NOISE 0.5
+/* The teacher's logits have a spread of about this much. */
+#define TEACHER_GATE_SCALE 2.0
+
+static char *device_name = NULL;
 static gint experts = 8;
+static gint top_k = 2;
 static gint64 hidden = 256;
 static gint64 ffn = 512;
+static gint64 shared_ffn = 0;
 static gint64 tokens = 4096;
 static gint steps = 40;
 static double lr = 0.5;
+static double router_lr = 50.0;
+static double aux_loss_coeff = 1e-2;
 static gint64 seed = 1;
 static char *dtype_name = NULL;
 static char *activation_name = NULL;
 static char *fp8_recipe = NULL;
 static gboolean offload = FALSE;
 static gboolean recompute = FALSE;
+static char *json_path = NULL;
+static char *plot_path = NULL;
+static gboolean check = FALSE;
 
 static const GOptionEntry entries[] = {
+  { "device", 0, 0, G_OPTION_ARG_STRING, &device_name,
+    "cpu, cuda or cuda:N (default: GMLP_DEVICE, else a GPU when there is one, else the CPU)", "DEV" },
   { "experts", 'e', 0, G_OPTION_ARG_INT, &experts, "Number of experts (default 8)", "E" },
+  { "top-k", 0, 0, G_OPTION_ARG_INT, &top_k, "Experts per token (default 2)", "K" },
   { "hidden", 'k', 0, G_OPTION_ARG_INT64, &hidden, "Model width (default 256)", "H" },
   { "ffn", 'f', 0, G_OPTION_ARG_INT64, &ffn, "Expert FFN width (default 512)", "F" },
-  { "tokens", 't', 0, G_OPTION_ARG_INT64, &tokens, "Routed tokens per step (default 4096)", "T" },
+  { "shared-ffn", 0, 0, G_OPTION_ARG_INT64, &shared_ffn, "Width of a shared expert (default 0: none)", "F" },
+  { "tokens", 't', 0, G_OPTION_ARG_INT64, &tokens, "Tokens per step (default 4096)", "T" },
   { "steps", 's', 0, G_OPTION_ARG_INT, &steps, "Training steps (default 40)", "N" },
-  { "lr", 0, 0, G_OPTION_ARG_DOUBLE, &lr, "SGD learning rate (default 0.5)", "LR" },
+  { "lr", 0, 0, G_OPTION_ARG_DOUBLE, &lr, "SGD learning rate of the experts' weights and biases (default 0.5)", "LR" },
+  { "router-lr", 0, 0, G_OPTION_ARG_DOUBLE, &router_lr,
+    "SGD learning rate of the router's gate (default 50; 0 freezes it)", "LR" },
+  { "aux-loss-coeff", 0, 0, G_OPTION_ARG_DOUBLE, &aux_loss_coeff,
+    "The student's load-balancing loss coefficient (default 0.01)", "C" },
   { "seed", 0, 0, G_OPTION_ARG_INT64, &seed, "Random seed (default 1)", "S" },
   { "dtype", 'd', 0, G_OPTION_ARG_STRING, &dtype_name, "float32, float16 or bfloat16 (default: bfloat16 on a GPU, float32 on the CPU)", "T" },
   { "activation", 'a', 0, G_OPTION_ARG_STRING, &activation_name, "gelu, relu, srelu, swiglu or geglu (default swiglu)", "A" },
-  { "fp8", 0, 0, G_OPTION_ARG_STRING, &fp8_recipe, "Train in FP8: delayed, current, blockwise or mxfp8 (HYBRID format)", "R" },
+  { "fp8", 0, 0, G_OPTION_ARG_STRING, &fp8_recipe, "Not yet: the MoE layer takes no FP8 recipe (refused)", "R" },
   { "offload", 'o', 0, G_OPTION_ARG_NONE, &offload, "Offload saved activations to host memory", NULL },
   { "recompute", 'r', 0, G_OPTION_ARG_NONE, &recompute, "Recompute the activation in backward", NULL },
+  { "json", 0, 0, G_OPTION_ARG_FILENAME, &json_path, "Write the numbers of every step to FILE as JSON lines", "FILE" },
+  { "plot", 0, 0, G_OPTION_ARG_FILENAME, &plot_path,
+    "Write a PNG of the loss and of the load per expert over the steps (needs python3-matplotlib)", "FILE" },
+  { "check", 0, 0, G_OPTION_ARG_NONE, &check,
+    "Fail unless the loss fell and the routing agreement rose", NULL },
   { NULL }
 };
+
+/* What one step measured. */
+typedef struct {
+  double loss, aux_loss, agreement, seconds, flops;
+  gint64 fewest, most;
+} Step;
 
 static gboolean
 parse_enum (GType type, const char *nick, int *value)
@@ -61,27 +128,77 @@ parse_enum (GType type, const char *nick, int *value)
   return TRUE;
 }
 
-/* Uneven routing: token t goes to expert e with probability ∝ e + 1, drawn
- * afresh every step. */
-static void
-route (GRand *rand, gint64 *rows)
+static GmlpMoELayer *
+make_layer (GmlpDevice *device, GmlpDType dtype, int activation, GmlpLinearFlags flags,
+            double aux_coeff, GError **error)
 {
-  double total = experts * (experts + 1) / 2.0;
-  gint64 t;
-  int e;
+  return g_initable_new (GMLP_TYPE_MOE_LAYER, NULL, error,
+                         "device", device, "hidden", hidden, "ffn-hidden", ffn,
+                         "n-experts", (guint) experts, "top-k", (guint) top_k,
+                         "activation", activation, "dtype", dtype, "flags", flags,
+                         "shared-expert-ffn-hidden", shared_ffn,
+                         "aux-loss-coeff", aux_coeff,
+                         /* Top-1 renormalized would weigh every token's
+                          * expert by 1, and the task's loss would teach the
+                          * gate nothing: top-1 keeps its probability, as
+                          * Switch Transformer's routing does. */
+                         "renormalize", top_k > 1, NULL);
+}
 
-  memset (rows, 0, sizeof (gint64) * experts);
-  for (t = 0; t < tokens; t++)
+/* A standard normal draw (Box-Muller). */
+static double
+gaussian (GRand *rand)
+{
+  double u = 1.0 - g_rand_double (rand), v = g_rand_double (rand);
+
+  return sqrt (-2.0 * log (u)) * cos (2.0 * G_PI * v);
+}
+
+/* The teacher's gate: Gaussian rows of a spread that makes confident
+ * logits, row e scaled by 0.5 + e / (E - 1) so that the load is uneven. */
+static gboolean
+set_teacher_gate (GmlpRouter *router, GRand *rand, GError **error)
+{
+  gsize n = (gsize) experts * hidden, i;
+  float *w = g_new (float, n);
+  g_autoptr(GBytes) bytes = NULL;
+
+  for (i = 0; i < n; i++)
     {
-      double u = g_rand_double (rand) * total;
-      for (e = 0; e < experts - 1 && u >= e + 1; e++)
-        u -= e + 1;
-      rows[e]++;
+      gint64 e = (gint64) (i / hidden);
+      double row_scale = experts > 1 ? 0.5 + (double) e / (experts - 1) : 1.0;
+
+      w[i] = (float) (gaussian (rand) * TEACHER_GATE_SCALE / sqrt ((double) hidden) * row_scale);
     }
+  bytes = g_bytes_new_take (w, n * sizeof (float));
+  return gmlp_router_set_weight_from_bytes (router, bytes, error);
+}
+
+/* student = teacher + EXPERT_NOISE · student: the student's own draw, of
+ * the same spread as the teacher's, becomes the noise. */
+static gboolean
+perturb_copy (GmlpGroupedTensor *student, GmlpGroupedTensor *teacher, GError **error)
+{
+  return gmlp_grouped_tensor_scale (student, EXPERT_NOISE, error) &&
+         gmlp_grouped_tensor_add_scaled (student, 1.0, teacher, error);
 }
 
 static gboolean
-sgd_step (GmlpGroupedLinear *layer, GError **error)
+perturb_copy_mlp (GmlpGroupedMLP *student, GmlpGroupedMLP *teacher, GError **error)
+{
+  GmlpGroupedLinear *s[2] = { gmlp_grouped_mlp_get_fc1 (student), gmlp_grouped_mlp_get_fc2 (student) };
+  GmlpGroupedLinear *t[2] = { gmlp_grouped_mlp_get_fc1 (teacher), gmlp_grouped_mlp_get_fc2 (teacher) };
+  int i;
+
+  for (i = 0; i < 2; i++)
+    if (!perturb_copy (gmlp_grouped_linear_get_weight (s[i]), gmlp_grouped_linear_get_weight (t[i]), error) ||
+        !perturb_copy (gmlp_grouped_linear_get_bias (s[i]), gmlp_grouped_linear_get_bias (t[i]), error))
+      return FALSE;
+  return TRUE;
+}
+
+static gboolean
+sgd_linear (GmlpGroupedLinear *layer, GError **error)
 {
   return gmlp_grouped_tensor_add_scaled (gmlp_grouped_linear_get_weight (layer), -lr,
                                          gmlp_grouped_linear_get_wgrad (layer), error) &&
@@ -89,44 +206,237 @@ sgd_step (GmlpGroupedLinear *layer, GError **error)
                                          gmlp_grouped_linear_get_bgrad (layer), error);
 }
 
+/* SGD on every parameter of the layer. */
+static gboolean
+sgd_step (GmlpMoELayer *layer, GError **error)
+{
+  GmlpGroupedMLP *mlp[2] = { gmlp_moe_layer_get_experts (layer), gmlp_moe_layer_get_shared_expert (layer) };
+  GmlpRouter *router = gmlp_moe_layer_get_router (layer);
+  int i;
+
+  for (i = 0; i < 2; i++)
+    if (mlp[i] != NULL &&
+        (!sgd_linear (gmlp_grouped_mlp_get_fc1 (mlp[i]), error) ||
+         !sgd_linear (gmlp_grouped_mlp_get_fc2 (mlp[i]), error)))
+      return FALSE;
+  return router_lr == 0.0 ||
+         gmlp_grouped_tensor_add_scaled (gmlp_router_get_weight (router), -router_lr,
+                                         gmlp_router_get_wgrad (router), error);
+}
+
+/* A device tensor's values on the host (waits for the device). */
+static gpointer
+read_values (GmlpGroupedTensor *tensor, gsize size, GError **error)
+{
+  g_autoptr(GBytes) bytes = gmlp_grouped_tensor_to_bytes (tensor, error);
+
+  if (bytes == NULL)
+    return NULL;
+  g_assert (g_bytes_get_size (bytes) == size);
+  return g_memdup2 (g_bytes_get_data (bytes, NULL), size);
+}
+
+/* The fraction of the teacher's choices that the student also made. */
+static double
+agreement (const gint64 *teacher, const gint64 *student)
+{
+  gint64 same = 0, t;
+  int i, j;
+
+  for (t = 0; t < tokens; t++)
+    for (i = 0; i < top_k; i++)
+      for (j = 0; j < top_k; j++)
+        same += student[t * top_k + i] == teacher[t * top_k + j];
+  return (double) same / ((double) tokens * top_k);
+}
+
+/* One forward's flops of a GroupedMLP over rows rows (see the top). */
+static double
+mlp_flops (GmlpGroupedMLP *mlp, gint64 rows)
+{
+  GmlpGroupedLinear *fc1 = gmlp_grouped_mlp_get_fc1 (mlp), *fc2 = gmlp_grouped_mlp_get_fc2 (mlp);
+
+  return 2.0 * rows * hidden * (gmlp_grouped_linear_get_out_features (fc1) +
+                                gmlp_grouped_linear_get_in_features (fc2));
+}
+
+/* A number for JSON, whatever the locale; null when not finite. */
+static void
+append_json_number (GString *line, const char *key, double value)
+{
+  char buf[G_ASCII_DTOSTR_BUF_SIZE];
+
+  if (isfinite (value))
+    g_string_append_printf (line, ",\"%s\":%s", key, g_ascii_formatd (buf, sizeof buf, "%.6g", value));
+  else
+    g_string_append_printf (line, ",\"%s\":null", key);
+}
+
+static void
+append_json_counts (GString *line, const char *key, const gint64 *counts)
+{
+  int e;
+
+  g_string_append_printf (line, ",\"%s\":[", key);
+  for (e = 0; e < experts; e++)
+    g_string_append_printf (line, "%s%" G_GINT64_FORMAT, e ? "," : "", counts[e]);
+  g_string_append_c (line, ']');
+}
+
+/* The plot script next to this program (the build tree, or the installed
+ * bindir), else on PATH. */
+static char *
+find_plot_script (void)
+{
+  g_autofree char *self = g_file_read_link ("/proc/self/exe", NULL);
+
+  if (self != NULL)
+    {
+      g_autofree char *dir = g_path_get_dirname (self);
+      g_autofree char *path = g_build_filename (dir, "gmlp-demo-plot", NULL);
+
+      if (g_file_test (path, G_FILE_TEST_IS_EXECUTABLE))
+        return g_steal_pointer (&path);
+    }
+  return g_find_program_in_path ("gmlp-demo-plot");
+}
+
+static gboolean
+run_plot_script (const char *script, const char *arg1, const char *arg2, GError **error)
+{
+  const char *argv[] = { script, arg1, arg2, NULL };
+  int status;
+
+  return g_spawn_sync (NULL, (char **) argv, NULL, G_SPAWN_DEFAULT, NULL, NULL, NULL, NULL, &status, error) &&
+         g_spawn_check_wait_status (status, error);
+}
+
+/* Whether the file starts as a PNG does. */
+static gboolean
+is_png (const char *path)
+{
+  static const guchar signature[8] = { 0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n' };
+  g_autofree char *contents = NULL;
+  gsize length;
+
+  return g_file_get_contents (path, &contents, &length, NULL) && length > sizeof signature &&
+         memcmp (contents, signature, sizeof signature) == 0;
+}
+
+static double
+mean_of (const Step *s, int from, int to, gsize offset)
+{
+  double sum = 0.0;
+  int i;
+
+  for (i = from; i < to; i++)
+    sum += G_STRUCT_MEMBER (double, &s[i], offset);
+  return sum / (to - from);
+}
+
+static double
+mean_count_of (const Step *s, int from, int to, gboolean most)
+{
+  double sum = 0.0;
+  int i;
+
+  for (i = from; i < to; i++)
+    sum += most ? s[i].most : s[i].fewest;
+  return sum / (to - from);
+}
+
+/* The table at the end: the means of the first and the last quarter of
+ * the steps (what --check compares), and the throughput. */
+static void
+print_summary (const Step *s, int n, GmlpDevice *device)
+{
+  int q = MAX (n / 4, 1), last = n - q, i;
+  double seconds = 0.0, flops = 0.0;
+
+  g_print ("\nsummary: %d steps on %s, means over the first and the last %d step%s\n", n,
+           gmlp_device_get_name (device), q, q > 1 ? "s" : "");
+  g_print ("  %-26s %12s %12s\n", "", "first", "last");
+  g_print ("  %-26s %12.6f %12.6f  (%.1f%% of the first)\n", "loss",
+           mean_of (s, 0, q, G_STRUCT_OFFSET (Step, loss)), mean_of (s, last, n, G_STRUCT_OFFSET (Step, loss)),
+           100.0 * mean_of (s, last, n, G_STRUCT_OFFSET (Step, loss)) / mean_of (s, 0, q, G_STRUCT_OFFSET (Step, loss)));
+  g_print ("  %-26s %12.6f %12.6f\n", "aux loss",
+           mean_of (s, 0, q, G_STRUCT_OFFSET (Step, aux_loss)), mean_of (s, last, n, G_STRUCT_OFFSET (Step, aux_loss)));
+  g_print ("  %-26s %12.3f %12.3f  (chance %.3f)\n", "routing agreement",
+           mean_of (s, 0, q, G_STRUCT_OFFSET (Step, agreement)),
+           mean_of (s, last, n, G_STRUCT_OFFSET (Step, agreement)), (double) top_k / experts);
+  g_print ("  %-26s %12.1f %12.1f  (even: %.1f)\n", "fewest tokens per expert",
+           mean_count_of (s, 0, q, FALSE), mean_count_of (s, last, n, FALSE), (double) tokens * top_k / experts);
+  g_print ("  %-26s %12.1f %12.1f\n", "most tokens per expert",
+           mean_count_of (s, 0, q, TRUE), mean_count_of (s, last, n, TRUE));
+  /* The first step warms up. */
+  for (i = 1; i < n; i++)
+    {
+      seconds += s[i].seconds;
+      flops += s[i].flops;
+    }
+  if (n > 1)
+    g_print ("  throughput over steps 2-%d: %.0f tokens/s, %.3f TFLOP/s\n", n,
+             tokens * (n - 1) / seconds, flops / seconds / 1e12);
+}
+
+/* --check: whether the student learned (see the top). */
+static gboolean
+check_learned (const Step *s, int n)
+{
+  int q = MAX (n / 4, 1), last = n - q;
+  double loss0 = mean_of (s, 0, q, G_STRUCT_OFFSET (Step, loss));
+  double loss1 = mean_of (s, last, n, G_STRUCT_OFFSET (Step, loss));
+  double agree0 = mean_of (s, 0, q, G_STRUCT_OFFSET (Step, agreement));
+  double agree1 = mean_of (s, last, n, G_STRUCT_OFFSET (Step, agreement));
+  gboolean loss_ok = loss1 <= 0.7 * loss0, agree_ok = agree1 >= agree0 + 0.1;
+
+  g_print ("check: the loss fell to %.1f%% of its start (at most 70%%): %s\n", 100.0 * loss1 / loss0,
+           loss_ok ? "ok" : "FAILED");
+  g_print ("check: the routing agreement rose by %+.3f (at least +0.100): %s\n", agree1 - agree0,
+           agree_ok ? "ok" : "FAILED");
+  return loss_ok && agree_ok;
+}
+
 int
 main (int argc, char *argv[])
 {
-  g_autoptr(GOptionContext) context = g_option_context_new ("- train a MoE expert block on a teacher");
+  g_autoptr(GOptionContext) context = g_option_context_new ("- train a Mixture-of-Experts layer on a teacher");
   g_autoptr(GError) error = NULL;
-  g_autoptr(GmlpGroupedMLP) teacher = NULL, student = NULL;
+  g_autoptr(GmlpMoELayer) teacher = NULL, student = NULL;
   g_autoptr(GmlpOffloadContext) offload_ctx = NULL;
-  g_autofree gint64 *rows = NULL;
-  GmlpDevice *device;
-  GmlpDType dtype;
+  g_autoptr(GmlpDevice) device = NULL;
+  g_autoptr(GmlpGroupedTensor) x = NULL;
+  g_autofree Step *record = NULL;
+  g_autofree char *plot_script = NULL, *json_tmp = NULL;
+  g_autoptr(GRand) rand = NULL;
+  FILE *json = NULL;
+  gboolean named_device, dtype_given;
+  GmlpDType dtype = GMLP_DTYPE_FLOAT32;
   int activation = GMLP_ACTIVATION_SWIGLU;
-  int recipe = GMLP_SCALING_RECIPE_NONE;
   GmlpLinearFlags flags = GMLP_LINEAR_BIAS | GMLP_LINEAR_SINGLE_GROUPED_WEIGHT;
-  double first_loss = NAN, last_loss = NAN, flops_per_step, total_s = 0.0;
-  gint64 fc1_out;
-  GRand *rand;
-  int step;
+  int step, status = EXIT_SUCCESS;
 
+  setlocale (LC_ALL, "");
   g_option_context_add_main_entries (context, entries, NULL);
   if (!g_option_context_parse (context, &argc, &argv, &error))
     goto fail;
-  if (experts < 1 || hidden < 1 || ffn < 1 || tokens < 1 || steps < 1 || !(lr > 0))
+  if (experts < 1 || top_k < 1 || hidden < 1 || ffn < 1 || shared_ffn < 0 || tokens < 1 || steps < 1 ||
+      !(lr > 0) || !(router_lr >= 0) || !(aux_loss_coeff >= 0))
     {
-      g_printerr ("gmlp-demo: experts, sizes, steps and lr must be positive\n");
+      g_printerr ("gmlp-demo: experts, top-k, sizes, steps and lr must be positive, shared-ffn, "
+                  "router-lr and aux-loss-coeff not negative\n");
       return EXIT_FAILURE;
     }
-  if (fp8_recipe != NULL &&
-      (!parse_enum (GMLP_TYPE_SCALING_RECIPE, fp8_recipe, &recipe) || recipe == GMLP_SCALING_RECIPE_NONE))
+  if (check && steps < 4)
     {
-      g_printerr ("gmlp-demo: unknown FP8 recipe %s (delayed, current, blockwise or mxfp8)\n", fp8_recipe);
+      g_printerr ("gmlp-demo: --check compares the first and the last quarter of the steps: "
+                  "it needs 4 steps at least\n");
       return EXIT_FAILURE;
     }
-
-  device = gmlp_device_get_default ();
-  dtype = gmlp_device_get_kind (device) == GMLP_DEVICE_KIND_CUDA ? GMLP_DTYPE_BFLOAT16 : GMLP_DTYPE_FLOAT32;
-  if (dtype_name != NULL && !parse_enum (GMLP_TYPE_DTYPE, dtype_name, (int *) &dtype))
+  if (fp8_recipe != NULL)
     {
-      g_printerr ("gmlp-demo: unknown dtype %s\n", dtype_name);
+      g_printerr ("gmlp-demo: --fp8=%s: the MoE layer does not take FP8 recipes yet (issue 43); "
+                  "the demo trains in --dtype\n", fp8_recipe);
       return EXIT_FAILURE;
     }
   if (activation_name != NULL && !parse_enum (GMLP_TYPE_ACTIVATION, activation_name, &activation))
@@ -134,100 +444,246 @@ main (int argc, char *argv[])
       g_printerr ("gmlp-demo: unknown activation %s\n", activation_name);
       return EXIT_FAILURE;
     }
+  dtype_given = dtype_name != NULL;
+  if (dtype_given && !parse_enum (GMLP_TYPE_DTYPE, dtype_name, (int *) &dtype))
+    {
+      g_printerr ("gmlp-demo: unknown dtype %s\n", dtype_name);
+      return EXIT_FAILURE;
+    }
   if (recompute)
     flags |= GMLP_LINEAR_RECOMPUTE_ACTIVATION;
+  /* Before training, so that a missing matplotlib costs no steps. */
+  if (plot_path != NULL)
+    {
+      plot_script = find_plot_script ();
+      if (plot_script == NULL)
+        {
+          g_printerr ("gmlp-demo: --plot: gmlp-demo-plot is neither next to gmlp-demo nor on PATH\n");
+          return EXIT_FAILURE;
+        }
+      if (!run_plot_script (plot_script, "--check", NULL, &error))
+        {
+          g_printerr ("gmlp-demo: --plot: %s cannot plot: %s\n", plot_script, error->message);
+          return EXIT_FAILURE;
+        }
+    }
 
-  teacher = gmlp_grouped_mlp_new_full (device, experts, hidden, ffn, activation, dtype, flags, &error);
-  student = teacher ? gmlp_grouped_mlp_new_full (device, experts, hidden, ffn, activation, dtype, flags, &error) : NULL;
-  if (student == NULL ||
-      !gmlp_grouped_mlp_init_parameters (teacher, (guint64) seed, &error) ||
-      !gmlp_grouped_mlp_init_parameters (student, (guint64) seed + 1000, &error))
+  named_device = device_name != NULL || (g_getenv ("GMLP_DEVICE") != NULL && g_getenv ("GMLP_DEVICE")[0] != '\0');
+  if (device_name != NULL)
+    device = gmlp_device_new_from_string (device_name, &error);
+  else
+    device = g_object_ref (gmlp_device_get_default ());
+  if (device == NULL)
     goto fail;
-  /* FP8: six quantizers for the student's two layers (per-tensor recipes
-   * need sizes that are multiples of 16; the error says so). */
-  if (recipe != GMLP_SCALING_RECIPE_NONE &&
-      !gmlp_grouped_mlp_set_fp8_recipe (student, recipe, GMLP_FP8_FORMAT_HYBRID, &error))
+  for (;;)
+    {
+      if (!dtype_given)
+        dtype = gmlp_device_get_kind (device) == GMLP_DEVICE_KIND_CUDA ? GMLP_DTYPE_BFLOAT16 : GMLP_DTYPE_FLOAT32;
+      teacher = make_layer (device, dtype, activation, flags, 0.0, &error);
+      if (teacher != NULL || !g_error_matches (error, GMLP_ERROR, GMLP_ERROR_UNSUPPORTED) ||
+          gmlp_device_get_kind (device) == GMLP_DEVICE_KIND_CPU)
+        break;
+      if (named_device)
+        {
+          g_printerr ("gmlp-demo: the MoE layer does not run on %s yet (%s); "
+                      "run with --device cpu\n", gmlp_device_get_name (device), error->message);
+          return EXIT_FAILURE;
+        }
+      g_print ("gmlp-demo: notice: the MoE layer does not run on %s yet (%s); training on the CPU instead\n",
+               gmlp_device_get_name (device), error->message);
+      g_clear_error (&error);
+      g_clear_object (&device);
+      device = gmlp_device_new (GMLP_DEVICE_KIND_CPU, 0, &error);
+      if (device == NULL)
+        goto fail;
+    }
+  if (teacher == NULL)
+    goto fail;
+  student = make_layer (device, dtype, activation, flags, aux_loss_coeff, &error);
+  rand = g_rand_new_with_seed ((guint32) seed);
+  if (student == NULL ||
+      !gmlp_moe_layer_init_parameters (teacher, (guint64) seed, &error) ||
+      !gmlp_moe_layer_init_parameters (student, (guint64) seed + 1000, &error) ||
+      !set_teacher_gate (gmlp_moe_layer_get_router (teacher), rand, &error) ||
+      !perturb_copy_mlp (gmlp_moe_layer_get_experts (student), gmlp_moe_layer_get_experts (teacher), &error) ||
+      (shared_ffn > 0 &&
+       !perturb_copy_mlp (gmlp_moe_layer_get_shared_expert (student),
+                          gmlp_moe_layer_get_shared_expert (teacher), &error)))
     goto fail;
   if (offload && (offload_ctx = gmlp_offload_context_new (device, &error)) == NULL)
     goto fail;
+  x = gmlp_grouped_tensor_new (device, dtype, &tokens, 1, hidden, &error);
+  if (x == NULL)
+    goto fail;
 
-  fc1_out = gmlp_grouped_linear_get_out_features (gmlp_grouped_mlp_get_fc1 (student));
-  /* Teacher forward, student forward and backward (dgrad and wgrad). */
-  flops_per_step = 2.0 * tokens * (hidden * fc1_out + ffn * hidden) * 4;
-  g_print ("gmlp-demo: libgmlp %s on %s, %s, %d experts, %" G_GINT64_FORMAT " -> %" G_GINT64_FORMAT
-           " -> %" G_GINT64_FORMAT ", %s, %" G_GINT64_FORMAT " tokens/step%s%s%s%s\n",
-           GMLP_VERSION_S, gmlp_device_get_name (device), gmlp_dtype_get_name (dtype), experts,
-           hidden, fc1_out, hidden, activation_name ? activation_name : "swiglu", tokens,
-           recipe != GMLP_SCALING_RECIPE_NONE ? ", fp8 " : "",
-           recipe != GMLP_SCALING_RECIPE_NONE ? fp8_recipe : "",
-           offload ? ", offload" : "", recompute ? ", recompute" : "");
+  if (plot_path != NULL && json_path == NULL)
+    {
+      int fd = g_file_open_tmp ("gmlp-demo-XXXXXX.jsonl", &json_tmp, &error);
 
-  rand = g_rand_new_with_seed ((guint32) seed);
-  rows = g_new (gint64, experts);
+      if (fd < 0)
+        goto fail;
+      json = fdopen (fd, "w");
+    }
+  else if (json_path != NULL)
+    json = fopen (json_path, "w");
+  if ((json_path != NULL || plot_path != NULL) && json == NULL)
+    {
+      g_printerr ("gmlp-demo: cannot write %s: %s\n", json_path ? json_path : json_tmp, g_strerror (errno));
+      status = EXIT_FAILURE;
+      goto out;
+    }
+
+  g_print ("gmlp-demo: libgmlp %s on %s, %s, MoE layer of %d experts, top-%d, %" G_GINT64_FORMAT " -> %"
+           G_GINT64_FORMAT " -> %" G_GINT64_FORMAT ", %s%s, %" G_GINT64_FORMAT " tokens/step%s%s\n",
+           GMLP_VERSION_S, gmlp_device_get_name (device), gmlp_dtype_get_name (dtype), experts, top_k,
+           hidden, gmlp_grouped_linear_get_out_features (gmlp_grouped_mlp_get_fc1 (gmlp_moe_layer_get_experts (student))),
+           hidden, activation_name ? activation_name : "swiglu", shared_ffn > 0 ? ", shared expert" : "",
+           tokens, offload ? ", offload" : "", recompute ? ", recompute" : "");
+  g_print ("  agree: the share of the teacher's expert choices the student makes too (chance %.3f)\n"
+           "  load: the fewest and the most tokens that one of the student's experts got\n"
+           "  TFLOP/s: the experts' products, 2 x rows x hidden x (fc1 width + ffn) a forward, rows from\n"
+           "    the tokens per expert; a step is the teacher's forward, the student's forward and its\n"
+           "    backward (two forwards' worth)\n", (double) top_k / experts);
+  if (json != NULL)
+    {
+      g_autoptr(GString) line = g_string_new ("{\"demo\":\"gmlp-demo\"");
+
+      g_string_append_printf (line, ",\"device\":\"%s\",\"dtype\":\"%s\",\"experts\":%d,\"top_k\":%d"
+                              ",\"tokens\":%" G_GINT64_FORMAT ",\"hidden\":%" G_GINT64_FORMAT
+                              ",\"ffn\":%" G_GINT64_FORMAT ",\"shared_ffn\":%" G_GINT64_FORMAT,
+                              gmlp_device_get_name (device), gmlp_dtype_get_name (dtype), experts, top_k,
+                              tokens, hidden, ffn, shared_ffn);
+      fprintf (json, "%s}\n", line->str);
+    }
+
+  record = g_new0 (Step, steps);
   for (step = 1; step <= steps; step++)
     {
-      g_autoptr(GmlpGroupedTensor) x = NULL, target = NULL, y = NULL, dx = NULL;
+      g_autoptr(GmlpGroupedTensor) target = NULL, y = NULL, dx = NULL;
       g_autoptr(GmlpSavedActivations) saved = NULL;
-      gint64 start = g_get_monotonic_time ();
-      double sum_sq, loss, seconds;
+      g_autoptr(GmlpRouting) teacher_routing = NULL, student_routing = NULL;
+      g_autofree gint64 *teacher_idx = NULL, *student_idx = NULL, *teacher_load = NULL, *student_load = NULL;
+      g_autofree float *aux = NULL;
+      gint64 start = g_get_monotonic_time (), rows_teacher = 0, rows_student = 0;
+      Step *s = &record[step - 1];
+      double sum_sq;
+      int e;
 
-      route (rand, rows);
-      x = gmlp_grouped_tensor_new (device, dtype, rows, experts, hidden, &error);
-      if (x == NULL || !gmlp_grouped_tensor_fill_random (x, (guint64) seed * 100003 + step, 1.0, &error))
+      if (!gmlp_grouped_tensor_fill_random (x, (guint64) seed * 100003 + step, 1.0, &error))
         goto fail;
-      target = gmlp_grouped_mlp_forward (teacher, x, NULL, &error);
+      target = gmlp_moe_layer_forward (teacher, x, NULL, &error);
       if (target == NULL)
         goto fail;
+      teacher_routing = gmlp_moe_layer_get_routing (teacher);
 
       if (offload_ctx != NULL)
         gmlp_offload_context_push_thread_default (offload_ctx, TRUE);
-      y = gmlp_grouped_mlp_forward (student, x, &saved, &error);
+      y = gmlp_moe_layer_forward (student, x, &saved, &error);
       if (offload_ctx != NULL)
         gmlp_offload_context_pop_thread_default (offload_ctx, NULL);
       if (y == NULL)
         goto fail;
+      student_routing = gmlp_moe_layer_get_routing (student);
 
-      /* loss = Σ (y - t)² / 2T, so dy = (y - t) / T, computed in place in y. */
+      /* loss = Σ (y - t)² / 2T, so dy = (y - t) / T, computed in place in
+       * y; the router's aux loss adds its own gradient in the backward. */
       if (!gmlp_grouped_tensor_add_scaled (y, -1.0, target, &error) ||
           (sum_sq = gmlp_grouped_tensor_sum_squares (y, &error)) < 0 ||
           !gmlp_grouped_tensor_scale (y, 1.0 / tokens, &error))
         goto fail;
-      loss = sum_sq / (2.0 * tokens);
+      s->loss = sum_sq / (2.0 * tokens);
 
-      dx = gmlp_grouped_mlp_backward (student, saved, y, &error);
-      if (dx == NULL ||
-          !sgd_step (gmlp_grouped_mlp_get_fc1 (student), &error) ||
-          !sgd_step (gmlp_grouped_mlp_get_fc2 (student), &error) ||
-          /* Delayed scaling: this step's amaxes make the next step's
-           * scales (nothing to do for the other recipes). */
-          !gmlp_grouped_mlp_update_quantizers (student, &error) ||
-          !gmlp_device_synchronize (device, &error))
+      dx = gmlp_moe_layer_backward (student, saved, y, &error);
+      if (dx == NULL || !sgd_step (student, &error) || !gmlp_device_synchronize (device, &error))
         goto fail;
+      s->seconds = (g_get_monotonic_time () - start) / 1e6;
 
-      seconds = (g_get_monotonic_time () - start) / 1e6;
-      if (step > 1)
-        total_s += seconds;   /* the first step warms up */
-      if (step == 1)
-        first_loss = loss;
-      last_loss = loss;
-      g_print ("step %4d  loss %.6f  %10.0f tokens/s  %8.3f TFLOP/s\n", step, loss,
-               tokens / seconds, flops_per_step / seconds / 1e12);
-      if (!isfinite (loss))
+      /* The statistics, read after the timed step: the routings of both. */
+      if ((teacher_idx = read_values (gmlp_routing_get_indices (teacher_routing),
+                                      sizeof (gint64) * tokens * top_k, &error)) == NULL ||
+          (student_idx = read_values (gmlp_routing_get_indices (student_routing),
+                                      sizeof (gint64) * tokens * top_k, &error)) == NULL ||
+          (teacher_load = read_values (gmlp_routing_get_tokens_per_expert (teacher_routing),
+                                       sizeof (gint64) * experts, &error)) == NULL ||
+          (student_load = read_values (gmlp_routing_get_tokens_per_expert (student_routing),
+                                       sizeof (gint64) * experts, &error)) == NULL ||
+          (aux = read_values (gmlp_routing_get_aux_loss (student_routing), sizeof (float), &error)) == NULL)
+        goto fail;
+      s->aux_loss = aux[0];
+      s->agreement = agreement (teacher_idx, student_idx);
+      s->fewest = s->most = student_load[0];
+      for (e = 0; e < experts; e++)
         {
-          g_printerr ("gmlp-demo: the loss diverged; try a smaller --lr\n");
-          g_rand_free (rand);
-          return EXIT_FAILURE;
+          rows_teacher += teacher_load[e];
+          rows_student += student_load[e];
+          s->fewest = MIN (s->fewest, student_load[e]);
+          s->most = MAX (s->most, student_load[e]);
+        }
+      s->flops = mlp_flops (gmlp_moe_layer_get_experts (student), rows_teacher) +
+                 3.0 * mlp_flops (gmlp_moe_layer_get_experts (student), rows_student);
+      if (shared_ffn > 0)
+        s->flops += 4.0 * mlp_flops (gmlp_moe_layer_get_shared_expert (student), tokens);
+
+      g_print ("step %4d  loss %.6f  aux %.6f  agree %.3f  %10.0f tokens/s  %8.3f TFLOP/s"
+               "  load %" G_GINT64_FORMAT "-%" G_GINT64_FORMAT "\n", step, s->loss, s->aux_loss,
+               s->agreement, tokens / s->seconds, s->flops / s->seconds / 1e12, s->fewest, s->most);
+      if (json != NULL)
+        {
+          g_autoptr(GString) line = g_string_new (NULL);
+
+          g_string_append_printf (line, "{\"step\":%d", step);
+          append_json_number (line, "loss", s->loss);
+          append_json_number (line, "aux_loss", s->aux_loss);
+          append_json_number (line, "agreement", s->agreement);
+          append_json_number (line, "seconds", s->seconds);
+          append_json_number (line, "tokens_per_s", tokens / s->seconds);
+          append_json_number (line, "tflops", s->flops / s->seconds / 1e12);
+          append_json_counts (line, "load", student_load);
+          append_json_counts (line, "teacher_load", teacher_load);
+          fprintf (json, "%s}\n", line->str);
+          fflush (json);
+        }
+      if (!isfinite (s->loss))
+        {
+          g_printerr ("gmlp-demo: the loss diverged; try a smaller --lr or --router-lr\n");
+          status = EXIT_FAILURE;
+          goto out;
         }
     }
-  g_rand_free (rand);
 
-  g_print ("summary: loss %.6f -> %.6f (%.1f%% of the first), %.0f tokens/s, %.3f TFLOP/s over steps 2-%d\n",
-           first_loss, last_loss, 100.0 * last_loss / first_loss,
-           steps > 1 ? tokens * (steps - 1) / total_s : 0.0,
-           steps > 1 ? flops_per_step * (steps - 1) / total_s / 1e12 : 0.0, steps);
-  return last_loss < first_loss ? EXIT_SUCCESS : EXIT_FAILURE;
+  print_summary (record, steps, device);
+  if (json != NULL && fclose (json) != 0)
+    {
+      json = NULL;
+      g_printerr ("gmlp-demo: cannot write %s: %s\n", json_path ? json_path : json_tmp, g_strerror (errno));
+      status = EXIT_FAILURE;
+      goto out;
+    }
+  json = NULL;
+  if (plot_path != NULL)
+    {
+      if (!run_plot_script (plot_script, json_path ? json_path : json_tmp, plot_path, &error) ||
+          !is_png (plot_path))
+        {
+          g_printerr ("gmlp-demo: --plot: %s did not write a PNG to %s%s%s\n", plot_script, plot_path,
+                      error ? ": " : "", error ? error->message : "");
+          status = EXIT_FAILURE;
+          goto out;
+        }
+      g_print ("plot: %s\n", plot_path);
+    }
+  if (check && !check_learned (record, steps))
+    status = EXIT_FAILURE;
+
+out:
+  if (json != NULL)
+    fclose (json);
+  if (json_tmp != NULL)
+    g_unlink (json_tmp);
+  return status;
 
 fail:
   g_printerr ("gmlp-demo: %s\n", error != NULL ? error->message : "failed");
-  return EXIT_FAILURE;
+  status = EXIT_FAILURE;
+  goto out;
 }
