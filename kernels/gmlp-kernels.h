@@ -365,6 +365,88 @@ GmlpKernelStatus gmlp_kernel_grouped_bias_grad_device (const GmlpKernelGroupedSh
                                                        void                         *workspace,
                                                        cudaStream_t                  stream);
 
+/* Token permutation (permute.cu): the backend's routing_count,
+ * routing_map and permute entries, whose contract is the comment above
+ * GmlpBackendRoutingMap in libgmlp/backend/gmlp-backend.h (slots, row_of,
+ * choice_of, padding, expert capacity). Everything that depends on the
+ * indices is made and read on the device: no call waits or allocates, so
+ * each can be captured in a graph. Results do not depend on scheduling
+ * (no floating-point atomics); the map, and every row and sum but the dot
+ * products of grad_probs, equal the CPU backend's bit for bit.
+ *
+ * counts[e] = the indices equal to e, for e < n_experts (indices out of
+ * range count nowhere); every count is written. */
+GmlpKernelStatus gmlp_kernel_routing_count    (const int64_t                *indices,
+                                               int64_t                       n_choices,
+                                               uint32_t                      n_experts,
+                                               int64_t                      *counts,
+                                               cudaStream_t                  stream);
+
+/* The map of a routing (GmlpBackendRoutingMap): sizes (n_experts), row_of
+ * (T × k) and choice_of (row_capacity), every element written. n_experts
+ * 1 .. 65535; padding 1 .. 2^62; expert_capacity -1 (dropless) or the
+ * most choices an expert keeps. row_capacity must bound Σ sizes (the
+ * host's bound): a choice whose slot would fall past it is dropped instead
+ * of written. Five stream operations (a memset of choice_of, then counts
+ * per tile, a scan, the sizes and the scatter) in workspace
+ * (gmlp_kernel_routing_map_workspace_bytes(), 8-byte aligned; 0: too
+ * large). */
+typedef struct {
+  int64_t        n_tokens;
+  uint32_t       top_k;            /* 1 .. 16 */
+  uint32_t       n_experts;
+  const int64_t *indices;          /* T × k */
+  int64_t        padding;
+  int64_t        expert_capacity;
+  int64_t        row_capacity;
+  int64_t       *sizes;
+  int64_t       *row_of;
+  int64_t       *choice_of;
+} GmlpKernelRoutingMap;
+
+size_t           gmlp_kernel_routing_map_workspace_bytes (const GmlpKernelRoutingMap *map);
+GmlpKernelStatus gmlp_kernel_routing_map      (const GmlpKernelRoutingMap   *map,
+                                               void                         *workspace,
+                                               cudaStream_t                  stream);
+
+/* The rows to and from the permuted layout (GmlpBackendPermute, whose
+ * kinds these equal): FLOAT32, FLOAT16 or BFLOAT16 operands, each in its
+ * own dtype, FP32 arithmetic. A small kernel walks shape's device sizes
+ * into workspace (gmlp_kernel_permute_workspace_bytes (n_groups), 8-byte
+ * aligned), then one kernel writes every output row (FORWARD,
+ * COMBINE_BACKWARD: every row of every member, clamped to the allocation;
+ * COMBINE, BACKWARD: every token), 16-byte packs where cols is a multiple
+ * of 8 and the bases allow. COMBINE_BACKWARD zeroes grad_probs first (a
+ * memset). */
+typedef enum {
+  GMLP_KERNEL_PERMUTE_FORWARD = 0,
+  GMLP_KERNEL_PERMUTE_COMBINE = 1,
+  GMLP_KERNEL_PERMUTE_BACKWARD = 2,
+  GMLP_KERNEL_PERMUTE_COMBINE_BACKWARD = 3,
+} GmlpKernelPermuteKind;
+
+typedef struct {
+  GmlpKernelPermuteKind   kind;
+  GmlpKernelGroupedShape  shape;       /* the permuted layout */
+  int64_t                 n_tokens;
+  uint32_t                top_k;
+  const int64_t          *row_of;
+  const int64_t          *choice_of;
+  const float            *probs;
+  const void             *tokens;
+  int                     tokens_dtype;
+  const void             *permuted;
+  int                     permuted_dtype;
+  void                   *out;
+  int                     out_dtype;
+  float                  *grad_probs;  /* COMBINE_BACKWARD, or NULL */
+} GmlpKernelPermute;
+
+size_t           gmlp_kernel_permute_workspace_bytes (uint32_t n_groups);
+GmlpKernelStatus gmlp_kernel_permute          (const GmlpKernelPermute      *permute,
+                                               void                         *workspace,
+                                               cudaStream_t                  stream);
+
 /* FP8 quantization of grouped tensors (quantize.cu). The recipe codes
  * (GMLP_QUANT_*, = GmlpScalingRecipe), flags, block geometry, state layout
  * and all the arithmetic are those of gmlp-quantize-numeric.h, which the CPU

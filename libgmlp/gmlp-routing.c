@@ -233,7 +233,7 @@ gmlp_routing_check_tokens (GmlpDevice         *device,
  *   %GMLP_ERROR_DTYPE_MISMATCH, %GMLP_ERROR_SHAPE_MISMATCH or
  *   %GMLP_ERROR_INVALID_ARGUMENT for bad arguments, or
  *   %GMLP_ERROR_UNSUPPORTED on a device whose backend has no token
- *   permutation yet (CUDA, for now); nothing is enqueued then
+ *   permutation; nothing is enqueued then
  *
  * Since: 0.1
  */

@@ -16,34 +16,11 @@
 #include <string.h>
 
 #include "backend/cpu/gmlp-cpu-permute.h"
+#include "backend/gmlp-backend-permute.h"
 #include "gmlp-error.h"
 #include "gmlp-numeric.h"
 
-/* Slot counts and byte offsets stick here, far past any allocation. */
-#define SATURATION (G_GINT64_CONSTANT (1) << 62)
-
-static gboolean
-is_float_dtype (int dtype)
-{
-  return dtype == GMLP_NUM_FLOAT32 || dtype == GMLP_NUM_FLOAT16 || dtype == GMLP_NUM_BFLOAT16;
-}
-
-static gboolean
-check_routing (gint64    n_tokens,
-               guint     top_k,
-               guint     n_experts,
-               GError  **error)
-{
-  if (n_tokens < 0 || n_tokens > SATURATION / GMLP_BACKEND_MAX_TOP_K ||
-      top_k < 1 || top_k > GMLP_BACKEND_MAX_TOP_K || n_experts < 1)
-    {
-      g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
-                   "CPU: a routing of %" G_GINT64_FORMAT " tokens, top-%u of %u experts",
-                   n_tokens, top_k, n_experts);
-      return FALSE;
-    }
-  return TRUE;
-}
+#define SATURATION GMLP_BACKEND_PERMUTE_SATURATION
 
 gboolean
 gmlp_cpu_routing_count (GmlpBackendDevice  *device,
@@ -77,16 +54,8 @@ gmlp_cpu_routing_map (GmlpBackendDevice            *device,
   g_autofree gint64 *count = NULL, *start = NULL, *position = NULL;
   guint e;
 
-  if (!check_routing (map->n_tokens, map->top_k, map->n_experts, error))
+  if (!gmlp_backend_check_routing_map ("CPU", map, error))
     return FALSE;
-  if (map->padding < 1 || map->padding > SATURATION || map->row_capacity < 0 ||
-      map->expert_capacity < -1 || map->sizes == NULL || map->row_of == NULL ||
-      map->choice_of == NULL || (map->n_tokens > 0 && map->indices == NULL))
-    {
-      g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
-                   "CPU: routing_map needs its arrays, a padding and capacities");
-      return FALSE;
-    }
 
   /* Each choice's place within its expert, in the order of the choices. */
   n_choices = map->n_tokens * map->top_k;
@@ -215,39 +184,6 @@ layout_find (const Layout *l,
   return TRUE;
 }
 
-static gboolean
-check_permute (const GmlpBackendPermute  *p,
-               GError                   **error)
-{
-  gboolean to_permuted = p->kind == GMLP_PERMUTE_FORWARD || p->kind == GMLP_PERMUTE_COMBINE_BACKWARD;
-  gboolean weighted = p->kind == GMLP_PERMUTE_COMBINE || p->kind == GMLP_PERMUTE_COMBINE_BACKWARD;
-  const char *why = NULL;
-
-  if (p->kind < GMLP_PERMUTE_FORWARD || p->kind > GMLP_PERMUTE_COMBINE_BACKWARD)
-    why = "unknown kind";
-  else if (p->shape.cols < 1 || p->shape.cols > G_MAXINT32 || p->shape.row_capacity < 0 ||
-           p->shape.n_groups < 1 || p->shape.device_rows == NULL)
-    why = "the permuted layout needs sizes, columns and a capacity";
-  else if (!is_float_dtype (p->out_dtype) ||
-           (p->kind != GMLP_PERMUTE_FORWARD && !is_float_dtype (p->permuted_dtype)) ||
-           (p->kind != GMLP_PERMUTE_COMBINE && p->kind != GMLP_PERMUTE_BACKWARD &&
-            !is_float_dtype (p->tokens_dtype)))
-    why = "the rows must be float32, float16 or bfloat16";
-  else if (p->n_tokens > 0 &&
-           (p->row_of == NULL || p->out == NULL || (weighted && p->probs == NULL) ||
-            (p->kind != GMLP_PERMUTE_FORWARD && p->permuted == NULL) ||
-            (to_permuted && p->tokens == NULL)))
-    why = "missing operands";
-  else if (p->shape.row_capacity > 0 && p->choice_of == NULL)
-    why = "missing the map";
-  if (why != NULL)
-    {
-      g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT, "CPU: permute: %s", why);
-      return FALSE;
-    }
-  return TRUE;
-}
-
 /* FORWARD and COMBINE_BACKWARD: every row of the permuted output. */
 static void
 permute_to_slots (const GmlpBackendPermute *p)
@@ -348,8 +284,7 @@ gmlp_cpu_permute (GmlpBackendDevice         *device,
                   const GmlpBackendPermute  *permute,
                   GError                   **error)
 {
-  if (!check_routing (permute->n_tokens, permute->top_k, permute->shape.n_groups, error) ||
-      !check_permute (permute, error))
+  if (!gmlp_backend_check_permute ("CPU", permute, error))
     return FALSE;
 
   if (permute->kind == GMLP_PERMUTE_FORWARD || permute->kind == GMLP_PERMUTE_COMBINE_BACKWARD)

@@ -29,6 +29,7 @@
 #include "gmlp-cuda-private.h"
 #include "gmlp-cuda-quantize.h"
 #include "gmlp-cuda-activation-quantize.h"
+#include "gmlp-cuda-permute.h"
 
 __attribute__((visibility ("default")))
 const GmlpBackend *gmlp_backend_cuda_get (void);
@@ -662,11 +663,10 @@ static const GmlpBackend gmlp_cuda_backend = {
   .gemm_fp8 = gmlp_cuda_gemm_fp8,
   .activation_quantize = gmlp_cuda_activation_quantize,
 
-  /* Token permutation: not yet on CUDA (GmlpRouting refuses the device
-   * with UNSUPPORTED before enqueuing anything). */
-  .routing_count = NULL,
-  .routing_map = NULL,
-  .permute = NULL,
+  /* Token permutation (gmlp-cuda-permute.c). */
+  .routing_count = gmlp_cuda_routing_count,
+  .routing_map = gmlp_cuda_routing_map,
+  .permute = gmlp_cuda_permute,
   /* Router (gmlp-router): not yet on CUDA; GmlpRouter refuses the device
    * with UNSUPPORTED before it enqueues anything. */
   .router_forward = NULL,
