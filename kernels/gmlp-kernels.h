@@ -250,6 +250,63 @@ GmlpKernelStatus gmlp_kernel_grouped_sum_squares (const GmlpKernelGroupedShape *
                                                double                       *partials,
                                                cudaStream_t                  stream);
 
+/* The gate of an MoE layer (router.cu): the arithmetic of the CPU
+ * reference, backend/cpu/gmlp-cpu-router.c, whose header states it (the
+ * fields are GmlpBackendRouter's), in FP32 per token; the sums over a
+ * token's experts are added in a tree, so results agree with the CPU's
+ * within a few ulps (indices and counts exactly, where no two candidates'
+ * values are that close), and every run gives the same bits. All tensors
+ * are dense device memory; nothing waits for the device, nothing is
+ * allocated, and every call can be captured in a graph.
+ *
+ * forward: from logits (T × E) and expert_bias (E, or NULL), indices and
+ * probs (T × k, best first), tokens_per_expert (E) and the two losses (one
+ * FP32 each, 0 when their coefficient is 0 or T is 0); T = 0 writes the
+ * counts and losses only. workspace: device memory of
+ * gmlp_kernel_router_forward_workspace_bytes(), 8-byte aligned, used only
+ * by the work enqueued here. backward: grad_logits (T × E, overwritten) =
+ * d(Σ grad_probs · probs + aux + z) / d(logits), the choices held fixed;
+ * tokens_per_expert is read only with an aux loss; indices out of range
+ * contribute nothing. update_bias: expert_bias[i] += rate × sign (mean -
+ * tokens_per_expert[i]). */
+typedef struct {
+  int64_t   n_tokens;             /* T, 0 .. 2^40 */
+  uint32_t  n_experts;            /* E, 1 .. 65535 */
+  uint32_t  top_k;                /* 1 .. MIN (16, E) */
+  int       score_function;       /* 0 softmax, 1 sigmoid */
+  int       softmax_before_topk;
+  int       renormalize;
+  float     scaling_factor;
+  uint32_t  n_groups;             /* 0, or a divisor of E */
+  uint32_t  topk_groups;          /* 1 .. n_groups, k <= topk_groups × E / n_groups */
+  float     aux_loss_coeff;
+  float     z_loss_coeff;
+} GmlpKernelRouter;
+
+size_t           gmlp_kernel_router_forward_workspace_bytes (const GmlpKernelRouter *router);
+GmlpKernelStatus gmlp_kernel_router_forward     (const GmlpKernelRouter       *router,
+                                                 const float                  *logits,
+                                                 const float                  *expert_bias,
+                                                 int64_t                      *indices,
+                                                 float                        *probs,
+                                                 int64_t                      *tokens_per_expert,
+                                                 float                        *aux_loss,
+                                                 float                        *z_loss,
+                                                 void                         *workspace,
+                                                 cudaStream_t                  stream);
+GmlpKernelStatus gmlp_kernel_router_backward    (const GmlpKernelRouter       *router,
+                                                 const float                  *logits,
+                                                 const int64_t                *indices,
+                                                 const int64_t                *tokens_per_expert,
+                                                 const float                  *grad_probs,
+                                                 float                        *grad_logits,
+                                                 cudaStream_t                  stream);
+GmlpKernelStatus gmlp_kernel_router_update_bias (uint32_t                      n_experts,
+                                                 const int64_t                *tokens_per_expert,
+                                                 float                         rate,
+                                                 float                        *expert_bias,
+                                                 cudaStream_t                  stream);
+
 /* Grouped products with the group sizes on the device (the layouts of
  * GmlpBackendGemmDevice in libgmlp/backend/gmlp-backend.h):
  *

@@ -13,8 +13,17 @@
  * apart, with data whose float32 and float64 values are exact. Every output
  * is poisoned first (GMLP_POISON: fresh memory holds NaN).
  *
- * On CUDA the router is not implemented yet: /Gmlp/Router/unsupported
- * checks that it is refused, and the other tests skip.
+ * Every test runs on the suite's device, the CPU or CUDA, against the same
+ * references. The CUDA kernels route a token with a warp up to 1024
+ * experts and with a block above; /Gmlp/Router/wide covers the block, the
+ * groups a warp scores and a radix select of more than 16 groups. In the
+ * gpu suite /Gmlp/Router/cpu-gpu holds the two backends to what
+ * gmlp-kernels.h promises: the same indices and counts (the data's choices
+ * are clear, and NaN ranks the same way on both), the floating results
+ * within a few ulps (FP32 per token on both, but the GPU adds a token's E
+ * terms in a tree and has its own expf), and on the GPU the same bits on
+ * every run; /Gmlp/Router/graph captures a forward and backward once and
+ * replays them on new tokens.
  *
  * SPDX-License-Identifier: LGPL-2.1-or-later
  */
@@ -23,6 +32,7 @@
 #include <string.h>
 
 #include "gmlp-test-util.h"
+#include "gmlp-grouped-tensor-private.h"
 
 #define T_TOKENS   24
 #define HIDDEN     12
@@ -63,6 +73,21 @@ static const Config configs[] = {
   { "softmax-after-aux", SOFTMAX, FALSE, TRUE, 1.5, 6, 2, 0, 0, FALSE, 0.05, 0.0 },
 };
 
+/* Where the CUDA kernels take other paths (impls/router.cuh): more than
+ * 1024 experts (a block per token; its groups of 128 scored by a warp
+ * each, or 256 groups of 5 by a thread each with 100 kept), groups of 64
+ * (a warp per group in a warp's token), more than 16 groups kept. Fewer
+ * tokens: the references cost E² per token. */
+static const Config wide_configs[] = {
+  { "wide-softmax-after-groups", SOFTMAX, FALSE, TRUE, 1.0, 1280, 8, 10, 3, TRUE, 0.01, 0.001 },
+  { "wide-sigmoid-top16", SIGMOID, TRUE, TRUE, 2.0, 1088, 16, 0, 0, FALSE, 0.0, 0.01 },
+  { "wide-many-groups", SIGMOID, TRUE, FALSE, 1.0, 1280, 4, 256, 100, TRUE, 0.0, 0.0 },
+  { "groups-of-64", SOFTMAX, TRUE, TRUE, 1.0, 256, 4, 4, 2, FALSE, 0.02, 0.0 },
+  { "many-groups", SIGMOID, TRUE, TRUE, 1.0, 64, 6, 32, 20, TRUE, 0.01, 0.0 },
+};
+
+#define WIDE_TOKENS 6
+
 static const Config *
 config (const char *name)
 {
@@ -75,21 +100,6 @@ config (const char *name)
 }
 
 static const GmlpDType x_dtypes[] = { GMLP_DTYPE_FLOAT32, GMLP_DTYPE_FLOAT16, GMLP_DTYPE_BFLOAT16 };
-
-/* The device, or NULL after g_test_skip(): the router is on the CPU only
- * for now (the unsupported test checks CUDA's refusal). */
-static GmlpDevice *
-router_device_or_skip (void)
-{
-  GmlpDevice *device = gmlp_test_device_or_skip ();
-
-  if (device != NULL && gmlp_device_get_kind (device) != GMLP_DEVICE_KIND_CPU)
-    {
-      g_test_skip ("the router is not on CUDA yet (/Gmlp/Router/unsupported checks the refusal)");
-      return NULL;
-    }
-  return device;
-}
 
 /* Float64 reference */
 
@@ -742,57 +752,12 @@ run_and_check (Problem         *p,
 
 /* Tests */
 
-static void
-test_unsupported (void)
-{
-  GmlpDevice *device = gmlp_test_device_or_skip ();
-  g_autoptr(GmlpRouter) router = NULL, bare = NULL;
-  g_autoptr(GError) error = NULL;
-
-  if (device == NULL)
-    return;
-  router = gmlp_router_new (device, 16, 8, 2, &error);
-  if (gmlp_device_get_kind (device) == GMLP_DEVICE_KIND_CPU)
-    {
-      g_assert_no_error (error);
-      g_assert_nonnull (router);
-      return;
-    }
-
-  /* CUDA: refused, by every way of making a router, before anything is
-   * enqueued; every method reports it. */
-  g_assert_error (error, GMLP_ERROR, GMLP_ERROR_UNSUPPORTED);
-  g_assert_null (router);
-  g_clear_error (&error);
-
-  bare = g_object_new (GMLP_TYPE_ROUTER, "device", device, "hidden", (gint64) 16, "n-experts", 8,
-                       "top-k", 2, NULL);
-  g_assert_false (g_initable_init (G_INITABLE (bare), NULL, &error));
-  g_assert_error (error, GMLP_ERROR, GMLP_ERROR_UNSUPPORTED);
-  g_clear_error (&error);
-  g_assert_null (gmlp_router_get_weight (bare));
-  {
-    gint64 rows = 4;
-    g_autoptr(GmlpGroupedTensor) x = gmlp_grouped_tensor_new (device, GMLP_DTYPE_FLOAT32, &rows, 1, 16,
-                                                              &error);
-    g_autoptr(GmlpRouting) routing = NULL;
-
-    g_assert_no_error (error);
-    routing = gmlp_router_forward (bare, x, NULL, &error);
-    g_assert_null (routing);
-    g_assert_error (error, GMLP_ERROR, GMLP_ERROR_UNSUPPORTED);
-    g_clear_error (&error);
-    g_assert_false (gmlp_router_backward_dw (bare, &error));
-    g_assert_error (error, GMLP_ERROR, GMLP_ERROR_UNSUPPORTED);
-  }
-}
-
 /* Every configuration, every input dtype: the routing, the losses, dx and
  * dW against the float64 reference. */
 static void
 test_forward_backward (void)
 {
-  GmlpDevice *device = router_device_or_skip ();
+  g_autoptr(GmlpDevice) device = gmlp_test_device_or_skip ();
   guint i, d;
 
   if (device == NULL)
@@ -814,7 +779,7 @@ test_forward_backward (void)
 static void
 test_defaults (void)
 {
-  GmlpDevice *device = router_device_or_skip ();
+  g_autoptr(GmlpDevice) device = gmlp_test_device_or_skip ();
   g_autoptr(GmlpRouter) router = NULL;
   g_autoptr(GError) error = NULL;
   gboolean before, renorm, bias;
@@ -867,7 +832,7 @@ test_ties (void)
     { "ties-groups", SIGMOID, TRUE, TRUE, 1.0, 8, 3, 4, 2, FALSE, 0.0, 0.0 },
     { "ties-one-group", SOFTMAX, TRUE, TRUE, 1.0, 8, 2, 4, 1, FALSE, 0.0, 0.0 },
   };
-  GmlpDevice *device = router_device_or_skip ();
+  g_autoptr(GmlpDevice) device = gmlp_test_device_or_skip ();
   guint i;
 
   if (device == NULL)
@@ -988,7 +953,7 @@ test_finite_differences (void)
     "default", "softmax-after", "softmax-after-raw", "sigmoid-raw", "sigmoid-deepseek",
     "softmax-after-groups-bias", "aux-z", "sigmoid-aux-z", "softmax-after-aux",
   };
-  GmlpDevice *device = router_device_or_skip ();
+  g_autoptr(GmlpDevice) device = gmlp_test_device_or_skip ();
   guint i;
 
   if (device == NULL)
@@ -1042,7 +1007,7 @@ test_aux_losses (void)
     { "sigmoid-aux-z", SIGMOID, TRUE, TRUE, 1.0, 16, 4, 4, 2, TRUE, 0.3, 0.2 },
     { "softmax-after-aux-z", SOFTMAX, FALSE, TRUE, 1.0, 8, 2, 0, 0, FALSE, 0.3, 0.2 },
   };
-  GmlpDevice *device = router_device_or_skip ();
+  g_autoptr(GmlpDevice) device = gmlp_test_device_or_skip ();
   guint i;
 
   if (device == NULL)
@@ -1064,7 +1029,7 @@ static void
 test_expert_bias (void)
 {
   static const Config c = { "bias", SIGMOID, TRUE, TRUE, 1.0, 8, 2, 0, 0, TRUE, 0.0, 0.0 };
-  GmlpDevice *device = router_device_or_skip ();
+  g_autoptr(GmlpDevice) device = gmlp_test_device_or_skip ();
   g_autoptr(Problem) p = NULL;
   g_autoptr(GmlpRouter) router = NULL, plain = NULL;
   g_autoptr(GmlpGroupedTensor) x = NULL, hand = NULL;
@@ -1195,7 +1160,7 @@ static void
 test_main_grad (void)
 {
   const Config *c = config ("sigmoid-deepseek");   /* groups, bias, aux, z */
-  GmlpDevice *device = router_device_or_skip ();
+  g_autoptr(GmlpDevice) device = gmlp_test_device_or_skip ();
   g_autoptr(Problem) p1 = NULL, p2 = NULL;
   g_autoptr(GmlpRouter) router = NULL, plain = NULL;
   g_autoptr(GmlpGroupedTensor) main_grad = NULL, wrong = NULL;
@@ -1255,7 +1220,7 @@ static void
 test_delayed_wgrad (void)
 {
   const Config *c = config ("aux-z");
-  GmlpDevice *device = router_device_or_skip ();
+  g_autoptr(GmlpDevice) device = gmlp_test_device_or_skip ();
   guint fused;
 
   if (device == NULL)
@@ -1373,7 +1338,7 @@ assert_construct_error (GmlpDevice *device,
 static void
 test_bad_construction (void)
 {
-  GmlpDevice *device = router_device_or_skip ();
+  g_autoptr(GmlpDevice) device = gmlp_test_device_or_skip ();
   g_autoptr(GError) error = NULL;
   g_autoptr(GmlpRouter) router = NULL;
 
@@ -1419,7 +1384,7 @@ static void
 test_bad_calls (void)
 {
   const Config *c = config ("aux-z");
-  GmlpDevice *device = router_device_or_skip ();
+  g_autoptr(GmlpDevice) device = gmlp_test_device_or_skip ();
   g_autoptr(Problem) p = NULL;
   g_autoptr(GmlpRouter) router = NULL, other = NULL;
   g_autoptr(GmlpGroupedTensor) x = NULL, grad = NULL, dx = NULL;
@@ -1557,7 +1522,7 @@ static void
 test_zero_tokens (void)
 {
   const Config *c = config ("sigmoid-deepseek");
-  GmlpDevice *device = router_device_or_skip ();
+  g_autoptr(GmlpDevice) device = gmlp_test_device_or_skip ();
   g_autoptr(Problem) p = NULL;
   g_autoptr(GmlpRouter) router = NULL;
   g_autoptr(GError) error = NULL;
@@ -1604,6 +1569,24 @@ test_zero_tokens (void)
     }
 }
 
+/* Expert 3's logits all NaN; tokens 0 to 3 with ±∞ or NaN in x (logits of
+ * ±∞ or NaN); token 4 all zero. */
+static void
+make_non_finite (Problem *p)
+{
+  gint64 h;
+
+  g_assert_cmpint (p->T, >=, 5);
+  for (h = 0; h < p->H; h++)
+    p->w[3 * p->H + h] = NAN;
+  p->x[0 * p->H + 1] = INFINITY;
+  p->x[1 * p->H + 2] = -INFINITY;
+  p->x[2 * p->H + 0] = NAN;
+  p->x[3 * p->H + 0] = INFINITY, p->x[3 * p->H + 1] = -INFINITY;
+  for (h = 0; h < p->H; h++)
+    p->x[4 * p->H + h] = 0.0;
+}
+
 /* Non-finite logits: never an expert out of range, never one twice; the
  * counts stay exact; the documented values where they are fixed. */
 static void
@@ -1613,7 +1596,7 @@ test_non_finite (void)
     "default", "softmax-after", "sigmoid-top16-of-64", "sigmoid-deepseek", "softmax-groups-bias",
     "softmax-after-groups-bias",
   };
-  GmlpDevice *device = router_device_or_skip ();
+  g_autoptr(GmlpDevice) device = gmlp_test_device_or_skip ();
   guint i;
 
   if (device == NULL)
@@ -1628,20 +1611,11 @@ test_non_finite (void)
       g_autoptr(GError) error = NULL;
       g_autofree gint64 *idx = NULL, *counts = NULL;
       g_autofree double *probs = NULL, *histogram = g_new0 (double, c->E);
-      gint64 t, h;
+      gint64 t;
       gsize n;
       guint j, q;
 
-      /* Expert 3's logits are all NaN; tokens 0 to 3 have ±∞ or NaN in x
-       * (logits of ±∞ or NaN); token 4 is all zero. */
-      for (h = 0; h < p->H; h++)
-        p->w[3 * p->H + h] = NAN;
-      p->x[0 * p->H + 1] = INFINITY;
-      p->x[1 * p->H + 2] = -INFINITY;
-      p->x[2 * p->H + 0] = NAN;
-      p->x[3 * p->H + 0] = INFINITY, p->x[3 * p->H + 1] = -INFINITY;
-      for (h = 0; h < p->H; h++)
-        p->x[4 * p->H + h] = 0.0;
+      make_non_finite (p);
       router = problem_router (p, device, GMLP_LINEAR_NONE);
       x = gmlp_test_upload_values (device, p->x, p->T, p->H, GMLP_DTYPE_FLOAT32);
       routing = gmlp_router_forward (router, x, NULL, &error);
@@ -1696,7 +1670,7 @@ static void
 test_offload (void)
 {
   const Config *c = config ("sigmoid-deepseek");
-  GmlpDevice *device = router_device_or_skip ();
+  g_autoptr(GmlpDevice) device = gmlp_test_device_or_skip ();
   guint d;
 
   if (device == NULL)
@@ -1752,7 +1726,7 @@ static void
 test_properties (void)
 {
   const Config *c = config ("softmax-after-groups-bias");
-  GmlpDevice *device = router_device_or_skip ();
+  g_autoptr(GmlpDevice) device = gmlp_test_device_or_skip ();
   g_autoptr(GmlpRouter) router = NULL;
   gboolean before, renorm, bias, added;
   guint E, k, groups, topk_groups, pending;
@@ -1845,7 +1819,7 @@ test_threads (void)
 {
   enum { N_THREADS = 4 };
   const Config *c = config ("sigmoid-deepseek");
-  GmlpDevice *device = router_device_or_skip ();
+  g_autoptr(GmlpDevice) device = gmlp_test_device_or_skip ();
   g_autoptr(GmlpRouter) router = NULL;
   Problem *problems[N_THREADS];
   ThreadStep steps[N_THREADS];
@@ -1887,12 +1861,350 @@ test_threads (void)
     }
 }
 
+/* The kernels' other paths (wide_configs) against the float64 reference,
+ * on both backends. */
+static void
+test_wide (void)
+{
+  g_autoptr(GmlpDevice) device = gmlp_test_device_or_skip ();
+  guint i;
+
+  if (device == NULL)
+    return;
+  for (i = 0; i < G_N_ELEMENTS (wide_configs); i++)
+    {
+      g_autoptr(Problem) p = problem_new (&wide_configs[i], GMLP_DTYPE_FLOAT32, WIDE_TOKENS);
+      g_autoptr(GmlpRouter) router = problem_router (p, device, GMLP_LINEAR_NONE);
+      g_autofree double *gp = random_grad ((gsize) p->T * p->c->k);
+
+      run_and_check (p, device, router, gp, NULL, wide_configs[i].name);
+    }
+}
+
+/* What a step leaves, as bytes: the routing's tensors, then dx and dW
+ * (NULL after a forward alone). */
+enum { STEP_INDICES, STEP_PROBS, STEP_COUNTS, STEP_AUX, STEP_Z, STEP_DX, STEP_DW, N_STEP };
+
+static const char *const step_names[N_STEP] = {
+  "indices", "probabilities", "tokens per expert", "aux loss", "z loss", "dx", "dW",
+};
+
+typedef struct {
+  GBytes    *bytes[N_STEP];
+  GmlpDType  dtype[N_STEP];
+} Step;
+
+static void
+step_clear (Step *s)
+{
+  guint i;
+
+  for (i = 0; i < N_STEP; i++)
+    g_clear_pointer (&s->bytes[i], g_bytes_unref);
+}
+G_DEFINE_AUTO_CLEANUP_CLEAR_FUNC (Step, step_clear)
+
+static void
+step_collect (GmlpRouter        *router,
+              GmlpRouting       *routing,
+              GmlpGroupedTensor *dx,
+              Step              *s)
+{
+  GmlpGroupedTensor *t[N_STEP] = {
+    gmlp_routing_get_indices (routing), gmlp_routing_get_probs (routing),
+    gmlp_routing_get_tokens_per_expert (routing), gmlp_routing_get_aux_loss (routing),
+    gmlp_routing_get_z_loss (routing), dx, dx != NULL ? gmlp_router_get_wgrad (router) : NULL,
+  };
+  g_autoptr(GError) error = NULL;
+  guint i;
+
+  for (i = 0; i < N_STEP; i++)
+    {
+      s->bytes[i] = t[i] != NULL ? gmlp_grouped_tensor_to_bytes (t[i], &error) : NULL;
+      g_assert_no_error (error);
+      s->dtype[i] = t[i] != NULL ? gmlp_grouped_tensor_get_dtype (t[i]) : GMLP_DTYPE_FLOAT32;
+    }
+}
+
+/* A forward (and with gp a backward) of a fresh router of the problem on
+ * device. */
+static void
+step_run (Problem      *p,
+          GmlpDevice   *device,
+          const double *gp,
+          Step         *s)
+{
+  g_autoptr(GmlpRouter) router = problem_router (p, device, GMLP_LINEAR_NONE);
+  g_autoptr(GmlpGroupedTensor) x = gmlp_test_upload_values (device, p->x, p->T, p->H, p->dtype);
+  g_autoptr(GmlpGroupedTensor) grad = NULL, dx = NULL;
+  g_autoptr(GmlpSavedActivations) saved = NULL;
+  g_autoptr(GmlpRouting) routing = NULL;
+  g_autoptr(GError) error = NULL;
+
+  routing = gmlp_router_forward (router, x, gp != NULL ? &saved : NULL, &error);
+  g_assert_no_error (error);
+  if (gp != NULL)
+    {
+      grad = gmlp_test_upload_values (device, gp, p->T, p->c->k, GMLP_DTYPE_FLOAT32);
+      dx = gmlp_router_backward (router, saved, grad, &error);
+      g_assert_no_error (error);
+    }
+  step_collect (router, routing, dx, s);
+}
+
+/* Every result of two steps the same, byte for byte. */
+static void
+assert_steps_equal (const Step *a,
+                    const Step *b,
+                    const char *what)
+{
+  guint i;
+
+  for (i = 0; i < N_STEP; i++)
+    {
+      g_assert_true ((a->bytes[i] == NULL) == (b->bytes[i] == NULL));
+      if (a->bytes[i] != NULL && !g_bytes_equal (a->bytes[i], b->bytes[i]))
+        g_error ("%s: %s differ", what, step_names[i]);
+    }
+}
+
+/* ‖a − b‖ ≤ tol ‖b‖ over the values that are numbers, NaN where the other
+ * is NaN too (and ±∞ where the other is the same). */
+static void
+assert_close_or_same_special (const double *a,
+                              const double *b,
+                              gsize         n,
+                              double        tol,
+                              const char   *what)
+{
+  double diff = 0.0, norm = 0.0;
+  gsize i;
+
+  for (i = 0; i < n; i++)
+    {
+      if (!isfinite (a[i]) || !isfinite (b[i]))
+        {
+          if (!((isnan (a[i]) && isnan (b[i])) || a[i] == b[i]))
+            g_error ("%s [%" G_GSIZE_FORMAT "]: %g and %g", what, i, a[i], b[i]);
+          continue;
+        }
+      diff += (a[i] - b[i]) * (a[i] - b[i]);
+      norm += b[i] * b[i];
+    }
+  if (!(sqrt (diff) <= tol * sqrt (norm)))
+    g_error ("%s: relative difference %g > %g", what, sqrt (diff / norm), tol);
+}
+
+/* The CPU step and the GPU step as gmlp-kernels.h says they agree:
+ * indices and counts the same bytes; probabilities and losses within 1e-5
+ * (a token's E terms are added in another order and expf is CUDA's: a
+ * softmax's sum may differ by some ulps per expert, and every value of the
+ * token with it); dx and dW, one product further, within 2e-5, or the
+ * rounding of a 16-bit dx. */
+static void
+assert_steps_agree (const Step *cpu,
+                    const Step *gpu,
+                    GmlpDType   x_dtype,
+                    const char *what)
+{
+  guint i;
+
+  for (i = 0; i < N_STEP; i++)
+    {
+      gsize n, j, size;
+      g_autofree double *a = NULL, *b = NULL;
+      g_autofree char *label = g_strdup_printf ("%s: %s, GPU against CPU", what, step_names[i]);
+      double tol;
+
+      g_assert_true ((cpu->bytes[i] == NULL) == (gpu->bytes[i] == NULL));
+      if (cpu->bytes[i] == NULL)
+        continue;
+      g_assert_cmpint (cpu->dtype[i], ==, gpu->dtype[i]);
+      g_assert_cmpuint (g_bytes_get_size (cpu->bytes[i]), ==, g_bytes_get_size (gpu->bytes[i]));
+      if (i == STEP_INDICES || i == STEP_COUNTS)
+        {
+          const gint64 *ci = g_bytes_get_data (cpu->bytes[i], &size);
+          const gint64 *gi = g_bytes_get_data (gpu->bytes[i], NULL);
+
+          for (j = 0; j < size / sizeof (gint64); j++)
+            if (ci[j] != gi[j])
+              g_error ("%s [%" G_GSIZE_FORMAT "]: %" G_GINT64_FORMAT " on the GPU, %" G_GINT64_FORMAT
+                       " on the CPU", label, j, gi[j], ci[j]);
+          continue;
+        }
+      n = g_bytes_get_size (cpu->bytes[i]) / gmlp_dtype_get_size (cpu->dtype[i]);
+      a = g_new (double, MAX (n, 1));
+      b = g_new (double, MAX (n, 1));
+      for (j = 0; j < n; j++)
+        {
+          a[j] = gmlp_test_decode (g_bytes_get_data (gpu->bytes[i], NULL), gpu->dtype[i], j);
+          b[j] = gmlp_test_decode (g_bytes_get_data (cpu->bytes[i], NULL), cpu->dtype[i], j);
+        }
+      if (i == STEP_DX)
+        tol = x_dtype == GMLP_DTYPE_FLOAT32 ? 2e-5 : gmlp_test_tolerance (x_dtype);
+      else
+        tol = i == STEP_DW ? 2e-5 : 1e-5;
+      assert_close_or_same_special (a, b, n, tol, label);
+    }
+}
+
+/* The CPU and the GPU route alike (gpu suite only): every configuration,
+ * FP32 and for some BF16 inputs, forward and backward; the non-finite
+ * logits of /Gmlp/Router/non-finite, forward. The GPU gives the same bits
+ * when run again. */
+static void
+test_cpu_gpu (void)
+{
+  g_autoptr(GmlpDevice) device = gmlp_test_device_or_skip ();
+  g_autoptr(GmlpDevice) cpu = NULL;
+  g_autoptr(GError) error = NULL;
+  guint i, pass;
+
+  if (device == NULL)
+    return;
+  if (gmlp_device_get_kind (device) == GMLP_DEVICE_KIND_CPU)
+    {
+      g_test_skip ("compares the CPU with a GPU: runs in the gpu suite");
+      return;
+    }
+  cpu = gmlp_device_new_from_string ("cpu", &error);
+  g_assert_no_error (error);
+
+  for (pass = 0; pass < 3; pass++)
+    for (i = 0; i < G_N_ELEMENTS (configs) + G_N_ELEMENTS (wide_configs); i++)
+      {
+        gboolean wide = i >= G_N_ELEMENTS (configs);
+        const Config *c = wide ? &wide_configs[i - G_N_ELEMENTS (configs)] : &configs[i];
+        /* pass 0: FP32; 1: BF16 (the narrow configurations); 2: non-finite
+         * logits, forward only. */
+        GmlpDType dtype = pass == 1 ? GMLP_DTYPE_BFLOAT16 : GMLP_DTYPE_FLOAT32;
+        g_autoptr(Problem) p = NULL;
+        g_autofree double *gp = NULL;
+        g_autofree char *what = NULL;
+        g_auto(Step) on_cpu = { { NULL } }, on_gpu = { { NULL } }, again = { { NULL } };
+
+        if (pass == 1 && wide)
+          continue;
+        p = problem_new (c, dtype, wide ? WIDE_TOKENS : T_TOKENS);
+        if (pass == 2)
+          make_non_finite (p);
+        else
+          gp = random_grad ((gsize) p->T * c->k);
+        what = g_strdup_printf ("%s/%s%s", c->name, gmlp_dtype_get_name (dtype),
+                                pass == 2 ? "/non-finite" : "");
+
+        step_run (p, cpu, gp, &on_cpu);
+        step_run (p, device, gp, &on_gpu);
+        step_run (p, device, gp, &again);
+        assert_steps_agree (&on_cpu, &on_gpu, dtype, what);
+        assert_steps_equal (&on_gpu, &again, what);
+      }
+}
+
+/* Writes values into a one-group tensor's storage by a device copy, without
+ * a new version: new inputs for a graph's next replay. */
+static void
+overwrite_values (GmlpGroupedTensor *tensor,
+                  const double      *values)
+{
+  GmlpDevice *device = gmlp_grouped_tensor_get_device (tensor);
+  g_autoptr(GmlpGroupedTensor) staged = gmlp_test_upload_values (device, values,
+                                                                 gmlp_grouped_tensor_get_total_rows (tensor),
+                                                                 gmlp_grouped_tensor_get_cols (tensor),
+                                                                 gmlp_grouped_tensor_get_dtype (tensor));
+  g_autoptr(GError) error = NULL;
+
+  g_assert_cmpuint (gmlp_grouped_tensor_get_nbytes (staged), ==, gmlp_grouped_tensor_get_nbytes (tensor));
+  g_assert_true (GMLP_DEVICE_CALL (device, copy, gmlp_grouped_tensor_get_data (tensor),
+                                   gmlp_grouped_tensor_get_data (staged),
+                                   gmlp_grouped_tensor_get_nbytes (staged), &error));
+  g_assert_no_error (error);
+}
+
+/* A forward and backward captured once into a graph (groups, bias, aux
+ * and z), replayed on new tokens written into the same input: every replay
+ * gives the float64 reference's routing and gradients, and the same bits as
+ * the step run eagerly. That the capture succeeds shows that nothing in the
+ * step waits for the device or reads it on the host. */
+static void
+test_graph (void)
+{
+  static const GmlpDType dtypes[] = { GMLP_DTYPE_FLOAT32, GMLP_DTYPE_BFLOAT16 };
+  const Config *c = config ("sigmoid-deepseek");
+  g_autoptr(GmlpDevice) device = gmlp_test_device_or_skip ();
+  guint d, replay;
+
+  if (device == NULL)
+    return;
+  if (gmlp_device_get_kind (device) == GMLP_DEVICE_KIND_CPU)
+    {
+      g_test_skip ("graphs need a GPU");
+      return;
+    }
+  for (d = 0; d < G_N_ELEMENTS (dtypes); d++)
+    {
+      g_autoptr(Problem) p = problem_new (c, dtypes[d], T_TOKENS);
+      g_autoptr(GmlpRouter) router = problem_router (p, device, GMLP_LINEAR_NONE);
+      g_autofree double *gp = random_grad ((gsize) p->T * c->k);
+      g_autoptr(GmlpGroupedTensor) x = gmlp_test_upload_values (device, p->x, p->T, p->H, p->dtype);
+      g_autoptr(GmlpGroupedTensor) grad = gmlp_test_upload_values (device, gp, p->T, c->k, GMLP_DTYPE_FLOAT32);
+      g_autoptr(GmlpSavedActivations) saved = NULL;
+      g_autoptr(GmlpRouting) routing = NULL;
+      g_autoptr(GmlpGroupedTensor) dx = NULL;
+      g_autoptr(GmlpGraph) graph = NULL;
+      g_autoptr(GError) error = NULL;
+
+      g_assert_true (gmlp_device_begin_capture (device, &error));
+      g_assert_no_error (error);
+      routing = gmlp_router_forward (router, x, &saved, &error);
+      g_assert_no_error (error);
+      dx = gmlp_router_backward (router, saved, grad, &error);
+      g_assert_no_error (error);
+      graph = gmlp_device_end_capture (device, &error);
+      g_assert_no_error (error);
+
+      for (replay = 0; replay < 3; replay++)
+        {
+          g_autoptr(Problem) q = problem_new_like (c, dtypes[d], T_TOKENS, p);
+          g_autofree double *gq = random_grad ((gsize) q->T * c->k);
+          g_autofree double *dx_ref = g_new (double, q->T * q->H), *dw_ref = g_new (double, c->E * q->H);
+          g_autofree double *got = NULL;
+          g_autoptr(GmlpSavedActivations) eager_saved = NULL;
+          g_autoptr(GmlpRouting) eager = NULL;
+          g_autoptr(GmlpGroupedTensor) eager_dx = NULL;
+          g_auto(Step) replayed = { { NULL } }, eagerly = { { NULL } };
+          g_autofree char *what = g_strdup_printf ("%s replay %u", gmlp_dtype_get_name (dtypes[d]), replay);
+          gsize n;
+
+          overwrite_values (x, q->x);
+          overwrite_values (grad, gq);
+          g_assert_true (gmlp_graph_replay (graph, &error));
+          g_assert_no_error (error);
+
+          assert_routing (q, routing, what);
+          ref_backward (q, gq, dx_ref, dw_ref);
+          got = gmlp_test_download (dx, &n);
+          gmlp_test_assert_close (got, dx_ref, n, dx_tolerance (q->dtype), what);
+          g_clear_pointer (&got, g_free);
+          got = gmlp_test_download (gmlp_router_get_wgrad (router), &n);
+          gmlp_test_assert_close (got, dw_ref, n, 1e-4, what);
+          step_collect (router, routing, dx, &replayed);
+
+          eager = gmlp_router_forward (router, x, &eager_saved, &error);
+          g_assert_no_error (error);
+          eager_dx = gmlp_router_backward (router, eager_saved, grad, &error);
+          g_assert_no_error (error);
+          step_collect (router, eager, eager_dx, &eagerly);
+          assert_steps_equal (&replayed, &eagerly, what);
+        }
+    }
+}
+
 int
 main (int argc, char *argv[])
 {
   g_test_init (&argc, &argv, NULL);
 
-  g_test_add_func ("/Gmlp/Router/unsupported", test_unsupported);
   g_test_add_func ("/Gmlp/Router/forward-backward", test_forward_backward);
   g_test_add_func ("/Gmlp/Router/defaults", test_defaults);
   g_test_add_func ("/Gmlp/Router/ties", test_ties);
@@ -1908,6 +2220,9 @@ main (int argc, char *argv[])
   g_test_add_func ("/Gmlp/Router/offload", test_offload);
   g_test_add_func ("/Gmlp/Router/properties", test_properties);
   g_test_add_func ("/Gmlp/Router/threads", test_threads);
+  g_test_add_func ("/Gmlp/Router/wide", test_wide);
+  g_test_add_func ("/Gmlp/Router/cpu-gpu", test_cpu_gpu);
+  g_test_add_func ("/Gmlp/Router/graph", test_graph);
 
   return g_test_run ();
 }

@@ -28,6 +28,7 @@
 
 #include "gmlp-cuda-private.h"
 #include "gmlp-cuda-quantize.h"
+#include "gmlp-cuda-router.h"
 #include "gmlp-cuda-activation-quantize.h"
 #include "gmlp-cuda-permute.h"
 
@@ -667,11 +668,10 @@ static const GmlpBackend gmlp_cuda_backend = {
   .routing_count = gmlp_cuda_routing_count,
   .routing_map = gmlp_cuda_routing_map,
   .permute = gmlp_cuda_permute,
-  /* Router (gmlp-router): not yet on CUDA; GmlpRouter refuses the device
-   * with UNSUPPORTED before it enqueues anything. */
-  .router_forward = NULL,
-  .router_backward = NULL,
-  .router_update_bias = NULL,
+  /* Router (gmlp-cuda-router.c). */
+  .router_forward = gmlp_cuda_router_forward,
+  .router_backward = gmlp_cuda_router_backward,
+  .router_update_bias = gmlp_cuda_router_update_bias,
 };
 
 /* The module's one exported symbol; see GmlpBackendGetFunc. */
