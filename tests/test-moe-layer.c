@@ -18,8 +18,7 @@
  * the library's FP32 routing must equal the float64 one exactly. Every
  * output is poisoned first (GMLP_POISON: fresh memory holds NaN).
  *
- * On CUDA the layer is not implemented yet: /Gmlp/MoELayer/unsupported
- * checks that it is refused, and the other tests skip.
+ * Every test runs on the CPU and on CUDA against the same references.
  *
  * SPDX-License-Identifier: LGPL-2.1-or-later
  */
@@ -95,20 +94,11 @@ config (const char *name)
 
 static const GmlpDType dtypes[] = { GMLP_DTYPE_FLOAT32, GMLP_DTYPE_BFLOAT16 };
 
-/* The device, or NULL after g_test_skip(): the layer is on the CPU only for
- * now (/Gmlp/MoELayer/unsupported checks CUDA's refusal). */
+/* The device, or NULL after g_test_skip() where none is usable. */
 static GmlpDevice *
 layer_device_or_skip (void)
 {
-  GmlpDevice *device = gmlp_test_device_or_skip ();
-
-  if (device != NULL && gmlp_device_get_kind (device) != GMLP_DEVICE_KIND_CPU)
-    {
-      g_test_skip ("the MoE layer is not on CUDA yet (/Gmlp/MoELayer/unsupported checks the refusal)");
-      g_object_unref (device);
-      return NULL;
-    }
-  return device;
+  return gmlp_test_device_or_skip ();
 }
 
 static gboolean
@@ -1410,56 +1400,6 @@ run_and_check (Problem      *p,
 
 /* Tests */
 
-static void
-test_unsupported (void)
-{
-  g_autoptr(GmlpDevice) device = gmlp_test_device_or_skip ();
-  g_autoptr(GmlpMoELayer) layer = NULL, bare = NULL;
-  g_autoptr(GError) error = NULL;
-  gint64 rows = 4;
-  g_autoptr(GmlpGroupedTensor) x = NULL;
-  g_autoptr(GmlpGroupedTensor) y = NULL;
-
-  if (device == NULL)
-    return;
-  layer = gmlp_moe_layer_new (device, 16, 8, 4, 2, &error);
-  if (gmlp_device_get_kind (device) == GMLP_DEVICE_KIND_CPU)
-    {
-      g_assert_no_error (error);
-      g_assert_nonnull (layer);
-      return;
-    }
-
-  /* CUDA: refused, by every way of making a layer, before anything is
-   * enqueued; every method reports it. */
-  g_assert_error (error, GMLP_ERROR, GMLP_ERROR_UNSUPPORTED);
-  g_assert_null (layer);
-  g_clear_error (&error);
-  g_assert_null (gmlp_moe_layer_new_full (device, 16, 8, 4, 2, GMLP_ACTIVATION_GELU, GMLP_DTYPE_BFLOAT16,
-                                          GMLP_LINEAR_NONE, &error));
-  g_assert_error (error, GMLP_ERROR, GMLP_ERROR_UNSUPPORTED);
-  g_clear_error (&error);
-
-  bare = g_object_new (GMLP_TYPE_MOE_LAYER, "device", device, "hidden", (gint64) 16, "ffn-hidden", (gint64) 8,
-                       "n-experts", 4, "top-k", 2, NULL);
-  g_assert_false (g_initable_init (G_INITABLE (bare), NULL, &error));
-  g_assert_error (error, GMLP_ERROR, GMLP_ERROR_UNSUPPORTED);
-  g_clear_error (&error);
-  x = gmlp_grouped_tensor_new (device, GMLP_DTYPE_FLOAT32, &rows, 1, 16, &error);
-  g_assert_no_error (error);
-  y = gmlp_moe_layer_forward (bare, x, NULL, &error);
-  g_assert_null (y);
-  g_assert_error (error, GMLP_ERROR, GMLP_ERROR_UNSUPPORTED);
-  g_clear_error (&error);
-  g_assert_false (gmlp_moe_layer_backward_dw (bare, &error));
-  g_assert_error (error, GMLP_ERROR, GMLP_ERROR_UNSUPPORTED);
-  g_clear_error (&error);
-  g_assert_false (gmlp_moe_layer_init_parameters (bare, 1, &error));
-  g_assert_error (error, GMLP_ERROR, GMLP_ERROR_UNSUPPORTED);
-  g_assert_null (gmlp_moe_layer_get_router (bare));
-  g_assert_null (gmlp_moe_layer_get_experts (bare));
-}
-
 /* gmlp_moe_layer_new() gives Mixtral's layer: SwiGLU experts in FP32 with
  * grouped weights, the router's defaults, no padding, no capacity, no
  * shared expert; nothing of a forward before the first. */
@@ -2577,7 +2517,6 @@ main (int argc, char *argv[])
 {
   g_test_init (&argc, &argv, NULL);
 
-  g_test_add_func ("/Gmlp/MoELayer/unsupported", test_unsupported);
   g_test_add_func ("/Gmlp/MoELayer/defaults", test_defaults);
   g_test_add_func ("/Gmlp/MoELayer/forward-backward", test_forward_backward);
   g_test_add_func ("/Gmlp/MoELayer/skewed", test_skewed);

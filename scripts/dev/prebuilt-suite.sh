@@ -39,7 +39,7 @@ run ()
 }
 
 for t in device grouped-tensor grouped-linear offload-context grouped-mlp graph quantizer \
-         grouped-linear-fp8 grouped-mlp-fp8 robustness threads; do
+         grouped-linear-fp8 grouped-mlp-fp8 robustness threads routing router moe-layer; do
   run "$t" "$tests/test-$t"
 done
 wait
