@@ -38,10 +38,11 @@
  * backward, on the same routed rows (the layer's own permutation, device
  * sizes): "bench":"gmlp-moe" lines, "part":"experts" and "part":"layer",
  * the latter with the forward alone ("fwd_ms") and "over_experts", the
- * cost of the layer around its experts. The routing is balanced exactly
+ * cost of the layer around its experts, and the same step captured in a
+ * GmlpGraph and replayed ("graph_ms", "graph_host_us"; on a GPU). The
+ * routing is balanced exactly
  * (balanced_tokens()). TFLOP/s count the experts' products as
- * ep_anchor.py does: 18 × tokens × topk × hidden × ffn a step. Until the
- * layer runs on CUDA, --moe refuses a CUDA device (GMLP_ERROR_UNSUPPORTED).
+ * ep_anchor.py does: 18 × tokens × topk × hidden × ffn a step.
  *
  * With --quantize, times the quantizer alone: a BF16 x of each shape (M × K)
  * to FP8 with the --fp8 recipe, rowwise only and with the columnwise copy,
@@ -97,6 +98,7 @@ static gint64 moe_hidden = 4096;
 static gint64 moe_ffn = 1536;
 static gint moe_experts = 64;
 static gint moe_topk = 8;
+static gint moe_steps = 0;
 
 static const char *const fp8_recipe_names[] = { NULL, "delayed", "current", "blockwise", "mxfp8" };
 
@@ -148,6 +150,8 @@ static const GOptionEntry entries[] = {
   { "ffn", 0, 0, G_OPTION_ARG_INT64, &moe_ffn, "--moe: each expert's FFN width (default 1536)", "F" },
   { "experts", 0, 0, G_OPTION_ARG_INT, &moe_experts, "--moe: experts (default 64)", "E" },
   { "topk", 0, 0, G_OPTION_ARG_INT, &moe_topk, "--moe: experts per token (default 8)", "K" },
+  { "moe-steps", 0, 0, G_OPTION_ARG_INT, &moe_steps,
+    "--moe: run this many layer steps after the warm-up and time nothing (for a profiler)", "N" },
   { "dims", 0, 0, G_OPTION_ARG_STRING, &dims, "Run one shape of these dimensions instead (\"custom\")",
     "E,M,K,N" },
   { "method", 0, 0, G_OPTION_ARG_STRING, &method,
@@ -841,6 +845,12 @@ op_moe_step (gpointer data, guint i, GError **error)
 }
 
 static gboolean
+op_graph_replay (gpointer data, guint i, GError **error)
+{
+  return gmlp_graph_replay (data, error);
+}
+
+static gboolean
 op_moe_forward (gpointer data, guint i, GError **error)
 {
   MoeBench *b = data;
@@ -911,13 +921,14 @@ bench_moe (GmlpDevice *device, GError **error)
   GmlpGroupedTensor *sizes;   /* the permuted tensor's */
   g_autoptr(GmlpRouting) routing = NULL;
   g_autoptr(GBytes) counts = NULL;
-  g_autofree char *common = NULL;
+  g_autofree char *common = NULL, *graph_fields = NULL;
   const gint64 *count;
   gint64 fewest, most;
   double flops = 18.0 * moe_tokens * moe_topk * moe_hidden * moe_ffn;
   MoeBench b;
   MlpBench e;
-  Timing layer_t, fwd_t, experts_t;
+  Timing layer_t, fwd_t, experts_t, graph_t;
+  g_autoptr(GmlpGraph) graph = NULL;
   guint n = (guint) MAX (iters / 4, 5), i;
 
   if (moe_tokens < 1 || moe_ffn < 1 || moe_experts < 1 || moe_topk < 1 || moe_hidden < moe_experts)
@@ -970,9 +981,33 @@ bench_moe (GmlpDevice *device, GError **error)
       return FALSE;
     }
 
+  if (moe_steps > 0)
+    {
+      for (i = 0; i < (guint) moe_steps; i++)
+        if (!op_moe_step (&b, i, error))
+          return FALSE;
+      return gmlp_device_synchronize (device, error);
+    }
   if (!time_op (device, op_moe_step, op_moe_step, &b, n, &layer_t, error) ||
       !time_op (device, op_moe_forward, op_moe_forward, &b, n, &fwd_t, error))
     return FALSE;
+
+  /* The same step captured once and replayed (graph_ms, graph_host_us),
+   * where graphs exist. */
+  graph_t.ms = graph_t.host_us = 0.0;
+  if (gmlp_device_get_kind (device) != GMLP_DEVICE_KIND_CPU)
+    {
+      if (!gmlp_device_begin_capture (device, error))
+        return FALSE;
+      if (!op_moe_step (&b, 0, error))
+        {
+          g_autoptr(GmlpGraph) abandoned = gmlp_device_end_capture (device, NULL);
+          return FALSE;
+        }
+      graph = gmlp_device_end_capture (device, error);
+      if (graph == NULL || !time_op (device, op_graph_replay, op_graph_replay, graph, n, &graph_t, error))
+        return FALSE;
+    }
 
   /* The experts alone: the layer's GroupedMLP on the layer's own
    * permutation of the same tokens (device sizes, as in the layer). */
@@ -999,10 +1034,13 @@ bench_moe (GmlpDevice *device, GError **error)
                             moe_topk, fewest, most);
   g_print ("%s,\"part\":\"experts\",\"rows\":%" G_GINT64_FORMAT ",\"ms\":%.4f,\"tflops\":%.4g,\"host_us\":%.1f}\n",
            common, moe_tokens * moe_topk, experts_t.ms, flops / (experts_t.ms * 1e-3) / 1e12, experts_t.host_us);
+  graph_fields = graph == NULL ? g_strdup ("")
+                               : g_strdup_printf (",\"graph_ms\":%.4f,\"graph_host_us\":%.1f",
+                                                  graph_t.ms, graph_t.host_us);
   g_print ("%s,\"part\":\"layer\",\"fwd_ms\":%.4f,\"fwd_host_us\":%.1f,\"ms\":%.4f,\"tflops\":%.4g"
-           ",\"host_us\":%.1f,\"over_experts\":%.4f}\n",
+           ",\"host_us\":%.1f,\"over_experts\":%.4f%s}\n",
            common, fwd_t.ms, fwd_t.host_us, layer_t.ms, flops / (layer_t.ms * 1e-3) / 1e12, layer_t.host_us,
-           layer_t.ms / experts_t.ms);
+           layer_t.ms / experts_t.ms, graph_fields);
   return TRUE;
 }
 

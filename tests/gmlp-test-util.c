@@ -567,6 +567,24 @@ gmlp_test_assert_same_bytes (GmlpGroupedTensor *a,
 }
 
 void
+gmlp_test_overwrite_values (GmlpGroupedTensor *tensor,
+                            const double      *values)
+{
+  GmlpDevice *device = gmlp_grouped_tensor_get_device (tensor);
+  g_autoptr(GmlpGroupedTensor) staged = gmlp_test_upload_values (device, values,
+                                                                 gmlp_grouped_tensor_get_total_rows (tensor),
+                                                                 gmlp_grouped_tensor_get_cols (tensor),
+                                                                 gmlp_grouped_tensor_get_dtype (tensor));
+  g_autoptr(GError) error = NULL;
+
+  g_assert_cmpuint (gmlp_grouped_tensor_get_nbytes (staged), ==, gmlp_grouped_tensor_get_nbytes (tensor));
+  g_assert_true (GMLP_DEVICE_CALL (device, copy, gmlp_grouped_tensor_get_data (tensor),
+                                   gmlp_grouped_tensor_get_data (staged),
+                                   gmlp_grouped_tensor_get_nbytes (staged), &error));
+  g_assert_no_error (error);
+}
+
+void
 gmlp_test_count_notify (GObject    *object,
                         GParamSpec *pspec,
                         gpointer    counter)

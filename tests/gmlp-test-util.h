@@ -126,6 +126,11 @@ double            *gmlp_test_dequantize        (GmlpGroupedTensor *q);
 void               gmlp_test_assert_same_packed (GmlpGroupedTensor *a,
                                                  GmlpGroupedTensor *b,
                                                  const char        *what);
+/* Writes @values (as @tensor's dtype) into a one-group tensor's storage by
+ * a device copy, without a new version: new inputs for a captured graph's
+ * next replay. */
+void               gmlp_test_overwrite_values  (GmlpGroupedTensor *tensor,
+                                                const double      *values);
 /* Asserts that two tensors have the same dtype, shape and bytes (the
  * first byte that differs, if one does). */
 void               gmlp_test_assert_same_bytes (GmlpGroupedTensor *a,

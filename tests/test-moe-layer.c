@@ -1091,6 +1091,40 @@ assert_close (const double *got,
 
 /* An MLP's gradients against the reference's (weights always, biases when
  * it has them); minus @base (a main_grad's earlier contents) when given. */
+/* Every gradient the layer holds (the router's, then the experts' and the
+ * shared expert's, FC1 then FC2, weight then bias), as float64: to compare
+ * two steps bit for bit. */
+static double *
+layer_grads (GmlpMoELayer *layer,
+             gsize        *n_values)
+{
+  GmlpGroupedMLP *mlps[2] = { gmlp_moe_layer_get_experts (layer), gmlp_moe_layer_get_shared_expert (layer) };
+  GArray *all = g_array_new (FALSE, FALSE, sizeof (double));
+  g_autofree double *router = NULL;
+  gsize n;
+  guint m, i, kind;
+
+  router = router_grad (gmlp_moe_layer_get_router (layer), &n);
+  g_array_append_vals (all, router, n);
+  for (m = 0; m < G_N_ELEMENTS (mlps) && mlps[m] != NULL; m++)
+    for (i = 0; i < 2; i++)
+      {
+        GmlpGroupedLinear *fc = i == 0 ? gmlp_grouped_mlp_get_fc1 (mlps[m]) : gmlp_grouped_mlp_get_fc2 (mlps[m]);
+
+        for (kind = GRAD_WEIGHT; kind <= GRAD_BIAS; kind++)
+          {
+            g_autofree double *v = NULL;
+
+            if (kind == GRAD_BIAS && !(gmlp_grouped_linear_get_flags (fc) & GMLP_LINEAR_BIAS))
+              continue;
+            v = linear_grad (fc, kind, &n);
+            g_array_append_vals (all, v, n);
+          }
+      }
+  *n_values = all->len;
+  return (double *) g_array_free (all, FALSE);
+}
+
 static void
 assert_mlp_grads (GmlpGroupedMLP *mlp,
                   const Mlp      *want,
@@ -2512,6 +2546,83 @@ test_init_parameters (void)
     }
 }
 
+/* A whole step (forward, backward, the aux and z losses) captured once in
+ * a GmlpGraph and replayed on new tokens and output gradients written into
+ * the same tensors: each replay gives the float64 reference of its data,
+ * and the same bytes (outputs and every gradient) as the step run eagerly
+ * on that data by a second layer with the same parameters (the layer's
+ * getters keep naming the captured forward's routing and losses, which a
+ * forward of its own would replace). While a device captures, every call
+ * that would wait for it or read its memory on the host fails
+ * (test-graph.c), so a step that is captured whole synchronizes nothing;
+ * the replays show that what was captured is the whole step. */
+static void
+test_graph (void)
+{
+  static const char *const names[] = { "mixtral", "deepseek", "capacity-padded" };
+  g_autoptr(GmlpDevice) device = layer_device_or_skip ();
+  guint i, d, replay;
+
+  if (device == NULL)
+    return;
+  if (gmlp_device_get_kind (device) == GMLP_DEVICE_KIND_CPU)
+    {
+      g_test_skip ("graphs need a GPU");
+      return;
+    }
+  for (i = 0; i < G_N_ELEMENTS (names); i++)
+    for (d = 0; d < G_N_ELEMENTS (dtypes); d++)
+      {
+        const Config *c = config (names[i]);
+        g_autoptr(Problem) p = problem_new (c, dtypes[d], T_TOKENS);
+        g_autoptr(GmlpMoELayer) layer = problem_layer (p, device, GMLP_LINEAR_NONE);
+        g_autoptr(GmlpMoELayer) eager_layer = problem_layer (p, device, GMLP_LINEAR_NONE);
+        g_autoptr(GmlpGroupedTensor) x = gmlp_test_upload_values (device, p->x, p->T, p->H, p->dtype);
+        g_autoptr(GmlpGroupedTensor) dy = gmlp_test_upload_values (device, p->dy, p->T, p->H, p->dtype);
+        g_autoptr(GmlpSavedActivations) saved = NULL;
+        g_autoptr(GmlpGraph) graph = NULL;
+        g_autoptr(GError) error = NULL;
+        g_auto(Step) captured = { NULL, };
+
+        g_assert_true (gmlp_device_begin_capture (device, &error));
+        g_assert_no_error (error);
+        captured.y = gmlp_moe_layer_forward (layer, x, &saved, &error);
+        g_assert_no_error (error);
+        captured.dx = gmlp_moe_layer_backward (layer, saved, dy, &error);
+        g_assert_no_error (error);
+        graph = gmlp_device_end_capture (device, &error);
+        g_assert_no_error (error);
+        g_assert_nonnull (graph);
+
+        for (replay = 0; replay < 3; replay++)
+          {
+            g_autoptr(Problem) q = problem_new_like (c, dtypes[d], T_TOKENS, p);
+            g_autofree char *what = g_strdup_printf ("%s %s replay %u", c->name, gmlp_dtype_get_name (dtypes[d]),
+                                                     replay);
+            g_autofree double *replayed_grads = NULL, *eager_grads = NULL;
+            g_auto(Step) eager = { NULL, };
+            gsize n, m, k;
+
+            gmlp_test_overwrite_values (x, q->x);
+            gmlp_test_overwrite_values (dy, q->dy);
+            g_assert_true (gmlp_graph_replay (graph, &error));
+            g_assert_no_error (error);
+            check_step (q, layer, &captured, TRUE, what);
+            replayed_grads = layer_grads (layer, &n);
+
+            run_step (q, device, eager_layer, FALSE, &eager);
+            gmlp_test_assert_same_bytes (captured.y, eager.y, what);
+            gmlp_test_assert_same_bytes (captured.dx, eager.dx, what);
+            eager_grads = layer_grads (eager_layer, &m);
+            g_assert_cmpuint (n, ==, m);
+            for (k = 0; k < n; k++)
+              if (memcmp (&replayed_grads[k], &eager_grads[k], sizeof (double)) != 0)
+                g_error ("%s: gradient value %" G_GSIZE_FORMAT ": %.17g replayed, %.17g eagerly", what, k,
+                         replayed_grads[k], eager_grads[k]);
+          }
+      }
+}
+
 int
 main (int argc, char *argv[])
 {
@@ -2531,6 +2642,7 @@ main (int argc, char *argv[])
   g_test_add_func ("/Gmlp/MoELayer/versions", test_versions);
   g_test_add_func ("/Gmlp/MoELayer/properties", test_properties);
   g_test_add_func ("/Gmlp/MoELayer/init-parameters", test_init_parameters);
+  g_test_add_func ("/Gmlp/MoELayer/graph", test_graph);
 
   return g_test_run ();
 }

@@ -2101,26 +2101,6 @@ test_cpu_gpu (void)
       }
 }
 
-/* Writes values into a one-group tensor's storage by a device copy, without
- * a new version: new inputs for a graph's next replay. */
-static void
-overwrite_values (GmlpGroupedTensor *tensor,
-                  const double      *values)
-{
-  GmlpDevice *device = gmlp_grouped_tensor_get_device (tensor);
-  g_autoptr(GmlpGroupedTensor) staged = gmlp_test_upload_values (device, values,
-                                                                 gmlp_grouped_tensor_get_total_rows (tensor),
-                                                                 gmlp_grouped_tensor_get_cols (tensor),
-                                                                 gmlp_grouped_tensor_get_dtype (tensor));
-  g_autoptr(GError) error = NULL;
-
-  g_assert_cmpuint (gmlp_grouped_tensor_get_nbytes (staged), ==, gmlp_grouped_tensor_get_nbytes (tensor));
-  g_assert_true (GMLP_DEVICE_CALL (device, copy, gmlp_grouped_tensor_get_data (tensor),
-                                   gmlp_grouped_tensor_get_data (staged),
-                                   gmlp_grouped_tensor_get_nbytes (staged), &error));
-  g_assert_no_error (error);
-}
-
 /* A forward and backward captured once into a graph (groups, bias, aux
  * and z), replayed on new tokens written into the same input: every replay
  * gives the float64 reference's routing and gradients, and the same bits as
@@ -2176,8 +2156,8 @@ test_graph (void)
           g_autofree char *what = g_strdup_printf ("%s replay %u", gmlp_dtype_get_name (dtypes[d]), replay);
           gsize n;
 
-          overwrite_values (x, q->x);
-          overwrite_values (grad, gq);
+          gmlp_test_overwrite_values (x, q->x);
+          gmlp_test_overwrite_values (grad, gq);
           g_assert_true (gmlp_graph_replay (graph, &error));
           g_assert_no_error (error);
 
