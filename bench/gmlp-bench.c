@@ -39,9 +39,14 @@
  * sizes): "bench":"gmlp-moe" lines, "part":"experts" and "part":"layer",
  * the latter with the forward alone ("fwd_ms") and "over_experts", the
  * cost of the layer around its experts, and the same step captured in a
- * GmlpGraph and replayed ("graph_ms", "graph_host_us"; on a GPU). The
- * routing is balanced exactly
- * (balanced_tokens()). TFLOP/s count the experts' products as
+ * GmlpGraph and replayed ("graph_ms", "graph_host_us"; on a GPU);
+ * "busy_host_us" is the host's time per call while the device is busy,
+ * which would approach "ms" if a call waited for the device.
+ * "part":"permute" and "part":"combine" time the routing's permute and
+ * combine alone, with "gbps" counting the least traffic: each token's row
+ * once one way and a row per choice the other (to compare with the
+ * device-to-device copy rate, read + write). The routing is
+ * balanced exactly (balanced_tokens()). TFLOP/s count the experts' products as
  * ep_anchor.py does: 18 × tokens × topk × hidden × ffn a step.
  *
  * With --quantize, times the quantizer alone: a BF16 x of each shape (M × K)
@@ -171,6 +176,8 @@ split_rows (gint64 experts, gint64 rows, gboolean skew)
 typedef struct {
   double ms;        /* device time per call: the median over the timed calls */
   double host_us;   /* host time per call, device idle at the start */
+  double busy_us;   /* host time per call among the timed ones (the
+                     * device busy): near ms where a call waits for it */
 } Timing;
 
 typedef gboolean (*Op) (gpointer data, guint i, GError **error);
@@ -241,6 +248,7 @@ static gboolean
 time_op (GmlpDevice *device, Op op, Op warm, gpointer data, guint n, Timing *t, GError **error)
 {
   g_autoptr(GPtrArray) events = g_ptr_array_new_with_free_func (g_object_unref);
+  g_autofree double *busy = NULL;
   gint64 start;
   guint i;
 
@@ -253,9 +261,17 @@ time_op (GmlpDevice *device, Op op, Op warm, gpointer data, guint n, Timing *t, 
       return FALSE;
   if (!gmlp_device_synchronize (device, error))
     return FALSE;
+  busy = g_new (double, n);
   for (i = 0; i < n; i++)
-    if (!timed_call (device, op, data, 3 + i, events, error))
-      return FALSE;
+    {
+      gint64 call = g_get_monotonic_time ();
+
+      if (!timed_call (device, op, data, 3 + i, events, error))
+        return FALSE;
+      busy[i] = (double) (g_get_monotonic_time () - call);
+    }
+  qsort (busy, n, sizeof (double), compare_doubles);
+  t->busy_us = busy[n / 2];
   return median_ms (events, &t->ms, error);
 }
 
@@ -844,6 +860,29 @@ op_moe_step (gpointer data, guint i, GError **error)
   return dx != NULL;
 }
 
+typedef struct {
+  GmlpRouting       *routing;
+  GmlpGroupedTensor *x, *permuted;
+} PermuteBench;
+
+static gboolean
+op_permute (gpointer data, guint i, GError **error)
+{
+  PermuteBench *b = data;
+  g_autoptr(GmlpGroupedTensor) out = gmlp_routing_permute_full (b->routing, b->x, 0, 0.0, error);
+
+  return out != NULL;
+}
+
+static gboolean
+op_combine (gpointer data, guint i, GError **error)
+{
+  PermuteBench *b = data;
+  g_autoptr(GmlpGroupedTensor) out = gmlp_routing_combine (b->routing, b->permuted, error);
+
+  return out != NULL;
+}
+
 static gboolean
 op_graph_replay (gpointer data, guint i, GError **error)
 {
@@ -927,7 +966,11 @@ bench_moe (GmlpDevice *device, GError **error)
   double flops = 18.0 * moe_tokens * moe_topk * moe_hidden * moe_ffn;
   MoeBench b;
   MlpBench e;
-  Timing layer_t, fwd_t, experts_t, graph_t;
+  Timing layer_t, fwd_t, experts_t, graph_t, permute_t, combine_t;
+  PermuteBench pb;
+  /* What a permute or combine moves at the least: each token's row once
+   * one way, a row per choice the other (BF16). */
+  double moved = (moe_topk + 1.0) * moe_tokens * moe_hidden * 2;
   g_autoptr(GmlpGraph) graph = NULL;
   guint n = (guint) MAX (iters / 4, 5), i;
 
@@ -1018,6 +1061,12 @@ bench_moe (GmlpDevice *device, GError **error)
                                                                    moe_hidden, error) : NULL;
   if (dy_permuted == NULL || !gmlp_grouped_tensor_fill_random (dy_permuted, 3, 1.0, error))
     return FALSE;
+  pb.routing = routing;
+  pb.x = x;
+  pb.permuted = permuted;
+  if (!time_op (device, op_permute, op_permute, &pb, n, &permute_t, error) ||
+      !time_op (device, op_combine, op_combine, &pb, n, &combine_t, error))
+    return FALSE;
   e.mlp = gmlp_moe_layer_get_experts (layer);
   e.x = permuted;
   e.dy = dy_permuted;
@@ -1038,9 +1087,13 @@ bench_moe (GmlpDevice *device, GError **error)
                                : g_strdup_printf (",\"graph_ms\":%.4f,\"graph_host_us\":%.1f",
                                                   graph_t.ms, graph_t.host_us);
   g_print ("%s,\"part\":\"layer\",\"fwd_ms\":%.4f,\"fwd_host_us\":%.1f,\"ms\":%.4f,\"tflops\":%.4g"
-           ",\"host_us\":%.1f,\"over_experts\":%.4f%s}\n",
+           ",\"host_us\":%.1f,\"busy_host_us\":%.1f,\"over_experts\":%.4f%s}\n",
            common, fwd_t.ms, fwd_t.host_us, layer_t.ms, flops / (layer_t.ms * 1e-3) / 1e12, layer_t.host_us,
-           layer_t.ms / experts_t.ms, graph_fields);
+           layer_t.busy_us, layer_t.ms / experts_t.ms, graph_fields);
+  g_print ("%s,\"part\":\"permute\",\"ms\":%.4f,\"gbps\":%.1f,\"host_us\":%.1f}\n",
+           common, permute_t.ms, moved / (permute_t.ms * 1e-3) / 1e9, permute_t.host_us);
+  g_print ("%s,\"part\":\"combine\",\"ms\":%.4f,\"gbps\":%.1f,\"host_us\":%.1f}\n",
+           common, combine_t.ms, moved / (combine_t.ms * 1e-3) / 1e9, combine_t.host_us);
   return TRUE;
 }
 

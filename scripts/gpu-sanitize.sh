@@ -142,7 +142,10 @@ run ()
   (
     eval "timeout ${GMLP_SANITIZE_TIMEOUT:-900} compute-sanitizer ${options[*]} $command" > "$log" 2>&1
     rc=$?
-    errors=$(sed -n 's/^========= ERROR SUMMARY: \([0-9]*\) error.*/\1/p' "$log" | tail -1)
+    # memcheck and synccheck end with "ERROR SUMMARY: N errors", racecheck
+    # with "RACECHECK SUMMARY: H hazards displayed (N errors, W warnings)".
+    errors=$(sed -n -e 's/^========= ERROR SUMMARY: \([0-9]*\) error.*/\1/p' \
+                    -e 's/^========= RACECHECK SUMMARY: .*(\([0-9]*\) error.*/\1/p' "$log" | tail -1)
     echo "result: $rc ${errors:-?}" >> "$log"
     if [ -n "$errors" ]; then
       echo "$tool $name: exit $rc, $errors errors"
