@@ -15,6 +15,7 @@
 #include "gmlp-error.h"
 #include "gmlp-error-private.h"
 #include "gmlp-grouped-tensor-private.h"
+#include "gmlp-router-private.h"
 #include "gmlp-saved-activations-private.h"
 #include "gmlp-thread-private.h"
 
@@ -877,8 +878,9 @@ gmlp_moe_layer_backward (GmlpMoELayer          *self,
   grad_input = gmlp_routing_permute_backward (routing, grad_permuted, error);
   if (grad_input == NULL)
     return NULL;
-  grad_router = gmlp_router_backward (self->router, router_saved, grad_probs, error);
-  if (grad_router == NULL || !gmlp_grouped_tensor_add_scaled (grad_input, 1.0, grad_router, error))
+  /* The router's part goes straight into grad_input: one pass over it. */
+  grad_router = gmlp_router_backward_into (self->router, router_saved, grad_probs, grad_input, error);
+  if (grad_router == NULL)
     return NULL;
   if (shared_saved != NULL)
     {

@@ -8,6 +8,7 @@
 #include <math.h>
 
 #include "gmlp-router.h"
+#include "gmlp-router-private.h"
 #include "gmlp-device-private.h"
 #include "gmlp-dtype-private.h"
 #include "gmlp-enum-types.h"
@@ -1019,37 +1020,15 @@ check_grad_probs (GmlpRouter         *self,
   return TRUE;
 }
 
-/**
- * gmlp_router_backward:
- * @self: a #GmlpRouter
- * @saved: what the forward returned; consumed by this call
- * @grad_probs: the gradient of the routing's probabilities, `T × k` FP32
- *   (one group, its size on the host)
- * @error: return location for a #GError
- *
- * Computes the input gradient through the gate, from the gradient of the
- * probabilities and those of the forward's aux loss and z-loss (see
- * [class@Gmlp.Router]), and the gate weight's gradient as the gradient
- * contract says: now, or queued for [method@Gmlp.Router.backward_dw] when
- * delayed. Enqueued on the device's stream; no host synchronisation.
- *
- * Everything is checked, and everything allocated, before anything is
- * written: a backward that fails leaves @saved unused, so it can be retried.
- *
- * Returns: (transfer full): the input gradient, `T × hidden` in the input's
- *   dtype, or %NULL with %GMLP_ERROR_INVALID_ARGUMENT for activations of
- *   another router, %GMLP_ERROR_INVALID_STATE for activations already used
- *   or for an input, gate weight or routing written since the forward,
- *   %GMLP_ERROR_SHAPE_MISMATCH or %GMLP_ERROR_DTYPE_MISMATCH for another
- *   @grad_probs, or an error of the gate's backward (main_grad)
- *
- * Since: 0.1
- */
-GmlpGroupedTensor *
-gmlp_router_backward (GmlpRouter            *self,
-                      GmlpSavedActivations  *saved,
-                      GmlpGroupedTensor     *grad_probs,
-                      GError               **error)
+/* gmlp_router_backward(), or with @into, the input gradient added into
+ * @into (T × hidden, the input's dtype) rather than made anew: one pass
+ * instead of a conversion and an addition. */
+static GmlpGroupedTensor *
+router_backward (GmlpRouter            *self,
+                 GmlpSavedActivations  *saved,
+                 GmlpGroupedTensor     *grad_probs,
+                 GmlpGroupedTensor     *into,
+                 GError               **error)
 {
   g_autoptr(GmlpRecMutexLocker) locker = NULL;
   g_autoptr(GmlpLinearBackward) step = NULL;
@@ -1059,11 +1038,6 @@ gmlp_router_backward (GmlpRouter            *self,
   GmlpBackendShape dx32_shape;
   GmlpBackendRouter options;
   gint64 n_tokens;
-
-  g_return_val_if_fail (GMLP_IS_ROUTER (self), NULL);
-  g_return_val_if_fail (GMLP_IS_SAVED_ACTIVATIONS (saved), NULL);
-  g_return_val_if_fail (GMLP_IS_GROUPED_TENSOR (grad_probs), NULL);
-  g_return_val_if_fail (error == NULL || *error == NULL, NULL);
 
   if (!gmlp_check_constructed (self, self->construct_error, error) ||
       !gmlp_grouped_tensor_check_usable (grad_probs, error))
@@ -1110,7 +1084,28 @@ gmlp_router_backward (GmlpRouter            *self,
   step = gmlp_grouped_linear_backward_begin (self->gate, gate_saved, grad_logits, "Router's gate", error);
   if (step == NULL)
     return NULL;
-  if (input != NULL)
+  /* An FP32 input is the gate's own: no copy was saved. */
+  if (into != NULL &&
+      (gmlp_grouped_tensor_get_device (into) != self->device ||
+       gmlp_grouped_tensor_get_n_groups (into) != 1 || !gmlp_grouped_tensor_has_host_sizes (into) ||
+       gmlp_grouped_tensor_get_total_rows (into) != n_tokens ||
+       gmlp_grouped_tensor_get_cols (into) != self->hidden ||
+       gmlp_grouped_tensor_get_dtype (into) != (input != NULL ? gmlp_grouped_tensor_get_dtype (input)
+                                                               : GMLP_DTYPE_FLOAT32)))
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_SHAPE_MISMATCH,
+                   "The router's input gradient goes into a %" G_GINT64_FORMAT " × %" G_GINT64_FORMAT
+                   " %s tensor; the forward read a %" G_GINT64_FORMAT " × %" G_GINT64_FORMAT " input",
+                   gmlp_grouped_tensor_get_total_rows (into), gmlp_grouped_tensor_get_cols (into),
+                   gmlp_dtype_get_name (gmlp_grouped_tensor_get_dtype (into)), n_tokens, self->hidden);
+      return NULL;
+    }
+  if (into != NULL)
+    {
+      if (!gmlp_grouped_tensor_get_backend_shape (into, &dx32_shape, error))
+        return NULL;
+    }
+  else if (input != NULL)
     {
       dx = new_tensor (self, gmlp_grouped_tensor_get_dtype (input), n_tokens, self->hidden, error);
       if (dx == NULL ||
@@ -1128,6 +1123,15 @@ gmlp_router_backward (GmlpRouter            *self,
                          gmlp_grouped_tensor_get_data (grad_logits), error) ||
       !gmlp_grouped_linear_backward_dgrad (self->gate, step, error))
     return NULL;
+  if (into != NULL)
+    {
+      gmlp_grouped_tensor_bump_version (into);
+      if (!GMLP_DEVICE_CALL (self->device, axpby, &dx32_shape,
+                             gmlp_grouped_tensor_get_data (gmlp_linear_backward_get_grad_input (step)),
+                             GMLP_DTYPE_FLOAT32, gmlp_grouped_tensor_get_data (into),
+                             (int) gmlp_grouped_tensor_get_dtype (into), 1.0f, 1.0f, error))
+        return NULL;
+    }
   if (dx != NULL &&
       !GMLP_DEVICE_CALL (self->device, convert, &dx32_shape,
                          gmlp_grouped_tensor_get_data (gmlp_linear_backward_get_grad_input (step)),
@@ -1141,7 +1145,69 @@ gmlp_router_backward (GmlpRouter            *self,
   gmlp_saved_activations_consume (saved);
   if (!(self->flags & GMLP_LINEAR_DELAY_WGRAD_COMPUTE) && !emit_wgrad_ready (self, error))
     return NULL;
+  if (into != NULL)
+    return g_object_ref (into);
   return dx != NULL ? g_steal_pointer (&dx) : g_steal_pointer (&dx32);
+}
+
+/**
+ * gmlp_router_backward:
+ * @self: a #GmlpRouter
+ * @saved: what the forward returned; consumed by this call
+ * @grad_probs: the gradient of the routing's probabilities, `T × k` FP32
+ *   (one group, its size on the host)
+ * @error: return location for a #GError
+ *
+ * Computes the input gradient through the gate, from the gradient of the
+ * probabilities and those of the forward's aux loss and z-loss (see
+ * [class@Gmlp.Router]), and the gate weight's gradient as the gradient
+ * contract says: now, or queued for [method@Gmlp.Router.backward_dw] when
+ * delayed. Enqueued on the device's stream; no host synchronisation.
+ *
+ * Everything is checked, and everything allocated, before anything is
+ * written: a backward that fails leaves @saved unused, so it can be retried.
+ *
+ * Returns: (transfer full): the input gradient, `T × hidden` in the input's
+ *   dtype, or %NULL with %GMLP_ERROR_INVALID_ARGUMENT for activations of
+ *   another router, %GMLP_ERROR_INVALID_STATE for activations already used
+ *   or for an input, gate weight or routing written since the forward,
+ *   %GMLP_ERROR_SHAPE_MISMATCH or %GMLP_ERROR_DTYPE_MISMATCH for another
+ *   @grad_probs, or an error of the gate's backward (main_grad)
+ *
+ * Since: 0.1
+ */
+GmlpGroupedTensor *
+gmlp_router_backward (GmlpRouter            *self,
+                      GmlpSavedActivations  *saved,
+                      GmlpGroupedTensor     *grad_probs,
+                      GError               **error)
+{
+  g_return_val_if_fail (GMLP_IS_ROUTER (self), NULL);
+  g_return_val_if_fail (GMLP_IS_SAVED_ACTIVATIONS (saved), NULL);
+  g_return_val_if_fail (GMLP_IS_GROUPED_TENSOR (grad_probs), NULL);
+  g_return_val_if_fail (error == NULL || *error == NULL, NULL);
+
+  return router_backward (self, saved, grad_probs, NULL, error);
+}
+
+/* gmlp_router_backward() adding the input gradient into @grad_input (the
+ * MoE layer's, T × hidden in the input's dtype), which it returns
+ * (transfer full); another shape or dtype is refused before anything is
+ * written. */
+GmlpGroupedTensor *
+gmlp_router_backward_into (GmlpRouter            *self,
+                           GmlpSavedActivations  *saved,
+                           GmlpGroupedTensor     *grad_probs,
+                           GmlpGroupedTensor     *grad_input,
+                           GError               **error)
+{
+  g_return_val_if_fail (GMLP_IS_ROUTER (self), NULL);
+  g_return_val_if_fail (GMLP_IS_SAVED_ACTIVATIONS (saved), NULL);
+  g_return_val_if_fail (GMLP_IS_GROUPED_TENSOR (grad_probs), NULL);
+  g_return_val_if_fail (GMLP_IS_GROUPED_TENSOR (grad_input), NULL);
+  g_return_val_if_fail (error == NULL || *error == NULL, NULL);
+
+  return router_backward (self, saved, grad_probs, grad_input, error);
 }
 
 /**
