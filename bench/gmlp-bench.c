@@ -1026,8 +1026,10 @@ bench_moe (GmlpDevice *device, GError **error)
           return FALSE;
       return gmlp_device_synchronize (device, error);
     }
-  if (!time_op (device, op_moe_step, op_moe_step, &b, n, &layer_t, error) ||
-      !time_op (device, op_moe_forward, op_moe_forward, &b, n, &fwd_t, error))
+  /* Each timing after the same rest: back to back, the GPU would meet the
+   * later ones hotter, at lower clocks. */
+  if (!rest (device, error) || !time_op (device, op_moe_step, op_moe_step, &b, n, &layer_t, error) ||
+      !rest (device, error) || !time_op (device, op_moe_forward, op_moe_forward, &b, n, &fwd_t, error))
     return FALSE;
 
   /* The same step captured once and replayed (graph_ms, graph_host_us),
@@ -1043,7 +1045,8 @@ bench_moe (GmlpDevice *device, GError **error)
           return FALSE;
         }
       graph = gmlp_device_end_capture (device, error);
-      if (graph == NULL || !time_op (device, op_graph_replay, op_graph_replay, graph, n, &graph_t, error))
+      if (graph == NULL || !rest (device, error) ||
+          !time_op (device, op_graph_replay, op_graph_replay, graph, n, &graph_t, error))
         return FALSE;
     }
 
@@ -1059,8 +1062,8 @@ bench_moe (GmlpDevice *device, GError **error)
   pb.routing = routing;
   pb.x = x;
   pb.permuted = permuted;
-  if (!time_op (device, op_permute, op_permute, &pb, n, &permute_t, error) ||
-      !time_op (device, op_combine, op_combine, &pb, n, &combine_t, error))
+  if (!rest (device, error) || !time_op (device, op_permute, op_permute, &pb, n, &permute_t, error) ||
+      !rest (device, error) || !time_op (device, op_combine, op_combine, &pb, n, &combine_t, error))
     return FALSE;
   e.mlp = gmlp_moe_layer_get_experts (layer);
   e.x = permuted;
