@@ -62,4 +62,13 @@ gboolean            gmlp_grouped_linear_backward_dw_prepare (GmlpGroupedLinear  
                                                              const char          *label,
                                                              GError             **error);
 
+/* Whether set_quantizers() would take these quantizers (the same checks,
+ * the same errors); changes nothing. For GroupedMLP and MoELayer, which
+ * check every layer before they give any its quantizers. */
+gboolean            gmlp_grouped_linear_check_quantizers (GmlpGroupedLinear  *self,
+                                                          GmlpQuantizer      *input,
+                                                          GmlpQuantizer      *weight,
+                                                          GmlpQuantizer      *grad_output,
+                                                          GError            **error);
+
 G_END_DECLS

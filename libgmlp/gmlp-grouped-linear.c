@@ -3389,6 +3389,17 @@ gmlp_grouped_linear_set_quantizers (GmlpGroupedLinear  *self,
   return TRUE;
 }
 
+gboolean
+gmlp_grouped_linear_check_quantizers (GmlpGroupedLinear  *self,
+                                      GmlpQuantizer      *input,
+                                      GmlpQuantizer      *weight,
+                                      GmlpQuantizer      *grad_output,
+                                      GError            **error)
+{
+  return gmlp_check_constructed (self, self->construct_error, error) &&
+         fp8_check_quantizers (self, input, weight, grad_output, error);
+}
+
 /**
  * gmlp_grouped_linear_get_quantizer:
  * @self: a #GmlpGroupedLinear

@@ -31,4 +31,12 @@ GmlpGroupedTensor *gmlp_grouped_mlp_run_activation_quantize (GmlpGroupedMLP     
                                                              gboolean            with_columnwise,
                                                              GError            **error);
 
+/* Whether set_fp8_recipe (@recipe, @format) would succeed (the same
+ * checks, the same errors); changes nothing. For MoELayer, which checks
+ * its experts and its shared expert before it changes either. */
+gboolean           gmlp_grouped_mlp_check_fp8_recipe        (GmlpGroupedMLP     *self,
+                                                             GmlpScalingRecipe   recipe,
+                                                             GmlpFp8Format       format,
+                                                             GError            **error);
+
 G_END_DECLS

@@ -1282,6 +1282,43 @@ gmlp_grouped_mlp_get_grad_added_to_main_grad (GmlpGroupedMLP *self)
   return self->fc1 != NULL && gmlp_grouped_linear_get_grad_added_to_main_grad (self->fc1);
 }
 
+static gboolean
+check_recipe_known (GmlpScalingRecipe   recipe,
+                    GmlpFp8Format       format,
+                    GError            **error)
+{
+  if ((guint) recipe > GMLP_SCALING_RECIPE_MXFP8 || (guint) format > GMLP_FP8_FORMAT_HYBRID)
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
+                   "Unknown FP8 recipe %d or format %d", (int) recipe, (int) format);
+      return FALSE;
+    }
+  return TRUE;
+}
+
+gboolean
+gmlp_grouped_mlp_check_fp8_recipe (GmlpGroupedMLP     *self,
+                                   GmlpScalingRecipe   recipe,
+                                   GmlpFp8Format       format,
+                                   GError            **error)
+{
+  g_autoptr(GmlpQuantizer) input = NULL, weight = NULL, grad_output = NULL;
+
+  if (!gmlp_check_constructed (self, self->construct_error, error) ||
+      !check_recipe_known (recipe, format, error))
+    return FALSE;
+  if (recipe == GMLP_SCALING_RECIPE_NONE)
+    return TRUE;
+
+  /* The checks look at the quantizers' settings only: one set serves
+   * both layers. */
+  input = gmlp_quantizer_new (self->device, recipe, format, GMLP_QUANTIZER_ROLE_INPUT);
+  weight = gmlp_quantizer_new (self->device, recipe, format, GMLP_QUANTIZER_ROLE_WEIGHT);
+  grad_output = gmlp_quantizer_new (self->device, recipe, format, GMLP_QUANTIZER_ROLE_GRAD_OUTPUT);
+  return gmlp_grouped_linear_check_quantizers (self->fc1, input, weight, grad_output, error) &&
+         gmlp_grouped_linear_check_quantizers (self->fc2, input, weight, grad_output, error);
+}
+
 /* Makes six quantizers of @recipe and @format (none for NONE) and gives
  * them to both layers, both or neither: a layer that refuses them leaves
  * the MLP as it was. */
@@ -1300,12 +1337,8 @@ apply_fp8_recipe (GmlpGroupedMLP     *self,
   gboolean ok = FALSE;
   guint l, r;
 
-  if ((guint) recipe > GMLP_SCALING_RECIPE_MXFP8 || (guint) format > GMLP_FP8_FORMAT_HYBRID)
-    {
-      g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
-                   "Unknown FP8 recipe %d or format %d", (int) recipe, (int) format);
-      return FALSE;
-    }
+  if (!check_recipe_known (recipe, format, error))
+    return FALSE;
 
   if (recipe != GMLP_SCALING_RECIPE_NONE)
     for (l = 0; l < 2; l++)

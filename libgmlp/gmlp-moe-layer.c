@@ -14,6 +14,7 @@
 #include "gmlp-enum-types.h"
 #include "gmlp-error.h"
 #include "gmlp-error-private.h"
+#include "gmlp-grouped-mlp-private.h"
 #include "gmlp-grouped-tensor-private.h"
 #include "gmlp-router-private.h"
 #include "gmlp-saved-activations-private.h"
@@ -56,6 +57,16 @@
  * g_object_new() from them is complete; one whose properties can't work
  * reports why from [iface@Gio.Initable]'s init and from every method.
  *
+ * FP8: with [property@Gmlp.MoELayer:fp8-recipe] (or
+ * [method@Gmlp.MoELayer.set_fp8_recipe]) the routed experts and the shared
+ * expert multiply in FP8, each with the quantizers of
+ * [method@Gmlp.GroupedMLP.set_fp8_recipe]; the router's gate stays FP32.
+ * Every recipe works with device-only sizes and with any
+ * [property@Gmlp.MoELayer:padding]: the experts' FP8 passes read each
+ * expert's rows from the sizes on the device, whatever their number.
+ * Delayed scaling needs [method@Gmlp.MoELayer.update_quantizers] once a
+ * training step.
+ *
  * Threads: forwards may run on several threads at once; backwards and
  * backward_dw take turns, as the sub-layers' do. The "last forward" of the
  * getters is the last to finish.
@@ -86,6 +97,9 @@ struct _GmlpMoELayer
   guint               padding;
   double              capacity_factor;
   gint64              shared_ffn_hidden;
+  /* What the layer gave its experts (NONE: no FP8 of its making). */
+  GmlpScalingRecipe   fp8_recipe;
+  GmlpFp8Format       fp8_format;
   GValue              router_values[N_ROUTER_OPTIONS];
   guint64             id;
 
@@ -119,6 +133,8 @@ enum {
   PROP_PADDING,
   PROP_CAPACITY_FACTOR,
   PROP_SHARED_EXPERT_FFN_HIDDEN,
+  PROP_FP8_RECIPE,
+  PROP_FP8_FORMAT,
   PROP_FIRST_ROUTER_OPTION,
   N_PROPS = PROP_FIRST_ROUTER_OPTION + N_ROUTER_OPTIONS
 };
@@ -199,6 +215,12 @@ gmlp_moe_layer_get_property (GObject    *object,
     case PROP_SHARED_EXPERT_FFN_HIDDEN:
       g_value_set_int64 (value, self->shared_ffn_hidden);
       break;
+    case PROP_FP8_RECIPE:
+      g_value_set_enum (value, self->fp8_recipe);
+      break;
+    case PROP_FP8_FORMAT:
+      g_value_set_enum (value, self->fp8_format);
+      break;
     default:
       G_OBJECT_WARN_INVALID_PROPERTY_ID (object, prop_id, pspec);
     }
@@ -257,6 +279,12 @@ gmlp_moe_layer_set_property (GObject      *object,
       break;
     case PROP_SHARED_EXPERT_FFN_HIDDEN:
       self->shared_ffn_hidden = g_value_get_int64 (value);
+      break;
+    case PROP_FP8_RECIPE:
+      self->fp8_recipe = g_value_get_enum (value);
+      break;
+    case PROP_FP8_FORMAT:
+      self->fp8_format = g_value_get_enum (value);
       break;
     default:
       G_OBJECT_WARN_INVALID_PROPERTY_ID (object, prop_id, pspec);
@@ -433,6 +461,34 @@ gmlp_moe_layer_class_init (GmlpMoELayerClass *klass)
     g_param_spec_int64 ("shared-expert-ffn-hidden", NULL, NULL, G_MININT64, G_MAXINT64, 0,
                         construct);
 
+  /**
+   * GmlpMoELayer:fp8-recipe:
+   *
+   * The scaling recipe the layer gave the routed experts and the shared
+   * expert ([method@Gmlp.MoELayer.set_fp8_recipe]), or
+   * %GMLP_SCALING_RECIPE_NONE for no FP8 of the layer's making. Set at
+   * construction or with [method@Gmlp.MoELayer.set_fp8_recipe]; recipes or
+   * quantizers given to the experts directly do not change it.
+   *
+   * Since: 0.1
+   */
+  properties[PROP_FP8_RECIPE] =
+    g_param_spec_enum ("fp8-recipe", NULL, NULL, GMLP_TYPE_SCALING_RECIPE,
+                       GMLP_SCALING_RECIPE_NONE, construct);
+
+  /**
+   * GmlpMoELayer:fp8-format:
+   *
+   * The FP8 format of [property@Gmlp.MoELayer:fp8-recipe]:
+   * %GMLP_FP8_FORMAT_HYBRID, E4M3 forward and E5M2 for the gradients, by
+   * default.
+   *
+   * Since: 0.1
+   */
+  properties[PROP_FP8_FORMAT] =
+    g_param_spec_enum ("fp8-format", NULL, NULL, GMLP_TYPE_FP8_FORMAT,
+                       GMLP_FP8_FORMAT_HYBRID, construct);
+
   for (i = 0; i < N_ROUTER_OPTIONS; i++)
     properties[PROP_FIRST_ROUTER_OPTION + i] =
       router_option_pspec (G_OBJECT_CLASS (router_class), router_options[i]);
@@ -450,8 +506,35 @@ gmlp_moe_layer_init (GmlpMoELayer *self)
   self->activation = GMLP_ACTIVATION_SWIGLU;
   self->dtype = GMLP_DTYPE_FLOAT32;
   self->flags = GMLP_LINEAR_SINGLE_GROUPED_WEIGHT;
+  self->fp8_recipe = GMLP_SCALING_RECIPE_NONE;
+  self->fp8_format = GMLP_FP8_FORMAT_HYBRID;
   g_mutex_init (&self->last_lock);
   g_rec_mutex_init (&self->grad_lock);
+}
+
+/* @recipe and @format on the routed experts and on the shared expert,
+ * both or neither: both are checked before either changes (GroupedMLP's
+ * rules: their widths differ). */
+static gboolean
+apply_fp8_recipe (GmlpMoELayer       *self,
+                  GmlpScalingRecipe   recipe,
+                  GmlpFp8Format       format,
+                  GError            **error)
+{
+  if (!gmlp_grouped_mlp_check_fp8_recipe (self->experts, recipe, format, error))
+    {
+      g_prefix_error (error, "The experts: ");
+      return FALSE;
+    }
+  if (self->shared != NULL && !gmlp_grouped_mlp_check_fp8_recipe (self->shared, recipe, format, error))
+    {
+      g_prefix_error (error, "The shared expert: ");
+      return FALSE;
+    }
+  if (!gmlp_grouped_mlp_set_fp8_recipe (self->experts, recipe, format, error) ||
+      (self->shared != NULL && !gmlp_grouped_mlp_set_fp8_recipe (self->shared, recipe, format, error)))
+    g_return_val_if_reached (FALSE);
+  return TRUE;
 }
 
 static gboolean
@@ -534,6 +617,10 @@ construct_layer (GmlpMoELayer  *self,
       if (self->shared == NULL)
         return FALSE;
     }
+
+  if (self->fp8_recipe != GMLP_SCALING_RECIPE_NONE &&
+      !apply_fp8_recipe (self, self->fp8_recipe, self->fp8_format, error))
+    return FALSE;
 
   self->id = gmlp_layer_id_next ();
   ok = gmlp_moe_layer_init_parameters (self, 0, error);
@@ -816,6 +903,9 @@ gmlp_moe_layer_forward (GmlpMoELayer          *self,
  * (docs/gradient-contract.md); the auxiliary losses count as if added to
  * the loss whose gradient @grad_output is. Consumes @saved.
  *
+ * The backward of an FP8 forward is FP8, whatever the recipe is by then
+ * (see [method@Gmlp.MoELayer.set_fp8_recipe]).
+ *
  * Returns: (transfer full): the input's gradient, or %NULL with an error
  *
  * Since: 0.1
@@ -926,6 +1016,138 @@ gmlp_moe_layer_backward_dw (GmlpMoELayer  *self,
   return gmlp_grouped_mlp_backward_dw (self->experts, error) &&
          gmlp_router_backward_dw (self->router, error) &&
          (self->shared == NULL || gmlp_grouped_mlp_backward_dw (self->shared, error));
+}
+
+/**
+ * gmlp_moe_layer_set_fp8_recipe:
+ * @self: a #GmlpMoELayer
+ * @recipe: the scaling recipe, or %GMLP_SCALING_RECIPE_NONE to take FP8
+ *   away
+ * @format: the FP8 format
+ * @error: return location for a #GError
+ *
+ * Makes the experts FP8: [method@Gmlp.GroupedMLP.set_fp8_recipe] on the
+ * routed experts and on the shared expert, when there is one (six new
+ * [class@Gmlp.Quantizer]s each, of @recipe and @format, starting afresh).
+ * With %GMLP_SCALING_RECIPE_NONE both lose their quantizers. The router's
+ * gate stays FP32.
+ *
+ * The rules are GroupedMLP's, for both: the per-tensor recipes need
+ * `hidden`, `ffn_hidden` and
+ * [property@Gmlp.MoELayer:shared-expert-ffn-hidden] multiples of 16 and a
+ * format other than %GMLP_FP8_FORMAT_E5M2. Both are checked before either
+ * changes.
+ *
+ * Nothing is asked of [property@Gmlp.MoELayer:padding]: every recipe
+ * takes experts of any number of rows, read from the sizes on the device
+ * (a block of scales that runs past an expert's last row gets the scale of
+ * the rows it holds; docs/fp8.md). A padding of 16 spares the GPU's FP8
+ * weight gradients the copy of each expert's operands whose row count is
+ * not a multiple of 16 into rows padded to 16.
+ *
+ * Saved activations of earlier forwards keep what they were made with:
+ * the backward of an FP8 forward is FP8 and needs FP8 quantizers still,
+ * of a recipe its operands meet. Taking FP8 away, or a recipe that does
+ * not combine with the forward's, makes that backward fail
+ * (%GMLP_ERROR_INVALID_STATE, %GMLP_ERROR_UNSUPPORTED) before it writes
+ * anything, the saved activations unused: it runs once a fitting recipe is
+ * set again.
+ *
+ * Not ordered with forwards and backwards running on other threads: set
+ * it between steps.
+ *
+ * Returns: %TRUE on success; %FALSE with %GMLP_ERROR_INVALID_ARGUMENT for
+ *   an unknown recipe or format, or %GMLP_ERROR_UNSUPPORTED for sizes or a
+ *   format the FP8 products do not take; neither the experts nor the shared
+ *   expert is changed then
+ *
+ * Since: 0.1
+ */
+gboolean
+gmlp_moe_layer_set_fp8_recipe (GmlpMoELayer       *self,
+                               GmlpScalingRecipe   recipe,
+                               GmlpFp8Format       format,
+                               GError            **error)
+{
+  g_return_val_if_fail (GMLP_IS_MOE_LAYER (self), FALSE);
+  g_return_val_if_fail (error == NULL || *error == NULL, FALSE);
+
+  if (!gmlp_check_constructed (self, self->construct_error, error) ||
+      !apply_fp8_recipe (self, recipe, format, error))
+    return FALSE;
+
+  g_object_freeze_notify (G_OBJECT (self));
+  if (self->fp8_recipe != recipe)
+    {
+      self->fp8_recipe = recipe;
+      g_object_notify_by_pspec (G_OBJECT (self), properties[PROP_FP8_RECIPE]);
+    }
+  if (self->fp8_format != format)
+    {
+      self->fp8_format = format;
+      g_object_notify_by_pspec (G_OBJECT (self), properties[PROP_FP8_FORMAT]);
+    }
+  g_object_thaw_notify (G_OBJECT (self));
+  return TRUE;
+}
+
+/**
+ * gmlp_moe_layer_get_fp8_recipe:
+ * @self: a #GmlpMoELayer
+ *
+ * Returns: the value of [property@Gmlp.MoELayer:fp8-recipe]
+ *
+ * Since: 0.1
+ */
+GmlpScalingRecipe
+gmlp_moe_layer_get_fp8_recipe (GmlpMoELayer *self)
+{
+  g_return_val_if_fail (GMLP_IS_MOE_LAYER (self), GMLP_SCALING_RECIPE_NONE);
+  return self->fp8_recipe;
+}
+
+/**
+ * gmlp_moe_layer_get_fp8_format:
+ * @self: a #GmlpMoELayer
+ *
+ * Returns: the value of [property@Gmlp.MoELayer:fp8-format]
+ *
+ * Since: 0.1
+ */
+GmlpFp8Format
+gmlp_moe_layer_get_fp8_format (GmlpMoELayer *self)
+{
+  g_return_val_if_fail (GMLP_IS_MOE_LAYER (self), GMLP_FP8_FORMAT_HYBRID);
+  return self->fp8_format;
+}
+
+/**
+ * gmlp_moe_layer_update_quantizers:
+ * @self: a #GmlpMoELayer
+ * @error: return location for a #GError
+ *
+ * Ends a training step for the quantizers of the routed experts and of the
+ * shared expert: [method@Gmlp.GroupedMLP.update_quantizers] on each.
+ * Delayed scaling needs it once a step, after the step's last backward
+ * (and backward_dw); the other recipes have nothing to update.
+ * Stream-ordered; nothing waits. Only a device error can make it fail.
+ *
+ * Returns: %TRUE on success (also without quantizers)
+ *
+ * Since: 0.1
+ */
+gboolean
+gmlp_moe_layer_update_quantizers (GmlpMoELayer  *self,
+                                  GError       **error)
+{
+  g_return_val_if_fail (GMLP_IS_MOE_LAYER (self), FALSE);
+  g_return_val_if_fail (error == NULL || *error == NULL, FALSE);
+
+  if (!gmlp_check_constructed (self, self->construct_error, error))
+    return FALSE;
+
+  return gmlp_grouped_mlp_update_quantizers (self->experts, error) &&
+         (self->shared == NULL || gmlp_grouped_mlp_update_quantizers (self->shared, error));
 }
 
 /**

@@ -20,6 +20,7 @@
 #include "gmlp-router.h"
 #include "gmlp-routing.h"
 #include "gmlp-saved-activations.h"
+#include "gmlp-scaling-recipe.h"
 
 G_BEGIN_DECLS
 
@@ -62,6 +63,19 @@ gboolean           gmlp_moe_layer_backward_dw           (GmlpMoELayer          *
 GMLP_AVAILABLE_IN_0_1
 gboolean           gmlp_moe_layer_init_parameters       (GmlpMoELayer          *self,
                                                          guint64                seed,
+                                                         GError               **error);
+
+GMLP_AVAILABLE_IN_0_1
+gboolean           gmlp_moe_layer_set_fp8_recipe        (GmlpMoELayer          *self,
+                                                         GmlpScalingRecipe      recipe,
+                                                         GmlpFp8Format          format,
+                                                         GError               **error);
+GMLP_AVAILABLE_IN_0_1
+GmlpScalingRecipe  gmlp_moe_layer_get_fp8_recipe        (GmlpMoELayer          *self);
+GMLP_AVAILABLE_IN_0_1
+GmlpFp8Format      gmlp_moe_layer_get_fp8_format        (GmlpMoELayer          *self);
+GMLP_AVAILABLE_IN_0_1
+gboolean           gmlp_moe_layer_update_quantizers     (GmlpMoELayer          *self,
                                                          GError               **error);
 
 GMLP_AVAILABLE_IN_0_1

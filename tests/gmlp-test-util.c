@@ -273,6 +273,90 @@ gmlp_test_upload_values (GmlpDevice   *device,
   return t;
 }
 
+double
+gmlp_test_normal (double    scale,
+                  GmlpDType dtype)
+{
+  double u = g_test_rand_double_range (1e-12, 1.0), v = g_test_rand_double ();
+
+  return gmlp_test_round (scale * sqrt (-2.0 * log (u)) * cos (2.0 * G_PI * v), dtype);
+}
+
+double *
+gmlp_test_normals (gsize     n,
+                   double    scale,
+                   GmlpDType dtype)
+{
+  double *values = g_new (double, MAX (n, 1));
+  gsize i;
+
+  for (i = 0; i < n; i++)
+    values[i] = gmlp_test_normal (scale, dtype);
+  return values;
+}
+
+void
+gmlp_test_set_linear (GmlpGroupedLinear *linear,
+                      const double      *w,
+                      const double      *b)
+{
+  GmlpDType dtype = gmlp_grouped_linear_get_dtype (linear);
+  gsize n_b = (gsize) gmlp_grouped_linear_get_n_groups (linear) * gmlp_grouped_linear_get_out_features (linear);
+  g_autoptr(GBytes) wb = gmlp_test_encode_values (w, n_b * gmlp_grouped_linear_get_in_features (linear), dtype);
+  g_autoptr(GError) error = NULL;
+
+  g_assert_true (gmlp_grouped_linear_set_weight_from_bytes (linear, wb, &error));
+  g_assert_no_error (error);
+  if (gmlp_grouped_linear_get_flags (linear) & GMLP_LINEAR_BIAS)
+    {
+      g_autoptr(GBytes) bb = gmlp_test_encode_values (b, n_b, dtype);
+
+      g_assert_true (gmlp_grouped_linear_set_bias_from_bytes (linear, bb, &error));
+      g_assert_no_error (error);
+    }
+}
+
+GPtrArray *
+gmlp_test_moe_gradient_bytes (GmlpMoELayer *layer)
+{
+  GPtrArray *all = g_ptr_array_new_with_free_func ((GDestroyNotify) g_bytes_unref);
+  GmlpGroupedMLP *mlps[2] = { gmlp_moe_layer_get_experts (layer), gmlp_moe_layer_get_shared_expert (layer) };
+  g_autoptr(GError) error = NULL;
+  guint i, j;
+
+  g_ptr_array_add (all, gmlp_grouped_tensor_to_bytes (gmlp_router_get_wgrad (gmlp_moe_layer_get_router (layer)),
+                                                      &error));
+  g_assert_no_error (error);
+  for (i = 0; i < 2 && mlps[i] != NULL; i++)
+    for (j = 0; j < 2; j++)
+      {
+        GmlpGroupedLinear *fc = j == 0 ? gmlp_grouped_mlp_get_fc1 (mlps[i]) : gmlp_grouped_mlp_get_fc2 (mlps[i]);
+
+        g_assert_nonnull (gmlp_grouped_linear_get_wgrad (fc));
+        g_ptr_array_add (all, gmlp_grouped_tensor_to_bytes (gmlp_grouped_linear_get_wgrad (fc), &error));
+        g_assert_no_error (error);
+        if (gmlp_grouped_linear_get_bgrad (fc) != NULL)
+          {
+            g_ptr_array_add (all, gmlp_grouped_tensor_to_bytes (gmlp_grouped_linear_get_bgrad (fc), &error));
+            g_assert_no_error (error);
+          }
+      }
+  return all;
+}
+
+void
+gmlp_test_assert_same_bytes_array (GPtrArray  *a,
+                                   GPtrArray  *b,
+                                   const char *what)
+{
+  guint i;
+
+  g_assert_cmpuint (a->len, ==, b->len);
+  for (i = 0; i < a->len; i++)
+    if (!g_bytes_equal (a->pdata[i], b->pdata[i]))
+      g_error ("%s: result %u differs", what, i);
+}
+
 gint64 *
 gmlp_test_download_i64 (GmlpGroupedTensor *tensor,
                         gsize             *n)
@@ -504,6 +588,38 @@ gmlp_test_dequantize (GmlpGroupedTensor *q)
     }
   g_assert_cmpuint (i * gmlp_dtype_get_size (dtype), ==, g_bytes_get_size (data));
   return values;
+}
+
+GmlpQuantizer *
+gmlp_test_copy_quantizer (GmlpDevice    *device,
+                          GmlpQuantizer *q)
+{
+  g_autoptr(GError) error = NULL;
+  g_autoptr(GVariant) state = gmlp_quantizer_save_state (q, &error);
+  GmlpQuantizer *copy = g_object_new (GMLP_TYPE_QUANTIZER, "device", device,
+                                      "recipe", gmlp_quantizer_get_recipe (q),
+                                      "fp8-format", gmlp_quantizer_get_fp8_format (q),
+                                      "role", gmlp_quantizer_get_role (q),
+                                      "amax-history-length", gmlp_quantizer_get_amax_history_length (q),
+                                      "power-of-2-scales", gmlp_quantizer_get_power_of_2_scales (q),
+                                      NULL);
+
+  g_assert_no_error (error);
+  g_assert_true (gmlp_quantizer_restore_state (copy, state, &error));
+  g_assert_no_error (error);
+  return copy;
+}
+
+gboolean
+gmlp_test_fp8_native (GmlpDevice *device)
+{
+  const char *name = gmlp_device_get_name (device);
+
+  if (gmlp_device_get_kind (device) == GMLP_DEVICE_KIND_CPU)
+    return TRUE;
+  if (g_strcmp0 (g_getenv ("GMLP_CUDA_DEVICE_GEMM"), "portable") == 0)
+    return FALSE;
+  return strstr (name, "H100") != NULL || strstr (name, "H200") != NULL || strstr (name, "H800") != NULL;
 }
 
 void

@@ -73,6 +73,26 @@ GmlpGroupedTensor *gmlp_test_upload_values     (GmlpDevice     *device,
                                                 gint64          rows,
                                                 gint64          cols,
                                                 GmlpDType       dtype);
+/* scale × N(0, 1) (Box-Muller on g_test_rand), rounded to dtype; n of them
+ * in a new array. */
+double             gmlp_test_normal            (double          scale,
+                                                GmlpDType       dtype);
+double            *gmlp_test_normals           (gsize           n,
+                                                double          scale,
+                                                GmlpDType       dtype);
+/* Sets a layer's weights (n_groups × out × in values, packed) and, when it
+ * has biases, its biases (n_groups × out), stored in its dtype. */
+void               gmlp_test_set_linear        (GmlpGroupedLinear *linear,
+                                                const double      *w,
+                                                const double      *b);
+/* Every weight gradient an MoE layer holds, as bytes (each to unref): the
+ * router's, then the experts' and the shared expert's, FC1's and FC2's
+ * weight and bias gradients (those that exist). */
+GPtrArray         *gmlp_test_moe_gradient_bytes (GmlpMoELayer   *layer);
+/* Asserts that two arrays of GBytes hold the same bytes, item by item. */
+void               gmlp_test_assert_same_bytes_array (GPtrArray  *a,
+                                                      GPtrArray  *b,
+                                                      const char *what);
 /* An INT64 tensor's values, packed (*n of them). */
 gint64            *gmlp_test_download_i64      (GmlpGroupedTensor *tensor,
                                                 gsize             *n);
@@ -119,6 +139,17 @@ const char        *gmlp_test_recipe_name       (GmlpScalingRecipe  recipe);
  * a columnwise copy, the values in the rowwise tensor's order (member i
  * m_i × cols, read from the copy's transposed member). */
 double            *gmlp_test_dequantize        (GmlpGroupedTensor *q);
+/* A new quantizer of q's settings (recipe, format, role, history,
+ * power-of-2 scales) and state: what q would quantize, it quantizes to
+ * the same bytes. */
+GmlpQuantizer     *gmlp_test_copy_quantizer    (GmlpDevice        *device,
+                                                GmlpQuantizer     *q);
+/* Whether the FP8 products of this device multiply FP8 operands where the
+ * recipe lets them (per-tensor, blockwise): the CPU, or a Hopper GPU (the
+ * CUDA backend's Hopper kernel; known by name, the API has no compute
+ * capability), unless GMLP_CUDA_DEVICE_GEMM=portable forces the portable
+ * kernel. Elsewhere they run on dequantized operands. */
+gboolean           gmlp_test_fp8_native        (GmlpDevice        *device);
 /* Asserts that two tensors have the same dtype, columns and values, read
  * packed over the sizes each has (device sizes clamped in order to the
  * capacity, as to_bytes() reads them): the first byte that differs, if

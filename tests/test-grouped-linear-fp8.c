@@ -57,7 +57,6 @@ per_tensor (GmlpScalingRecipe recipe)
   return recipe == GMLP_SCALING_RECIPE_DELAYED || recipe == GMLP_SCALING_RECIPE_CURRENT;
 }
 
-static gboolean fp8_device_native (GmlpDevice *device);
 
 /* Whether the layer's products multiply this recipe's FP8 operands on the
  * device (host sizes): per-tensor recipes everywhere, blockwise on the CPU
@@ -66,7 +65,7 @@ static gboolean
 multiplies_fp8 (GmlpDevice *device, GmlpScalingRecipe recipe)
 {
   return per_tensor (recipe) ||
-         (recipe == GMLP_SCALING_RECIPE_BLOCKWISE && fp8_device_native (device));
+         (recipe == GMLP_SCALING_RECIPE_BLOCKWISE && gmlp_test_fp8_native (device));
 }
 
 /* ---- Layers, quantizers and data ----------------------------------------- */
@@ -1029,22 +1028,6 @@ device_sized_copy (GmlpGroupedTensor *host, const gint64 *rows, guint n)
   return gmlp_test_device_sized_copy (host, sizes, capacity);
 }
 
-/* Whether FP8 products with device sizes multiply FP8 on this device: the
- * CPU, or a Hopper GPU (the CUDA backend's Hopper kernel; known by name,
- * the API has no compute capability), unless the tests force the portable
- * kernel. Elsewhere they run on dequantized operands. */
-static gboolean
-fp8_device_native (GmlpDevice *device)
-{
-  const char *name = gmlp_device_get_name (device);
-
-  if (!on_gpu)
-    return TRUE;
-  if (g_strcmp0 (g_getenv ("GMLP_CUDA_DEVICE_GEMM"), "portable") == 0)
-    return FALSE;
-  return strstr (name, "H100") != NULL || strstr (name, "H200") != NULL || strstr (name, "H800") != NULL;
-}
-
 /* Forward and backward of @layer on copies of @p's x and dy whose group
  * sizes (@rows, of @p's groups) are on the device only; the outputs, kept
  * so, downloaded in @p's host layout: y, dx and the packed weight
@@ -1109,7 +1092,7 @@ test_long_reduction (void)
                                                test_formats[f] == GMLP_FP8_FORMAT_HYBRID ? "hybrid" : "e4m3");
       /* On the GPU every product multiplies FP8 on Hopper only (as in
        * test_device_sizes, WGRAD too). */
-      double tol = tolerance_a (GMLP_DTYPE_FLOAT32, !fp8_device_native (device));
+      double tol = tolerance_a (GMLP_DTYPE_FLOAT32, !gmlp_test_fp8_native (device));
       Quantizers q = { 0, };
       Results ref = { 0, };
       Outputs out = { 0, };
@@ -1167,7 +1150,7 @@ test_device_sizes (void)
       /* Per-tensor and blockwise FPROP and DGRAD multiply FP8 (the CPU;
        * CUDA on Hopper), and so does WGRAD on Hopper (blockwise: the
        * columnwise copies); the rest dequantized operands. */
-      gboolean native = multiplies_fp8 (device, recipe) && fp8_device_native (device);
+      gboolean native = multiplies_fp8 (device, recipe) && gmlp_test_fp8_native (device);
       gboolean native_wgrad = on_gpu && native;
       double tol_w = tolerance_a (GMLP_DTYPE_BFLOAT16, !native_wgrad);
       double tol_native = tolerance_a (GMLP_DTYPE_BFLOAT16, !native);

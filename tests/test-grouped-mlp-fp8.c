@@ -177,26 +177,6 @@ new_input_quantizer (GmlpDevice *device, GmlpScalingRecipe recipe, GmlpFp8Format
   return q;
 }
 
-/* A copy of q's settings and state. */
-static GmlpQuantizer *
-copy_quantizer (GmlpDevice *device, GmlpQuantizer *q)
-{
-  g_autoptr(GError) error = NULL;
-  g_autoptr(GVariant) state = gmlp_quantizer_save_state (q, &error);
-  GmlpQuantizer *copy = g_object_new (GMLP_TYPE_QUANTIZER, "device", device,
-                                      "recipe", gmlp_quantizer_get_recipe (q),
-                                      "fp8-format", gmlp_quantizer_get_fp8_format (q),
-                                      "role", gmlp_quantizer_get_role (q),
-                                      "amax-history-length", gmlp_quantizer_get_amax_history_length (q),
-                                      "power-of-2-scales", gmlp_quantizer_get_power_of_2_scales (q),
-                                      NULL);
-
-  g_assert_no_error (error);
-  g_assert_true (gmlp_quantizer_restore_state (copy, state, &error));
-  g_assert_no_error (error);
-  return copy;
-}
-
 /* ---- The fused pass ------------------------------------------------------ */
 
 /* Whether a delayed-scaling quantizer's scales put some value of the
@@ -254,7 +234,7 @@ check_fused (GmlpDevice *device, GmlpActivation act, GmlpDType dtype, GmlpScalin
    * than the activation (some values saturate); without, one with room. */
   fused_q = new_input_quantizer (device, recipe, format, pow2, n,
                                  columnwise ? amplitude * 0.5 : 10 * amplitude * amplitude + 2 * amplitude);
-  plain_q = copy_quantizer (device, fused_q);
+  plain_q = gmlp_test_copy_quantizer (device, fused_q);
 
   h = gmlp_test_random_tensor (device, dtype, rows, n, in_cols, amplitude, &hv);
   fused = gmlp_grouped_mlp_run_activation_quantize (mlp, h, fused_q, columnwise, &error);
@@ -1150,7 +1130,7 @@ test_device_sizes_fused (void)
           mlp = gmlp_grouped_mlp_new_full (device, n, 16, ffn, act, dtype, GMLP_LINEAR_SINGLE_GROUPED_WEIGHT, &error);
           g_assert_no_error (error);
           q_host = new_input_quantizer (device, recipe, GMLP_FP8_FORMAT_HYBRID, FALSE, n, 1.5);
-          q_dev = copy_quantizer (device, q_host);
+          q_dev = gmlp_test_copy_quantizer (device, q_host);
 
           /* The groups after the one cut short have no rows: copying the
            * host tensor's bytes puts every row where the device sizes

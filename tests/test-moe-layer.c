@@ -107,28 +107,6 @@ is_gated (GmlpActivation act)
   return act == GMLP_ACTIVATION_SWIGLU || act == GMLP_ACTIVATION_GEGLU;
 }
 
-static double
-normal (double    scale,
-        GmlpDType dtype)
-{
-  double u = g_test_rand_double_range (1e-12, 1.0), v = g_test_rand_double ();
-
-  return gmlp_test_round (scale * sqrt (-2.0 * log (u)) * cos (2.0 * G_PI * v), dtype);
-}
-
-static double *
-normals (gsize     n,
-         double    scale,
-         GmlpDType dtype)
-{
-  double *values = g_new (double, MAX (n, 1));
-  gsize i;
-
-  for (i = 0; i < n; i++)
-    values[i] = normal (scale, dtype);
-  return values;
-}
-
 /* Float64 router */
 
 /* Whether value a (of expert ia) ranks before value b (of expert ib):
@@ -420,13 +398,13 @@ mlp_randomize (Mlp       *m,
   gint64 i;
 
   for (i = 0; i < m->n * m->w1o * m->hid; i++)
-    m->w1[i] = normal (1.0 / sqrt ((double) m->hid), dtype);
+    m->w1[i] = gmlp_test_normal (1.0 / sqrt ((double) m->hid), dtype);
   for (i = 0; i < m->n * m->hid * m->ffn; i++)
-    m->w2[i] = normal (1.0 / sqrt ((double) m->ffn), dtype);
+    m->w2[i] = gmlp_test_normal (1.0 / sqrt ((double) m->ffn), dtype);
   for (i = 0; i < m->n * m->w1o && m->has_bias; i++)
-    m->b1[i] = normal (0.2, dtype);
+    m->b1[i] = gmlp_test_normal (0.2, dtype);
   for (i = 0; i < m->n * m->hid && m->has_bias; i++)
-    m->b2[i] = normal (0.2, dtype);
+    m->b2[i] = gmlp_test_normal (0.2, dtype);
 }
 
 /* One row through group g: h (w1o), a (ffn) and y (hid), each rounded to
@@ -752,13 +730,13 @@ problem_draw_data (Problem *p)
       {
         g_assert_cmpint (tries, <, 10000);
         for (h = 0; h < p->H; h++)
-          p->x[t * p->H + h] = normal (1.0, p->dtype);
+          p->x[t * p->H + h] = gmlp_test_normal (1.0, p->dtype);
         logits_of (p, t, l);
         route_token (c, l, p->bias, &r);
         if (r.margin >= MARGIN)
           break;
       }
-  p->dy = normals (p->T * p->H, 1.0, p->dtype);
+  p->dy = gmlp_test_normals (p->T * p->H, 1.0, p->dtype);
   problem_reference (p);
 }
 
@@ -808,9 +786,9 @@ problem_new_like (const Config  *c,
     }
   else
     {
-      p->wg = normals (c->E * p->H, 1.0 / sqrt ((double) p->H), GMLP_DTYPE_FLOAT32);
+      p->wg = gmlp_test_normals (c->E * p->H, 1.0 / sqrt ((double) p->H), GMLP_DTYPE_FLOAT32);
       if (c->bias)
-        p->bias = normals (c->E, c->score == SIGMOID ? 0.2 : 0.5 / c->E, GMLP_DTYPE_FLOAT32);
+        p->bias = gmlp_test_normals (c->E, c->score == SIGMOID ? 0.2 : 0.5 / c->E, GMLP_DTYPE_FLOAT32);
       p->experts = mlp_new (c->E, p->H, p->F, c->act, (c->flags & GMLP_LINEAR_BIAS) != 0);
       mlp_randomize (p->experts, dtype);
       if (c->shared > 0)
@@ -870,28 +848,6 @@ layer_new (GmlpDevice      *device,
 }
 
 static void
-set_linear (GmlpGroupedLinear *linear,
-            const double      *w,
-            const double      *b,
-            gsize              n_w,
-            gsize              n_b)
-{
-  GmlpDType dtype = gmlp_grouped_linear_get_dtype (linear);
-  g_autoptr(GBytes) wb = gmlp_test_encode_values (w, n_w, dtype);
-  g_autoptr(GError) error = NULL;
-
-  g_assert_true (gmlp_grouped_linear_set_weight_from_bytes (linear, wb, &error));
-  g_assert_no_error (error);
-  if (gmlp_grouped_linear_get_flags (linear) & GMLP_LINEAR_BIAS)
-    {
-      g_autoptr(GBytes) bb = gmlp_test_encode_values (b, n_b, dtype);
-
-      g_assert_true (gmlp_grouped_linear_set_bias_from_bytes (linear, bb, &error));
-      g_assert_no_error (error);
-    }
-}
-
-static void
 set_mlp (GmlpGroupedMLP *mlp,
          const Mlp      *m)
 {
@@ -899,8 +855,8 @@ set_mlp (GmlpGroupedMLP *mlp,
   g_assert_cmpuint (gmlp_grouped_linear_get_n_groups (gmlp_grouped_mlp_get_fc1 (mlp)), ==, m->n);
   g_assert_cmpint (gmlp_grouped_linear_get_out_features (gmlp_grouped_mlp_get_fc1 (mlp)), ==, m->w1o);
   g_assert_cmpint (gmlp_grouped_linear_get_in_features (gmlp_grouped_mlp_get_fc2 (mlp)), ==, m->ffn);
-  set_linear (gmlp_grouped_mlp_get_fc1 (mlp), m->w1, m->b1, m->n * m->w1o * m->hid, m->n * m->w1o);
-  set_linear (gmlp_grouped_mlp_get_fc2 (mlp), m->w2, m->b2, m->n * m->hid * m->ffn, m->n * m->hid);
+  gmlp_test_set_linear (gmlp_grouped_mlp_get_fc1 (mlp), m->w1, m->b1);
+  gmlp_test_set_linear (gmlp_grouped_mlp_get_fc2 (mlp), m->w2, m->b2);
 }
 
 /* A layer holding the problem's parameters. */
@@ -1839,19 +1795,6 @@ step_bytes (GmlpMoELayer *layer,
   return all;
 }
 
-static void
-assert_same_steps (GPtrArray  *a,
-                   GPtrArray  *b,
-                   const char *what)
-{
-  guint i;
-
-  g_assert_cmpuint (a->len, ==, b->len);
-  for (i = 0; i < a->len; i++)
-    if (!g_bytes_equal (a->pdata[i], b->pdata[i]))
-      g_error ("%s: result %u differs", what, i);
-}
-
 /* A step of a layer made with @flags (offloaded when @offload) against
  * the reference, and bit for bit the step of a plain layer with the same
  * parameters. */
@@ -1875,7 +1818,7 @@ check_same_as_plain (Problem         *p,
   run_step (p, device, variant, offload, &s2);
   check_step (p, variant, &s2, TRUE, what);
   b = step_bytes (variant, &s2);
-  assert_same_steps (a, b, what);
+  gmlp_test_assert_same_bytes_array (a, b, what);
 }
 
 /* Saved activations offloaded, and activations recomputed: the same
@@ -2129,32 +2072,6 @@ test_bad_construction (void)
                    GMLP_LINEAR_DELAY_WGRAD_COMPUTE | GMLP_LINEAR_FUSE_WGRAD_ACCUMULATION);
 }
 
-/* Every result that a refused call may not write: the gradients (experts,
- * router, shared expert) as bytes. */
-static GPtrArray *
-gradient_bytes (GmlpMoELayer *layer)
-{
-  GPtrArray *all = g_ptr_array_new_with_free_func ((GDestroyNotify) g_bytes_unref);
-  GmlpGroupedMLP *mlps[2] = { gmlp_moe_layer_get_experts (layer), gmlp_moe_layer_get_shared_expert (layer) };
-  g_autoptr(GError) error = NULL;
-  guint i, j;
-
-  g_ptr_array_add (all, gmlp_grouped_tensor_to_bytes (gmlp_router_get_wgrad (gmlp_moe_layer_get_router (layer)),
-                                                      &error));
-  g_assert_no_error (error);
-  for (i = 0; i < 2 && mlps[i] != NULL; i++)
-    for (j = 0; j < 2; j++)
-      {
-        GmlpGroupedLinear *fc = j == 0 ? gmlp_grouped_mlp_get_fc1 (mlps[i]) : gmlp_grouped_mlp_get_fc2 (mlps[i]);
-
-        g_assert_nonnull (gmlp_grouped_linear_get_wgrad (fc));
-        g_ptr_array_add (all, gmlp_grouped_tensor_to_bytes (gmlp_grouped_linear_get_wgrad (fc), &error));
-        g_ptr_array_add (all, gmlp_grouped_tensor_to_bytes (gmlp_grouped_linear_get_bgrad (fc), &error));
-        g_assert_no_error (error);
-      }
-  return all;
-}
-
 /* Calls that are refused write nothing: the last forward's routing stays,
  * the saved activations stay usable, the gradients as they were. */
 static void
@@ -2183,12 +2100,12 @@ test_bad_calls (void)
    * get another dy, so that a part that ran would change them. */
   run_step (p, device, layer, FALSE, &first);
   {
-    g_autofree double *dy2_values = normals (p->T * p->H, 1.0, p->dtype);
+    g_autofree double *dy2_values = gmlp_test_normals (p->T * p->H, 1.0, p->dtype);
 
     dy2 = gmlp_test_upload_values (device, dy2_values, p->T, p->H, p->dtype);
   }
   check_step (p, layer, &first, TRUE, "before the bad calls");
-  before = gradient_bytes (layer);
+  before = gmlp_test_moe_gradient_bytes (layer);
   routing = gmlp_moe_layer_get_routing (layer);
 
   /* Forward: the width (hidden), groups, dtypes, device sizes. */
@@ -2276,8 +2193,8 @@ test_bad_calls (void)
   }
   g_assert_false (gmlp_saved_activations_is_consumed (saved));
   g_assert_false (gmlp_saved_activations_is_consumed (other_saved));
-  after = gradient_bytes (layer);
-  assert_same_steps (before, after, "gradients after refused calls");
+  after = gmlp_test_moe_gradient_bytes (layer);
+  gmlp_test_assert_same_bytes_array (before, after, "gradients after refused calls");
 
   /* Still usable; once used, refused. */
   dx = gmlp_moe_layer_backward (layer, saved, dy, &error);
@@ -2288,14 +2205,14 @@ test_bad_calls (void)
     check_step (p, layer, &s, TRUE, "after the refused calls");
   }
   g_clear_pointer (&before, g_ptr_array_unref);
-  before = gradient_bytes (layer);
+  before = gmlp_test_moe_gradient_bytes (layer);
   g_assert_null (gmlp_moe_layer_backward (layer, saved, dy2, &error));
   g_assert_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_STATE);
   g_test_message ("second backward refused: %s", error->message);
   g_clear_error (&error);
   g_clear_pointer (&after, g_ptr_array_unref);
-  after = gradient_bytes (layer);
-  assert_same_steps (before, after, "gradients after a second backward");
+  after = gmlp_test_moe_gradient_bytes (layer);
+  gmlp_test_assert_same_bytes_array (before, after, "gradients after a second backward");
 }
 
 /* What the forward read, written between forward and backward: the input,
@@ -2328,7 +2245,7 @@ test_versions (void)
       /* Another dy than the step's: a part that ran would change its
        * gradients. */
       {
-        g_autofree double *dy_values = normals (p->T * p->H, 1.0, p->dtype);
+        g_autofree double *dy_values = gmlp_test_normals (p->T * p->H, 1.0, p->dtype);
 
         dy = gmlp_test_upload_values (device, dy_values, p->T, p->H, p->dtype);
       }
@@ -2347,7 +2264,7 @@ test_versions (void)
 
           y = gmlp_moe_layer_forward (layer, x, &saved, &error);
           g_assert_no_error (error);
-          before = gradient_bytes (layer);
+          before = gmlp_test_moe_gradient_bytes (layer);
           switch (what)
             {
             case 0:
@@ -2357,10 +2274,10 @@ test_versions (void)
               g_assert_true (gmlp_router_set_weight_from_bytes (gmlp_moe_layer_get_router (layer), wg, &error));
               break;
             case 2:
-              set_linear (fc1, p->experts->w1, p->experts->b1, c.E * p->experts->w1o * p->H, c.E * p->experts->w1o);
+              gmlp_test_set_linear (fc1, p->experts->w1, p->experts->b1);
               break;
             case 3:
-              set_linear (sfc2, p->shared->w2, p->shared->b2, p->H * p->shared->ffn, p->H);
+              gmlp_test_set_linear (sfc2, p->shared->w2, p->shared->b2);
               break;
             case 4:
               /* The routing the forward made. */
@@ -2376,8 +2293,8 @@ test_versions (void)
           g_assert_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_STATE);
           g_test_message ("stale %u: %s", what, error->message);
           g_assert_false (gmlp_saved_activations_is_consumed (saved));
-          after = gradient_bytes (layer);
-          assert_same_steps (before, after, "gradients after a stale backward");
+          after = gmlp_test_moe_gradient_bytes (layer);
+          gmlp_test_assert_same_bytes_array (before, after, "gradients after a stale backward");
         }
     }
 }

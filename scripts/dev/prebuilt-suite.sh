@@ -39,7 +39,7 @@ run ()
 }
 
 for t in device grouped-tensor grouped-linear offload-context grouped-mlp graph quantizer \
-         grouped-linear-fp8 grouped-mlp-fp8 robustness threads routing router moe-layer; do
+         grouped-linear-fp8 grouped-mlp-fp8 robustness threads routing router moe-layer moe-layer-fp8; do
   run "$t" "$tests/test-$t"
 done
 wait
