@@ -26,6 +26,14 @@
  * flops = F(R_teacher) + 3·F(R_student), plus the same for the shared
  * expert over every token. The router's small gate product is not counted.
  *
+ * --fp8=RECIPE (delayed, current, blockwise or mxfp8) trains the student's
+ * experts in FP8 (gmlp_moe_layer_set_fp8_recipe(): E4M3 forward, E5M2
+ * gradients; the router's gate stays FP32) and updates its quantizers after
+ * every step; the teacher stays in --dtype. With it the experts' rows are
+ * padded to a multiple of 16 unless --padding says otherwise: every recipe
+ * takes any padding, and 16 lets the GPU's FP8 weight gradients read every
+ * expert's rows in place.
+ *
  * --json FILE writes a header line and one JSON line per step; --plot FILE
  * writes a PNG of the loss, the agreement and the load of every expert over
  * the steps by running gmlp-demo-plot (a small Python script with
@@ -35,11 +43,7 @@
  * the agreement at least 0.1 higher.
  *
  * The device: --device, else GMLP_DEVICE, else a GPU when there is one,
- * else the CPU. Where the MoE layer is not implemented yet (CUDA, until its
- * router and permutation kernels land) a device chosen by default falls
- * back to the CPU with a notice, so that the README's main command still
- * trains; a device named with --device or GMLP_DEVICE is an error instead,
- * since the numbers of another device would answer a question not asked.
+ * else the CPU.
  *
  * SPDX-License-Identifier: LGPL-2.1-or-later
  */
@@ -75,6 +79,7 @@ static gint64 seed = 1;
 static char *dtype_name = NULL;
 static char *activation_name = NULL;
 static char *fp8_recipe = NULL;
+static gint padding = G_MININT;   /* not given */
 static gboolean offload = FALSE;
 static gboolean recompute = FALSE;
 static char *json_path = NULL;
@@ -99,7 +104,11 @@ static const GOptionEntry entries[] = {
   { "seed", 0, 0, G_OPTION_ARG_INT64, &seed, "Random seed (default 1)", "S" },
   { "dtype", 'd', 0, G_OPTION_ARG_STRING, &dtype_name, "float32, float16 or bfloat16 (default: bfloat16 on a GPU, float32 on the CPU)", "T" },
   { "activation", 'a', 0, G_OPTION_ARG_STRING, &activation_name, "gelu, relu, srelu, swiglu or geglu (default swiglu)", "A" },
-  { "fp8", 0, 0, G_OPTION_ARG_STRING, &fp8_recipe, "Not yet: the MoE layer takes no FP8 recipe (refused)", "R" },
+  { "fp8", 0, 0, G_OPTION_ARG_STRING, &fp8_recipe,
+    "Train the student's experts in FP8: delayed, current, blockwise or mxfp8 (default: none)", "R" },
+  { "padding", 0, 0, G_OPTION_ARG_INT, &padding,
+    "Pad every expert's rows to a multiple of N: 0, or a power of two up to 128 (default: 16 with --fp8, else 0)",
+    "N" },
   { "offload", 'o', 0, G_OPTION_ARG_NONE, &offload, "Offload saved activations to host memory", NULL },
   { "recompute", 'r', 0, G_OPTION_ARG_NONE, &recompute, "Recompute the activation in backward", NULL },
   { "json", 0, 0, G_OPTION_ARG_FILENAME, &json_path, "Write the numbers of every step to FILE as JSON lines", "FILE" },
@@ -130,7 +139,7 @@ parse_enum (GType type, const char *nick, int *value)
 
 static GmlpMoELayer *
 make_layer (GmlpDevice *device, GmlpDType dtype, int activation, GmlpLinearFlags flags,
-            double aux_coeff, GError **error)
+            double aux_coeff, GmlpScalingRecipe recipe, GError **error)
 {
   return g_initable_new (GMLP_TYPE_MOE_LAYER, NULL, error,
                          "device", device, "hidden", hidden, "ffn-hidden", ffn,
@@ -138,6 +147,8 @@ make_layer (GmlpDevice *device, GmlpDType dtype, int activation, GmlpLinearFlags
                          "activation", activation, "dtype", dtype, "flags", flags,
                          "shared-expert-ffn-hidden", shared_ffn,
                          "aux-loss-coeff", aux_coeff,
+                         "padding", (guint) padding,
+                         "fp8-recipe", recipe,
                          /* Top-1 renormalized would weigh every token's
                           * expert by 1, and the task's loss would teach the
                           * gate nothing: top-1 keeps its probability, as
@@ -410,10 +421,11 @@ main (int argc, char *argv[])
   g_autofree char *plot_script = NULL, *json_tmp = NULL;
   g_autoptr(GRand) rand = NULL;
   FILE *json = NULL;
-  gboolean named_device, dtype_given;
+  gboolean dtype_given;
   GmlpDType dtype = GMLP_DTYPE_FLOAT32;
   int activation = GMLP_ACTIVATION_SWIGLU;
   GmlpLinearFlags flags = GMLP_LINEAR_BIAS | GMLP_LINEAR_SINGLE_GROUPED_WEIGHT;
+  int recipe = GMLP_SCALING_RECIPE_NONE;
   int step, status = EXIT_SUCCESS;
 
   setlocale (LC_ALL, "");
@@ -433,10 +445,17 @@ main (int argc, char *argv[])
                   "it needs 4 steps at least\n");
       return EXIT_FAILURE;
     }
-  if (fp8_recipe != NULL)
+  if (fp8_recipe != NULL && !parse_enum (GMLP_TYPE_SCALING_RECIPE, fp8_recipe, &recipe))
     {
-      g_printerr ("gmlp-demo: --fp8=%s: the MoE layer does not take FP8 recipes yet (issue 43); "
-                  "the demo trains in --dtype\n", fp8_recipe);
+      g_printerr ("gmlp-demo: unknown FP8 recipe %s (delayed, current, blockwise or mxfp8)\n", fp8_recipe);
+      return EXIT_FAILURE;
+    }
+  /* The layer checks the rest of the padding's rule itself. */
+  if (padding == G_MININT)
+    padding = recipe != GMLP_SCALING_RECIPE_NONE ? 16 : 0;
+  else if (padding < 0)
+    {
+      g_printerr ("gmlp-demo: --padding must not be negative\n");
       return EXIT_FAILURE;
     }
   if (activation_name != NULL && !parse_enum (GMLP_TYPE_ACTIVATION, activation_name, &activation))
@@ -468,38 +487,18 @@ main (int argc, char *argv[])
         }
     }
 
-  named_device = device_name != NULL || (g_getenv ("GMLP_DEVICE") != NULL && g_getenv ("GMLP_DEVICE")[0] != '\0');
   if (device_name != NULL)
     device = gmlp_device_new_from_string (device_name, &error);
   else
     device = g_object_ref (gmlp_device_get_default ());
   if (device == NULL)
     goto fail;
-  for (;;)
-    {
-      if (!dtype_given)
-        dtype = gmlp_device_get_kind (device) == GMLP_DEVICE_KIND_CUDA ? GMLP_DTYPE_BFLOAT16 : GMLP_DTYPE_FLOAT32;
-      teacher = make_layer (device, dtype, activation, flags, 0.0, &error);
-      if (teacher != NULL || !g_error_matches (error, GMLP_ERROR, GMLP_ERROR_UNSUPPORTED) ||
-          gmlp_device_get_kind (device) == GMLP_DEVICE_KIND_CPU)
-        break;
-      if (named_device)
-        {
-          g_printerr ("gmlp-demo: the MoE layer does not run on %s yet (%s); "
-                      "run with --device cpu\n", gmlp_device_get_name (device), error->message);
-          return EXIT_FAILURE;
-        }
-      g_print ("gmlp-demo: notice: the MoE layer does not run on %s yet (%s); training on the CPU instead\n",
-               gmlp_device_get_name (device), error->message);
-      g_clear_error (&error);
-      g_clear_object (&device);
-      device = gmlp_device_new (GMLP_DEVICE_KIND_CPU, 0, &error);
-      if (device == NULL)
-        goto fail;
-    }
+  if (!dtype_given)
+    dtype = gmlp_device_get_kind (device) == GMLP_DEVICE_KIND_CUDA ? GMLP_DTYPE_BFLOAT16 : GMLP_DTYPE_FLOAT32;
+  teacher = make_layer (device, dtype, activation, flags, 0.0, GMLP_SCALING_RECIPE_NONE, &error);
   if (teacher == NULL)
     goto fail;
-  student = make_layer (device, dtype, activation, flags, aux_loss_coeff, &error);
+  student = make_layer (device, dtype, activation, flags, aux_loss_coeff, recipe, &error);
   rand = g_rand_new_with_seed ((guint32) seed);
   if (student == NULL ||
       !gmlp_moe_layer_init_parameters (teacher, (guint64) seed, &error) ||
@@ -533,12 +532,14 @@ main (int argc, char *argv[])
       goto out;
     }
 
-  g_print ("gmlp-demo: libgmlp %s on %s, %s, MoE layer of %d experts, top-%d, %" G_GINT64_FORMAT " -> %"
-           G_GINT64_FORMAT " -> %" G_GINT64_FORMAT ", %s%s, %" G_GINT64_FORMAT " tokens/step%s%s\n",
-           GMLP_VERSION_S, gmlp_device_get_name (device), gmlp_dtype_get_name (dtype), experts, top_k,
+  g_print ("gmlp-demo: libgmlp %s on %s, %s%s%s, MoE layer of %d experts, top-%d, %" G_GINT64_FORMAT " -> %"
+           G_GINT64_FORMAT " -> %" G_GINT64_FORMAT ", %s%s, padding %d, %" G_GINT64_FORMAT " tokens/step%s%s\n",
+           GMLP_VERSION_S, gmlp_device_get_name (device), gmlp_dtype_get_name (dtype),
+           recipe != GMLP_SCALING_RECIPE_NONE ? ", FP8 " : "", recipe != GMLP_SCALING_RECIPE_NONE ? fp8_recipe : "",
+           experts, top_k,
            hidden, gmlp_grouped_linear_get_out_features (gmlp_grouped_mlp_get_fc1 (gmlp_moe_layer_get_experts (student))),
            hidden, activation_name ? activation_name : "swiglu", shared_ffn > 0 ? ", shared expert" : "",
-           tokens, offload ? ", offload" : "", recompute ? ", recompute" : "");
+           padding, tokens, offload ? ", offload" : "", recompute ? ", recompute" : "");
   g_print ("  agree: the share of the teacher's expert choices the student makes too (chance %.3f)\n"
            "  load: the fewest and the most tokens that one of the student's experts got\n"
            "  TFLOP/s: the experts' products, 2 x rows x hidden x (fc1 width + ffn) a forward, rows from\n"
@@ -550,9 +551,11 @@ main (int argc, char *argv[])
 
       g_string_append_printf (line, ",\"device\":\"%s\",\"dtype\":\"%s\",\"experts\":%d,\"top_k\":%d"
                               ",\"tokens\":%" G_GINT64_FORMAT ",\"hidden\":%" G_GINT64_FORMAT
-                              ",\"ffn\":%" G_GINT64_FORMAT ",\"shared_ffn\":%" G_GINT64_FORMAT,
+                              ",\"ffn\":%" G_GINT64_FORMAT ",\"shared_ffn\":%" G_GINT64_FORMAT
+                              ",\"padding\":%d,\"fp8\":\"%s\"",
                               gmlp_device_get_name (device), gmlp_dtype_get_name (dtype), experts, top_k,
-                              tokens, hidden, ffn, shared_ffn);
+                              tokens, hidden, ffn, shared_ffn, padding,
+                              recipe != GMLP_SCALING_RECIPE_NONE ? fp8_recipe : "none");
       fprintf (json, "%s}\n", line->str);
     }
 
@@ -594,7 +597,10 @@ main (int argc, char *argv[])
       s->loss = sum_sq / (2.0 * tokens);
 
       dx = gmlp_moe_layer_backward (student, saved, y, &error);
-      if (dx == NULL || !sgd_step (student, &error) || !gmlp_device_synchronize (device, &error))
+      /* The end of a training step: delayed scaling takes the amaxes of
+       * this one for the next (the other recipes have nothing to do). */
+      if (dx == NULL || !sgd_step (student, &error) || !gmlp_moe_layer_update_quantizers (student, &error) ||
+          !gmlp_device_synchronize (device, &error))
         goto fail;
       s->seconds = (g_get_monotonic_time () - start) / 1e6;
 
