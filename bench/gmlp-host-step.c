@@ -1,13 +1,23 @@
-/* gmlp-host-step.c: the host cost of a GroupedLinear step
+/* gmlp-host-step.c: the host cost of a training step
  *
- * A forward and backward of a tiny layer (8 groups of one row, 16 → 16
- * features, FP32) on a device, over and over: on the CPU the arithmetic is
- * negligible and what is left is the library's own work per call, which
- * `valgrind --tool=callgrind` counts repeatably (docs/performance.md).
+ *   gmlp-host-step [--what linear|mlp|moe] [--steps N] [--tokens T]
+ *                  [--hidden H] [--ffn F] [--experts E] [--topk K]
  *
- *   gmlp-host-step [STEPS]     (GMLP_DEVICE chooses the device)
+ * linear (the default): a forward and backward of a tiny GroupedLinear
+ * (8 groups of one row, 16 → 16 features, FP32) over and over, with no
+ * wait: on the CPU the arithmetic is negligible and what is left is the
+ * library's own work per call, which `valgrind --tool=callgrind` counts
+ * repeatably (docs/performance.md).
  *
- * Prints the wall time per step.
+ * mlp and moe: a BF16 SwiGLU GroupedMLP step on tokens × top-k rows with
+ * device sizes (the rows of a routing), or a whole MoELayer step, at the
+ * given shape (the MoE anchor A by default). The device is idle when each
+ * step starts, as gmlp-bench's host_us, and only the calls are timed.
+ * scripts/dev/hostprof.c samples where that time goes (the steps are
+ * host_step_mlp() and host_step_moe()).
+ *
+ * GMLP_DEVICE chooses the device. Prints one JSON line: the mean and the
+ * median host time per step.
  *
  * SPDX-License-Identifier: LGPL-2.1-or-later
  */
@@ -17,20 +27,54 @@
 
 #include <gmlp.h>
 
-int
-main (int   argc,
-      char *argv[])
+static char *what = NULL;
+static gint steps = 0;
+static gint64 tokens = 8192, hidden = 4096, ffn = 1536;
+static gint experts = 64, topk = 8;
+
+static const GOptionEntry entries[] = {
+  { "what", 0, 0, G_OPTION_ARG_STRING, &what, "linear, mlp or moe", "WHAT" },
+  { "steps", 0, 0, G_OPTION_ARG_INT, &steps, "Steps (2000 linear, 200 otherwise)", "N" },
+  { "tokens", 0, 0, G_OPTION_ARG_INT64, &tokens, "Tokens (8192)", "T" },
+  { "hidden", 0, 0, G_OPTION_ARG_INT64, &hidden, "Hidden size (4096)", "H" },
+  { "ffn", 0, 0, G_OPTION_ARG_INT64, &ffn, "Expert FFN size (1536)", "F" },
+  { "experts", 0, 0, G_OPTION_ARG_INT, &experts, "Experts (64)", "E" },
+  { "topk", 0, 0, G_OPTION_ARG_INT, &topk, "Experts per token (8)", "K" },
+  { NULL }
+};
+
+static int
+compare_gint64 (gconstpointer a, gconstpointer b)
+{
+  gint64 x = *(const gint64 *) a, y = *(const gint64 *) b;
+  return x < y ? -1 : x > y;
+}
+
+static void
+print_result (GmlpDevice *device, const char *name, gint64 *times, int n)
+{
+  gint64 sum = 0;
+  int i;
+
+  for (i = 0; i < n; i++)
+    sum += times[i];
+  qsort (times, (gsize) n, sizeof *times, compare_gint64);
+  g_print ("{\"device\": \"%s\", \"what\": \"%s\", \"steps\": %d, \"host_us_per_step\": %.2f"
+           ", \"median_us\": %.1f}\n",
+           gmlp_device_get_name (device), name, n, (double) sum / MAX (n, 1),
+           n ? (double) times[n / 2] : 0.0);
+}
+
+static void
+host_linear (GmlpDevice *device)
 {
   g_autoptr(GError) error = NULL;
   g_autoptr(GmlpGroupedLinear) layer = NULL;
   g_autoptr(GmlpGroupedTensor) x = NULL;
-  GmlpDevice *device = gmlp_device_get_default ();
   gint64 rows[8] = { 1, 1, 1, 1, 1, 1, 1, 1 };
-  int steps = argc > 1 ? atoi (argv[1]) : 2000;
+  int n = steps > 0 ? steps : 2000, i;
   gint64 start;
-  int i;
 
-  setlocale (LC_ALL, "");
   layer = gmlp_grouped_linear_new (device, 8, 16, 16, &error);
   if (layer != NULL)
     x = gmlp_grouped_tensor_new (device, GMLP_DTYPE_FLOAT32, rows, 8, 16, &error);
@@ -38,7 +82,7 @@ main (int   argc,
     g_error ("%s", error->message);
 
   start = g_get_monotonic_time ();
-  for (i = 0; i < steps; i++)
+  for (i = 0; i < n; i++)
     {
       g_autoptr(GmlpSavedActivations) saved = NULL;
       g_autoptr(GmlpGroupedTensor) y = gmlp_grouped_linear_forward (layer, x, &saved, &error);
@@ -52,8 +96,110 @@ main (int   argc,
   if (!gmlp_device_synchronize (device, &error))
     g_error ("%s", error->message);
 
-  g_print ("{\"device\": \"%s\", \"steps\": %d, \"host_us_per_step\": %.2f}\n",
-           gmlp_device_get_name (device), steps,
-           (double) (g_get_monotonic_time () - start) / MAX (steps, 1));
+  g_print ("{\"device\": \"%s\", \"what\": \"linear\", \"steps\": %d, \"host_us_per_step\": %.2f}\n",
+           gmlp_device_get_name (device), n, (double) (g_get_monotonic_time () - start) / MAX (n, 1));
+}
+
+/* Not inlined: the profiler finds the steps by these names. */
+G_NO_INLINE static gboolean
+host_step_mlp (GmlpGroupedMLP *mlp, GmlpGroupedTensor *x, GmlpGroupedTensor *dy, GError **error)
+{
+  g_autoptr(GmlpSavedActivations) saved = NULL;
+  g_autoptr(GmlpGroupedTensor) y = gmlp_grouped_mlp_forward (mlp, x, &saved, error);
+  g_autoptr(GmlpGroupedTensor) dx = y ? gmlp_grouped_mlp_backward (mlp, saved, dy, error) : NULL;
+
+  return dx != NULL;
+}
+
+G_NO_INLINE static gboolean
+host_step_moe (GmlpMoELayer *layer, GmlpGroupedTensor *x, GmlpGroupedTensor *dy, GError **error)
+{
+  g_autoptr(GmlpSavedActivations) saved = NULL;
+  g_autoptr(GmlpGroupedTensor) y = gmlp_moe_layer_forward (layer, x, &saved, error);
+  g_autoptr(GmlpGroupedTensor) dx = y ? gmlp_moe_layer_backward (layer, saved, dy, error) : NULL;
+
+  return dx != NULL;
+}
+
+static void
+host_layer (GmlpDevice *device, gboolean moe)
+{
+  g_autoptr(GError) error = NULL;
+  g_autoptr(GmlpMoELayer) layer = NULL;
+  g_autoptr(GmlpGroupedTensor) x = NULL, dy = NULL, permuted = NULL, dy_permuted = NULL;
+  g_autofree gint64 *times = NULL;
+  GmlpGroupedMLP *mlp;
+  int n = steps > 0 ? steps : 200, i;
+
+  layer = gmlp_moe_layer_new_full (device, hidden, ffn, (guint) experts, (guint) topk,
+                                   GMLP_ACTIVATION_SWIGLU, GMLP_DTYPE_BFLOAT16,
+                                   GMLP_LINEAR_SINGLE_GROUPED_WEIGHT, &error);
+  if (layer != NULL)
+    x = gmlp_grouped_tensor_new (device, GMLP_DTYPE_BFLOAT16, &tokens, 1, hidden, &error);
+  if (x != NULL)
+    dy = gmlp_grouped_tensor_new (device, GMLP_DTYPE_BFLOAT16, &tokens, 1, hidden, &error);
+  if (dy == NULL || !gmlp_grouped_tensor_fill_random (x, 1, 1.0, &error) ||
+      !gmlp_grouped_tensor_fill_random (dy, 2, 1.0, &error) ||
+      !host_step_moe (layer, x, dy, &error))
+    g_error ("%s", error->message);
+  mlp = gmlp_moe_layer_get_experts (layer);
+  if (!moe)
+    {
+      /* The experts' rows as the layer routed them: device sizes. */
+      GmlpRouting *routing = gmlp_moe_layer_get_routing (layer);
+      GmlpGroupedTensor *sizes;
+
+      permuted = gmlp_routing_permute_full (routing, x, 0, 0.0, &error);
+      g_object_unref (routing);
+      sizes = permuted ? gmlp_grouped_tensor_get_sizes (permuted, &error) : NULL;
+      dy_permuted = sizes ? gmlp_grouped_tensor_new_with_device_sizes (
+                              device, GMLP_DTYPE_BFLOAT16, sizes,
+                              gmlp_grouped_tensor_get_row_capacity (permuted), hidden, &error) : NULL;
+      if (dy_permuted == NULL || !gmlp_grouped_tensor_fill_random (dy_permuted, 3, 1.0, &error) ||
+          !host_step_mlp (mlp, permuted, dy_permuted, &error))
+        g_error ("%s", error->message);
+    }
+
+  times = g_new (gint64, n);
+  for (i = 0; i < n; i++)
+    {
+      gint64 start;
+      gboolean ok;
+
+      if (!gmlp_device_synchronize (device, &error))
+        g_error ("%s", error->message);
+      start = g_get_monotonic_time ();
+      ok = moe ? host_step_moe (layer, x, dy, &error) : host_step_mlp (mlp, permuted, dy_permuted, &error);
+      times[i] = g_get_monotonic_time () - start;
+      if (!ok)
+        g_error ("%s", error->message);
+    }
+  if (!gmlp_device_synchronize (device, &error))
+    g_error ("%s", error->message);
+  print_result (device, moe ? "moe" : "mlp", times, n);
+}
+
+int
+main (int   argc,
+      char *argv[])
+{
+  g_autoptr(GError) error = NULL;
+  g_autoptr(GOptionContext) context = g_option_context_new ("- the host time of a step");
+  GmlpDevice *device;
+
+  setlocale (LC_ALL, "");
+  g_option_context_add_main_entries (context, entries, NULL);
+  if (!g_option_context_parse (context, &argc, &argv, &error))
+    g_error ("%s", error->message);
+  /* The old form: gmlp-host-step STEPS */
+  if (argc > 1)
+    steps = atoi (argv[1]);
+  device = gmlp_device_get_default ();
+  if (what == NULL || g_strcmp0 (what, "linear") == 0)
+    host_linear (device);
+  else if (g_strcmp0 (what, "mlp") == 0 || g_strcmp0 (what, "moe") == 0)
+    host_layer (device, g_strcmp0 (what, "moe") == 0);
+  else
+    g_error ("--what must be linear, mlp or moe");
   return 0;
 }

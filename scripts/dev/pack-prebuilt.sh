@@ -28,6 +28,7 @@ cp -L build/libgmlp/libgmlp-1.0.so.0 .prebuilt/libgmlp/
 cp "$backend" .prebuilt/libgmlp/backend/cuda/
 cp build/bench/gmlp-bench .prebuilt/bench/
 [ ! -f build/bench/gmlp-versus-loop ] || cp build/bench/gmlp-versus-loop .prebuilt/bench/
+[ ! -f build/bench/gmlp-host-step ] || cp build/bench/gmlp-host-step .prebuilt/bench/
 # The demo (its plot needs matplotlib, which the GPU host may lack).
 [ ! -f build/examples/gmlp-demo ] || { mkdir -p .prebuilt/examples && cp build/examples/gmlp-demo .prebuilt/examples/; }
 for t in "$@"; do
