@@ -4,7 +4,8 @@
 # as README.md's "Using an installed copy" says: pkg-config, LD_LIBRARY_PATH,
 # GI_TYPELIB_PATH, PYTHONPATH, gjs -m, valac --vapidir. Nothing from the
 # build or source tree is on any path, and every installed file must land
-# under the prefix (so a user without root can install anywhere).
+# under the prefix (so a user without root can install anywhere), or in
+# the overrides directory where -Dpygobject-overrides-dir puts it elsewhere.
 #
 #   test-install.sh MESON BUILD-ROOT PREFIX LIBDIR INCLUDEDIR DATADIR OVERRIDES-DIR HAVE-VAPI
 #   (the directories absolute, as configured)
@@ -19,7 +20,7 @@ dest=$work/dest
   { cat "$work/install.log"; exit 1; }
 
 P=$dest$prefix
-outside=$(cd "$dest" && find . ! -type d | sed 's|^\.||' | grep -v "^$prefix/" || true)
+outside=$(cd "$dest" && find . ! -type d | sed 's|^\.||' | grep -v -e "^$prefix/" -e "^$overrides/" || true)
 if [ -n "$outside" ]; then
   echo "installed outside the prefix $prefix:"; echo "$outside"; exit 1
 fi
@@ -46,7 +47,7 @@ cc -o example-c "$here/example.c" $(pkg-config --cflags --libs gmlp-1.0)
 ldd ./example-c | grep -q "libgmlp-1.0.so.0 => $P/" || { ldd ./example-c; exit 1; }
 ./example-c
 
-/usr/bin/python3 "$here/example.py" "$P"
+/usr/bin/python3 "$here/example.py" "$P" "$dest$overrides"
 
 if command -v gjs >/dev/null; then
   gjs -m "$here/example.js"
