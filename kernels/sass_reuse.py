@@ -31,7 +31,9 @@ import struct
 import subprocess
 import sys
 
-EM_CUDA = 190
+import cubin_elf
+from cubin_elf import sections
+
 FFMA = 0x223
 ALWAYS = 0x7
 NO_REGISTER = 255
@@ -39,28 +41,6 @@ NO_YIELD = 1 << 45
 REUSE_B = 1 << 59
 MIN_RUN = 64
 MAX_GAP = 8
-
-
-def cuda_elfs(data):
-    """Offsets of the cubins embedded in data."""
-    at = data.find(b'\x7fELF')
-    while at >= 0:
-        if struct.unpack_from('<H', data, at + 18)[0] == EM_CUDA:
-            yield at
-        at = data.find(b'\x7fELF', at + 1)
-
-
-def text_sections(data, elf):
-    """(kernel name, offset in data, size) of each code section of a cubin."""
-    shoff, = struct.unpack_from('<Q', data, elf + 0x28)
-    entsize, count, names = struct.unpack_from('<HHH', data, elf + 0x3a)
-    headers = [struct.unpack_from('<IIQQQQ', data, elf + shoff + i * entsize) for i in range(count)]
-    strings = elf + headers[names][4]
-    for name, _, _, _, offset, size in headers:
-        end = data.index(b'\0', strings + name)
-        label = data[strings + name:end].decode()
-        if label.startswith('.text.'):
-            yield label[6:], elf + offset, size
 
 
 def opcode(data, at):
@@ -103,12 +83,12 @@ def reuse_scales(data, offset, size):
     return changed
 
 
-def add_dependency(depfile, path):
-    """Names path among the object's dependencies in nvcc's depfile, so
-    that an edit of this script rebuilds it."""
+def add_dependencies(depfile, paths):
+    """Names paths among the object's dependencies in nvcc's depfile, so
+    that an edit of this script or of cubin_elf.py rebuilds it."""
     text = open(depfile).read()
     colon = text.index(' : ') + 3
-    open(depfile, 'w').write(text[:colon] + path + ' ' + text[colon:])
+    open(depfile, 'w').write(text[:colon] + ' '.join(paths) + ' ' + text[colon:])
 
 
 def main():
@@ -119,14 +99,14 @@ def main():
     output = command[command.index('-o') + 1]
     subprocess.run(command, check=True)
     if '-MF' in command:
-        add_dependency(command[command.index('-MF') + 1], os.path.abspath(__file__))
+        add_dependencies(command[command.index('-MF') + 1],
+                         [os.path.abspath(__file__), os.path.abspath(cubin_elf.__file__)])
     data = bytearray(open(output, 'rb').read())
     matched = changed = 0
-    for elf in cuda_elfs(data):
-        for name, offset, size in text_sections(data, elf):
-            if kernels.search(name):
-                matched += 1
-                changed += reuse_scales(data, offset, size)
+    for section in sections(data):
+        if section.name.startswith('.text.') and kernels.search(section.name[6:]):
+            matched += 1
+            changed += reuse_scales(data, section.offset, section.size)
     if matched == 0:
         sys.exit('sass_reuse.py: no kernel in %s matches %s' % (output, sys.argv[1]))
     if changed == 0:

@@ -14,10 +14,12 @@ session) has what this found in the blockwise promotion.
          -Ibuild/kernels -cubin -o /tmp/k.cubin kernels/grouped_gemm_sm90_fp8_blocks.cu
     scripts/dev/ffma-banks.py /tmp/k.cubin [NAME-SUBSTRING] [-v]
 """
+import os
 import struct
 import sys
 
-from cubin_elf import sections
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..', 'kernels'))
+from cubin_elf import sections  # noqa: E402
 
 FFMA = 0x223
 NO_REGISTER = 255
@@ -54,10 +56,10 @@ def main():
         sys.exit(__doc__)
     elf = open(args[0], 'rb').read()
     want = args[1] if len(args) > 1 else ''
-    for name, offset, size in sections(elf):
-        if name.startswith('.text.') and want in name:
-            total, conflicts = report(elf, offset, size, '-v' in sys.argv)
-            print('%s: %d FFMA, %d read two registers of one bank' % (name[6:], total, conflicts))
+    for section in sections(elf):
+        if section.name.startswith('.text.') and want in section.name:
+            total, conflicts = report(elf, section.offset, section.size, '-v' in sys.argv)
+            print('%s: %d FFMA, %d read two registers of one bank' % (section.name[6:], total, conflicts))
 
 
 if __name__ == '__main__':

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Whether two builds of the CUDA backend hold the same kernel code.
 
-Here, without cuobjdump: finds the sm_90 cubins embedded in each shared
-object (ELF images of CUDA's OS ABI, 0x41) and compares their sections,
+Here, without cuobjdump: finds the cubins embedded in each shared object
+(kernels/cubin_elf.py, with pyelftools) and compares their sections,
 leaving out debug information (the kernels are built with -lineinfo, so a
 comment that moves a line changes those). A source change that should not
 change the code (a refactor, a comment) can then be checked against the
@@ -12,38 +12,36 @@ backend that ran on the GPU:
 
 Prints each cubin whose code differs and exits 1 if any does.
 """
-import re
-import struct
+import os
 import sys
 
-from cubin_elf import sections
-
-CUDA_ELF = b'\x7fELF\x02\x01\x01\x41'
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..', 'kernels'))
+from cubin_elf import sections  # noqa: E402
 
 
 def cubins(path):
+    """Each cubin's sections by name, debug information left out: (size,
+    bytes), no bytes where a section holds none (SHT_NOBITS)."""
     data = open(path, 'rb').read()
-    for match in re.finditer(re.escape(CUDA_ELF), data):
-        start = match.start()
-        shoff, = struct.unpack_from('<Q', data, start + 0x28)
-        entsize, count, _ = struct.unpack_from('<HHH', data, start + 0x3a)
-        yield data[start:start + shoff + entsize * count]
-
-
-def code(elf):
-    return {name: elf[offset:offset + size] for name, offset, size in sections(elf) if 'debug' not in name}
+    found = []
+    for section in sections(data):
+        while len(found) <= section.cubin:
+            found.append({})
+        if 'debug' not in section.name:
+            content = b'' if section.type == 'SHT_NOBITS' else data[section.offset:section.offset + section.size]
+            found[-1][section.name] = (section.size, content)
+    return found
 
 
 def main():
     if len(sys.argv) != 3:
         sys.exit(__doc__)
-    old, new = (list(cubins(path)) for path in sys.argv[1:])
+    old, new = (cubins(path) for path in sys.argv[1:])
     if len(old) != len(new):
         print(f'{len(old)} cubins against {len(new)}')
         return 1
     differing = 0
-    for i, (a, b) in enumerate(zip(old, new)):
-        ca, cb = code(a), code(b)
+    for i, (ca, cb) in enumerate(zip(old, new)):
         names = sorted(n for n in set(ca) | set(cb) if ca.get(n) != cb.get(n))
         if names:
             differing += 1

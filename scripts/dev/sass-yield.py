@@ -25,7 +25,8 @@ import struct
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..', 'kernels'))
-from sass_reuse import NO_YIELD, cuda_elfs, runs, text_sections  # noqa: E402
+from cubin_elf import sections  # noqa: E402
+from sass_reuse import NO_YIELD, runs  # noqa: E402
 
 PROMOTION_OPS = (0x221, 0x223)    # FADD, FFMA (register forms)
 REUSE = 0xf << 58
@@ -41,10 +42,9 @@ def main():
     data = bytearray(open(args[0], 'rb').read())
     want = args[1] if len(args) > 1 else ''
     changed = 0
-    for elf in cuda_elfs(data):
-        for name, offset, size in text_sections(data, elf):
-            if not re.search(want, name):
-                continue
+    for section in sections(data):
+        name, offset, size = section.name[6:], section.offset, section.size
+        if section.name.startswith('.text.') and re.search(want, name):
             for ops in runs(data, offset, size, PROMOTION_OPS, 32):
                 words = [struct.unpack_from('<Q', data, at + 8)[0] for at in ops]
                 yields = sum(1 for w in words if not w & NO_YIELD)
