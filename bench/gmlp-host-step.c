@@ -17,6 +17,8 @@
 
 #include <gmlp.h>
 
+#include "bench-json.h"
+
 int
 main (int   argc,
       char *argv[])
@@ -27,6 +29,7 @@ main (int   argc,
   GmlpDevice *device = gmlp_device_get_default ();
   gint64 rows[8] = { 1, 1, 1, 1, 1, 1, 1, 1 };
   int steps = argc > 1 ? atoi (argv[1]) : 2000;
+  JsonBuilder *record;
   gint64 start;
   int i;
 
@@ -52,8 +55,10 @@ main (int   argc,
   if (!gmlp_device_synchronize (device, &error))
     g_error ("%s", error->message);
 
-  g_print ("{\"device\": \"%s\", \"steps\": %d, \"host_us_per_step\": %.2f}\n",
-           gmlp_device_get_name (device), steps,
-           (double) (g_get_monotonic_time () - start) / MAX (steps, 1));
+  record = bench_record_new (NULL, gmlp_device_get_name (device));
+  bench_record_int (record, "steps", steps);
+  bench_record_double (record, "host_us_per_step",
+                       (double) (g_get_monotonic_time () - start) / MAX (steps, 1), "%.2f");
+  bench_record_emit (record);
   return 0;
 }

@@ -9,6 +9,8 @@ packages=(
   gobject-introspection libgirepository1.0-dev gir1.2-glib-2.0
   libopenblas-dev
   python3-gi python3-numpy gjs valac
+  # the JSON lines of gmlp-bench and gmlp-demo (not the library's)
+  libjson-glib-dev
   # gmlp-demo --plot (examples/gmlp-demo-plot.py)
   python3-matplotlib
   valgrind gi-docgen
