@@ -56,6 +56,7 @@
 #include <string.h>
 
 #include <glib/gstdio.h>
+#include <json-glib/json-glib.h>
 #include <gmlp.h>
 
 /* The student's experts start at the teacher's plus this much of a fresh
@@ -271,27 +272,61 @@ mlp_flops (GmlpGroupedMLP *mlp, gint64 rows)
                                 gmlp_grouped_linear_get_in_features (fc2));
 }
 
-/* A number for JSON, whatever the locale; null when not finite. */
+/* A number for JSON to 6 digits (json-glib writes it whatever the
+ * locale); null when not finite. */
 static void
-append_json_number (GString *line, const char *key, double value)
+json_number (JsonBuilder *line, const char *key, double value)
 {
   char buf[G_ASCII_DTOSTR_BUF_SIZE];
 
+  json_builder_set_member_name (line, key);
   if (isfinite (value))
-    g_string_append_printf (line, ",\"%s\":%s", key, g_ascii_formatd (buf, sizeof buf, "%.6g", value));
+    json_builder_add_double_value (line, g_ascii_strtod (g_ascii_formatd (buf, sizeof buf, "%.6g", value), NULL));
   else
-    g_string_append_printf (line, ",\"%s\":null", key);
+    json_builder_add_null_value (line);
 }
 
 static void
-append_json_counts (GString *line, const char *key, const gint64 *counts)
+json_counts (JsonBuilder *line, const char *key, const gint64 *counts)
 {
   int e;
 
-  g_string_append_printf (line, ",\"%s\":[", key);
+  json_builder_set_member_name (line, key);
+  json_builder_begin_array (line);
   for (e = 0; e < experts; e++)
-    g_string_append_printf (line, "%s%" G_GINT64_FORMAT, e ? "," : "", counts[e]);
-  g_string_append_c (line, ']');
+    json_builder_add_int_value (line, counts[e]);
+  json_builder_end_array (line);
+}
+
+static void
+json_string (JsonBuilder *line, const char *key, const char *value)
+{
+  json_builder_set_member_name (line, key);
+  json_builder_add_string_value (line, value);
+}
+
+static void
+json_int (JsonBuilder *line, const char *key, gint64 value)
+{
+  json_builder_set_member_name (line, key);
+  json_builder_add_int_value (line, value);
+}
+
+/* Ends the object of line, writes it to file as one line, and frees line. */
+static void
+json_write_line (JsonBuilder *line, FILE *file)
+{
+  g_autoptr(JsonGenerator) generator = json_generator_new ();
+  g_autoptr(JsonNode) root = NULL;
+  g_autofree char *text = NULL;
+
+  json_builder_end_object (line);
+  root = json_builder_get_root (line);
+  g_object_unref (line);
+  json_generator_set_root (generator, root);
+  text = json_generator_to_data (generator, NULL);
+  fprintf (file, "%s\n", text);
+  fflush (file);
 }
 
 /* The plot script next to this program (the build tree, or the installed
@@ -547,16 +582,21 @@ main (int argc, char *argv[])
            "    backward (two forwards' worth)\n", (double) top_k / experts);
   if (json != NULL)
     {
-      g_autoptr(GString) line = g_string_new ("{\"demo\":\"gmlp-demo\"");
+      JsonBuilder *line = json_builder_new ();
 
-      g_string_append_printf (line, ",\"device\":\"%s\",\"dtype\":\"%s\",\"experts\":%d,\"top_k\":%d"
-                              ",\"tokens\":%" G_GINT64_FORMAT ",\"hidden\":%" G_GINT64_FORMAT
-                              ",\"ffn\":%" G_GINT64_FORMAT ",\"shared_ffn\":%" G_GINT64_FORMAT
-                              ",\"padding\":%d,\"fp8\":\"%s\"",
-                              gmlp_device_get_name (device), gmlp_dtype_get_name (dtype), experts, top_k,
-                              tokens, hidden, ffn, shared_ffn, padding,
-                              recipe != GMLP_SCALING_RECIPE_NONE ? fp8_recipe : "none");
-      fprintf (json, "%s}\n", line->str);
+      json_builder_begin_object (line);
+      json_string (line, "demo", "gmlp-demo");
+      json_string (line, "device", gmlp_device_get_name (device));
+      json_string (line, "dtype", gmlp_dtype_get_name (dtype));
+      json_int (line, "experts", experts);
+      json_int (line, "top_k", top_k);
+      json_int (line, "tokens", tokens);
+      json_int (line, "hidden", hidden);
+      json_int (line, "ffn", ffn);
+      json_int (line, "shared_ffn", shared_ffn);
+      json_int (line, "padding", padding);
+      json_string (line, "fp8", recipe != GMLP_SCALING_RECIPE_NONE ? fp8_recipe : "none");
+      json_write_line (line, json);
     }
 
   record = g_new0 (Step, steps);
@@ -635,19 +675,19 @@ main (int argc, char *argv[])
                s->agreement, tokens / s->seconds, s->flops / s->seconds / 1e12, s->fewest, s->most);
       if (json != NULL)
         {
-          g_autoptr(GString) line = g_string_new (NULL);
+          JsonBuilder *line = json_builder_new ();
 
-          g_string_append_printf (line, "{\"step\":%d", step);
-          append_json_number (line, "loss", s->loss);
-          append_json_number (line, "aux_loss", s->aux_loss);
-          append_json_number (line, "agreement", s->agreement);
-          append_json_number (line, "seconds", s->seconds);
-          append_json_number (line, "tokens_per_s", tokens / s->seconds);
-          append_json_number (line, "tflops", s->flops / s->seconds / 1e12);
-          append_json_counts (line, "load", student_load);
-          append_json_counts (line, "teacher_load", teacher_load);
-          fprintf (json, "%s}\n", line->str);
-          fflush (json);
+          json_builder_begin_object (line);
+          json_int (line, "step", step);
+          json_number (line, "loss", s->loss);
+          json_number (line, "aux_loss", s->aux_loss);
+          json_number (line, "agreement", s->agreement);
+          json_number (line, "seconds", s->seconds);
+          json_number (line, "tokens_per_s", tokens / s->seconds);
+          json_number (line, "tflops", s->flops / s->seconds / 1e12);
+          json_counts (line, "load", student_load);
+          json_counts (line, "teacher_load", teacher_load);
+          json_write_line (line, json);
         }
       if (!isfinite (s->loss))
         {
