@@ -1018,6 +1018,17 @@ record_moe (GmlpDevice *device, gint64 fewest, gint64 most, const char *part)
   return record;
 }
 
+/* Ends and emits the record of a permute or combine that moved moved
+ * bytes in t.ms. */
+static void
+emit_moe_moved (JsonBuilder *record, const Timing *t, double moved)
+{
+  bench_record_double (record, "ms", t->ms, "%.4f");
+  bench_record_double (record, "gbps", moved / (t->ms * 1e-3) / 1e9, "%.1f");
+  bench_record_double (record, "host_us", t->host_us, "%.1f");
+  bench_record_emit (record);
+}
+
 static gboolean
 bench_moe (GmlpDevice *device, GError **error)
 {
@@ -1160,17 +1171,8 @@ bench_moe (GmlpDevice *device, GError **error)
     }
   bench_record_emit (record);
 
-  record = record_moe (device, fewest, most, "permute");
-  bench_record_double (record, "ms", permute_t.ms, "%.4f");
-  bench_record_double (record, "gbps", moved / (permute_t.ms * 1e-3) / 1e9, "%.1f");
-  bench_record_double (record, "host_us", permute_t.host_us, "%.1f");
-  bench_record_emit (record);
-
-  record = record_moe (device, fewest, most, "combine");
-  bench_record_double (record, "ms", combine_t.ms, "%.4f");
-  bench_record_double (record, "gbps", moved / (combine_t.ms * 1e-3) / 1e9, "%.1f");
-  bench_record_double (record, "host_us", combine_t.host_us, "%.1f");
-  bench_record_emit (record);
+  emit_moe_moved (record_moe (device, fewest, most, "permute"), &permute_t, moved);
+  emit_moe_moved (record_moe (device, fewest, most, "combine"), &combine_t, moved);
   return TRUE;
 }
 
