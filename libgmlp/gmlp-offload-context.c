@@ -64,6 +64,8 @@
  * layer = Gmlp.GroupedLinear.new(dev, 2, 64, 64)
  * x = Gmlp.GroupedTensor.new(dev, Gmlp.DType.FLOAT32, [16, 16], 64)
  * ctx = Gmlp.OffloadContext.new(dev)
+ * # With libgmlp's Python overrides installed, `with ctx.enabled():` does
+ * # the push and the pop.
  * ctx.push_thread_default(True)      # forwards on this thread offload what they save
  * try:
  *     y, saved = layer.forward(x)
