@@ -170,6 +170,16 @@ is_number (JsonNode *node)
          (json_node_get_value_type (node) == G_TYPE_INT64 || json_node_get_value_type (node) == G_TYPE_DOUBLE);
 }
 
+/* How many characters of a number's text come from its decimal point on
+ * (0 without one). */
+static guint
+fraction_length (const char *text)
+{
+  const char *point = strchr (text, '.');
+
+  return point != NULL ? (guint) strlen (point) : 0;
+}
+
 /* Pads text (UTF-8) to width characters, on the left for numbers. */
 static void
 print_cell (GString *out, const char *text, guint width, gboolean right)
@@ -191,7 +201,7 @@ print_one_table (GPtrArray *records, const char *bench, const char *device)
 {
   g_autoptr(GPtrArray) columns = g_ptr_array_new ();
   g_autoptr(GString) out = g_string_new (NULL);
-  g_autofree guint *widths = NULL;
+  g_autofree guint *widths = NULL, *fractions = NULL;
   g_autofree gboolean *numeric = NULL;
   guint r, c, i;
 
@@ -205,21 +215,30 @@ print_one_table (GPtrArray *records, const char *bench, const char *device)
             !g_ptr_array_find_with_equal_func (columns, l->data, g_str_equal, NULL))
           g_ptr_array_add (columns, l->data);
     }
+  /* Numbers are aligned on their decimal points: a column's numbers are
+   * padded on the right to its longest fraction. */
   widths = g_new0 (guint, columns->len);
+  fractions = g_new0 (guint, columns->len);
   numeric = g_new0 (gboolean, columns->len);
   for (c = 0; c < columns->len; c++)
     {
-      widths[c] = (guint) g_utf8_strlen (columns->pdata[c], -1);
+      guint integers = 0;
+
       numeric[c] = TRUE;
       for (r = 0; r < records->len; r++)
         {
           JsonNode *node = json_object_get_member (records->pdata[r], columns->pdata[c]);
           g_autofree char *text = node != NULL ? cell_text (node) : g_strdup ("");
+          guint fraction = node != NULL && is_number (node) ? fraction_length (text) : 0;
 
-          widths[c] = MAX (widths[c], (guint) g_utf8_strlen (text, -1));
+          fractions[c] = MAX (fractions[c], fraction);
+          integers = MAX (integers, (guint) g_utf8_strlen (text, -1) - fraction);
           if (node != NULL && !is_number (node) && !JSON_NODE_HOLDS_NULL (node))
             numeric[c] = FALSE;
         }
+      if (!numeric[c])
+        fractions[c] = 0;
+      widths[c] = MAX ((guint) g_utf8_strlen (columns->pdata[c], -1), integers + fractions[c]);
     }
 
   g_string_append_printf (out, "%s%s%s\n\n", bench ? bench : "records", device ? " on " : "", device ? device : "");
@@ -239,7 +258,15 @@ print_one_table (GPtrArray *records, const char *bench, const char *device)
       {
         JsonNode *node = json_object_get_member (records->pdata[r], columns->pdata[c]);
         g_autofree char *text = node != NULL ? cell_text (node) : g_strdup ("");
+        guint fraction = node != NULL && is_number (node) ? fraction_length (text) : 0;
 
+        if (numeric[c])
+          {
+            char *padded = g_strdup_printf ("%s%*s", text, (int) (fractions[c] - fraction), "");
+
+            g_free (text);
+            text = padded;
+          }
         print_cell (out, text, widths[c], numeric[c]);
         g_string_append (out, c + 1 < columns->len ? "  " : "\n");
       }
