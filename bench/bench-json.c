@@ -108,29 +108,39 @@ record_line (JsonObject *object)
 }
 
 void
-bench_record_emit (JsonBuilder *record)
+bench_record_write (JsonBuilder *record,
+                    FILE        *file)
 {
   g_autoptr(JsonNode) root = NULL;
+  g_autofree char *line = NULL;
 
   json_builder_end_object (record);
   root = json_builder_get_root (record);
   g_object_unref (record);
-  if (as_table)
-    {
-      if (kept == NULL)
-        kept = g_ptr_array_new_with_free_func ((GDestroyNotify) json_object_unref);
-      g_ptr_array_add (kept, json_object_ref (json_node_get_object (root)));
-    }
-  else
-    {
-      g_autofree char *line = record_line (json_node_get_object (root));
+  line = record_line (json_node_get_object (root));
+  /* JSON is UTF-8 whatever the locale: not through g_print, which
+   * converts to the locale's charset. */
+  fputs (line, file);
+  fputc ('\n', file);
+  fflush (file);
+}
 
-      /* JSON is UTF-8 whatever the locale: not through g_print, which
-       * converts to the locale's charset. */
-      fputs (line, stdout);
-      fputc ('\n', stdout);
-      fflush (stdout);
+void
+bench_record_emit (JsonBuilder *record)
+{
+  g_autoptr(JsonNode) root = NULL;
+
+  if (!as_table)
+    {
+      bench_record_write (record, stdout);
+      return;
     }
+  json_builder_end_object (record);
+  root = json_builder_get_root (record);
+  g_object_unref (record);
+  if (kept == NULL)
+    kept = g_ptr_array_new_with_free_func ((GDestroyNotify) json_object_unref);
+  g_ptr_array_add (kept, json_object_ref (json_node_get_object (root)));
 }
 
 void

@@ -1,5 +1,5 @@
 /* bench-json.h: the benchmark programs' records, as JSON lines (json-glib)
- * or as a table
+ * or as a table (gmlp-demo's --json lines too)
  *
  * A record is one JSON object: bench_record_new(), members in order, then
  * bench_record_emit() prints it as one line on stdout, or, after
@@ -11,6 +11,8 @@
  */
 
 #pragma once
+
+#include <stdio.h>
 
 #include <json-glib/json-glib.h>
 
@@ -37,6 +39,9 @@ void         bench_record_bool   (JsonBuilder *record,
                                   gboolean     value);
 /* Prints or keeps the record, and frees record. */
 void         bench_record_emit   (JsonBuilder *record);
+/* Writes the record to file as one line, and frees record. */
+void         bench_record_write  (JsonBuilder *record,
+                                  FILE        *file);
 
 void         bench_output_set_table   (gboolean table);
 void         bench_output_print_table (void);

@@ -56,8 +56,9 @@
 #include <string.h>
 
 #include <glib/gstdio.h>
-#include <json-glib/json-glib.h>
 #include <gmlp.h>
+
+#include "bench-json.h"
 
 /* The student's experts start at the teacher's plus this much of a fresh
  * draw of the same spread. */
@@ -272,20 +273,7 @@ mlp_flops (GmlpGroupedMLP *mlp, gint64 rows)
                                 gmlp_grouped_linear_get_in_features (fc2));
 }
 
-/* A number for JSON to 6 digits (json-glib writes it whatever the
- * locale); null when not finite. */
-static void
-json_number (JsonBuilder *line, const char *key, double value)
-{
-  char buf[G_ASCII_DTOSTR_BUF_SIZE];
-
-  json_builder_set_member_name (line, key);
-  if (isfinite (value))
-    json_builder_add_double_value (line, g_ascii_strtod (g_ascii_formatd (buf, sizeof buf, "%.6g", value), NULL));
-  else
-    json_builder_add_null_value (line);
-}
-
+/* An array of the experts' counts in a JSON line. */
 static void
 json_counts (JsonBuilder *line, const char *key, const gint64 *counts)
 {
@@ -296,37 +284,6 @@ json_counts (JsonBuilder *line, const char *key, const gint64 *counts)
   for (e = 0; e < experts; e++)
     json_builder_add_int_value (line, counts[e]);
   json_builder_end_array (line);
-}
-
-static void
-json_string (JsonBuilder *line, const char *key, const char *value)
-{
-  json_builder_set_member_name (line, key);
-  json_builder_add_string_value (line, value);
-}
-
-static void
-json_int (JsonBuilder *line, const char *key, gint64 value)
-{
-  json_builder_set_member_name (line, key);
-  json_builder_add_int_value (line, value);
-}
-
-/* Ends the object of line, writes it to file as one line, and frees line. */
-static void
-json_write_line (JsonBuilder *line, FILE *file)
-{
-  g_autoptr(JsonGenerator) generator = json_generator_new ();
-  g_autoptr(JsonNode) root = NULL;
-  g_autofree char *text = NULL;
-
-  json_builder_end_object (line);
-  root = json_builder_get_root (line);
-  g_object_unref (line);
-  json_generator_set_root (generator, root);
-  text = json_generator_to_data (generator, NULL);
-  fprintf (file, "%s\n", text);
-  fflush (file);
 }
 
 /* The plot script next to this program (the build tree, or the installed
@@ -582,21 +539,20 @@ main (int argc, char *argv[])
            "    backward (two forwards' worth)\n", (double) top_k / experts);
   if (json != NULL)
     {
-      JsonBuilder *line = json_builder_new ();
+      JsonBuilder *line = bench_record_new (NULL, NULL);
 
-      json_builder_begin_object (line);
-      json_string (line, "demo", "gmlp-demo");
-      json_string (line, "device", gmlp_device_get_name (device));
-      json_string (line, "dtype", gmlp_dtype_get_name (dtype));
-      json_int (line, "experts", experts);
-      json_int (line, "top_k", top_k);
-      json_int (line, "tokens", tokens);
-      json_int (line, "hidden", hidden);
-      json_int (line, "ffn", ffn);
-      json_int (line, "shared_ffn", shared_ffn);
-      json_int (line, "padding", padding);
-      json_string (line, "fp8", recipe != GMLP_SCALING_RECIPE_NONE ? fp8_recipe : "none");
-      json_write_line (line, json);
+      bench_record_string (line, "demo", "gmlp-demo");
+      bench_record_string (line, "device", gmlp_device_get_name (device));
+      bench_record_string (line, "dtype", gmlp_dtype_get_name (dtype));
+      bench_record_int (line, "experts", experts);
+      bench_record_int (line, "top_k", top_k);
+      bench_record_int (line, "tokens", tokens);
+      bench_record_int (line, "hidden", hidden);
+      bench_record_int (line, "ffn", ffn);
+      bench_record_int (line, "shared_ffn", shared_ffn);
+      bench_record_int (line, "padding", padding);
+      bench_record_string (line, "fp8", recipe != GMLP_SCALING_RECIPE_NONE ? fp8_recipe : "none");
+      bench_record_write (line, json);
     }
 
   record = g_new0 (Step, steps);
@@ -675,19 +631,18 @@ main (int argc, char *argv[])
                s->agreement, tokens / s->seconds, s->flops / s->seconds / 1e12, s->fewest, s->most);
       if (json != NULL)
         {
-          JsonBuilder *line = json_builder_new ();
+          JsonBuilder *line = bench_record_new (NULL, NULL);
 
-          json_builder_begin_object (line);
-          json_int (line, "step", step);
-          json_number (line, "loss", s->loss);
-          json_number (line, "aux_loss", s->aux_loss);
-          json_number (line, "agreement", s->agreement);
-          json_number (line, "seconds", s->seconds);
-          json_number (line, "tokens_per_s", tokens / s->seconds);
-          json_number (line, "tflops", s->flops / s->seconds / 1e12);
+          bench_record_int (line, "step", step);
+          bench_record_double (line, "loss", s->loss, "%.6g");
+          bench_record_double (line, "aux_loss", s->aux_loss, "%.6g");
+          bench_record_double (line, "agreement", s->agreement, "%.6g");
+          bench_record_double (line, "seconds", s->seconds, "%.6g");
+          bench_record_double (line, "tokens_per_s", tokens / s->seconds, "%.6g");
+          bench_record_double (line, "tflops", s->flops / s->seconds / 1e12, "%.6g");
           json_counts (line, "load", student_load);
           json_counts (line, "teacher_load", teacher_load);
-          json_write_line (line, json);
+          bench_record_write (line, json);
         }
       if (!isfinite (s->loss))
         {
