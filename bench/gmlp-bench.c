@@ -8,8 +8,12 @@
  * the one cublas_anchor.cu uses.
  *
  *   gmlp-bench [--shape NAME] [--iters N] [--divide D] [--rest-ms MS] [--warm-ms MS] [--fp8[=RECIPE]] [--quantized]
- *              [--method steady|do-bench] [--dims E,M,K,N]
+ *              [--method steady|do-bench] [--dims E,M,K,N] [--table]
  *   gmlp-bench --quantize [--fp8=RECIPE] [--device-sizes] ...
+ *
+ * Each measurement is one JSON line (written with json-glib, bench-json.c);
+ * --table prints the same records at the end as tables of aligned columns,
+ * one per kind of line, for people. bench/plot.py draws the lines as charts.
  *
  * --dims runs one shape of those dimensions instead, named "custom" (to
  * see how a product's time grows with one dimension).
@@ -56,12 +60,14 @@
  * SPDX-License-Identifier: LGPL-2.1-or-later
  */
 
+#include <locale.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <gmlp.h>
 
+#include "bench-json.h"
 #include "bench-shapes.h"
 
 /* The shapes run: the anchors', or --dims's. */
@@ -96,6 +102,7 @@ static gboolean device_sizes = FALSE;
 static GmlpScalingRecipe fp8_recipe = GMLP_SCALING_RECIPE_NONE;
 static gboolean fp8_quantized = FALSE;
 static char *method = NULL;
+static gboolean table = FALSE;
 /* --moe: ep_anchor.py's arguments and defaults. */
 static gboolean moe_mode = FALSE;
 static gint64 moe_tokens = 8192;
@@ -159,6 +166,8 @@ static const GOptionEntry entries[] = {
     "--moe: run this many layer steps after the warm-up and time nothing (for a profiler)", "N" },
   { "dims", 0, 0, G_OPTION_ARG_STRING, &dims, "Run one shape of these dimensions instead (\"custom\")",
     "E,M,K,N" },
+  { "table", 0, 0, G_OPTION_ARG_NONE, &table,
+    "Print a table for people at the end instead of JSON lines", NULL },
   { "method", 0, 0, G_OPTION_ARG_STRING, &method,
     "steady (the default) or do-bench (triton's, as anchors.py times torch; fprop and wgrad only)",
     "METHOD" },
@@ -171,6 +180,20 @@ static gint64 *
 split_rows (gint64 experts, gint64 rows, gboolean skew)
 {
   return bench_split_rows (experts, rows, skew, MAX (16 / divide, 1));
+}
+
+/* A record of the shape s with M rows and K in features: "bench",
+ * "device", "shape", "E", "M", "K". */
+static JsonBuilder *
+record_shape (const char *bench, GmlpDevice *device, const BenchShape *s, gint64 rows, gint64 in)
+{
+  JsonBuilder *record = bench_record_new (bench, gmlp_device_get_name (device));
+
+  bench_record_string (record, "shape", s->name);
+  bench_record_int (record, "E", s->experts);
+  bench_record_int (record, "M", rows);
+  bench_record_int (record, "K", in);
+  return record;
 }
 
 typedef struct {
@@ -402,6 +425,7 @@ bench_shape (GmlpDevice *device, const BenchShape *s, gboolean skew, GError **er
   static const char *names[] = { "fprop", "dgrad", "wgrad" };
   static const Op ops[] = { op_fprop, op_dgrad, op_wgrad };
   g_autofree char *dtype_name = NULL;
+  JsonBuilder *record;
   Bench b;
   guint n_saved = (guint) iters + 3, i, k;
 
@@ -507,14 +531,20 @@ bench_shape (GmlpDevice *device, const BenchShape *s, gboolean skew, GError **er
                                                    &b, &t, error)
             : time_op (device, ops[k], op_fprop, &b, (guint) iters, &t, error)))
         return FALSE;
-      g_print ("{\"bench\":\"gmlp\",\"device\":\"%s\",\"shape\":\"%s\",\"E\":%" G_GINT64_FORMAT
-               ",\"M\":%" G_GINT64_FORMAT ",\"K\":%" G_GINT64_FORMAT ",\"N\":%" G_GINT64_FORMAT
-               ",\"skew\":%s,\"sizes\":\"%s\",\"op\":\"%s\",\"dtype\":\"%s\"%s%s,\"ms\":%.4f,\"tflops\":%.4g,\"host_us\":%.1f}\n",
-               gmlp_device_get_name (device), s->name, s->experts, rows, in, out,
-               skew ? "true" : "false", device_sizes ? "device" : "host", names[k], dtype_name,
-               fp8_recipe == GMLP_SCALING_RECIPE_NONE ? "" :
-               fp8_quantized ? ",\"quantize\":\"outside\"" : ",\"quantize\":\"per-call\"",
-               do_bench_method () ? ",\"method\":\"do-bench\"" : "", t.ms, flops / (t.ms * 1e-3) / 1e12, t.host_us);
+      record = record_shape ("gmlp", device, s, rows, in);
+      bench_record_int (record, "N", out);
+      bench_record_bool (record, "skew", skew);
+      bench_record_string (record, "sizes", device_sizes ? "device" : "host");
+      bench_record_string (record, "op", names[k]);
+      bench_record_string (record, "dtype", dtype_name);
+      if (fp8_recipe != GMLP_SCALING_RECIPE_NONE)
+        bench_record_string (record, "quantize", fp8_quantized ? "outside" : "per-call");
+      if (do_bench_method ())
+        bench_record_string (record, "method", "do-bench");
+      bench_record_double (record, "ms", t.ms, "%.4f");
+      bench_record_double (record, "tflops", flops / (t.ms * 1e-3) / 1e12, "%.4g");
+      bench_record_double (record, "host_us", t.host_us, "%.1f");
+      bench_record_emit (record);
     }
 
   for (i = 0; i < n_saved; i++)
@@ -548,6 +578,7 @@ bench_quantize (GmlpDevice *device, const BenchShape *s, gboolean skew, GError *
   g_autofree gint64 *m = split_rows (s->experts, rows, skew);
   g_autoptr(GmlpQuantizer) quantizer = NULL;
   g_autoptr(GmlpGroupedTensor) x = NULL;
+  JsonBuilder *record;
   QuantizeBench b;
   guint columnwise;
 
@@ -576,12 +607,15 @@ bench_quantize (GmlpDevice *device, const BenchShape *s, gboolean skew, GError *
       if (!op_quantize (&b, 0, error) || !op_quantize (&b, 1, error) ||
           !time_op (device, op_quantize, op_quantize, &b, (guint) iters, &t, error))
         return FALSE;
-      g_print ("{\"bench\":\"gmlp-quantize\",\"device\":\"%s\",\"shape\":\"%s\",\"E\":%" G_GINT64_FORMAT
-               ",\"M\":%" G_GINT64_FORMAT ",\"K\":%" G_GINT64_FORMAT
-               ",\"skew\":%s,\"sizes\":\"%s\",\"recipe\":\"%s\",\"columnwise\":%s,\"ms\":%.4f,\"gbps\":%.1f,\"host_us\":%.1f}\n",
-               gmlp_device_get_name (device), s->name, s->experts, rows, in, skew ? "true" : "false",
-               device_sizes ? "device" : "host", fp8_recipe_names[fp8_recipe], columnwise ? "true" : "false",
-               t.ms, bytes / (t.ms * 1e-3) / 1e9, t.host_us);
+      record = record_shape ("gmlp-quantize", device, s, rows, in);
+      bench_record_bool (record, "skew", skew);
+      bench_record_string (record, "sizes", device_sizes ? "device" : "host");
+      bench_record_string (record, "recipe", fp8_recipe_names[fp8_recipe]);
+      bench_record_bool (record, "columnwise", columnwise);
+      bench_record_double (record, "ms", t.ms, "%.4f");
+      bench_record_double (record, "gbps", bytes / (t.ms * 1e-3) / 1e9, "%.1f");
+      bench_record_double (record, "host_us", t.host_us, "%.1f");
+      bench_record_emit (record);
     }
   return TRUE;
 }
@@ -612,6 +646,7 @@ bench_mlp (GmlpDevice *device, const BenchShape *s, gboolean skew, GError **erro
   g_autofree gint64 *m = split_rows (s->experts, rows, skew);
   g_autoptr(GmlpGroupedMLP) mlp = NULL;
   g_autoptr(GmlpGroupedTensor) x = NULL, dy = NULL;
+  JsonBuilder *record;
   MlpBench b;
   Timing t;
   guint i;
@@ -633,11 +668,14 @@ bench_mlp (GmlpDevice *device, const BenchShape *s, gboolean skew, GError **erro
       return FALSE;
   if (!time_op (device, op_mlp_step, op_mlp_step, &b, (guint) MAX (iters / 4, 5), &t, error))
     return FALSE;
-  g_print ("{\"bench\":\"gmlp-mlp\",\"device\":\"%s\",\"shape\":\"%s\",\"E\":%" G_GINT64_FORMAT
-           ",\"M\":%" G_GINT64_FORMAT ",\"K\":%" G_GINT64_FORMAT ",\"N\":%" G_GINT64_FORMAT
-           ",\"skew\":%s,\"activation\":\"swiglu\",\"ms\":%.4f,\"tflops\":%.4g,\"host_us\":%.1f}\n",
-           gmlp_device_get_name (device), s->name, s->experts, rows, k, n, skew ? "true" : "false",
-           t.ms, 18.0 * rows * k * n / (t.ms * 1e-3) / 1e12, t.host_us);
+  record = record_shape ("gmlp-mlp", device, s, rows, k);
+  bench_record_int (record, "N", n);
+  bench_record_bool (record, "skew", skew);
+  bench_record_string (record, "activation", "swiglu");
+  bench_record_double (record, "ms", t.ms, "%.4f");
+  bench_record_double (record, "tflops", 18.0 * rows * k * n / (t.ms * 1e-3) / 1e12, "%.4g");
+  bench_record_double (record, "host_us", t.host_us, "%.1f");
+  bench_record_emit (record);
   return TRUE;
 }
 
@@ -737,6 +775,7 @@ bench_offload (GmlpDevice *device, GError **error)
   OffloadBench b = { device, { NULL, }, NULL, NULL, 8, in };
   guint64 held_plain = 0, held_offload = 0, offloaded;
   double ms_plain = 0.0, ms_offload = 0.0, copy_ms = 0.0, flops;
+  JsonBuilder *record;
   gboolean ok = FALSE;
   guint i;
 
@@ -804,16 +843,23 @@ bench_offload (GmlpDevice *device, GError **error)
   }
 
   flops = 3.0 * 2.0 * rows * in * out * OFFLOAD_LAYERS;
-  g_print ("{\"bench\":\"gmlp-offload\",\"device\":\"%s\",\"layers\":%d,\"E\":%u,\"M\":%" G_GINT64_FORMAT
-           ",\"K\":%" G_GINT64_FORMAT ",\"N\":%" G_GINT64_FORMAT ",\"saved_bytes_plain\":%" G_GUINT64_FORMAT
-           ",\"saved_bytes_offload\":%" G_GUINT64_FORMAT ",\"saved_drop\":%.4f,\"copy_GBps\":%.1f"
-           ",\"step_ms_plain\":%.3f,\"step_ms_offload\":%.3f,\"slowdown\":%.4f,\"step_tflops\":%.4g"
-           ",\"copy_ms_per_step\":%.3f}\n",
-           gmlp_device_get_name (device), OFFLOAD_LAYERS, b.experts, rows, in, out,
-           held_plain, held_offload, held_plain ? 1.0 - (double) held_offload / held_plain : 0.0,
-           offloaded / (copy_ms * 1e-3) / 1e9, ms_plain, ms_offload, ms_offload / ms_plain - 1.0,
-           flops / (ms_plain * 1e-3) / 1e12,
-           2.0 * OFFLOAD_LAYERS * rows * in * 2 / (offloaded / (copy_ms * 1e-3)) * 1e3);
+  record = bench_record_new ("gmlp-offload", gmlp_device_get_name (device));
+  bench_record_int (record, "layers", OFFLOAD_LAYERS);
+  bench_record_int (record, "E", b.experts);
+  bench_record_int (record, "M", rows);
+  bench_record_int (record, "K", in);
+  bench_record_int (record, "N", out);
+  bench_record_int (record, "saved_bytes_plain", (gint64) held_plain);
+  bench_record_int (record, "saved_bytes_offload", (gint64) held_offload);
+  bench_record_double (record, "saved_drop", held_plain ? 1.0 - (double) held_offload / held_plain : 0.0, "%.4f");
+  bench_record_double (record, "copy_GBps", offloaded / (copy_ms * 1e-3) / 1e9, "%.1f");
+  bench_record_double (record, "step_ms_plain", ms_plain, "%.3f");
+  bench_record_double (record, "step_ms_offload", ms_offload, "%.3f");
+  bench_record_double (record, "slowdown", ms_offload / ms_plain - 1.0, "%.4f");
+  bench_record_double (record, "step_tflops", flops / (ms_plain * 1e-3) / 1e12, "%.4g");
+  bench_record_double (record, "copy_ms_per_step",
+                       2.0 * OFFLOAD_LAYERS * rows * in * 2 / (offloaded / (copy_ms * 1e-3)) * 1e3, "%.3f");
+  bench_record_emit (record);
   ok = TRUE;
 
 out:
@@ -952,6 +998,37 @@ balanced_gate (GmlpRouter *router, GError **error)
   return gmlp_router_set_weight_from_bytes (router, bytes, error);
 }
 
+/* A "gmlp-moe" record of part: the layer's arguments, then "part". */
+static JsonBuilder *
+record_moe (GmlpDevice *device, gint64 fewest, gint64 most, const char *part)
+{
+  JsonBuilder *record = bench_record_new ("gmlp-moe", gmlp_device_get_name (device));
+
+  bench_record_int (record, "tokens", moe_tokens);
+  bench_record_int (record, "hidden", moe_hidden);
+  bench_record_int (record, "ffn", moe_ffn);
+  bench_record_int (record, "experts", moe_experts);
+  bench_record_int (record, "topk", moe_topk);
+  bench_record_string (record, "routing", "balanced");
+  bench_record_int (record, "min_tokens", fewest);
+  bench_record_int (record, "max_tokens", most);
+  bench_record_string (record, "dtype", "bf16");
+  bench_record_string (record, "activation", "swiglu");
+  bench_record_string (record, "part", part);
+  return record;
+}
+
+/* Ends and emits the record of a permute or combine that moved moved
+ * bytes in t.ms. */
+static void
+emit_moe_moved (JsonBuilder *record, const Timing *t, double moved)
+{
+  bench_record_double (record, "ms", t->ms, "%.4f");
+  bench_record_double (record, "gbps", moved / (t->ms * 1e-3) / 1e9, "%.1f");
+  bench_record_double (record, "host_us", t->host_us, "%.1f");
+  bench_record_emit (record);
+}
+
 static gboolean
 bench_moe (GmlpDevice *device, GError **error)
 {
@@ -960,7 +1037,7 @@ bench_moe (GmlpDevice *device, GError **error)
   GmlpGroupedTensor *sizes;   /* the permuted tensor's */
   g_autoptr(GmlpRouting) routing = NULL;
   g_autoptr(GBytes) counts = NULL;
-  g_autofree char *common = NULL, *graph_fields = NULL;
+  JsonBuilder *record;
   const gint64 *count;
   gint64 fewest, most;
   double flops = 18.0 * moe_tokens * moe_topk * moe_hidden * moe_ffn;
@@ -1072,26 +1149,30 @@ bench_moe (GmlpDevice *device, GError **error)
       !time_op (device, op_mlp_step, op_mlp_step, &e, n, &experts_t, error))
     return FALSE;
 
-  common = g_strdup_printf ("{\"bench\":\"gmlp-moe\",\"device\":\"%s\",\"tokens\":%" G_GINT64_FORMAT
-                            ",\"hidden\":%" G_GINT64_FORMAT ",\"ffn\":%" G_GINT64_FORMAT
-                            ",\"experts\":%d,\"topk\":%d,\"routing\":\"balanced\",\"min_tokens\":%"
-                            G_GINT64_FORMAT ",\"max_tokens\":%" G_GINT64_FORMAT
-                            ",\"dtype\":\"bf16\",\"activation\":\"swiglu\"",
-                            gmlp_device_get_name (device), moe_tokens, moe_hidden, moe_ffn, moe_experts,
-                            moe_topk, fewest, most);
-  g_print ("%s,\"part\":\"experts\",\"rows\":%" G_GINT64_FORMAT ",\"ms\":%.4f,\"tflops\":%.4g,\"host_us\":%.1f}\n",
-           common, moe_tokens * moe_topk, experts_t.ms, flops / (experts_t.ms * 1e-3) / 1e12, experts_t.host_us);
-  graph_fields = graph == NULL ? g_strdup ("")
-                               : g_strdup_printf (",\"graph_ms\":%.4f,\"graph_host_us\":%.1f",
-                                                  graph_t.ms, graph_t.host_us);
-  g_print ("%s,\"part\":\"layer\",\"fwd_ms\":%.4f,\"fwd_host_us\":%.1f,\"ms\":%.4f,\"tflops\":%.4g"
-           ",\"host_us\":%.1f,\"busy_host_us\":%.1f,\"over_experts\":%.4f%s}\n",
-           common, fwd_t.ms, fwd_t.host_us, layer_t.ms, flops / (layer_t.ms * 1e-3) / 1e12, layer_t.host_us,
-           layer_t.busy_us, layer_t.ms / experts_t.ms, graph_fields);
-  g_print ("%s,\"part\":\"permute\",\"ms\":%.4f,\"gbps\":%.1f,\"host_us\":%.1f}\n",
-           common, permute_t.ms, moved / (permute_t.ms * 1e-3) / 1e9, permute_t.host_us);
-  g_print ("%s,\"part\":\"combine\",\"ms\":%.4f,\"gbps\":%.1f,\"host_us\":%.1f}\n",
-           common, combine_t.ms, moved / (combine_t.ms * 1e-3) / 1e9, combine_t.host_us);
+  record = record_moe (device, fewest, most, "experts");
+  bench_record_int (record, "rows", moe_tokens * moe_topk);
+  bench_record_double (record, "ms", experts_t.ms, "%.4f");
+  bench_record_double (record, "tflops", flops / (experts_t.ms * 1e-3) / 1e12, "%.4g");
+  bench_record_double (record, "host_us", experts_t.host_us, "%.1f");
+  bench_record_emit (record);
+
+  record = record_moe (device, fewest, most, "layer");
+  bench_record_double (record, "fwd_ms", fwd_t.ms, "%.4f");
+  bench_record_double (record, "fwd_host_us", fwd_t.host_us, "%.1f");
+  bench_record_double (record, "ms", layer_t.ms, "%.4f");
+  bench_record_double (record, "tflops", flops / (layer_t.ms * 1e-3) / 1e12, "%.4g");
+  bench_record_double (record, "host_us", layer_t.host_us, "%.1f");
+  bench_record_double (record, "busy_host_us", layer_t.busy_us, "%.1f");
+  bench_record_double (record, "over_experts", layer_t.ms / experts_t.ms, "%.4f");
+  if (graph != NULL)
+    {
+      bench_record_double (record, "graph_ms", graph_t.ms, "%.4f");
+      bench_record_double (record, "graph_host_us", graph_t.host_us, "%.1f");
+    }
+  bench_record_emit (record);
+
+  emit_moe_moved (record_moe (device, fewest, most, "permute"), &permute_t, moved);
+  emit_moe_moved (record_moe (device, fewest, most, "combine"), &combine_t, moved);
   return TRUE;
 }
 
@@ -1104,6 +1185,7 @@ main (int argc, char *argv[])
   guint s, skew;
   gboolean any = FALSE;
 
+  setlocale (LC_ALL, "");
   n_shapes = bench_n_anchor_shapes;
   g_option_context_add_main_entries (context, entries, NULL);
   if (!g_option_context_parse (context, &argc, &argv, &error))
@@ -1111,6 +1193,7 @@ main (int argc, char *argv[])
       g_printerr ("%s\n", error->message);
       return EXIT_FAILURE;
     }
+  bench_output_set_table (table);
   if (quantize_mode && fp8_recipe == GMLP_SCALING_RECIPE_NONE)
     fp8_recipe = GMLP_SCALING_RECIPE_DELAYED;
   if (!routing_selected (FALSE) && !routing_selected (TRUE))
@@ -1160,6 +1243,7 @@ main (int argc, char *argv[])
           g_printerr ("gmlp-bench: --moe: %s\n", error->message);
           return EXIT_FAILURE;
         }
+      bench_output_print_table ();
       return EXIT_SUCCESS;
     }
   if (offload_mode)
@@ -1169,6 +1253,7 @@ main (int argc, char *argv[])
           g_printerr ("gmlp-bench: offload: %s\n", error->message);
           return EXIT_FAILURE;
         }
+      bench_output_print_table ();
       return EXIT_SUCCESS;
     }
   for (s = 0; s < n_shapes; s++)
@@ -1192,5 +1277,6 @@ main (int argc, char *argv[])
       g_printerr ("gmlp-bench: no shape named %s\n", only_shape);
       return EXIT_FAILURE;
     }
+  bench_output_print_table ();
   return EXIT_SUCCESS;
 }

@@ -27,6 +27,8 @@
 
 #include <gmlp.h>
 
+#include "bench-json.h"
+
 static char *what = NULL;
 static gint steps = 0;
 static gint64 tokens = 8192, hidden = 4096, ffn = 1536;
@@ -53,16 +55,19 @@ compare_gint64 (gconstpointer a, gconstpointer b)
 static void
 print_result (GmlpDevice *device, const char *name, gint64 *times, int n)
 {
+  JsonBuilder *record;
   gint64 sum = 0;
   int i;
 
   for (i = 0; i < n; i++)
     sum += times[i];
   qsort (times, (gsize) n, sizeof *times, compare_gint64);
-  g_print ("{\"device\": \"%s\", \"what\": \"%s\", \"steps\": %d, \"host_us_per_step\": %.2f"
-           ", \"median_us\": %.1f}\n",
-           gmlp_device_get_name (device), name, n, (double) sum / MAX (n, 1),
-           n ? (double) times[n / 2] : 0.0);
+  record = bench_record_new (NULL, gmlp_device_get_name (device));
+  bench_record_string (record, "what", name);
+  bench_record_int (record, "steps", n);
+  bench_record_double (record, "host_us_per_step", (double) sum / MAX (n, 1), "%.2f");
+  bench_record_double (record, "median_us", n ? (double) times[n / 2] : 0.0, "%.1f");
+  bench_record_emit (record);
 }
 
 static void
@@ -73,6 +78,7 @@ host_linear (GmlpDevice *device)
   g_autoptr(GmlpGroupedTensor) x = NULL;
   gint64 rows[8] = { 1, 1, 1, 1, 1, 1, 1, 1 };
   int n = steps > 0 ? steps : 2000, i;
+  JsonBuilder *record;
   gint64 start;
 
   layer = gmlp_grouped_linear_new (device, 8, 16, 16, &error);
@@ -96,8 +102,12 @@ host_linear (GmlpDevice *device)
   if (!gmlp_device_synchronize (device, &error))
     g_error ("%s", error->message);
 
-  g_print ("{\"device\": \"%s\", \"what\": \"linear\", \"steps\": %d, \"host_us_per_step\": %.2f}\n",
-           gmlp_device_get_name (device), n, (double) (g_get_monotonic_time () - start) / MAX (n, 1));
+  record = bench_record_new (NULL, gmlp_device_get_name (device));
+  bench_record_string (record, "what", "linear");
+  bench_record_int (record, "steps", n);
+  bench_record_double (record, "host_us_per_step", (double) (g_get_monotonic_time () - start) / MAX (n, 1),
+                       "%.2f");
+  bench_record_emit (record);
 }
 
 /* Not inlined: the profiler finds the steps by these names. */

@@ -42,6 +42,7 @@
  * SPDX-License-Identifier: LGPL-2.1-or-later
  */
 
+#include <locale.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -50,6 +51,7 @@
 #include <cuda_runtime.h>
 #include <gmlp.h>
 
+#include "bench-json.h"
 #include "bench-shapes.h"
 #include "gmlp-dlpack-private.h"
 
@@ -408,6 +410,7 @@ versus_loop (GmlpDevice *device, Loop *l, const BenchShape *s, gboolean skew, GE
   Layer g = { NULL, NULL, NULL, NULL };
   gboolean ok = FALSE;
   guint block = 1;
+  JsonBuilder *record;
   gint64 start;
 
   layer = gmlp_grouped_linear_new_full (device, (guint) s->experts, s->in, s->out, GMLP_DTYPE_BFLOAT16,
@@ -454,16 +457,24 @@ versus_loop (GmlpDevice *device, Loop *l, const BenchShape *s, gboolean skew, GE
   qsort (gmlp_ms, rounds, sizeof (double), compare_doubles);
   qsort (loop_ms, rounds, sizeof (double), compare_doubles);
   qsort (ratio, rounds, sizeof (double), compare_doubles);
-  g_print ("{\"bench\":\"gmlp-versus-loop\",\"device\":\"%s\",\"shape\":\"%s\",\"E\":%" G_GINT64_FORMAT
-           ",\"M\":%" G_GINT64_FORMAT ",\"K\":%" G_GINT64_FORMAT ",\"N\":%" G_GINT64_FORMAT
-           ",\"skew\":%s,\"op\":\"%s\",\"loop\":\"%s\",\"rounds\":%d,\"block_calls\":%u,\"gmlp_tflops\":%.1f"
-           ",\"loop_tflops\":%.1f,\"ratio\":%.4f,\"ratio_q1\":%.4f,\"ratio_q3\":%.4f,\"ratio_of_sums\":%.4f}\n",
-           gmlp_device_get_name (device), s->name, s->experts, s->rows, s->in, s->out,
-           skew ? "true" : "false", op_names[op], loop_kind != NULL ? loop_kind : "loop", rounds, block,
-           flops * block / (quantile (gmlp_ms, rounds, 0.5) * 1e-3) / 1e12,
-           flops * block / (quantile (loop_ms, rounds, 0.5) * 1e-3) / 1e12,
-           quantile (ratio, rounds, 0.5), quantile (ratio, rounds, 0.25), quantile (ratio, rounds, 0.75),
-           loop_sum / gmlp_sum);
+  record = bench_record_new ("gmlp-versus-loop", gmlp_device_get_name (device));
+  bench_record_string (record, "shape", s->name);
+  bench_record_int (record, "E", s->experts);
+  bench_record_int (record, "M", s->rows);
+  bench_record_int (record, "K", s->in);
+  bench_record_int (record, "N", s->out);
+  bench_record_bool (record, "skew", skew);
+  bench_record_string (record, "op", op_names[op]);
+  bench_record_string (record, "loop", loop_kind != NULL ? loop_kind : "loop");
+  bench_record_int (record, "rounds", rounds);
+  bench_record_int (record, "block_calls", block);
+  bench_record_double (record, "gmlp_tflops", flops * block / (quantile (gmlp_ms, rounds, 0.5) * 1e-3) / 1e12, "%.1f");
+  bench_record_double (record, "loop_tflops", flops * block / (quantile (loop_ms, rounds, 0.5) * 1e-3) / 1e12, "%.1f");
+  bench_record_double (record, "ratio", quantile (ratio, rounds, 0.5), "%.4f");
+  bench_record_double (record, "ratio_q1", quantile (ratio, rounds, 0.25), "%.4f");
+  bench_record_double (record, "ratio_q3", quantile (ratio, rounds, 0.75), "%.4f");
+  bench_record_double (record, "ratio_of_sums", loop_sum / gmlp_sum, "%.4f");
+  bench_record_emit (record);
   ok = TRUE;
 
 out:
@@ -498,6 +509,7 @@ main (int argc, char *argv[])
   Loop l;
   gboolean any = FALSE;
 
+  setlocale (LC_ALL, "");
   g_option_context_add_main_entries (context, entries, NULL);
   if (!g_option_context_parse (context, &argc, &argv, &error))
     {

@@ -10,3 +10,5 @@ export GMLP_BACKEND_DIR="$PWD/build-gpu/libgmlp/backend/cuda"
 build-gpu/bench/gmlp-bench --mlp "$@" | tee "$out/gmlp-mlp.jsonl"
 PYTHONUNBUFFERED=1 python3 bench/mlp_anchor.py | tee "$out/torch-mlp.jsonl"
 python3 bench/compare_mlp.py "$out/gmlp-mlp.jsonl" "$out/torch-mlp.jsonl" | tee "$out/compare-mlp.md"
+python3 bench/plot.py -o "$out/charts" "$out/gmlp-mlp.jsonl" "$out/torch-mlp.jsonl" ||
+  echo "run-gpu-mlp.sh: no charts (bench/plot.py failed)"

@@ -27,3 +27,10 @@ for s in "${@:-A B C}"; do
     python3 .bench/ep_anchor.py ${shapes[$name]} | tee "$out/ep-anchor-$name.json"
   done
 done
+# One chart per shape (matplotlib; skipped where it is missing).
+for s in "${@:-A B C}"; do
+  for name in ${s}; do
+    python3 bench/plot.py -o "$out/charts" --prefix "$name-" "$out/gmlp-moe-$name.json" "$out/ep-anchor-$name.json" ||
+      echo "run-gpu-moe.sh: no chart for $name (bench/plot.py failed)"
+  done
+done

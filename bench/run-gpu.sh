@@ -46,3 +46,6 @@ python3 bench/compare.py "$out/gmlp-bench.jsonl" "$out/anchors.jsonl" "$out/cubl
   "$out/cublas-loop-steady.jsonl" "$out/torch-steady.jsonl" | tee "$out/compare.md"
 python3 bench/compare.py "$out/gmlp-bench-cublas.jsonl" "$out/anchors.jsonl" "$out/cublas-anchor.jsonl" \
   "$out/cublas-loop-steady.jsonl" > "$out/compare-cublas.md"
+# The charts of docs/performance.md (matplotlib; skipped where it is missing).
+python3 bench/plot.py -o "$out/charts" "$out/gmlp-bench.jsonl" "$out/anchors.jsonl" "$out/cublas-anchor.jsonl" \
+  "$out/cublas-loop-steady.jsonl" "$out/torch-steady.jsonl" || echo "run-gpu.sh: no charts (bench/plot.py failed)"

@@ -58,6 +58,8 @@
 #include <glib/gstdio.h>
 #include <gmlp.h>
 
+#include "bench-json.h"
+
 /* The student's experts start at the teacher's plus this much of a fresh
  * draw of the same spread. */
 #define EXPERT_NOISE 0.5
@@ -271,27 +273,17 @@ mlp_flops (GmlpGroupedMLP *mlp, gint64 rows)
                                 gmlp_grouped_linear_get_in_features (fc2));
 }
 
-/* A number for JSON, whatever the locale; null when not finite. */
+/* An array of the experts' counts in a JSON line. */
 static void
-append_json_number (GString *line, const char *key, double value)
-{
-  char buf[G_ASCII_DTOSTR_BUF_SIZE];
-
-  if (isfinite (value))
-    g_string_append_printf (line, ",\"%s\":%s", key, g_ascii_formatd (buf, sizeof buf, "%.6g", value));
-  else
-    g_string_append_printf (line, ",\"%s\":null", key);
-}
-
-static void
-append_json_counts (GString *line, const char *key, const gint64 *counts)
+json_counts (JsonBuilder *line, const char *key, const gint64 *counts)
 {
   int e;
 
-  g_string_append_printf (line, ",\"%s\":[", key);
+  json_builder_set_member_name (line, key);
+  json_builder_begin_array (line);
   for (e = 0; e < experts; e++)
-    g_string_append_printf (line, "%s%" G_GINT64_FORMAT, e ? "," : "", counts[e]);
-  g_string_append_c (line, ']');
+    json_builder_add_int_value (line, counts[e]);
+  json_builder_end_array (line);
 }
 
 /* The plot script next to this program (the build tree, or the installed
@@ -547,16 +539,20 @@ main (int argc, char *argv[])
            "    backward (two forwards' worth)\n", (double) top_k / experts);
   if (json != NULL)
     {
-      g_autoptr(GString) line = g_string_new ("{\"demo\":\"gmlp-demo\"");
+      JsonBuilder *line = bench_record_new (NULL, NULL);
 
-      g_string_append_printf (line, ",\"device\":\"%s\",\"dtype\":\"%s\",\"experts\":%d,\"top_k\":%d"
-                              ",\"tokens\":%" G_GINT64_FORMAT ",\"hidden\":%" G_GINT64_FORMAT
-                              ",\"ffn\":%" G_GINT64_FORMAT ",\"shared_ffn\":%" G_GINT64_FORMAT
-                              ",\"padding\":%d,\"fp8\":\"%s\"",
-                              gmlp_device_get_name (device), gmlp_dtype_get_name (dtype), experts, top_k,
-                              tokens, hidden, ffn, shared_ffn, padding,
-                              recipe != GMLP_SCALING_RECIPE_NONE ? fp8_recipe : "none");
-      fprintf (json, "%s}\n", line->str);
+      bench_record_string (line, "demo", "gmlp-demo");
+      bench_record_string (line, "device", gmlp_device_get_name (device));
+      bench_record_string (line, "dtype", gmlp_dtype_get_name (dtype));
+      bench_record_int (line, "experts", experts);
+      bench_record_int (line, "top_k", top_k);
+      bench_record_int (line, "tokens", tokens);
+      bench_record_int (line, "hidden", hidden);
+      bench_record_int (line, "ffn", ffn);
+      bench_record_int (line, "shared_ffn", shared_ffn);
+      bench_record_int (line, "padding", padding);
+      bench_record_string (line, "fp8", recipe != GMLP_SCALING_RECIPE_NONE ? fp8_recipe : "none");
+      bench_record_write (line, json);
     }
 
   record = g_new0 (Step, steps);
@@ -635,19 +631,18 @@ main (int argc, char *argv[])
                s->agreement, tokens / s->seconds, s->flops / s->seconds / 1e12, s->fewest, s->most);
       if (json != NULL)
         {
-          g_autoptr(GString) line = g_string_new (NULL);
+          JsonBuilder *line = bench_record_new (NULL, NULL);
 
-          g_string_append_printf (line, "{\"step\":%d", step);
-          append_json_number (line, "loss", s->loss);
-          append_json_number (line, "aux_loss", s->aux_loss);
-          append_json_number (line, "agreement", s->agreement);
-          append_json_number (line, "seconds", s->seconds);
-          append_json_number (line, "tokens_per_s", tokens / s->seconds);
-          append_json_number (line, "tflops", s->flops / s->seconds / 1e12);
-          append_json_counts (line, "load", student_load);
-          append_json_counts (line, "teacher_load", teacher_load);
-          fprintf (json, "%s}\n", line->str);
-          fflush (json);
+          bench_record_int (line, "step", step);
+          bench_record_double (line, "loss", s->loss, "%.6g");
+          bench_record_double (line, "aux_loss", s->aux_loss, "%.6g");
+          bench_record_double (line, "agreement", s->agreement, "%.6g");
+          bench_record_double (line, "seconds", s->seconds, "%.6g");
+          bench_record_double (line, "tokens_per_s", tokens / s->seconds, "%.6g");
+          bench_record_double (line, "tflops", s->flops / s->seconds / 1e12, "%.6g");
+          json_counts (line, "load", student_load);
+          json_counts (line, "teacher_load", teacher_load);
+          bench_record_write (line, json);
         }
       if (!isfinite (s->loss))
         {

@@ -8,6 +8,7 @@
  * SPDX-License-Identifier: LGPL-2.1-or-later
  */
 
+#include <locale.h>
 #include <math.h>
 #include <stdlib.h>
 
@@ -64,6 +65,7 @@ main (int argc, char *argv[])
   gint64 assigned = 0;
   gint64 e;
 
+  setlocale (LC_ALL, "");
   g_option_context_add_main_entries (context, entries, NULL);
   if (!g_option_context_parse (context, &argc, &argv, &error))
     {

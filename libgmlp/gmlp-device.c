@@ -48,6 +48,34 @@
  * calling thread, so the threads' work runs at once. A capture records what
  * every thread enqueues on the device.
  *
+ * ## Examples
+ *
+ * In Python (PyGObject):
+ *
+ * ```python
+ * import gi
+ * gi.require_version('Gmlp', '1.0')
+ * from gi.repository import GLib, Gmlp
+ *
+ * dev = Gmlp.Device.get_default()   # GMLP_DEVICE=cpu, cuda or cuda:1 chooses
+ * print(dev.get_name(), dev.get_kind().value_nick,
+ *       Gmlp.Device.get_count(Gmlp.DeviceKind.CUDA), 'GPUs')
+ * cpu = Gmlp.Device.new_from_string('cpu')
+ * cpu.synchronize()
+ * ```
+ *
+ * In JavaScript (gjs; run with `gjs -m`):
+ *
+ * ```js
+ * import GLib from 'gi://GLib';
+ * import Gmlp from 'gi://Gmlp?version=1.0';
+ *
+ * const dev = Gmlp.Device.get_default();  // GMLP_DEVICE=cpu, cuda or cuda:1 chooses
+ * print(dev.get_name(), Gmlp.Device.get_count(Gmlp.DeviceKind.CUDA), 'GPUs');
+ * const cpu = Gmlp.Device.new_from_string('cpu');
+ * cpu.synchronize();
+ * ```
+ *
  * Since: 0.1
  */
 
@@ -475,6 +503,8 @@ gmlp_device_get_default (void)
  * gmlp_device_get_kind:
  * @self: a #GmlpDevice
  *
+ * Gets whether @self is the CPU or a CUDA device.
+ *
  * Returns: the kind of device
  *
  * Since: 0.1
@@ -491,6 +521,9 @@ gmlp_device_get_kind (GmlpDevice *self)
  * gmlp_device_get_ordinal:
  * @self: a #GmlpDevice
  *
+ * Gets the index of @self among the devices of its kind (the `1` of `cuda:1`;
+ * 0 for the CPU).
+ *
  * Returns: the index of the device among those of its kind
  *
  * Since: 0.1
@@ -506,6 +539,8 @@ gmlp_device_get_ordinal (GmlpDevice *self)
 /**
  * gmlp_device_get_name:
  * @self: a #GmlpDevice
+ *
+ * Gets a name for @self that people can read, such as the GPU's product name.
  *
  * Returns: (transfer none): the device's name
  *
@@ -657,6 +692,9 @@ gmlp_device_end_capture (GmlpDevice  *self,
 /**
  * gmlp_device_is_capturing:
  * @self: a #GmlpDevice
+ *
+ * Tells whether work enqueued on @self's stream is being captured into a
+ * [class@Gmlp.Graph] rather than run.
  *
  * Returns: %TRUE between [method@Gmlp.Device.begin_capture] and
  *   [method@Gmlp.Device.end_capture]

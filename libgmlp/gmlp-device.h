@@ -34,6 +34,14 @@ typedef enum {
 /* Declared in gmlp-graph.h, which needs GmlpDevice. */
 typedef struct _GmlpGraph GmlpGraph;
 
+/**
+ * GmlpDeviceClass:
+ * @parent_class: the parent class
+ *
+ * The class structure of #GmlpDevice, a final type: it has no virtual methods.
+ *
+ * Since: 0.1
+ */
 GMLP_AVAILABLE_IN_0_1
 G_DECLARE_FINAL_TYPE (GmlpDevice, gmlp_device, GMLP, DEVICE, GObject)
 

@@ -23,6 +23,8 @@ G_STATIC_ASSERT ((int) GMLP_DTYPE_INT64 == (int) GMLP_NUM_INT64);
  * gmlp_dtype_get_size:
  * @dtype: a [enum@Gmlp.DType]
  *
+ * Gets the size of one element of @dtype.
+ *
  * Returns: the size of one element in bytes, or 0 for an invalid @dtype
  *
  * Since: 0.1
@@ -36,6 +38,9 @@ gmlp_dtype_get_size (GmlpDType dtype)
 /**
  * gmlp_dtype_get_name:
  * @dtype: a [enum@Gmlp.DType]
+ *
+ * Gets the short name of @dtype, as the benchmarks and error messages print
+ * it.
  *
  * Returns: (transfer none): a short name such as "bfloat16", or "invalid"
  *
@@ -61,6 +66,8 @@ gmlp_dtype_get_name (GmlpDType dtype)
  * gmlp_dtype_is_floating:
  * @dtype: a [enum@Gmlp.DType]
  *
+ * Tells whether @dtype holds floating-point numbers.
+ *
  * Returns: %TRUE for the floating-point types, FP8 included
  *
  * Since: 0.1
@@ -74,6 +81,9 @@ gmlp_dtype_is_floating (GmlpDType dtype)
 /**
  * gmlp_dtype_is_fp8:
  * @dtype: a [enum@Gmlp.DType]
+ *
+ * Tells whether @dtype is one of the 8-bit floating-point types,
+ * %GMLP_DTYPE_FLOAT8_E4M3 or %GMLP_DTYPE_FLOAT8_E5M2.
  *
  * Returns: %TRUE for the two FP8 types
  *
@@ -213,6 +223,9 @@ gmlp_dtype_float_to_bfloat16 (float value)
  * gmlp_dtype_e4m3_to_float:
  * @bits: an FP8 E4M3 bit pattern
  *
+ * Decodes one FP8 E4M3 byte (4 exponent bits, 3 mantissa bits, no infinities)
+ * into a float.
+ *
  * Returns: its value (exact)
  *
  * Since: 0.1
@@ -226,6 +239,8 @@ gmlp_dtype_e4m3_to_float (guint8 bits)
 /**
  * gmlp_dtype_e5m2_to_float:
  * @bits: an FP8 E5M2 bit pattern
+ *
+ * Decodes one FP8 E5M2 byte (5 exponent bits, 2 mantissa bits) into a float.
  *
  * Returns: its value (exact)
  *
@@ -241,6 +256,8 @@ gmlp_dtype_e5m2_to_float (guint8 bits)
  * gmlp_dtype_half_to_float:
  * @bits: an IEEE binary16 bit pattern
  *
+ * Decodes one IEEE binary16 value, given as its 16 bits, into a float.
+ *
  * Returns: its value (exact)
  *
  * Since: 0.1
@@ -254,6 +271,8 @@ gmlp_dtype_half_to_float (guint16 bits)
 /**
  * gmlp_dtype_bfloat16_to_float:
  * @bits: a bfloat16 bit pattern
+ *
+ * Decodes one bfloat16 value, given as its 16 bits, into a float.
  *
  * Returns: its value (exact)
  *

@@ -9,6 +9,16 @@
 #include "gmlp-error-private.h"
 #include "gmlp-thread-private.h"
 
+/**
+ * gmlp_error_quark:
+ *
+ * Gets the quark of libgmlp's error domain, %GMLP_ERROR; bindings use it to
+ * tell libgmlp's errors from others.
+ *
+ * Returns: the quark of %GMLP_ERROR
+ *
+ * Since: 0.1
+ */
 GMLP_DEFINE_QUARK (gmlp-error-quark, gmlp_error)
 
 gboolean

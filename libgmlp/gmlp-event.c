@@ -41,6 +41,39 @@
  * of threads may use it at once, and the last reference may go on any of
  * them.
  *
+ * ## Examples
+ *
+ * In Python (PyGObject):
+ *
+ * ```python
+ * import gi
+ * gi.require_version('Gmlp', '1.0')
+ * from gi.repository import GLib, Gmlp
+ *
+ * dev = Gmlp.Device.get_default()
+ * x = Gmlp.GroupedTensor.new(dev, Gmlp.DType.FLOAT32, [256, 512], 1024)
+ * start = Gmlp.Event.new_recorded(dev)
+ * x.fill_random(1, 1.0)
+ * end = Gmlp.Event.new_recorded(dev)
+ * _, ms = start.elapsed_ms(end)     # waits for the end event
+ * print('fill_random took %.3f ms' % ms)
+ * ```
+ *
+ * In JavaScript (gjs; run with `gjs -m`):
+ *
+ * ```js
+ * import GLib from 'gi://GLib';
+ * import Gmlp from 'gi://Gmlp?version=1.0';
+ *
+ * const dev = Gmlp.Device.get_default();
+ * const x = Gmlp.GroupedTensor.new(dev, Gmlp.DType.FLOAT32, [256, 512], 1024);
+ * const start = Gmlp.Event.new_recorded(dev);
+ * x.fill_random(1, 1.0);
+ * const end = Gmlp.Event.new_recorded(dev);
+ * const [, ms] = start.elapsed_ms(end);
+ * print(`fill_random took ${ms.toFixed(3)} ms`);
+ * ```
+ *
  * Since: 0.1
  */
 
@@ -263,6 +296,8 @@ gmlp_event_new_for_backend (GmlpDevice       *device,
 /**
  * gmlp_event_get_device:
  * @self: a #GmlpEvent
+ *
+ * Gets the device on whose stream @self was recorded.
  *
  * Returns: (transfer none) (nullable): the device on whose stream the event
  *   was recorded, or %NULL for an event made without one

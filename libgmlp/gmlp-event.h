@@ -18,6 +18,14 @@ G_BEGIN_DECLS
 
 #define GMLP_TYPE_EVENT (gmlp_event_get_type ())
 
+/**
+ * GmlpEventClass:
+ * @parent_class: the parent class
+ *
+ * The class structure of #GmlpEvent, a final type: it has no virtual methods.
+ *
+ * Since: 0.1
+ */
 GMLP_AVAILABLE_IN_0_1
 G_DECLARE_FINAL_TYPE (GmlpEvent, gmlp_event, GMLP, EVENT, GObject)
 

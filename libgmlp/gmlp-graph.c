@@ -51,6 +51,49 @@
  * Since a replay rewrites the same tensors, replays meant to be
  * independent need the caller to order each one's inputs and outputs.
  *
+ * ## Examples
+ *
+ * In Python (PyGObject):
+ *
+ * ```python
+ * import gi
+ * gi.require_version('Gmlp', '1.0')
+ * from gi.repository import GLib, Gmlp
+ *
+ * dev = Gmlp.Device.get_default()
+ * layer = Gmlp.GroupedLinear.new(dev, 2, 64, 32)
+ * x = Gmlp.GroupedTensor.new(dev, Gmlp.DType.FLOAT32, [8, 24], 64)
+ * layer.forward(x)                  # once outside, so nothing is allocated in capture
+ * if dev.get_kind() == Gmlp.DeviceKind.CUDA:   # graphs need a GPU
+ *     dev.begin_capture()
+ *     y, saved = layer.forward(x)   # recorded, not run
+ *     graph = dev.end_capture()
+ *     for step in range(3):
+ *         x.fill_random(step, 1.0)
+ *         graph.replay()            # y holds this step's output
+ * ```
+ *
+ * In JavaScript (gjs; run with `gjs -m`):
+ *
+ * ```js
+ * import GLib from 'gi://GLib';
+ * import Gmlp from 'gi://Gmlp?version=1.0';
+ *
+ * const dev = Gmlp.Device.get_default();
+ * const layer = Gmlp.GroupedLinear.new(dev, 2, 64, 32);
+ * const x = Gmlp.GroupedTensor.new(dev, Gmlp.DType.FLOAT32, [8, 24], 64);
+ * layer.forward(x);                 // once outside, so nothing is allocated in capture
+ * if (dev.get_kind() === Gmlp.DeviceKind.CUDA) {  // graphs need a GPU
+ *     dev.begin_capture();
+ *     const [y, saved] = layer.forward(x);  // recorded, not run
+ *     const graph = dev.end_capture();
+ *     for (let step = 0; step < 3; step++) {
+ *         x.fill_random(step, 1.0);
+ *         graph.replay();           // y holds this step's output
+ *     }
+ * }
+ * ```
+ *
  * Since: 0.1
  */
 
@@ -184,6 +227,8 @@ gmlp_graph_replay (GmlpGraph  *self,
 /**
  * gmlp_graph_get_device:
  * @self: a #GmlpGraph
+ *
+ * Gets the device whose stream was captured into @self.
  *
  * Returns: (transfer none) (nullable): the device whose stream was
  *   captured, or %NULL for a graph that holds no work

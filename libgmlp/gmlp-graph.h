@@ -18,6 +18,14 @@ G_BEGIN_DECLS
 
 #define GMLP_TYPE_GRAPH (gmlp_graph_get_type ())
 
+/**
+ * GmlpGraphClass:
+ * @parent_class: the parent class
+ *
+ * The class structure of #GmlpGraph, a final type: it has no virtual methods.
+ *
+ * Since: 0.1
+ */
 GMLP_AVAILABLE_IN_0_1
 G_DECLARE_FINAL_TYPE (GmlpGraph, gmlp_graph, GMLP, GRAPH, GObject)
 

@@ -123,6 +123,47 @@
  * reading the gradients: do it between steps. Binding main_grad and the
  * accumulation mask wait for a running backward.
  *
+ * ## Examples
+ *
+ * In Python (PyGObject):
+ *
+ * ```python
+ * import gi
+ * gi.require_version('Gmlp', '1.0')
+ * from gi.repository import GLib, Gmlp
+ *
+ * dev = Gmlp.Device.get_default()
+ * layer = Gmlp.GroupedLinear.new_full(dev, 4, 64, 32, Gmlp.DType.FLOAT32,
+ *                                     Gmlp.LinearFlags.BIAS | Gmlp.LinearFlags.SINGLE_GROUPED_WEIGHT)
+ * layer.init_parameters(42)
+ * x = Gmlp.GroupedTensor.new(dev, Gmlp.DType.FLOAT32, [5, 0, 7, 4], 64)   # rows per expert
+ * x.fill_random(1, 1.0)
+ * y, saved = layer.forward(x)        # y_i = x_i W_i^T + b_i
+ * dy = Gmlp.GroupedTensor.new(dev, Gmlp.DType.FLOAT32, [5, 0, 7, 4], 32)
+ * dy.fill_random(2, 1.0)
+ * dx = layer.backward(saved, dy)     # and the weight gradients
+ * layer.get_weight().add_scaled(-0.1, layer.get_wgrad())   # one SGD step
+ * ```
+ *
+ * In JavaScript (gjs; run with `gjs -m`):
+ *
+ * ```js
+ * import GLib from 'gi://GLib';
+ * import Gmlp from 'gi://Gmlp?version=1.0';
+ *
+ * const dev = Gmlp.Device.get_default();
+ * const layer = Gmlp.GroupedLinear.new_full(dev, 4, 64, 32, Gmlp.DType.FLOAT32,
+ *     Gmlp.LinearFlags.BIAS | Gmlp.LinearFlags.SINGLE_GROUPED_WEIGHT);
+ * layer.init_parameters(42);
+ * const x = Gmlp.GroupedTensor.new(dev, Gmlp.DType.FLOAT32, [5, 0, 7, 4], 64);  // rows per expert
+ * x.fill_random(1, 1.0);
+ * const [y, saved] = layer.forward(x);   // y_i = x_i W_i^T + b_i
+ * const dy = Gmlp.GroupedTensor.new(dev, Gmlp.DType.FLOAT32, [5, 0, 7, 4], 32);
+ * dy.fill_random(2, 1.0);
+ * const dx = layer.backward(saved, dy);  // and the weight gradients
+ * layer.get_weight().add_scaled(-0.1, layer.get_wgrad());  // one SGD step
+ * ```
+ *
  * Since: 0.1
  */
 
@@ -2080,6 +2121,9 @@ gmlp_grouped_linear_backward_dw (GmlpGroupedLinear  *self,
  * gmlp_grouped_linear_get_pending_wgrads:
  * @self: a #GmlpGroupedLinear
  *
+ * Gets how many weight-gradient computations were delayed and wait for
+ * [method@Gmlp.GroupedLinear.backward_dw].
+ *
  * Returns: the value of [property@Gmlp.GroupedLinear:pending-wgrads]
  *
  * Since: 0.1
@@ -2125,6 +2169,8 @@ member_face (GmlpGroupedLinear *self,
  * gmlp_grouped_linear_get_weight:
  * @self: a #GmlpGroupedLinear
  *
+ * Gets the layer's single grouped weight tensor, to fill or to read.
+ *
  * Returns: (transfer none) (nullable): the weights, `n_groups` members of
  *   `out_features × in_features`; %NULL with per-group weights
  *
@@ -2140,6 +2186,8 @@ gmlp_grouped_linear_get_weight (GmlpGroupedLinear *self)
 /**
  * gmlp_grouped_linear_get_bias:
  * @self: a #GmlpGroupedLinear
+ *
+ * Gets the layer's single grouped bias tensor.
  *
  * Returns: (transfer none) (nullable): the biases, `n_groups` members of
  *   `1 × out_features`; %NULL without bias or with per-group weights
@@ -2157,6 +2205,8 @@ gmlp_grouped_linear_get_bias (GmlpGroupedLinear *self)
  * gmlp_grouped_linear_get_wgrad:
  * @self: a #GmlpGroupedLinear
  *
+ * Gets the weight gradients that the last weight-gradient computation wrote.
+ *
  * Returns: (transfer none) (nullable): the weight gradients of the last
  *   weight-gradient computation; %NULL before the first one, with fused
  *   accumulation, or with per-group weights
@@ -2173,6 +2223,8 @@ gmlp_grouped_linear_get_wgrad (GmlpGroupedLinear *self)
 /**
  * gmlp_grouped_linear_get_bgrad:
  * @self: a #GmlpGroupedLinear
+ *
+ * Gets the bias gradients that the last weight-gradient computation wrote.
  *
  * Returns: (transfer none) (nullable): the bias gradients of the last
  *   weight-gradient computation; %NULL without bias, before the first one,
@@ -2192,6 +2244,9 @@ gmlp_grouped_linear_get_bgrad (GmlpGroupedLinear *self)
  * gmlp_grouped_linear_get_main_grad:
  * @self: a #GmlpGroupedLinear
  *
+ * Gets the FP32 tensor that weight gradients are accumulated into with
+ * %GMLP_LINEAR_FUSE_WGRAD_ACCUMULATION.
+ *
  * Returns: (transfer none) (nullable): the FP32 gradient accumulators;
  *   %NULL without fused accumulation or with per-group weights
  *
@@ -2208,6 +2263,8 @@ gmlp_grouped_linear_get_main_grad (GmlpGroupedLinear *self)
  * gmlp_grouped_linear_get_weight_member:
  * @self: a #GmlpGroupedLinear
  * @index: the group
+ *
+ * Gets the weight of one group of a layer made with per-group weights.
  *
  * Returns: (transfer none) (nullable): the weight of group @index, a view
  *   of `out_features × in_features`; %NULL with a single grouped weight
@@ -2227,6 +2284,8 @@ gmlp_grouped_linear_get_weight_member (GmlpGroupedLinear *self,
  * @self: a #GmlpGroupedLinear
  * @index: the group
  *
+ * Gets the bias of one group of a layer made with per-group weights.
+ *
  * Returns: (transfer none) (nullable): the bias of group @index; %NULL
  *   without bias or with a single grouped weight
  *
@@ -2244,6 +2303,9 @@ gmlp_grouped_linear_get_bias_member (GmlpGroupedLinear *self,
  * gmlp_grouped_linear_get_wgrad_member:
  * @self: a #GmlpGroupedLinear
  * @index: the group
+ *
+ * Gets the weight gradient of one group of a layer made with per-group
+ * weights.
  *
  * Returns: (transfer none) (nullable): the weight gradient of group @index
  *   from the last weight-gradient computation, a view into one packed
@@ -2265,6 +2327,8 @@ gmlp_grouped_linear_get_wgrad_member (GmlpGroupedLinear *self,
  * @self: a #GmlpGroupedLinear
  * @index: the group
  *
+ * Gets the bias gradient of one group of a layer made with per-group weights.
+ *
  * Returns: (transfer none) (nullable): the bias gradient of group @index;
  *   %NULL without bias, before the first weight-gradient computation, or
  *   with a single grouped weight
@@ -2285,6 +2349,9 @@ gmlp_grouped_linear_get_bgrad_member (GmlpGroupedLinear *self,
  * @self: a #GmlpGroupedLinear
  * @index: the group
  *
+ * Gets the FP32 gradient accumulator of one group of a layer made with
+ * per-group weights.
+ *
  * Returns: (transfer none) (nullable): the FP32 gradient accumulator of group
  *   @index (the layer's, or the one bound with
  *   [method@Gmlp.GroupedLinear.set_main_grad_member]); %NULL without fused
@@ -2304,6 +2371,8 @@ gmlp_grouped_linear_get_main_grad_member (GmlpGroupedLinear *self,
  * gmlp_grouped_linear_get_device:
  * @self: a #GmlpGroupedLinear
  *
+ * Gets the device the layer's weights live on and its work runs on.
+ *
  * Returns: (transfer none): the layer's device
  *
  * Since: 0.1
@@ -2318,6 +2387,8 @@ gmlp_grouped_linear_get_device (GmlpGroupedLinear *self)
 /**
  * gmlp_grouped_linear_get_n_groups:
  * @self: a #GmlpGroupedLinear
+ *
+ * Gets the number of groups (experts) of the layer.
  *
  * Returns: the number of groups
  *
@@ -2334,6 +2405,8 @@ gmlp_grouped_linear_get_n_groups (GmlpGroupedLinear *self)
  * gmlp_grouped_linear_get_in_features:
  * @self: a #GmlpGroupedLinear
  *
+ * Gets the width of the layer's input rows.
+ *
  * Returns: the number of input features
  *
  * Since: 0.1
@@ -2348,6 +2421,8 @@ gmlp_grouped_linear_get_in_features (GmlpGroupedLinear *self)
 /**
  * gmlp_grouped_linear_get_out_features:
  * @self: a #GmlpGroupedLinear
+ *
+ * Gets the width of the layer's output rows.
  *
  * Returns: the number of output features
  *
@@ -2364,6 +2439,8 @@ gmlp_grouped_linear_get_out_features (GmlpGroupedLinear *self)
  * gmlp_grouped_linear_get_dtype:
  * @self: a #GmlpGroupedLinear
  *
+ * Gets the element type of the layer's weights, inputs and outputs.
+ *
  * Returns: the layer's dtype
  *
  * Since: 0.1
@@ -2379,6 +2456,8 @@ gmlp_grouped_linear_get_dtype (GmlpGroupedLinear *self)
  * gmlp_grouped_linear_get_flags:
  * @self: a #GmlpGroupedLinear
  *
+ * Gets the options the layer was made with.
+ *
  * Returns: the options, as flags
  *
  * Since: 0.1
@@ -2393,6 +2472,9 @@ gmlp_grouped_linear_get_flags (GmlpGroupedLinear *self)
 /**
  * gmlp_grouped_linear_get_grad_added_to_main_grad:
  * @self: a #GmlpGroupedLinear
+ *
+ * Tells whether the last weight-gradient computation added into main_grad
+ * rather than writing the wgrad tensors.
  *
  * Returns: the value of [property@Gmlp.GroupedLinear:grad-added-to-main-grad]
  *
@@ -3405,6 +3487,8 @@ gmlp_grouped_linear_check_quantizers (GmlpGroupedLinear  *self,
  * @self: a #GmlpGroupedLinear
  * @role: which quantizer
  *
+ * Gets the FP8 quantizer the layer uses for one of its operands.
+ *
  * Returns: (transfer none) (nullable): the quantizer of @role, or %NULL for
  *   a layer without FP8 or an unknown @role
  *
@@ -3508,6 +3592,8 @@ gmlp_grouped_linear_set_cache_fp8_weights (GmlpGroupedLinear *self,
 /**
  * gmlp_grouped_linear_get_cache_fp8_weights:
  * @self: a #GmlpGroupedLinear
+ *
+ * Tells whether the layer keeps the FP8 copy of its weights between calls.
  *
  * Returns: the value of [property@Gmlp.GroupedLinear:cache-fp8-weights]
  *

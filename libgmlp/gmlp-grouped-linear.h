@@ -55,6 +55,14 @@ typedef enum /*< flags >*/ {
 
 #define GMLP_TYPE_GROUPED_LINEAR (gmlp_grouped_linear_get_type ())
 
+/**
+ * GmlpGroupedLinearClass:
+ * @parent_class: the parent class
+ *
+ * The class structure of #GmlpGroupedLinear, a final type: it has no virtual methods.
+ *
+ * Since: 0.1
+ */
 GMLP_AVAILABLE_IN_0_1
 G_DECLARE_FINAL_TYPE (GmlpGroupedLinear, gmlp_grouped_linear, GMLP, GROUPED_LINEAR, GObject)
 

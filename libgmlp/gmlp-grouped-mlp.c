@@ -91,6 +91,41 @@
  * [signal@Gmlp.GroupedMLP::wgrad-ready] follows both. Delayed-scaling
  * quantizers shared by the threads record every thread's amaxes.
  *
+ * ## Examples
+ *
+ * In Python (PyGObject):
+ *
+ * ```python
+ * import gi
+ * gi.require_version('Gmlp', '1.0')
+ * from gi.repository import GLib, Gmlp
+ *
+ * dev = Gmlp.Device.get_default()
+ * mlp = Gmlp.GroupedMLP.new(dev, 4, 64, 128, Gmlp.Activation.SWIGLU)   # 4 experts, 64 -> 128 -> 64
+ * mlp.init_parameters(7)
+ * x = Gmlp.GroupedTensor.new(dev, Gmlp.DType.FLOAT32, [3, 9, 0, 4], 64)
+ * x.fill_random(1, 1.0)
+ * y, saved = mlp.forward(x)
+ * dx = mlp.backward(saved, y)        # y as the output gradient, for the example
+ * print(mlp.get_fc1().get_out_features(), mlp.get_fc2().get_wgrad().get_n_groups())
+ * ```
+ *
+ * In JavaScript (gjs; run with `gjs -m`):
+ *
+ * ```js
+ * import GLib from 'gi://GLib';
+ * import Gmlp from 'gi://Gmlp?version=1.0';
+ *
+ * const dev = Gmlp.Device.get_default();
+ * const mlp = Gmlp.GroupedMLP.new(dev, 4, 64, 128, Gmlp.Activation.SWIGLU);  // 64 -> 128 -> 64
+ * mlp.init_parameters(7);
+ * const x = Gmlp.GroupedTensor.new(dev, Gmlp.DType.FLOAT32, [3, 9, 0, 4], 64);
+ * x.fill_random(1, 1.0);
+ * const [y, saved] = mlp.forward(x);
+ * const dx = mlp.backward(saved, y);     // y as the output gradient, for the example
+ * print(mlp.get_fc1().get_out_features(), mlp.get_fc2().get_wgrad().get_n_groups());
+ * ```
+ *
  * Since: 0.1
  */
 
@@ -1222,6 +1257,9 @@ gmlp_grouped_mlp_backward_dw (GmlpGroupedMLP  *self,
  * gmlp_grouped_mlp_get_fc1:
  * @self: a #GmlpGroupedMLP
  *
+ * Gets the MLP's first grouped linear layer, to fill its weights or read its
+ * gradients.
+ *
  * Returns: (transfer none) (nullable): the first layer, `hidden → ffn_hidden`
  *   (twice as wide for gated activations); %NULL when the MLP could not be
  *   constructed
@@ -1239,6 +1277,9 @@ gmlp_grouped_mlp_get_fc1 (GmlpGroupedMLP *self)
  * gmlp_grouped_mlp_get_fc2:
  * @self: a #GmlpGroupedMLP
  *
+ * Gets the MLP's second grouped linear layer, to fill its weights or read its
+ * gradients.
+ *
  * Returns: (transfer none) (nullable): the second layer, `ffn_hidden →
  *   hidden`; %NULL when the MLP could not be constructed
  *
@@ -1255,6 +1296,8 @@ gmlp_grouped_mlp_get_fc2 (GmlpGroupedMLP *self)
  * gmlp_grouped_mlp_get_activation:
  * @self: a #GmlpGroupedMLP
  *
+ * Gets the activation between the MLP's two layers.
+ *
  * Returns: the activation
  *
  * Since: 0.1
@@ -1269,6 +1312,9 @@ gmlp_grouped_mlp_get_activation (GmlpGroupedMLP *self)
 /**
  * gmlp_grouped_mlp_get_grad_added_to_main_grad:
  * @self: a #GmlpGroupedMLP
+ *
+ * Tells whether the last weight-gradient computation added into the layers'
+ * main_grad.
  *
  * Returns: whether the last weight-gradient computation added into the
  *   layers' main_grad (see [property@Gmlp.GroupedLinear:grad-added-to-main-grad])
@@ -1429,6 +1475,8 @@ gmlp_grouped_mlp_set_fp8_recipe (GmlpGroupedMLP     *self,
  * gmlp_grouped_mlp_get_fp8_recipe:
  * @self: a #GmlpGroupedMLP
  *
+ * Gets the FP8 scaling recipe of the MLP's products.
+ *
  * Returns: the value of [property@Gmlp.GroupedMLP:fp8-recipe]
  *
  * Since: 0.1
@@ -1443,6 +1491,8 @@ gmlp_grouped_mlp_get_fp8_recipe (GmlpGroupedMLP *self)
 /**
  * gmlp_grouped_mlp_get_fp8_format:
  * @self: a #GmlpGroupedMLP
+ *
+ * Gets the FP8 formats of the MLP's products.
  *
  * Returns: the value of [property@Gmlp.GroupedMLP:fp8-format]
  *
@@ -1535,6 +1585,8 @@ gmlp_grouped_mlp_set_cache_fp8_weights (GmlpGroupedMLP *self,
 /**
  * gmlp_grouped_mlp_get_cache_fp8_weights:
  * @self: a #GmlpGroupedMLP
+ *
+ * Tells whether both layers keep the FP8 copy of their weights between calls.
  *
  * Returns: the value of [property@Gmlp.GroupedMLP:cache-fp8-weights]
  *

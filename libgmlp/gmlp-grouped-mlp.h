@@ -41,6 +41,14 @@ typedef enum {
 
 #define GMLP_TYPE_GROUPED_MLP (gmlp_grouped_mlp_get_type ())
 
+/**
+ * GmlpGroupedMLPClass:
+ * @parent_class: the parent class
+ *
+ * The class structure of #GmlpGroupedMLP, a final type: it has no virtual methods.
+ *
+ * Since: 0.1
+ */
 GMLP_AVAILABLE_IN_0_1
 G_DECLARE_FINAL_TYPE (GmlpGroupedMLP, gmlp_grouped_mlp, GMLP, GROUPED_MLP, GObject)
 

@@ -59,6 +59,43 @@
  * like) must not run while another thread reads or writes that tensor or a
  * view of its storage; order such calls yourself.
  *
+ * ## Examples
+ *
+ * In Python (PyGObject):
+ *
+ * ```python
+ * import gi
+ * gi.require_version('Gmlp', '1.0')
+ * from gi.repository import GLib, Gmlp
+ *
+ * import array
+ *
+ * dev = Gmlp.Device.get_default()
+ * data = array.array('f', range(3 * 4 + 1 * 4))          # members of 3 and 1 rows, 4 columns
+ * x = Gmlp.GroupedTensor.new_from_bytes(dev, Gmlp.DType.FLOAT32, [3, 1], 4,
+ *                                       GLib.Bytes.new(data.tobytes()))
+ * x.scale(2.0)
+ * print(x.get_n_groups(), x.get_total_rows(), x.get_cols(), x.sum_squares())
+ * back = array.array('f', x.to_bytes().get_data())     # packed, no padding
+ * first = x.get_member(0)                               # a view sharing the storage
+ * ```
+ *
+ * In JavaScript (gjs; run with `gjs -m`):
+ *
+ * ```js
+ * import GLib from 'gi://GLib';
+ * import Gmlp from 'gi://Gmlp?version=1.0';
+ *
+ * const dev = Gmlp.Device.get_default();
+ * const data = Float32Array.from({length: 4 * 4}, (_, i) => i);  // members of 3 and 1 rows
+ * const x = Gmlp.GroupedTensor.new_from_bytes(dev, Gmlp.DType.FLOAT32, [3, 1], 4,
+ *     new GLib.Bytes(new Uint8Array(data.buffer)));    // bytes, not the floats' values
+ * x.scale(2.0);
+ * print(x.get_n_groups(), x.get_total_rows(), x.get_cols(), x.sum_squares());
+ * const back = new Float32Array(x.to_bytes().toArray().slice().buffer);
+ * const first = x.get_member(0);                       // a view sharing the storage
+ * ```
+ *
  * Since: 0.1
  */
 
@@ -1339,6 +1376,8 @@ gmlp_grouped_tensor_fill_random (GmlpGroupedTensor  *self,
  * gmlp_grouped_tensor_get_device:
  * @self: a #GmlpGroupedTensor
  *
+ * Gets the device whose memory holds the tensor.
+ *
  * Returns: (transfer none): the device holding the storage
  *
  * Since: 0.1
@@ -1354,6 +1393,8 @@ gmlp_grouped_tensor_get_device (GmlpGroupedTensor *self)
 /**
  * gmlp_grouped_tensor_get_dtype:
  * @self: a #GmlpGroupedTensor
+ *
+ * Gets the type of the tensor's elements.
  *
  * Returns: the element type
  *
@@ -1371,6 +1412,8 @@ gmlp_grouped_tensor_get_dtype (GmlpGroupedTensor *self)
  * gmlp_grouped_tensor_get_n_groups:
  * @self: a #GmlpGroupedTensor
  *
+ * Gets the number of member matrices.
+ *
  * Returns: the number of members
  *
  * Since: 0.1
@@ -1386,6 +1429,8 @@ gmlp_grouped_tensor_get_n_groups (GmlpGroupedTensor *self)
 /**
  * gmlp_grouped_tensor_get_cols:
  * @self: a #GmlpGroupedTensor
+ *
+ * Gets the number of columns, the same for every member.
  *
  * Returns: the number of columns of every member
  *
@@ -1403,6 +1448,8 @@ gmlp_grouped_tensor_get_cols (GmlpGroupedTensor *self)
  * gmlp_grouped_tensor_get_rows:
  * @self: a #GmlpGroupedTensor
  * @index: the member
+ *
+ * Gets the number of rows of one member.
  *
  * Returns: the number of rows of member @index, or -1 when the sizes are
  *   only on the device (see [method@Gmlp.GroupedTensor.read_sizes]) or
@@ -1423,6 +1470,8 @@ gmlp_grouped_tensor_get_rows (GmlpGroupedTensor *self,
  * gmlp_grouped_tensor_get_total_rows:
  * @self: a #GmlpGroupedTensor
  *
+ * Gets the number of rows of all members together.
+ *
  * Returns: the sum of the group sizes, or -1 when they are only on the
  *   device
  *
@@ -1440,6 +1489,9 @@ gmlp_grouped_tensor_get_total_rows (GmlpGroupedTensor *self)
  * gmlp_grouped_tensor_get_row_capacity:
  * @self: a #GmlpGroupedTensor
  *
+ * Gets how many rows the tensor's storage has room for; with device-only
+ * sizes this bounds the sum of the sizes.
+ *
  * Returns: the number of rows the storage holds over all members
  *
  * Since: 0.1
@@ -1456,6 +1508,9 @@ gmlp_grouped_tensor_get_row_capacity (GmlpGroupedTensor *self)
  * gmlp_grouped_tensor_get_member_offset:
  * @self: a #GmlpGroupedTensor
  * @index: the member
+ *
+ * Gets where one member starts in the tensor's storage (see [the memory
+ * layout](memory-layout.html)).
  *
  * Returns: the byte offset of member @index from the start of the tensor, a
  *   multiple of %GMLP_MEMBER_ALIGNMENT, or -1 when the sizes are only on the
@@ -1476,6 +1531,8 @@ gmlp_grouped_tensor_get_member_offset (GmlpGroupedTensor *self,
  * gmlp_grouped_tensor_get_nbytes:
  * @self: a #GmlpGroupedTensor
  *
+ * Gets the size of the tensor's storage in bytes.
+ *
  * Returns: the bytes of storage the tensor spans, padding included
  *
  * Since: 0.1
@@ -1491,6 +1548,9 @@ gmlp_grouped_tensor_get_nbytes (GmlpGroupedTensor *self)
 /**
  * gmlp_grouped_tensor_has_host_sizes:
  * @self: a #GmlpGroupedTensor
+ *
+ * Tells whether the host knows the group sizes, or whether they live only on
+ * the device.
  *
  * Returns: %TRUE if the group sizes are known on the host
  *
@@ -1508,6 +1568,8 @@ gmlp_grouped_tensor_has_host_sizes (GmlpGroupedTensor *self)
  * gmlp_grouped_tensor_is_uniform:
  * @self: a #GmlpGroupedTensor
  *
+ * Tells whether all members have the same shape, as weight tensors do.
+ *
  * Returns: %TRUE if every member has the same number of rows
  *
  * Since: 0.1
@@ -1523,6 +1585,8 @@ gmlp_grouped_tensor_is_uniform (GmlpGroupedTensor *self)
 /**
  * gmlp_grouped_tensor_is_view:
  * @self: a #GmlpGroupedTensor
+ *
+ * Tells whether @self is a view of a member of another tensor.
  *
  * Returns: %TRUE if @self is a member view sharing another tensor's storage
  *
@@ -2010,6 +2074,8 @@ gmlp_grouped_tensor_get_quantize_flags (GmlpGroupedTensor *self)
  * gmlp_grouped_tensor_get_scaling_recipe:
  * @self: a #GmlpGroupedTensor
  *
+ * Gets how the scales of an FP8 tensor were computed.
+ *
  * Returns: the recipe of the [class@Gmlp.Quantizer] that made @self, or
  *   %GMLP_SCALING_RECIPE_NONE for a tensor without scales
  *
@@ -2128,6 +2194,8 @@ gmlp_grouped_tensor_get_columnwise (GmlpGroupedTensor *self)
 /**
  * gmlp_grouped_tensor_is_columnwise:
  * @self: a #GmlpGroupedTensor
+ *
+ * Tells whether @self holds the transposed (columnwise) FP8 copy of a tensor.
  *
  * Returns: %TRUE if @self is the columnwise copy of a quantized tensor (its
  *   members hold transposes)

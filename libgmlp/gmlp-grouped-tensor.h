@@ -29,6 +29,14 @@ G_BEGIN_DECLS
 
 #define GMLP_TYPE_GROUPED_TENSOR (gmlp_grouped_tensor_get_type ())
 
+/**
+ * GmlpGroupedTensorClass:
+ * @parent_class: the parent class
+ *
+ * The class structure of #GmlpGroupedTensor, a final type: it has no virtual methods.
+ *
+ * Since: 0.1
+ */
 GMLP_AVAILABLE_IN_0_1
 G_DECLARE_FINAL_TYPE (GmlpGroupedTensor, gmlp_grouped_tensor, GMLP, GROUPED_TENSOR, GObject)
 

@@ -71,6 +71,45 @@
  * backward_dw take turns, as the sub-layers' do. The "last forward" of the
  * getters is the last to finish.
  *
+ * ## Examples
+ *
+ * In Python (PyGObject):
+ *
+ * ```python
+ * import gi
+ * gi.require_version('Gmlp', '1.0')
+ * from gi.repository import GLib, Gmlp
+ *
+ * dev = Gmlp.Device.new_from_string('cpu')
+ * moe = Gmlp.MoELayer(device=dev, hidden=32, ffn_hidden=48, n_experts=8, top_k=2,
+ *                     aux_loss_coeff=0.01)
+ * moe.init(None)                     # raises what construction found
+ * moe.init_parameters(1)
+ * x = Gmlp.GroupedTensor.new(dev, Gmlp.DType.FLOAT32, [64], 32)   # 64 tokens
+ * x.fill_random(1, 1.0)
+ * y, saved = moe.forward(x)          # router, permute, experts, combine
+ * dx = moe.backward(saved, y)
+ * print(moe.get_tokens_per_expert().to_bytes().get_size() // 8, 'experts')
+ * ```
+ *
+ * In JavaScript (gjs; run with `gjs -m`):
+ *
+ * ```js
+ * import GLib from 'gi://GLib';
+ * import Gmlp from 'gi://Gmlp?version=1.0';
+ *
+ * const dev = Gmlp.Device.new_from_string('cpu');
+ * const moe = new Gmlp.MoELayer({device: dev, hidden: 32, ffn_hidden: 48, n_experts: 8,
+ *     top_k: 2, aux_loss_coeff: 0.01});
+ * moe.init(null);                        // throws what construction found
+ * moe.init_parameters(1);
+ * const x = Gmlp.GroupedTensor.new(dev, Gmlp.DType.FLOAT32, [64], 32);  // 64 tokens
+ * x.fill_random(1, 1.0);
+ * const [y, saved] = moe.forward(x);     // router, permute, experts, combine
+ * const dx = moe.backward(saved, y);
+ * print(new BigInt64Array(moe.get_tokens_per_expert().to_bytes().toArray().slice().buffer));
+ * ```
+ *
  * Since: 0.1
  */
 
@@ -488,6 +527,101 @@ gmlp_moe_layer_class_init (GmlpMoELayerClass *klass)
   properties[PROP_FP8_FORMAT] =
     g_param_spec_enum ("fp8-format", NULL, NULL, GMLP_TYPE_FP8_FORMAT,
                        GMLP_FP8_FORMAT_HYBRID, construct);
+
+  /* The router's options, under the router's names (router_options). */
+
+  /**
+   * GmlpMoELayer:score-function:
+   *
+   * How the router turns the logits into scores (softmax or sigmoid). The
+   * layer gives it to its router: see [property@Gmlp.Router:score-function].
+   *
+   * Since: 0.1
+   */
+
+  /**
+   * GmlpMoELayer:softmax-before-topk:
+   *
+   * With the softmax: whether the top-k is taken of the softmax over all
+   * experts (%TRUE) or of the logits (%FALSE). The layer gives it to its
+   * router: see [property@Gmlp.Router:softmax-before-topk].
+   *
+   * Since: 0.1
+   */
+
+  /**
+   * GmlpMoELayer:renormalize:
+   *
+   * Whether the probabilities of a token's chosen experts are divided by
+   * their sum. The layer gives it to its router: see
+   * [property@Gmlp.Router:renormalize].
+   *
+   * Since: 0.1
+   */
+
+  /**
+   * GmlpMoELayer:scaling-factor:
+   *
+   * What the probabilities are multiplied by last. The layer gives it to its
+   * router: see [property@Gmlp.Router:scaling-factor].
+   *
+   * Since: 0.1
+   */
+
+  /**
+   * GmlpMoELayer:n-expert-groups:
+   *
+   * The number of groups of experts for group-limited routing, or 0 for none.
+   * The layer gives it to its router: see
+   * [property@Gmlp.Router:n-expert-groups].
+   *
+   * Since: 0.1
+   */
+
+  /**
+   * GmlpMoELayer:topk-groups:
+   *
+   * With groups, how many groups a token may choose its experts from. The
+   * layer gives it to its router: see [property@Gmlp.Router:topk-groups].
+   *
+   * Since: 0.1
+   */
+
+  /**
+   * GmlpMoELayer:expert-bias:
+   *
+   * Whether the router has a per-expert bias for aux-loss-free balancing. The
+   * layer gives it to its router: see [property@Gmlp.Router:expert-bias].
+   *
+   * Since: 0.1
+   */
+
+  /**
+   * GmlpMoELayer:bias-update-rate:
+   *
+   * The step of the expert bias's update. The layer gives it to its router:
+   * see [property@Gmlp.Router:bias-update-rate].
+   *
+   * Since: 0.1
+   */
+
+  /**
+   * GmlpMoELayer:aux-loss-coeff:
+   *
+   * The coefficient of the load-balancing loss, 0 for none. The layer gives
+   * it to its router: see [property@Gmlp.Router:aux-loss-coeff].
+   *
+   * Since: 0.1
+   */
+
+  /**
+   * GmlpMoELayer:z-loss-coeff:
+   *
+   * The coefficient of the z-loss, 0 for none. The layer gives it to its
+   * router: see [property@Gmlp.Router:z-loss-coeff].
+   *
+   * Since: 0.1
+   */
 
   for (i = 0; i < N_ROUTER_OPTIONS; i++)
     properties[PROP_FIRST_ROUTER_OPTION + i] =
@@ -1095,6 +1229,8 @@ gmlp_moe_layer_set_fp8_recipe (GmlpMoELayer       *self,
  * gmlp_moe_layer_get_fp8_recipe:
  * @self: a #GmlpMoELayer
  *
+ * Gets the FP8 scaling recipe of the experts' products.
+ *
  * Returns: the value of [property@Gmlp.MoELayer:fp8-recipe]
  *
  * Since: 0.1
@@ -1109,6 +1245,8 @@ gmlp_moe_layer_get_fp8_recipe (GmlpMoELayer *self)
 /**
  * gmlp_moe_layer_get_fp8_format:
  * @self: a #GmlpMoELayer
+ *
+ * Gets the FP8 formats of the experts' products.
  *
  * Returns: the value of [property@Gmlp.MoELayer:fp8-format]
  *
@@ -1154,6 +1292,8 @@ gmlp_moe_layer_update_quantizers (GmlpMoELayer  *self,
  * gmlp_moe_layer_get_router:
  * @self: a #GmlpMoELayer
  *
+ * Gets the layer's gate, to fill its weight or read its gradient.
+ *
  * Returns: (transfer none) (nullable): the router; %NULL when the layer
  *   could not be constructed
  *
@@ -1169,6 +1309,9 @@ gmlp_moe_layer_get_router (GmlpMoELayer *self)
 /**
  * gmlp_moe_layer_get_experts:
  * @self: a #GmlpMoELayer
+ *
+ * Gets the layer's routed experts, to fill their weights or read their
+ * gradients.
  *
  * Returns: (transfer none) (nullable): the experts, a [class@Gmlp.GroupedMLP]
  *   of `n_experts` groups; %NULL when the layer could not be constructed
@@ -1186,6 +1329,8 @@ gmlp_moe_layer_get_experts (GmlpMoELayer *self)
  * gmlp_moe_layer_get_shared_expert:
  * @self: a #GmlpMoELayer
  *
+ * Gets the expert that every token goes through beside the routed ones.
+ *
  * Returns: (transfer none) (nullable): the shared expert, a one-group
  *   [class@Gmlp.GroupedMLP]; %NULL without one
  *
@@ -1201,6 +1346,9 @@ gmlp_moe_layer_get_shared_expert (GmlpMoELayer *self)
 /**
  * gmlp_moe_layer_get_routing:
  * @self: a #GmlpMoELayer
+ *
+ * Gets the routing decided by the last forward: which experts each token went
+ * to, with what weight.
  *
  * Returns: (transfer full) (nullable): the routing of the last forward, or
  *   %NULL before the first
@@ -1270,6 +1418,8 @@ gmlp_moe_layer_get_tokens_per_expert (GmlpMoELayer *self)
  * gmlp_moe_layer_get_device:
  * @self: a #GmlpMoELayer
  *
+ * Gets the device the layer's weights live on and its work runs on.
+ *
  * Returns: (transfer none): the layer's device
  *
  * Since: 0.1
@@ -1284,6 +1434,8 @@ gmlp_moe_layer_get_device (GmlpMoELayer *self)
 /**
  * gmlp_moe_layer_get_hidden:
  * @self: a #GmlpMoELayer
+ *
+ * Gets the width of a token.
  *
  * Returns: the model width
  *
@@ -1300,6 +1452,8 @@ gmlp_moe_layer_get_hidden (GmlpMoELayer *self)
  * gmlp_moe_layer_get_ffn_hidden:
  * @self: a #GmlpMoELayer
  *
+ * Gets the hidden width of each expert.
+ *
  * Returns: the experts' width between their layers
  *
  * Since: 0.1
@@ -1315,6 +1469,8 @@ gmlp_moe_layer_get_ffn_hidden (GmlpMoELayer *self)
  * gmlp_moe_layer_get_n_experts:
  * @self: a #GmlpMoELayer
  *
+ * Gets the number of routed experts.
+ *
  * Returns: the number of experts
  *
  * Since: 0.1
@@ -1329,6 +1485,8 @@ gmlp_moe_layer_get_n_experts (GmlpMoELayer *self)
 /**
  * gmlp_moe_layer_get_top_k:
  * @self: a #GmlpMoELayer
+ *
+ * Gets the number of experts each token is sent to.
  *
  * Returns: how many experts each token goes to
  *

@@ -26,6 +26,14 @@ G_BEGIN_DECLS
 
 #define GMLP_TYPE_MOE_LAYER (gmlp_moe_layer_get_type ())
 
+/**
+ * GmlpMoELayerClass:
+ * @parent_class: the parent class
+ *
+ * The class structure of #GmlpMoELayer, a final type: it has no virtual methods.
+ *
+ * Since: 0.1
+ */
 GMLP_AVAILABLE_IN_0_1
 G_DECLARE_FINAL_TYPE (GmlpMoELayer, gmlp_moe_layer, GMLP, MOE_LAYER, GObject)
 

@@ -51,6 +51,53 @@
  * thread's last activations kept, and their backward then reloads them;
  * results are the same.
  *
+ * ## Examples
+ *
+ * In Python (PyGObject):
+ *
+ * ```python
+ * import gi
+ * gi.require_version('Gmlp', '1.0')
+ * from gi.repository import GLib, Gmlp
+ *
+ * dev = Gmlp.Device.get_default()
+ * layer = Gmlp.GroupedLinear.new(dev, 2, 64, 64)
+ * x = Gmlp.GroupedTensor.new(dev, Gmlp.DType.FLOAT32, [16, 16], 64)
+ * ctx = Gmlp.OffloadContext.new(dev)
+ * # With libgmlp's Python overrides installed, `with ctx.enabled():` does
+ * # the push and the pop.
+ * ctx.push_thread_default(True)      # forwards on this thread offload what they save
+ * try:
+ *     y, saved = layer.forward(x)
+ * finally:
+ *     ctx.pop_thread_default()
+ * ctx.prefetch(saved)                # start the reload early
+ * dx = layer.backward(saved, y)
+ * print(ctx.get_bytes_offloaded(), 'bytes went to host memory')
+ * ```
+ *
+ * In JavaScript (gjs; run with `gjs -m`):
+ *
+ * ```js
+ * import GLib from 'gi://GLib';
+ * import Gmlp from 'gi://Gmlp?version=1.0';
+ *
+ * const dev = Gmlp.Device.get_default();
+ * const layer = Gmlp.GroupedLinear.new(dev, 2, 64, 64);
+ * const x = Gmlp.GroupedTensor.new(dev, Gmlp.DType.FLOAT32, [16, 16], 64);
+ * const ctx = Gmlp.OffloadContext.new(dev);
+ * ctx.push_thread_default(true);         // forwards on this thread offload what they save
+ * let y, saved;
+ * try {
+ *     [y, saved] = layer.forward(x);
+ * } finally {
+ *     ctx.pop_thread_default();
+ * }
+ * ctx.prefetch(saved);                   // start the reload early
+ * const dx = layer.backward(saved, y);
+ * print(ctx.get_bytes_offloaded(), 'bytes went to host memory');
+ * ```
+ *
  * Since: 0.1
  */
 
@@ -464,6 +511,9 @@ gmlp_offload_context_peek_innermost (gboolean *enabled)
 /**
  * gmlp_offload_context_get_thread_default:
  *
+ * Gets the offload context that a layer's forward on the calling thread
+ * consults now.
+ *
  * Returns: (transfer none) (nullable): the innermost offload context of the
  *   calling thread, or %NULL when none is pushed
  *
@@ -480,6 +530,8 @@ gmlp_offload_context_get_thread_default (void)
 /**
  * gmlp_offload_context_get_depth:
  *
+ * Gets the depth of the calling thread's stack of offload contexts.
+ *
  * Returns: how many offload contexts the calling thread has pushed
  *
  * Since: 0.1
@@ -495,6 +547,9 @@ gmlp_offload_context_get_depth (void)
 /**
  * gmlp_offload_context_get_enabled:
  * @self: a #GmlpOffloadContext
+ *
+ * Tells whether a forward on the calling thread would offload its saved
+ * activations through @self now.
  *
  * Returns: %TRUE if @self is the calling thread's innermost context and its
  *   innermost entry is enabled, that is, if a forward now would offload
@@ -739,6 +794,8 @@ gmlp_offload_context_prefetch (GmlpOffloadContext    *self,
  * gmlp_offload_context_get_device:
  * @self: a #GmlpOffloadContext
  *
+ * Gets the device whose activations the context moves to host memory.
+ *
  * Returns: (transfer none): the context's device
  *
  * Since: 0.1
@@ -766,6 +823,9 @@ gmlp_offload_context_get_device (GmlpOffloadContext *self)
  * gmlp_offload_context_get_bytes_offloaded:
  * @self: a #GmlpOffloadContext
  *
+ * Gets how many bytes of saved activations the context has copied to host
+ * memory in all.
+ *
  * Returns: the value of [property@Gmlp.OffloadContext:bytes-offloaded]
  *
  * Since: 0.1
@@ -775,6 +835,8 @@ LOCKED_GETTER (guint64, bytes_offloaded, bytes_offloaded)
 /**
  * gmlp_offload_context_get_bytes_on_host:
  * @self: a #GmlpOffloadContext
+ *
+ * Gets how many bytes of saved activations are in host memory now.
  *
  * Returns: the value of [property@Gmlp.OffloadContext:bytes-on-host]
  *
@@ -786,6 +848,9 @@ LOCKED_GETTER (guint64, bytes_on_host, bytes_on_host)
  * gmlp_offload_context_get_host_pool_bytes:
  * @self: a #GmlpOffloadContext
  *
+ * Gets the size of the pinned host memory the context holds for offloaded
+ * activations.
+ *
  * Returns: the value of [property@Gmlp.OffloadContext:host-pool-bytes]
  *
  * Since: 0.1
@@ -796,6 +861,9 @@ LOCKED_GETTER (guint64, host_pool_bytes, pool_bytes)
  * gmlp_offload_context_get_reload_waits:
  * @self: a #GmlpOffloadContext
  *
+ * Gets how many backwards found their activations still in host memory and
+ * had to start the reload themselves.
+ *
  * Returns: the value of [property@Gmlp.OffloadContext:reload-waits]
  *
  * Since: 0.1
@@ -805,6 +873,8 @@ LOCKED_GETTER (guint, reload_waits, reload_waits)
 /**
  * gmlp_offload_context_get_prefetches:
  * @self: a #GmlpOffloadContext
+ *
+ * Gets how many reloads were started ahead of the backward that needed them.
  *
  * Returns: the value of [property@Gmlp.OffloadContext:prefetches]
  *

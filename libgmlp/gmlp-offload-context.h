@@ -19,6 +19,14 @@ G_BEGIN_DECLS
 
 #define GMLP_TYPE_OFFLOAD_CONTEXT (gmlp_offload_context_get_type ())
 
+/**
+ * GmlpOffloadContextClass:
+ * @parent_class: the parent class
+ *
+ * The class structure of #GmlpOffloadContext, a final type: it has no virtual methods.
+ *
+ * Since: 0.1
+ */
 GMLP_AVAILABLE_IN_0_1
 G_DECLARE_FINAL_TYPE (GmlpOffloadContext, gmlp_offload_context, GMLP, OFFLOAD_CONTEXT, GObject)
 

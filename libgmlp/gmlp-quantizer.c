@@ -67,6 +67,43 @@ G_STATIC_ASSERT ((int) GMLP_SCALING_RECIPE_MXFP8 == GMLP_QUANT_MXFP8);
  * Call [method@Gmlp.Quantizer.update] between steps: during one, it would
  * change the scales of calls running on other threads.
  *
+ * ## Examples
+ *
+ * In Python (PyGObject):
+ *
+ * ```python
+ * import gi
+ * gi.require_version('Gmlp', '1.0')
+ * from gi.repository import GLib, Gmlp
+ *
+ * dev = Gmlp.Device.get_default()
+ * q = Gmlp.Quantizer.new(dev, Gmlp.ScalingRecipe.CURRENT, Gmlp.Fp8Format.HYBRID,
+ *                        Gmlp.QuantizerRole.INPUT)
+ * x = Gmlp.GroupedTensor.new(dev, Gmlp.DType.FLOAT32, [32, 64], 128)
+ * x.fill_random(1, 1.0)
+ * x8 = q.quantize(x)                 # E4M3, one scale per member
+ * back = x8.dequantize(Gmlp.DType.FLOAT32)
+ * back.add_scaled(-1.0, x)
+ * print(x8.get_dtype().value_nick, 'error', back.sum_squares() / x.sum_squares())
+ * ```
+ *
+ * In JavaScript (gjs; run with `gjs -m`):
+ *
+ * ```js
+ * import GLib from 'gi://GLib';
+ * import Gmlp from 'gi://Gmlp?version=1.0';
+ *
+ * const dev = Gmlp.Device.get_default();
+ * const q = Gmlp.Quantizer.new(dev, Gmlp.ScalingRecipe.CURRENT, Gmlp.Fp8Format.HYBRID,
+ *     Gmlp.QuantizerRole.INPUT);
+ * const x = Gmlp.GroupedTensor.new(dev, Gmlp.DType.FLOAT32, [32, 64], 128);
+ * x.fill_random(1, 1.0);
+ * const x8 = q.quantize(x);              // E4M3, one scale per member
+ * const back = x8.dequantize(Gmlp.DType.FLOAT32);
+ * back.add_scaled(-1.0, x);
+ * print('relative error', back.sum_squares() / x.sum_squares());
+ * ```
+ *
  * Since: 0.1
  */
 
@@ -1028,6 +1065,8 @@ gmlp_quantizer_restore_state (GmlpQuantizer  *self,
  * gmlp_quantizer_get_device:
  * @self: a #GmlpQuantizer
  *
+ * Gets the device the quantizer works on.
+ *
  * Returns: (transfer none): the device of the quantizer
  *
  * Since: 0.1
@@ -1043,6 +1082,8 @@ gmlp_quantizer_get_device (GmlpQuantizer *self)
 /**
  * gmlp_quantizer_get_recipe:
  * @self: a #GmlpQuantizer
+ *
+ * Gets how the quantizer computes its scales.
  *
  * Returns: the scaling recipe
  *
@@ -1060,6 +1101,8 @@ gmlp_quantizer_get_recipe (GmlpQuantizer *self)
  * gmlp_quantizer_get_fp8_format:
  * @self: a #GmlpQuantizer
  *
+ * Gets the FP8 format the quantizer writes.
+ *
  * Returns: the FP8 format
  *
  * Since: 0.1
@@ -1075,6 +1118,8 @@ gmlp_quantizer_get_fp8_format (GmlpQuantizer *self)
 /**
  * gmlp_quantizer_get_role:
  * @self: a #GmlpQuantizer
+ *
+ * Gets which operand of a product the quantizer is for.
  *
  * Returns: what the quantizer quantizes
  *
@@ -1122,6 +1167,8 @@ gmlp_quantizer_get_dtype (GmlpQuantizer *self)
  * gmlp_quantizer_get_amax_history_length:
  * @self: a #GmlpQuantizer
  *
+ * Gets how many past maxima delayed scaling keeps.
+ *
  * Returns: the length of the amax history of delayed scaling
  *
  * Since: 0.1
@@ -1137,6 +1184,8 @@ gmlp_quantizer_get_amax_history_length (GmlpQuantizer *self)
 /**
  * gmlp_quantizer_get_margin:
  * @self: a #GmlpQuantizer
+ *
+ * Gets the margin of delayed scaling: scales are divided by 2 to this power.
  *
  * Returns: the margin of delayed scaling
  *
@@ -1154,6 +1203,8 @@ gmlp_quantizer_get_margin (GmlpQuantizer *self)
  * gmlp_quantizer_get_power_of_2_scales:
  * @self: a #GmlpQuantizer
  *
+ * Tells whether the quantizer rounds its scales to powers of two.
+ *
  * Returns: whether current and blockwise scales are rounded down to powers
  *   of two
  *
@@ -1170,6 +1221,9 @@ gmlp_quantizer_get_power_of_2_scales (GmlpQuantizer *self)
 /**
  * gmlp_quantizer_get_columnwise:
  * @self: a #GmlpQuantizer
+ *
+ * Tells whether the quantizer also writes the transposed (columnwise) copy
+ * that backward needs.
  *
  * Returns: whether quantized tensors get a columnwise copy
  *

@@ -21,6 +21,14 @@ G_BEGIN_DECLS
 
 #define GMLP_TYPE_QUANTIZER (gmlp_quantizer_get_type ())
 
+/**
+ * GmlpQuantizerClass:
+ * @parent_class: the parent class
+ *
+ * The class structure of #GmlpQuantizer, a final type: it has no virtual methods.
+ *
+ * Since: 0.1
+ */
 GMLP_AVAILABLE_IN_0_1
 G_DECLARE_FINAL_TYPE (GmlpQuantizer, gmlp_quantizer, GMLP, QUANTIZER, GObject)
 

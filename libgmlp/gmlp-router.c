@@ -130,6 +130,39 @@
  * forwards and backwards that run meanwhile: do it between steps. Calls
  * that write the expert bias take turns.
  *
+ * ## Examples
+ *
+ * In Python (PyGObject):
+ *
+ * ```python
+ * import gi
+ * gi.require_version('Gmlp', '1.0')
+ * from gi.repository import GLib, Gmlp
+ *
+ * dev = Gmlp.Device.new_from_string('cpu')
+ * router = Gmlp.Router.new(dev, 32, 8, 2)        # hidden 32, 8 experts, top-2
+ * router.init_parameters(1)
+ * x = Gmlp.GroupedTensor.new(dev, Gmlp.DType.FLOAT32, [16], 32)
+ * x.fill_random(1, 1.0)
+ * routing, saved = router.forward(x)
+ * print(routing.get_n_tokens(), routing.get_top_k(), routing.get_n_experts())
+ * ```
+ *
+ * In JavaScript (gjs; run with `gjs -m`):
+ *
+ * ```js
+ * import GLib from 'gi://GLib';
+ * import Gmlp from 'gi://Gmlp?version=1.0';
+ *
+ * const dev = Gmlp.Device.new_from_string('cpu');
+ * const router = Gmlp.Router.new(dev, 32, 8, 2);  // hidden 32, 8 experts, top-2
+ * router.init_parameters(1);
+ * const x = Gmlp.GroupedTensor.new(dev, Gmlp.DType.FLOAT32, [16], 32);
+ * x.fill_random(1, 1.0);
+ * const [routing, saved] = router.forward(x);
+ * print(routing.get_n_tokens(), routing.get_top_k(), routing.get_n_experts());
+ * ```
+ *
  * Since: 0.1
  */
 
@@ -1455,6 +1488,8 @@ gmlp_router_set_main_grad (GmlpRouter         *self,
  * gmlp_router_get_weight:
  * @self: a #GmlpRouter
  *
+ * Gets the router's gate weight, to fill or to read.
+ *
  * Returns: (transfer none) (nullable): the gate weight, one group of
  *   `n_experts × hidden` float32; %NULL for a router whose construction
  *   failed
@@ -1471,6 +1506,9 @@ gmlp_router_get_weight (GmlpRouter *self)
 /**
  * gmlp_router_get_wgrad:
  * @self: a #GmlpRouter
+ *
+ * Gets the gradient of the gate weight that the last weight-gradient
+ * computation wrote.
  *
  * Returns: (transfer none) (nullable): the gate weight's gradient of the
  *   last weight-gradient computation; %NULL before the first one and with
@@ -1489,6 +1527,8 @@ gmlp_router_get_wgrad (GmlpRouter *self)
  * gmlp_router_get_main_grad:
  * @self: a #GmlpRouter
  *
+ * Gets the FP32 tensor that gate-weight gradients are accumulated into.
+ *
  * Returns: (transfer none) (nullable): the FP32 gradient accumulator of the
  *   gate weight (the router's, or the one bound with
  *   [method@Gmlp.Router.set_main_grad]); %NULL without fused accumulation
@@ -1505,6 +1545,9 @@ gmlp_router_get_main_grad (GmlpRouter *self)
 /**
  * gmlp_router_get_expert_bias:
  * @self: a #GmlpRouter
+ *
+ * Gets the per-expert bias added to the scores for choosing experts
+ * (aux-loss-free balancing).
  *
  * Returns: (transfer none) (nullable): the expert bias, one group of
  *   `1 × n_experts` float32; %NULL without
@@ -1523,6 +1566,8 @@ gmlp_router_get_expert_bias (GmlpRouter *self)
  * gmlp_router_get_device:
  * @self: a #GmlpRouter
  *
+ * Gets the device the router's weight lives on and its work runs on.
+ *
  * Returns: (transfer none) (nullable): the router's device
  *
  * Since: 0.1
@@ -1537,6 +1582,8 @@ gmlp_router_get_device (GmlpRouter *self)
 /**
  * gmlp_router_get_hidden:
  * @self: a #GmlpRouter
+ *
+ * Gets the width of the tokens the router scores.
  *
  * Returns: the width of a token
  *
@@ -1553,6 +1600,8 @@ gmlp_router_get_hidden (GmlpRouter *self)
  * gmlp_router_get_n_experts:
  * @self: a #GmlpRouter
  *
+ * Gets the number of experts the router chooses among.
+ *
  * Returns: the number of experts
  *
  * Since: 0.1
@@ -1567,6 +1616,8 @@ gmlp_router_get_n_experts (GmlpRouter *self)
 /**
  * gmlp_router_get_top_k:
  * @self: a #GmlpRouter
+ *
+ * Gets the number of experts each token is sent to.
  *
  * Returns: the number of experts each token chooses
  *
@@ -1583,6 +1634,8 @@ gmlp_router_get_top_k (GmlpRouter *self)
  * gmlp_router_get_score_function:
  * @self: a #GmlpRouter
  *
+ * Gets the function (softmax or sigmoid) that turns the logits into scores.
+ *
  * Returns: how the logits become scores
  *
  * Since: 0.1
@@ -1597,6 +1650,8 @@ gmlp_router_get_score_function (GmlpRouter *self)
 /**
  * gmlp_router_get_flags:
  * @self: a #GmlpRouter
+ *
+ * Gets the gradient options the router was made with.
  *
  * Returns: the gradient options of the gate
  *
@@ -1613,6 +1668,9 @@ gmlp_router_get_flags (GmlpRouter *self)
  * gmlp_router_get_pending_wgrads:
  * @self: a #GmlpRouter
  *
+ * Gets how many delayed weight-gradient computations wait for
+ * [method@Gmlp.Router.backward_dw].
+ *
  * Returns: the value of [property@Gmlp.Router:pending-wgrads]
  *
  * Since: 0.1
@@ -1627,6 +1685,9 @@ gmlp_router_get_pending_wgrads (GmlpRouter *self)
 /**
  * gmlp_router_get_grad_added_to_main_grad:
  * @self: a #GmlpRouter
+ *
+ * Tells whether the last weight-gradient computation added into main_grad
+ * rather than writing the wgrad tensor.
  *
  * Returns: the value of [property@Gmlp.Router:grad-added-to-main-grad]
  *

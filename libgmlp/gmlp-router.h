@@ -37,6 +37,14 @@ typedef enum {
 
 #define GMLP_TYPE_ROUTER (gmlp_router_get_type ())
 
+/**
+ * GmlpRouterClass:
+ * @parent_class: the parent class
+ *
+ * The class structure of #GmlpRouter, a final type: it has no virtual methods.
+ *
+ * Since: 0.1
+ */
 GMLP_AVAILABLE_IN_0_1
 G_DECLARE_FINAL_TYPE (GmlpRouter, gmlp_router, GMLP, ROUTER, GObject)
 

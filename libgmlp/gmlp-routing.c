@@ -52,6 +52,51 @@
  * Any number of threads may use a routing at once: the layout is made
  * once, under a lock, by the first permute.
  *
+ * ## Examples
+ *
+ * In Python (PyGObject):
+ *
+ * ```python
+ * import gi
+ * gi.require_version('Gmlp', '1.0')
+ * from gi.repository import GLib, Gmlp
+ *
+ * import array
+ *
+ * dev = Gmlp.Device.new_from_string('cpu')
+ * def upload(values, code, dtype, cols):
+ *     data = array.array(code, values)
+ *     return Gmlp.GroupedTensor.new_from_bytes(dev, dtype, [len(data) // cols], cols,
+ *                                             GLib.Bytes.new(data.tobytes()))
+ * # 3 tokens, each sent to 2 of 4 experts with these weights.
+ * indices = upload([0, 2, 1, 2, 3, 0], 'q', Gmlp.DType.INT64, 2)
+ * probs = upload([0.5, 0.5, 0.7, 0.3, 0.9, 0.1], 'f', Gmlp.DType.FLOAT32, 2)
+ * routing = Gmlp.Routing.new(dev, indices, probs, 4)
+ * x = Gmlp.GroupedTensor.new(dev, Gmlp.DType.FLOAT32, [3], 8)
+ * x.fill_random(1, 1.0)
+ * rows = routing.permute(x)          # one row per choice, grouped by expert
+ * out = routing.combine(rows)        # the weighted sum back per token
+ * ```
+ *
+ * In JavaScript (gjs; run with `gjs -m`):
+ *
+ * ```js
+ * import GLib from 'gi://GLib';
+ * import Gmlp from 'gi://Gmlp?version=1.0';
+ *
+ * const dev = Gmlp.Device.new_from_string('cpu');
+ * const upload = (typed, dtype, cols) => Gmlp.GroupedTensor.new_from_bytes(dev, dtype,
+ *     [typed.length / cols], cols, new GLib.Bytes(new Uint8Array(typed.buffer)));
+ * // 3 tokens, each sent to 2 of 4 experts with these weights.
+ * const indices = upload(BigInt64Array.from([0n, 2n, 1n, 2n, 3n, 0n]), Gmlp.DType.INT64, 2);
+ * const probs = upload(Float32Array.from([0.5, 0.5, 0.7, 0.3, 0.9, 0.1]), Gmlp.DType.FLOAT32, 2);
+ * const routing = Gmlp.Routing.new(dev, indices, probs, 4);
+ * const x = Gmlp.GroupedTensor.new(dev, Gmlp.DType.FLOAT32, [3], 8);
+ * x.fill_random(1, 1.0);
+ * const rows = routing.permute(x);       // one row per choice, grouped by expert
+ * const out = routing.combine(rows);     // the weighted sum back per token
+ * ```
+ *
  * Since: 0.1
  */
 
@@ -296,6 +341,8 @@ gmlp_routing_new (GmlpDevice         *device,
  * gmlp_routing_get_device:
  * @self: a #GmlpRouting
  *
+ * Gets the device whose memory holds the routing's tensors.
+ *
  * Returns: (transfer none) (nullable): the device of the routing's tensors;
  *   %NULL for a routing made with g_object_new(), which routes nothing
  *
@@ -312,6 +359,8 @@ gmlp_routing_get_device (GmlpRouting *self)
  * gmlp_routing_get_n_tokens:
  * @self: a #GmlpRouting
  *
+ * Gets the number of tokens that were routed.
+ *
  * Returns: the number of tokens routed, `T`
  *
  * Since: 0.1
@@ -326,6 +375,8 @@ gmlp_routing_get_n_tokens (GmlpRouting *self)
 /**
  * gmlp_routing_get_top_k:
  * @self: a #GmlpRouting
+ *
+ * Gets the number of experts each token was sent to.
  *
  * Returns: the number of experts each token chose, `k`
  *
@@ -342,6 +393,8 @@ gmlp_routing_get_top_k (GmlpRouting *self)
  * gmlp_routing_get_n_experts:
  * @self: a #GmlpRouting
  *
+ * Gets the number of experts of the router that made the routing.
+ *
  * Returns: the number of experts the tokens chose among
  *
  * Since: 0.1
@@ -356,6 +409,8 @@ gmlp_routing_get_n_experts (GmlpRouting *self)
 /**
  * gmlp_routing_get_indices:
  * @self: a #GmlpRouting
+ *
+ * Gets the experts that each token was sent to.
  *
  * Returns: (transfer none) (nullable): the experts each token chose, `T × k`
  *   INT64 values, in the order of the choices
@@ -372,6 +427,8 @@ gmlp_routing_get_indices (GmlpRouting *self)
 /**
  * gmlp_routing_get_probs:
  * @self: a #GmlpRouting
+ *
+ * Gets the weights with which each token's chosen experts are combined.
  *
  * Returns: (transfer none) (nullable): the weight of each choice in the
  *   combined output, `T × k` FP32 values

@@ -19,6 +19,14 @@ G_BEGIN_DECLS
 
 #define GMLP_TYPE_ROUTING (gmlp_routing_get_type ())
 
+/**
+ * GmlpRoutingClass:
+ * @parent_class: the parent class
+ *
+ * The class structure of #GmlpRouting, a final type: it has no virtual methods.
+ *
+ * Since: 0.1
+ */
 GMLP_AVAILABLE_IN_0_1
 G_DECLARE_FINAL_TYPE (GmlpRouting, gmlp_routing, GMLP, ROUTING, GObject)
 

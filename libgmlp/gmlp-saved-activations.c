@@ -47,6 +47,41 @@
  * race for them, one uses them and the others fail with
  * %GMLP_ERROR_INVALID_STATE.
  *
+ * ## Examples
+ *
+ * In Python (PyGObject):
+ *
+ * ```python
+ * import gi
+ * gi.require_version('Gmlp', '1.0')
+ * from gi.repository import GLib, Gmlp
+ *
+ * dev = Gmlp.Device.get_default()
+ * layer = Gmlp.GroupedLinear.new(dev, 2, 16, 8)
+ * x = Gmlp.GroupedTensor.new(dev, Gmlp.DType.FLOAT32, [4, 4], 16)
+ * y1, saved1 = layer.forward(x)      # two microbatches in flight
+ * y2, saved2 = layer.forward(x)
+ * layer.backward(saved2, y2)
+ * layer.backward(saved1, y1)
+ * print(saved1.is_consumed(), saved1.get_host_nbytes())
+ * ```
+ *
+ * In JavaScript (gjs; run with `gjs -m`):
+ *
+ * ```js
+ * import GLib from 'gi://GLib';
+ * import Gmlp from 'gi://Gmlp?version=1.0';
+ *
+ * const dev = Gmlp.Device.get_default();
+ * const layer = Gmlp.GroupedLinear.new(dev, 2, 16, 8);
+ * const x = Gmlp.GroupedTensor.new(dev, Gmlp.DType.FLOAT32, [4, 4], 16);
+ * const [y1, saved1] = layer.forward(x);  // two microbatches in flight
+ * const [y2, saved2] = layer.forward(x);
+ * layer.backward(saved2, y2);
+ * layer.backward(saved1, y1);
+ * print(saved1.is_consumed(), saved1.get_host_nbytes());
+ * ```
+ *
  * Since: 0.1
  */
 
@@ -829,6 +864,9 @@ gmlp_saved_activations_consume (GmlpSavedActivations *self)
  * gmlp_saved_activations_get_offload:
  * @self: a #GmlpSavedActivations
  *
+ * Tells whether the saved activations were offloaded to host memory by a
+ * [class@Gmlp.OffloadContext].
+ *
  * Returns: the value of [property@Gmlp.SavedActivations:offload]
  *
  * Since: 0.1
@@ -844,6 +882,9 @@ gmlp_saved_activations_get_offload (GmlpSavedActivations *self)
 /**
  * gmlp_saved_activations_is_consumed:
  * @self: a #GmlpSavedActivations
+ *
+ * Tells whether a backward has used the saved activations already; they serve
+ * one backward only.
  *
  * Returns: the value of [property@Gmlp.SavedActivations:consumed]
  *
@@ -894,6 +935,8 @@ gmlp_saved_activations_get_nbytes (GmlpSavedActivations *self)
 /**
  * gmlp_saved_activations_get_host_nbytes:
  * @self: a #GmlpSavedActivations
+ *
+ * Gets how many bytes of the saved activations are in host memory now.
  *
  * Returns: the bytes of the saved tensors that are in host memory now
  *

@@ -17,6 +17,14 @@ G_BEGIN_DECLS
 
 #define GMLP_TYPE_SAVED_ACTIVATIONS (gmlp_saved_activations_get_type ())
 
+/**
+ * GmlpSavedActivationsClass:
+ * @parent_class: the parent class
+ *
+ * The class structure of #GmlpSavedActivations, a final type: it has no virtual methods.
+ *
+ * Since: 0.1
+ */
 GMLP_AVAILABLE_IN_0_1
 G_DECLARE_FINAL_TYPE (GmlpSavedActivations, gmlp_saved_activations, GMLP, SAVED_ACTIVATIONS, GObject)
 

@@ -3,7 +3,8 @@
 # unpacks on a GPU host that has no GLib development packages (and zstd,
 # which unpacks scripts/dev/pack-alt.sh's backends there; libgirepository
 # and GLib's typelibs, for the fuzz suite, tests/fuzz; pyelftools, for
-# kernels/sass_reuse.py).
+# kernels/sass_reuse.py; json-glib, which gmlp-bench and gmlp-demo write
+# their JSON lines with).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p .debs
@@ -13,4 +14,5 @@ apt-get download \
   libpcre2-dev libpcre2-8-0 libpcre2-16-0 libpcre2-32-0 libpcre2-posix3 zlib1g-dev \
   libmount-dev libblkid-dev libselinux1-dev libsepol-dev \
   libopenblas-dev libopenblas-pthread-dev libopenblas0 libopenblas0-pthread libgfortran5 zstd \
-  libgirepository-1.0-1 gir1.2-glib-2.0 python3-pyelftools
+  libgirepository-1.0-1 gir1.2-glib-2.0 python3-pyelftools \
+  libjson-glib-dev libjson-glib-1.0-0

@@ -11,6 +11,8 @@ packages=(
   python3-gi python3-numpy gjs valac
   # kernels/sass_reuse.py (a CUDA build step) and scripts/dev read cubins with it
   python3-pyelftools
+  # the JSON lines of gmlp-bench and gmlp-demo (not the library's)
+  libjson-glib-dev
   # gmlp-demo --plot (examples/gmlp-demo-plot.py)
   python3-matplotlib
   valgrind gi-docgen

@@ -3,6 +3,8 @@
  * SPDX-License-Identifier: LGPL-2.1-or-later
  */
 
+#include <locale.h>
+
 #include "gmlp-test-util.h"
 
 static void
@@ -122,6 +124,7 @@ test_bytes_in_use (void)
 int
 main (int argc, char *argv[])
 {
+  setlocale (LC_ALL, "");
   g_test_init (&argc, &argv, NULL);
 
   g_test_add_func ("/Gmlp/Device/default", test_default);

@@ -7,6 +7,7 @@
  * SPDX-License-Identifier: LGPL-2.1-or-later
  */
 
+#include <locale.h>
 #include <math.h>
 #include <string.h>
 
@@ -1042,6 +1043,7 @@ test_offload_refused (void)
 int
 main (int argc, char *argv[])
 {
+  setlocale (LC_ALL, "");
   g_test_init (&argc, &argv, NULL);
 
   g_test_add_func ("/Gmlp/Graph/cpu", test_cpu);

@@ -19,6 +19,7 @@
  * SPDX-License-Identifier: LGPL-2.1-or-later
  */
 
+#include <locale.h>
 #include <math.h>
 #include <string.h>
 
@@ -1538,6 +1539,7 @@ test_properties (void)
 int
 main (int argc, char *argv[])
 {
+  setlocale (LC_ALL, "");
   g_test_init (&argc, &argv, NULL);
 
   g_test_add_func ("/Gmlp/GroupedLinear/fp8/recipes", test_recipes);

@@ -22,6 +22,7 @@
  * SPDX-License-Identifier: LGPL-2.1-or-later
  */
 
+#include <locale.h>
 #include <math.h>
 #include <string.h>
 
@@ -1500,6 +1501,7 @@ test_weight_cache (void)
 int
 main (int argc, char *argv[])
 {
+  setlocale (LC_ALL, "");
   g_test_init (&argc, &argv, NULL);
 
   g_test_add_func ("/Gmlp/GroupedMLP/fp8/fused-identical", test_fused_identical);

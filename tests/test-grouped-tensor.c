@@ -3,6 +3,7 @@
  * SPDX-License-Identifier: LGPL-2.1-or-later
  */
 
+#include <locale.h>
 #include <math.h>
 #include <string.h>
 
@@ -957,6 +958,7 @@ test_dlpack (void)
 int
 main (int argc, char *argv[])
 {
+  setlocale (LC_ALL, "");
   g_test_init (&argc, &argv, NULL);
 
   g_test_add_func ("/Gmlp/GroupedTensor/round-trip", test_round_trip);

@@ -39,6 +39,7 @@
  * SPDX-License-Identifier: LGPL-2.1-or-later
  */
 
+#include <locale.h>
 #include <math.h>
 #include <string.h>
 
@@ -1285,6 +1286,7 @@ test_recipe_between (void)
 int
 main (int argc, char *argv[])
 {
+  setlocale (LC_ALL, "");
   g_test_init (&argc, &argv, NULL);
 
   g_test_add_func ("/Gmlp/MoELayer/fp8/recipes", test_recipes);

@@ -3,6 +3,7 @@
  * SPDX-License-Identifier: LGPL-2.1-or-later
  */
 
+#include <locale.h>
 #include <string.h>
 
 #include "gmlp-test-util.h"
@@ -544,6 +545,7 @@ test_retry_after_reload (void)
 int
 main (int argc, char *argv[])
 {
+  setlocale (LC_ALL, "");
   g_test_init (&argc, &argv, NULL);
 
   g_test_add_func ("/Gmlp/OffloadContext/nesting", test_nesting);

@@ -11,6 +11,7 @@
  */
 
 #include <float.h>
+#include <locale.h>
 #include <math.h>
 #include <string.h>
 
@@ -1737,6 +1738,7 @@ test_cpu_gpu_identical (void)
 int
 main (int argc, char *argv[])
 {
+  setlocale (LC_ALL, "");
   g_test_init (&argc, &argv, NULL);
 
   g_test_add_func ("/Gmlp/Quantizer/recipes", test_recipes);

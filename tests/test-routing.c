@@ -12,6 +12,7 @@
  * SPDX-License-Identifier: LGPL-2.1-or-later
  */
 
+#include <locale.h>
 #include <math.h>
 #include <string.h>
 
@@ -1449,6 +1450,7 @@ main (int argc, char *argv[])
 {
   /* Fresh memory poisoned (NaN), so that an unwritten output fails. */
   g_setenv ("GMLP_POISON", "1", FALSE);
+  setlocale (LC_ALL, "");
   g_test_init (&argc, &argv, NULL);
 
   g_test_add_func ("/Gmlp/Routing/random", test_random);

@@ -44,7 +44,7 @@ fi
 # Debug information stays here: it would take most of the 64 MiB a call carries.
 find .prebuilt -type f ! -name '*.deb' ! -name '*.typelib' -exec strip -g {} +
 for p in libglib2.0-0 libffi8 libpcre2-8-0 libopenblas0 libopenblas0-pthread libgfortran5 zstd \
-         libgirepository-1.0-1 gir1.2-glib-2.0; do
+         libgirepository-1.0-1 gir1.2-glib-2.0 libjson-glib-1.0-0; do
   cp .debs/${p}_*.deb .prebuilt/debs/
 done
 # The backend is most of a call's 64 MiB: compressed here, unpacked there

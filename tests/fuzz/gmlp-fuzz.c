@@ -55,6 +55,7 @@
 #include "config.h"
 
 #include <errno.h>
+#include <locale.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
@@ -737,6 +738,7 @@ main (int    argc,
     { NULL }
   };
 
+  setlocale (LC_ALL, "");
   options = g_option_context_new ("- fuzz the Gmlp API through introspection");
   g_option_context_add_main_entries (options, entries, NULL);
   if (!g_option_context_parse (options, &argc, &argv, &error))
