@@ -15,7 +15,7 @@
 #include <gmodule.h>
 
 #include "gmlp-grouped-tensor.h"
-#include "gmlp-dlpack-private.h"
+#include <dlpack/dlpack.h>
 
 typedef struct {
   int   (*capsule_is_valid)    (gpointer capsule, const char *name);
@@ -74,7 +74,7 @@ gmlp_dlpack_capsule_destructor (gpointer capsule)
 
   if (api->capsule_is_valid (capsule, "dltensor"))
     {
-      GmlpDLManagedTensor *managed = api->capsule_get_pointer (capsule, "dltensor");
+      DLManagedTensor *managed = api->capsule_get_pointer (capsule, "dltensor");
 
       managed->deleter (managed);
     }

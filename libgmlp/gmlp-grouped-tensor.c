@@ -11,7 +11,7 @@
 #include <string.h>
 
 #include "gmlp-grouped-tensor-private.h"
-#include "gmlp-dlpack-private.h"
+#include <dlpack/dlpack.h>
 #include "gmlp-dtype-private.h"
 #include "gmlp-enum-types.h"
 #include "gmlp-error.h"
@@ -1833,13 +1833,13 @@ gmlp_grouped_tensor_sum_squares (GmlpGroupedTensor  *self,
 /* What a DLPack export keeps alive: the tensor (hence its storage) and the
  * shape array. */
 typedef struct {
-  GmlpDLManagedTensor  managed;
+  DLManagedTensor  managed;
   GmlpGroupedTensor   *tensor;
   int64_t              shape[2];
 } DLPackExport;
 
 static void
-dlpack_delete (GmlpDLManagedTensor *managed)
+dlpack_delete (DLManagedTensor *managed)
 {
   DLPackExport *export = (DLPackExport *) managed;
 
@@ -1875,7 +1875,7 @@ gmlp_grouped_tensor_to_dlpack (GmlpGroupedTensor  *self,
                                GError            **error)
 {
   DLPackExport *export;
-  GmlpDLDataType dtype = { 0, 0, 1 };
+  DLDataType dtype = { 0, 0, 1 };
 
   g_return_val_if_fail (GMLP_IS_GROUPED_TENSOR (self), NULL);
   g_return_val_if_fail (error == NULL || *error == NULL, NULL);
@@ -1885,11 +1885,11 @@ gmlp_grouped_tensor_to_dlpack (GmlpGroupedTensor  *self,
 
   switch (self->dtype)
     {
-    case GMLP_DTYPE_FLOAT32: dtype.code = GMLP_DL_FLOAT; dtype.bits = 32; break;
-    case GMLP_DTYPE_FLOAT16: dtype.code = GMLP_DL_FLOAT; dtype.bits = 16; break;
-    case GMLP_DTYPE_BFLOAT16: dtype.code = GMLP_DL_BFLOAT; dtype.bits = 16; break;
-    case GMLP_DTYPE_INT32: dtype.code = GMLP_DL_INT; dtype.bits = 32; break;
-    case GMLP_DTYPE_INT64: dtype.code = GMLP_DL_INT; dtype.bits = 64; break;
+    case GMLP_DTYPE_FLOAT32: dtype.code = kDLFloat; dtype.bits = 32; break;
+    case GMLP_DTYPE_FLOAT16: dtype.code = kDLFloat; dtype.bits = 16; break;
+    case GMLP_DTYPE_BFLOAT16: dtype.code = kDLBfloat; dtype.bits = 16; break;
+    case GMLP_DTYPE_INT32: dtype.code = kDLInt; dtype.bits = 32; break;
+    case GMLP_DTYPE_INT64: dtype.code = kDLInt; dtype.bits = 64; break;
     default:
       g_set_error (error, GMLP_ERROR, GMLP_ERROR_UNSUPPORTED,
                    "No DLPack export for %s tensors", gmlp_dtype_get_name (self->dtype));
@@ -1920,7 +1920,7 @@ gmlp_grouped_tensor_to_dlpack (GmlpGroupedTensor  *self,
   export->shape[1] = self->cols;
   export->managed.dl_tensor.data = gmlp_grouped_tensor_get_data (self);
   export->managed.dl_tensor.device.device_type =
-    gmlp_device_get_kind (self->device) == GMLP_DEVICE_KIND_CUDA ? GMLP_DL_CUDA : GMLP_DL_CPU;
+    gmlp_device_get_kind (self->device) == GMLP_DEVICE_KIND_CUDA ? kDLCUDA : kDLCPU;
   export->managed.dl_tensor.device.device_id = gmlp_device_get_ordinal (self->device);
   export->managed.dl_tensor.ndim = 2;
   export->managed.dl_tensor.dtype = dtype;

@@ -8,7 +8,7 @@
 
 #include "gmlp-test-util.h"
 #include "gmlp-grouped-tensor-private.h"
-#include "gmlp-dlpack-private.h"
+#include <dlpack/dlpack.h>
 
 static const GmlpDType all_dtypes[] = {
   GMLP_DTYPE_FLOAT32, GMLP_DTYPE_FLOAT16, GMLP_DTYPE_BFLOAT16, GMLP_DTYPE_FLOAT8_E4M3,
@@ -916,7 +916,7 @@ test_dlpack (void)
   g_autoptr(GmlpGroupedTensor) padded = NULL, fp8 = NULL;
   g_autoptr(GError) error = NULL;
   GmlpGroupedTensor *t;
-  GmlpDLManagedTensor *m;
+  DLManagedTensor *m;
   GWeakRef weak;
 
   if (device == NULL)
@@ -929,10 +929,10 @@ test_dlpack (void)
   g_assert_cmpint (m->dl_tensor.ndim, ==, 2);
   g_assert_cmpint (m->dl_tensor.shape[0], ==, 12);
   g_assert_cmpint (m->dl_tensor.shape[1], ==, 128);
-  g_assert_cmpint (m->dl_tensor.dtype.code, ==, GMLP_DL_BFLOAT);
+  g_assert_cmpint (m->dl_tensor.dtype.code, ==, kDLBfloat);
   g_assert_cmpint (m->dl_tensor.dtype.bits, ==, 16);
   g_assert_cmpint (m->dl_tensor.device.device_type, ==,
-                   gmlp_device_get_kind (device) == GMLP_DEVICE_KIND_CUDA ? GMLP_DL_CUDA : GMLP_DL_CPU);
+                   gmlp_device_get_kind (device) == GMLP_DEVICE_KIND_CUDA ? kDLCUDA : kDLCPU);
   g_assert_null (m->dl_tensor.strides);
 
   /* The export keeps the tensor until its deleter runs. */
