@@ -830,6 +830,25 @@ gmlp_buffer_new_wrapped (GmlpDevice *device,
   return buffer;
 }
 
+GmlpBuffer *
+gmlp_buffer_new_foreign (GmlpDevice     *device,
+                         gpointer        data,
+                         gsize           nbytes,
+                         GDestroyNotify  release,
+                         gpointer        release_data)
+{
+  GmlpBuffer *buffer = g_new0 (GmlpBuffer, 1);
+
+  g_atomic_int_set (&buffer->ref_count, 1);
+  buffer->device = g_object_ref (device);
+  buffer->data = data;
+  buffer->nbytes = nbytes;
+  buffer->version = gmlp_version_counter_new ();
+  buffer->release = release;
+  buffer->release_data = release_data;
+  return buffer;
+}
+
 void
 gmlp_buffer_mark_copied (GmlpBuffer *buffer)
 {
@@ -852,6 +871,17 @@ gmlp_buffer_unref (GmlpBuffer *buffer)
     return;
 
   device = buffer->device;
+  if (buffer->release != NULL)
+    {
+      /* The owner may reuse the memory at once: nothing of ours may still
+       * read or write it. A failure here has no one to report to. */
+      device->backend->synchronize (device->backend_device, NULL);
+      buffer->release (buffer->release_data);
+      g_object_unref (device);
+      gmlp_version_counter_unref (buffer->version);
+      g_free (buffer);
+      return;
+    }
   if (g_atomic_int_get (&buffer->copied))
     device->backend->free_after_copies (device->backend_device, buffer->data);
   else
