@@ -8,7 +8,7 @@ packages=(
   libglib2.0-dev libglib2.0-bin
   gobject-introspection libgirepository1.0-dev gir1.2-glib-2.0
   libopenblas-dev libdlpack-dev
-  python3-gi python3-numpy gjs valac
+  python3-gi python3-numpy python3-pytest gjs valac
   # gmlp-demo --plot (examples/gmlp-demo-plot.py)
   python3-matplotlib
   valgrind gi-docgen
