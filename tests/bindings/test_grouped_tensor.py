@@ -37,7 +37,7 @@ def test_round_trip():
                                           GLib.Bytes.new(data))
     assert t.get_n_groups() == 5 and len(t) == 5
     assert t.props.cols == cols and t.get_total_rows() == sum(rows)
-    assert t.shape == (tuple(rows), cols)
+    assert t.shape == (sum(rows), cols) and t.sizes == tuple(rows)
     assert t.to_bytes().get_data() == data
     for g in range(5):
         assert t.get_member_offset(g) % Gmlp.MEMBER_ALIGNMENT == 0
