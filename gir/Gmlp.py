@@ -28,6 +28,26 @@ class _GError(ctypes.Structure):
                 ('message', ctypes.c_char_p)]
 
 
+# dlpack.h's DLManagedTensor, as far as from_dlpack() reads it.
+class _DLTensorHead(ctypes.Structure):
+    _fields_ = [('data', ctypes.c_void_p),
+                ('device', ctypes.c_int32 * 2),
+                ('ndim', ctypes.c_int32),
+                ('dtype', ctypes.c_uint32),
+                ('shape', ctypes.POINTER(ctypes.c_int64)),
+                ('strides', ctypes.POINTER(ctypes.c_int64)),
+                ('byte_offset', ctypes.c_uint64)]
+
+
+class _DLManagedTensor(ctypes.Structure):
+    pass
+
+
+_DLManagedTensor._fields_ = [('dl_tensor', _DLTensorHead),
+                             ('manager_ctx', ctypes.c_void_p),
+                             ('deleter', ctypes.CFUNCTYPE(None, ctypes.POINTER(_DLManagedTensor)))]
+
+
 def _library():
     gi.require_version('GIRepository', '2.0')
     from gi.repository import GIRepository
@@ -37,9 +57,12 @@ def _library():
     error_p = ctypes.POINTER(ctypes.POINTER(_GError))
     library.gmlp_grouped_tensor_to_dlpack.restype = ctypes.c_void_p
     library.gmlp_grouped_tensor_to_dlpack.argtypes = [ctypes.c_void_p, error_p]
+    library.gmlp_dlpack_python_guard.restype = ctypes.POINTER(_DLManagedTensor)
+    library.gmlp_dlpack_python_guard.argtypes = [ctypes.c_void_p]
     library.gmlp_grouped_tensor_new_from_dlpack.restype = ctypes.c_void_p
     library.gmlp_grouped_tensor_new_from_dlpack.argtypes = [
-        ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int64), ctypes.c_uint, error_p]
+        ctypes.c_void_p, ctypes.POINTER(_DLManagedTensor), ctypes.POINTER(ctypes.c_int64),
+        ctypes.c_uint, error_p]
     return library
 
 
@@ -121,15 +144,6 @@ _NUMPY_TYPES = {
     Gmlp.DType.INT32: 'int32',
     Gmlp.DType.INT64: 'int64',
 }
-
-
-# The start of a DLTensor (dlpack.h): what from_dlpack() reads of it.
-class _DLTensorHead(ctypes.Structure):
-    _fields_ = [('data', ctypes.c_void_p),
-                ('device', ctypes.c_int32 * 2),
-                ('ndim', ctypes.c_int32),
-                ('dtype', ctypes.c_uint32),
-                ('shape', ctypes.POINTER(ctypes.c_int64))]
 
 
 def _device_of(obj):
@@ -230,14 +244,16 @@ class GroupedTensor(Gmlp.GroupedTensor):
         rows = (ctypes.c_int64 * max(len(sizes), 1))(*sizes)
         error = ctypes.POINTER(_GError)()
         device_handle = device.__gpointer__
+        # The guard owns the producer's tensor from here on (and holds the
+        # GIL around its deleter, which may run on any thread).
+        guarded = _lib.gmlp_dlpack_python_guard(managed)
+        _api.PyCapsule_SetName(capsule, b'used_dltensor')
         pointer = _lib.gmlp_grouped_tensor_new_from_dlpack(
-            _api.PyCapsule_GetPointer(device_handle, None), managed, rows, len(sizes),
+            _api.PyCapsule_GetPointer(device_handle, None), guarded, rows, len(sizes),
             ctypes.byref(error))
         if not pointer:
-            # The capsule keeps its name: its own destructor frees the export.
+            guarded.contents.deleter(guarded)
             _raise_gerror(error)
-        # The tensor owns the DLManagedTensor now: the capsule must not free it.
-        _api.PyCapsule_SetName(capsule, b'used_dltensor')
         tensor = _wrap_gobject(pointer)
         _gobject.g_object_unref(pointer)
         return tensor

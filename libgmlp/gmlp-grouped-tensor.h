@@ -143,6 +143,8 @@ GmlpGroupedTensor *gmlp_grouped_tensor_new_from_dlpack      (GmlpDevice         
 GMLP_AVAILABLE_IN_0_1
 void               gmlp_dlpack_capsule_destructor           (gpointer            capsule);
 GMLP_AVAILABLE_IN_0_1
+gpointer           gmlp_dlpack_python_guard                 (gpointer            dlpack);
+GMLP_AVAILABLE_IN_0_1
 GmlpDevice        *gmlp_grouped_tensor_get_device           (GmlpGroupedTensor  *self);
 GMLP_AVAILABLE_IN_0_1
 GmlpDType          gmlp_grouped_tensor_get_dtype            (GmlpGroupedTensor  *self);

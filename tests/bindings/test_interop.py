@@ -75,6 +75,26 @@ def test_numpy_import_shares_memory(dtype):
     assert sys.getrefcount(a) == baseline
 
 
+def test_numpy_import_released_without_the_gil():
+    """The last reference may go in C with the GIL released (ctypes.CDLL
+    releases it): the producer's deleter then takes it itself."""
+    import ctypes
+    gobject = ctypes.CDLL('libgobject-2.0.so.0')
+    gobject.g_object_ref.restype = ctypes.c_void_p
+    gobject.g_object_ref.argtypes = gobject.g_object_unref.argtypes = [ctypes.c_void_p]
+    get = ctypes.pythonapi.PyCapsule_GetPointer
+    get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+    a = rng.standard_normal((8, 64)).astype(np.float32)
+    baseline = sys.getrefcount(a)
+    t = Gmlp.GroupedTensor.from_dlpack(a, [8])
+    pointer = gobject.g_object_ref(get(t.__gpointer__, None))
+    del t
+    gc.collect()
+    assert sys.getrefcount(a) == baseline + 1
+    gobject.g_object_unref(pointer)
+    assert sys.getrefcount(a) == baseline
+
+
 def test_numpy_import_copies_padded_members():
     sizes = [2, 0, 5]
     a = rng.standard_normal((7, 3)).astype(np.float32)
@@ -116,13 +136,16 @@ def test_import_errors():
     device_type.value = 2
     expect_error(Gmlp.Error.INVALID_ARGUMENT, Gmlp.GroupedTensor.from_dlpack, capsule, [4],
                  device=DEV)
-    device_type.value = 1
-    # A refused capsule is still unused, and frees the export when dropped.
-    t = Gmlp.GroupedTensor.from_dlpack(capsule, [4], device=DEV)
-    assert t.to_bytes().get_data() == a.tobytes()
+    # A refused capsule is used up, its export freed at once.
     with pytest.raises(TypeError):
-        Gmlp.GroupedTensor.from_dlpack(capsule, [4], device=DEV)  # used now
-    del t, capsule
+        Gmlp.GroupedTensor.from_dlpack(capsule, [4], device=DEV)
+    del capsule
+    gc.collect()                                      # the tracebacks above hold views of a
+    assert sys.getrefcount(a) == baseline
+    # A capsule imports as the array does.
+    t = Gmlp.GroupedTensor.from_dlpack(a.__dlpack__(), [4], device=DEV)
+    assert t.to_bytes().get_data() == a.tobytes()
+    del t
     gc.collect()
     assert sys.getrefcount(a) == baseline             # nothing leaked
     with pytest.raises(TypeError):
