@@ -812,10 +812,10 @@ gmlp_spans_overlap (const GmlpSpan *a,
   return a->offset < b->offset + b->nbytes && b->offset < a->offset + a->nbytes;
 }
 
-GmlpBuffer *
-gmlp_buffer_new_wrapped (GmlpDevice *device,
-                         gpointer    data,
-                         gsize       nbytes)
+static GmlpBuffer *
+buffer_new (GmlpDevice *device,
+            gpointer    data,
+            gsize       nbytes)
 {
   GmlpBuffer *buffer = g_new0 (GmlpBuffer, 1);
 
@@ -826,8 +826,16 @@ gmlp_buffer_new_wrapped (GmlpDevice *device,
   buffer->data = data;
   buffer->nbytes = nbytes;
   buffer->version = gmlp_version_counter_new ();
-  g_atomic_pointer_add ((gpointer *) &device->bytes_in_use, (gssize) nbytes);
   return buffer;
+}
+
+GmlpBuffer *
+gmlp_buffer_new_wrapped (GmlpDevice *device,
+                         gpointer    data,
+                         gsize       nbytes)
+{
+  g_atomic_pointer_add ((gpointer *) &device->bytes_in_use, (gssize) nbytes);
+  return buffer_new (device, data, nbytes);
 }
 
 GmlpBuffer *
@@ -837,13 +845,8 @@ gmlp_buffer_new_foreign (GmlpDevice     *device,
                          GDestroyNotify  release,
                          gpointer        release_data)
 {
-  GmlpBuffer *buffer = g_new0 (GmlpBuffer, 1);
+  GmlpBuffer *buffer = buffer_new (device, data, nbytes);
 
-  g_atomic_int_set (&buffer->ref_count, 1);
-  buffer->device = g_object_ref (device);
-  buffer->data = data;
-  buffer->nbytes = nbytes;
-  buffer->version = gmlp_version_counter_new ();
   buffer->release = release;
   buffer->release_data = release_data;
   return buffer;

@@ -2139,11 +2139,15 @@ gmlp_grouped_tensor_new_from_dlpack (GmlpDevice    *device,
 }
 
 /* The typed constructors: @n_values host values of type @from, uploaded
- * and converted to @dtype on the device. */
+ * and converted to @dtype on the device; @dtype_ok says whether the
+ * constructor @name makes @dtype (it makes @accepted). */
 static GmlpGroupedTensor *
 new_from_host_array (GmlpDevice     *device,
                      GmlpDType       from,
                      GmlpDType       dtype,
+                     gboolean        dtype_ok,
+                     const char     *name,
+                     const char     *accepted,
                      const gint64   *rows,
                      guint           n_groups,
                      gint64          cols,
@@ -2155,6 +2159,12 @@ new_from_host_array (GmlpDevice     *device,
   g_autoptr(GBytes) bytes = NULL;
   gint64 total_rows;
 
+  if (!dtype_ok)
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_DTYPE_MISMATCH,
+                   "%s() makes %s tensors, not %s", name, accepted, gmlp_dtype_get_name (dtype));
+      return NULL;
+    }
   if (!check_common (device, dtype, n_groups, cols, error) ||
       !check_rows (rows, n_groups, cols, dtype, &total_rows, error))
     return NULL;
@@ -2211,14 +2221,8 @@ gmlp_grouped_tensor_new_from_floats (GmlpDevice    *device,
   g_return_val_if_fail (values != NULL || n_values == 0, NULL);
   g_return_val_if_fail (error == NULL || *error == NULL, NULL);
 
-  if (!gmlp_dtype_is_floating (dtype))
-    {
-      g_set_error (error, GMLP_ERROR, GMLP_ERROR_DTYPE_MISMATCH,
-                   "new_from_floats() makes floating-point tensors, not %s (new_from_ints())",
-                   gmlp_dtype_get_name (dtype));
-      return NULL;
-    }
-  return new_from_host_array (device, GMLP_DTYPE_FLOAT32, dtype, rows, n_groups, cols,
+  return new_from_host_array (device, GMLP_DTYPE_FLOAT32, dtype, gmlp_dtype_is_floating (dtype),
+                              "new_from_floats", "floating-point", rows, n_groups, cols,
                               values, n_values, error);
 }
 
@@ -2262,13 +2266,6 @@ gmlp_grouped_tensor_new_from_ints (GmlpDevice    *device,
   g_return_val_if_fail (values != NULL || n_values == 0, NULL);
   g_return_val_if_fail (error == NULL || *error == NULL, NULL);
 
-  if (dtype != GMLP_DTYPE_INT64 && dtype != GMLP_DTYPE_INT32)
-    {
-      g_set_error (error, GMLP_ERROR, GMLP_ERROR_DTYPE_MISMATCH,
-                   "new_from_ints() makes INT64 or INT32 tensors, not %s (new_from_floats())",
-                   gmlp_dtype_get_name (dtype));
-      return NULL;
-    }
   if (dtype == GMLP_DTYPE_INT32)
     for (i = 0; i < n_values; i++)
       if (values[i] < G_MININT32 || values[i] > G_MAXINT32)
@@ -2278,7 +2275,9 @@ gmlp_grouped_tensor_new_from_ints (GmlpDevice    *device,
                        i, values[i]);
           return NULL;
         }
-  return new_from_host_array (device, GMLP_DTYPE_INT64, dtype, rows, n_groups, cols,
+  return new_from_host_array (device, GMLP_DTYPE_INT64, dtype,
+                              dtype == GMLP_DTYPE_INT64 || dtype == GMLP_DTYPE_INT32,
+                              "new_from_ints", "INT64 or INT32", rows, n_groups, cols,
                               values, n_values, error);
 }
 
@@ -2318,14 +2317,9 @@ gmlp_grouped_tensor_new_from_uint16 (GmlpDevice     *device,
   g_return_val_if_fail (values != NULL || n_values == 0, NULL);
   g_return_val_if_fail (error == NULL || *error == NULL, NULL);
 
-  if (dtype != GMLP_DTYPE_FLOAT16 && dtype != GMLP_DTYPE_BFLOAT16)
-    {
-      g_set_error (error, GMLP_ERROR, GMLP_ERROR_DTYPE_MISMATCH,
-                   "new_from_uint16() makes FLOAT16 or BFLOAT16 tensors, not %s",
-                   gmlp_dtype_get_name (dtype));
-      return NULL;
-    }
-  return new_from_host_array (device, dtype, dtype, rows, n_groups, cols,
+  return new_from_host_array (device, dtype, dtype,
+                              dtype == GMLP_DTYPE_FLOAT16 || dtype == GMLP_DTYPE_BFLOAT16,
+                              "new_from_uint16", "FLOAT16 or BFLOAT16", rows, n_groups, cols,
                               values, n_values, error);
 }
 
@@ -2342,7 +2336,8 @@ to_host_array (GmlpGroupedTensor  *self,
   gpointer values;
   gsize size;
 
-  if (!gmlp_device_check_not_capturing (self->device, "Reading a tensor to the host", error))
+  if (!gmlp_grouped_tensor_check_usable (self, error) ||
+      !gmlp_device_check_not_capturing (self->device, "Reading a tensor to the host", error))
     return NULL;
   if (self->dtype != as || is_scaled (self))
     {
@@ -2386,8 +2381,6 @@ gmlp_grouped_tensor_to_floats (GmlpGroupedTensor  *self,
   g_return_val_if_fail (GMLP_IS_GROUPED_TENSOR (self), NULL);
   g_return_val_if_fail (error == NULL || *error == NULL, NULL);
 
-  if (!gmlp_grouped_tensor_check_usable (self, error))
-    return NULL;
   return to_host_array (self, GMLP_DTYPE_FLOAT32, n_values, error);
 }
 
@@ -2413,8 +2406,6 @@ gmlp_grouped_tensor_to_ints (GmlpGroupedTensor  *self,
   g_return_val_if_fail (GMLP_IS_GROUPED_TENSOR (self), NULL);
   g_return_val_if_fail (error == NULL || *error == NULL, NULL);
 
-  if (!gmlp_grouped_tensor_check_usable (self, error))
-    return NULL;
   return to_host_array (self, GMLP_DTYPE_INT64, n_values, error);
 }
 

@@ -6,21 +6,8 @@
 
 import GLib from 'gi://GLib';
 import Gmlp from 'gi://Gmlp?version=1.0';
-import System from 'system';
+import {assert, check, finish} from './tap.js';
 
-const results = [];
-function check(name, fn) {
-    try {
-        fn();
-        results.push(['ok', name, '']);
-    } catch (e) {
-        results.push(['not ok', name, String(e)]);
-    }
-}
-function assert(cond, what) {
-    if (!cond)
-        throw new Error(`assertion failed: ${what}`);
-}
 function throws(code, fn, what) {
     let threw = false;
     try {
@@ -112,7 +99,4 @@ check('errors', () => {
     throws(Gmlp.Error.UNSUPPORTED, () => f.to_ints(), 'floats read as ints');
 });
 
-print(`1..${results.length}`);
-results.forEach(([status, name, why], i) =>
-    print(`${status} ${i + 1} /Gmlp/JS/TypedArrays/${name}${why ? ` # ${why}` : ''}`));
-System.exit(results.every(r => r[0] === 'ok') ? 0 : 1);
+finish('/Gmlp/JS/TypedArrays/');
