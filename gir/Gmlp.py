@@ -110,6 +110,7 @@ _wrap_gobject = _pygobject_new()
 
 
 def _gobject_pointer(obj):
+    """The GObject * of a wrapper, valid while the wrapper lives."""
     return _api.PyCapsule_GetPointer(obj.__gpointer__, None)
 
 
@@ -123,9 +124,7 @@ def _raise_gerror(error):
 
 def _to_dlpack_capsule(tensor):
     error = ctypes.POINTER(_GError)()
-    handle = tensor.__gpointer__  # a capsule around the GObject, kept alive here
-    gobject = _api.PyCapsule_GetPointer(handle, None)
-    pointer = _lib.gmlp_grouped_tensor_to_dlpack(gobject, ctypes.byref(error))
+    pointer = _lib.gmlp_grouped_tensor_to_dlpack(_gobject_pointer(tensor), ctypes.byref(error))
     if not pointer:
         _raise_gerror(error)
     return _api.PyCapsule_New(pointer, b'dltensor', _capsule_destructor)
@@ -216,7 +215,8 @@ class GroupedTensor(Gmlp.GroupedTensor):
         column) of float32, float16, bfloat16, int32 or int64.
         sizes: the rows of each group, in order, adding up to the matrix's
         rows; None for one group of all rows.
-        device: the Gmlp.Device the data is on; by default the producer's.
+        device: the Gmlp.Device the data is on; by default the producer's
+        (``__dlpack_device__``; the CPU for a bare capsule).
 
         The tensor shares the producer's memory where the layout allows (each
         group's bytes a multiple of 256, e.g. ``cols * itemsize`` a multiple
@@ -243,13 +243,12 @@ class GroupedTensor(Gmlp.GroupedTensor):
         sizes = [int(s) for s in sizes]
         rows = (ctypes.c_int64 * max(len(sizes), 1))(*sizes)
         error = ctypes.POINTER(_GError)()
-        device_handle = device.__gpointer__
         # The guard owns the producer's tensor from here on (and holds the
         # GIL around its deleter, which may run on any thread).
         guarded = _lib.gmlp_dlpack_python_guard(managed)
         _api.PyCapsule_SetName(capsule, b'used_dltensor')
         pointer = _lib.gmlp_grouped_tensor_new_from_dlpack(
-            _api.PyCapsule_GetPointer(device_handle, None), guarded, rows, len(sizes),
+            _gobject_pointer(device), guarded, rows, len(sizes),
             ctypes.byref(error))
         if not pointer:
             guarded.contents.deleter(guarded)
