@@ -276,6 +276,7 @@ class GroupedTensor(Gmlp.GroupedTensor):
         return _to_dlpack_capsule(self)
 
     def __dlpack_device__(self):
+        """(DLPack device type, ordinal): (1, 0) on the CPU, (2, n) on GPU n."""
         device = self.get_device()
         return (2 if device.get_kind() == Gmlp.DeviceKind.CUDA else 1, device.get_ordinal())
 
@@ -310,9 +311,11 @@ class GroupedTensor(Gmlp.GroupedTensor):
         return array
 
     def __len__(self):
+        """The number of groups (not of rows, as numpy's len would be)."""
         return self.get_n_groups()
 
     def __getitem__(self, index):
+        """Member view index (negative counts from the end): shares the storage."""
         if not isinstance(index, int):
             raise TypeError('member index must be an int')
         if index < 0:

@@ -38,8 +38,12 @@
  * holds the worst case: the capacity plus the padding of every member.
  *
  * [method@Gmlp.GroupedTensor.get_member] gives a member as a one-group view
- * sharing the storage. Data comes in and goes out as #GBytes, in the packed
- * order (members in order, row-major, no padding).
+ * sharing the storage. Data comes in and goes out in the packed order
+ * (members in order, row-major, no padding): as #GBytes, as typed arrays
+ * ([ctor@Gmlp.GroupedTensor.new_from_floats],
+ * [method@Gmlp.GroupedTensor.to_floats] and their int and 16-bit
+ * siblings), or through DLPack, without a copy where the layout allows
+ * (see the memory layout page).
  *
  * A tensor can also be made with g_object_new() (`Gmlp.GroupedTensor(rows=…,
  * cols=…)` in Python, `new Gmlp.GroupedTensor({rows: …, cols: …})` in gjs)
