@@ -53,7 +53,7 @@
 
 #include "bench-json.h"
 #include "bench-shapes.h"
-#include "gmlp-dlpack-private.h"
+#include <dlpack/dlpack.h>
 
 static char *only_shape = NULL;
 static char *only_routing = NULL;
@@ -362,13 +362,13 @@ gmlp_block (Layer *g, guint n, double *ms, GError **error)
 
 /* The device pointer of a tensor that is one array, through DLPack. */
 static gboolean
-device_pointer (GmlpGroupedTensor *t, const guint16 **pointer, GmlpDLManagedTensor **keep, GError **error)
+device_pointer (GmlpGroupedTensor *t, const guint16 **pointer, DLManagedTensor **keep, GError **error)
 {
-  GmlpDLManagedTensor *dl = gmlp_grouped_tensor_to_dlpack (t, error);
+  DLManagedTensor *dl = gmlp_grouped_tensor_to_dlpack (t, error);
 
   if (dl == NULL)
     return FALSE;
-  if (dl->dl_tensor.device.device_type != GMLP_DL_CUDA)
+  if (dl->dl_tensor.device.device_type != kDLCUDA)
     {
       dl->deleter (dl);
       g_set_error (error, G_IO_ERROR, G_IO_ERROR_NOT_SUPPORTED, "the tensors are not on a CUDA device");
@@ -399,7 +399,7 @@ versus_loop (GmlpDevice *device, Loop *l, const BenchShape *s, gboolean skew, GE
   g_autofree gint64 *m = bench_split_rows (s->experts, s->rows, skew, 16);
   g_autoptr(GmlpGroupedLinear) layer = NULL;
   g_autoptr(GmlpGroupedTensor) x = NULL, dy = NULL;
-  GmlpDLManagedTensor *dl[3] = { NULL, NULL, NULL };
+  DLManagedTensor *dl[3] = { NULL, NULL, NULL };
   const guint16 *x_data, *w_data, *dy_data;
   guint16 *out = NULL;
   gsize out_bytes = 2 * (gsize) MAX (s->rows * MAX (s->in, s->out), s->experts * s->in * s->out);

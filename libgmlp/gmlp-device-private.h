@@ -34,6 +34,8 @@ typedef struct {
   gsize               nbytes;
   int                 copied;     /* atomic: a copy-stream copy has read it */
   GmlpVersionCounter *version;
+  GDestroyNotify      release;    /* foreign memory: called instead of free */
+  gpointer            release_data;
 } GmlpBuffer;
 
 /* FALSE with the reason when @self could not be opened (made by
@@ -51,6 +53,14 @@ GmlpBuffer        *gmlp_buffer_new                 (GmlpDevice  *device,
 GmlpBuffer        *gmlp_buffer_new_wrapped         (GmlpDevice  *device,
                                                     gpointer     data,
                                                     gsize        nbytes);
+/* Wraps memory that libgmlp did not allocate (a DLPack import): the last
+ * unref waits for the device, then calls @release (@release_data) instead
+ * of freeing. Not counted in the device's bytes in use. */
+GmlpBuffer        *gmlp_buffer_new_foreign         (GmlpDevice     *device,
+                                                    gpointer        data,
+                                                    gsize           nbytes,
+                                                    GDestroyNotify  release,
+                                                    gpointer        release_data);
 /* Marks the buffer as read by the copy stream: its memory then goes back to
  * the pool only after the copies too. */
 void               gmlp_buffer_mark_copied         (GmlpBuffer  *buffer);

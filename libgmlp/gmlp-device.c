@@ -850,10 +850,10 @@ gmlp_spans_overlap (const GmlpSpan *a,
   return a->offset < b->offset + b->nbytes && b->offset < a->offset + a->nbytes;
 }
 
-GmlpBuffer *
-gmlp_buffer_new_wrapped (GmlpDevice *device,
-                         gpointer    data,
-                         gsize       nbytes)
+static GmlpBuffer *
+buffer_new (GmlpDevice *device,
+            gpointer    data,
+            gsize       nbytes)
 {
   GmlpBuffer *buffer = g_new0 (GmlpBuffer, 1);
 
@@ -864,7 +864,29 @@ gmlp_buffer_new_wrapped (GmlpDevice *device,
   buffer->data = data;
   buffer->nbytes = nbytes;
   buffer->version = gmlp_version_counter_new ();
+  return buffer;
+}
+
+GmlpBuffer *
+gmlp_buffer_new_wrapped (GmlpDevice *device,
+                         gpointer    data,
+                         gsize       nbytes)
+{
   g_atomic_pointer_add ((gpointer *) &device->bytes_in_use, (gssize) nbytes);
+  return buffer_new (device, data, nbytes);
+}
+
+GmlpBuffer *
+gmlp_buffer_new_foreign (GmlpDevice     *device,
+                         gpointer        data,
+                         gsize           nbytes,
+                         GDestroyNotify  release,
+                         gpointer        release_data)
+{
+  GmlpBuffer *buffer = buffer_new (device, data, nbytes);
+
+  buffer->release = release;
+  buffer->release_data = release_data;
   return buffer;
 }
 
@@ -890,6 +912,17 @@ gmlp_buffer_unref (GmlpBuffer *buffer)
     return;
 
   device = buffer->device;
+  if (buffer->release != NULL)
+    {
+      /* The owner may reuse the memory at once: nothing of ours may still
+       * read or write it. A failure here has no one to report to. */
+      device->backend->synchronize (device->backend_device, NULL);
+      buffer->release (buffer->release_data);
+      g_object_unref (device);
+      gmlp_version_counter_unref (buffer->version);
+      g_free (buffer);
+      return;
+    }
   if (g_atomic_int_get (&buffer->copied))
     device->backend->free_after_copies (device->backend_device, buffer->data);
   else

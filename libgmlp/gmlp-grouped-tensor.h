@@ -63,6 +63,33 @@ GmlpGroupedTensor *gmlp_grouped_tensor_new_from_bytes       (GmlpDevice         
                                                              GBytes             *bytes,
                                                              GError            **error);
 GMLP_AVAILABLE_IN_0_1
+GmlpGroupedTensor *gmlp_grouped_tensor_new_from_floats      (GmlpDevice         *device,
+                                                             GmlpDType           dtype,
+                                                             const gint64       *rows,
+                                                             guint               n_groups,
+                                                             gint64              cols,
+                                                             const float        *values,
+                                                             gsize               n_values,
+                                                             GError            **error);
+GMLP_AVAILABLE_IN_0_1
+GmlpGroupedTensor *gmlp_grouped_tensor_new_from_ints        (GmlpDevice         *device,
+                                                             GmlpDType           dtype,
+                                                             const gint64       *rows,
+                                                             guint               n_groups,
+                                                             gint64              cols,
+                                                             const gint64       *values,
+                                                             gsize               n_values,
+                                                             GError            **error);
+GMLP_AVAILABLE_IN_0_1
+GmlpGroupedTensor *gmlp_grouped_tensor_new_from_uint16      (GmlpDevice         *device,
+                                                             GmlpDType           dtype,
+                                                             const gint64       *rows,
+                                                             guint               n_groups,
+                                                             gint64              cols,
+                                                             const guint16      *values,
+                                                             gsize               n_values,
+                                                             GError            **error);
+GMLP_AVAILABLE_IN_0_1
 GmlpGroupedTensor *gmlp_grouped_tensor_new_with_device_sizes (GmlpDevice        *device,
                                                              GmlpDType           dtype,
                                                              GmlpGroupedTensor  *sizes,
@@ -71,6 +98,18 @@ GmlpGroupedTensor *gmlp_grouped_tensor_new_with_device_sizes (GmlpDevice        
                                                              GError            **error);
 GMLP_AVAILABLE_IN_0_1
 GBytes            *gmlp_grouped_tensor_to_bytes             (GmlpGroupedTensor  *self,
+                                                             GError            **error);
+GMLP_AVAILABLE_IN_0_1
+float             *gmlp_grouped_tensor_to_floats            (GmlpGroupedTensor  *self,
+                                                             gsize              *n_values,
+                                                             GError            **error);
+GMLP_AVAILABLE_IN_0_1
+gint64            *gmlp_grouped_tensor_to_ints              (GmlpGroupedTensor  *self,
+                                                             gsize              *n_values,
+                                                             GError            **error);
+GMLP_AVAILABLE_IN_0_1
+guint16           *gmlp_grouped_tensor_to_uint16            (GmlpGroupedTensor  *self,
+                                                             gsize              *n_values,
                                                              GError            **error);
 GMLP_AVAILABLE_IN_0_1
 GmlpGroupedTensor *gmlp_grouped_tensor_convert              (GmlpGroupedTensor  *self,
@@ -104,7 +143,15 @@ GMLP_AVAILABLE_IN_0_1
 gpointer           gmlp_grouped_tensor_to_dlpack            (GmlpGroupedTensor  *self,
                                                              GError            **error);
 GMLP_AVAILABLE_IN_0_1
+GmlpGroupedTensor *gmlp_grouped_tensor_new_from_dlpack      (GmlpDevice         *device,
+                                                             gpointer            dlpack,
+                                                             const gint64       *rows,
+                                                             guint               n_groups,
+                                                             GError            **error);
+GMLP_AVAILABLE_IN_0_1
 void               gmlp_dlpack_capsule_destructor           (gpointer            capsule);
+GMLP_AVAILABLE_IN_0_1
+gpointer           gmlp_dlpack_python_guard                 (gpointer            dlpack);
 GMLP_AVAILABLE_IN_0_1
 GmlpDevice        *gmlp_grouped_tensor_get_device           (GmlpGroupedTensor  *self);
 GMLP_AVAILABLE_IN_0_1

@@ -7,8 +7,10 @@ packages=(
   meson ninja-build pkg-config gcc libc6-dev
   libglib2.0-dev libglib2.0-bin
   gobject-introspection libgirepository1.0-dev gir1.2-glib-2.0
-  libopenblas-dev
-  python3-gi python3-numpy gjs valac
+  libopenblas-dev libdlpack-dev
+  python3-gi python3-numpy python3-pytest gjs valac
+  # the DLPack interop tests with torch (CPU)
+  python3-torch
   # kernels/sass_reuse.py (a CUDA build step) and scripts/dev read cubins with it
   python3-pyelftools
   # the JSON lines of gmlp-bench and gmlp-demo (not the library's)

@@ -9,7 +9,7 @@
 
 #include "gmlp-test-util.h"
 #include "gmlp-grouped-tensor-private.h"
-#include "gmlp-dlpack-private.h"
+#include <dlpack/dlpack.h>
 
 static const GmlpDType all_dtypes[] = {
   GMLP_DTYPE_FLOAT32, GMLP_DTYPE_FLOAT16, GMLP_DTYPE_BFLOAT16, GMLP_DTYPE_FLOAT8_E4M3,
@@ -917,7 +917,7 @@ test_dlpack (void)
   g_autoptr(GmlpGroupedTensor) padded = NULL, fp8 = NULL;
   g_autoptr(GError) error = NULL;
   GmlpGroupedTensor *t;
-  GmlpDLManagedTensor *m;
+  DLManagedTensor *m;
   GWeakRef weak;
 
   if (device == NULL)
@@ -930,10 +930,10 @@ test_dlpack (void)
   g_assert_cmpint (m->dl_tensor.ndim, ==, 2);
   g_assert_cmpint (m->dl_tensor.shape[0], ==, 12);
   g_assert_cmpint (m->dl_tensor.shape[1], ==, 128);
-  g_assert_cmpint (m->dl_tensor.dtype.code, ==, GMLP_DL_BFLOAT);
+  g_assert_cmpint (m->dl_tensor.dtype.code, ==, kDLBfloat);
   g_assert_cmpint (m->dl_tensor.dtype.bits, ==, 16);
   g_assert_cmpint (m->dl_tensor.device.device_type, ==,
-                   gmlp_device_get_kind (device) == GMLP_DEVICE_KIND_CUDA ? GMLP_DL_CUDA : GMLP_DL_CPU);
+                   gmlp_device_get_kind (device) == GMLP_DEVICE_KIND_CUDA ? kDLCUDA : kDLCPU);
   g_assert_null (m->dl_tensor.strides);
 
   /* The export keeps the tensor until its deleter runs. */
@@ -955,6 +955,360 @@ test_dlpack (void)
   g_assert_error (error, GMLP_ERROR, GMLP_ERROR_UNSUPPORTED);
 }
 
+/* A DLPack producer on the host: one matrix of its own memory, and a count
+ * of the calls of its deleter. */
+typedef struct {
+  DLManagedTensor  managed;
+  int64_t          shape[3];
+  int64_t          strides[3];
+  gpointer         data;
+  int             *deleted;
+} HostProducer;
+
+static void
+host_producer_delete (DLManagedTensor *managed)
+{
+  HostProducer *p = managed->manager_ctx;
+
+  (*p->deleted)++;
+  g_free (p->data);
+  g_free (p);
+}
+
+static HostProducer *
+host_producer_new (DLDataType dtype, int64_t rows, int64_t cols, GBytes *bytes, int *deleted)
+{
+  HostProducer *p = g_new0 (HostProducer, 1);
+  gsize size;
+  gconstpointer data = g_bytes_get_data (bytes, &size);
+
+  /* 256-byte aligned storage, so only the layout decides about copying. */
+  p->data = g_malloc0 (size + 256);
+  p->managed.dl_tensor.data = (gpointer) (((guintptr) p->data + 255) & ~(guintptr) 255);
+  if (size > 0)
+    memcpy (p->managed.dl_tensor.data, data, size);
+  p->managed.dl_tensor.device.device_type = kDLCPU;
+  p->managed.dl_tensor.ndim = 2;
+  p->managed.dl_tensor.dtype = dtype;
+  p->shape[0] = rows;
+  p->shape[1] = cols;
+  p->strides[0] = cols;
+  p->strides[1] = 1;
+  p->managed.dl_tensor.shape = p->shape;
+  p->managed.dl_tensor.strides = p->strides;
+  p->managed.manager_ctx = p;
+  p->managed.deleter = host_producer_delete;
+  p->deleted = deleted;
+  return p;
+}
+
+/* DLPack import of libgmlp's own export, on every backend: the same
+ * storage regrouped, kept until the import and its views go. */
+static void
+test_dlpack_import (void)
+{
+  g_autoptr(GmlpDevice) device = gmlp_test_device_or_skip ();
+  gint64 rows[] = { 5, 0, 7 }, regrouped[] = { 4, 8 };
+  g_autoptr(GError) error = NULL;
+  g_autoptr(GBytes) want = NULL, got = NULL, member = NULL;
+  GmlpGroupedTensor *t, *imported, *view;
+  DLManagedTensor *m;
+  GWeakRef weak;
+  gsize size;
+
+  if (device == NULL)
+    return;
+
+  t = gmlp_test_random_tensor (device, GMLP_DTYPE_BFLOAT16, rows, 3, 128, 1.0, NULL);
+  want = download (t);
+  m = gmlp_grouped_tensor_to_dlpack (t, &error);
+  g_assert_no_error (error);
+  imported = gmlp_grouped_tensor_new_from_dlpack (device, m, regrouped, 2, &error);
+  g_assert_no_error (error);
+  g_assert_nonnull (imported);
+  g_assert_true (gmlp_grouped_tensor_get_data (imported) == gmlp_grouped_tensor_get_data (t));
+  g_assert_cmpint (gmlp_grouped_tensor_get_dtype (imported), ==, GMLP_DTYPE_BFLOAT16);
+  g_assert_cmpint (gmlp_grouped_tensor_get_cols (imported), ==, 128);
+  g_assert_cmpint (gmlp_grouped_tensor_get_rows (imported, 1), ==, 8);
+  got = download (imported);
+  assert_bytes_equal (got, want);
+
+  /* A write through the import shows in the producer's tensor. */
+  view = gmlp_grouped_tensor_get_member (imported, 1, &error);
+  g_assert_no_error (error);
+  g_assert_true (gmlp_grouped_tensor_fill_zero (view, &error));
+  g_assert_no_error (error);
+  g_clear_pointer (&got, g_bytes_unref);
+  got = download (t);
+  g_assert_cmpuint (g_bytes_get_size (got), ==, 12 * 128 * 2);
+  for (size = 4 * 128 * 2; size < 12 * 128 * 2; size++)
+    g_assert_cmpint (((const guint8 *) g_bytes_get_data (got, NULL))[size], ==, 0);
+
+  /* The producer's tensor lives until the import's storage goes: the
+   * import, then its view. */
+  g_weak_ref_init (&weak, t);
+  g_object_unref (t);
+  g_object_unref (imported);
+  t = g_weak_ref_get (&weak);
+  g_assert_nonnull (t);
+  g_object_unref (t);
+  member = download (view);
+  g_assert_cmpuint (g_bytes_get_size (member), ==, 8 * 128 * 2);
+  g_object_unref (view);
+  g_assert_null (g_weak_ref_get (&weak));
+  g_weak_ref_clear (&weak);
+}
+
+/* Where the members must be padded apart, the import copies and releases
+ * the producer's tensor at once; the values are the same. */
+static void
+test_dlpack_import_copy (void)
+{
+  g_autoptr(GmlpDevice) device = gmlp_device_new (GMLP_DEVICE_KIND_CPU, 0, NULL);
+  gint64 rows[] = { 2, 0, 5 };
+  g_autoptr(GBytes) in = gmlp_test_random_bytes (GMLP_DTYPE_FLOAT32, 7 * 3, 1.0, FALSE);
+  g_autoptr(GBytes) got = NULL;
+  g_autoptr(GmlpGroupedTensor) t = NULL;
+  g_autoptr(GError) error = NULL;
+  DLDataType f32 = { kDLFloat, 32, 1 };
+  int deleted = 0;
+  HostProducer *p = host_producer_new (f32, 7, 3, in, &deleted);
+
+  t = gmlp_grouped_tensor_new_from_dlpack (device, &p->managed, rows, 3, &error);
+  g_assert_no_error (error);
+  g_assert_cmpint (deleted, ==, 1);
+  g_assert_cmpint (gmlp_grouped_tensor_get_member_offset (t, 2) % GMLP_MEMBER_ALIGNMENT, ==, 0);
+  got = download (t);
+  assert_bytes_equal (got, in);
+}
+
+/* The same copy on every backend: libgmlp's own export seen as narrower
+ * rows (16 bytes), which groups of these sizes must pad apart. */
+static void
+test_dlpack_import_copy_device (void)
+{
+  g_autoptr(GmlpDevice) device = gmlp_test_device_or_skip ();
+  gint64 rows[] = { 12 }, regrouped[] = { 100, 0, 92 };
+  g_autoptr(GmlpGroupedTensor) imported = NULL;
+  g_autoptr(GBytes) want = NULL, got = NULL;
+  g_autoptr(GError) error = NULL;
+  GmlpGroupedTensor *t;
+  DLManagedTensor *m;
+  GWeakRef weak;
+
+  if (device == NULL)
+    return;
+
+  t = gmlp_test_random_tensor (device, GMLP_DTYPE_BFLOAT16, rows, 1, 128, 1.0, NULL);
+  want = download (t);
+  m = gmlp_grouped_tensor_to_dlpack (t, &error);
+  g_assert_no_error (error);
+  m->dl_tensor.shape[0] = 12 * 128 / 8;
+  m->dl_tensor.shape[1] = 8;
+  g_weak_ref_init (&weak, t);
+  g_object_unref (t);
+
+  imported = gmlp_grouped_tensor_new_from_dlpack (device, m, regrouped, 3, &error);
+  g_assert_no_error (error);
+  /* Copied, and the export released at once. */
+  g_assert_null (g_weak_ref_get (&weak));
+  g_weak_ref_clear (&weak);
+  g_assert_cmpint (gmlp_grouped_tensor_get_member_offset (imported, 2), ==, 1792);
+  got = download (imported);
+  assert_bytes_equal (got, want);
+}
+
+/* Bad imports are refused before anything is kept: the caller still owns
+ * the DLPack tensor. */
+static void
+test_dlpack_import_errors (void)
+{
+  g_autoptr(GmlpDevice) device = gmlp_device_new (GMLP_DEVICE_KIND_CPU, 0, NULL);
+  gint64 rows[] = { 2, 2 }, short_rows[] = { 2, 1 };
+  g_autoptr(GBytes) in = gmlp_test_random_bytes (GMLP_DTYPE_FLOAT32, 4 * 64, 1.0, FALSE);
+  DLDataType f32 = { kDLFloat, 32, 1 }, u8 = { kDLUInt, 8, 1 }, f32x2 = { kDLFloat, 32, 2 };
+  int deleted = 0;
+  HostProducer *p;
+  GmlpGroupedTensor *t;
+  GError *error = NULL;
+
+#define REFUSED(producer, r, code)                                                  \
+  G_STMT_START {                                                                    \
+    t = gmlp_grouped_tensor_new_from_dlpack (device, &(producer)->managed, r,      \
+                                             G_N_ELEMENTS (r), &error);             \
+    g_assert_null (t);                                                              \
+    g_assert_error (error, GMLP_ERROR, code);                                       \
+    g_test_message ("%s", error->message);                                          \
+    g_clear_error (&error);                                                         \
+    g_assert_cmpint (deleted, ==, 0);                                               \
+  } G_STMT_END
+
+  p = host_producer_new (u8, 4, 64, in, &deleted);
+  REFUSED (p, rows, GMLP_ERROR_DTYPE_MISMATCH);
+  p->managed.dl_tensor.dtype = f32x2;
+  REFUSED (p, rows, GMLP_ERROR_DTYPE_MISMATCH);
+  p->managed.dl_tensor.dtype = f32;
+  p->managed.dl_tensor.device.device_type = kDLCUDA;
+  REFUSED (p, rows, GMLP_ERROR_INVALID_ARGUMENT);
+  p->managed.dl_tensor.device.device_type = kDLCPU;
+  /* A transpose: column-major strides. */
+  p->strides[0] = 1;
+  p->strides[1] = 4;
+  REFUSED (p, rows, GMLP_ERROR_INVALID_ARGUMENT);
+  /* Every other row. */
+  p->strides[0] = 128;
+  p->strides[1] = 1;
+  REFUSED (p, rows, GMLP_ERROR_INVALID_ARGUMENT);
+  p->strides[0] = 64;
+  p->managed.dl_tensor.ndim = 3;
+  p->shape[2] = 1;
+  REFUSED (p, rows, GMLP_ERROR_INVALID_ARGUMENT);
+  p->managed.dl_tensor.ndim = 2;
+  REFUSED (p, short_rows, GMLP_ERROR_INVALID_ARGUMENT);
+
+  /* Compact strides pass, NULL strides too. */
+  p->managed.dl_tensor.strides = NULL;
+  t = gmlp_grouped_tensor_new_from_dlpack (device, &p->managed, rows, 2, &error);
+  g_assert_no_error (error);
+  g_assert_cmpint (deleted, ==, 0);
+  g_object_unref (t);
+  g_assert_cmpint (deleted, ==, 1);
+#undef REFUSED
+}
+
+/* The typed constructors and readers, against float64 references. */
+static void
+test_typed_arrays (void)
+{
+  g_autoptr(GmlpDevice) device = gmlp_test_device_or_skip ();
+  static const GmlpDType floats[] = { GMLP_DTYPE_FLOAT32, GMLP_DTYPE_FLOAT16,
+                                      GMLP_DTYPE_BFLOAT16, GMLP_DTYPE_FLOAT8_E4M3 };
+  gint64 rows[] = { 3, 0, 4 };
+  const gint64 cols = 5, n = 7 * 5;
+  g_autoptr(GError) error = NULL;
+  float values[7 * 5];
+  gint64 ints[7 * 5];
+  gsize i, k, n_out;
+
+  if (device == NULL)
+    return;
+
+  for (i = 0; i < (gsize) n; i++)
+    {
+      values[i] = (float) gmlp_test_normal (3.0, GMLP_DTYPE_FLOAT32);
+      ints[i] = g_test_rand_int_range (-1000000, 1000000) * (gint64) 3000;
+    }
+
+  for (k = 0; k < G_N_ELEMENTS (floats); k++)
+    {
+      g_autoptr(GmlpGroupedTensor) t =
+        gmlp_grouped_tensor_new_from_floats (device, floats[k], rows, 3, cols, values, n, &error);
+      g_autofree float *back = NULL;
+
+      g_assert_no_error (error);
+      g_assert_cmpint (gmlp_grouped_tensor_get_dtype (t), ==, floats[k]);
+      back = gmlp_grouped_tensor_to_floats (t, &n_out, &error);
+      g_assert_no_error (error);
+      g_assert_cmpuint (n_out, ==, n);
+      for (i = 0; i < (gsize) n; i++)
+        g_assert_cmpfloat (back[i], ==, gmlp_test_round (values[i], floats[k]));
+    }
+
+  {
+    g_autoptr(GmlpGroupedTensor) t64 =
+      gmlp_grouped_tensor_new_from_ints (device, GMLP_DTYPE_INT64, rows, 3, cols, ints, n, &error);
+    g_autofree gint64 *back = NULL;
+
+    g_assert_no_error (error);
+    back = gmlp_grouped_tensor_to_ints (t64, &n_out, &error);
+    g_assert_no_error (error);
+    g_assert_cmpuint (n_out, ==, n);
+    g_assert_cmpmem (back, n * sizeof (gint64), ints, n * sizeof (gint64));
+    /* Past the INT32 range: refused, not saturated. */
+    g_assert_null (gmlp_grouped_tensor_new_from_ints (device, GMLP_DTYPE_INT32, rows, 3, cols,
+                                                      ints, n, &error));
+    g_assert_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT);
+    g_clear_error (&error);
+    /* Integers do not read as floats, nor floats as integers. */
+    g_assert_null (gmlp_grouped_tensor_to_floats (t64, &n_out, &error));
+    g_assert_error (error, GMLP_ERROR, GMLP_ERROR_UNSUPPORTED);
+    g_clear_error (&error);
+  }
+  for (i = 0; i < (gsize) n; i++)
+    ints[i] = g_test_rand_int ();
+  {
+    g_autoptr(GmlpGroupedTensor) t32 =
+      gmlp_grouped_tensor_new_from_ints (device, GMLP_DTYPE_INT32, rows, 3, cols, ints, n, &error);
+    g_autofree gint64 *back = NULL;
+
+    g_assert_no_error (error);
+    g_assert_cmpint (gmlp_grouped_tensor_get_dtype (t32), ==, GMLP_DTYPE_INT32);
+    back = gmlp_grouped_tensor_to_ints (t32, NULL, &error);
+    g_assert_no_error (error);
+    g_assert_cmpmem (back, n * sizeof (gint64), ints, n * sizeof (gint64));
+  }
+
+  /* 16-bit raw: the bits go in and out unchanged, NaN payloads included. */
+  for (k = 0; k < 2; k++)
+    {
+      GmlpDType dtype = k == 0 ? GMLP_DTYPE_FLOAT16 : GMLP_DTYPE_BFLOAT16;
+      guint16 bits[7 * 5];
+      g_autoptr(GmlpGroupedTensor) h = NULL;
+      g_autofree guint16 *back = NULL;
+      g_autofree float *wide = NULL;
+
+      for (i = 0; i < (gsize) n; i++)
+        bits[i] = (guint16) g_test_rand_int_range (0, 65536);
+      h = gmlp_grouped_tensor_new_from_uint16 (device, dtype, rows, 3, cols, bits, n, &error);
+      g_assert_no_error (error);
+      back = gmlp_grouped_tensor_to_uint16 (h, &n_out, &error);
+      g_assert_no_error (error);
+      g_assert_cmpuint (n_out, ==, n);
+      g_assert_cmpmem (back, n * sizeof (guint16), bits, n * sizeof (guint16));
+      wide = gmlp_grouped_tensor_to_floats (h, NULL, &error);
+      g_assert_no_error (error);
+      for (i = 0; i < (gsize) n; i++)
+        {
+          double want = gmlp_test_decode (bits, dtype, i);
+
+          if (isnan (want))
+            g_assert_true (isnan (wide[i]));
+          else
+            g_assert_cmpfloat (wide[i], ==, want);
+        }
+    }
+
+  /* Wrong lengths and dtypes: errors, nothing made. */
+  g_assert_null (gmlp_grouped_tensor_new_from_floats (device, GMLP_DTYPE_FLOAT32, rows, 3, cols,
+                                                      values, n - 1, &error));
+  g_assert_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT);
+  g_clear_error (&error);
+  g_assert_null (gmlp_grouped_tensor_new_from_floats (device, GMLP_DTYPE_INT32, rows, 3, cols,
+                                                      values, n, &error));
+  g_assert_error (error, GMLP_ERROR, GMLP_ERROR_DTYPE_MISMATCH);
+  g_clear_error (&error);
+  g_assert_null (gmlp_grouped_tensor_new_from_ints (device, GMLP_DTYPE_FLOAT32, rows, 3, cols,
+                                                    ints, n, &error));
+  g_assert_error (error, GMLP_ERROR, GMLP_ERROR_DTYPE_MISMATCH);
+  g_clear_error (&error);
+  g_assert_null (gmlp_grouped_tensor_new_from_uint16 (device, GMLP_DTYPE_FLOAT32, rows, 3, cols,
+                                                      NULL, 0, &error));
+  g_assert_error (error, GMLP_ERROR, GMLP_ERROR_DTYPE_MISMATCH);
+  g_clear_error (&error);
+  {
+    g_autoptr(GmlpGroupedTensor) f =
+      gmlp_grouped_tensor_new_from_floats (device, GMLP_DTYPE_FLOAT32, rows, 3, cols,
+                                           values, n, &error);
+
+    g_assert_null (gmlp_grouped_tensor_to_uint16 (f, NULL, &error));
+    g_assert_error (error, GMLP_ERROR, GMLP_ERROR_DTYPE_MISMATCH);
+    g_clear_error (&error);
+    g_assert_null (gmlp_grouped_tensor_to_ints (f, NULL, &error));
+    g_assert_error (error, GMLP_ERROR, GMLP_ERROR_UNSUPPORTED);
+    g_clear_error (&error);
+  }
+}
+
 int
 main (int argc, char *argv[])
 {
@@ -972,6 +1326,11 @@ main (int argc, char *argv[])
   g_test_add_func ("/Gmlp/GroupedTensor/bad-input", test_bad_input);
   g_test_add_func ("/Gmlp/GroupedTensor/arithmetic", test_arithmetic);
   g_test_add_func ("/Gmlp/GroupedTensor/dlpack", test_dlpack);
+  g_test_add_func ("/Gmlp/GroupedTensor/dlpack-import", test_dlpack_import);
+  g_test_add_func ("/Gmlp/GroupedTensor/dlpack-import-copy", test_dlpack_import_copy);
+  g_test_add_func ("/Gmlp/GroupedTensor/dlpack-import-copy-device", test_dlpack_import_copy_device);
+  g_test_add_func ("/Gmlp/GroupedTensor/dlpack-import-errors", test_dlpack_import_errors);
+  g_test_add_func ("/Gmlp/GroupedTensor/typed-arrays", test_typed_arrays);
   g_test_add_func ("/Gmlp/GroupedTensor/convert-int64-saturates", test_convert_int64_saturates);
   g_test_add_func ("/Gmlp/GroupedTensor/scalar-range", test_scalar_range);
   g_test_add_func ("/Gmlp/GroupedTensor/sum-squares-range", test_sum_squares_range);

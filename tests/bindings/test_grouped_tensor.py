@@ -8,27 +8,13 @@ import math
 import os
 import random
 import struct
-import sys
 
 import gi
-import gi.overrides
-
-overrides_dir = os.environ.get('GMLP_OVERRIDES_DIR')
-if overrides_dir:
-    gi.overrides.__path__.insert(0, overrides_dir)
 
 gi.require_version('Gmlp', '1.0')
 from gi.repository import GLib, Gmlp  # noqa: E402
 
-results = []
-
-
-def check(name, fn):
-    try:
-        fn()
-        results.append(('ok', name, ''))
-    except Exception as e:  # report every failure as TAP
-        results.append(('not ok', name, repr(e)))
+random.seed(int(os.environ['GMLP_TEST_SEED']))
 
 
 def bf16_round(x):
@@ -51,7 +37,7 @@ def test_round_trip():
                                           GLib.Bytes.new(data))
     assert t.get_n_groups() == 5 and len(t) == 5
     assert t.props.cols == cols and t.get_total_rows() == sum(rows)
-    assert t.shape == (tuple(rows), cols)
+    assert t.shape == (sum(rows), cols) and t.sizes == tuple(rows)
     assert t.to_bytes().get_data() == data
     for g in range(5):
         assert t.get_member_offset(g) % Gmlp.MEMBER_ALIGNMENT == 0
@@ -156,15 +142,3 @@ def test_dlpack():
     # An unconsumed capsule frees its export.
     cap = p[1].__dlpack__()
     del cap
-
-
-random.seed(int(os.environ.get('GMLP_TEST_SEED', random.randrange(1 << 30))))
-for name, fn in [('round-trip', test_round_trip), ('convert', test_convert),
-                 ('errors', test_errors), ('device-sizes', test_device_sizes),
-                 ('dlpack', test_dlpack)]:
-    check(name, fn)
-
-print('1..%d' % len(results))
-for i, (status, name, why) in enumerate(results, 1):
-    print('%s %d /Gmlp/Python/%s%s' % (status, i, name, (' # ' + why) if why else ''))
-sys.exit(0 if all(r[0] == 'ok' for r in results) else 1)

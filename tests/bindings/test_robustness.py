@@ -7,16 +7,10 @@
 # SPDX-License-Identifier: LGPL-2.1-or-later
 
 import os
-import sys
 
 import numpy as np
 
 import gi
-import gi.overrides
-
-overrides_dir = os.environ.get('GMLP_OVERRIDES_DIR')
-if overrides_dir:
-    gi.overrides.__path__.insert(0, overrides_dir)
 
 gi.require_version('Gmlp', '1.0')
 from gi.repository import GLib, Gmlp  # noqa: E402
@@ -122,17 +116,3 @@ def test_dlpack_leaks_nothing():
     assert f.__grefcount__ == 1, f.__grefcount__
     raises(lambda: np.from_dlpack(Gmlp.GroupedTensor.new(DEV, Gmlp.DType.FLOAT32, [4, 3], 3)),
            Gmlp.Error.UNSUPPORTED)
-
-
-tests = [test_linear_from_properties, test_mlp_from_properties, test_tensor_from_properties,
-         test_failed_constructions_raise, test_dlpack_leaks_nothing]
-print('1..%d' % len(tests))
-failed = False
-for i, test in enumerate(tests, 1):
-    try:
-        test()
-        print('ok %d /Gmlp/Python/%s' % (i, test.__name__))
-    except Exception as e:
-        failed = True
-        print('not ok %d /Gmlp/Python/%s # %r' % (i, test.__name__, e))
-sys.exit(1 if failed else 0)
