@@ -66,6 +66,7 @@ def main():
     p.add_argument('--ours', default='gmlp', help='a substring of our modules\' paths')
     p.add_argument('--calls', type=int, default=0, help='calls measured: print µs per call')
     p.add_argument('--top', type=int, default=50)
+    p.add_argument('--callers', help='for the samples in this function, the chains of our frames that called it')
     args = p.parse_args()
 
     maps, samples, interval = [], [], 20.0
@@ -108,6 +109,8 @@ def main():
     inclusive = collections.Counter()
     leaf_module = collections.Counter()
     boundary = collections.Counter()
+    chains = collections.Counter()
+    leaves = collections.Counter()
     counted = 0
     for s in samples:
         # The handler's frames, then the signal trampoline, then the
@@ -127,6 +130,11 @@ def main():
         for f in set(frames):
             inclusive[f] += 1
         leaf_module[frames[0][0]] += 1
+        if args.callers and args.callers in names:
+            k = [f[1] for f in frames].index(args.callers)
+            ours = [f[1] for f in frames[k + 1:] if args.ours in f[0]]
+            chains[' < '.join(ours[:6])] += 1
+            leaves['%s [%s] < %s' % (frames[0][1], frames[0][0], frames[1][1] if len(frames) > 1 else '')] += 1
         if args.ours in frames[0][0]:
             boundary['%s (our own code)' % frames[0][1]] += 1
         else:
@@ -150,6 +158,13 @@ def main():
     print('\n# where the samples were (%s)' % unit)
     for mod, n in leaf_module.most_common(15):
         print('%9.1f  %s' % (n * scale, mod))
+    if args.callers:
+        print('\n# %s called from (%s)' % (args.callers, unit))
+        for what, n in chains.most_common(30):
+            print('%9.1f  %s' % (n * scale, what))
+        print('\n# %s: where its samples were (%s)' % (args.callers, unit))
+        for what, n in leaves.most_common(15):
+            print('%9.1f  %s' % (n * scale, what))
     print('\n# our innermost frame -> what it called (%s)' % unit)
     for what, n in boundary.most_common(40):
         print('%9.1f  %s' % (n * scale, what))
