@@ -140,6 +140,8 @@ gmlp_cuda_close_device (GmlpBackendDevice *device)
       gmlp_cuda_cublaslt_fini (device);
       /* The device-sizes kernels' scratch (cudaFree waits for them). */
       gmlp_cuda_device_workspace_fini (device);
+      /* Kept blocks go back to the pool on the stream, before it goes. */
+      gmlp_cuda_block_cache_fini (device);
       /* Copies still in flight write to host memory that the caller frees
        * once the device is closed. */
       if (device->copy_stream != NULL)
@@ -272,6 +274,8 @@ gmlp_cuda_open_device (int      ordinal,
       goto fail;
     }
 
+  gmlp_cuda_block_cache_init (device);
+
   if (!gmlp_cuda_cublas_init (device, error))
     goto fail;
   if (!gmlp_cuda_cublaslt_init (device, error))
@@ -330,7 +334,7 @@ gmlp_cuda_alloc (GmlpBackendDevice  *device,
   if (device->capture != NULL)
     ptr = gmlp_cuda_capture_alloc (device, nbytes, error);
   else
-    ptr = gmlp_cuda_alloc_on_stream (device, nbytes, device->stream, error);
+    ptr = gmlp_cuda_block_cache_alloc (device, nbytes, error);
   g_mutex_unlock (&device->capture_lock);
   return ptr;
 }
@@ -349,6 +353,8 @@ gmlp_cuda_free_now (GmlpBackendDevice *device,
 {
   cudaError_t err;
 
+  if (gmlp_cuda_block_cache_free (device, ptr))
+    return;
   err = cudaSetDevice (device->ordinal);
   if (err == cudaSuccess)
     err = cudaFreeAsync (ptr, device->stream);

@@ -159,7 +159,8 @@ gmlp_cuda_free_after_copies_now (GmlpBackendDevice *device,
 
   /* Freed on the copy stream once it has caught up with the compute
    * stream, the memory goes back to the pool only after the work enqueued
-   * so far on both. */
+   * so far on both; not to the compute stream's kept blocks. */
+  gmlp_cuda_block_cache_forget (device, ptr);
   err = cudaSetDevice (device->ordinal);
   if (err == cudaSuccess)
     err = gmlp_cuda_copies_after_compute (device, &what);

@@ -84,6 +84,14 @@ struct _GmlpBackendDevice
   void             *workspace;
   gsize             workspace_bytes;
   GSList           *workspace_retired;
+
+  /* Freed blocks kept for the next allocation of their size
+   * (gmlp-cuda-block-cache.c): the live blocks (pointer -> size class) and
+   * the kept ones (size class -> GPtrArray of pointers), under cache_lock. */
+  GMutex            cache_lock;
+  GHashTable       *live_blocks;
+  GHashTable       *kept_blocks;
+  gsize             kept_bytes, kept_limit;
 };
 
 struct _GmlpBackendEvent
@@ -91,6 +99,22 @@ struct _GmlpBackendEvent
   cudaEvent_t  event;
   int          ordinal;   /* the device whose stream recorded it */
 };
+
+/* gmlp-cuda-block-cache.c */
+void      gmlp_cuda_block_cache_init   (GmlpBackendDevice  *device);
+void      gmlp_cuda_block_cache_fini   (GmlpBackendDevice  *device);
+/* Memory for the compute stream: a kept block of the size class, else one
+ * from the pool. */
+gpointer  gmlp_cuda_block_cache_alloc  (GmlpBackendDevice  *device,
+                                        gsize               nbytes,
+                                        GError            **error);
+/* Keeps ptr for reuse when it came from gmlp_cuda_block_cache_alloc() and
+ * there is room; FALSE when the caller must free it. */
+gboolean  gmlp_cuda_block_cache_free   (GmlpBackendDevice  *device,
+                                        gpointer            ptr);
+/* ptr leaves by another path (the copy stream's free). */
+void      gmlp_cuda_block_cache_forget (GmlpBackendDevice  *device,
+                                        gpointer            ptr);
 
 /* gmlp-cuda-backend.c */
 gboolean  gmlp_cuda_fail            (GError            **error,
