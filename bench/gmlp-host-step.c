@@ -1,7 +1,7 @@
 /* gmlp-host-step.c: the host cost of a training step
  *
- *   gmlp-host-step [--what linear|mlp|moe] [--steps N] [--tokens T]
- *                  [--hidden H] [--ffn F] [--experts E] [--topk K]
+ *   gmlp-host-step [--what linear|mlp|moe|router|alloc] [--steps N] [--idle]
+ *                  [--tokens T] [--hidden H] [--ffn F] [--experts E] [--topk K]
  *
  * linear (the default): a forward and backward of a tiny GroupedLinear
  * (8 groups of one row, 16 → 16 features, FP32) over and over, with no
@@ -11,10 +11,13 @@
  *
  * mlp and moe: a BF16 SwiGLU GroupedMLP step on tokens × top-k rows with
  * device sizes (the rows of a routing), or a whole MoELayer step, at the
- * given shape (the MoE anchor A by default). The device is idle when each
- * step starts, as gmlp-bench's host_us, and only the calls are timed.
+ * given shape (the MoE anchor A by default); only the calls are timed.
+ * By default each timed step starts while the device still runs the one
+ * before, as in training; with --idle, on an idle device, as gmlp-bench's
+ * host_us (the driver's first calls after the GPU idles cost more).
  * scripts/dev/hostprof.c samples where that time goes (the steps are
- * host_step_mlp() and host_step_moe()).
+ * host_step_mlp(), host_step_moe() and host_step_router(); leave out
+ * untimed_step()).
  *
  * router: the MoE layer's router alone, forward and backward.
  *
@@ -38,6 +41,7 @@ static char *what = NULL;
 static gint steps = 0;
 static gint64 tokens = 8192, hidden = 4096, ffn = 1536;
 static gint experts = 64, topk = 8;
+static gboolean idle = FALSE;
 
 static const GOptionEntry entries[] = {
   { "what", 0, 0, G_OPTION_ARG_STRING, &what, "linear, mlp, moe, router or alloc", "WHAT" },
@@ -47,6 +51,7 @@ static const GOptionEntry entries[] = {
   { "ffn", 0, 0, G_OPTION_ARG_INT64, &ffn, "Expert FFN size (1536)", "F" },
   { "experts", 0, 0, G_OPTION_ARG_INT, &experts, "Experts (64)", "E" },
   { "topk", 0, 0, G_OPTION_ARG_INT, &topk, "Experts per token (8)", "K" },
+  { "idle", 0, 0, G_OPTION_ARG_NONE, &idle, "Time steps that start on an idle device", NULL },
   { NULL }
 };
 
@@ -115,109 +120,106 @@ host_linear (GmlpDevice *device)
   bench_record_emit (record);
 }
 
+/* One step of what is measured, on the tensors in data. */
+typedef struct {
+  GmlpMoELayer      *layer;
+  GmlpGroupedMLP    *mlp;
+  GmlpRouter        *router;
+  GmlpGroupedTensor *x, *dy;
+} Step;
+
+typedef gboolean (*StepFunc) (const Step *step, GError **error);
+
 /* Not inlined: the profiler finds the steps by these names. */
 G_NO_INLINE static gboolean
-host_step_mlp (GmlpGroupedMLP *mlp, GmlpGroupedTensor *x, GmlpGroupedTensor *dy, GError **error)
+host_step_mlp (const Step *s, GError **error)
 {
   g_autoptr(GmlpSavedActivations) saved = NULL;
-  g_autoptr(GmlpGroupedTensor) y = gmlp_grouped_mlp_forward (mlp, x, &saved, error);
-  g_autoptr(GmlpGroupedTensor) dx = y ? gmlp_grouped_mlp_backward (mlp, saved, dy, error) : NULL;
+  g_autoptr(GmlpGroupedTensor) y = gmlp_grouped_mlp_forward (s->mlp, s->x, &saved, error);
+  g_autoptr(GmlpGroupedTensor) dx = y ? gmlp_grouped_mlp_backward (s->mlp, saved, s->dy, error) : NULL;
 
   return dx != NULL;
 }
 
 G_NO_INLINE static gboolean
-host_step_moe (GmlpMoELayer *layer, GmlpGroupedTensor *x, GmlpGroupedTensor *dy, GError **error)
+host_step_moe (const Step *s, GError **error)
 {
   g_autoptr(GmlpSavedActivations) saved = NULL;
-  g_autoptr(GmlpGroupedTensor) y = gmlp_moe_layer_forward (layer, x, &saved, error);
-  g_autoptr(GmlpGroupedTensor) dx = y ? gmlp_moe_layer_backward (layer, saved, dy, error) : NULL;
+  g_autoptr(GmlpGroupedTensor) y = gmlp_moe_layer_forward (s->layer, s->x, &saved, error);
+  g_autoptr(GmlpGroupedTensor) dx = y ? gmlp_moe_layer_backward (s->layer, saved, s->dy, error) : NULL;
 
   return dx != NULL;
 }
 
+/* The router alone: forward, and backward from a gradient of the
+ * probabilities (dy). */
 G_NO_INLINE static gboolean
-host_step_router (GmlpRouter *router, GmlpGroupedTensor *x, GmlpGroupedTensor *grad_probs, GError **error)
+host_step_router (const Step *s, GError **error)
 {
   g_autoptr(GmlpSavedActivations) saved = NULL;
-  g_autoptr(GmlpRouting) routing = gmlp_router_forward (router, x, &saved, error);
-  g_autoptr(GmlpGroupedTensor) dx = routing ? gmlp_router_backward (router, saved, grad_probs, error) : NULL;
+  g_autoptr(GmlpRouting) routing = gmlp_router_forward (s->router, s->x, &saved, error);
+  g_autoptr(GmlpGroupedTensor) dx = routing ? gmlp_router_backward (s->router, saved, s->dy, error) : NULL;
 
   return dx != NULL;
 }
 
+/* The steps that are not timed (the first, which loads kernels, and those
+ * that start a round on an idle device in the busy measure) go through
+ * here, so that a profile can leave them out (hostprof-report.py
+ * --exclude untimed_step). */
 G_NO_INLINE static gboolean
-warm_up_router (GmlpRouter *router, GmlpGroupedTensor *x, GmlpGroupedTensor *grad_probs, GError **error)
+untimed_step (StepFunc func, const Step *step, GError **error)
 {
-  return host_step_router (router, x, grad_probs, error);
+  return func (step, error);
 }
 
-/* The layer's router alone: its forward, and its backward from a gradient
- * of the probabilities. */
+/* Host time per step, two ways. Idle: the device has finished everything
+ * when each step starts (gmlp-bench's host_us). Busy: steps follow each
+ * other in rounds of four, the device still running the previous step when
+ * the last three start, as in training; only those are timed. An idle GPU
+ * answers the driver's first calls more slowly, so the idle figure is the
+ * higher. */
 static void
-host_router (GmlpDevice *device)
+time_steps (GmlpDevice *device, const char *name, StepFunc func, const Step *step)
 {
   g_autoptr(GError) error = NULL;
-  g_autoptr(GmlpMoELayer) layer = NULL;
-  g_autoptr(GmlpGroupedTensor) x = NULL, grad_probs = NULL;
-  g_autofree gint64 *times = NULL;
-  gint64 choices = tokens;
-  GmlpRouter *router;
-  int n = steps > 0 ? steps : 200, i;
+  int n = steps > 0 ? steps : 200, i, timed = 0;
+  g_autofree gint64 *times = g_new (gint64, n);
+  g_autofree char *label = g_strdup_printf ("%s%s", name, idle ? " idle" : "");
 
-  layer = gmlp_moe_layer_new_full (device, hidden, ffn, (guint) experts, (guint) topk,
-                                   GMLP_ACTIVATION_SWIGLU, GMLP_DTYPE_BFLOAT16,
-                                   GMLP_LINEAR_SINGLE_GROUPED_WEIGHT, &error);
-  if (layer != NULL)
-    x = gmlp_grouped_tensor_new (device, GMLP_DTYPE_BFLOAT16, &tokens, 1, hidden, &error);
-  if (x != NULL)
-    grad_probs = gmlp_grouped_tensor_new (device, GMLP_DTYPE_FLOAT32, &choices, 1, topk, &error);
-  if (grad_probs == NULL || !gmlp_grouped_tensor_fill_random (x, 1, 1.0, &error) ||
-      !gmlp_grouped_tensor_fill_random (grad_probs, 2, 1.0, &error))
+  if (!untimed_step (func, step, &error))
     g_error ("%s", error->message);
-  router = gmlp_moe_layer_get_router (layer);
-  if (!warm_up_router (router, x, grad_probs, &error))
-    g_error ("%s", error->message);
-  times = g_new (gint64, n);
-  for (i = 0; i < n; i++)
+  for (i = 0; timed < n; i++)
     {
       gint64 start;
-      gboolean ok;
 
-      if (!gmlp_device_synchronize (device, &error))
+      if ((idle || i % 4 == 0) && !gmlp_device_synchronize (device, &error))
         g_error ("%s", error->message);
+      if (!idle && i % 4 == 0)
+        {
+          if (!untimed_step (func, step, &error))
+            g_error ("%s", error->message);
+          continue;
+        }
       start = g_get_monotonic_time ();
-      ok = host_step_router (router, x, grad_probs, &error);
-      times[i] = g_get_monotonic_time () - start;
-      if (!ok)
+      if (!func (step, &error))
         g_error ("%s", error->message);
+      times[timed++] = g_get_monotonic_time () - start;
     }
-  print_result (device, "router", times, n);
-}
-
-/* The untimed first steps (which load the kernels) go through these, so
- * that a profile can leave them out (hostprof-report.py --exclude warm_up_moe). */
-G_NO_INLINE static gboolean
-warm_up_moe (GmlpMoELayer *layer, GmlpGroupedTensor *x, GmlpGroupedTensor *dy, GError **error)
-{
-  return host_step_moe (layer, x, dy, error);
-}
-
-G_NO_INLINE static gboolean
-warm_up_mlp (GmlpGroupedMLP *mlp, GmlpGroupedTensor *x, GmlpGroupedTensor *dy, GError **error)
-{
-  return host_step_mlp (mlp, x, dy, error);
+  if (!gmlp_device_synchronize (device, &error))
+    g_error ("%s", error->message);
+  print_result (device, label, times, n);
 }
 
 static void
-host_layer (GmlpDevice *device, gboolean moe)
+host_layer (GmlpDevice *device, const char *what_name)
 {
   g_autoptr(GError) error = NULL;
   g_autoptr(GmlpMoELayer) layer = NULL;
   g_autoptr(GmlpGroupedTensor) x = NULL, dy = NULL, permuted = NULL, dy_permuted = NULL;
-  g_autofree gint64 *times = NULL;
-  GmlpGroupedMLP *mlp;
-  int n = steps > 0 ? steps : 200, i;
+  g_autoptr(GmlpGroupedTensor) grad_probs = NULL;
+  gint64 choices = tokens;
+  Step step = { 0 };
 
   layer = gmlp_moe_layer_new_full (device, hidden, ffn, (guint) experts, (guint) topk,
                                    GMLP_ACTIVATION_SWIGLU, GMLP_DTYPE_BFLOAT16,
@@ -226,12 +228,26 @@ host_layer (GmlpDevice *device, gboolean moe)
     x = gmlp_grouped_tensor_new (device, GMLP_DTYPE_BFLOAT16, &tokens, 1, hidden, &error);
   if (x != NULL)
     dy = gmlp_grouped_tensor_new (device, GMLP_DTYPE_BFLOAT16, &tokens, 1, hidden, &error);
+  step.layer = layer;
+  step.x = x;
+  step.dy = dy;
   if (dy == NULL || !gmlp_grouped_tensor_fill_random (x, 1, 1.0, &error) ||
       !gmlp_grouped_tensor_fill_random (dy, 2, 1.0, &error) ||
-      !warm_up_moe (layer, x, dy, &error))
+      !untimed_step (host_step_moe, &step, &error))
     g_error ("%s", error->message);
-  mlp = gmlp_moe_layer_get_experts (layer);
-  if (!moe)
+
+  if (g_strcmp0 (what_name, "moe") == 0)
+    time_steps (device, "moe", host_step_moe, &step);
+  else if (g_strcmp0 (what_name, "router") == 0)
+    {
+      grad_probs = gmlp_grouped_tensor_new (device, GMLP_DTYPE_FLOAT32, &choices, 1, topk, &error);
+      if (grad_probs == NULL || !gmlp_grouped_tensor_fill_random (grad_probs, 2, 1.0, &error))
+        g_error ("%s", error->message);
+      step.router = gmlp_moe_layer_get_router (layer);
+      step.dy = grad_probs;
+      time_steps (device, "router", host_step_router, &step);
+    }
+  else
     {
       /* The experts' rows as the layer routed them: device sizes. */
       GmlpRouting *routing = gmlp_moe_layer_get_routing (layer);
@@ -243,28 +259,13 @@ host_layer (GmlpDevice *device, gboolean moe)
       dy_permuted = sizes ? gmlp_grouped_tensor_new_with_device_sizes (
                               device, GMLP_DTYPE_BFLOAT16, sizes,
                               gmlp_grouped_tensor_get_row_capacity (permuted), hidden, &error) : NULL;
-      if (dy_permuted == NULL || !gmlp_grouped_tensor_fill_random (dy_permuted, 3, 1.0, &error) ||
-          !warm_up_mlp (mlp, permuted, dy_permuted, &error))
+      if (dy_permuted == NULL || !gmlp_grouped_tensor_fill_random (dy_permuted, 3, 1.0, &error))
         g_error ("%s", error->message);
+      step.mlp = gmlp_moe_layer_get_experts (layer);
+      step.x = permuted;
+      step.dy = dy_permuted;
+      time_steps (device, "mlp", host_step_mlp, &step);
     }
-
-  times = g_new (gint64, n);
-  for (i = 0; i < n; i++)
-    {
-      gint64 start;
-      gboolean ok;
-
-      if (!gmlp_device_synchronize (device, &error))
-        g_error ("%s", error->message);
-      start = g_get_monotonic_time ();
-      ok = moe ? host_step_moe (layer, x, dy, &error) : host_step_mlp (mlp, permuted, dy_permuted, &error);
-      times[i] = g_get_monotonic_time () - start;
-      if (!ok)
-        g_error ("%s", error->message);
-    }
-  if (!gmlp_device_synchronize (device, &error))
-    g_error ("%s", error->message);
-  print_result (device, moe ? "moe" : "mlp", times, n);
 }
 
 /* Each size's median time to make a tensor (µs), the tensors of a round
@@ -325,12 +326,10 @@ main (int   argc,
   device = gmlp_device_get_default ();
   if (what == NULL || g_strcmp0 (what, "linear") == 0)
     host_linear (device);
-  else if (g_strcmp0 (what, "router") == 0)
-    host_router (device);
   else if (g_strcmp0 (what, "alloc") == 0)
     host_alloc (device);
-  else if (g_strcmp0 (what, "mlp") == 0 || g_strcmp0 (what, "moe") == 0)
-    host_layer (device, g_strcmp0 (what, "moe") == 0);
+  else if (g_strcmp0 (what, "mlp") == 0 || g_strcmp0 (what, "moe") == 0 || g_strcmp0 (what, "router") == 0)
+    host_layer (device, what);
   else
     g_error ("--what must be linear, mlp, moe, router or alloc");
   return 0;

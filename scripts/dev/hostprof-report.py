@@ -78,8 +78,12 @@ def main():
                 maps.append((lo, hi, int(f[3], 16), f[6]))
         elif line.startswith('interval_us'):
             interval = float(line.split()[1])
+        elif line.startswith('w '):
+            # the program's time since the previous sample (ns), the stack
+            f = line.split()
+            samples.append((int(f[1]) / 1000.0, [int(v, 16) for v in f[2:]]))
         elif line.startswith('s'):
-            samples.append([int(v, 16) for v in line.split()[1:]])
+            samples.append((None, [int(v, 16) for v in line.split()[1:]]))
     maps.sort()
     starts = [m[0] for m in maps]
     modules = {}
@@ -112,7 +116,8 @@ def main():
     chains = collections.Counter()
     leaves = collections.Counter()
     counted = 0
-    for s in samples:
+    for weight, s in samples:
+        w = interval if weight is None else weight
         # The handler's frames, then the signal trampoline, then the
         # interrupted instruction (exact); the rest are return addresses,
         # which point after their call: step back into it.
@@ -126,28 +131,29 @@ def main():
         names = {f[1] for f in frames}
         if not any(r in names for r in args.root) or any(e in names for e in args.exclude):
             continue
-        counted += 1
+        counted += w
         for f in set(frames):
-            inclusive[f] += 1
-        leaf_module[frames[0][0]] += 1
+            inclusive[f] += w
+        leaf_module[frames[0][0]] += w
         if args.callers and args.callers in names:
             k = [f[1] for f in frames].index(args.callers)
             ours = [f[1] for f in frames[k + 1:] if args.ours in f[0]]
-            chains[' < '.join(ours[:6])] += 1
-            leaves['%s [%s] < %s' % (frames[0][1], frames[0][0], frames[1][1] if len(frames) > 1 else '')] += 1
+            chains[' < '.join(ours[:6])] += w
+            leaves['%s [%s] < %s' % (frames[0][1], frames[0][0], frames[1][1] if len(frames) > 1 else '')] += w
         if args.ours in frames[0][0]:
-            boundary['%s (our own code)' % frames[0][1]] += 1
+            boundary['%s (our own code)' % frames[0][1]] += w
         else:
             for k in range(1, len(frames)):
                 if args.ours in frames[k][0]:
-                    boundary['%s -> %s [%s]' % (frames[k][1], frames[k - 1][1], frames[k - 1][0])] += 1
+                    boundary['%s -> %s [%s]' % (frames[k][1], frames[k - 1][1], frames[k - 1][0])] += w
                     break
 
-    scale = interval / args.calls if args.calls else interval
+    # every count is in µs of the program's time
+    scale = 1.0 / args.calls if args.calls else 1.0
     unit = 'us/call' if args.calls else 'us'
-    print('%d samples of %d counted, %.0f us in all%s' % (
-        counted, len(samples), counted * interval,
-        ', %.1f us per call' % (counted * interval / args.calls) if args.calls else ''))
+    print('%d samples, %.0f us counted in all%s' % (
+        len(samples), counted,
+        ', %.1f us per call' % (counted / args.calls) if args.calls else ''))
     print('\n# inclusive (%s), our modules' % unit)
     for (mod, name), n in inclusive.most_common():
         if args.ours in mod:

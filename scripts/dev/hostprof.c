@@ -26,14 +26,31 @@
 
 #define DEPTH 48
 
-static void **samples;      /* DEPTH slots per sample, depth in slot 0 */
+/* DEPTH slots per sample: the program's time since the previous handler
+ * returned (ns) in slot 0, the depth in slot 1, then the stack. */
+static void **samples;
 static size_t capacity, taken;
+static long long last_exit;
 static timer_t timer;
 static int running;
 
+static long long
+now_ns (void)
+{
+  struct timespec t;
+
+  clock_gettime (CLOCK_MONOTONIC, &t);
+  return t.tv_sec * 1000000000LL + t.tv_nsec;
+}
+
+/* Each sample weighs the time the program ran since the last one was
+ * taken, not the timer's interval: where unwinding is slow (a large
+ * library), the next tick is already due when the handler returns, and
+ * counting ticks would pile samples up there. */
 static void
 on_tick (int sig, siginfo_t *info, void *context)
 {
+  long long entry = now_ns ();
   void **slot;
   int depth;
 
@@ -43,9 +60,11 @@ on_tick (int sig, siginfo_t *info, void *context)
   if (taken >= capacity)
     return;
   slot = samples + taken * DEPTH;
-  depth = backtrace (slot + 1, DEPTH - 1);
-  slot[0] = (void *) (long) depth;
+  depth = backtrace (slot + 2, DEPTH - 2);
+  slot[0] = (void *) (long) (last_exit ? entry - last_exit : 0);
+  slot[1] = (void *) (long) depth;
   taken++;
+  last_exit = now_ns ();
 }
 
 __attribute__ ((constructor)) static void
@@ -109,10 +128,10 @@ hostprof_stop (void)
   for (i = 0; i < taken; i++)
     {
       void **slot = samples + i * DEPTH;
-      int depth = (int) (long) slot[0];
+      int depth = (int) (long) slot[1];
 
-      fputs ("s", file);
-      for (j = 1; j <= depth; j++)
+      fprintf (file, "w %ld", (long) slot[0]);
+      for (j = 2; j < depth + 2; j++)
         fprintf (file, " %lx", (unsigned long) slot[j]);
       fputs ("\n", file);
     }
