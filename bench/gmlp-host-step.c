@@ -7,7 +7,7 @@
  * (8 groups of one row, 16 → 16 features, FP32) over and over, with no
  * wait: on the CPU the arithmetic is negligible and what is left is the
  * library's own work per call, which `valgrind --tool=callgrind` counts
- * repeatably (docs/performance.md, "Host time").
+ * repeatably (docs/performance.md).
  *
  * mlp and moe: a BF16 SwiGLU GroupedMLP step on tokens × top-k rows with
  * device sizes (the rows of a routing), or a whole MoELayer step, at the
