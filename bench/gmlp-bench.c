@@ -86,14 +86,13 @@ static gint divide = 1;
  * seconds of products left it at. */
 static gint rest_ms = 1000;
 /* How long each op runs back to back before its timed calls (time_op(),
- * --warm-ms). The GPU runs these products at its power limit: on the
- * H200 the SM clock falls from 1980 MHz to about 1450 within a few hundred
- * ms of back-to-back GEMMs, dips to 1100-1300 about 0.8 s in, and settles
- * back at about 1450-1500 (nvidia-smi, docs/performance.md). A short timed
- * loop right after an idle moment sees the boost or the dip (dsv3-fc1
- * fprop read 491-544 TFLOP/s in 30-call loops, 663 in a 300-call one);
- * after 400 ms the timed calls see the power limit, and after a few
- * seconds its settled state, past the dip. */
+ * --warm-ms). The GPU runs these products at its power limit: within a
+ * few hundred ms of back-to-back GEMMs the SM clock falls from its boost,
+ * dips lower about 0.8 s in, and settles back (nvidia-smi). A short timed
+ * loop right after an idle moment sees the boost or the dip, and reads far
+ * from the steady state; after 400 ms the timed calls see the power
+ * limit, and after a few seconds its settled state, past the dip
+ * (docs/performance.md, "How to measure"). */
 static gint warm_ms = 400;
 static gboolean offload_mode = FALSE;
 static gboolean mlp_mode = FALSE;
@@ -769,7 +768,7 @@ static gboolean
 bench_offload (GmlpDevice *device, GError **error)
 {
   /* Wide layers: compute per saved byte is high enough that the copies
-   * (at ~55 GB/s each way) take less time than the compute. */
+   * (at the pinned copy rate) take less time than the compute. */
   gint64 rows = 8192 / divide, in = MAX (2048 / divide, 1), out = MAX (16384 / divide, 1);
   g_autoptr(GmlpOffloadContext) ctx = gmlp_offload_context_new (device, error);
   OffloadBench b = { device, { NULL, }, NULL, NULL, 8, in };

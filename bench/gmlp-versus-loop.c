@@ -4,8 +4,8 @@
  * ../shared/bench's "cuBLAS loop" in two processes. At the GPU's power
  * limit the clock that each timed window meets depends on what ran before
  * it, and moves the ratio of the two by a few percent either way even
- * where both run the same kernels (docs/performance.md, twenty-fifth
- * session). Here both run in one process on the same operands, in
+ * where both run the same kernels (docs/performance.md, "How to
+ * measure"). Here both run in one process on the same operands, in
  * alternating blocks of calls (A B, then B A, ...), so that every stretch
  * of the clock is shared between them, and the ratio is taken round by
  * round.
@@ -28,7 +28,7 @@
  * the next one's first.
  *
  * Before the rounds both sides run alternately for --warm-ms (default
- * 2000: past the clock's dip, docs/performance.md). Each block is as many
+ * 2000: past the clock's dip). Each block is as many
  * calls as take about --block-ms (default 25) on libgmlp's side, the same
  * number on both sides, between one pair of device events. libgmlp's dgrad
  * and wgrad consume what a forward (and backward) left them, so before

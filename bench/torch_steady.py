@@ -7,7 +7,7 @@ compared with them like for like.
 anchors.py times with triton's do_bench: 25 ms of warm-up, then 200 ms of
 calls, each after a 256 MB cache flush (a memset, which also lets the GPU
 cool between products), and the median. gmlp-bench (its default "steady"
-method) runs the op back to back for 400 ms, which brings the H200 to its
+method) runs the op back to back for 400 ms, which brings the GPU to its
 power limit, then takes the median of 100 calls with an event pair around
 each. Both are printed here for the same problems: gmlp-bench's shapes and
 its balanced and skewed splits (cublas_anchor.cu's generator; anchors.py

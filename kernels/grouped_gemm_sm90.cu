@@ -624,13 +624,10 @@ env_equals (const char *name, const char *value)
 /* Whether an FP8 product takes the wide instances' 128 × 192 tiles
  * (Config), per-tensor or blockwise: WGRAD always, FPROP and DGRAD where
  * padding the output's columns to 192 adds at most 1/25 of them (the
- * narrow tiles won where it added 1/8: small-e64's 1024 columns). On the
- * H200, device sizes, one build, 128 -> picked, TFLOP/s
- * (docs/performance.md): per-tensor mixtral-fc1 fprop 1080 -> 1115,
- * qwen3-fc1 dgrad 488 -> 536, WGRAD +1-15% on every shape; blockwise
- * (against the build before its wide instances) mixtral-fc1 fprop
- * 979 -> 1038, qwen3-fc1 wgrad 386 -> 452. GMLP_SM90_FP8_TILES=128 or
- * =192 forces one width (the tests run both). */
+ * narrow tiles won where it added 1/8: small-e64's 1024 columns). Wider
+ * tiles read A fewer times, which pays wherever the padding is small, in
+ * every direction and in both per-tensor and blockwise scaling.
+ * GMLP_SM90_FP8_TILES=128 or =192 forces one width (the tests run both). */
 bool
 wide_tiles (const GmlpKernelDeviceGemm *g)
 {
@@ -766,12 +763,9 @@ plan_forced (void)
  * kernels leave a short tile's second consumer idle (IdleHalves): they pay
  * on short reductions and cost on long ones. A CTA that finishes a short
  * tile early falls out of step with the CTAs that share its operands, whose
- * stages then miss in L2: on dsv3-fc1 skewed, 60-75% more DRAM reads and a
- * lower clock at the power limit (ncu, docs/performance.md). On the H200,
- * device sizes, skewed routing, TFLOP/s, short tiles off -> idle halves on
- * every reduction: small-e64 (K 1024) fprop 271-274 -> 293-296, dgrad
- * 291-294 -> 302-305; qwen3-fc1 fprop (K 2048) 500-506 -> 500; dsv3-fc1
- * fprop (K 7168) 598-617 -> 573-579. */
+ * stages then miss in L2: more DRAM reads, and a lower clock at the power
+ * limit. Measured on skewed routing: idle halves gain at K 1024, are level
+ * at K 2048 and lose at K 7168. */
 constexpr int64_t kIdleHalvesMaxReduction = 1024;
 
 /* Whether a product's group's last tile of 64 rows or fewer is a short
@@ -865,29 +859,26 @@ direct_a_scales (const GmlpKernelDeviceGemm *g, GroupedOperand *op)
 
 /* Blockwise FP8 takes the direct schedule for products of at most this
  * many multiply-adds (by the rows A can hold), where its instance can
- * (direct_capable(): 128 × 128 tiles): small-e64's fprop, 2^33, ran at 511 TFLOP/s direct
- * against 414 after the plan on the H200. */
+ * (direct_capable(): 128 × 128 tiles): on a small product the plan's
+ * launch is a large part of the call (small-e64's fprop, 2^33). */
 constexpr double kBlockwiseDirectMaxMacs = 0x1p34;
 
 /* 16-bit DGRAD (B MN-major) takes the direct schedule for products of at
- * most this many multiply-adds too; larger ones run faster after the plan.
- * H200, TFLOP/s, direct against the plan (GMLP_SM90_SCHEDULE=plan), two
- * rounds: qwen3-fc1 (2^36.6) 412-414 vs 453-506 balanced and 347-386 vs
- * 451-462 skewed; dsv3-fc1 and mixtral-fc1 0-3% better after the plan;
- * small-e64 (2^33) 336 vs 286, where the plan's launch is a sixth of the
- * call. FPROP and FP8 DGRAD (K-major operands) read level or better direct
- * (docs/performance.md). */
+ * most this many multiply-adds too; larger ones run faster after the plan
+ * (qwen3-fc1, 2^36.6, clearly; the larger shapes a little), smaller ones
+ * direct, where the plan's launch is a large part of the call (small-e64,
+ * 2^33). FPROP and FP8 DGRAD (K-major operands) read level or better
+ * direct. */
 constexpr double kDgrad16DirectMaxMacs = 0x1p34;
 
 /* Whether the direct schedule's CTAs run in pairs that share B's tiles
  * (for the instances that can, Pairable): products of at least
  * kPairedTilesPerSm output tiles an SM at the capacity's rows and
  * kPairedStages stages of reduction; GMLP_SM90_PAIRS=0 or =1 for none or
- * all that can (the tests run both). On the H200, per-tensor FP8 FPROP
- * against the same kernel alone, two runs (docs/performance.md):
- * skewed routing +3-4% (mixtral-fc1 1185 -> 1224, dsv3-fc1 1098 -> 1133),
- * balanced 0-2%; qwen3-fc1 (16 stages) lost 4%, which the depth rule
- * leaves alone, and small-e64 (4 tiles an SM) 5%. */
+ * all that can (the tests run both). Pairs halve B's traffic from L2,
+ * which pays on long products (most on skewed routing); on short
+ * reductions (16 stages) and few tiles an SM (4) they cost more than they
+ * save, hence both bounds. */
 constexpr int64_t kPairedTilesPerSm = 8;
 constexpr int64_t kPairedStages = 32;
 
@@ -916,13 +907,11 @@ pairs_pay (const GmlpKernelDeviceGemm *g, int block_n, int n_sms)
 
 /* Whether the kernel runs on as few CTAs as keep its waves
  * (working_ctas()), where its instance can (even_waves_capable()): the
- * long products, as for paired CTAs. On the H200, against the whole grid
- * (docs/performance.md): dsv3-fc1's fprop (21.3 waves of 132) +1.5-2% in
- * per-tensor FP8 and up to 2% in BF16; small products, bound by latency
- * and bandwidth, which fewer SMs have less of, lost 2-4% (small-e64, 2-4
- * tiles an SM), and dsv3-fc1's FP8 dgrad (16 stages) read 2-4% lower,
- * within its spread. GMLP_SM90_EVEN_WAVES=0 or =1 for none or all that
- * can. */
+ * long products, as for paired CTAs: at the power limit, SMs that work
+ * the whole kernel on an even share cost less than a last wave of SMs
+ * working alone (a product of 21.3 waves gains). Small products, bound by
+ * latency and bandwidth, which fewer SMs have less of, lose, hence the
+ * rule. GMLP_SM90_EVEN_WAVES=0 or =1 for none or all that can. */
 bool
 even_waves (const GmlpKernelDeviceGemm *g, int block_n, int n_sms)
 {
@@ -956,12 +945,9 @@ grid_ctas (int n_sms)
  * 16-bit long products, as for paired CTAs and even waves;
  * GMLP_SM90_STREAM_K=0 or =1 for none or all that can (the tests run
  * both). The kernel splits only where a last partial wave holds at most
- * half a wave (plan_tail_split()). On the H200 against even waves, same
- * call, two rounds (docs/performance.md): dsv3-fc1's skewed BF16 fprop
- * (2144 tiles: 16 waves and 32 tiles, cut in 4 parts) 636 / 636 against
- * 608 / 619; its per-tensor FP8 fprop (1408 pairs: 21 waves of 66 and 22,
- * in 3 parts) 1184 / 1191 against 1216 / 1216, so FP8 splits only where
- * forced. */
+ * half a wave (plan_tail_split()). Against even waves alone, the split
+ * pays on 16-bit products and costs per-tensor FP8 a little at the power
+ * limit, so FP8 splits only where forced. */
 bool
 stream_k_pays (const GmlpKernelDeviceGemm *g, int block_n, int n_sms)
 {

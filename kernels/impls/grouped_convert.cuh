@@ -29,8 +29,8 @@ namespace gmlp {
 constexpr int kConvertVector = 8;
 
 /* NOTE: at least 4 resident blocks (1024 threads) per SM caps the kernels
- * at 64 registers; measured on an H200, that beats both more occupancy
- * (which spills) and fewer registers' worth of unrolling. */
+ * at 64 registers; measured, that beats both more occupancy (which
+ * spills) and fewer registers' worth of unrolling. */
 constexpr int kConvertMinBlocksPerSm = 4;
 
 /* Bytes of packs a thread loads before converting any, to keep enough

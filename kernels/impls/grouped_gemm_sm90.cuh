@@ -156,10 +156,9 @@ struct Config
   /* FP8: sets of partial sums a consumer holds beside the promoted ones. */
   static constexpr int kPartialSets = kFp8 && !kWide ? 2 : 1;
   /* Per-tensor FP8 with one set of partial sums: the stages whose
-   * products run into it before each promotion. Two (256 products) cost
-   * FP32 outputs of a 4096-deep reduction 1.8e-4 of relative error where
-   * one costs 1.1e-4 (four: 2.9e-4; none: 1.2e-3; the long-reduction
-   * test), and gave the wide FPROP 2-5% on the H200 (docs/fp8.md).
+   * products run into it before each promotion. Two (256 products) are
+   * faster than one for a small cost in error (docs/fp8.md has the
+   * errors); the long-reduction test, which no promotion fails, checks it.
    * Blockwise scales change every stage, so they promote every one. */
   static constexpr int kPromoteStages = kFp8 && !kBlockScaled && kPartialSets == 1 ? 2 : 1;
   static constexpr int kStages = kWide ? 4 : kBlockScaled ? 5 : kFp8 ? 6 : 4;
@@ -205,9 +204,9 @@ struct Config
  * per-tensor FP8 on the wide tiles, FPROP and DGRAD (FP8 DGRAD runs the
  * FPROP instance). WGRAD reduces over each group's rows, which
  * would put paired CTAs' rings out of step; the 16-bit and narrow FP8
- * instances gained nothing paired on the H200, and keep the producer's 40
- * registers (the pairing code needs 56, which cost small-e64's narrow
- * consumers 6% in 224). */
+ * instances gained nothing paired, and keep the producer's 40 registers
+ * (the pairing code needs 56, and the narrow consumers ran slower in the
+ * 224 that leaves them). */
 constexpr bool
 pairable (int ops, int kind)
 {
@@ -221,9 +220,8 @@ struct Pairable
 };
 
 /* The ring of an instance: its operand type's (Config), but the wide FP8
- * WGRAD takes one stage fewer. On the H200, 3 stages against 4 gave the
- * wide WGRAD up to 9% on balanced routing (flat on skewed) and cost the
- * wide FPROP 1-3%, which keeps 4 (docs/performance.md). Its registers:
+ * WGRAD takes one stage fewer: 3 stages against 4 are faster for the wide
+ * WGRAD and slower for the wide FPROP, which keeps 4. Its registers:
  * Config's, but a pairable instance's producer needs 56. */
 template <int kOps, int kKind>
 struct Ring
@@ -265,8 +263,8 @@ struct GroupWork
  * (locate_direct()). A tile's rows past its group's end are the next
  * group's, read but never stored: a consumer half that holds any copies
  * its group's rows out itself (copy_clipped(); an FP32 C through
- * write_tile()). Saves the plan's launch (7.5 µs with 64 groups on
- * the H200, a sixth of a small FP8 product). */
+ * write_tile()). Saves the plan's launch, a large part of a small
+ * product's time. */
 constexpr uint32_t kDirectHostGroups = 512;
 
 struct DirectSchedule
@@ -354,10 +352,9 @@ struct Walk
 
 /* Whether an instance can take the direct schedule (the host asks too,
  * direct_schedule()), and whether this launch does. Blockwise FP8 only on
- * 128 × 128 tiles, and the host sends it only small products: on the H200
- * it gave small-e64's fprop a quarter (the plan's launch was a fifth of
- * it), but on 128 × 192 tiles it cost qwen3-fc1's skewed fprop and
- * dsv3-fc1's dgrad 7-8%. */
+ * 128 × 128 tiles, and the host sends it only small products: it saves
+ * small-e64's fprop the plan's launch, but on 128 × 192 tiles it was
+ * slower for qwen3-fc1's skewed fprop and dsv3-fc1's dgrad. */
 constexpr bool
 direct_capable (int ops, int kind)
 {
@@ -646,8 +643,8 @@ paired ()
 /* Whether an instance can run on fewer CTAs than its grid (the host asks
  * too, even_waves()): FPROP and DGRAD, whose tiles all reduce over the
  * same depth (a WGRAD tile's is its group's rows), but not blockwise FP8,
- * whose wide FPROP lost 2% to the count and the stride's register alone
- * (dsv3-fc1 on the H200, even waves off). */
+ * whose wide FPROP ran slower for the count and the stride's register
+ * alone, even with even waves off. */
 constexpr bool
 even_waves_capable (int ops, int kind)
 {
@@ -665,9 +662,9 @@ struct EvenWavesCapable
  * run the list in as many waves as the whole grid (ceil(total / grid)),
  * an even count where CTAs run in pairs. The SMs left out idle through
  * the kernel rather than the last wave of SMs working alone, and those
- * that work run the same tiles each: on the H200 at its power limit,
- * dsv3-fc1's FP8 fprop (2816 tiles: 22 waves of 128, 21.3 of 132) ran 2%
- * faster on 128 CTAs. */
+ * that work run the same tiles each, which at the power limit costs less
+ * than a last wave of SMs working alone (dsv3-fc1's FP8 fprop: 2816
+ * tiles, 22 waves of 128 CTAs rather than 21.3 of 132). */
 template <int kOps, int kKind>
 __device__ __forceinline__ uint32_t
 working_ctas (const GemmParams &p)
@@ -1271,7 +1268,7 @@ load_c_dtype (const void *p, int c_dtype, int64_t i)
 /* Writes four adjacent results v (FP32) at element index of C in its dtype,
  * adding the old values first when accumulating. The epilogue calls it
  * from a loop that is not unrolled: small code keeps the instruction cache
- * warm for the main loop (an unrolled epilogue was measured 2× slower). */
+ * warm for the main loop (an unrolled epilogue was measured much slower). */
 __device__ __forceinline__ void
 store_quad (void *c, int c_dtype, uint64_t index, float4 v, bool accumulate)
 {
@@ -1543,17 +1540,17 @@ copy_clipped (const GemmParams &p, const Share &share, const uint8_t *round, int
  * into an FP32 C) and clips what lies outside the group's matrix. A round
  * costs two barriers and a fence, whatever it holds. Where the buffer
  * (kBufferBytes) holds the whole share, it is one round, which the last
- * round's stores (a tile ago) have long since read: on the wide FP8 tiles
- * a round a subtile cost WGRAD 4-7% (H200). Where it does not, a round is
+ * round's stores (a tile ago) have long since read, and fewer barriers
+ * than a round a subtile: the wide FP8 tiles. Where it does not, a round is
  * a subtile, and the rounds take the buffer's slots in turn (rounds counts
  * them, across tiles), each once the store that last read it has: the
  * warpgroup goes on while the stores drain. An FP32 subtile takes two
  * slots (two boxes of 32 columns). On the direct schedule a half that
  * reaches past its group's rows (the map's rows go on into the next
  * group's) is staged the same way, and the warpgroup copies its rows in
- * the group out (copy_clipped()): on qwen3-fc1's skewed split, where 357
- * of 1716 tiles end a group, write_tile() there put the direct schedule
- * 6-10% behind the plan's, and this 2% (H200). Returns false, having
+ * the group out (copy_clipped()): write_tile() there put the direct
+ * schedule well behind the plan's on splits where many tiles end a group
+ * (qwen3-fc1 skewed), which this mostly closes. Returns false, having
  * written nothing, for a 16-bit C that is accumulated into, and for such
  * a half of an FP32 C: write_tile() does those. C's dtype is a template
  * argument: the unrolled code of the dtype that runs
@@ -1751,7 +1748,7 @@ struct MmaOf<kOps, kKind, kN, true>
  * FP8 tiles). Per-tensor FP8 row-grouped products only: blockwise
  * promotion reads the scales of each consumer's rows, and in the 16-bit
  * kernels the two widths of wgmma writing one set of sums made ptxas
- * serialise every wgmma (C7515: the large shapes ran 8-10% slower), while
+ * serialise every wgmma (warning C7515, which slows every product), while
  * a set of sums per width spilled. */
 template <int kOps, int kKind>
 struct ShortTiles
@@ -2116,7 +2113,7 @@ tile_products (float (&acc)[kN / 2], uint64_t desc_a0, uint64_t desc_b0, ScaleBl
        * stage kb - 1's, landed in the other, are promoted into acc. (A
        * consumer that waited for its own stage before promoting it left
        * the tensor cores to the other consumer alone meanwhile: ncu saw
-       * instructions issued on half the cycles.) */
+       * no instruction issued on many of the cycles.) */
       float part_even[kN / 2], part_odd[kN / 2];
       StageScales held_scales = {};   /* the scales of stage held */
       uint32_t held_block = 0;        /* blockwise: the buffer of held's */
@@ -2301,8 +2298,8 @@ consume (const GemmParams &p, uint32_t ctas, uint8_t *ring, const float *scales,
       const GroupWork w = direct ? group_work<kOps, kKind> (p, tile) : next_work;
       /* Per-tensor FP8 on the direct schedule: the group's scale inverses,
        * which the tile's first stage brings. (Loaded here from global
-       * memory, the warp waited for them before its first wgmma: a fifth
-       * of small-e64's stall samples.) */
+       * memory, the warp waited for them before its first wgmma: a large
+       * share of small-e64's stall samples.) */
       const uint32_t first_stage = stage;
       float scale_a = 1.0f, scale_b = 1.0f;
       auto on_first_stage = [&] ()

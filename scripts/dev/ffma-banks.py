@@ -7,8 +7,9 @@ Rb 32-39 of the first word, Rc bits 0-7 of the second, the operand-cache
 "reuse" flags bits 58-60). With two register banks (even and odd
 registers), an FFMA that reads two of its sources from one bank waits a
 cycle; a source that the previous FFMA marked for reuse in the same slot
-comes from the operand cache instead. docs/performance.md (fifteenth
-session) has what this found in the blockwise promotion.
+comes from the operand cache instead. The fifteenth session of the
+measurement history (`git show 2165ca8:docs/performance.md`) has what
+this found in the blockwise promotion.
 
     nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 -Ikernels \\
          -Ibuild/kernels -cubin -o /tmp/k.cubin kernels/grouped_gemm_sm90_fp8_blocks.cu

@@ -2,7 +2,8 @@
 // kernel that spins 20 µs, with and without an event pair around each
 // launch, by launch property (parameter size, dynamic shared memory,
 // programmatic stream serialisation): what an event-timed benchmark adds
-// to every call (docs/performance.md, twenty-fifth session).
+// to every call (the twenty-fifth session of the measurement history,
+// git show 2165ca8:docs/performance.md).
 //
 //   nvcc -O2 -gencode=arch=compute_90a,code=sm_90a -o /tmp/launch-gap scripts/dev/launch-gap.cu
 //

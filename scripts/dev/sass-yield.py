@@ -14,8 +14,9 @@ blockwise instances, has the rest of the encoding.
 With --write, every other instruction of each 16 of a run that has no
 yield is made to yield, and loses its reuse flags (after a switch the
 operand cache holds another warp's values). That was an experiment
-(docs/performance.md, eighteenth session: nothing gained); the file's size
-and every other byte stay as they were.
+(nothing gained: the eighteenth session of
+`git show 2165ca8:docs/performance.md`); the file's size and every other
+byte stay as they were.
 
     scripts/dev/sass-yield.py FILE [NAME] [--write] [-v]
 """

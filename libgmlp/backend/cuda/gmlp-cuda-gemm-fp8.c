@@ -600,21 +600,12 @@ fp8_pad_operands (GmlpBackendDevice  *device,
   return TRUE;
 }
 
-/* Where libgmlp's Hopper kernel beats cuBLASLt. H200, TFLOP/s, the kernel
- * vs cuBLASLt, operands quantized beforehand, balanced / skewed
- * (docs/performance.md, 2026-11-22; host sizes where marked, else the
- * kernel with device sizes in the same run):
- *
- *   FPROP  mixtral-fc1 1118/1075 vs 1157/1160, dsv3-fc1 1147/1059 vs
- *          1107/1022 (host: 1132/1065 vs 1120/1036), qwen3-fc1 890/773
- *          vs 158/156, small-e64 509 vs 27
- *   DGRAD  dsv3-fc1 host 921/896 vs 934/940
- *   WGRAD  dsv3-fc1 789/656 vs 820/802, qwen3-fc1 446/410 vs 163/165
- *
- * For FPROP one launch for all groups wins from about 16 groups on;
- * cuBLASLt's kernels for one large product keep the few large groups, and
- * for DGRAD and WGRAD whatever gmlp_cuda_gemm_prefer_grouped() leaves
- * them. GMLP_CUDA_HOST_GEMM=cublas or =sm90 forces one side. */
+/* Where libgmlp's Hopper kernel beats cuBLASLt (measured on the anchor
+ * shapes, operands quantized beforehand). For FPROP one launch for all
+ * groups wins from about 16 groups on; cuBLASLt's kernels for one large
+ * product keep the few large groups, and for DGRAD and WGRAD whatever
+ * gmlp_cuda_gemm_prefer_grouped() leaves them. GMLP_CUDA_HOST_GEMM=cublas
+ * or =sm90 forces one side. */
 static gboolean
 fp8_prefer_sm90 (const GmlpBackendGemmFp8 *gemm,
                  const GmlpCudaFp8Plan    *plan)

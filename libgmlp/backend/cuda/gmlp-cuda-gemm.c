@@ -491,18 +491,12 @@ gmlp_cuda_gemm_validate (const GmlpBackendGemm  *gemm,
 }
 
 /* Whether one cublasGemmGroupedBatchedEx() call beats a loop of
- * cublasGemmEx(), one per group. Measured on an H200, BF16 FPROP, TFLOP/s of
- * the loop against the grouped call (2 m n k per group in brackets):
- *
- *   E=8   m=2048 k=4096 n=14336   689 vs 267   (240 GFLOP)
- *   E=32  m=1024 k=7168 n=2048    638 vs 301    (30 GFLOP)
- *   E=128 m=512  k=2048 n=768     180 vs 313   (1.6 GFLOP)
- *   E=64  m=128  k=1024 n=1024     45 vs 225  (0.27 GFLOP)
- *
- * A product large enough to fill the GPU on its own runs best in cuBLAS's
- * kernel tuned for its shape; many small products run best as one launch
- * that fills the GPU with all of them. The cut, many (>= 16) products of
- * under 4 GFLOP on average, lies between the second and third rows. */
+ * cublasGemmEx(), one per group. A product large enough to fill the GPU on
+ * its own runs best in cuBLAS's kernel tuned for its shape; many small
+ * products run best as one launch that fills the GPU with all of them. The
+ * cut, many (>= 16) products of under 4 GFLOP on average, lies between the
+ * anchor shapes of 32 products of 30 GFLOP (the loop wins) and 128 of
+ * 1.6 GFLOP (the grouped call wins). */
 gboolean
 gmlp_cuda_gemm_prefer_grouped (guint  n_products,
                                double total_flop)
@@ -583,11 +577,9 @@ gmlp_cuda_gemm_products (const GmlpBackendGemm *gemm,
  * its own C), and on one stream each would wait for the last CTAs of the
  * one before it and for cuBLAS's set-up of its own (a 4-byte memset before
  * each of its Hopper kernels), where on two the next product's CTAs take
- * the SMs that the last wave of the one before leaves idle. H200, against
- * the one-stream loop interleaved in one process (bench/gmlp-versus-loop.c,
- * docs/performance.md): mixtral-fc1 (eight 240-GFLOP products) FPROP
- * +3.3-4.8%, DGRAD +1-1.5%, WGRAD +2.4-2.8%; dsv3-fc1 skewed DGRAD (32
- * products of 11-60 GFLOP) +12%. */
+ * the SMs that the last wave of the one before leaves idle: faster than
+ * one stream on every product measured, interleaved in one process
+ * (bench/gmlp-versus-loop.c). */
 static gboolean
 gmlp_cuda_run_looped (GmlpBackendDevice       *device,
                       const GmlpBackendGemm   *gemm,
@@ -806,15 +798,13 @@ gmlp_cuda_run_grouped (GmlpBackendDevice       *device,
 /* The many-small-experts path. For FPROP and DGRAD, whose groups split by
  * rows, each group is cut into tiles of GMLP_CUDA_ROW_TILE rows: the tiles
  * have one shape and run as one pointer-array batch on cuBLAS's wgmma
- * kernels, several times faster than its grouped kernels (H200, BF16:
- * qwen3-fc1 balanced 570-660 TFLOP/s against 295). The rows left over in each
+ * kernels, much faster than its grouped kernels. The rows left over in each
  * group run as one grouped call. Measured, smaller tiles for the leftovers
- * lose (qwen3-fc1 skewed 399 against 445 TFLOP/s), and so does tiling when
- * leftovers are a large part of the rows (small-e64 skewed, 128 rows per
- * expert on average: 190 against 204): tiles are used when they cover at
- * least three quarters of the rows. WGRAD sums over the rows, so its groups
- * stay whole in the grouped call. GMLP_CUDA_NO_ROW_TILES=1 turns tiling
- * off, for comparisons. */
+ * lose, and so does tiling when leftovers are a large part of the rows (a
+ * skewed split of 128 rows per expert on average): tiles are used when
+ * they cover at least three quarters of the rows. WGRAD sums over the
+ * rows, so its groups stay whole in the grouped call.
+ * GMLP_CUDA_NO_ROW_TILES=1 turns tiling off, for comparisons. */
 #define GMLP_CUDA_ROW_TILE 128
 
 /* All the rows, and those that lie in whole row tiles. */
@@ -845,19 +835,12 @@ gmlp_cuda_gemm_use_row_tiles (const GmlpBackendGemm *gemm)
 /* Products all of one shape (balanced routing) run as one
  * cublasGemmBatchedEx() call, which puts the tiles of all of them in one
  * grid, where a loop leaves each product's last wave part empty, or
- * SMs idle on a product smaller than the GPU. H200, BF16, TFLOP/s at the
- * power limit, one batched call against the loop (gmlp-bench, balanced):
- *
- *   dsv3-fc1    (32 × 1024 rows, 30 GFLOP a product)   fprop 671-676 vs 655,
- *               dgrad 651-655 vs 592-600, wgrad 609-611 vs 534-541
- *   mixtral-fc1 (8 × 2048 rows, 240 GFLOP a product)   fprop 643 vs 631-644,
- *               dgrad 670-686 vs 702-703, wgrad 672-674 vs 661
- *
- * A product that fills the GPU for several waves runs as well or better in
- * the kernel cuBLAS picks for its shape alone, so only products under
- * GMLP_CUDA_BATCHED_MAX_MEAN_FLOP are batched. With unequal products, whole
- * row chunks batched and the remainders looped ran below the loop
- * (dsv3-fc1 skewed fprop 559-573 vs 607-615), so only the uniform case is.
+ * SMs idle on a product smaller than the GPU: it beats the loop on 32
+ * products of 30 GFLOP. A product that fills the GPU for several waves
+ * (240 GFLOP) runs as well or better in the kernel cuBLAS picks for its
+ * shape alone, so only products under GMLP_CUDA_BATCHED_MAX_MEAN_FLOP are
+ * batched. With unequal products, whole row chunks batched and the
+ * remainders looped ran below the loop, so only the uniform case is.
  * GMLP_CUDA_NO_BATCHED set keeps the loop, for comparisons. */
 #define GMLP_CUDA_BATCHED_MAX_MEAN_FLOP 64e9
 
@@ -881,27 +864,17 @@ gmlp_cuda_products_uniform (const GmlpCudaProduct *products,
   return TRUE;
 }
 
-/* Where libgmlp's Hopper kernel beats cuBLAS with host sizes: the many
- * small products of gmlp_cuda_gemm_prefer_grouped(), for WGRAD always,
- * for FPROP and DGRAD unless nearly every row lies in a whole row tile,
- * which cuBLAS's batched call runs best. H200, TFLOP/s, Hopper kernel vs
- * cuBLAS (docs/performance.md):
- *
- *   WGRAD  qwen3-fc1 534 vs 226, small-e64 222 vs 118 (balanced)
- *   FPROP  qwen3-fc1 balanced 609 vs 629, skewed (88% of rows in whole
- *          tiles) 551 vs 460; small-e64 balanced 249 vs 288, skewed (59%)
- *          239 vs 182; DGRAD alike
- *
- * and WGRAD and FPROP of unequal products below the batched size (a
- * uniform set runs batched, a little faster still), which the loop runs a
- * product of under a wave or a few at a time, each ending in a part-empty
- * wave, where the Hopper kernel runs all of them in one grid (its split
- * tail evens the last wave): dsv3-fc1 skewed WGRAD 604 vs 524 for the
- * loop (device sizes against host sizes, one run), FPROP 605-606 vs
- * 578-594 (585 for cublas_loop_steady; past the clock dip, two rounds),
- * and 7.4% above the loop on two streams (interleaved in one process).
+/* Where libgmlp's Hopper kernel beats cuBLAS with host sizes:
+ * - the many small products of gmlp_cuda_gemm_prefer_grouped(): WGRAD
+ *   always, FPROP and DGRAD unless nearly every row lies in a whole row
+ *   tile, which cuBLAS's batched call runs best;
+ * - WGRAD and FPROP of unequal products below the batched size (a uniform
+ *   set runs batched, faster still): the loop runs each product, of under
+ *   a wave or a few, as a grid of its own ending in a part-empty wave,
+ *   where the kernel runs all of them in one grid and its split tail
+ *   evens the last wave.
  * 16-bit DGRAD stays on cuBLAS: its B arrives MN-major, which the kernel
- * reads slower (dsv3-fc1 skewed 486-556 on the kernel, 594 looped).
+ * reads slower.
  *
  * GMLP_CUDA_HOST_GEMM=cublas or =sm90 forces one side, for comparisons. */
 #define GMLP_CUDA_SM90_MAX_TILED 0.95
