@@ -69,6 +69,7 @@
 
 #include "bench-json.h"
 #include "bench-shapes.h"
+#include "gmlp-tuning-private.h"
 
 /* The shapes run: the anchors', or --dims's. */
 static BenchShape custom_shape;
@@ -102,6 +103,7 @@ static GmlpScalingRecipe fp8_recipe = GMLP_SCALING_RECIPE_NONE;
 static gboolean fp8_quantized = FALSE;
 static char *method = NULL;
 static gboolean table = FALSE;
+static char *tuning = NULL;
 /* --moe: ep_anchor.py's arguments and defaults. */
 static gboolean moe_mode = FALSE;
 static gint64 moe_tokens = 8192;
@@ -170,6 +172,9 @@ static const GOptionEntry entries[] = {
   { "method", 0, 0, G_OPTION_ARG_STRING, &method,
     "steady (the default) or do-bench (triton's, as anchors.py times torch; fprop and wgrad only)",
     "METHOD" },
+  { "tuning", 0, 0, G_OPTION_ARG_STRING, &tuning,
+    "Force routes or schedules through the device's tuning, as key=value,... (keys in "
+    "libgmlp/gmlp-tuning-private.h; e.g. host-gemm=cublas)", "TUNING" },
   { NULL }
 };
 
@@ -1230,6 +1235,11 @@ main (int argc, char *argv[])
     }
 
   device = gmlp_device_get_default ();
+  if (!gmlp_device_apply_tuning (device, tuning, &error))
+    {
+      g_printerr ("gmlp-bench: --tuning: %s\n", error->message);
+      return EXIT_FAILURE;
+    }
   if (moe_mode)
     {
       if (mlp_mode || offload_mode || quantize_mode || fp8_recipe != GMLP_SCALING_RECIPE_NONE)

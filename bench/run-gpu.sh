@@ -16,12 +16,12 @@ nvcc -O2 -std=c++17 -Ikernels -gencode=arch=compute_90a,code=sm_90a -o /tmp/cubl
 build-gpu/bench/gmlp-bench "$@" | tee "$out/gmlp-bench.jsonl"
 build-gpu/bench/gmlp-bench --device-sizes "$@" | tee -a "$out/gmlp-bench.jsonl"
 # Host sizes on cuBLAS alone, for the routing rule of gmlp-cuda-gemm-device.c.
-GMLP_CUDA_HOST_GEMM=cublas build-gpu/bench/gmlp-bench "$@" | tee "$out/gmlp-bench-cublas.jsonl"
+build-gpu/bench/gmlp-bench --tuning=host-gemm=cublas "$@" | tee "$out/gmlp-bench-cublas.jsonl"
 # FP8: the products alone (operands quantized beforehand), on the default
 # route and on cuBLASLt alone; and with quantization in every call.
 for recipe in current delayed; do
   build-gpu/bench/gmlp-bench --fp8=$recipe --quantized "$@" | tee -a "$out/gmlp-bench.jsonl"
-  GMLP_CUDA_HOST_GEMM=cublas build-gpu/bench/gmlp-bench --fp8=$recipe --quantized "$@" |
+  build-gpu/bench/gmlp-bench --tuning=host-gemm=cublas --fp8=$recipe --quantized "$@" |
     tee -a "$out/gmlp-bench-cublas.jsonl"
 done
 build-gpu/bench/gmlp-bench --fp8=current --quantized --device-sizes "$@" | tee -a "$out/gmlp-bench.jsonl"

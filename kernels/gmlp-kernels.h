@@ -389,18 +389,58 @@ typedef struct {
   const float         *b_scale_rows;
 } GmlpKernelDeviceGemm;
 
+/* A choice that the Hopper kernel's heuristics make from the problem,
+ * left to them (AUTO) or forced: NEVER, or ALWAYS wherever the kernel's
+ * instance can. */
+typedef enum {
+  GMLP_KERNEL_CHOICE_AUTO = 0,
+  GMLP_KERNEL_CHOICE_NEVER = 1,
+  GMLP_KERNEL_CHOICE_ALWAYS = 2,
+} GmlpKernelChoice;
+
+/* The Hopper kernel's configuration that tests and benchmarks may force
+ * (libgmlp's device tuning, libgmlp/gmlp-tuning-private.h); all zeros, or
+ * a NULL pointer, leave every choice to the heuristics. Pass the same one
+ * to _check, _workspace_bytes and the launch.
+ *
+ *   fp8_tile_n   0: by shape; 128 or 192: every FP8 product's output tiles
+ *                that wide
+ *   direct       NEVER: every product through the plan, also those that
+ *                the direct schedule would take
+ *   short_tiles  NEVER: a group's last tile of 64 rows or fewer computed
+ *                as a whole 128-row one; ALWAYS: 16-bit idle halves on
+ *                every reduction
+ *   pairs        paired CTAs sharing B's tiles (direct schedule)
+ *   even_waves   as few CTAs as keep the waves
+ *   stream_k     the direct schedule's tail split
+ *   max_ctas     0: one CTA per SM; N (even, at least 2): at most N, so
+ *                that small products make several waves */
+typedef struct {
+  int               fp8_tile_n;
+  GmlpKernelChoice  direct;
+  GmlpKernelChoice  short_tiles;
+  GmlpKernelChoice  pairs;
+  GmlpKernelChoice  even_waves;
+  GmlpKernelChoice  stream_k;
+  int               max_ctas;
+} GmlpKernelSm90Tuning;
+
 /* libgmlp's Hopper kernel (sm_90a: TMA, wgmma, a persistent device-side
  * scheduler). _check says whether it covers the arguments (SUCCESS), and if
- * not why (*reason, a static string); the launch checks again. */
-GmlpKernelStatus gmlp_kernel_device_gemm_sm90_check (const GmlpKernelDeviceGemm *gemm,
-                                                     int                         device_major,
-                                                     int                         device_minor,
-                                                     const char                **reason);
-size_t           gmlp_kernel_device_gemm_sm90_workspace_bytes (const GmlpKernelDeviceGemm *gemm);
-GmlpKernelStatus gmlp_kernel_device_gemm_sm90       (const GmlpKernelDeviceGemm *gemm,
-                                                     void                       *workspace,
-                                                     int                         n_sms,
-                                                     cudaStream_t                stream);
+ * not why (*reason, a static string); the launch checks again. tuning may
+ * be NULL. */
+GmlpKernelStatus gmlp_kernel_device_gemm_sm90_check (const GmlpKernelDeviceGemm   *gemm,
+                                                     const GmlpKernelSm90Tuning   *tuning,
+                                                     int                           device_major,
+                                                     int                           device_minor,
+                                                     const char                  **reason);
+size_t           gmlp_kernel_device_gemm_sm90_workspace_bytes (const GmlpKernelDeviceGemm *gemm,
+                                                               const GmlpKernelSm90Tuning *tuning);
+GmlpKernelStatus gmlp_kernel_device_gemm_sm90       (const GmlpKernelDeviceGemm   *gemm,
+                                                     const GmlpKernelSm90Tuning   *tuning,
+                                                     void                         *workspace,
+                                                     int                           n_sms,
+                                                     cudaStream_t                  stream);
 
 /* The portable kernel: any GPU, FLOAT32, FLOAT16 or BFLOAT16 operands,
  * FP32 accumulation. Correct everywhere; slow next to the Hopper kernel. */

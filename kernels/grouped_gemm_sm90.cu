@@ -451,8 +451,8 @@ struct StreamKRoom
   size_t flags;
 };
 
-StreamKRoom stream_k_room (const GmlpKernelDeviceGemm *g, int n_sms);
-int         device_grid_ctas ();
+StreamKRoom stream_k_room (const GmlpKernelDeviceGemm *g, const GmlpKernelSm90Tuning &t, int n_sms);
+int         device_grid_ctas (const GmlpKernelSm90Tuning &t);
 
 size_t
 round_up (size_t n, size_t alignment)
@@ -489,7 +489,7 @@ repack_capacity (const GmlpKernelDeviceGemm *g)
 }
 
 WorkspaceLayout
-workspace_layout (const GmlpKernelDeviceGemm *g)
+workspace_layout (const GmlpKernelDeviceGemm *g, const GmlpKernelSm90Tuning &t)
 {
   const uint32_t n_groups = g->n_groups;
   WorkspaceLayout l;
@@ -515,7 +515,7 @@ workspace_layout (const GmlpKernelDeviceGemm *g)
       off += (size_t) g->k * (size_t) repack_capacity (g);
     }
   {
-    const StreamKRoom room = stream_k_room (g, device_grid_ctas ());
+    const StreamKRoom room = stream_k_room (g, t, device_grid_ctas (t));
 
     l.partials = off = round_up (off, 256);
     off += room.partials;
@@ -612,13 +612,14 @@ blockwise (const GmlpKernelDeviceGemm *g)
   return g->a_scales.row_block != 0 || g->b_scales.row_block != 0;
 }
 
-/* Whether environment variable `name` is set to `value`. */
-bool
-env_equals (const char *name, const char *value)
-{
-  const char *set = getenv (name);
+/* The tuning of a call that passed none: every choice the heuristics'. */
+const GmlpKernelSm90Tuning kNoTuning = {};
 
-  return set != nullptr && strcmp (set, value) == 0;
+/* Where a tuning forces choice, its answer; else the heuristic's. */
+bool
+choose (GmlpKernelChoice choice, bool heuristic)
+{
+  return choice == GMLP_KERNEL_CHOICE_AUTO ? heuristic : choice == GMLP_KERNEL_CHOICE_ALWAYS;
 }
 
 /* Whether an FP8 product takes the wide instances' 128 × 192 tiles
@@ -627,25 +628,23 @@ env_equals (const char *name, const char *value)
  * narrow tiles won where it added 1/8: small-e64's 1024 columns). Wider
  * tiles read A fewer times, which pays wherever the padding is small, in
  * every direction and in both per-tensor and blockwise scaling.
- * GMLP_SM90_FP8_TILES=128 or =192 forces one width (the tests run both). */
+ * The tuning's fp8_tile_n forces one width (the tests run both). */
 bool
-wide_tiles (const GmlpKernelDeviceGemm *g)
+wide_tiles (const GmlpKernelDeviceGemm *g, const GmlpKernelSm90Tuning &t)
 {
-  static const bool narrow = env_equals ("GMLP_SM90_FP8_TILES", "128");
-  static const bool wide = env_equals ("GMLP_SM90_FP8_TILES", "192");
   const int64_t block_n = Config<kOpsE4m3E4m3Wide>::kBlockN;
   const int64_t out_cols = extents_of (g).out_cols;
   const int64_t padded = div_up (out_cols, block_n) * block_n;
 
-  if (narrow || wide)
-    return wide;
+  if (t.fp8_tile_n != 0)
+    return t.fp8_tile_n == block_n;
   return g->kind == GMLP_KERNEL_GEMM_WGRAD || 25 * (padded - out_cols) <= out_cols;
 }
 
 /* The kernel instance's operand types (Operands), or -1 for a pair it
  * does not multiply. */
 int
-operands_of (const GmlpKernelDeviceGemm *g)
+operands_of (const GmlpKernelDeviceGemm *g, const GmlpKernelSm90Tuning &t)
 {
   const bool blocks = blockwise (g);
   int pair;
@@ -661,7 +660,7 @@ operands_of (const GmlpKernelDeviceGemm *g)
     pair = blocks ? kOpsE5m2E4m3Blocks : kOpsE5m2E4m3;
   else
     return -1;
-  if (wide_tiles (g))
+  if (wide_tiles (g, t))
     pair += kWideOffset;
   return pair;
 }
@@ -749,16 +748,6 @@ equally_spaced (const void * const *table, uint32_t n, uint64_t *stride)
   return true;
 }
 
-/* GMLP_SM90_SCHEDULE=plan sends every call through the plan (the tests
- * use it to check that path on shapes the direct schedule takes). */
-bool
-plan_forced (void)
-{
-  static const bool forced = env_equals ("GMLP_SM90_SCHEDULE", "plan");
-
-  return forced;
-}
-
 /* The longest reduction (K of FPROP, N of DGRAD) for which the 16-bit
  * kernels leave a short tile's second consumer idle (IdleHalves): they pay
  * on short reductions and cost on long ones. A CTA that finishes a short
@@ -771,23 +760,22 @@ constexpr int64_t kIdleHalvesMaxReduction = 1024;
 /* Whether a product's group's last tile of 64 rows or fewer is a short
  * tile (GemmParams::short_tiles): always for FP8 (both consumers take half
  * its columns), for 16-bit operands (idle halves) when the reduction is at
- * most kIdleHalvesMaxReduction. For comparisons in benchmarks,
- * GMLP_SM90_SHORT_TILES=off computes every such tile as a whole 128-row
- * one, both consumers busy, and =all gives the 16-bit kernels idle halves
- * on every reduction. */
+ * most kIdleHalvesMaxReduction. For comparisons in benchmarks, the
+ * tuning's short_tiles NEVER computes every such tile as a whole 128-row
+ * one, both consumers busy, and ALWAYS gives the 16-bit kernels idle
+ * halves on every reduction. */
 bool
-short_tiles_on (bool fp8, int64_t reduction)
+short_tiles_on (const GmlpKernelSm90Tuning &t, bool fp8, int64_t reduction)
 {
-  static const bool off = env_equals ("GMLP_SM90_SHORT_TILES", "off");
-  static const bool all = env_equals ("GMLP_SM90_SHORT_TILES", "all");
-
-  return !off && (fp8 || all || reduction <= kIdleHalvesMaxReduction);
+  if (t.short_tiles == GMLP_KERNEL_CHOICE_NEVER)
+    return false;
+  return fp8 || t.short_tiles == GMLP_KERNEL_CHOICE_ALWAYS || reduction <= kIdleHalvesMaxReduction;
 }
 
 int
-block_n_of (const GmlpKernelDeviceGemm *g)
+block_n_of (const GmlpKernelDeviceGemm *g, const GmlpKernelSm90Tuning &t)
 {
-  const int ops = operands_of (g);
+  const int ops = operands_of (g, t);
 
   if (ops == kOpsBf16 || ops == kOpsFp16)
     return Config<kOpsBf16>::kBlockN;
@@ -812,21 +800,21 @@ struct WeightLayout
 };
 
 WeightLayout
-weight_layout (const GmlpKernelDeviceGemm *g)
+weight_layout (const GmlpKernelDeviceGemm *g, const GmlpKernelSm90Tuning &t)
 {
   const bool fp8 = gmlp_num_dtype_is_fp8 (g->ab_dtype);
   const bool dgrad = g->kind == GMLP_KERNEL_GEMM_DGRAD;
 
   if (dgrad && fp8)
-    return { g->k, g->n, (uint32_t) block_n_of (g) };
-  return { g->n, g->k, dgrad ? (uint32_t) Config<kOpsBf16>::kBlockK : (uint32_t) block_n_of (g) };
+    return { g->k, g->n, (uint32_t) block_n_of (g, t) };
+  return { g->n, g->k, dgrad ? (uint32_t) Config<kOpsBf16>::kBlockK : (uint32_t) block_n_of (g, t) };
 }
 
 uint64_t
-tile_bound (const GmlpKernelDeviceGemm *g)
+tile_bound (const GmlpKernelDeviceGemm *g, const GmlpKernelSm90Tuning &t)
 {
   const Extents e = extents_of (g);
-  const uint64_t tiles_n = div_up (e.out_cols, block_n_of (g));
+  const uint64_t tiles_n = div_up (e.out_cols, block_n_of (g, t));
 
   if (g->kind == GMLP_KERNEL_GEMM_WGRAD)
     return (uint64_t) g->n_groups * div_up (g->n, kBlockM) * tiles_n;
@@ -874,8 +862,8 @@ constexpr double kDgrad16DirectMaxMacs = 0x1p34;
 /* Whether the direct schedule's CTAs run in pairs that share B's tiles
  * (for the instances that can, Pairable): products of at least
  * kPairedTilesPerSm output tiles an SM at the capacity's rows and
- * kPairedStages stages of reduction; GMLP_SM90_PAIRS=0 or =1 for none or
- * all that can (the tests run both). Pairs halve B's traffic from L2,
+ * kPairedStages stages of reduction; the tuning's pairs NEVER or ALWAYS for
+ * none or all that can (the tests run both). Pairs halve B's traffic from L2,
  * which pays on long products (most on skewed routing); on short
  * reductions (16 stages) and few tiles an SM (4) they cost more than they
  * save, hence both bounds. */
@@ -895,14 +883,11 @@ long_product (const GmlpKernelDeviceGemm *g, int block_n, int n_sms)
 }
 
 bool
-pairs_pay (const GmlpKernelDeviceGemm *g, int block_n, int n_sms)
+pairs_pay (const GmlpKernelDeviceGemm *g, const GmlpKernelSm90Tuning &t, int block_n, int n_sms)
 {
-  static const bool off = env_equals ("GMLP_SM90_PAIRS", "0");
-  static const bool forced = env_equals ("GMLP_SM90_PAIRS", "1");
-
-  if (off || !pairable (operands_of (g), g->kind))
+  if (!pairable (operands_of (g, t), g->kind))
     return false;
-  return forced || long_product (g, block_n, n_sms);
+  return choose (t.pairs, long_product (g, block_n, n_sms));
 }
 
 /* Whether the kernel runs on as few CTAs as keep its waves
@@ -911,31 +896,22 @@ pairs_pay (const GmlpKernelDeviceGemm *g, int block_n, int n_sms)
  * the whole kernel on an even share cost less than a last wave of SMs
  * working alone (a product of 21.3 waves gains). Small products, bound by
  * latency and bandwidth, which fewer SMs have less of, lose, hence the
- * rule. GMLP_SM90_EVEN_WAVES=0 or =1 for none or all that can. */
+ * rule. The tuning's even_waves NEVER or ALWAYS for none or all that can. */
 bool
-even_waves (const GmlpKernelDeviceGemm *g, int block_n, int n_sms)
+even_waves (const GmlpKernelDeviceGemm *g, const GmlpKernelSm90Tuning &t, int block_n, int n_sms)
 {
-  static const bool off = env_equals ("GMLP_SM90_EVEN_WAVES", "0");
-  static const bool forced = env_equals ("GMLP_SM90_EVEN_WAVES", "1");
-
-  if (off || !even_waves_capable (operands_of (g), g->kind))
+  if (!even_waves_capable (operands_of (g, t), g->kind))
     return false;
-  return forced || long_product (g, block_n, n_sms);
+  return choose (t.even_waves, long_product (g, block_n, n_sms));
 }
 
-/* The CTAs of a launch on n_sms SMs: all of them, or GMLP_SM90_GRID=N's
- * N (even, at least 2; for the tests, which thus make several waves of
- * small products). */
+/* The CTAs of a launch on n_sms SMs: all of them, or the tuning's
+ * max_ctas (even, at least 2; for the tests, which thus make several
+ * waves of small products). */
 int
-grid_ctas (int n_sms)
+grid_ctas (const GmlpKernelSm90Tuning &t, int n_sms)
 {
-  static const int cap = [] ()
-  {
-    const char *set = getenv ("GMLP_SM90_GRID");
-    const int n = set != nullptr ? atoi (set) : 0;
-
-    return n >= 2 ? n & ~1 : 0;
-  }();
+  const int cap = t.max_ctas >= 2 ? t.max_ctas & ~1 : 0;
 
   return cap > 0 && cap < n_sms ? cap : n_sms;
 }
@@ -943,26 +919,24 @@ grid_ctas (int n_sms)
 /* Whether an FPROP or DGRAD on the direct schedule may split its tail's
  * reductions (TailSplit, for the instances that can: stream_k_capable()):
  * 16-bit long products, as for paired CTAs and even waves;
- * GMLP_SM90_STREAM_K=0 or =1 for none or all that can (the tests run
+ * the tuning's stream_k NEVER or ALWAYS for none or all that can (the tests run
  * both). The kernel splits only where a last partial wave holds at most
  * half a wave (plan_tail_split()). Against even waves alone, the split
  * pays on 16-bit products and costs per-tensor FP8 a little at the power
  * limit, so FP8 splits only where forced. */
 bool
-stream_k_pays (const GmlpKernelDeviceGemm *g, int block_n, int n_sms)
+stream_k_pays (const GmlpKernelDeviceGemm *g, const GmlpKernelSm90Tuning &t, int block_n, int n_sms)
 {
-  static const bool off = env_equals ("GMLP_SM90_STREAM_K", "0");
-  static const bool forced = env_equals ("GMLP_SM90_STREAM_K", "1");
-  const int ops = operands_of (g);
+  const int ops = operands_of (g, t);
 
-  if (off || ops < 0 || !stream_k_capable (ops, g->kind))
+  if (ops < 0 || !stream_k_capable (ops, g->kind))
     return false;
-  return forced || (!gmlp_num_dtype_is_fp8 (g->ab_dtype) && long_product (g, block_n, n_sms));
+  return choose (t.stream_k, !gmlp_num_dtype_is_fp8 (g->ab_dtype) && long_product (g, block_n, n_sms));
 }
 
 /* The CTAs of a launch on the current device (grid_ctas()), or 0. */
 int
-device_grid_ctas ()
+device_grid_ctas (const GmlpKernelSm90Tuning &t)
 {
   int device, n_sms = 0;
 
@@ -972,18 +946,18 @@ device_grid_ctas ()
       (void) cudaGetLastError ();
       return 0;
     }
-  return grid_ctas (n_sms);
+  return grid_ctas (t, n_sms);
 }
 
 StreamKRoom
-stream_k_room (const GmlpKernelDeviceGemm *g, int n_sms)
+stream_k_room (const GmlpKernelDeviceGemm *g, const GmlpKernelSm90Tuning &t, int n_sms)
 {
   StreamKRoom room = { 0, 0 };
 
-  if (n_sms <= 0 || !stream_k_pays (g, block_n_of (g), n_sms))
+  if (n_sms <= 0 || !stream_k_pays (g, t, block_n_of (g, t), n_sms))
     return room;
   /* A slot: two halves of 64 rows × block_n FP32 sums. */
-  room.partials = (size_t) n_sms * 128 * (size_t) block_n_of (g) * sizeof (float);
+  room.partials = (size_t) n_sms * 128 * (size_t) block_n_of (g, t) * sizeof (float);
   room.flags = (size_t) n_sms * 2 * sizeof (uint32_t);
   return room;
 }
@@ -994,17 +968,20 @@ stream_k_room (const GmlpKernelDeviceGemm *g, int n_sms)
  * and C that are whole multiples of the member alignment, so that member g
  * starts at row P_g of one matrix; the groups' B matrices, biases and
  * scales equally spaced (blockwise: B's; A's as direct_a_scales() takes
- * them); host sizes that fit in the parameters. With b_half, also B's
- * map in boxes of half a tile's rows (paired CTAs', pairs_pay()). */
+ * them); host sizes that fit in the parameters; not where the tuning's
+ * direct is NEVER (the tests check the plan on shapes the direct schedule
+ * takes). With b_half, also B's map in boxes of half a tile's rows (paired
+ * CTAs', pairs_pay()). */
 bool
-direct_schedule (const GmlpKernelDeviceGemm *g, DirectSchedule *d, TensorMap *b_half)
+direct_schedule (const GmlpKernelDeviceGemm *g, const GmlpKernelSm90Tuning &t, DirectSchedule *d,
+                 TensorMap *b_half)
 {
   const bool fp8 = gmlp_num_dtype_is_fp8 (g->ab_dtype);
   const Extents e = extents_of (g);
   const int b_dtype = fp8 ? g->b_dtype : g->ab_dtype;
   const uint64_t a_row_bytes = (uint64_t) e.a_cols * gmlp_num_dtype_size (g->ab_dtype);
   const uint64_t c_row_bytes = (uint64_t) e.out_cols * gmlp_num_dtype_size (g->c_dtype);
-  const WeightLayout b = weight_layout (g);   /* as the plan's template reads it */
+  const WeightLayout b = weight_layout (g, t);   /* as the plan's template reads it */
   uint64_t b_stride, bias_stride = 0, a_scale_stride = 0, b_scale_stride = 0;
 
   const bool blocks = fp8 && blockwise (g);
@@ -1012,7 +989,7 @@ direct_schedule (const GmlpKernelDeviceGemm *g, DirectSchedule *d, TensorMap *b_
   const double macs = (double) g->row_capacity * (double) e.out_cols * (double) e.reduction;
   GroupedOperand a_scales = {};
 
-  if (plan_forced () || !direct_capable (operands_of (g), g->kind) ||
+  if (t.direct == GMLP_KERNEL_CHOICE_NEVER || !direct_capable (operands_of (g, t), g->kind) ||
       (blocks && macs > kBlockwiseDirectMaxMacs) ||
       (!fp8 && g->kind == GMLP_KERNEL_GEMM_DGRAD && macs > kDgrad16DirectMaxMacs) ||
       a_row_bytes % kGmlpMemberAlignment != 0 || c_row_bytes % kGmlpMemberAlignment != 0 ||
@@ -1127,13 +1104,15 @@ launch_operands (int ops, int kind, const GemmParams &params, int n_sms, cudaStr
 }  // namespace gmlp
 
 extern "C" GmlpKernelStatus
-gmlp_kernel_device_gemm_sm90_check (const GmlpKernelDeviceGemm *gemm,
-                                    int                         device_major,
-                                    int                         device_minor,
-                                    const char                **reason)
+gmlp_kernel_device_gemm_sm90_check (const GmlpKernelDeviceGemm  *gemm,
+                                    const GmlpKernelSm90Tuning  *tuning,
+                                    int                          device_major,
+                                    int                          device_minor,
+                                    const char                 **reason)
 {
   using namespace gmlp;
   using namespace gmlp::sm90;
+  const GmlpKernelSm90Tuning &t = tuning != nullptr ? *tuning : kNoTuning;
   const char *unused;
   bool wgrad;
 
@@ -1169,7 +1148,7 @@ gmlp_kernel_device_gemm_sm90_check (const GmlpKernelDeviceGemm *gemm,
     }
   if (gmlp_num_dtype_is_fp8 (gemm->ab_dtype))
     {
-      if (operands_of (gemm) < 0)
+      if (operands_of (gemm, t) < 0)
         {
           *reason = blockwise (gemm) ?
             "the Hopper kernel multiplies FP8 operands with blockwise scales E4M3 × E4M3 or "
@@ -1203,7 +1182,7 @@ gmlp_kernel_device_gemm_sm90_check (const GmlpKernelDeviceGemm *gemm,
           return GMLP_KERNEL_UNSUPPORTED;
         }
     }
-  else if (operands_of (gemm) < 0)
+  else if (operands_of (gemm, t) < 0)
     {
       *reason = "the Hopper kernel multiplies bfloat16, float16 or FP8 operands";
       return GMLP_KERNEL_UNSUPPORTED;
@@ -1219,7 +1198,7 @@ gmlp_kernel_device_gemm_sm90_check (const GmlpKernelDeviceGemm *gemm,
       return GMLP_KERNEL_UNSUPPORTED;
     }
   if (gemm->n > kMaxExtent || gemm->k > kMaxExtent || gemm->row_capacity > kMaxExtent ||
-      tile_bound (gemm) > (uint64_t) INT32_MAX ||
+      tile_bound (gemm, t) > (uint64_t) INT32_MAX ||
       (repacks (gemm) && repack_capacity (gemm) > kMaxExtent))
     {
       *reason = "the shapes exceed the kernel's 32-bit coordinates";
@@ -1229,19 +1208,24 @@ gmlp_kernel_device_gemm_sm90_check (const GmlpKernelDeviceGemm *gemm,
 }
 
 extern "C" size_t
-gmlp_kernel_device_gemm_sm90_workspace_bytes (const GmlpKernelDeviceGemm *gemm)
+gmlp_kernel_device_gemm_sm90_workspace_bytes (const GmlpKernelDeviceGemm *gemm,
+                                              const GmlpKernelSm90Tuning *tuning)
 {
-  return gemm != nullptr ? gmlp::sm90::workspace_layout (gemm).total : 0;
+  using namespace gmlp::sm90;
+
+  return gemm != nullptr ? workspace_layout (gemm, tuning != nullptr ? *tuning : kNoTuning).total : 0;
 }
 
 extern "C" GmlpKernelStatus
 gmlp_kernel_device_gemm_sm90 (const GmlpKernelDeviceGemm *gemm,
+                              const GmlpKernelSm90Tuning *tuning,
                               void                       *workspace,
                               int                         n_sms,
                               cudaStream_t                stream)
 {
   using namespace gmlp;
   using namespace gmlp::sm90;
+  const GmlpKernelSm90Tuning &t = tuning != nullptr ? *tuning : kNoTuning;
   int device, major = 0, minor = 0;
   GmlpKernelStatus status;
   WorkspaceLayout layout;
@@ -1257,7 +1241,7 @@ gmlp_kernel_device_gemm_sm90 (const GmlpKernelDeviceGemm *gemm,
   const uint32_t c_size = gemm != nullptr ? gmlp_num_dtype_size (gemm->c_dtype) : 0;
   /* B's dtype: its own for FP8, A's otherwise. */
   const int b_dtype = fp8 ? gemm->b_dtype : gemm != nullptr ? gemm->ab_dtype : 0;
-  const int block_n = gemm != nullptr ? block_n_of (gemm) : 0;
+  const int block_n = gemm != nullptr ? block_n_of (gemm, t) : 0;
   const int block_k = gemm != nullptr ? block_k_of (gemm) : 0;
   Extents e;
 
@@ -1265,14 +1249,14 @@ gmlp_kernel_device_gemm_sm90 (const GmlpKernelDeviceGemm *gemm,
       cudaDeviceGetAttribute (&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
       cudaDeviceGetAttribute (&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess)
     return GMLP_KERNEL_LAUNCH_FAILED;
-  status = gmlp_kernel_device_gemm_sm90_check (gemm, major, minor, nullptr);
+  status = gmlp_kernel_device_gemm_sm90_check (gemm, tuning, major, minor, nullptr);
   if (status != GMLP_KERNEL_SUCCESS)
     return status;
   if (workspace == nullptr || !is_aligned (workspace, 256) || n_sms <= 0)
     return GMLP_KERNEL_INVALID_VALUE;
-  n_sms = grid_ctas (n_sms);
+  n_sms = grid_ctas (t, n_sms);
 
-  layout = workspace_layout (gemm);
+  layout = workspace_layout (gemm, t);
   e = extents_of (gemm);
 
   memset (&params, 0, sizeof params);
@@ -1283,15 +1267,15 @@ gmlp_kernel_device_gemm_sm90 (const GmlpKernelDeviceGemm *gemm,
   params.out_cols = e.out_cols;
   params.reduction = e.reduction;
   params.c_dtype = gemm->c_dtype;
-  params.short_tiles = short_tiles_on (fp8, e.reduction);
+  params.short_tiles = short_tiles_on (t, fp8, e.reduction);
   params.a_scales = gemm->a_scales;
   params.b_scales = gemm->b_scales;
-  params.pairs = pairs_pay (gemm, block_n, n_sms);
-  params.even_waves = even_waves (gemm, block_n, n_sms);
-  if (direct_schedule (gemm, &params.direct, params.pairs ? &params.b_half : nullptr))
+  params.pairs = pairs_pay (gemm, t, block_n, n_sms);
+  params.even_waves = even_waves (gemm, t, block_n, n_sms);
+  if (direct_schedule (gemm, t, &params.direct, params.pairs ? &params.b_half : nullptr))
     {
       params.use_direct = 1;
-      const StreamKRoom room = stream_k_room (gemm, n_sms);
+      const StreamKRoom room = stream_k_room (gemm, t, n_sms);
 
       if (room.flags != 0)
         {
@@ -1307,7 +1291,7 @@ gmlp_kernel_device_gemm_sm90 (const GmlpKernelDeviceGemm *gemm,
           if (err != cudaSuccess)
             return record_cuda_error (err);
         }
-      return launch_operands (operands_of (gemm), gemm->kind, params, n_sms, stream);
+      return launch_operands (operands_of (gemm, t), gemm->kind, params, n_sms, stream);
     }
   /* The plan's schedule never runs paired (Pairable). */
   params.pairs = 0;
@@ -1345,7 +1329,7 @@ gmlp_kernel_device_gemm_sm90 (const GmlpKernelDeviceGemm *gemm,
     }
   else
     {
-      const WeightLayout b = weight_layout (gemm);
+      const WeightLayout b = weight_layout (gemm, t);
 
       if (!encode_map (&plan.template_a, gemm->a, 1, e.a_cols, gemm->ab_dtype, kBlockM) ||
           !encode_map (&plan.template_b, gemm->weight[0], b.rows, b.cols, b_dtype, b.box_rows))
@@ -1431,5 +1415,5 @@ gmlp_kernel_device_gemm_sm90 (const GmlpKernelDeviceGemm *gemm,
   params.tile_begin = plan.tile_begin;
   params.groups = plan.groups;
   params.maps = plan.maps;
-  return launch_operands (operands_of (gemm), gemm->kind, params, n_sms, stream);
+  return launch_operands (operands_of (gemm, t), gemm->kind, params, n_sms, stream);
 }

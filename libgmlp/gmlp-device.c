@@ -16,6 +16,7 @@
 #include "gmlp-error-private.h"
 #include "gmlp-graph-private.h"
 #include "gmlp-thread-private.h"
+#include "gmlp-tuning-private.h"
 
 /**
  * GmlpDevice:
@@ -91,6 +92,7 @@ struct _GmlpDevice
   gssize              bytes_in_use;   /* atomic; pointer-sized for g_atomic_pointer_add */
   int                 capture_serial; /* atomic: the number of captures begun */
   GError             *construct_error;
+  GmlpBackendTuning   tuning;         /* under tuning_lock; zeros when opened */
 };
 
 static void gmlp_device_initable_iface_init (GInitableIface *iface);
@@ -741,6 +743,72 @@ GmlpBackendDevice *
 gmlp_device_get_backend_device (GmlpDevice *self)
 {
   return self->backend_device;
+}
+
+/* ---- Tuning (gmlp-tuning-private.h) ------------------------------------ */
+
+static GMutex tuning_lock;
+
+/* Changes self's tuning by change (key and value, or a spec) and hands
+ * the result to the backend, under tuning_lock so that two threads' changes
+ * reach it in the order they are made. */
+static gboolean
+change_tuning (GmlpDevice  *self,
+               const char  *key,
+               const char  *value,
+               const char  *spec,
+               GError     **error)
+{
+  g_autoptr(GmlpMutexLocker) locker = NULL;
+  GmlpBackendTuning tuning;
+
+  g_return_val_if_fail (GMLP_IS_DEVICE (self), FALSE);
+  g_return_val_if_fail (error == NULL || *error == NULL, FALSE);
+
+  if (!gmlp_device_check_usable (self, error))
+    return FALSE;
+  locker = gmlp_mutex_locker_new (&tuning_lock);
+  tuning = self->tuning;
+  if (key != NULL ? !gmlp_tuning_set (&tuning, key, value, error)
+                  : !gmlp_tuning_parse (&tuning, spec, error))
+    return FALSE;
+  self->tuning = tuning;
+  if (self->backend->set_tuning != NULL)
+    self->backend->set_tuning (self->backend_device, &tuning);
+  return TRUE;
+}
+
+gboolean
+gmlp_device_set_tuning (GmlpDevice  *self,
+                        const char  *key,
+                        const char  *value,
+                        GError     **error)
+{
+  g_return_val_if_fail (key != NULL, FALSE);
+
+  return change_tuning (self, key, value, NULL, error);
+}
+
+gboolean
+gmlp_device_apply_tuning (GmlpDevice  *self,
+                          const char  *spec,
+                          GError     **error)
+{
+  return change_tuning (self, NULL, NULL, spec != NULL ? spec : "", error);
+}
+
+char *
+gmlp_device_get_tuning (GmlpDevice  *self,
+                        const char  *key,
+                        GError     **error)
+{
+  g_autoptr(GmlpMutexLocker) locker = NULL;
+
+  g_return_val_if_fail (GMLP_IS_DEVICE (self), NULL);
+  g_return_val_if_fail (error == NULL || *error == NULL, NULL);
+
+  locker = gmlp_mutex_locker_new (&tuning_lock);
+  return gmlp_tuning_get (&self->tuning, key, error);
 }
 
 static gboolean

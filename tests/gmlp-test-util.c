@@ -8,6 +8,7 @@
 
 #include "gmlp-test-util.h"
 #include "gmlp-grouped-tensor-private.h"
+#include "gmlp-tuning-private.h"
 
 GmlpDevice *
 gmlp_test_device_or_skip (void)
@@ -25,8 +26,24 @@ gmlp_test_device_or_skip (void)
       g_autofree char *msg = g_strdup_printf ("device %s not usable: %s", spec, error->message);
       g_assert_error (error, GMLP_ERROR, GMLP_ERROR_NO_DEVICE);
       g_test_skip (msg);
+      return NULL;
     }
+  /* The device is one object for the whole process: its tuning holds for
+   * every test after this. */
+  if (!gmlp_device_apply_tuning (device, g_getenv ("GMLP_TEST_TUNING"), &error))
+    g_error ("GMLP_TEST_TUNING: %s", error->message);
   return device;
+}
+
+gboolean
+gmlp_test_tuned (GmlpDevice *device,
+                 const char *key,
+                 const char *value)
+{
+  g_autofree char *set = gmlp_device_get_tuning (device, key, NULL);
+
+  g_assert_nonnull (set);
+  return g_str_equal (set, value);
 }
 
 static const GmlpTestFormat formats[] = {
@@ -617,7 +634,7 @@ gmlp_test_fp8_native (GmlpDevice *device)
 
   if (gmlp_device_get_kind (device) == GMLP_DEVICE_KIND_CPU)
     return TRUE;
-  if (g_strcmp0 (g_getenv ("GMLP_CUDA_DEVICE_GEMM"), "portable") == 0)
+  if (gmlp_test_tuned (device, "device-gemm", "portable"))
     return FALSE;
   return strstr (name, "H100") != NULL || strstr (name, "H200") != NULL || strstr (name, "H800") != NULL;
 }

@@ -10,8 +10,14 @@
 G_BEGIN_DECLS
 
 /* The device a suite runs on: GMLP_TEST_DEVICE=cpu (default) or cuda. NULL,
- * after g_test_skip(), when that device is not usable here. */
+ * after g_test_skip(), when that device is not usable here. Its tuning
+ * (libgmlp/gmlp-tuning-private.h) is GMLP_TEST_TUNING's, "key=value,…"
+ * (tests/meson.build forces routes and schedules so); none by default. */
 GmlpDevice *gmlp_test_device_or_skip   (void);
+/* Whether the device's tuning sets key to value. */
+gboolean    gmlp_test_tuned            (GmlpDevice *device,
+                                        const char *key,
+                                        const char *value);
 
 /* Independent float64 models of the storage formats, for references. */
 typedef struct {
@@ -147,8 +153,8 @@ GmlpQuantizer     *gmlp_test_copy_quantizer    (GmlpDevice        *device,
 /* Whether the FP8 products of this device multiply FP8 operands where the
  * recipe lets them (per-tensor, blockwise): the CPU, or a Hopper GPU (the
  * CUDA backend's Hopper kernel; known by name, the API has no compute
- * capability), unless GMLP_CUDA_DEVICE_GEMM=portable forces the portable
- * kernel. Elsewhere they run on dequantized operands. */
+ * capability), unless the tuning's device-gemm=portable forces the
+ * portable kernel. Elsewhere they run on dequantized operands. */
 gboolean           gmlp_test_fp8_native        (GmlpDevice        *device);
 /* Asserts that two tensors have the same dtype, columns and values, read
  * packed over the sizes each has (device sizes clamped in order to the

@@ -20,7 +20,7 @@ G_BEGIN_DECLS
 
 /* Bumped whenever the table changes; a module built for another version is
  * refused. */
-#define GMLP_BACKEND_ABI_VERSION 9
+#define GMLP_BACKEND_ABI_VERSION 10
 
 typedef struct _GmlpBackendDevice GmlpBackendDevice;
 typedef struct _GmlpBackendEvent GmlpBackendEvent;
@@ -355,6 +355,45 @@ typedef struct {
   float    aux_loss_coeff;       /* 0: the aux loss is 0 and has no gradient */
   float    z_loss_coeff;         /* 0: the same for the z-loss */
 } GmlpBackendRouter;
+
+/* A device's tuning (libgmlp/gmlp-tuning-private.h): the choices that a
+ * backend's heuristics make from a product, each left to them (0, what a
+ * device opens with) or forced one way, for tests and benchmarks. The
+ * CUDA backend's meaning of each field:
+ *
+ *   host_gemm       host sizes: 1 every product on cuBLAS and cuBLASLt,
+ *                   2 every one it covers on libgmlp's Hopper kernel
+ *   device_gemm     device sizes: 1 every product on the portable kernel
+ *   loop_streams    cuBLAS's per-product loop: 1 on the compute stream alone
+ *   row_tiles       1 no 128-row tiles in cuBLAS's grouped path
+ *   batched         1 no batched call for products of one shape
+ *   sm90_direct,    the Hopper kernel's scheduling choices, values of
+ *   sm90_short_tiles, GmlpTuningChoice (kernels/gmlp-kernels.h,
+ *   sm90_pairs,     GmlpKernelSm90Tuning, says what each forces)
+ *   sm90_even_waves,
+ *   sm90_stream_k
+ *   sm90_fp8_tile_n 0, or 128 or 192 columns
+ *   sm90_max_ctas   0, or an even number of CTAs, at least 2 */
+typedef enum {
+  GMLP_TUNING_AUTO = 0,
+  GMLP_TUNING_NEVER = 1,
+  GMLP_TUNING_ALWAYS = 2,
+} GmlpTuningChoice;
+
+typedef struct {
+  int               host_gemm;
+  int               device_gemm;
+  int               loop_streams;
+  int               row_tiles;
+  int               batched;
+  GmlpTuningChoice  sm90_direct;
+  GmlpTuningChoice  sm90_short_tiles;
+  GmlpTuningChoice  sm90_pairs;
+  GmlpTuningChoice  sm90_even_waves;
+  GmlpTuningChoice  sm90_stream_k;
+  int               sm90_fp8_tile_n;
+  int               sm90_max_ctas;
+} GmlpBackendTuning;
 
 typedef struct {
   int          abi_version;
@@ -751,6 +790,12 @@ typedef struct {
                                               float                     rate,
                                               float                    *expert_bias,
                                               GError                  **error);
+
+  /* set_tuning: the device's tuning from now on (tests and benchmarks,
+   * through gmlp_device_set_tuning()); the calls already enqueued keep
+   * theirs. NULL for a backend whose heuristics have nothing to force. */
+  void                (*set_tuning)          (GmlpBackendDevice        *device,
+                                              const GmlpBackendTuning  *tuning);
 } GmlpBackend;
 
 const GmlpBackend *gmlp_backend_cpu_get  (void);

@@ -43,36 +43,41 @@ for t in device grouped-tensor grouped-linear offload-context grouped-mlp graph 
   run "$t" "$tests/test-$t"
 done
 wait
-run grouped-linear-portable GMLP_CUDA_DEVICE_GEMM=portable "$tests/test-grouped-linear-portable" \
+# The reruns with a route or schedule forced through the device's tuning
+# (GMLP_TEST_TUNING, read by the tests: libgmlp/gmlp-tuning-private.h).
+run grouped-linear-portable GMLP_TEST_TUNING=device-gemm=portable "$tests/test-grouped-linear-portable" \
   -p /Gmlp/GroupedLinear/device-sizes
-run grouped-linear-host-sm90 GMLP_CUDA_HOST_GEMM=sm90 "$tests/test-grouped-linear-host-sm90"
-run grouped-linear-fp8-cublas GMLP_CUDA_HOST_GEMM=cublas "$tests/test-grouped-linear-fp8-forced"
-run grouped-linear-fp8-sm90 GMLP_CUDA_HOST_GEMM=sm90 "$tests/test-grouped-linear-fp8-forced"
+run grouped-linear-host-sm90 GMLP_TEST_TUNING=host-gemm=sm90 "$tests/test-grouped-linear-host-sm90"
+run grouped-linear-fp8-cublas GMLP_TEST_TUNING=host-gemm=cublas "$tests/test-grouped-linear-fp8-forced"
+run grouped-linear-fp8-sm90 GMLP_TEST_TUNING=host-gemm=sm90 "$tests/test-grouped-linear-fp8-forced"
 wait
-run grouped-linear-sm90-plan GMLP_CUDA_HOST_GEMM=sm90 GMLP_SM90_SCHEDULE=plan \
+run grouped-linear-sm90-plan GMLP_TEST_TUNING=host-gemm=sm90,sm90-schedule=plan \
   "$tests/test-grouped-linear-sm90-plan"
-run grouped-linear-fp8-sm90-plan GMLP_CUDA_HOST_GEMM=sm90 GMLP_SM90_SCHEDULE=plan \
+run grouped-linear-fp8-sm90-plan GMLP_TEST_TUNING=host-gemm=sm90,sm90-schedule=plan \
   "$tests/test-grouped-linear-fp8-forced"
 for tiles in 128 192; do
-  run grouped-linear-fp8-sm90-tiles$tiles GMLP_CUDA_HOST_GEMM=sm90 GMLP_SM90_FP8_TILES=$tiles \
+  run grouped-linear-fp8-sm90-tiles$tiles GMLP_TEST_TUNING=host-gemm=sm90,sm90-fp8-tiles=$tiles \
     "$tests/test-grouped-linear-fp8-forced"
 done
-run grouped-linear-fp8-sm90-paired GMLP_CUDA_HOST_GEMM=sm90 GMLP_SM90_FP8_TILES=192 GMLP_SM90_PAIRS=1 \
+run grouped-linear-fp8-sm90-paired GMLP_TEST_TUNING=host-gemm=sm90,sm90-fp8-tiles=192,sm90-pairs=on \
   "$tests/test-grouped-linear-fp8-forced"
-run grouped-linear-sm90-even-waves GMLP_CUDA_HOST_GEMM=sm90 GMLP_SM90_EVEN_WAVES=1 \
+run grouped-linear-sm90-even-waves GMLP_TEST_TUNING=host-gemm=sm90,sm90-even-waves=on \
   "$tests/test-grouped-linear-host-sm90"
-run grouped-linear-plan-sm90-even-waves GMLP_CUDA_HOST_GEMM=sm90 GMLP_SM90_SCHEDULE=plan GMLP_SM90_EVEN_WAVES=1 \
+run grouped-linear-plan-sm90-even-waves GMLP_TEST_TUNING=host-gemm=sm90,sm90-schedule=plan,sm90-even-waves=on \
   "$tests/test-grouped-linear-sm90-plan"
-run grouped-linear-fp8-paired-sm90-even-waves GMLP_CUDA_HOST_GEMM=sm90 GMLP_SM90_FP8_TILES=192 GMLP_SM90_PAIRS=1 \
-  GMLP_SM90_EVEN_WAVES=1 "$tests/test-grouped-linear-fp8-forced"
+run grouped-linear-fp8-paired-sm90-even-waves \
+  GMLP_TEST_TUNING=host-gemm=sm90,sm90-fp8-tiles=192,sm90-pairs=on,sm90-even-waves=on \
+  "$tests/test-grouped-linear-fp8-forced"
 wait
-run grouped-linear-sm90-stream-k GMLP_CUDA_HOST_GEMM=sm90 GMLP_SM90_STREAM_K=1 GMLP_SM90_GRID=6 \
+run grouped-linear-sm90-stream-k GMLP_TEST_TUNING=host-gemm=sm90,sm90-stream-k=on,sm90-grid=6 \
   "$tests/test-grouped-linear-host-sm90"
-run grouped-linear-fp8-tiles128-sm90-stream-k GMLP_CUDA_HOST_GEMM=sm90 GMLP_SM90_STREAM_K=1 GMLP_SM90_GRID=6 \
-  GMLP_SM90_FP8_TILES=128 "$tests/test-grouped-linear-fp8-forced"
-run grouped-linear-fp8-paired-sm90-stream-k GMLP_CUDA_HOST_GEMM=sm90 GMLP_SM90_STREAM_K=1 GMLP_SM90_GRID=6 \
-  GMLP_SM90_FP8_TILES=192 GMLP_SM90_PAIRS=1 "$tests/test-grouped-linear-fp8-forced"
-run grouped-linear-fp8-portable GMLP_CUDA_DEVICE_GEMM=portable "$tests/test-grouped-linear-fp8-forced" \
+run grouped-linear-fp8-tiles128-sm90-stream-k \
+  GMLP_TEST_TUNING=host-gemm=sm90,sm90-stream-k=on,sm90-grid=6,sm90-fp8-tiles=128 \
+  "$tests/test-grouped-linear-fp8-forced"
+run grouped-linear-fp8-paired-sm90-stream-k \
+  GMLP_TEST_TUNING=host-gemm=sm90,sm90-stream-k=on,sm90-grid=6,sm90-fp8-tiles=192,sm90-pairs=on \
+  "$tests/test-grouped-linear-fp8-forced"
+run grouped-linear-fp8-portable GMLP_TEST_TUNING=device-gemm=portable "$tests/test-grouped-linear-fp8-forced" \
   -p /Gmlp/GroupedLinear/fp8/device-sizes
 wait
 

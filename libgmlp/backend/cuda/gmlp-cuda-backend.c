@@ -678,7 +678,34 @@ static const GmlpBackend gmlp_cuda_backend = {
   .router_forward = gmlp_cuda_router_forward,
   .router_backward = gmlp_cuda_router_backward,
   .router_update_bias = gmlp_cuda_router_update_bias,
+
+  .set_tuning = gmlp_cuda_set_tuning,
 };
+
+/* The kernels' values of a choice are the backend's. */
+G_STATIC_ASSERT ((int) GMLP_KERNEL_CHOICE_AUTO == (int) GMLP_TUNING_AUTO &&
+                 (int) GMLP_KERNEL_CHOICE_NEVER == (int) GMLP_TUNING_NEVER &&
+                 (int) GMLP_KERNEL_CHOICE_ALWAYS == (int) GMLP_TUNING_ALWAYS);
+
+/* Held under scratch_lock, which every product holds while it reads the
+ * tuning and enqueues. */
+void
+gmlp_cuda_set_tuning (GmlpBackendDevice        *device,
+                      const GmlpBackendTuning  *tuning)
+{
+  g_rec_mutex_lock (&device->scratch_lock);
+  device->tuning = *tuning;
+  device->sm90_tuning = (GmlpKernelSm90Tuning) {
+    .fp8_tile_n = tuning->sm90_fp8_tile_n,
+    .direct = (GmlpKernelChoice) tuning->sm90_direct,
+    .short_tiles = (GmlpKernelChoice) tuning->sm90_short_tiles,
+    .pairs = (GmlpKernelChoice) tuning->sm90_pairs,
+    .even_waves = (GmlpKernelChoice) tuning->sm90_even_waves,
+    .stream_k = (GmlpKernelChoice) tuning->sm90_stream_k,
+    .max_ctas = tuning->sm90_max_ctas,
+  };
+  g_rec_mutex_unlock (&device->scratch_lock);
+}
 
 /* The module's one exported symbol; see GmlpBackendGetFunc. */
 const GmlpBackend *

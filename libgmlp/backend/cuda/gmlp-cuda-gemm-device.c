@@ -74,24 +74,20 @@ gmlp_cuda_kernel_device_gemm (const GmlpBackendGemmDevice *gemm,
 }
 
 /* TRUE when libgmlp's Hopper kernel takes these arguments on this device;
- * else FALSE and why in *reason (a static string).
- * GMLP_CUDA_DEVICE_GEMM=portable sends every call to the portable kernel
- * (the tests use it to check that path on Hopper too). */
+ * else FALSE and why in *reason (a static string). The tuning's
+ * device_gemm 1 sends every call to the portable kernel (the tests use it
+ * to check that path on Hopper too). */
 static gboolean
 gmlp_cuda_use_sm90 (GmlpBackendDevice          *device,
                     const GmlpKernelDeviceGemm *kernel_gemm,
                     int                        *n_sms,
                     const char                **reason)
 {
-  static gsize forced_portable = 0;   /* 0: not read yet, 1: no, 2: yes */
   int major = 0, minor = 0;
 
-  if (g_once_init_enter (&forced_portable))
-    g_once_init_leave (&forced_portable,
-                       g_strcmp0 (g_getenv ("GMLP_CUDA_DEVICE_GEMM"), "portable") == 0 ? 2 : 1);
-  if (forced_portable == 2)
+  if (device->tuning.device_gemm != 0)
     {
-      *reason = "turned off by GMLP_CUDA_DEVICE_GEMM=portable";
+      *reason = "turned off by the device's tuning (device-gemm=portable)";
       return FALSE;
     }
   if (cudaDeviceGetAttribute (&major, cudaDevAttrComputeCapabilityMajor, device->ordinal) != cudaSuccess ||
@@ -101,7 +97,8 @@ gmlp_cuda_use_sm90 (GmlpBackendDevice          *device,
       *reason = "the device's attributes could not be read";
       return FALSE;
     }
-  return gmlp_kernel_device_gemm_sm90_check (kernel_gemm, major, minor, reason) == GMLP_KERNEL_SUCCESS;
+  return gmlp_kernel_device_gemm_sm90_check (kernel_gemm, &device->sm90_tuning, major, minor,
+                                             reason) == GMLP_KERNEL_SUCCESS;
 }
 
 /* Enqueues kernel_gemm on the Hopper kernel when it covers it (*taken);
@@ -122,12 +119,13 @@ gmlp_cuda_run_sm90 (GmlpBackendDevice          *device,
 
   *taken = TRUE;
   workspace = gmlp_cuda_device_workspace (device,
-                                          gmlp_kernel_device_gemm_sm90_workspace_bytes (kernel_gemm),
+                                          gmlp_kernel_device_gemm_sm90_workspace_bytes (kernel_gemm,
+                                                                                        &device->sm90_tuning),
                                           error);
   if (workspace == NULL)
     return FALSE;
-  return gmlp_cuda_kernel_result (gmlp_kernel_device_gemm_sm90 (kernel_gemm, workspace,
-                                                                n_sms, device->stream),
+  return gmlp_cuda_kernel_result (gmlp_kernel_device_gemm_sm90 (kernel_gemm, &device->sm90_tuning,
+                                                                workspace, n_sms, device->stream),
                                   "gmlp_kernel_device_gemm_sm90", error);
 }
 

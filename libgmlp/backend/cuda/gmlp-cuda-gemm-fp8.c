@@ -604,13 +604,14 @@ fp8_pad_operands (GmlpBackendDevice  *device,
  * shapes, operands quantized beforehand). For FPROP one launch for all
  * groups wins from about 16 groups on; cuBLASLt's kernels for one large
  * product keep the few large groups, and for DGRAD and WGRAD whatever
- * gmlp_cuda_gemm_prefer_grouped() leaves them. GMLP_CUDA_HOST_GEMM=cublas
- * or =sm90 forces one side. */
+ * gmlp_cuda_gemm_prefer_grouped() leaves them. The tuning's host-gemm
+ * (cublas or sm90) forces one side. */
 static gboolean
-fp8_prefer_sm90 (const GmlpBackendGemmFp8 *gemm,
+fp8_prefer_sm90 (GmlpBackendDevice        *device,
+                 const GmlpBackendGemmFp8 *gemm,
                  const GmlpCudaFp8Plan    *plan)
 {
-  GmlpCudaHostGemm forced = gmlp_cuda_host_gemm_forced ();
+  GmlpCudaHostGemm forced = (GmlpCudaHostGemm) device->tuning.host_gemm;
   double flop = 0.0;
 
   if (forced != GMLP_CUDA_HOST_GEMM_AUTO)
@@ -788,7 +789,7 @@ gmlp_cuda_gemm_fp8_locked (GmlpBackendDevice          *device,
 
   /* On libgmlp's Hopper kernel where it applies: one launch for all groups
    * instead of a cuBLASLt call per group. */
-  if (plan.products->len > 0 && fp8_prefer_sm90 (gemm, &plan))
+  if (plan.products->len > 0 && fp8_prefer_sm90 (device, gemm, &plan))
     {
       gboolean taken = FALSE;
       const char *reason;

@@ -529,19 +529,6 @@ gmlp_cuda_gemm_zero_groups (GmlpBackendDevice      *device,
   return TRUE;
 }
 
-/* Whether the loop alternates its products between two streams;
- * GMLP_CUDA_LOOP_STREAMS=1 keeps it on the compute stream alone, for
- * comparisons. */
-static gboolean
-gmlp_cuda_loop_two_streams (void)
-{
-  static gsize two = 0;   /* 0: not read yet, else 1 + the answer */
-
-  if (g_once_init_enter (&two))
-    g_once_init_leave (&two, 1 + (g_strcmp0 (g_getenv ("GMLP_CUDA_LOOP_STREAMS"), "1") != 0));
-  return two - 1;
-}
-
 /* Orders waiter after all work on producer so far, through event. */
 static gboolean
 gmlp_cuda_stream_after (cudaStream_t   waiter,
@@ -589,7 +576,7 @@ gmlp_cuda_run_looped (GmlpBackendDevice       *device,
                       GError                 **error)
 {
   const float alpha = 1.0f;
-  gboolean two = count > 1 && gmlp_cuda_loop_two_streams ();
+  gboolean two = count > 1 && device->tuning.loop_streams != 1;
   gboolean ok = TRUE;
 
   if (two && !gmlp_cuda_stream_after (device->side_stream, device->stream, device->side_fork, error))
@@ -804,7 +791,7 @@ gmlp_cuda_run_grouped (GmlpBackendDevice       *device,
  * skewed split of 128 rows per expert on average): tiles are used when
  * they cover at least three quarters of the rows. WGRAD sums over the
  * rows, so its groups stay whole in the grouped call.
- * GMLP_CUDA_NO_ROW_TILES=1 turns tiling off, for comparisons. */
+ * The tuning's row-tiles=off turns tiling off, for comparisons. */
 #define GMLP_CUDA_ROW_TILE 128
 
 /* All the rows, and those that lie in whole row tiles. */
@@ -822,11 +809,12 @@ gmlp_cuda_gemm_count_tiled_rows (const GmlpBackendGemm *gemm,
 }
 
 static gboolean
-gmlp_cuda_gemm_use_row_tiles (const GmlpBackendGemm *gemm)
+gmlp_cuda_gemm_use_row_tiles (GmlpBackendDevice     *device,
+                              const GmlpBackendGemm *gemm)
 {
   gint64 rows, tiled;
 
-  if (gemm->kind == GMLP_GEMM_WGRAD || g_getenv ("GMLP_CUDA_NO_ROW_TILES") != NULL)
+  if (gemm->kind == GMLP_GEMM_WGRAD || device->tuning.row_tiles == 1)
     return FALSE;
   gmlp_cuda_gemm_count_tiled_rows (gemm, &rows, &tiled);
   return tiled * 4 >= rows * 3;
@@ -841,7 +829,7 @@ gmlp_cuda_gemm_use_row_tiles (const GmlpBackendGemm *gemm)
  * shape alone, so only products under GMLP_CUDA_BATCHED_MAX_MEAN_FLOP are
  * batched. With unequal products, whole row chunks batched and the
  * remainders looped ran below the loop, so only the uniform case is.
- * GMLP_CUDA_NO_BATCHED set keeps the loop, for comparisons. */
+ * The tuning's batched=off keeps the loop, for comparisons. */
 #define GMLP_CUDA_BATCHED_MAX_MEAN_FLOP 64e9
 
 /* Whether there are two products or more, averaging under the limit above. */
@@ -876,30 +864,15 @@ gmlp_cuda_products_uniform (const GmlpCudaProduct *products,
  * 16-bit DGRAD stays on cuBLAS: its B arrives MN-major, which the kernel
  * reads slower.
  *
- * GMLP_CUDA_HOST_GEMM=cublas or =sm90 forces one side, for comparisons. */
+ * The tuning's host_gemm forces one side, for tests and comparisons. */
 #define GMLP_CUDA_SM90_MAX_TILED 0.95
 
-GmlpCudaHostGemm
-gmlp_cuda_host_gemm_forced (void)
-{
-  static gsize forced = 0;   /* 0: not read yet, else GmlpCudaHostGemm + 1 */
-
-  if (g_once_init_enter (&forced))
-    {
-      const char *value = g_getenv ("GMLP_CUDA_HOST_GEMM");
-
-      g_once_init_leave (&forced, 1 + (g_strcmp0 (value, "cublas") == 0 ? GMLP_CUDA_HOST_GEMM_CUBLAS :
-                                       g_strcmp0 (value, "sm90") == 0 ? GMLP_CUDA_HOST_GEMM_SM90 :
-                                                                        GMLP_CUDA_HOST_GEMM_AUTO));
-    }
-  return (GmlpCudaHostGemm) (forced - 1);
-}
-
 static gboolean
-gmlp_cuda_gemm_prefer_sm90 (const GmlpBackendGemm  *gemm,
+gmlp_cuda_gemm_prefer_sm90 (GmlpBackendDevice      *device,
+                            const GmlpBackendGemm  *gemm,
                             const GmlpCudaGemmPlan *plan)
 {
-  GmlpCudaHostGemm forced = gmlp_cuda_host_gemm_forced ();
+  GmlpCudaHostGemm forced = (GmlpCudaHostGemm) device->tuning.host_gemm;
   gint64 rows, tiled;
 
   if (forced != GMLP_CUDA_HOST_GEMM_AUTO)
@@ -927,7 +900,7 @@ gmlp_cuda_gemm_grouped (GmlpBackendDevice       *device,
                         gboolean                *fall_back,
                         GError                 **error)
 {
-  gboolean tiled = gmlp_cuda_gemm_use_row_tiles (gemm);
+  gboolean tiled = gmlp_cuda_gemm_use_row_tiles (device, gemm);
   g_autoptr(GArray) tiles = g_array_new (FALSE, FALSE, sizeof (GmlpCudaProduct));
   g_autoptr(GArray) rest = g_array_new (FALSE, FALSE, sizeof (GmlpCudaProduct));
   gsize ab_size = gmlp_num_dtype_size (gemm->ab_dtype);
@@ -997,7 +970,7 @@ gmlp_cuda_gemm_locked (GmlpBackendDevice      *device,
   if (!gmlp_cuda_activate (device, error))
     return FALSE;
 
-  if (plan.n_products > 0 && gmlp_cuda_gemm_prefer_sm90 (gemm, &plan))
+  if (plan.n_products > 0 && gmlp_cuda_gemm_prefer_sm90 (device, gemm, &plan))
     {
       gboolean taken;
 
@@ -1026,7 +999,7 @@ gmlp_cuda_gemm_locked (GmlpBackendDevice      *device,
     return FALSE;
   products = gmlp_cuda_gemm_products (gemm, &count);
   if (plan.aligned && plan.n_products <= G_MAXINT && gmlp_cuda_gemm_below_batched_size (&plan) &&
-      g_getenv ("GMLP_CUDA_NO_BATCHED") == NULL && gmlp_cuda_products_uniform (products, count))
+      device->tuning.batched != 1 && gmlp_cuda_products_uniform (products, count))
     return gmlp_cuda_run_batched (device, gemm, &plan, products, count, error);
   return gmlp_cuda_run_looped (device, gemm, &plan, products, count, error);
 }

@@ -92,6 +92,12 @@ struct _GmlpBackendDevice
   GHashTable       *live_blocks;
   GHashTable       *kept_blocks;
   gsize             kept_bytes, kept_limit;
+
+  /* The tuning (gmlp_cuda_set_tuning()): what the routes read, and its
+   * Hopper-kernel part in the kernels' terms; zeros (the heuristics'
+   * choices) from open_device. Written and read under scratch_lock. */
+  GmlpBackendTuning     tuning;
+  GmlpKernelSm90Tuning  sm90_tuning;
 };
 
 struct _GmlpBackendEvent
@@ -295,16 +301,18 @@ gboolean  gmlp_cuda_gemm_fp8_sm90   (GmlpBackendDevice          *device,
 gboolean  gmlp_cuda_gemm_fp8_sm90_covers (GmlpBackendDevice         *device,
                                           const GmlpBackendGemmFp8  *gemm,
                                           const char               **reason);
-/* Which side takes the products with host sizes that both can do:
- * GMLP_CUDA_HOST_GEMM=cublas (cuBLAS and cuBLASLt) or =sm90 (libgmlp's
- * Hopper kernel) forces one, for comparisons; read once. */
+/* Which side takes the products with host sizes that both can do, where
+ * the tuning's host_gemm forces one (for tests and comparisons): the
+ * values of GmlpBackendTuning.host_gemm. */
 typedef enum {
-  GMLP_CUDA_HOST_GEMM_AUTO,
-  GMLP_CUDA_HOST_GEMM_CUBLAS,
-  GMLP_CUDA_HOST_GEMM_SM90,
+  GMLP_CUDA_HOST_GEMM_AUTO = 0,
+  GMLP_CUDA_HOST_GEMM_CUBLAS = 1,
+  GMLP_CUDA_HOST_GEMM_SM90 = 2,
 } GmlpCudaHostGemm;
 
-GmlpCudaHostGemm gmlp_cuda_host_gemm_forced (void);
+/* The device's tuning from now on, under scratch_lock (gmlp-cuda-backend.c). */
+void      gmlp_cuda_set_tuning      (GmlpBackendDevice        *device,
+                                     const GmlpBackendTuning  *tuning);
 /* From this many products on, one launch for all can beat a tuned call
  * each. */
 #define GMLP_CUDA_GROUPED_MIN_PRODUCTS 16
