@@ -165,8 +165,7 @@ GmlpLinearFlags       gmlp_grouped_linear_get_flags               (GmlpGroupedLi
 GMLP_AVAILABLE_IN_0_1
 gboolean              gmlp_grouped_linear_get_grad_added_to_main_grad (GmlpGroupedLinear *self);
 
-/* FP8: the products through quantizers (the FP8 section of
- * gmlp-grouped-linear.c). */
+/* FP8: the products through quantizers (gmlp-grouped-linear-fp8.c). */
 GMLP_AVAILABLE_IN_0_1
 gboolean              gmlp_grouped_linear_set_quantizers          (GmlpGroupedLinear     *self,
                                                                    GmlpQuantizer         *input,

@@ -87,3 +87,28 @@ gboolean            gmlp_grouped_tensor_overlaps            (GmlpGroupedTensor *
                                                              GmlpGroupedTensor *b);
 
 G_END_DECLS
+
+G_BEGIN_DECLS
+
+/* A new tensor of @dtype with the group sizes of @self: the same host
+ * sizes, or the same device sizes tensor and row capacity. */
+GmlpGroupedTensor *gmlp_grouped_tensor_new_like           (GmlpGroupedTensor  *self,
+                                                           GmlpDType           dtype,
+                                                           GError            **error);
+
+/* Quantized tensors (gmlp-grouped-tensor-quantized.c), for the rest of the
+ * tensor: whether convert() must go through convert_scaled() (the values
+ * of @self mean nothing without their scales, or are scales that are not
+ * values); convert() of such a tensor, dequantized where the result is a
+ * floating type that can hold it, else an error that says what to do
+ * instead; and what a member view of @self keeps of its scales. */
+gboolean           gmlp_grouped_tensor_is_scaled          (GmlpGroupedTensor  *self);
+GmlpGroupedTensor *gmlp_grouped_tensor_convert_scaled     (GmlpGroupedTensor  *self,
+                                                           GmlpDType           dtype,
+                                                           GError            **error);
+gboolean           gmlp_grouped_tensor_member_keep_scales (GmlpGroupedTensor  *self,
+                                                           GmlpGroupedTensor  *view,
+                                                           guint               index,
+                                                           GError            **error);
+
+G_END_DECLS

@@ -191,7 +191,7 @@ gint64            *gmlp_grouped_tensor_read_sizes           (GmlpGroupedTensor  
 G_END_DECLS
 
 /* FP8: tensors made by a GmlpQuantizer carry their scales (gmlp-quantizer.c
- * makes them; the accessors are at the end of gmlp-grouped-tensor.c). */
+ * makes them; the accessors are in gmlp-grouped-tensor-quantized.c). */
 
 #include "gmlp-scaling-recipe.h"
 

@@ -1,8 +1,8 @@
 /* gmlp-quantizer-private.h: what the layers need of quantized tensors
  *
  * A quantized tensor is an FP8 GmlpGroupedTensor that carries its scales
- * (and optionally a columnwise copy); the functions for that live at the end
- * of gmlp-grouped-tensor.c.
+ * (and optionally a columnwise copy); the functions for that live in
+ * gmlp-grouped-tensor-quantized.c.
  *
  * SPDX-License-Identifier: LGPL-2.1-or-later
  */

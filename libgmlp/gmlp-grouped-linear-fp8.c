@@ -1,0 +1,1179 @@
+/* gmlp-grouped-linear-fp8.c: GmlpGroupedLinear with quantizers
+ *
+ * The layer's quantizers and cached FP8 weights, the rules that say which
+ * recipes and formats its products take, and the FP8 forward and backward:
+ * which product each operand takes, with which scales, and where the
+ * layer dequantizes instead.
+ *
+ * With quantizers, the three products take FP8 operands. Per-tensor recipes
+ * (DELAYED, CURRENT) with host group sizes multiply FP8 on the backend's
+ * gemm_fp8, whose operands are all K-major: FPROP x·Wᵀ reads x and W rowwise,
+ * DGRAD dy·W reads dy rowwise and W's columnwise copy, WGRAD dyᵀ·x the
+ * columnwise copies of dy and x; the quantizers write the copies in the same
+ * pass when the backward will need them. With device-only group sizes FPROP
+ * and DGRAD take gemm_device's FP8 products where the backend has them
+ * (fp8_run_device(): CUDA on Hopper, the CPU), and so does WGRAD on the
+ * columnwise copies (fp8_run_device_wgrad(): CUDA on Hopper). Blockwise
+ * scales take the same products, each operand with its scale layout
+ * (fp8_operand_scales(): CUDA on its Hopper kernel, the CPU); where a backend
+ * refuses them (UNSUPPORTED: another GPU, the CPU's WGRAD of device sizes,
+ * WGRAD groups whose rows the kernel cannot read) and for MXFP8 and operands
+ * given without the copies, the layer dequantizes the FP8 operands to
+ * gmlp_linear_fp8_fallback_dtype() and runs its usual products: correct, not
+ * fast.
+ *
+ * The forward saves the quantized input ("input": offload moves every part
+ * of it) and the quantized weights ("weight-fp8", resident on the device);
+ * a backward is FP8 when its forward was, whatever the quantizers are by
+ * then.
+ *
+ * SPDX-License-Identifier: LGPL-2.1-or-later
+ */
+
+#include "config.h"
+
+#include "gmlp-grouped-linear-impl.h"
+#include "gmlp-enum-types.h"
+#include "gmlp-error.h"
+#include "gmlp-error-private.h"
+#include "gmlp-quantize-numeric.h"
+#include "gmlp-quantizer-private.h"
+#include "gmlp-saved-activations-private.h"
+#include "gmlp-thread-private.h"
+
+static gboolean
+fp8_per_tensor (GmlpScalingRecipe recipe)
+{
+  return recipe == GMLP_SCALING_RECIPE_DELAYED || recipe == GMLP_SCALING_RECIPE_CURRENT;
+}
+
+/* Whether one product can take operands of these recipes: the same one, or
+ * two with one scale per group (the product only multiplies the two). */
+static gboolean
+fp8_recipes_combine (GmlpScalingRecipe a,
+                     GmlpScalingRecipe b)
+{
+  return a == b || (fp8_per_tensor (a) && fp8_per_tensor (b));
+}
+
+static const char *
+fp8_recipe_name (GmlpScalingRecipe recipe)
+{
+  g_autoptr(GEnumClass) klass = g_type_class_ref (GMLP_TYPE_SCALING_RECIPE);
+  GEnumValue *value = g_enum_get_value (klass, recipe);
+
+  /* Nicks are static strings of the registered type. */
+  return value != NULL ? value->value_nick : "invalid";
+}
+
+static const char *
+fp8_role_name (GmlpQuantizerRole role)
+{
+  g_autoptr(GEnumClass) klass = g_type_class_ref (GMLP_TYPE_QUANTIZER_ROLE);
+  GEnumValue *value = g_enum_get_value (klass, role);
+
+  return value != NULL ? value->value_nick : "invalid";
+}
+
+/* The dtype the fallback multiplies dequantized operands in: 16 bits, for
+ * the tensor cores; FP16 for an FP16 layer, whose outputs the backends'
+ * products only write from FP16 or FP32 operands. */
+GmlpDType
+gmlp_linear_fp8_fallback_dtype (GmlpGroupedLinear *self)
+{
+  return self->dtype == GMLP_DTYPE_FLOAT16 ? GMLP_DTYPE_FLOAT16 : GMLP_DTYPE_BFLOAT16;
+}
+
+/* The products that multiply two operands, named by their quantizers'
+ * roles: FPROP x·W, DGRAD dy·W, WGRAD dy·x. */
+static const struct {
+  const char        *name;
+  GmlpQuantizerRole  first, second;
+} fp8_products[] = {
+  { "FPROP", GMLP_QUANTIZER_ROLE_INPUT, GMLP_QUANTIZER_ROLE_WEIGHT },
+  { "DGRAD", GMLP_QUANTIZER_ROLE_GRAD_OUTPUT, GMLP_QUANTIZER_ROLE_WEIGHT },
+  { "WGRAD", GMLP_QUANTIZER_ROLE_GRAD_OUTPUT, GMLP_QUANTIZER_ROLE_INPUT },
+};
+
+/* The rules of the per-tensor products for two operands (of recipes and
+ * FP8 dtypes): features multiples of 16, and no E5M2 × E5M2 (which
+ * cuBLASLt has no kernel for); the same on every backend, so that what runs
+ * on the CPU runs on a GPU. */
+static gboolean
+fp8_check_native_rules (GmlpGroupedLinear  *self,
+                        const char         *product,
+                        GmlpScalingRecipe   recipe_a,
+                        GmlpDType           dtype_a,
+                        GmlpScalingRecipe   recipe_b,
+                        GmlpDType           dtype_b,
+                        GError            **error)
+{
+  if (!fp8_per_tensor (recipe_a) || !fp8_per_tensor (recipe_b))
+    return TRUE;
+  if (self->in_features % 16 != 0 || self->out_features % 16 != 0)
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_UNSUPPORTED,
+                   "FP8 products with per-tensor scales need in_features and out_features that "
+                   "are multiples of 16 (16-byte FP8 rows); the layer has %" G_GINT64_FORMAT
+                   " → %" G_GINT64_FORMAT, self->in_features, self->out_features);
+      return FALSE;
+    }
+  if (dtype_a == GMLP_DTYPE_FLOAT8_E5M2 && dtype_b == GMLP_DTYPE_FLOAT8_E5M2)
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_UNSUPPORTED,
+                   "The %s product would multiply E5M2 by E5M2, which the FP8 GEMMs do not do: "
+                   "use the E4M3 or HYBRID format", product);
+      return FALSE;
+    }
+  return TRUE;
+}
+
+gboolean
+gmlp_linear_fp8_check_quantizers (GmlpGroupedLinear  *self,
+                                  GmlpQuantizer      *input,
+                                  GmlpQuantizer      *weight,
+                                  GmlpQuantizer      *grad_output,
+                                  GError            **error)
+{
+  GmlpQuantizer *by_role[3];
+  guint i, given = 0;
+
+  /* Indexed by GmlpQuantizerRole. */
+  by_role[GMLP_QUANTIZER_ROLE_INPUT] = input;
+  by_role[GMLP_QUANTIZER_ROLE_WEIGHT] = weight;
+  by_role[GMLP_QUANTIZER_ROLE_GRAD_OUTPUT] = grad_output;
+
+  for (i = 0; i < 3; i++)
+    given += by_role[i] != NULL;
+  if (given == 0)
+    return TRUE;
+  if (given != 3)
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
+                   "FP8 takes three quantizers (input, weight and grad-output), or none");
+      return FALSE;
+    }
+
+  for (i = 0; i < 3; i++)
+    {
+      GmlpQuantizer *q = by_role[i];
+
+      if (gmlp_quantizer_get_device (q) != self->device)
+        {
+          g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
+                       "The %s quantizer is for %s, the layer is on %s", fp8_role_name (i),
+                       gmlp_device_get_name (gmlp_quantizer_get_device (q)),
+                       gmlp_device_get_name (self->device));
+          return FALSE;
+        }
+      if (gmlp_quantizer_get_role (q) != (GmlpQuantizerRole) i)
+        {
+          g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
+                       "The %s quantizer has the role %s; it must have the role %s",
+                       fp8_role_name (i), fp8_role_name (gmlp_quantizer_get_role (q)),
+                       fp8_role_name (i));
+          return FALSE;
+        }
+    }
+
+  for (i = 0; i < G_N_ELEMENTS (fp8_products); i++)
+    {
+      GmlpQuantizer *a = by_role[fp8_products[i].first], *b = by_role[fp8_products[i].second];
+
+      if (!fp8_recipes_combine (gmlp_quantizer_get_recipe (a), gmlp_quantizer_get_recipe (b)))
+        {
+          g_set_error (error, GMLP_ERROR, GMLP_ERROR_UNSUPPORTED,
+                       "The %s product cannot combine the %s recipe (%s quantizer) with the %s "
+                       "recipe (%s quantizer): use one recipe, or the two per-tensor ones",
+                       fp8_products[i].name, fp8_recipe_name (gmlp_quantizer_get_recipe (a)),
+                       fp8_role_name (fp8_products[i].first),
+                       fp8_recipe_name (gmlp_quantizer_get_recipe (b)),
+                       fp8_role_name (fp8_products[i].second));
+          return FALSE;
+        }
+      if (!fp8_check_native_rules (self, fp8_products[i].name,
+                                   gmlp_quantizer_get_recipe (a), gmlp_quantizer_get_dtype (a),
+                                   gmlp_quantizer_get_recipe (b), gmlp_quantizer_get_dtype (b),
+                                   error))
+        return FALSE;
+    }
+  return TRUE;
+}
+
+/* The recipe and FP8 dtype an operand has, or will have once @quantizer
+ * has quantized it. */
+static GmlpScalingRecipe
+fp8_operand_recipe (GmlpGroupedTensor *tensor,
+                    GmlpQuantizer     *quantizer)
+{
+  if (gmlp_dtype_is_fp8 (gmlp_grouped_tensor_get_dtype (tensor)))
+    return gmlp_grouped_tensor_get_scaling_recipe (tensor);
+  return quantizer != NULL ? gmlp_quantizer_get_recipe (quantizer) : GMLP_SCALING_RECIPE_NONE;
+}
+
+static GmlpDType
+fp8_operand_dtype (GmlpGroupedTensor *tensor,
+                   GmlpQuantizer     *quantizer)
+{
+  if (gmlp_dtype_is_fp8 (gmlp_grouped_tensor_get_dtype (tensor)) || quantizer == NULL)
+    return gmlp_grouped_tensor_get_dtype (tensor);
+  return gmlp_quantizer_get_dtype (quantizer);
+}
+
+/* Whether the WGRAD of device-only group sizes multiplies FP8, reading the
+ * columnwise copies of dy and x (fp8_run_device_wgrad()): per-tensor scales
+ * on both, or blockwise on both (the copies' own 128 × 1 blocks). */
+static gboolean
+fp8_device_wgrad (GmlpScalingRecipe x_recipe,
+                  GmlpScalingRecipe dy_recipe)
+{
+  return (fp8_per_tensor (x_recipe) && fp8_per_tensor (dy_recipe)) ||
+         (x_recipe == GMLP_SCALING_RECIPE_BLOCKWISE && dy_recipe == GMLP_SCALING_RECIPE_BLOCKWISE);
+}
+
+/* An activation operand of an FP8 product (the input or the output
+ * gradient): of the layer's dtype, for @quantizer to quantize, or
+ * quantized already, rowwise, with its scales; either way of a recipe that
+ * meets @partner's (an operand it is multiplied with) in @product. */
+gboolean
+gmlp_linear_fp8_check_activation (GmlpGroupedLinear  *self,
+                                  GmlpGroupedTensor  *tensor,
+                                  gint64              cols,
+                                  const char         *what,
+                                  GmlpQuantizer      *quantizer,
+                                  const char         *product,
+                                  GmlpGroupedTensor  *partner,
+                                  GmlpQuantizer      *partner_quantizer,
+                                  GError            **error)
+{
+  GmlpDType dtype = gmlp_grouped_tensor_get_dtype (tensor);
+  GmlpScalingRecipe recipe, partner_recipe;
+
+  if (gmlp_grouped_tensor_get_device (tensor) != self->device)
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
+                   "%s is on %s, the layer on %s", what,
+                   gmlp_device_get_name (gmlp_grouped_tensor_get_device (tensor)),
+                   gmlp_device_get_name (self->device));
+      return FALSE;
+    }
+  if (!gmlp_dtype_is_fp8 (dtype))
+    {
+      if (dtype != self->dtype)
+        {
+          g_set_error (error, GMLP_ERROR, GMLP_ERROR_DTYPE_MISMATCH,
+                       "%s is %s; the layer computes in %s (or takes FP8 made by a "
+                       "GmlpQuantizer)", what, gmlp_dtype_get_name (dtype),
+                       gmlp_dtype_get_name (self->dtype));
+          return FALSE;
+        }
+      if (quantizer == NULL)
+        {
+          g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_STATE,
+                       "%s is %s and the layer has no quantizers now, but this backward "
+                       "belongs to an FP8 forward: set the quantizers again, or give it "
+                       "quantized", what, gmlp_dtype_get_name (dtype));
+          return FALSE;
+        }
+    }
+  else if (gmlp_grouped_tensor_get_scale_inv (tensor) == NULL)
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
+                   "%s is %s without scales: FP8 operands must come from a GmlpQuantizer "
+                   "(a conversion or a member view has none)", what, gmlp_dtype_get_name (dtype));
+      return FALSE;
+    }
+  else if (gmlp_grouped_tensor_is_columnwise (tensor))
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_UNSUPPORTED,
+                   "%s is the columnwise (transposed) copy of a quantized tensor; give the "
+                   "rowwise tensor", what);
+      return FALSE;
+    }
+  else if (self->weight_quantizer == NULL && partner == NULL)
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_DTYPE_MISMATCH,
+                   "%s is %s: FP8 operands need the layer's quantizers (set_quantizers())",
+                   what, gmlp_dtype_get_name (dtype));
+      return FALSE;
+    }
+
+  if (gmlp_grouped_tensor_get_n_groups (tensor) != self->n_groups)
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_SHAPE_MISMATCH,
+                   "%s has %u groups; the layer has %u", what,
+                   gmlp_grouped_tensor_get_n_groups (tensor), self->n_groups);
+      return FALSE;
+    }
+  if (gmlp_grouped_tensor_get_cols (tensor) != cols)
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_SHAPE_MISMATCH,
+                   "%s has %" G_GINT64_FORMAT " columns; the layer needs %" G_GINT64_FORMAT,
+                   what, gmlp_grouped_tensor_get_cols (tensor), cols);
+      return FALSE;
+    }
+
+  recipe = fp8_operand_recipe (tensor, quantizer);
+  partner_recipe = partner != NULL ? gmlp_grouped_tensor_get_scaling_recipe (partner)
+                                   : gmlp_quantizer_get_recipe (partner_quantizer);
+  if (!fp8_recipes_combine (recipe, partner_recipe))
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_UNSUPPORTED,
+                   "%s has the %s recipe, which the %s product cannot combine with the %s "
+                   "recipe of its other operand", what, fp8_recipe_name (recipe), product,
+                   fp8_recipe_name (partner_recipe));
+      return FALSE;
+    }
+  return fp8_check_native_rules (self, product, recipe, fp8_operand_dtype (tensor, quantizer),
+                                 partner_recipe,
+                                 partner != NULL ? gmlp_grouped_tensor_get_dtype (partner)
+                                                 : gmlp_quantizer_get_dtype (partner_quantizer),
+                                 error);
+}
+
+/* @tensor quantized by @quantizer (with the columnwise copy when asked), or
+ * @tensor itself when it is quantized already. */
+static GmlpGroupedTensor *
+fp8_quantize (GmlpGroupedTensor  *tensor,
+              GmlpQuantizer      *quantizer,
+              gboolean            columnwise,
+              GError            **error)
+{
+  if (gmlp_dtype_is_fp8 (gmlp_grouped_tensor_get_dtype (tensor)))
+    return g_object_ref (tensor);
+  return gmlp_quantizer_quantize_full (quantizer, tensor, columnwise, error);
+}
+
+/* The quantized weights, with the columnwise copy when asked: the cached
+ * ones when they will do, else quantized now (and cached when the layer
+ * caches). Under the lock, so that forwards on several threads quantize
+ * them once. */
+static GmlpGroupedTensor *
+fp8_weights (GmlpGroupedLinear  *self,
+             gboolean            columnwise,
+             GError            **error)
+{
+  g_autoptr(GmlpMutexLocker) locker = gmlp_mutex_locker_new (&self->fp8_lock);
+  GmlpGroupedTensor *w8;
+
+  if (self->weight_fp8 != NULL &&
+      (!columnwise || gmlp_grouped_tensor_get_columnwise (self->weight_fp8) != NULL))
+    return g_object_ref (self->weight_fp8);
+
+  w8 = gmlp_quantizer_quantize_full (self->weight_quantizer, self->weight.grouped, columnwise,
+                                     error);
+  if (w8 != NULL && self->cache_fp8_weights)
+    g_set_object (&self->weight_fp8, w8);
+  return w8;
+}
+
+/* Whether both tensors are quantized by recipes whose products multiply
+ * FP8 (gmlp_scaling_recipe_multiplies_fp8()). */
+static gboolean
+fp8_multiplied (GmlpGroupedTensor *a,
+                GmlpGroupedTensor *b)
+{
+  return gmlp_scaling_recipe_multiplies_fp8 (gmlp_grouped_tensor_get_scaling_recipe (a)) &&
+         gmlp_scaling_recipe_multiplies_fp8 (gmlp_grouped_tensor_get_scaling_recipe (b));
+}
+
+/* Whether a product of a and b runs on gemm_fp8: recipes it multiplies,
+ * host sizes (of sized_by), and the K-major operands it reads (the
+ * columnwise copies, for the transposed ones; NULL otherwise). */
+static gboolean
+fp8_native (GmlpGroupedTensor *sized_by,
+            GmlpGroupedTensor *a,
+            GmlpGroupedTensor *b)
+{
+  return gmlp_grouped_tensor_has_host_sizes (sized_by) && a != NULL && b != NULL &&
+         fp8_multiplied (a, b);
+}
+
+/* How a product reads the scales of t, a quantized tensor or columnwise
+ * copy seen K-major (GmlpBackendFp8Scales): zeros for per-tensor scales;
+ * for blocks, the scale tensor's members are blocks_along (rows_i) ×
+ * blocks_along (cols) in the rowwise orientation (gmlp_quant_blocks()),
+ * so a rowwise tensor's rows are its rows, a copy's its columns. FALSE
+ * where the depth blocks are not the products' 128 (MXFP8). */
+static gboolean
+fp8_operand_scales (GmlpGroupedTensor    *t,
+                    GmlpBackendFp8Scales *out)
+{
+  gint64 block_rows, block_cols, cols = gmlp_grouped_tensor_get_cols (t);
+
+  *out = (GmlpBackendFp8Scales) { 0, };
+  gmlp_grouped_tensor_get_scale_block (t, &block_rows, &block_cols);
+  if (block_rows == 0 && block_cols == 0)
+    return TRUE;
+  if (!gmlp_grouped_tensor_is_columnwise (t))
+    {
+      if (block_cols != GMLP_BACKEND_FP8_DEPTH_BLOCK)
+        return FALSE;
+      *out = (GmlpBackendFp8Scales) { block_rows, gmlp_quant_blocks_along (cols, block_cols), 1 };
+      return TRUE;
+    }
+  if (block_rows != GMLP_BACKEND_FP8_DEPTH_BLOCK)
+    return FALSE;
+  *out = (GmlpBackendFp8Scales) { block_cols, 1, gmlp_quant_blocks_along (cols, block_cols) };
+  return TRUE;
+}
+
+/* Whether a backend's error says it does not take the product (UNSUPPORTED:
+ * no kernel for it there): then the caller dequantizes. Clears it. */
+static gboolean
+fp8_refused (GError **local_error)
+{
+  if ((*local_error)->code != GMLP_ERROR_UNSUPPORTED)
+    return FALSE;
+  g_debug ("FP8 product on dequantized operands: %s", (*local_error)->message);
+  g_clear_error (local_error);
+  return TRUE;
+}
+
+/* C_i = A_i B_iᵀ on the backend's gemm_fp8 (see GmlpBackendGemmFp8: a and b
+ * K-major, rowwise tensors or columnwise copies, each with its scales).
+ * *ran says whether it ran: blockwise products a backend does not take are
+ * refused before anything is enqueued, and the caller dequantizes. */
+static gboolean
+fp8_run_native (GmlpGroupedLinear  *self,
+                GmlpGemmKind        kind,
+                const gint64       *rows,
+                GmlpGroupedTensor  *a,
+                GmlpGroupedTensor  *b,
+                void * const       *c,
+                GmlpDType           c_dtype,
+                const guint8       *accumulate,
+                gboolean           *ran,
+                GError            **error)
+{
+  g_autoptr(GError) local_error = NULL;
+  GmlpBackendFp8Scales a_scales, b_scales;
+  gboolean blockwise;
+
+  g_autofree gpointer *pa = member_pointers (a, NULL, self->n_groups);
+  g_autofree gpointer *pb = member_pointers (b, NULL, self->n_groups);
+  g_autofree gpointer *sa = member_pointers (gmlp_grouped_tensor_get_scale_inv (a), NULL, self->n_groups);
+  g_autofree gpointer *sb = member_pointers (gmlp_grouped_tensor_get_scale_inv (b), NULL, self->n_groups);
+  GmlpBackendGemmFp8 gemm = {
+    .kind = kind,
+    .n_groups = self->n_groups,
+    .rows = rows,
+    .n = self->out_features,
+    .k = self->in_features,
+    .a_dtype = (int) gmlp_grouped_tensor_get_dtype (a),
+    .b_dtype = (int) gmlp_grouped_tensor_get_dtype (b),
+    .c_dtype = (int) c_dtype,
+    .a = (const void * const *) pa,
+    .b = (const void * const *) pb,
+    .a_scale_inv = (const float * const *) sa,
+    .b_scale_inv = (const float * const *) sb,
+    .c = c,
+    .accumulate = accumulate,
+  };
+
+  *ran = FALSE;
+  if (!fp8_operand_scales (a, &a_scales) || !fp8_operand_scales (b, &b_scales))
+    return TRUE;
+  gemm.a_scales = a_scales;
+  gemm.b_scales = b_scales;
+  blockwise = gmlp_backend_fp8_scales_blockwise (&a_scales, &b_scales);
+  *ran = GMLP_DEVICE_CALL (self->device, gemm_fp8, &gemm, &local_error);
+  if (*ran || (blockwise && fp8_refused (&local_error)))
+    return TRUE;
+  g_propagate_error (error, g_steal_pointer (&local_error));
+  return FALSE;
+}
+
+/* An FP8 product with device sizes on the backend's gemm_device. *ran says
+ * whether it ran: a backend without such a product (the CPU's WGRAD, CUDA
+ * off Hopper) says UNSUPPORTED before enqueuing anything, and the caller
+ * dequantizes instead. */
+static gboolean
+fp8_gemm_device (GmlpGroupedLinear            *self,
+                 const GmlpBackendGemmDevice  *gemm,
+                 gboolean                     *ran,
+                 GError                      **error)
+{
+  g_autoptr(GError) local_error = NULL;
+
+  *ran = GMLP_DEVICE_CALL (self->device, gemm_device, gemm, &local_error);
+  /* The backends' errors share GmlpError's codes. */
+  if (*ran || fp8_refused (&local_error))
+    return TRUE;
+  g_propagate_error (error, g_steal_pointer (&local_error));
+  return FALSE;
+}
+
+/* FPROP y = x8 W8ᵀ [+ b] or DGRAD dx = dy8 (W8ᵀ)ᵀ with the group sizes of
+ * sized_by on the device only, on the backend's gemm_device: a8 grouped by
+ * those sizes, w8 the quantized weights (DGRAD: their columnwise copy),
+ * per-tensor or blockwise scales. *ran as for fp8_gemm_device(); operands
+ * whose scale layout no product takes (MXFP8) do not run either. */
+static gboolean
+fp8_run_device (GmlpGroupedLinear  *self,
+                GmlpGemmKind        kind,
+                GmlpGroupedTensor  *sized_by,
+                GmlpGroupedTensor  *a8,
+                GmlpGroupedTensor  *w8,
+                GmlpGroupedTensor  *c,
+                gboolean           *ran,
+                GError            **error)
+{
+  gboolean bias = kind == GMLP_GEMM_FPROP && self->bias.grouped != NULL;
+  g_autofree gpointer *pw = member_pointers (w8, NULL, self->n_groups);
+  g_autofree gpointer *sw = member_pointers (gmlp_grouped_tensor_get_scale_inv (w8), NULL, self->n_groups);
+  g_autofree gpointer *sa = NULL;
+  g_autofree gpointer *pbias = bias ? member_pointers (NULL, self->bias.members, self->n_groups) : NULL;
+  GmlpBackendFp8Scales a_scales, w_scales;
+  GmlpBackendShape shape;
+  gboolean blockwise;
+
+  *ran = FALSE;
+  if (!fp8_operand_scales (a8, &a_scales) || !fp8_operand_scales (w8, &w_scales))
+    return TRUE;
+  blockwise = gmlp_backend_fp8_scales_blockwise (&a_scales, &w_scales);
+  /* Blockwise: a8's scales are grouped by the device sizes, from their base. */
+  if (!blockwise)
+    sa = member_pointers (gmlp_grouped_tensor_get_scale_inv (a8), NULL, self->n_groups);
+  if (!gmlp_grouped_tensor_get_backend_shape (sized_by, &shape, error))
+    return FALSE;
+  {
+    GmlpBackendGemmDevice gemm = {
+      .kind = kind,
+      .n_groups = self->n_groups,
+      .device_rows = shape.device_rows,
+      .row_capacity = shape.row_capacity,
+      .n = self->out_features,
+      .k = self->in_features,
+      .ab_dtype = (int) gmlp_grouped_tensor_get_dtype (a8),
+      .b_dtype = (int) gmlp_grouped_tensor_get_dtype (w8),
+      .c_dtype = (int) self->dtype,
+      .a = gmlp_grouped_tensor_get_data (a8),
+      .c_rows = gmlp_grouped_tensor_get_data (c),
+      .weight = (const void * const *) pw,
+      .bias = (const void * const *) pbias,
+      .a_scale_inv = (const float * const *) sa,
+      .b_scale_inv = (const float * const *) sw,
+      .a_scales = a_scales,
+      .b_scales = w_scales,
+      .a_scale_rows = blockwise ? gmlp_grouped_tensor_get_data (gmlp_grouped_tensor_get_scale_inv (a8)) : NULL,
+    };
+
+    return fp8_gemm_device (self, &gemm, ran, error);
+  }
+}
+
+/* WGRAD dW [+]= dy8ᵀ x8 with the group sizes of sized_by on the device
+ * only, on the backend's gemm_device: dy_t and x_t are the columnwise
+ * copies (per-tensor or blockwise scales, fp8_device_wgrad()), the outputs
+ * and the accumulation mask @wgrad's. *ran as for fp8_gemm_device(). */
+static gboolean
+fp8_run_device_wgrad (GmlpGroupedLinear  *self,
+                      const Product      *wgrad,
+                      GmlpGroupedTensor  *sized_by,
+                      GmlpGroupedTensor  *dy_t,
+                      GmlpGroupedTensor  *x_t,
+                      gboolean           *ran,
+                      GError            **error)
+{
+  GmlpGroupedTensor *dy_scales = gmlp_grouped_tensor_get_scale_inv (dy_t);
+  GmlpGroupedTensor *x_scales = gmlp_grouped_tensor_get_scale_inv (x_t);
+  g_autofree gpointer *pdw = member_pointers (NULL, wgrad->fixed->members, self->n_groups);
+  g_autofree gpointer *sdy = NULL;
+  g_autofree gpointer *sx = NULL;
+  GmlpBackendFp8Scales dy_layout, x_layout;
+  GmlpBackendShape shape;
+  gboolean blockwise;
+
+  *ran = FALSE;
+  if (!fp8_operand_scales (dy_t, &dy_layout) || !fp8_operand_scales (x_t, &x_layout))
+    return TRUE;
+  /* Blockwise: the copies' scales are grouped by the blocks of the device
+   * sizes, read from their bases; per-tensor: one per group. */
+  blockwise = gmlp_backend_fp8_scales_blockwise (&dy_layout, &x_layout);
+  if (!blockwise)
+    {
+      sdy = member_pointers (dy_scales, NULL, self->n_groups);
+      sx = member_pointers (x_scales, NULL, self->n_groups);
+    }
+  if (!gmlp_grouped_tensor_get_backend_shape (sized_by, &shape, error))
+    return FALSE;
+  {
+    GmlpBackendGemmDevice gemm = {
+      .kind = GMLP_GEMM_WGRAD,
+      .n_groups = self->n_groups,
+      .device_rows = shape.device_rows,
+      .row_capacity = shape.row_capacity,
+      .n = self->out_features,
+      .k = self->in_features,
+      .ab_dtype = (int) gmlp_grouped_tensor_get_dtype (dy_t),
+      .b_dtype = (int) gmlp_grouped_tensor_get_dtype (x_t),
+      .c_dtype = (int) wgrad->c_dtype,
+      .a = gmlp_grouped_tensor_get_data (dy_t),
+      .b_rows = gmlp_grouped_tensor_get_data (x_t),
+      .wgrad = (void * const *) pdw,
+      .accumulate = wgrad->accumulate,
+      .a_scale_inv = (const float * const *) sdy,
+      .b_scale_inv = (const float * const *) sx,
+      .a_scales = dy_layout,
+      .b_scales = x_layout,
+      .a_scale_rows = blockwise ? gmlp_grouped_tensor_get_data (dy_scales) : NULL,
+      .b_scale_rows = blockwise ? gmlp_grouped_tensor_get_data (x_scales) : NULL,
+    };
+
+    return fp8_gemm_device (self, &gemm, ran, error);
+  }
+}
+
+/* @t dequantized to @dtype, or @t itself when it is not FP8 (dequantized
+ * already, by gmlp_linear_fp8_wgrad_prepare()). */
+static GmlpGroupedTensor *
+fp8_dequantized (GmlpGroupedTensor  *t,
+                 GmlpDType           dtype,
+                 GError            **error)
+{
+  if (!gmlp_dtype_is_fp8 (gmlp_grouped_tensor_get_dtype (t)))
+    return g_object_ref (t);
+  return gmlp_grouped_tensor_dequantize (t, dtype, error);
+}
+
+/* @product on dequantized operands: a8, b_rows8 (WGRAD's x) and weight8
+ * (FPROP's and DGRAD's W) are dequantized to gmlp_linear_fp8_fallback_dtype()
+ * (a8 and b_rows8 may be given so already) and the layer's usual product runs
+ * on them, host or device sizes alike. */
+static gboolean
+fp8_run_dequantized (GmlpGroupedLinear  *self,
+                     const Product      *product,
+                     GmlpGroupedTensor  *a8,
+                     GmlpGroupedTensor  *b_rows8,
+                     GmlpGroupedTensor  *weight8,
+                     GError            **error)
+{
+  GmlpDType dtype = gmlp_linear_fp8_fallback_dtype (self);
+  g_autoptr(GmlpGroupedTensor) a = NULL;
+  g_autoptr(GmlpGroupedTensor) b_rows = NULL;
+  g_autoptr(GmlpGroupedTensor) weight = NULL;
+  Param weight_param = { NULL, NULL };
+  Product dequantized = *product;
+  gboolean ok;
+
+  a = fp8_dequantized (a8, dtype, error);
+  if (a == NULL)
+    return FALSE;
+  if (b_rows8 != NULL && (b_rows = fp8_dequantized (b_rows8, dtype, error)) == NULL)
+    return FALSE;
+  if (weight8 != NULL &&
+      ((weight = gmlp_grouped_tensor_dequantize (weight8, dtype, error)) == NULL ||
+       !gmlp_linear_param_set (&weight_param, weight, self->n_groups, error)))
+    return FALSE;
+
+  dequantized.a = a;
+  dequantized.b_rows = b_rows;
+  if (weight != NULL)
+    dequantized.fixed = &weight_param;
+  dequantized.dequantized = TRUE;
+  ok = gmlp_linear_run_product (self, &dequantized, error);
+  gmlp_linear_param_clear (&weight_param, self->n_groups);
+  return ok;
+}
+
+GmlpGroupedTensor *
+gmlp_linear_fp8_forward (GmlpGroupedLinear     *self,
+                         GmlpGroupedTensor     *input,
+                         gboolean               save_input,
+                         GmlpSavedActivations **saved,
+                         GError               **error)
+{
+  g_autoptr(GmlpGroupedTensor) x8 = NULL;
+  g_autoptr(GmlpGroupedTensor) w8 = NULL;
+  g_autoptr(GmlpGroupedTensor) output = NULL;
+  const gint64 *rows = gmlp_grouped_tensor_peek_rows (input);
+  GmlpScalingRecipe x_recipe;
+  gboolean multiplied, native, x_copy, ran = FALSE, training = saved != NULL;
+
+  if (!gmlp_linear_fp8_check_activation (self, input, self->in_features, "The input",
+                                         self->input_quantizer, "FPROP", NULL,
+                                         self->weight_quantizer, error) ||
+      !gmlp_linear_check_offload_context (self, error))
+    return NULL;
+
+  /* The columnwise copies are written only for a backward that reads
+   * them: DGRAD reads W's (host or device sizes), WGRAD x's (host sizes;
+   * device sizes with per-tensor or blockwise scales on both). */
+  x_recipe = fp8_operand_recipe (input, self->input_quantizer);
+  multiplied = gmlp_scaling_recipe_multiplies_fp8 (x_recipe) &&
+               gmlp_scaling_recipe_multiplies_fp8 (gmlp_quantizer_get_recipe (self->weight_quantizer));
+  native = rows != NULL && multiplied;
+  x_copy = native || (multiplied && self->grad_output_quantizer != NULL &&
+                      fp8_device_wgrad (x_recipe, gmlp_quantizer_get_recipe (self->grad_output_quantizer)));
+  /* The output first: quantizing records amaxes in delayed-scaling
+   * quantizers, which a forward that then fails for want of memory should
+   * not have done. (A failure between the two quantizations, or a device
+   * error, leaves the input's amax recorded; a retry records the same.) */
+  output = gmlp_linear_new_activation_like (self, input, self->out_features, error);
+  if (output == NULL)
+    return NULL;
+  x8 = fp8_quantize (input, self->input_quantizer, training && x_copy, error);
+  if (x8 == NULL)
+    return NULL;
+  w8 = fp8_weights (self, training && multiplied, error);
+  if (w8 == NULL)
+    return NULL;
+
+  if (native)
+    {
+      g_autofree gpointer *py = member_pointers (output, NULL, self->n_groups);
+
+      if (!fp8_run_native (self, GMLP_GEMM_FPROP, rows, x8, w8, (void * const *) py, self->dtype,
+                           NULL, &ran, error))
+        return NULL;
+      if (ran && self->bias.grouped != NULL)
+        {
+          g_autofree gpointer *pb = member_pointers (NULL, self->bias.members, self->n_groups);
+
+          if (!GMLP_DEVICE_CALL (self->device, add_bias, self->n_groups, rows, self->out_features,
+                                 (int) self->dtype, (void * const *) py,
+                                 (const void * const *) pb, error))
+            return NULL;
+        }
+    }
+  else if (multiplied && !fp8_run_device (self, GMLP_GEMM_FPROP, input, x8, w8, output, &ran, error))
+    {
+      return NULL;
+    }
+  if (!ran)
+    {
+      Product fprop = { .kind = GMLP_GEMM_FPROP, .sized_by = input, .c_rows = output,
+                        .c_dtype = self->dtype, .bias = self->bias.grouped != NULL };
+
+      if (!fp8_run_dequantized (self, &fprop, x8, NULL, w8, error))
+        return NULL;
+    }
+
+  if (saved != NULL)
+    {
+      g_autoptr(GmlpSavedActivations) new_saved = gmlp_saved_activations_new (self->id);
+
+      /* Without the input (GroupedMLP's recompute adds the quantized
+       * input before the backward), the FP8 weights are saved all the
+       * same: a backward is FP8 when its forward was. */
+      if (save_input)
+        gmlp_saved_activations_add (new_saved, "input", x8);
+      gmlp_saved_activations_add_resident (new_saved, "weight-fp8", w8);
+      /* The backward reads the quantized copies; their sources are checked
+       * all the same, so that FP8 and the other dtypes agree on what a
+       * write between forward and backward does. */
+      if (x8 != input)
+        gmlp_saved_activations_watch (new_saved, "input", input);
+      gmlp_saved_activations_watch (new_saved, "weight", self->weight.grouped);
+      if (!gmlp_saved_activations_apply_offload (new_saved, error))
+        return NULL;
+      *saved = g_steal_pointer (&new_saved);
+    }
+
+  return g_steal_pointer (&output);
+}
+
+/* The FP8 backward's dgrad phase: dy quantized, then dx = dy8 W8 (W8's
+ * columnwise copy, which the forward made). */
+gboolean
+gmlp_linear_fp8_dgrad (GmlpGroupedLinear   *self,
+                       GmlpLinearBackward  *step,
+                       GError             **error)
+{
+  GmlpGroupedTensor *input = step->input, *grad_output = step->grad_output, *w8 = step->w8;
+  GmlpGroupedTensor *dy8, *w8_t;
+  const gint64 *rows = gmlp_grouped_tensor_peek_rows (input);
+  GmlpScalingRecipe dy_recipe, x_recipe;
+  gboolean native_wgrad, ran = FALSE;
+
+  /* WGRAD reads dy's columnwise copy when it can run on FP8. */
+  dy_recipe = fp8_operand_recipe (grad_output, self->grad_output_quantizer);
+  x_recipe = gmlp_grouped_tensor_get_scaling_recipe (input);
+  native_wgrad = gmlp_grouped_tensor_get_columnwise (input) != NULL &&
+                 gmlp_scaling_recipe_multiplies_fp8 (dy_recipe) &&
+                 gmlp_scaling_recipe_multiplies_fp8 (x_recipe) &&
+                 (rows != NULL || fp8_device_wgrad (x_recipe, dy_recipe));
+  if (step->grad_output_fp8 == NULL)
+    step->grad_output_fp8 = fp8_quantize (grad_output, self->grad_output_quantizer, native_wgrad, error);
+  dy8 = step->grad_output_fp8;
+  if (dy8 == NULL)
+    return FALSE;
+  /* What the weight gradient would allocate, now (a delayed one makes it
+   * in its backward_dw). */
+  if (!has_flag (self, GMLP_LINEAR_DELAY_WGRAD_COMPUTE) &&
+      !gmlp_linear_fp8_wgrad_prepare (self, input, grad_output == dy8 ? NULL : grad_output, dy8,
+                                      &step->fp8_operands, error))
+    return FALSE;
+
+  w8_t = gmlp_grouped_tensor_get_columnwise (w8);
+  if (fp8_native (input, dy8, w8_t))
+    {
+      g_autofree gpointer *pdx = member_pointers (step->grad_input, NULL, self->n_groups);
+
+      if (!fp8_run_native (self, GMLP_GEMM_DGRAD, rows, dy8, w8_t, (void * const *) pdx, self->dtype,
+                           NULL, &ran, error))
+        return FALSE;
+    }
+  else if (w8_t != NULL && fp8_multiplied (dy8, w8) &&
+           !fp8_run_device (self, GMLP_GEMM_DGRAD, input, dy8, w8_t, step->grad_input, &ran, error))
+    {
+      return FALSE;
+    }
+  if (!ran)
+    {
+      Product dgrad = { .kind = GMLP_GEMM_DGRAD, .sized_by = input, .c_rows = step->grad_input,
+                        .c_dtype = self->dtype };
+
+      /* dy dequantized for the weight gradient serves here too. */
+      if (!fp8_run_dequantized (self, &dgrad,
+                                step->fp8_operands.dy != NULL ? step->fp8_operands.dy : dy8, NULL, w8,
+                                error))
+        return FALSE;
+    }
+  return TRUE;
+}
+
+/* Whether an FP8 weight gradient multiplies on dequantized operands
+ * whatever the device: no FP8 product takes its operands (no columnwise
+ * copies, MXFP8, ...). gmlp_linear_fp8_wgrad() tries the others first. */
+static gboolean
+fp8_wgrad_dequantizes (GmlpGroupedTensor *input,
+                       GmlpGroupedTensor *grad_output_fp8)
+{
+  GmlpGroupedTensor *x_t = gmlp_grouped_tensor_get_columnwise (input);
+  GmlpGroupedTensor *dy_t = gmlp_grouped_tensor_get_columnwise (grad_output_fp8);
+
+  return !fp8_native (input, dy_t, x_t) &&
+         !(dy_t != NULL && x_t != NULL &&
+           fp8_device_wgrad (gmlp_grouped_tensor_get_scaling_recipe (x_t),
+                             gmlp_grouped_tensor_get_scaling_recipe (dy_t)));
+}
+
+void
+gmlp_linear_fp8_wgrad_operands_clear (Fp8WgradOperands *operands)
+{
+  g_clear_object (&operands->bias_dy);
+  g_clear_object (&operands->dy);
+  g_clear_object (&operands->x);
+}
+
+/* Makes what @operands lacks of what gmlp_linear_fp8_wgrad() will read (see
+ * Fp8WgradOperands), so that it allocates nothing once it writes. */
+gboolean
+gmlp_linear_fp8_wgrad_prepare (GmlpGroupedLinear  *self,
+                               GmlpGroupedTensor  *input,
+                               GmlpGroupedTensor  *grad_output,
+                               GmlpGroupedTensor  *grad_output_fp8,
+                               Fp8WgradOperands   *operands,
+                               GError            **error)
+{
+  if (self->bias.grouped != NULL && grad_output == NULL && operands->bias_dy == NULL)
+    {
+      operands->bias_dy = gmlp_grouped_tensor_dequantize (grad_output_fp8, self->dtype, error);
+      if (operands->bias_dy == NULL)
+        return FALSE;
+    }
+  if (operands->dy == NULL && fp8_wgrad_dequantizes (input, grad_output_fp8))
+    {
+      g_autoptr(GmlpGroupedTensor) dy =
+        gmlp_grouped_tensor_dequantize (grad_output_fp8, gmlp_linear_fp8_fallback_dtype (self),
+                                        error);
+      g_autoptr(GmlpGroupedTensor) x = NULL;
+
+      if (dy == NULL)
+        return FALSE;
+      x = gmlp_grouped_tensor_dequantize (input, gmlp_linear_fp8_fallback_dtype (self), error);
+      if (x == NULL)
+        return FALSE;
+      operands->dy = g_steal_pointer (&dy);
+      operands->x = g_steal_pointer (&x);
+    }
+  return TRUE;
+}
+
+/* The weight gradients of an FP8 backward: dW from the quantized x and dy
+ * (into wgrad->fixed, as compute_wgrad() set it up), or from their
+ * dequantized values where no FP8 product takes them; db from the
+ * unquantized dy, or, when dy came quantized, from its dequantized values. */
+gboolean
+gmlp_linear_fp8_wgrad (GmlpGroupedLinear  *self,
+                       const Product      *wgrad,
+                       GmlpGroupedTensor  *input,
+                       GmlpGroupedTensor  *grad_output,
+                       GmlpGroupedTensor  *grad_output_fp8,
+                       Fp8WgradOperands   *operands,
+                       GError            **error)
+{
+  GmlpGroupedTensor *x_t = gmlp_grouped_tensor_get_columnwise (input);
+  GmlpGroupedTensor *dy_t = gmlp_grouped_tensor_get_columnwise (grad_output_fp8);
+  gboolean ran = FALSE;
+
+  if (!gmlp_linear_fp8_wgrad_prepare (self, input, grad_output, grad_output_fp8, operands, error))
+    return FALSE;
+
+  gmlp_linear_bump_wgrad_versions (self);
+  if (fp8_native (input, dy_t, x_t))
+    {
+      g_autofree gpointer *pdw = member_pointers (NULL, wgrad->fixed->members, self->n_groups);
+
+      if (!fp8_run_native (self, GMLP_GEMM_WGRAD, gmlp_grouped_tensor_peek_rows (input), dy_t, x_t,
+                           (void * const *) pdw, wgrad->c_dtype, wgrad->accumulate, &ran, error))
+        return FALSE;
+    }
+  else if (dy_t != NULL && x_t != NULL &&
+           fp8_device_wgrad (gmlp_grouped_tensor_get_scaling_recipe (x_t),
+                             gmlp_grouped_tensor_get_scaling_recipe (dy_t)) &&
+           !fp8_run_device_wgrad (self, wgrad, input, dy_t, x_t, &ran, error))
+    {
+      return FALSE;
+    }
+  /* A product the device refused (before enqueuing anything) dequantizes
+   * here: the refusal cannot be known beforehand, so this is the one
+   * allocation left in the weight-gradient phase (see compute_wgrad()). */
+  if (!ran && !fp8_run_dequantized (self, wgrad,
+                                    operands->dy != NULL ? operands->dy : grad_output_fp8,
+                                    operands->x != NULL ? operands->x : input, NULL, error))
+    {
+      return FALSE;
+    }
+
+  if (self->bias.grouped == NULL)
+    return TRUE;
+  return gmlp_linear_run_bias_grad (self, input,
+                                    grad_output != NULL ? grad_output : operands->bias_dy, error);
+}
+
+/**
+ * gmlp_grouped_linear_set_quantizers:
+ * @self: a #GmlpGroupedLinear
+ * @input: (nullable): the quantizer of the input, of role
+ *   %GMLP_QUANTIZER_ROLE_INPUT
+ * @weight: (nullable): the quantizer of the weights, of role
+ *   %GMLP_QUANTIZER_ROLE_WEIGHT
+ * @grad_output: (nullable): the quantizer of the output gradient, of role
+ *   %GMLP_QUANTIZER_ROLE_GRAD_OUTPUT
+ * @error: return location for a #GError
+ *
+ * Makes the layer's products FP8 (all three quantizers), or takes FP8 away
+ * (all %NULL). The quantizers must be on the layer's device and have the
+ * roles above. The products combine operands of one recipe, or of the two
+ * per-tensor recipes (%GMLP_SCALING_RECIPE_DELAYED and
+ * %GMLP_SCALING_RECIPE_CURRENT); with those, the features must be
+ * multiples of 16 and no product may multiply E5M2 by E5M2 (the
+ * %GMLP_FP8_FORMAT_E5M2 format). docs/fp8.md has the rules and the
+ * accuracy of each recipe.
+ *
+ * The layer asks its quantizers for the columnwise copies its backward
+ * needs, whatever their [property@Gmlp.Quantizer:columnwise] says. The
+ * caller updates delayed-scaling quantizers: see
+ * [method@Gmlp.GroupedLinear.update_quantizers]. Activations saved by
+ * earlier forwards keep what they were made with: a backward is FP8 when
+ * its forward was.
+ *
+ * Returns: %TRUE on success; %FALSE with %GMLP_ERROR_INVALID_ARGUMENT for
+ *   one or two quantizers, another device or a wrong role, or
+ *   %GMLP_ERROR_UNSUPPORTED for recipes that no product can combine, or
+ *   features or formats the FP8 products do not take (the layer is
+ *   unchanged then)
+ *
+ * Since: 0.1
+ */
+gboolean
+gmlp_grouped_linear_set_quantizers (GmlpGroupedLinear  *self,
+                                    GmlpQuantizer      *input,
+                                    GmlpQuantizer      *weight,
+                                    GmlpQuantizer      *grad_output,
+                                    GError            **error)
+{
+  g_return_val_if_fail (GMLP_IS_GROUPED_LINEAR (self), FALSE);
+  g_return_val_if_fail (input == NULL || GMLP_IS_QUANTIZER (input), FALSE);
+  g_return_val_if_fail (weight == NULL || GMLP_IS_QUANTIZER (weight), FALSE);
+  g_return_val_if_fail (grad_output == NULL || GMLP_IS_QUANTIZER (grad_output), FALSE);
+  g_return_val_if_fail (error == NULL || *error == NULL, FALSE);
+
+  if (!gmlp_check_constructed (self, self->construct_error, error))
+    return FALSE;
+
+  if (!gmlp_linear_fp8_check_quantizers (self, input, weight, grad_output, error))
+    return FALSE;
+
+  g_object_freeze_notify (G_OBJECT (self));
+  if (g_set_object (&self->input_quantizer, input))
+    gmlp_grouped_linear_notify (self, PROP_INPUT_QUANTIZER);
+  if (g_set_object (&self->weight_quantizer, weight))
+    {
+      gmlp_grouped_linear_invalidate_fp8_weights (self);
+      gmlp_grouped_linear_notify (self, PROP_WEIGHT_QUANTIZER);
+    }
+  if (g_set_object (&self->grad_output_quantizer, grad_output))
+    gmlp_grouped_linear_notify (self, PROP_GRAD_OUTPUT_QUANTIZER);
+  g_object_thaw_notify (G_OBJECT (self));
+  return TRUE;
+}
+
+gboolean
+gmlp_grouped_linear_check_quantizers (GmlpGroupedLinear  *self,
+                                      GmlpQuantizer      *input,
+                                      GmlpQuantizer      *weight,
+                                      GmlpQuantizer      *grad_output,
+                                      GError            **error)
+{
+  return gmlp_check_constructed (self, self->construct_error, error) &&
+         gmlp_linear_fp8_check_quantizers (self, input, weight, grad_output, error);
+}
+
+/**
+ * gmlp_grouped_linear_get_quantizer:
+ * @self: a #GmlpGroupedLinear
+ * @role: which quantizer
+ *
+ * Gets the FP8 quantizer the layer uses for one of its operands.
+ *
+ * Returns: (transfer none) (nullable): the quantizer of @role, or %NULL for
+ *   a layer without FP8 or an unknown @role
+ *
+ * Since: 0.1
+ */
+GmlpQuantizer *
+gmlp_grouped_linear_get_quantizer (GmlpGroupedLinear *self,
+                                   GmlpQuantizerRole  role)
+{
+  g_return_val_if_fail (GMLP_IS_GROUPED_LINEAR (self), NULL);
+
+  switch (role)
+    {
+    case GMLP_QUANTIZER_ROLE_INPUT:
+      return self->input_quantizer;
+    case GMLP_QUANTIZER_ROLE_WEIGHT:
+      return self->weight_quantizer;
+    case GMLP_QUANTIZER_ROLE_GRAD_OUTPUT:
+      return self->grad_output_quantizer;
+    default:
+      return NULL;
+    }
+}
+
+/**
+ * gmlp_grouped_linear_update_quantizers:
+ * @self: a #GmlpGroupedLinear
+ * @error: return location for a #GError
+ *
+ * Ends a training step for the layer's quantizers: calls
+ * [method@Gmlp.Quantizer.update] on each (once on a quantizer shared by
+ * several roles or layers per call). Delayed scaling needs it once a step,
+ * after the step's last backward and backward_dw, so that the next step
+ * quantizes with scales from the amaxes seen so far; the other recipes have
+ * nothing to update. The layer never calls it itself: it cannot tell where
+ * a step ends (microbatches, gradient accumulation, delayed weight
+ * gradients). Stream-ordered; nothing waits. Only a device error can make
+ * it fail, after the quantizers before the failing one were updated.
+ *
+ * Returns: %TRUE on success (also for a layer without quantizers)
+ *
+ * Since: 0.1
+ */
+gboolean
+gmlp_grouped_linear_update_quantizers (GmlpGroupedLinear  *self,
+                                       GError            **error)
+{
+  GmlpQuantizer *quantizers[3];
+  guint i, j;
+
+  g_return_val_if_fail (GMLP_IS_GROUPED_LINEAR (self), FALSE);
+  g_return_val_if_fail (error == NULL || *error == NULL, FALSE);
+
+  if (!gmlp_check_constructed (self, self->construct_error, error))
+    return FALSE;
+
+  quantizers[0] = self->input_quantizer;
+  quantizers[1] = self->weight_quantizer;
+  quantizers[2] = self->grad_output_quantizer;
+  for (i = 0; i < 3; i++)
+    {
+      gboolean seen = FALSE;
+
+      for (j = 0; j < i; j++)
+        seen |= quantizers[j] == quantizers[i];
+      if (quantizers[i] != NULL && !seen && !gmlp_quantizer_update (quantizers[i], error))
+        return FALSE;
+    }
+  return TRUE;
+}
+
+/**
+ * gmlp_grouped_linear_set_cache_fp8_weights:
+ * @self: a #GmlpGroupedLinear
+ * @cache: whether FP8 forwards reuse the quantized weights
+ *
+ * Sets [property@Gmlp.GroupedLinear:cache-fp8-weights].
+ *
+ * Since: 0.1
+ */
+void
+gmlp_grouped_linear_set_cache_fp8_weights (GmlpGroupedLinear *self,
+                                           gboolean           cache)
+{
+  g_return_if_fail (GMLP_IS_GROUPED_LINEAR (self));
+
+  cache = !!cache;
+  if (!cache)
+    gmlp_grouped_linear_invalidate_fp8_weights (self);
+  gmlp_mutex_lock (&self->fp8_lock);
+  if (self->cache_fp8_weights == cache)
+    {
+      gmlp_mutex_unlock (&self->fp8_lock);
+      return;
+    }
+  self->cache_fp8_weights = cache;
+  gmlp_mutex_unlock (&self->fp8_lock);
+  gmlp_grouped_linear_notify (self, PROP_CACHE_FP8_WEIGHTS);
+}
+
+/**
+ * gmlp_grouped_linear_get_cache_fp8_weights:
+ * @self: a #GmlpGroupedLinear
+ *
+ * Tells whether the layer keeps the FP8 copy of its weights between calls.
+ *
+ * Returns: the value of [property@Gmlp.GroupedLinear:cache-fp8-weights]
+ *
+ * Since: 0.1
+ */
+gboolean
+gmlp_grouped_linear_get_cache_fp8_weights (GmlpGroupedLinear *self)
+{
+  gboolean cache;
+
+  g_return_val_if_fail (GMLP_IS_GROUPED_LINEAR (self), FALSE);
+
+  gmlp_mutex_lock (&self->fp8_lock);
+  cache = self->cache_fp8_weights;
+  gmlp_mutex_unlock (&self->fp8_lock);
+  return cache;
+}
+
+/**
+ * gmlp_grouped_linear_invalidate_fp8_weights:
+ * @self: a #GmlpGroupedLinear
+ *
+ * Drops the cached quantized weights (see
+ * [property@Gmlp.GroupedLinear:cache-fp8-weights]): the next FP8 forward
+ * quantizes the weights again. Call it after changing the weights in place,
+ * for example after each optimizer step. Backwards of earlier forwards
+ * still use the weights their forward multiplied.
+ *
+ * Since: 0.1
+ */
+void
+gmlp_grouped_linear_invalidate_fp8_weights (GmlpGroupedLinear *self)
+{
+  GmlpGroupedTensor *old;
+
+  g_return_if_fail (GMLP_IS_GROUPED_LINEAR (self));
+
+  gmlp_mutex_lock (&self->fp8_lock);
+  old = g_steal_pointer (&self->weight_fp8);
+  gmlp_mutex_unlock (&self->fp8_lock);
+  g_clear_object (&old);
+}

@@ -1,0 +1,262 @@
+/* gmlp-grouped-linear-impl.h: what the files of GmlpGroupedLinear share
+ *
+ * The layer is three files, one job each:
+ *
+ * - gmlp-grouped-linear.c: the object: type, properties, signal,
+ *   construction, parameters, accessors;
+ * - gmlp-grouped-linear-products.c: forward, backward and backward_dw, each
+ *   product described as a Product and handed to the backend, and the
+ *   weight gradients' outputs;
+ * - gmlp-grouped-linear-fp8.c: the quantizers, and which FP8 product,
+ *   scales and fall-back each operand takes.
+ *
+ * No other file includes it: GroupedMLP's view of the layer is
+ * gmlp-grouped-linear-private.h.
+ *
+ * SPDX-License-Identifier: LGPL-2.1-or-later
+ */
+
+#pragma once
+
+#include "gmlp-grouped-linear-private.h"
+#include "gmlp-device-private.h"
+#include "gmlp-event.h"
+#include "gmlp-grouped-tensor-private.h"
+#include "gmlp-quantizer.h"
+
+G_BEGIN_DECLS
+
+/* The per-group face of a grouped tensor: cached member views. */
+typedef struct {
+  GmlpGroupedTensor  *grouped;
+  GmlpGroupedTensor **members;
+} Param;
+
+struct _GmlpGroupedLinear
+{
+  GObject             parent_instance;
+
+  GmlpDevice         *device;
+  guint               n_groups;
+  gint64              in_features;
+  gint64              out_features;
+  GmlpDType           dtype;
+  GmlpLinearFlags     flags;
+  guint64             id;
+
+  Param               weight;
+  Param               bias;
+  Param               wgrad;       /* allocated at the first unfused weight-gradient computation */
+  Param               bgrad;
+  Param               main_grad;   /* FP32; members may be rebound to caller tensors */
+  guint8             *accumulate;  /* per group, for the fused main_grad */
+
+  /* Runs the weight-gradient computations (backward, backward_dw) one at
+   * a time, and guards their state: wgrad and bgrad, made at the first,
+   * pending, the two flags, main_grad's bindings and the mask.
+   * Recursive, for a wgrad-ready handler that calls back in. */
+  GRecMutex           grad_lock;
+  GQueue              pending;     /* of PendingWgrad, oldest first */
+  gboolean            wgrad_valid;
+  gboolean            grad_added_to_main_grad;
+
+  /* FP8 (gmlp-grouped-linear-fp8.c): all three, or none. */
+  GmlpQuantizer      *input_quantizer;
+  GmlpQuantizer      *weight_quantizer;
+  GmlpQuantizer      *grad_output_quantizer;
+  /* The quantized weights of the last forward, reused while
+   * cache_fp8_weights is set and nothing has changed the weights. */
+  gboolean            cache_fp8_weights;
+  GmlpGroupedTensor  *weight_fp8;
+
+  /* Why constructed() failed; every method reports it. */
+  GError             *construct_error;
+  GMutex              fp8_lock;    /* guards the two above */
+};
+
+/* What an FP8 weight-gradient computation would otherwise allocate while it
+ * writes, made beforehand by gmlp_linear_fp8_wgrad_prepare(): dy in the layer's
+ * dtype for the bias gradient when dy came quantized, and both operands
+ * dequantized where the product cannot multiply FP8. */
+typedef struct {
+  GmlpGroupedTensor *bias_dy;
+  GmlpGroupedTensor *dy;
+  GmlpGroupedTensor *x;
+} Fp8WgradOperands;
+
+typedef struct {
+  GmlpGroupedTensor *input;            /* FP8: quantized */
+  GmlpGroupedTensor *grad_output;      /* FP8: NULL when given quantized */
+  GmlpGroupedTensor *grad_output_fp8;  /* FP8: quantized; else NULL */
+  Fp8WgradOperands   fp8_operands;
+  GArray            *versions;         /* GmlpVersionRecord of the input and dy */
+} PendingWgrad;
+
+enum {
+  PROP_0,
+  PROP_DEVICE,
+  PROP_N_GROUPS,
+  PROP_IN_FEATURES,
+  PROP_OUT_FEATURES,
+  PROP_DTYPE,
+  PROP_BIAS,
+  PROP_SINGLE_GROUPED_WEIGHT,
+  PROP_FUSE_WGRAD_ACCUMULATION,
+  PROP_DELAY_WGRAD_COMPUTE,
+  PROP_GRAD_ADDED_TO_MAIN_GRAD,
+  PROP_PENDING_WGRADS,
+  PROP_INPUT_QUANTIZER,
+  PROP_WEIGHT_QUANTIZER,
+  PROP_GRAD_OUTPUT_QUANTIZER,
+  PROP_CACHE_FP8_WEIGHTS,
+  N_PROPS
+};
+
+static inline gboolean
+has_flag (GmlpGroupedLinear *self,
+          GmlpLinearFlags    flag)
+{
+  return (self->flags & flag) != 0;
+}
+
+static inline GmlpGroupedTensor *
+new_uniform (GmlpGroupedLinear  *self,
+             GmlpDType           dtype,
+             gint64              rows,
+             gint64              cols,
+             GError            **error)
+{
+  return gmlp_grouped_tensor_new_uniform (self->device, dtype, self->n_groups, rows, cols, error);
+}
+
+/* Host array of the member pointers of a grouped tensor or of per-group
+ * tensors. */
+static inline gpointer *
+member_pointers (GmlpGroupedTensor  *grouped,
+                 GmlpGroupedTensor **members,
+                 guint               n_groups)
+{
+  gpointer *ptrs = g_new (gpointer, n_groups);
+  guint g;
+
+  for (g = 0; g < n_groups; g++)
+    ptrs[g] = members != NULL ? gmlp_grouped_tensor_get_member_data (members[g], 0)
+                              : gmlp_grouped_tensor_get_member_data (grouped, g);
+  return ptrs;
+}
+
+/* gmlp-grouped-linear.c */
+
+void               gmlp_grouped_linear_notify           (GmlpGroupedLinear  *self,
+                                                         guint               prop_id);
+void               gmlp_grouped_linear_emit_wgrad_ready (GmlpGroupedLinear  *self,
+                                                         GmlpEvent          *event);
+void               gmlp_linear_param_clear              (Param              *param,
+                                                         guint               n_groups);
+gboolean           gmlp_linear_param_set                (Param              *param,
+                                                         GmlpGroupedTensor  *grouped,
+                                                         guint               n_groups,
+                                                         GError            **error);
+
+/* gmlp-grouped-linear-products.c */
+
+/* One grouped product of the layer (GmlpGemmKind: FPROP y = x Wᵀ [+ b],
+ * DGRAD dx = dy W, WGRAD dW [+]= dyᵀ x). The operands grouped by rows are
+ * tensors; the matrices of fixed shape are the members of a parameter.
+ * With the sizes of sized_by on the host it is the backend's gemm (and
+ * add_bias); with them only on the device, its gemm_device, which reads
+ * them on the device only and fuses the bias. */
+typedef struct {
+  GmlpGemmKind        kind;
+  GmlpGroupedTensor  *sized_by;    /* whose group sizes apply: the forward's input */
+  GmlpGroupedTensor  *a;           /* x (FPROP) or dy */
+  GmlpGroupedTensor  *b_rows;      /* WGRAD: x */
+  GmlpGroupedTensor  *c_rows;      /* FPROP: y; DGRAD: dx */
+  Param              *fixed;       /* FPROP, DGRAD: the weights; WGRAD: wgrad or main_grad */
+  GmlpDType           c_dtype;
+  gboolean            bias;        /* FPROP: add the layer's bias */
+  const guint8       *accumulate;  /* WGRAD: per group, add into main_grad */
+  /* FP8: a, b_rows and fixed (but for WGRAD) hold dequantized values in
+   * gmlp_linear_fp8_fallback_dtype() rather than the layer's dtype. */
+  gboolean            dequantized;
+} Product;
+
+gboolean           gmlp_linear_run_product              (GmlpGroupedLinear  *self,
+                                                         const Product      *product,
+                                                         GError            **error);
+gboolean           gmlp_linear_run_bias_grad            (GmlpGroupedLinear  *self,
+                                                         GmlpGroupedTensor  *sized_by,
+                                                         GmlpGroupedTensor  *grad_output,
+                                                         GError            **error);
+/* A new activation of @cols columns with the group sizes of @like. */
+GmlpGroupedTensor *gmlp_linear_new_activation_like      (GmlpGroupedLinear  *self,
+                                                         GmlpGroupedTensor  *like,
+                                                         gint64              cols,
+                                                         GError            **error);
+/* Whether the innermost offload context can take this layer's
+ * activations now. */
+gboolean           gmlp_linear_check_offload_context    (GmlpGroupedLinear  *self,
+                                                         GError            **error);
+/* Counts the write of a weight-gradient computation in its outputs. */
+void               gmlp_linear_bump_wgrad_versions      (GmlpGroupedLinear  *self);
+/* For the queue of delayed weight gradients. */
+void               gmlp_linear_pending_wgrad_free       (gpointer            data);
+
+/* A backward in three phases (gmlp-grouped-linear-private.h), so that
+ * nothing is written before everything is checked, for GroupedMLP across
+ * both its layers: begin checks the saved activations, their versions and
+ * the output gradient, reloads the input and allocates; dgrad writes only
+ * tensors of its own making; finish writes the weight gradients (or queues
+ * them) and consumes the saved activations. */
+struct _GmlpLinearBackward
+{
+  GmlpSavedActivations *saved;
+  GmlpGroupedTensor    *input;             /* as saved: x, or x8 for FP8 */
+  GmlpGroupedTensor    *w8;                /* FP8: the forward's quantized weights */
+  GmlpGroupedTensor    *grad_output;       /* dy, as given */
+  GmlpGroupedTensor    *grad_output_fp8;   /* FP8: dy quantized (dgrad) */
+  Fp8WgradOperands      fp8_operands;      /* FP8: made by dgrad */
+  GmlpGroupedTensor    *grad_input;        /* dx: made by begin, written by dgrad */
+};
+
+/* gmlp-grouped-linear-fp8.c */
+
+gboolean           gmlp_linear_fp8_check_quantizers     (GmlpGroupedLinear     *self,
+                                                         GmlpQuantizer         *input,
+                                                         GmlpQuantizer         *weight,
+                                                         GmlpQuantizer         *grad_output,
+                                                         GError               **error);
+gboolean           gmlp_linear_fp8_check_activation     (GmlpGroupedLinear     *self,
+                                                         GmlpGroupedTensor     *tensor,
+                                                         gint64                 cols,
+                                                         const char            *what,
+                                                         GmlpQuantizer         *quantizer,
+                                                         const char            *product,
+                                                         GmlpGroupedTensor     *partner,
+                                                         GmlpQuantizer         *partner_quantizer,
+                                                         GError               **error);
+GmlpDType          gmlp_linear_fp8_fallback_dtype       (GmlpGroupedLinear     *self);
+GmlpGroupedTensor *gmlp_linear_fp8_forward              (GmlpGroupedLinear     *self,
+                                                         GmlpGroupedTensor     *input,
+                                                         gboolean               save_input,
+                                                         GmlpSavedActivations **saved,
+                                                         GError               **error);
+gboolean           gmlp_linear_fp8_dgrad                (GmlpGroupedLinear     *self,
+                                                         GmlpLinearBackward    *step,
+                                                         GError               **error);
+gboolean           gmlp_linear_fp8_wgrad_prepare        (GmlpGroupedLinear     *self,
+                                                         GmlpGroupedTensor     *input,
+                                                         GmlpGroupedTensor     *grad_output,
+                                                         GmlpGroupedTensor     *grad_output_fp8,
+                                                         Fp8WgradOperands      *operands,
+                                                         GError               **error);
+gboolean           gmlp_linear_fp8_wgrad                (GmlpGroupedLinear     *self,
+                                                         const Product         *wgrad,
+                                                         GmlpGroupedTensor     *input,
+                                                         GmlpGroupedTensor     *grad_output,
+                                                         GmlpGroupedTensor     *grad_output_fp8,
+                                                         Fp8WgradOperands      *operands,
+                                                         GError               **error);
+void               gmlp_linear_fp8_wgrad_operands_clear (Fp8WgradOperands      *operands);
+
+G_END_DECLS
