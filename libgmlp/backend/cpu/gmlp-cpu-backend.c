@@ -61,7 +61,9 @@ cpu_close_device (GmlpBackendDevice *device)
 static char *
 cpu_get_device_name (GmlpBackendDevice *device)
 {
-  return g_strdup ("cpu");
+  if (device->ordinal == 0)
+    return g_strdup ("cpu");
+  return g_strdup_printf ("cpu:%d", device->ordinal);
 }
 
 static gpointer
