@@ -1033,6 +1033,132 @@ test_abort (void)
   check_fault (FAULT_ABORT, 4, timeout_ms);
 }
 
+/* Data-parallel gradients: each rank's layer all-reduces its weight
+ * gradient from its wgrad-ready handler, stream-ordered after the signal's
+ * event; every rank then holds the average of the ranks' dyᵀ x. */
+#define DP_GROUPS 2
+#define DP_IN     8
+#define DP_OUT    6
+
+typedef struct {
+  gint64   rows[DP_GROUPS];
+  double  *x[MAX_WORLD];
+  double  *dy[MAX_WORLD];
+  double  *wgrad[MAX_WORLD];
+  guint    n_signals[MAX_WORLD];
+} DataParallel;
+
+typedef struct {
+  GmlpCommunicator *comm;
+  DataParallel     *t;
+  int               rank;
+} DpHandler;
+
+static void
+on_wgrad_ready (GmlpGroupedLinear *layer,
+                GmlpEvent         *event,
+                DpHandler         *h)
+{
+  g_autoptr(GError) error = NULL;
+
+  g_assert_true (gmlp_event_wait_on_device (event, gmlp_communicator_get_device (h->comm), &error));
+  g_assert_true (gmlp_communicator_all_reduce (h->comm, gmlp_grouped_linear_get_wgrad (layer),
+                                               GMLP_REDUCE_OP_AVERAGE, &error));
+  g_assert_no_error (error);
+  h->t->n_signals[h->rank]++;
+}
+
+static GmlpGroupedTensor *
+upload_f32 (GmlpDevice   *device,
+            const double *values,
+            const gint64 *rows,
+            gint64        cols)
+{
+  g_autoptr(GBytes) bytes = gmlp_test_encode_values (values, (gsize) (rows[0] + rows[1]) * cols,
+                                                     GMLP_DTYPE_FLOAT32);
+  g_autoptr(GError) error = NULL;
+  GmlpGroupedTensor *t = gmlp_grouped_tensor_new_from_bytes (device, GMLP_DTYPE_FLOAT32, rows, DP_GROUPS,
+                                                             cols, bytes, &error);
+
+  g_assert_no_error (error);
+  return t;
+}
+
+static void
+data_parallel_rank (Group            *group,
+                    int               rank,
+                    GmlpCommunicator *comm,
+                    gpointer          data)
+{
+  DataParallel *t = data;
+  GmlpDevice *device = group->devices[rank];
+  g_autoptr(GError) error = NULL;
+  g_autoptr(GmlpGroupedLinear) layer = NULL;
+  g_autoptr(GmlpGroupedTensor) x = NULL, dy = NULL, y = NULL, dx = NULL;
+  g_autoptr(GmlpSavedActivations) saved = NULL;
+  DpHandler h = { comm, t, rank };
+
+  layer = gmlp_grouped_linear_new_full (device, DP_GROUPS, DP_IN, DP_OUT, GMLP_DTYPE_FLOAT32,
+                                        GMLP_LINEAR_SINGLE_GROUPED_WEIGHT, &error);
+  g_assert_no_error (error);
+  g_assert_true (gmlp_grouped_linear_init_parameters (layer, 42, &error));
+  g_signal_connect (layer, "wgrad-ready", G_CALLBACK (on_wgrad_ready), &h);
+  x = upload_f32 (device, t->x[rank], t->rows, DP_IN);
+  dy = upload_f32 (device, t->dy[rank], t->rows, DP_OUT);
+  y = gmlp_grouped_linear_forward (layer, x, &saved, &error);
+  g_assert_no_error (error);
+  dx = gmlp_grouped_linear_backward (layer, saved, dy, &error);
+  g_assert_no_error (error);
+  t->wgrad[rank] = gmlp_test_download (gmlp_grouped_linear_get_wgrad (layer), NULL);
+  g_signal_handlers_disconnect_by_data (layer, &h);
+}
+
+static void
+test_wgrad_ready (void)
+{
+  int world;
+
+  for (world = 2; world <= 3; world++)
+    {
+      Group group;
+      DataParallel t = { .rows = { 5, 3 } };
+      g_autofree double *want = g_new0 (double, DP_GROUPS * DP_OUT * DP_IN);
+      gsize n_rows = t.rows[0] + t.rows[1];
+      int r;
+
+      if (!group_init (&group, world, 60000))
+        return;
+      for (r = 0; r < world; r++)
+        {
+          gint64 first = 0;
+          guint g;
+
+          t.x[r] = gmlp_test_normals (n_rows * DP_IN, 1.0, GMLP_DTYPE_FLOAT32);
+          t.dy[r] = gmlp_test_normals (n_rows * DP_OUT, 1.0, GMLP_DTYPE_FLOAT32);
+          /* dW_g = dy_gᵀ x_g, averaged over the ranks */
+          for (g = 0; g < DP_GROUPS; first += t.rows[g], g++)
+            for (gint64 i = 0; i < DP_OUT; i++)
+              for (gint64 j = 0; j < DP_IN; j++)
+                for (gint64 m = first; m < first + t.rows[g]; m++)
+                  want[(g * DP_OUT + i) * DP_IN + j] +=
+                    t.dy[r][m * DP_OUT + i] * t.x[r][m * DP_IN + j] / world;
+        }
+
+      group_run (&group, data_parallel_rank, &t);
+
+      for (r = 0; r < world; r++)
+        {
+          g_assert_cmpuint (t.n_signals[r], ==, 1);
+          gmlp_test_assert_close (t.wgrad[r], want, DP_GROUPS * DP_OUT * DP_IN,
+                                  gmlp_test_tolerance (GMLP_DTYPE_FLOAT32), "averaged wgrad");
+          g_free (t.x[r]);
+          g_free (t.dy[r]);
+          g_free (t.wgrad[r]);
+        }
+      group_clear (&group);
+    }
+}
+
 int
 main (int    argc,
       char **argv)
@@ -1047,6 +1173,7 @@ main (int    argc,
   g_test_add_func ("/Gmlp/Communicator/all-gather", test_all_gather);
   g_test_add_func ("/Gmlp/Communicator/all-to-all", test_all_to_all);
   g_test_add_func ("/Gmlp/Communicator/all-to-all-rows", test_all_to_all_rows);
+  g_test_add_func ("/Gmlp/Communicator/wgrad-ready", test_wgrad_ready);
   g_test_add_func ("/Gmlp/Communicator/mismatch", test_mismatch);
   g_test_add_func ("/Gmlp/Communicator/rank-errors", test_rank_errors);
   g_test_add_func ("/Gmlp/Communicator/rank-leaves", test_rank_leaves);
