@@ -71,7 +71,9 @@ rank_thread (gpointer p)
   return NULL;
 }
 
-/* The devices of a group of world ranks, or FALSE after g_test_skip(). */
+/* The devices of a group of world ranks, or FALSE when there are too few
+ * GPUs: the test is skipped where not even two ranks can run, else only
+ * this group is (every test starts with two ranks). */
 static gboolean
 group_init (Group *group,
             int    world,
@@ -86,7 +88,11 @@ group_init (Group *group,
   if (on_cuda () && gmlp_device_get_count (GMLP_DEVICE_KIND_CUDA) < world)
     {
       g_autofree char *msg = g_strdup_printf ("%d ranks need %d GPUs", world, world);
-      g_test_skip (msg);
+
+      if (world <= 2)
+        g_test_skip (msg);
+      else
+        g_test_message ("%s: not run", msg);
       return FALSE;
     }
   for (r = 0; r < world; r++)
@@ -101,6 +107,8 @@ group_init (Group *group,
     {
       g_assert_error (error, GMLP_ERROR, GMLP_ERROR_UNSUPPORTED);
       g_test_skip (error->message);
+      for (r = 0; r < world; r++)
+        g_clear_object (&group->devices[r]);
       return FALSE;
     }
   g_assert_no_error (error);
