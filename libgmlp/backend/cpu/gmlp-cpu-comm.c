@@ -188,8 +188,12 @@ rendezvous_barrier (CpuRendezvous  *rv,
 
   while (rv->generation == generation && rv->failure == NULL)
     {
-      gboolean woken = g_cond_wait_until (&rv->cond, &rv->lock, deadline);
+      gboolean woken;
 
+      /* The wait lets go of the lock and takes it back, inside GLib where
+       * ThreadSanitizer does not see it (gmlp-thread-private.h). */
+      gmlp_tsan_release (&rv->lock);
+      woken = g_cond_wait_until (&rv->cond, &rv->lock, deadline);
       gmlp_tsan_acquire (&rv->lock);
       if (!woken && rv->generation == generation && rv->failure == NULL)
         {
