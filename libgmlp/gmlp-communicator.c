@@ -44,6 +44,11 @@
  * there before anything is enqueued, and the CPU communicator also checks
  * that the ranks' shapes agree (every rank then gets the same error).
  *
+ * `GmlpCommunicator` is thread-safe: collectives called from several
+ * threads take turns, in the order they reach it (which must be the group's
+ * order), and [method@Gmlp.Communicator.abort] may be called from any
+ * thread at any time.
+ *
  * A rank that errs, leaves or dies must never hang the others: a rank that
  * does not take part in a collective within
  * [property@Gmlp.Communicator:timeout-ms], a call of
