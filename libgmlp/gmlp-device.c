@@ -172,6 +172,9 @@ gmlp_device_set_property (GObject      *object,
 static gboolean open_device (GmlpDevice  *self,
                              GError     **error);
 
+/* The CPU's ordinals: cpu:0 .. cpu:255. */
+#define GMLP_CPU_MAX_ORDINALS 256
+
 /* The process-wide registry: devices are created once and live as long as
  * the process, like the streams and pools they own. */
 static GMutex registry_lock;
@@ -319,8 +322,10 @@ backend_for_kind (GmlpDeviceKind kind)
  * gmlp_device_get_count:
  * @kind: a [enum@Gmlp.DeviceKind]
  *
- * Counts the usable devices of @kind: 1 for the CPU; for CUDA, the GPUs the
- * driver reports, or 0 when there is no driver or no CUDA backend.
+ * Counts the usable devices of @kind: 1 for the CPU (which opens under the
+ * ordinals 0 to 255 too, see [ctor@Gmlp.Device.new_from_string]); for CUDA,
+ * the GPUs the driver reports, or 0 when there is no driver or no CUDA
+ * backend.
  *
  * Returns: the number of devices
  *
@@ -359,7 +364,10 @@ open_device (GmlpDevice  *self,
       return FALSE;
     }
 
-  count = backend->get_device_count ();
+  /* The CPU opens under several ordinals, each a device of its own with
+   * its own stream (the calling thread), so that one process can hold the
+   * ranks of an in-process communicator; it still counts as one device. */
+  count = self->kind == GMLP_DEVICE_KIND_CPU ? GMLP_CPU_MAX_ORDINALS : backend->get_device_count ();
   if (self->ordinal < 0 || self->ordinal >= count)
     {
       if (count == 0)
@@ -386,7 +394,9 @@ open_device (GmlpDevice  *self,
  * @error: return location for a #GError
  *
  * Gets the device of @kind with index @ordinal, opening it on first use. The
- * same object is returned for the same device every time.
+ * same object is returned for the same device every time. The CPU takes
+ * the ordinals 0 to 255, each a device of its own (for the ranks of an
+ * in-process [class@Gmlp.Communicator]).
  *
  * Returns: (transfer full): the device, or %NULL with %GMLP_ERROR_NO_DEVICE
  *
@@ -412,11 +422,13 @@ gmlp_device_new (GmlpDeviceKind   kind,
 
 /**
  * gmlp_device_new_from_string:
- * @spec: "cpu", "cuda" or "cuda:N"
+ * @spec: "cpu", "cpu:N", "cuda" or "cuda:N"
  * @error: return location for a #GError
  *
  * Parses a device specification, as the `GMLP_DEVICE` environment variable
- * takes, and gets that device.
+ * takes, and gets that device. "cpu:N" (N from 0 to 255) is the CPU under
+ * ordinal N: a device object of its own, as the ranks of an in-process
+ * [class@Gmlp.Communicator] want ("cpu" is "cpu:0").
  *
  * Returns: (transfer full): the device, or %NULL with an error
  *
@@ -438,21 +450,22 @@ gmlp_device_new_from_string (const char  *spec,
     return gmlp_device_new (GMLP_DEVICE_KIND_CPU, 0, error);
   if (g_ascii_strcasecmp (spec, "cuda") == 0)
     return gmlp_device_new (GMLP_DEVICE_KIND_CUDA, 0, error);
-  if (g_ascii_strncasecmp (spec, "cuda:", 5) == 0)
+  if (g_ascii_strncasecmp (spec, "cuda:", 5) == 0 || g_ascii_strncasecmp (spec, "cpu:", 4) == 0)
     {
+      gboolean cpu = g_ascii_strncasecmp (spec, "cpu:", 4) == 0;
       guint64 ordinal;
 
-      if (!g_ascii_string_to_unsigned (spec + 5, 10, 0, G_MAXINT16, &ordinal, NULL))
+      if (!g_ascii_string_to_unsigned (spec + (cpu ? 4 : 5), 10, 0, G_MAXINT16, &ordinal, NULL))
         {
           g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
                        "Invalid device ordinal in \"%s\"", shown);
           return NULL;
         }
-      return gmlp_device_new (GMLP_DEVICE_KIND_CUDA, (int) ordinal, error);
+      return gmlp_device_new (cpu ? GMLP_DEVICE_KIND_CPU : GMLP_DEVICE_KIND_CUDA, (int) ordinal, error);
     }
 
   g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
-               "Invalid device \"%s\": expected cpu, cuda or cuda:N", shown);
+               "Invalid device \"%s\": expected cpu, cpu:N, cuda or cuda:N", shown);
   return NULL;
 }
 

@@ -40,6 +40,9 @@ G_BEGIN_DECLS
  *   the message carries the backend's own description
  * @GMLP_ERROR_INVALID_STATE: the object is not in a state that allows the
  *   call (for example saved activations that were already consumed)
+ * @GMLP_ERROR_ABORTED: the group of a [class@Gmlp.Communicator] failed: a
+ *   rank aborted it, left it or did not take part within the timeout; the
+ *   message says which
  *
  * Error codes of the %GMLP_ERROR domain. Every error that depends on data
  * is reported before anything is written.
@@ -55,6 +58,7 @@ typedef enum {
   GMLP_ERROR_OUT_OF_MEMORY,
   GMLP_ERROR_BACKEND,
   GMLP_ERROR_INVALID_STATE,
+  GMLP_ERROR_ABORTED,
 } GmlpError;
 
 GMLP_AVAILABLE_IN_0_1

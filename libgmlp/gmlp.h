@@ -24,4 +24,5 @@
 # include "gmlp-routing.h"
 # include "gmlp-router.h"
 # include "gmlp-moe-layer.h"
+# include "gmlp-communicator.h"
 #undef GMLP_INSIDE

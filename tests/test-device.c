@@ -64,7 +64,7 @@ test_missing_devices (void)
   g_assert_error (error, GMLP_ERROR, GMLP_ERROR_NO_DEVICE);
   g_clear_error (&error);
 
-  device = gmlp_device_new (GMLP_DEVICE_KIND_CPU, 1, &error);
+  device = gmlp_device_new (GMLP_DEVICE_KIND_CPU, 256, &error);
   g_assert_null (device);
   g_assert_error (error, GMLP_ERROR, GMLP_ERROR_NO_DEVICE);
   g_clear_error (&error);
@@ -77,14 +77,31 @@ test_missing_devices (void)
 static void
 test_from_string (void)
 {
-  static const char *bad[] = { "tpu", "cuda:", "cuda:x", "cuda:-1", "cuda:1x", "" };
+  static const char *bad[] = { "tpu", "cuda:", "cuda:x", "cuda:-1", "cuda:1x", "cpu:", "cpu:y", "" };
   g_autoptr(GmlpDevice) cpu = NULL;
   g_autoptr(GmlpDevice) cpu2 = NULL;
+  g_autoptr(GmlpDevice) cpu3 = NULL;
+  g_autoptr(GmlpDevice) cpu3_again = NULL;
+  g_autoptr(GError) cpu_error = NULL;
   guint i;
 
   cpu = gmlp_device_new_from_string ("cpu", NULL);
   cpu2 = gmlp_device_new (GMLP_DEVICE_KIND_CPU, 0, NULL);
   g_assert_true (cpu == cpu2);
+
+  /* cpu:N: a CPU device of its own (the ranks of an in-process
+   * communicator), one object per ordinal. */
+  cpu3 = gmlp_device_new_from_string ("cpu:3", &cpu_error);
+  g_assert_no_error (cpu_error);
+  cpu3_again = gmlp_device_new (GMLP_DEVICE_KIND_CPU, 3, &cpu_error);
+  g_assert_no_error (cpu_error);
+  g_assert_true (cpu3 == cpu3_again);
+  g_assert_true (cpu3 != cpu);
+  g_assert_cmpstr (gmlp_device_get_name (cpu3), ==, "cpu:3");
+  g_assert_cmpint (gmlp_device_get_ordinal (cpu3), ==, 3);
+  g_assert_cmpint (gmlp_device_get_count (GMLP_DEVICE_KIND_CPU), ==, 1);
+  g_assert_null (gmlp_device_new_from_string ("cpu:256", &cpu_error));
+  g_assert_error (cpu_error, GMLP_ERROR, GMLP_ERROR_NO_DEVICE);
 
   for (i = 0; i < G_N_ELEMENTS (bad); i++)
     {

@@ -20,7 +20,7 @@ G_BEGIN_DECLS
 
 /* Bumped whenever the table changes; a module built for another version is
  * refused. */
-#define GMLP_BACKEND_ABI_VERSION 10
+#define GMLP_BACKEND_ABI_VERSION 11
 
 typedef struct _GmlpBackendDevice GmlpBackendDevice;
 typedef struct _GmlpBackendEvent GmlpBackendEvent;
@@ -394,6 +394,20 @@ typedef struct {
   int               sm90_fp8_tile_n;
   int               sm90_max_ctas;
 } GmlpBackendTuning;
+
+/* Communicators (gmlp-communicator.c): one rank of a group of world_size
+ * ranks, each on a device of one backend. The unique id that names the
+ * group is GMLP_BACKEND_COMM_ID_BYTES opaque bytes (NCCL's ncclUniqueId for
+ * CUDA). */
+typedef struct _GmlpBackendComm GmlpBackendComm;
+
+#define GMLP_BACKEND_COMM_ID_BYTES 128
+
+/* The reductions of comm_all_reduce; the values equal GmlpReduceOp's. */
+enum {
+  GMLP_COMM_SUM = 0,
+  GMLP_COMM_AVERAGE = 1,
+};
 
 typedef struct {
   int          abi_version;
@@ -796,6 +810,65 @@ typedef struct {
    * theirs. NULL for a backend whose heuristics have nothing to force. */
   void                (*set_tuning)          (GmlpBackendDevice        *device,
                                               const GmlpBackendTuning  *tuning);
+
+  /* Communicators (gmlp-communicator.c): entries below this line. Every
+   * collective is enqueued on the compute stream of the communicator's
+   * device, in the order of the calls, and every rank must make the same
+   * calls in the same order. Byte counts and offsets are the caller's,
+   * worked out on the host from the tensors' host sizes. A rank that does
+   * not take part within timeout_ms (a rank that errs, leaves or dies), or
+   * comm_abort on any rank, fails the group: then every call on every rank
+   * fails with GMLP_ERROR_ABORTED, never hangs. Backends without
+   * communicators leave these NULL (UNSUPPORTED). */
+  /* Writes a fresh id (GMLP_BACKEND_COMM_ID_BYTES bytes) into id. */
+  gboolean            (*comm_unique_id)      (GmlpBackendDevice        *device,
+                                              guint8                   *id,
+                                              GError                  **error);
+  /* Starts joining the group named by id as rank (0 .. world_size-1),
+   * without waiting for the others: g_object_new() must not block (a
+   * binding may hold a lock, such as Python's GIL, across it). */
+  GmlpBackendComm    *(*comm_init)           (GmlpBackendDevice        *device,
+                                              const guint8             *id,
+                                              int                       rank,
+                                              int                       world_size,
+                                              guint                     timeout_ms,
+                                              GError                  **error);
+  /* Waits until every rank has joined, at most timeout_ms; called once,
+   * before the first collective. */
+  gboolean            (*comm_join)           (GmlpBackendComm          *comm,
+                                              GError                  **error);
+  /* Fails the group at once: calls waiting on any rank return
+   * GMLP_ERROR_ABORTED. Safe from any thread, also during a call. */
+  void                (*comm_abort)          (GmlpBackendComm          *comm);
+  /* Leaves the group (the other ranks' later calls fail) and frees comm. */
+  void                (*comm_free)           (GmlpBackendComm          *comm);
+  /* In place: data (count elements of dtype: FLOAT32, FLOAT16, BFLOAT16,
+   * or INT32, INT64 with SUM) becomes the sum, or the average, over the
+   * ranks; every rank gets the same bits. */
+  gboolean            (*comm_all_reduce)     (GmlpBackendComm          *comm,
+                                              gpointer                  data,
+                                              gsize                     count,
+                                              int                       dtype,
+                                              int                       op,
+                                              GError                  **error);
+  /* recv (world_size × nbytes) holds every rank's send (nbytes), by rank. */
+  gboolean            (*comm_all_gather)     (GmlpBackendComm          *comm,
+                                              gconstpointer             send,
+                                              gpointer                  recv,
+                                              gsize                     nbytes,
+                                              GError                  **error);
+  /* To every peer p: send_bytes[p] bytes from send + send_offsets[p];
+   * from every peer p: recv_bytes[p] bytes into recv + recv_offsets[p]
+   * (world_size entries each, host memory). The ranks' counts must pair
+   * up: send_bytes[q] of rank p equals recv_bytes[p] of rank q. */
+  gboolean            (*comm_all_to_all)     (GmlpBackendComm          *comm,
+                                              gconstpointer             send,
+                                              const gsize              *send_offsets,
+                                              const gsize              *send_bytes,
+                                              gpointer                  recv,
+                                              const gsize              *recv_offsets,
+                                              const gsize              *recv_bytes,
+                                              GError                  **error);
 } GmlpBackend;
 
 const GmlpBackend *gmlp_backend_cpu_get  (void);

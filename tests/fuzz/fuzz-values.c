@@ -684,6 +684,20 @@ build_event (FzCtx           *ctx,
   return gmlp_event_new_recorded (device, error);
 }
 
+/* A group of one rank: none of its calls waits for another. */
+static gpointer
+build_communicator (FzCtx           *ctx,
+                    const FzFlavour *f,
+                    GError         **error)
+{
+  GmlpDevice *device = flavour_device (ctx, f, error);
+  g_autoptr(GBytes) uid = NULL;
+
+  if (device == NULL || (uid = gmlp_communicator_new_unique_id (device, error)) == NULL)
+    return NULL;
+  return gmlp_communicator_new (device, uid, 0, 1, error);
+}
+
 static gpointer
 build_graph (FzCtx           *ctx,
              const FzFlavour *f,
@@ -1313,6 +1327,7 @@ fz_catalogue_init (GIRepository *repo,
   f = add ("perm", "GmlpGroupedTensor", build_permuted);
   f->dtype = GMLP_DTYPE_FLOAT32, f->n = FZ_K, f->special = TRUE;
   add ("event", "GmlpEvent", build_event);
+  add ("comm", "GmlpCommunicator", build_communicator);
   if (cuda)
     {
       f = add ("event:cpu", "GmlpEvent", build_event);
@@ -1414,6 +1429,7 @@ fz_default_flavour (const char *type)
     { "GmlpEvent", "event" },
     { "GmlpRouting", "routing" },
     { "GmlpGraph", "graph" },
+    { "GmlpCommunicator", "comm" },
     { "GBytes", "bytes:512" },
     { "GVariant", "var:state:delayed" },
   };

@@ -20,6 +20,7 @@
 #include "backend/cpu/gmlp-cpu-activation-quantize.h"
 #include "backend/cpu/gmlp-cpu-permute.h"
 #include "backend/cpu/gmlp-cpu-router.h"
+#include "backend/cpu/gmlp-cpu-comm.h"
 #include "gmlp-activation-numeric.h"
 #include "gmlp-error.h"
 #include "gmlp-numeric.h"
@@ -61,7 +62,9 @@ cpu_close_device (GmlpBackendDevice *device)
 static char *
 cpu_get_device_name (GmlpBackendDevice *device)
 {
-  return g_strdup ("cpu");
+  if (device->ordinal == 0)
+    return g_strdup ("cpu");
+  return g_strdup_printf ("cpu:%d", device->ordinal);
 }
 
 static gpointer
@@ -1035,6 +1038,15 @@ static const GmlpBackend cpu_backend = {
   .router_forward = gmlp_cpu_router_forward,
   .router_backward = gmlp_cpu_router_backward,
   .router_update_bias = gmlp_cpu_router_update_bias,
+  /* Communicators: entries below this line. */
+  .comm_unique_id = gmlp_cpu_comm_unique_id,
+  .comm_init = gmlp_cpu_comm_init,
+  .comm_join = gmlp_cpu_comm_join,
+  .comm_abort = gmlp_cpu_comm_abort,
+  .comm_free = gmlp_cpu_comm_free,
+  .comm_all_reduce = gmlp_cpu_comm_all_reduce,
+  .comm_all_gather = gmlp_cpu_comm_all_gather,
+  .comm_all_to_all = gmlp_cpu_comm_all_to_all,
 };
 
 const GmlpBackend *

@@ -680,6 +680,16 @@ static const GmlpBackend gmlp_cuda_backend = {
   .router_update_bias = gmlp_cuda_router_update_bias,
 
   .set_tuning = gmlp_cuda_set_tuning,
+
+  /* Communicators (gmlp-cuda-comm.c): entries below this line. */
+  .comm_unique_id = gmlp_cuda_comm_unique_id,
+  .comm_init = gmlp_cuda_comm_init,
+  .comm_join = gmlp_cuda_comm_join,
+  .comm_abort = gmlp_cuda_comm_abort,
+  .comm_free = gmlp_cuda_comm_free,
+  .comm_all_reduce = gmlp_cuda_comm_all_reduce,
+  .comm_all_gather = gmlp_cuda_comm_all_gather,
+  .comm_all_to_all = gmlp_cuda_comm_all_to_all,
 };
 
 /* The kernels' values of a choice are the backend's. */
