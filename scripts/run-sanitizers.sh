@@ -187,7 +187,7 @@ tsan ()
 import json, sys
 print(" ".join(sorted({t["cmd"][0] for t in json.load(sys.stdin)
                        if any(s.endswith(":threads") for s in t["suite"])})))'); do
-    if ! LD_LIBRARY_PATH=$libpath ldd "$t" | grep -q "libglib-2.0.so.0 => $b/glib/"; then
+    if ! LD_LIBRARY_PATH=$libpath ldd "$t" | grep "libglib-2.0.so.0 => $b/glib/" > /dev/null; then
       echo "run-sanitizers: $t does not load the instrumented GLib" >&2
       status=1
       unset TSAN_OPTIONS

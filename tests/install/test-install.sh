@@ -44,7 +44,9 @@ export PYTHONPATH=$(dirname "$(dirname "$dest$overrides")")
 cd "$work"
 
 cc -o example-c "$here/example.c" $(pkg-config --cflags --libs gmlp-1.0)
-ldd ./example-c | grep -q "libgmlp-1.0.so.0 => $P/" || { ldd ./example-c; exit 1; }
+# Not grep -q: it would stop reading early, ldd would die of SIGPIPE and
+# pipefail would call the line failed.
+ldd ./example-c | grep "libgmlp-1.0.so.0 => $P/" > /dev/null || { ldd ./example-c; exit 1; }
 ./example-c
 
 /usr/bin/python3 "$here/example.py" "$P" "$dest$overrides"
