@@ -1,4 +1,10 @@
-/* gmlp-grouped-tensor.c
+/* gmlp-grouped-tensor.c: the grouped tensor object
+ *
+ * Its type, properties and construction, its layout, member views and
+ * accessors. Data in and out (bytes, typed arrays, DLPack) is in
+ * gmlp-grouped-tensor-interop.c, operations on its values in
+ * gmlp-grouped-tensor-ops.c, and quantized tensors in
+ * gmlp-grouped-tensor-quantized.c.
  *
  * SPDX-License-Identifier: LGPL-2.1-or-later
  */
