@@ -73,6 +73,45 @@ G_END_DECLS
 
 G_BEGIN_DECLS
 
+/* For the constructors and operations in gmlp-grouped-tensor-interop.c and
+ * gmlp-grouped-tensor-ops.c. The checks of a host-sizes layout that every
+ * constructor makes (device, dtype, count, columns, then the sizes), with
+ * their sum in @total_rows. */
+gboolean           gmlp_grouped_tensor_check_host_layout (GmlpDevice         *device,
+                                                          GmlpDType           dtype,
+                                                          const gint64       *rows,
+                                                          guint               n_groups,
+                                                          gint64              cols,
+                                                          gint64             *total_rows,
+                                                          GError            **error);
+/* A tensor of a checked layout (@rows NULL for device sizes, which the
+ * caller then sets), without storage: give it one with
+ * gmlp_grouped_tensor_take_buffer(), which takes @buffer's reference. */
+GmlpGroupedTensor *gmlp_grouped_tensor_new_layout        (GmlpDevice         *device,
+                                                          GmlpDType           dtype,
+                                                          const gint64       *rows,
+                                                          guint               n_groups,
+                                                          gint64              cols,
+                                                          gint64              row_capacity);
+void               gmlp_grouped_tensor_take_buffer       (GmlpGroupedTensor  *self,
+                                                          GmlpBuffer         *buffer);
+/* gmlp_grouped_tensor_new_layout() with fresh storage. */
+GmlpGroupedTensor *gmlp_grouped_tensor_new_internal      (GmlpDevice         *device,
+                                                          GmlpDType           dtype,
+                                                          const gint64       *rows,
+                                                          guint               n_groups,
+                                                          gint64              cols,
+                                                          gint64              row_capacity,
+                                                          GError            **error);
+/* Whether @a and @b have the same columns and group sizes: equal host
+ * sizes, or the same device sizes tensor and row capacity. */
+gboolean           gmlp_grouped_tensor_same_shape        (GmlpGroupedTensor  *a,
+                                                          GmlpGroupedTensor  *b);
+
+G_END_DECLS
+
+G_BEGIN_DECLS
+
 /* The version counter of the tensor's storage (gmlp-device-private.h);
  * NULL for a tensor without storage. */
 GmlpVersionCounter *gmlp_grouped_tensor_get_version_counter (GmlpGroupedTensor *self);
