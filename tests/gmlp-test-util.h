@@ -107,6 +107,11 @@ double             gmlp_test_download_scalar   (GmlpGroupedTensor *tensor);
 /* The tensor's values, packed, decoded to double. */
 double            *gmlp_test_download          (GmlpGroupedTensor *tensor,
                                                 gsize             *n_values);
+/* Initialises every libgmlp class and GLib's own lazily made locks before
+ * a test starts threads: GLib does it on first use under locks inside
+ * libglib that ThreadSanitizer does not see, so that what it reports is
+ * libgmlp's. */
+void               gmlp_test_prepare_threads   (void);
 /* Relative tolerance of a product stored in dtype, FP32 accumulation. */
 double             gmlp_test_tolerance         (GmlpDType       dtype);
 /* Asserts every value is finite (poisoned memory is NaN) and

@@ -1173,6 +1173,7 @@ main (int    argc,
 {
   setlocale (LC_ALL, "");
   g_test_init (&argc, &argv, NULL);
+  gmlp_test_prepare_threads ();
 
   g_test_add_func ("/Gmlp/Communicator/properties", test_properties);
   g_test_add_func ("/Gmlp/Communicator/construct-errors", test_construct_errors);

@@ -1358,37 +1358,13 @@ test_shared_graph (void)
   micro_clear (&micro);
 }
 
-/* GLib initialises a class on its first use, and some of its own locks,
- * under locks inside libglib that ThreadSanitizer does not see: done here,
- * before any thread starts, so that what it reports is libgmlp's. */
-static void
-prepare_glib (void)
-{
-  const GType types[] = {
-    GMLP_TYPE_DEVICE, GMLP_TYPE_EVENT, GMLP_TYPE_GRAPH, GMLP_TYPE_GROUPED_TENSOR,
-    GMLP_TYPE_GROUPED_LINEAR, GMLP_TYPE_GROUPED_MLP, GMLP_TYPE_QUANTIZER,
-    GMLP_TYPE_OFFLOAD_CONTEXT, GMLP_TYPE_SAVED_ACTIVATIONS, GMLP_TYPE_ACTIVATION,
-    GMLP_TYPE_DEVICE_KIND, GMLP_TYPE_DTYPE, GMLP_TYPE_ERROR, GMLP_TYPE_FP8_FORMAT,
-    GMLP_TYPE_LINEAR_FLAGS, GMLP_TYPE_QUANTIZER_ROLE, GMLP_TYPE_SCALING_RECIPE,
-  };
-  g_autoptr(GObject) object = g_object_new (G_TYPE_OBJECT, NULL);
-  GWeakRef weak;
-  guint i;
-
-  for (i = 0; i < G_N_ELEMENTS (types); i++)
-    g_type_class_ref (types[i]);
-  g_weak_ref_init (&weak, object);
-  g_weak_ref_clear (&weak);
-  (void) gmlp_error_quark ();
-}
-
 int
 main (int   argc,
       char *argv[])
 {
   setlocale (LC_ALL, "");
   g_test_init (&argc, &argv, NULL);
-  prepare_glib ();
+  gmlp_test_prepare_threads ();
 
   g_test_add_func ("/Gmlp/Threads/offload-shared", test_offload_shared);
   g_test_add_func ("/Gmlp/Threads/shared-input-sizes", test_shared_input_sizes);
