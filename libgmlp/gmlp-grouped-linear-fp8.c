@@ -249,14 +249,8 @@ gmlp_linear_fp8_check_activation (GmlpGroupedLinear  *self,
   GmlpDType dtype = gmlp_grouped_tensor_get_dtype (tensor);
   GmlpScalingRecipe recipe, partner_recipe;
 
-  if (gmlp_grouped_tensor_get_device (tensor) != self->device)
-    {
-      g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
-                   "%s is on %s, the layer on %s", what,
-                   gmlp_device_get_name (gmlp_grouped_tensor_get_device (tensor)),
-                   gmlp_device_get_name (self->device));
-      return FALSE;
-    }
+  if (!gmlp_linear_check_activation_device (self, tensor, what, error))
+    return FALSE;
   if (!gmlp_dtype_is_fp8 (dtype))
     {
       if (dtype != self->dtype)
@@ -298,20 +292,8 @@ gmlp_linear_fp8_check_activation (GmlpGroupedLinear  *self,
       return FALSE;
     }
 
-  if (gmlp_grouped_tensor_get_n_groups (tensor) != self->n_groups)
-    {
-      g_set_error (error, GMLP_ERROR, GMLP_ERROR_SHAPE_MISMATCH,
-                   "%s has %u groups; the layer has %u", what,
-                   gmlp_grouped_tensor_get_n_groups (tensor), self->n_groups);
-      return FALSE;
-    }
-  if (gmlp_grouped_tensor_get_cols (tensor) != cols)
-    {
-      g_set_error (error, GMLP_ERROR, GMLP_ERROR_SHAPE_MISMATCH,
-                   "%s has %" G_GINT64_FORMAT " columns; the layer needs %" G_GINT64_FORMAT,
-                   what, gmlp_grouped_tensor_get_cols (tensor), cols);
-      return FALSE;
-    }
+  if (!gmlp_linear_check_activation_shape (self, tensor, cols, what, error))
+    return FALSE;
 
   recipe = fp8_operand_recipe (tensor, quantizer);
   partner_recipe = partner != NULL ? gmlp_grouped_tensor_get_scaling_recipe (partner)

@@ -160,6 +160,18 @@ gboolean           gmlp_linear_param_set                (Param              *par
 
 /* gmlp-grouped-linear-products.c */
 
+/* The checks of an activation shared by its plain and FP8 paths: on the
+ * layer's device; the layer's groups and cols columns. */
+gboolean           gmlp_linear_check_activation_device  (GmlpGroupedLinear     *self,
+                                                         GmlpGroupedTensor     *tensor,
+                                                         const char            *what,
+                                                         GError               **error);
+gboolean           gmlp_linear_check_activation_shape   (GmlpGroupedLinear     *self,
+                                                         GmlpGroupedTensor     *tensor,
+                                                         gint64                 cols,
+                                                         const char            *what,
+                                                         GError               **error);
+
 /* One grouped product of the layer (GmlpGemmKind: FPROP y = x Wᵀ [+ b],
  * DGRAD dx = dy W, WGRAD dW [+]= dyᵀ x). The operands grouped by rows are
  * tensors; the matrices of fixed shape are the members of a parameter.

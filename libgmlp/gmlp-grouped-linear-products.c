@@ -299,13 +299,12 @@ gmlp_grouped_linear_set_main_grad_member (GmlpGroupedLinear  *self,
   return TRUE;
 }
 
-/* Checks an activation (input or grad_output) of the layer. */
-static gboolean
-check_activation (GmlpGroupedLinear  *self,
-                  GmlpGroupedTensor  *tensor,
-                  gint64              cols,
-                  const char         *what,
-                  GError            **error)
+/* That an activation (input or grad_output) is on the layer's device. */
+gboolean
+gmlp_linear_check_activation_device (GmlpGroupedLinear  *self,
+                                     GmlpGroupedTensor  *tensor,
+                                     const char         *what,
+                                     GError            **error)
 {
   if (gmlp_grouped_tensor_get_device (tensor) != self->device)
     {
@@ -315,14 +314,17 @@ check_activation (GmlpGroupedLinear  *self,
                    gmlp_device_get_name (self->device));
       return FALSE;
     }
-  if (gmlp_grouped_tensor_get_dtype (tensor) != self->dtype)
-    {
-      g_set_error (error, GMLP_ERROR, GMLP_ERROR_DTYPE_MISMATCH,
-                   "%s is %s; the layer computes in %s", what,
-                   gmlp_dtype_get_name (gmlp_grouped_tensor_get_dtype (tensor)),
-                   gmlp_dtype_get_name (self->dtype));
-      return FALSE;
-    }
+  return TRUE;
+}
+
+/* That an activation has the layer's groups and cols columns. */
+gboolean
+gmlp_linear_check_activation_shape (GmlpGroupedLinear  *self,
+                                    GmlpGroupedTensor  *tensor,
+                                    gint64              cols,
+                                    const char         *what,
+                                    GError            **error)
+{
   if (gmlp_grouped_tensor_get_n_groups (tensor) != self->n_groups)
     {
       g_set_error (error, GMLP_ERROR, GMLP_ERROR_SHAPE_MISMATCH,
@@ -338,6 +340,27 @@ check_activation (GmlpGroupedLinear  *self,
       return FALSE;
     }
   return TRUE;
+}
+
+/* Checks an activation (input or grad_output) of the layer. */
+static gboolean
+check_activation (GmlpGroupedLinear  *self,
+                  GmlpGroupedTensor  *tensor,
+                  gint64              cols,
+                  const char         *what,
+                  GError            **error)
+{
+  if (!gmlp_linear_check_activation_device (self, tensor, what, error))
+    return FALSE;
+  if (gmlp_grouped_tensor_get_dtype (tensor) != self->dtype)
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_DTYPE_MISMATCH,
+                   "%s is %s; the layer computes in %s", what,
+                   gmlp_dtype_get_name (gmlp_grouped_tensor_get_dtype (tensor)),
+                   gmlp_dtype_get_name (self->dtype));
+      return FALSE;
+    }
+  return gmlp_linear_check_activation_shape (self, tensor, cols, what, error);
 }
 
 /* An enabled offload context of another device cannot take this layer's
