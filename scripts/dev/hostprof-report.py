@@ -44,7 +44,7 @@ class Module:
                 for addr in sorted(symbols):
                     self.addrs.append(addr)
                     self.names.append(symbols[addr])
-        except (OSError, Exception) as e:  # a vdso, a missing file
+        except Exception as e:  # a vdso, a missing file
             print('# %s: %s' % (path, e), file=sys.stderr)
 
     def name(self, file_offset):
@@ -69,21 +69,17 @@ def main():
     p.add_argument('--callers', help='for the samples in this function, the chains of our frames that called it')
     args = p.parse_args()
 
-    maps, samples, interval = [], [], 20.0
+    maps, samples = [], []
     for line in open(args.prof):
         if line.startswith('map '):
             f = line.split()
             if len(f) >= 7 and 'x' in f[2]:
                 lo, hi = (int(v, 16) for v in f[1].split('-'))
                 maps.append((lo, hi, int(f[3], 16), f[6]))
-        elif line.startswith('interval_us'):
-            interval = float(line.split()[1])
         elif line.startswith('w '):
             # the program's time since the previous sample (ns), the stack
             f = line.split()
             samples.append((int(f[1]) / 1000.0, [int(v, 16) for v in f[2:]]))
-        elif line.startswith('s'):
-            samples.append((None, [int(v, 16) for v in line.split()[1:]]))
     maps.sort()
     starts = [m[0] for m in maps]
     modules = {}
@@ -116,8 +112,7 @@ def main():
     chains = collections.Counter()
     leaves = collections.Counter()
     counted = 0
-    for weight, s in samples:
-        w = interval if weight is None else weight
+    for w, s in samples:
         # The handler's frames, then the signal trampoline, then the
         # interrupted instruction (exact); the rest are return addresses,
         # which point after their call: step back into it.

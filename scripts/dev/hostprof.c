@@ -124,7 +124,6 @@ hostprof_stop (void)
     fprintf (file, "map %s", line);
   if (maps)
     fclose (maps);
-  fprintf (file, "interval_us %s\n", getenv ("HOSTPROF_US") ? getenv ("HOSTPROF_US") : "20");
   for (i = 0; i < taken; i++)
     {
       void **slot = samples + i * DEPTH;
