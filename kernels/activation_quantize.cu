@@ -13,6 +13,7 @@
 #include "gmlp-quantize-numeric.h"
 #include "impls/common.cuh"
 #include "impls/grouped_activation_quantize.cuh"
+#include "impls/grouped_quantize_host.cuh"
 
 static_assert (GMLP_NUM_ACT_GELU == (int) GMLP_KERNEL_ACT_GELU, "activation codes");
 static_assert (GMLP_NUM_ACT_RELU == (int) GMLP_KERNEL_ACT_RELU, "activation codes");

@@ -12,7 +12,7 @@
 #include "gmlp-kernels.h"
 #include "gmlp-quantize-numeric.h"
 #include "impls/common.cuh"
-#include "impls/grouped_quantize.cuh"
+#include "impls/grouped_quantize_host.cuh"
 
 namespace gmlp {
 namespace {
