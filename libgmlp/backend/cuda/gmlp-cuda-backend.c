@@ -250,27 +250,6 @@ gmlp_cuda_free (GmlpBackendDevice *device,
     gmlp_cuda_release (device, ptr, FALSE);
 }
 
-void
-gmlp_cuda_free_now (GmlpBackendDevice *device,
-                    gpointer           ptr)
-{
-  cudaError_t err;
-
-  if (gmlp_cuda_block_cache_free (device, ptr))
-    return;
-  err = cudaSetDevice (device->ordinal);
-  if (err == cudaSuccess)
-    err = cudaFreeAsync (ptr, device->stream);
-  if (err != cudaSuccess)
-    {
-      /* Nothing to report to: free cannot fail. This only happens once the
-       * context is broken, and then the next call with a GError says so. */
-      g_debug ("CUDA: cudaFreeAsync failed: %s (%s)",
-               cudaGetErrorString (err), cudaGetErrorName (err));
-      (void) cudaGetLastError ();
-    }
-}
-
 /* Allocates table_bytes, rounded up to the pool's 256-byte alignment, plus
  * extra_bytes from the pool and enqueues one copy of the host table into
  * the start of it; the extra bytes follow at the rounded offset (*extra,

@@ -114,6 +114,34 @@ gmlp_cuda_alloc_on_stream (GmlpBackendDevice  *device,
   return ptr;
 }
 
+/* Makes the copy stream wait for all the work enqueued on the compute stream
+ * so far; the device must be current. On failure *what names the call.
+ *
+ * One event serves every call: cudaStreamWaitEvent() waits for the event's
+ * latest record when it is called. Should another thread record it in
+ * between, that record is later on the same compute stream, so waiting for
+ * it waits for ours as well. */
+cudaError_t
+gmlp_cuda_copies_after_compute (GmlpBackendDevice  *device,
+                                const char        **what)
+{
+  cudaError_t err;
+
+  err = cudaEventRecord (device->copy_after_compute, device->stream);
+  if (err != cudaSuccess)
+    {
+      *what = "cudaEventRecord";
+      return err;
+    }
+  err = cudaStreamWaitEvent (device->copy_stream, device->copy_after_compute, 0);
+  if (err != cudaSuccess)
+    {
+      *what = "cudaStreamWaitEvent";
+      return err;
+    }
+  return cudaSuccess;
+}
+
 void
 gmlp_cuda_kernel_shape (const GmlpBackendShape *shape,
                         GmlpKernelGroupedShape *kernel_shape)

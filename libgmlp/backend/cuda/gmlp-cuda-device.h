@@ -114,6 +114,10 @@ gpointer  gmlp_cuda_alloc_on_stream (GmlpBackendDevice  *device,
                                      gsize               nbytes,
                                      cudaStream_t        stream,
                                      GError            **error);
+/* Makes the copy stream wait for the compute stream's work so far; the
+ * device must be current. On failure *what names the call. */
+cudaError_t gmlp_cuda_copies_after_compute (GmlpBackendDevice  *device,
+                                            const char        **what);
 
 /* The kernels' view of a backend shape. */
 void      gmlp_cuda_kernel_shape    (const GmlpBackendShape *shape,

@@ -9,6 +9,8 @@
 #pragma once
 
 #include "gmlp-cuda-device.h"
+#include "gmlp-cuda-block-cache.h"
+#include "gmlp-cuda-graph.h"
 
 G_BEGIN_DECLS
 
@@ -18,22 +20,6 @@ struct _GmlpBackendEvent
   int          ordinal;   /* the device whose stream recorded it */
 };
 
-/* gmlp-cuda-block-cache.c */
-void      gmlp_cuda_block_cache_init   (GmlpBackendDevice  *device);
-void      gmlp_cuda_block_cache_fini   (GmlpBackendDevice  *device);
-/* Memory for the compute stream: a kept block of the size class, else one
- * from the pool. */
-gpointer  gmlp_cuda_block_cache_alloc  (GmlpBackendDevice  *device,
-                                        gsize               nbytes,
-                                        GError            **error);
-/* Keeps ptr for reuse when it came from gmlp_cuda_block_cache_alloc() and
- * there is room; FALSE when the caller must free it. */
-gboolean  gmlp_cuda_block_cache_free   (GmlpBackendDevice  *device,
-                                        gpointer            ptr);
-/* ptr leaves by another path (the copy stream's free). */
-void      gmlp_cuda_block_cache_forget (GmlpBackendDevice  *device,
-                                        gpointer            ptr);
-
 /* gmlp-cuda-backend.c */
 gpointer  gmlp_cuda_alloc           (GmlpBackendDevice  *device,
                                      gsize               nbytes,
@@ -42,9 +28,6 @@ gpointer  gmlp_cuda_alloc           (GmlpBackendDevice  *device,
  * or, where a graph or the capture in progress keeps it, once they let go
  * too (gmlp_cuda_release()). */
 void      gmlp_cuda_free            (GmlpBackendDevice  *device,
-                                     gpointer            ptr);
-/* The real free, in compute-stream order, whatever graphs hold. */
-void      gmlp_cuda_free_now        (GmlpBackendDevice  *device,
                                      gpointer            ptr);
 gpointer  gmlp_cuda_upload_table    (GmlpBackendDevice  *device,
                                      gconstpointer       table,
@@ -151,9 +134,6 @@ gpointer          gmlp_cuda_copy_stream_alloc (GmlpBackendDevice  *device,
                                                GError            **error);
 void              gmlp_cuda_free_after_copies (GmlpBackendDevice  *device,
                                                gpointer            ptr);
-/* The real free after the copies, whatever graphs hold. */
-void              gmlp_cuda_free_after_copies_now (GmlpBackendDevice  *device,
-                                                   gpointer            ptr);
 
 
 /* Tensor arithmetic (gmlp-cuda-elementwise.c). */
@@ -222,38 +202,6 @@ gboolean  gmlp_cuda_bias_grad_device (GmlpBackendDevice            *device,
                                       gconstpointer                 a,
                                       void * const                 *dbias,
                                       GError                      **error);
-
-/* Graphs (gmlp-cuda-graph.c). */
-void              gmlp_cuda_graph_init_device (GmlpBackendDevice  *device);
-void              gmlp_cuda_graph_fini_device (GmlpBackendDevice  *device);
-/* Drops the owner's reference to device memory (after_copies: freed with
- * free_after_copies): frees it now when no graph or capture keeps it. */
-void              gmlp_cuda_release        (GmlpBackendDevice  *device,
-                                            gpointer            ptr,
-                                            gboolean            after_copies);
-/* alloc while capturing, with the capture lock held: memory from the pool
- * outside the capture, kept by it as well as by its owner. */
-gpointer          gmlp_cuda_capture_alloc  (GmlpBackendDevice  *device,
-                                            gsize               nbytes,
-                                            GError            **error);
-/* upload while capturing: copied at once, outside the capture. */
-gboolean          gmlp_cuda_capture_upload (GmlpBackendDevice  *device,
-                                            gpointer            dst,
-                                            gconstpointer       src,
-                                            gsize               nbytes,
-                                            GError            **error);
-/* GMLP_ERROR_INVALID_STATE while capturing, for what waits for the stream. */
-gboolean          gmlp_cuda_check_not_capturing (GmlpBackendDevice  *device,
-                                                 const char         *what,
-                                                 GError            **error);
-gboolean          gmlp_cuda_capture_begin  (GmlpBackendDevice  *device,
-                                            GError            **error);
-GmlpBackendGraph *gmlp_cuda_capture_end    (GmlpBackendDevice  *device,
-                                            GError            **error);
-gboolean          gmlp_cuda_is_capturing   (GmlpBackendDevice  *device);
-gboolean          gmlp_cuda_graph_launch   (GmlpBackendGraph   *graph,
-                                            GError            **error);
-void              gmlp_cuda_graph_free     (GmlpBackendGraph   *graph);
 
 /* gmlp-cuda-comm.c: communicators on NCCL, loaded at run time */
 gboolean          gmlp_cuda_comm_unique_id  (GmlpBackendDevice  *device,
