@@ -11,6 +11,7 @@
 #include "gmlp-cuda-device.h"
 #include "gmlp-cuda-block-cache.h"
 #include "gmlp-cuda-graph.h"
+#include "gmlp-cuda-memory.h"
 
 G_BEGIN_DECLS
 
@@ -19,22 +20,6 @@ struct _GmlpBackendEvent
   cudaEvent_t  event;
   int          ordinal;   /* the device whose stream recorded it */
 };
-
-/* gmlp-cuda-backend.c */
-gpointer  gmlp_cuda_alloc           (GmlpBackendDevice  *device,
-                                     gsize               nbytes,
-                                     GError            **error);
-/* Lets go of memory from alloc: back to the pool in compute-stream order,
- * or, where a graph or the capture in progress keeps it, once they let go
- * too (gmlp_cuda_release()). */
-void      gmlp_cuda_free            (GmlpBackendDevice  *device,
-                                     gpointer            ptr);
-gpointer  gmlp_cuda_upload_table    (GmlpBackendDevice  *device,
-                                     gconstpointer       table,
-                                     gsize               table_bytes,
-                                     gsize               extra_bytes,
-                                     gpointer           *extra,
-                                     GError            **error);
 
 /* gmlp-cuda-gemm.c */
 G_GNUC_PRINTF (5, 6)
