@@ -221,47 +221,6 @@ gmlp_cuda_get_device_name (GmlpBackendDevice *device)
   return g_strdup (device->name);
 }
 
-static gboolean
-gmlp_cuda_convert (GmlpBackendDevice       *device,
-                   const GmlpBackendShape  *shape,
-                   gconstpointer            src,
-                   int                      src_dtype,
-                   gpointer                 dst,
-                   int                      dst_dtype,
-                   GError                 **error)
-{
-  GmlpKernelGroupedShape kernel_shape;
-
-  if (!gmlp_cuda_activate (device, error))
-    return FALSE;
-
-  gmlp_cuda_kernel_shape (shape, &kernel_shape);
-
-  return gmlp_cuda_kernel_result (gmlp_kernel_convert_grouped (&kernel_shape,
-                                                               src, src_dtype,
-                                                               dst, dst_dtype,
-                                                               device->stream),
-                                  "gmlp_kernel_convert_grouped", error);
-}
-
-static gboolean
-gmlp_cuda_fill_random (GmlpBackendDevice  *device,
-                       gpointer            dst,
-                       int                 dtype,
-                       guint64             n_elements,
-                       guint64             seed,
-                       float               scale,
-                       GError            **error)
-{
-  if (!gmlp_cuda_activate (device, error))
-    return FALSE;
-
-  return gmlp_cuda_kernel_result (gmlp_kernel_fill_random (dst, dtype, n_elements,
-                                                           seed, scale,
-                                                           device->stream),
-                                  "gmlp_kernel_fill_random", error);
-}
-
 static const GmlpBackend gmlp_cuda_backend = {
   .abi_version = GMLP_BACKEND_ABI_VERSION,
   .name = "cuda",

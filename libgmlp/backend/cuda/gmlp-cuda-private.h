@@ -137,6 +137,20 @@ gboolean  gmlp_cuda_sum_squares     (GmlpBackendDevice      *device,
                                      int                     dtype,
                                      double                 *result,
                                      GError                **error);
+gboolean  gmlp_cuda_convert         (GmlpBackendDevice      *device,
+                                     const GmlpBackendShape *shape,
+                                     gconstpointer           src,
+                                     int                     src_dtype,
+                                     gpointer                dst,
+                                     int                     dst_dtype,
+                                     GError                **error);
+gboolean  gmlp_cuda_fill_random     (GmlpBackendDevice      *device,
+                                     gpointer                dst,
+                                     int                     dtype,
+                                     guint64                 n_elements,
+                                     guint64                 seed,
+                                     float                   scale,
+                                     GError                **error);
 
 /* Group sizes on the device (gmlp-cuda-gemm-device.c): libgmlp's own
  * Hopper kernel where it applies, a portable kernel elsewhere. */
