@@ -13,10 +13,13 @@
  * never reaches the driver. A second stream, the copy stream, carries only
  * the copies of offloaded activations (gmlp-cuda-offload.c).
  *
- * This file has the device, memory and element-wise entry points and the
- * backend table; the GEMMs, the bias operations, the activations, the events
- * and offloading have files of their own (gmlp-cuda-private.h lists what
- * they share).
+ * This file has the backend table and opens and closes devices. The entry
+ * points live below it, in floors that call only downwards: the executors
+ * (the GEMMs, the bias operations, the activations, the events, offloading
+ * and the rest, a file each), the memory (gmlp-cuda-memory.c,
+ * gmlp-cuda-graph.c, gmlp-cuda-block-cache.c) and the device
+ * (gmlp-cuda-device.c); gmlp-cuda-private.h lists them and what they
+ * share.
  *
  * SPDX-License-Identifier: LGPL-2.1-or-later
  */

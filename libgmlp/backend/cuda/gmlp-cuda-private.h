@@ -1,5 +1,25 @@
 /* gmlp-cuda-private.h: what the files of the CUDA backend module share
  *
+ * The module stands in floors, each calling only into those below it:
+ *
+ *  - gmlp-cuda-backend.c: the backend table, and the opening and closing
+ *    of devices;
+ *  - the executors, a file each: the GEMMs, bias, activations,
+ *    quantization, permutation, the router, events, offloading,
+ *    communicators and element-wise arithmetic, declared below;
+ *  - gmlp-cuda-memory.c: alloc, free, tables and copies on the compute
+ *    stream (gmlp-cuda-memory.h);
+ *  - gmlp-cuda-graph.c: captures, graphs and the memory they keep
+ *    (gmlp-cuda-graph.h);
+ *  - gmlp-cuda-block-cache.c: freed blocks kept for reuse, and the real
+ *    frees (gmlp-cuda-block-cache.h);
+ *  - gmlp-cuda-device.c: the device's fields, errors, the current device,
+ *    the pool and the scratch workspace (gmlp-cuda-device.h).
+ *
+ * A file of the lower four includes only the headers of the floors below
+ * it, and its own; the executors and the table include this header, which
+ * brings all four.
+ *
  * Nothing here leaves the module: it is built with hidden visibility and
  * exports only gmlp_backend_cuda_get().
  *
