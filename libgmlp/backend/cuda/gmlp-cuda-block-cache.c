@@ -15,12 +15,18 @@
  * the pool and tries again, and no more than a quarter of the device's
  * memory is kept.
  *
+ * The real frees end the file: gmlp_cuda_free_now() gives a block to the
+ * cache, or back to the pool on the compute stream, and
+ * gmlp_cuda_free_after_copies_now() gives it back on the copy stream. The
+ * table of memory that graphs keep (gmlp-cuda-graph.c) calls them once
+ * nothing holds the memory.
+ *
  * SPDX-License-Identifier: LGPL-2.1-or-later
  */
 
 #include "config.h"
 
-#include "gmlp-cuda-private.h"
+#include "gmlp-cuda-block-cache.h"
 
 #define SMALL_LIMIT   (1u << 20)    /* sizes below: classes of 512 bytes */
 #define SMALL_QUANTUM 512u
@@ -159,4 +165,56 @@ gmlp_cuda_block_cache_forget (GmlpBackendDevice *device,
   g_mutex_lock (&device->cache_lock);
   g_hash_table_remove (device->live_blocks, ptr);
   g_mutex_unlock (&device->cache_lock);
+}
+
+void
+gmlp_cuda_free_now (GmlpBackendDevice *device,
+                    gpointer           ptr)
+{
+  cudaError_t err;
+
+  if (gmlp_cuda_block_cache_free (device, ptr))
+    return;
+  err = cudaSetDevice (device->ordinal);
+  if (err == cudaSuccess)
+    err = cudaFreeAsync (ptr, device->stream);
+  if (err != cudaSuccess)
+    {
+      /* Nothing to report to: free cannot fail. This only happens once the
+       * context is broken, and then the next call with a GError says so. */
+      g_debug ("CUDA: cudaFreeAsync failed: %s (%s)",
+               cudaGetErrorString (err), cudaGetErrorName (err));
+      (void) cudaGetLastError ();
+    }
+}
+
+void
+gmlp_cuda_free_after_copies_now (GmlpBackendDevice *device,
+                                 gpointer           ptr)
+{
+  const char *what = "cudaSetDevice";
+  cudaError_t err;
+
+  /* Freed on the copy stream once it has caught up with the compute
+   * stream, the memory goes back to the pool only after the work enqueued
+   * so far on both; not to the compute stream's kept blocks. */
+  gmlp_cuda_block_cache_forget (device, ptr);
+  err = cudaSetDevice (device->ordinal);
+  if (err == cudaSuccess)
+    err = gmlp_cuda_copies_after_compute (device, &what);
+  if (err == cudaSuccess)
+    {
+      what = "cudaFreeAsync";
+      err = cudaFreeAsync (ptr, device->copy_stream);
+    }
+  if (err != cudaSuccess)
+    {
+      /* Nothing to report to, as in gmlp_cuda_free(). When the copy stream
+       * could not be made to wait, the memory is not freed at all: better
+       * lost to the pool than handed out while the compute stream may still
+       * use it. Either only happens once the context is broken. */
+      g_debug ("CUDA: %s failed: %s (%s)",
+               what, cudaGetErrorString (err), cudaGetErrorName (err));
+      (void) cudaGetLastError ();
+    }
 }

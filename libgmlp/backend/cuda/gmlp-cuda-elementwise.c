@@ -1,4 +1,4 @@
-/* gmlp-cuda-elementwise.c: tensor arithmetic of the CUDA backend
+/* gmlp-cuda-elementwise.c: tensor arithmetic, conversion and random fill of the CUDA backend
  *
  * SPDX-License-Identifier: LGPL-2.1-or-later
  */
@@ -76,4 +76,45 @@ gmlp_cuda_sum_squares (GmlpBackendDevice      *device,
   for (i = 0; i < n; i++)
     *result += host[i];
   return TRUE;
+}
+
+gboolean
+gmlp_cuda_convert (GmlpBackendDevice       *device,
+                   const GmlpBackendShape  *shape,
+                   gconstpointer            src,
+                   int                      src_dtype,
+                   gpointer                 dst,
+                   int                      dst_dtype,
+                   GError                 **error)
+{
+  GmlpKernelGroupedShape kernel_shape;
+
+  if (!gmlp_cuda_activate (device, error))
+    return FALSE;
+
+  gmlp_cuda_kernel_shape (shape, &kernel_shape);
+
+  return gmlp_cuda_kernel_result (gmlp_kernel_convert_grouped (&kernel_shape,
+                                                               src, src_dtype,
+                                                               dst, dst_dtype,
+                                                               device->stream),
+                                  "gmlp_kernel_convert_grouped", error);
+}
+
+gboolean
+gmlp_cuda_fill_random (GmlpBackendDevice  *device,
+                       gpointer            dst,
+                       int                 dtype,
+                       guint64             n_elements,
+                       guint64             seed,
+                       float               scale,
+                       GError            **error)
+{
+  if (!gmlp_cuda_activate (device, error))
+    return FALSE;
+
+  return gmlp_cuda_kernel_result (gmlp_kernel_fill_random (dst, dtype, n_elements,
+                                                           seed, scale,
+                                                           device->stream),
+                                  "gmlp_kernel_fill_random", error);
 }

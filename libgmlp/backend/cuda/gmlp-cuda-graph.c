@@ -46,7 +46,8 @@
 
 #include "config.h"
 
-#include "gmlp-cuda-private.h"
+#include "gmlp-cuda-block-cache.h"
+#include "gmlp-cuda-graph.h"
 
 /* Memory that graphs or the capture in progress keep alive. */
 typedef struct {

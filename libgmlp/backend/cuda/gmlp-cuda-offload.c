@@ -60,34 +60,6 @@ gmlp_cuda_host_free (GmlpBackendDevice *device,
     }
 }
 
-/* Makes the copy stream wait for all the work enqueued on the compute stream
- * so far; the device must be current. On failure *what names the call.
- *
- * One event serves every call: cudaStreamWaitEvent() waits for the event's
- * latest record when it is called. Should another thread record it in
- * between, that record is later on the same compute stream, so waiting for
- * it waits for ours as well. */
-static cudaError_t
-gmlp_cuda_copies_after_compute (GmlpBackendDevice  *device,
-                                const char        **what)
-{
-  cudaError_t err;
-
-  err = cudaEventRecord (device->copy_after_compute, device->stream);
-  if (err != cudaSuccess)
-    {
-      *what = "cudaEventRecord";
-      return err;
-    }
-  err = cudaStreamWaitEvent (device->copy_stream, device->copy_after_compute, 0);
-  if (err != cudaSuccess)
-    {
-      *what = "cudaStreamWaitEvent";
-      return err;
-    }
-  return cudaSuccess;
-}
-
 GmlpBackendEvent *
 gmlp_cuda_copy_async (GmlpBackendDevice  *device,
                       gpointer            dst,
@@ -148,35 +120,4 @@ gmlp_cuda_free_after_copies (GmlpBackendDevice *device,
    * graph captured after the copy may still read it. */
   if (ptr != NULL)
     gmlp_cuda_release (device, ptr, TRUE);
-}
-
-void
-gmlp_cuda_free_after_copies_now (GmlpBackendDevice *device,
-                                 gpointer           ptr)
-{
-  const char *what = "cudaSetDevice";
-  cudaError_t err;
-
-  /* Freed on the copy stream once it has caught up with the compute
-   * stream, the memory goes back to the pool only after the work enqueued
-   * so far on both; not to the compute stream's kept blocks. */
-  gmlp_cuda_block_cache_forget (device, ptr);
-  err = cudaSetDevice (device->ordinal);
-  if (err == cudaSuccess)
-    err = gmlp_cuda_copies_after_compute (device, &what);
-  if (err == cudaSuccess)
-    {
-      what = "cudaFreeAsync";
-      err = cudaFreeAsync (ptr, device->copy_stream);
-    }
-  if (err != cudaSuccess)
-    {
-      /* Nothing to report to, as in gmlp_cuda_free(). When the copy stream
-       * could not be made to wait, the memory is not freed at all: better
-       * lost to the pool than handed out while the compute stream may still
-       * use it. Either only happens once the context is broken. */
-      g_debug ("CUDA: %s failed: %s (%s)",
-               what, cudaGetErrorString (err), cudaGetErrorName (err));
-      (void) cudaGetLastError ();
-    }
 }

@@ -1,5 +1,25 @@
 /* gmlp-cuda-private.h: what the files of the CUDA backend module share
  *
+ * The module stands in floors, each calling only into those below it:
+ *
+ *  - gmlp-cuda-backend.c: the backend table, and the opening and closing
+ *    of devices;
+ *  - the executors, a file each: the GEMMs, bias, activations,
+ *    quantization, permutation, the router, events, offloading,
+ *    communicators and element-wise arithmetic, declared below;
+ *  - gmlp-cuda-memory.c: alloc, free, tables and copies on the compute
+ *    stream (gmlp-cuda-memory.h);
+ *  - gmlp-cuda-graph.c: captures, graphs and the memory they keep
+ *    (gmlp-cuda-graph.h);
+ *  - gmlp-cuda-block-cache.c: freed blocks kept for reuse, and the real
+ *    frees (gmlp-cuda-block-cache.h);
+ *  - gmlp-cuda-device.c: the device's fields, errors, the current device,
+ *    the pool and the scratch workspace (gmlp-cuda-device.h).
+ *
+ * A file of the lower four includes only the headers of the floors below
+ * it, and its own; the executors and the table include this header, which
+ * brings all four.
+ *
  * Nothing here leaves the module: it is built with hidden visibility and
  * exports only gmlp_backend_cuda_get().
  *
@@ -8,150 +28,18 @@
 
 #pragma once
 
-#include <cublas_v2.h>
-#include <cublasLt.h>
-#include <cuda_runtime_api.h>
-
-#include "gmlp-error.h"
-#include "gmlp-kernels.h"
-#include "backend/gmlp-backend.h"
+#include "gmlp-cuda-device.h"
+#include "gmlp-cuda-block-cache.h"
+#include "gmlp-cuda-graph.h"
+#include "gmlp-cuda-memory.h"
 
 G_BEGIN_DECLS
-
-/* The module does not link libgmlp, so it cannot call gmlp_error_quark();
- * the quark of the same string is the same quark. */
-#define GMLP_CUDA_ERROR (g_quark_from_static_string ("gmlp-error-quark"))
-
-/* alloc (0) still hands out a distinct pointer of this many bytes, as do
- * copy_stream_alloc (0) and host_alloc (0). */
-#define GMLP_CUDA_MIN_ALLOCATION 256
-
-/* A capture in progress (gmlp-cuda-graph.c). */
-typedef struct _GmlpCudaCapture GmlpCudaCapture;
-
-struct _GmlpBackendDevice
-{
-  int             ordinal;
-  /* The compute stream: all work but the offload copies. */
-  cudaStream_t    stream;
-  /* The copy stream, so that offload copies overlap compute
-   * (gmlp-cuda-offload.c), and an event without timing that orders it after
-   * the compute stream; the event is re-recorded for every use. */
-  cudaStream_t    copy_stream;
-  cudaEvent_t     copy_after_compute;
-  cudaMemPool_t   pool;
-  /* Bound to stream, with cublas_workspace (from pool) as its workspace. */
-  cublasHandle_t  cublas;
-  void           *cublas_workspace;
-  /* The loop of per-group cuBLAS calls alternates its products between
-   * stream and side_stream, each with a handle and workspace of its own, so
-   * that one product's last wave and cuBLAS's set-up of the next overlap
-   * (gmlp_cuda_run_looped()); side_fork orders side_stream after stream,
-   * side_join stream after side_stream, both re-recorded for every use. */
-  cudaStream_t    side_stream;
-  cublasHandle_t  side_cublas;
-  void           *side_cublas_workspace;
-  cudaEvent_t     side_fork, side_join;
-  /* FP8 products (gmlp-cuda-gemm-fp8.c): cuBLASLt, with its own workspace
-   * from pool, used in compute-stream order. */
-  cublasLtHandle_t cublaslt;
-  void           *cublaslt_workspace;
-  char           *name;
-
-  /* Host threads share the device and its streams. Kernels enqueued on one
-   * stream run in order, but a product is several calls (a table or plan
-   * written into workspace, then the kernel that reads it; cuBLAS's loop
-   * with its fork and join events; cuBLAS and cuBLASLt with their
-   * workspaces), and two threads' calls must not interleave inside one:
-   * the products (gemm, gemm_fp8, gemm_device, bias_grad_device) and
-   * activation_device hold this while they enqueue. Recursive, as a
-   * product may fall back to another. */
-  GRecMutex         scratch_lock;
-
-  /* Graphs (gmlp-cuda-graph.c). capture_lock guards capture and kept, and
-   * the use of outside_stream: memory is freed from any thread. */
-  GMutex            capture_lock;
-  GmlpCudaCapture  *capture;         /* the capture of stream in progress, or NULL */
-  GHashTable       *kept;            /* device pointer -> its references from graphs */
-  /* Allocations and uploads during a capture run here, outside it, after
-   * capture_start, recorded on stream just before the capture began. */
-  cudaStream_t      outside_stream;
-  cudaEvent_t       capture_start;
-
-  /* Scratch of the device-sizes kernels (gmlp_cuda_device_workspace()):
-   * the buffer in use, its size, and the smaller buffers it replaced, which
-   * graphs captured earlier may still use; all freed by close_device. */
-  void             *workspace;
-  gsize             workspace_bytes;
-  GSList           *workspace_retired;
-
-  /* Freed blocks kept for the next allocation of their size
-   * (gmlp-cuda-block-cache.c): the live blocks (pointer -> size class) and
-   * the kept ones (size class -> GPtrArray of pointers), under cache_lock. */
-  GMutex            cache_lock;
-  GHashTable       *live_blocks;
-  GHashTable       *kept_blocks;
-  gsize             kept_bytes, kept_limit;
-
-  /* The tuning (gmlp_cuda_set_tuning()): what the routes read, and its
-   * Hopper-kernel part in the kernels' terms; zeros (the heuristics'
-   * choices) from open_device. Written and read under scratch_lock. */
-  GmlpBackendTuning     tuning;
-  GmlpKernelSm90Tuning  sm90_tuning;
-};
 
 struct _GmlpBackendEvent
 {
   cudaEvent_t  event;
   int          ordinal;   /* the device whose stream recorded it */
 };
-
-/* gmlp-cuda-block-cache.c */
-void      gmlp_cuda_block_cache_init   (GmlpBackendDevice  *device);
-void      gmlp_cuda_block_cache_fini   (GmlpBackendDevice  *device);
-/* Memory for the compute stream: a kept block of the size class, else one
- * from the pool. */
-gpointer  gmlp_cuda_block_cache_alloc  (GmlpBackendDevice  *device,
-                                        gsize               nbytes,
-                                        GError            **error);
-/* Keeps ptr for reuse when it came from gmlp_cuda_block_cache_alloc() and
- * there is room; FALSE when the caller must free it. */
-gboolean  gmlp_cuda_block_cache_free   (GmlpBackendDevice  *device,
-                                        gpointer            ptr);
-/* ptr leaves by another path (the copy stream's free). */
-void      gmlp_cuda_block_cache_forget (GmlpBackendDevice  *device,
-                                        gpointer            ptr);
-
-/* gmlp-cuda-backend.c */
-gboolean  gmlp_cuda_fail            (GError            **error,
-                                     const char         *what,
-                                     cudaError_t         err);
-gboolean  gmlp_cuda_kernel_result   (GmlpKernelStatus    status,
-                                     const char         *what,
-                                     GError            **error);
-gboolean  gmlp_cuda_activate        (GmlpBackendDevice  *device,
-                                     GError            **error);
-gpointer  gmlp_cuda_alloc           (GmlpBackendDevice  *device,
-                                     gsize               nbytes,
-                                     GError            **error);
-gpointer  gmlp_cuda_alloc_on_stream (GmlpBackendDevice  *device,
-                                     gsize               nbytes,
-                                     cudaStream_t        stream,
-                                     GError            **error);
-/* Lets go of memory from alloc: back to the pool in compute-stream order,
- * or, where a graph or the capture in progress keeps it, once they let go
- * too (gmlp_cuda_release()). */
-void      gmlp_cuda_free            (GmlpBackendDevice  *device,
-                                     gpointer            ptr);
-/* The real free, in compute-stream order, whatever graphs hold. */
-void      gmlp_cuda_free_now        (GmlpBackendDevice  *device,
-                                     gpointer            ptr);
-gpointer  gmlp_cuda_upload_table    (GmlpBackendDevice  *device,
-                                     gconstpointer       table,
-                                     gsize               table_bytes,
-                                     gsize               extra_bytes,
-                                     gpointer           *extra,
-                                     GError            **error);
 
 /* gmlp-cuda-gemm.c */
 G_GNUC_PRINTF (5, 6)
@@ -251,13 +139,7 @@ gpointer          gmlp_cuda_copy_stream_alloc (GmlpBackendDevice  *device,
                                                GError            **error);
 void              gmlp_cuda_free_after_copies (GmlpBackendDevice  *device,
                                                gpointer            ptr);
-/* The real free after the copies, whatever graphs hold. */
-void              gmlp_cuda_free_after_copies_now (GmlpBackendDevice  *device,
-                                                   gpointer            ptr);
 
-/* The kernels' view of a backend shape. */
-void      gmlp_cuda_kernel_shape    (const GmlpBackendShape *shape,
-                                     GmlpKernelGroupedShape *kernel_shape);
 
 /* Tensor arithmetic (gmlp-cuda-elementwise.c). */
 gboolean  gmlp_cuda_axpby           (GmlpBackendDevice      *device,
@@ -274,6 +156,20 @@ gboolean  gmlp_cuda_sum_squares     (GmlpBackendDevice      *device,
                                      gconstpointer           x,
                                      int                     dtype,
                                      double                 *result,
+                                     GError                **error);
+gboolean  gmlp_cuda_convert         (GmlpBackendDevice      *device,
+                                     const GmlpBackendShape *shape,
+                                     gconstpointer           src,
+                                     int                     src_dtype,
+                                     gpointer                dst,
+                                     int                     dst_dtype,
+                                     GError                **error);
+gboolean  gmlp_cuda_fill_random     (GmlpBackendDevice      *device,
+                                     gpointer                dst,
+                                     int                     dtype,
+                                     guint64                 n_elements,
+                                     guint64                 seed,
+                                     float                   scale,
                                      GError                **error);
 
 /* Group sizes on the device (gmlp-cuda-gemm-device.c): libgmlp's own
@@ -310,9 +206,6 @@ typedef enum {
   GMLP_CUDA_HOST_GEMM_SM90 = 2,
 } GmlpCudaHostGemm;
 
-/* The device's tuning from now on, under scratch_lock (gmlp-cuda-backend.c). */
-void      gmlp_cuda_set_tuning      (GmlpBackendDevice        *device,
-                                     const GmlpBackendTuning  *tuning);
 /* From this many products on, one launch for all can beat a tuned call
  * each. */
 #define GMLP_CUDA_GROUPED_MIN_PRODUCTS 16
@@ -321,18 +214,6 @@ void      gmlp_cuda_set_tuning      (GmlpBackendDevice        *device,
 gboolean  gmlp_cuda_gemm_prefer_grouped (guint  n_products,
                                          double total_flop);
 
-/* Scratch for the device-sizes kernels (end of gmlp-cuda-backend.c): a
- * device buffer of at least nbytes for work enqueued on the compute stream.
- * Successive calls return the same buffer until one needs more; the buffer
- * is then replaced by a larger one, and the old one stays allocated until
- * close_device, because graphs captured earlier may still use it. Works
- * while the stream is being captured; never waits for the stream (growing
- * it calls cudaMalloc). */
-gpointer  gmlp_cuda_device_workspace      (GmlpBackendDevice  *device,
-                                           gsize               nbytes,
-                                           GError            **error);
-/* Frees every workspace buffer; close_device calls it. */
-void      gmlp_cuda_device_workspace_fini (GmlpBackendDevice  *device);
 /* gmlp-cuda-bias.c */
 gboolean  gmlp_cuda_bias_grad_device (GmlpBackendDevice            *device,
                                       const GmlpBackendShape       *shape,
@@ -340,38 +221,6 @@ gboolean  gmlp_cuda_bias_grad_device (GmlpBackendDevice            *device,
                                       gconstpointer                 a,
                                       void * const                 *dbias,
                                       GError                      **error);
-
-/* Graphs (gmlp-cuda-graph.c). */
-void              gmlp_cuda_graph_init_device (GmlpBackendDevice  *device);
-void              gmlp_cuda_graph_fini_device (GmlpBackendDevice  *device);
-/* Drops the owner's reference to device memory (after_copies: freed with
- * free_after_copies): frees it now when no graph or capture keeps it. */
-void              gmlp_cuda_release        (GmlpBackendDevice  *device,
-                                            gpointer            ptr,
-                                            gboolean            after_copies);
-/* alloc while capturing, with the capture lock held: memory from the pool
- * outside the capture, kept by it as well as by its owner. */
-gpointer          gmlp_cuda_capture_alloc  (GmlpBackendDevice  *device,
-                                            gsize               nbytes,
-                                            GError            **error);
-/* upload while capturing: copied at once, outside the capture. */
-gboolean          gmlp_cuda_capture_upload (GmlpBackendDevice  *device,
-                                            gpointer            dst,
-                                            gconstpointer       src,
-                                            gsize               nbytes,
-                                            GError            **error);
-/* GMLP_ERROR_INVALID_STATE while capturing, for what waits for the stream. */
-gboolean          gmlp_cuda_check_not_capturing (GmlpBackendDevice  *device,
-                                                 const char         *what,
-                                                 GError            **error);
-gboolean          gmlp_cuda_capture_begin  (GmlpBackendDevice  *device,
-                                            GError            **error);
-GmlpBackendGraph *gmlp_cuda_capture_end    (GmlpBackendDevice  *device,
-                                            GError            **error);
-gboolean          gmlp_cuda_is_capturing   (GmlpBackendDevice  *device);
-gboolean          gmlp_cuda_graph_launch   (GmlpBackendGraph   *graph,
-                                            GError            **error);
-void              gmlp_cuda_graph_free     (GmlpBackendGraph   *graph);
 
 /* gmlp-cuda-comm.c: communicators on NCCL, loaded at run time */
 gboolean          gmlp_cuda_comm_unique_id  (GmlpBackendDevice  *device,
