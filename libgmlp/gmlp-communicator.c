@@ -30,10 +30,12 @@
  * collectives run on NCCL, which the CUDA backend loads at run time
  * (`libnccl.so.2`): without it libgmlp still runs, and a communicator
  * fails with %GMLP_ERROR_UNSUPPORTED. On the CPU the ranks are threads of
- * one process, each normally with a CPU device of its own (`cpu:0`,
- * `cpu:1`, ...: [ctor@Gmlp.Device.new_from_string]), meeting in memory:
- * the same calls, so that the logic of a parallel layer can be tested
- * without a GPU.
+ * one process or processes of one machine, each normally with a CPU device
+ * of its own (`cpu:0`, `cpu:1`, ...: [ctor@Gmlp.Device.new_from_string]),
+ * meeting in shared memory: the same calls, so that the logic of a
+ * parallel layer can be tested without a GPU. `gmlp-launch` starts the
+ * ranks as processes, which join with
+ * [ctor@Gmlp.Communicator.new_from_launcher].
  *
  * The collectives work on [class@Gmlp.GroupedTensor]s of the
  * communicator's device and are ordered on its stream like any other work:
@@ -53,7 +55,8 @@
  * does not take part in a collective within
  * [property@Gmlp.Communicator:timeout-ms], a call of
  * [method@Gmlp.Communicator.abort] on any rank, or (on the CPU) a rank
- * whose communicator is destroyed, fails the whole group: every waiting
+ * whose communicator is destroyed or whose process dies, fails the whole
+ * group: every waiting
  * and every later call on every rank fails with %GMLP_ERROR_ABORTED, and
  * the ranks make a new group to go on.
  *
@@ -462,7 +465,7 @@ gmlp_communicator_init (GmlpCommunicator *self)
  * Makes the id of a new group, which every rank passes to
  * [ctor@Gmlp.Communicator.new]. On a GPU it is NCCL's unique id (which
  * carries the address where the group meets); on the CPU, random bytes
- * that name an in-process meeting place. An id serves one group.
+ * that name a meeting place in shared memory. An id serves one group.
  *
  * Returns: (transfer full): the id, opaque bytes, or %NULL with
  *   %GMLP_ERROR_UNSUPPORTED (NCCL cannot be loaded: the message names the
