@@ -6,6 +6,7 @@
  *   launch-rank timeout SEED       the last rank stays away past the timeout
  *   launch-rank dies SEED          the last rank kills itself mid-collective
  *   launch-rank fails SEED         the last rank exits with status 3
+ *   launch-rank sleeps SEED        every rank sleeps a minute once joined
  *
  * Every rank draws every rank's inputs from SEED (splitmix64 keyed by the
  * seed, the rank and the call), so each computes the references of what it
@@ -493,7 +494,7 @@ main (int   argc,
   setlocale (LC_ALL, "");
   if (argc != 3)
     {
-      g_printerr ("usage: launch-rank collectives|faults|timeout|dies|fails SEED\n");
+      g_printerr ("usage: launch-rank collectives|faults|timeout|dies|fails|sleeps SEED\n");
       return 2;
     }
   mode = argv[1];
@@ -531,6 +532,12 @@ main (int   argc,
           return 3;
         }
       /* The others wait: the launcher stops them. */
+      g_usleep (60 * G_USEC_PER_SEC);
+      fail ("not stopped by the launcher");
+    }
+  else if (g_str_equal (mode, "sleeps"))
+    {
+      g_print ("rank %d: ok sleeping\n", rank);
       g_usleep (60 * G_USEC_PER_SEC);
       fail ("not stopped by the launcher");
     }

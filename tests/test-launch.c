@@ -13,6 +13,7 @@
  */
 
 #include <locale.h>
+#include <signal.h>
 #include <string.h>
 #include <sys/wait.h>
 
@@ -209,6 +210,50 @@ test_rank_fails (void)
   run_clear (&run);
 }
 
+/* Ctrl-C: the launcher forwards SIGINT to the ranks, which die of it, and
+ * exits with 128 + 2; no rank is named as failing. */
+static void
+test_interrupt (void)
+{
+  const char *launcher = g_getenv ("GMLP_LAUNCH"), *rank = g_getenv ("GMLP_LAUNCH_RANK");
+  g_autoptr(GSubprocess) process = NULL;
+  g_autoptr(GDataInputStream) out = NULL;
+  g_autoptr(GError) error = NULL;
+  g_autofree char *err = NULL;
+  guint n_sleeping = 0;
+  gint64 start;
+
+  if (launcher == NULL || rank == NULL)
+    {
+      g_test_skip ("GMLP_LAUNCH and GMLP_LAUNCH_RANK name the programs (meson test sets them)");
+      return;
+    }
+  process = g_subprocess_new (G_SUBPROCESS_FLAGS_STDOUT_PIPE | G_SUBPROCESS_FLAGS_STDERR_PIPE, &error,
+                              launcher, "-n", "2", "--devices", "cpu", "--tag", "--grace-ms", "20000",
+                              rank, "sleeps", "1", NULL);
+  g_assert_no_error (error);
+  out = g_data_input_stream_new (g_subprocess_get_stdout_pipe (process));
+  /* Both ranks have joined the group. */
+  while (n_sleeping < 2)
+    {
+      g_autofree char *line = g_data_input_stream_read_line (out, NULL, NULL, &error);
+
+      g_assert_no_error (error);
+      g_assert_nonnull (line);
+      n_sleeping += strstr (line, ": ok sleeping") != NULL;
+    }
+  start = g_get_monotonic_time ();
+  g_subprocess_send_signal (process, SIGINT);
+  g_assert_true (g_subprocess_communicate_utf8 (process, NULL, NULL, NULL, &err, &error));
+  g_assert_no_error (error);
+  g_test_message ("stderr: %s", err);
+  g_assert_true (g_subprocess_get_if_exited (process));
+  g_assert_cmpint (g_subprocess_get_exit_status (process), ==, 128 + 2);
+  /* far within the grace period: the ranks died of the SIGINT */
+  g_assert_cmpint (g_get_monotonic_time () - start, <, 10 * G_USEC_PER_SEC);
+  g_assert_null (strstr (err, "gmlp-launch: rank"));
+}
+
 static void
 test_usage (void)
 {
@@ -328,6 +373,7 @@ main (int    argc,
   g_test_add_func ("/Gmlp/Launch/timeout", test_timeout);
   g_test_add_func ("/Gmlp/Launch/rank-fails", test_rank_fails);
   g_test_add_func ("/Gmlp/Launch/rank-dies", test_rank_dies);
+  g_test_add_func ("/Gmlp/Launch/interrupt", test_interrupt);
 
   return g_test_run ();
 }

@@ -75,13 +75,23 @@ typedef struct {
   guint          grace_id;
 } Launch;
 
+/* Signals the ranks still running, each with its process group (what it
+ * started itself too, as a Ctrl-C at a terminal would). */
 static void
 signal_ranks (Launch *launch,
               int     signum)
 {
   for (int r = 0; r < n_ranks; r++)
-    if (launch->ranks[r].process != NULL && !launch->ranks[r].done)
-      g_subprocess_send_signal (launch->ranks[r].process, signum);
+    {
+      Rank *rank = &launch->ranks[r];
+      pid_t pid;
+
+      if (rank->process == NULL || rank->done)
+        continue;
+      pid = (pid_t) g_ascii_strtoll (rank->pid, NULL, 10);
+      if (kill (-pid, signum) != 0)
+        g_subprocess_send_signal (rank->process, signum);
+    }
 }
 
 static gboolean
@@ -376,6 +386,8 @@ main (int   argc,
           break;
         }
       rk->pid = g_strdup (g_subprocess_get_identifier (rk->process));
+      /* as child_setup() does: whichever comes first */
+      setpgid ((pid_t) g_ascii_strtoll (rk->pid, NULL, 10), 0);
       launch.n_running++;
       g_object_set_data (G_OBJECT (rk->process), "gmlp-launch", &launch);
       g_subprocess_wait_async (rk->process, NULL, on_rank_exited, rk);
