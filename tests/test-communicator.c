@@ -2,7 +2,8 @@
  * references, its bad input and its faults
  *
  * Every group is W threads of this process (W = 2, 3 and 4), rank r on a
- * device of its own: cpu:r on the CPU (the in-process communicator), cuda:r
+ * device of its own: cpu:r on the CPU (the CPU communicator; test-launch.c
+ * runs it across processes), cuda:r
  * in the gpu suite (NCCL; skipped without W GPUs or without libnccl). The
  * inputs are drawn in the main thread (g_test_rand is not thread-safe),
  * uploaded by each rank; the outputs are poisoned first (0xff bytes: NaN),
