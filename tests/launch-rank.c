@@ -360,7 +360,7 @@ run_collectives (GmlpCommunicator *comm)
   all_gather (comm, 4);
   all_to_all (comm, 5, 1);
   all_to_all_rows (comm, 6);
-  /* Larger than the staging areas: several rounds (4 MiB areas). */
+  /* Larger than the staging areas: several rounds (2 MiB areas). */
   all_reduce_f32 (comm, 7, GMLP_REDUCE_OP_SUM, 600000);
   all_to_all (comm, 8, 2000);
 }

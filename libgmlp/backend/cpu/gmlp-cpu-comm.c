@@ -171,14 +171,15 @@ own_pid_ns (void)
   return stat ("/proc/self/ns/pid", &st) == 0 ? (guint64) st.st_ino : 0;
 }
 
-/* Each rank's staging area: smaller as the group grows (only the pages
- * written are ever allocated). */
+/* Each rank's staging area: 8 MiB for the group (at most 2 MiB a rank, at
+ * least 64 KiB), all of it allocated when the group is made, so that a
+ * full /dev/shm is an error then rather than a SIGBUS later. */
 static gsize
 staging_bytes_for (int world_size)
 {
-  gsize bytes = (gsize) 16 * 1024 * 1024 / world_size;
+  gsize bytes = (gsize) 8 * 1024 * 1024 / world_size;
 
-  return CLAMP (bytes, 64 * 1024, 4 * 1024 * 1024) & ~(gsize) 4095;
+  return CLAMP (bytes, 64 * 1024, 2 * 1024 * 1024) & ~(gsize) 4095;
 }
 
 static void
@@ -272,21 +273,20 @@ shm_open_segment (CpuRendezvous  *rv,
       fd = shm_open (rv->name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
       if (fd >= 0)
         {
-          if (ftruncate (fd, probe.total_bytes) != 0)
-            {
-              int errsv = errno;
+          int errsv = posix_fallocate (fd, 0, probe.total_bytes);
 
+          if (errsv != 0)
+            {
               close (fd);
               shm_unlink (rv->name);
-              return set_errno_error (error, "ftruncate", rv->name, errsv);
+              return set_errno_error (error, "posix_fallocate", rv->name, errsv);
             }
           rv->size = probe.total_bytes;
           rv->base = mmap (NULL, rv->size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
           close (fd);
           if (rv->base == MAP_FAILED)
             {
-              int errsv = errno;
-
+              errsv = errno;
               rv->base = NULL;
               shm_unlink (rv->name);
               return set_errno_error (error, "mmap", rv->name, errsv);
