@@ -454,7 +454,7 @@ killer (gpointer data)
 /* The last rank kills itself (SIGKILL, from a thread) while the group runs
  * all-reduces of several rounds each: the others get ABORTED naming it, at
  * once (far within the 60 s timeout). The launcher sends them SIGTERM,
- * which they ignore so as to report. */
+ * which they ignore (from the start) so as to report. */
 static void
 run_dies (GmlpCommunicator *comm)
 {
@@ -464,7 +464,6 @@ run_dies (GmlpCommunicator *comm)
   g_autoptr(GError) error = NULL;
   g_autofree char *who = g_strdup_printf ("rank %d (process", world - 1);
 
-  signal (SIGTERM, SIG_IGN);
   if (rank == world - 1)
     g_thread_unref (g_thread_new ("killer", killer, GINT_TO_POINTER (300)));
   start = g_get_monotonic_time ();
@@ -501,6 +500,9 @@ main (int   argc,
   seed = g_ascii_strtoull (argv[2], NULL, 10);
   rank = -1;
 
+  /* dies: the launcher's SIGTERM must not come before the report */
+  if (g_str_equal (mode, "dies"))
+    signal (SIGTERM, SIG_IGN);
   comm = gmlp_communicator_new_from_launcher (&error);
   if (comm == NULL)
     {
