@@ -7,7 +7,8 @@
  * mid-collective (the others get GMLP_ERROR_ABORTED naming it, the
  * launcher names it and exits non-zero, and no shared memory is left);
  * the launcher's bad usage; and gmlp_communicator_new_from_launcher()
- * outside a launcher.
+ * outside a launcher. In the gpu suite, every collective and the rank that
+ * dies on 2 and 4 GPUs (NCCL), skipped with fewer than two.
  *
  * SPDX-License-Identifier: LGPL-2.1-or-later
  */
@@ -18,6 +19,49 @@
 #include <sys/wait.h>
 
 #include "gmlp-test-util.h"
+
+/* The gpu suite (GMLP_TEST_DEVICE=cuda) runs the ranks on GPUs, over NCCL:
+ * every collective and the rank that dies, where there are two GPUs. */
+static gboolean
+on_cuda (void)
+{
+  const char *spec = g_getenv ("GMLP_TEST_DEVICE");
+
+  return spec != NULL && g_str_has_prefix (spec, "cuda");
+}
+
+static const char *
+devices (void)
+{
+  return on_cuda () ? "cuda" : "cpu";
+}
+
+/* Tests of the CPU alone skip in the gpu suite; those of both skip there
+ * with fewer than n GPUs. */
+static gboolean
+cpu_only (void)
+{
+  if (!on_cuda ())
+    return FALSE;
+  g_test_skip ("the CPU's test (the gpu suite runs collectives and rank-dies)");
+  return TRUE;
+}
+
+static int
+gpus_or_skip (int n)
+{
+  int count;
+
+  if (!on_cuda ())
+    return n;
+  count = gmlp_device_get_count (GMLP_DEVICE_KIND_CUDA);
+  if (count < 2)
+    {
+      g_test_skip ("needs two GPUs");
+      return 0;
+    }
+  return MIN (n, count);
+}
 
 typedef struct {
   char *out;
@@ -117,12 +161,16 @@ assert_no_shm_left (const Run *run)
 static void
 test_collectives (void)
 {
-  for (int n = 2; n <= 4; n++)
+  int most = gpus_or_skip (4);
+
+  for (int n = 2; n <= most; n++)
     {
       g_autofree char *np = g_strdup_printf ("%d", n);
       Run run;
 
-      if (!launch (&run, "collectives", "-n", np, "--devices", "cpu", "--tag", NULL))
+      if (on_cuda () && n == 3)
+        continue;   /* 2 and 4 GPUs */
+      if (!launch (&run, "collectives", "-n", np, "--devices", devices (), "--tag", NULL))
         return;
       assert_no_failure (&run);
       g_assert_cmpint (exit_code (&run), ==, 0);
@@ -133,7 +181,8 @@ test_collectives (void)
           /* every check of run_collectives() */
           g_assert_cmpuint (count_lines (run.out, prefix), ==, 8);
         }
-      assert_no_shm_left (&run);
+      if (!on_cuda ())
+        assert_no_shm_left (&run);
       run_clear (&run);
     }
 }
@@ -143,6 +192,8 @@ test_faults (void)
 {
   Run run;
 
+  if (cpu_only ())
+    return;
   if (!launch (&run, "faults", "-n", "3", "--devices", "cpu", "--tag", "--timeout-ms", "20000", NULL))
     return;
   assert_no_failure (&run);
@@ -163,6 +214,8 @@ test_timeout (void)
 {
   Run run;
 
+  if (cpu_only ())
+    return;
   if (!launch (&run, "timeout", "-n", "2", "--devices", "cpu", "--tag", "--timeout-ms", "300", NULL))
     return;
   assert_no_failure (&run);
@@ -172,24 +225,33 @@ test_timeout (void)
   run_clear (&run);
 }
 
-/* A rank killed mid-collective: the others get ABORTED at once, then the
+/* A rank killed mid-collective: the others get ABORTED (on the CPU at
+ * once; on GPUs when the watchdog's timeout has passed), then the
  * launcher's SIGTERM (ignored: they report and leave), and the launcher
  * exits with 128 + 9 naming the rank. */
 static void
 test_rank_dies (void)
 {
+  int n = gpus_or_skip (3);
+  g_autofree char *np = g_strdup_printf ("%d", n);
+  g_autofree char *named = g_strdup_printf ("gmlp-launch: rank %d ", n - 1);
   Run run;
 
-  if (!launch (&run, "dies", "-n", "3", "--devices", "cpu", "--tag", "--timeout-ms", "60000",
-               "--grace-ms", "30000", NULL))
+  if (n == 0 || !launch (&run, "dies", "-n", np, "--devices", devices (), "--tag", "--timeout-ms",
+                         on_cuda () ? "5000" : "60000", "--grace-ms", "30000", NULL))
     return;
   assert_no_failure (&run);
   g_assert_cmpint (exit_code (&run), ==, 128 + 9);
-  g_assert_nonnull (strstr (run.err, "gmlp-launch: rank 2 "));
+  g_assert_nonnull (strstr (run.err, named));
   g_assert_nonnull (strstr (run.err, "killed by signal 9"));
-  g_assert_cmpuint (count_lines (run.out, "[0] rank 0: ok ABORTED"), ==, 1);
-  g_assert_cmpuint (count_lines (run.out, "[1] rank 1: ok ABORTED"), ==, 1);
-  assert_no_shm_left (&run);
+  for (int r = 0; r < n - 1; r++)
+    {
+      g_autofree char *aborted = g_strdup_printf ("[%d] rank %d: ok ABORTED", r, r);
+
+      g_assert_cmpuint (count_lines (run.out, aborted), ==, 1);
+    }
+  if (!on_cuda ())
+    assert_no_shm_left (&run);
   run_clear (&run);
 }
 
@@ -200,6 +262,8 @@ test_rank_fails (void)
 {
   Run run;
 
+  if (cpu_only ())
+    return;
   if (!launch (&run, "fails", "-n", "2", "--devices", "cpu", "--grace-ms", "2000", NULL))
     return;
   g_assert_cmpint (exit_code (&run), ==, 3);
@@ -223,6 +287,8 @@ test_interrupt (void)
   guint n_sleeping = 0;
   gint64 start;
 
+  if (cpu_only ())
+    return;
   if (launcher == NULL || rank == NULL)
     {
       g_test_skip ("GMLP_LAUNCH and GMLP_LAUNCH_RANK name the programs (meson test sets them)");
@@ -259,6 +325,8 @@ test_usage (void)
 {
   Run run;
 
+  if (cpu_only ())
+    return;
   /* no program */
   if (!launch (&run, NULL, "-n", "2", NULL))
     return;
@@ -311,6 +379,8 @@ test_no_launcher (void)
   gsize size;
   char saved;
 
+  if (cpu_only ())
+    return;
   g_assert_no_error (error);
   g_unsetenv ("GMLP_WORLD_SIZE");
   g_unsetenv ("GMLP_RANK");
