@@ -73,7 +73,10 @@ typedef struct {
   gboolean       stopping;      /* the ranks were told to stop */
   int            n_interrupts;
   guint          grace_id;
+  guint          drain_id;
 } Launch;
+
+#define DRAIN_MS 2000
 
 /* Signals the ranks still running, each with its process group (what it
  * started itself too, as a Ctrl-C at a terminal would). */
@@ -118,11 +121,26 @@ stop_ranks (Launch *launch,
     }
 }
 
+static gboolean
+on_drain_over (gpointer data)
+{
+  Launch *launch = data;
+
+  launch->drain_id = 0;
+  g_main_loop_quit (launch->loop);
+  return G_SOURCE_REMOVE;
+}
+
+/* Quits once every rank has exited and its output is read; a process a
+ * rank left behind that holds its output open is not waited for more than
+ * DRAIN_MS. */
 static void
 maybe_quit (Launch *launch)
 {
   if (launch->n_running == 0 && launch->n_streams == 0)
     g_main_loop_quit (launch->loop);
+  else if (launch->n_running == 0 && launch->drain_id == 0)
+    launch->drain_id = g_timeout_add (DRAIN_MS, on_drain_over, launch);
 }
 
 static void
@@ -403,6 +421,8 @@ main (int   argc,
 
   if (launch.grace_id != 0)
     g_source_remove (launch.grace_id);
+  if (launch.drain_id != 0)
+    g_source_remove (launch.drain_id);
   for (r = 0; r < n_ranks; r++)
     {
       g_clear_object (&launch.ranks[r].process);
