@@ -235,29 +235,25 @@ read_tagged (Launch        *launch,
   g_data_input_stream_read_line_async (stream->in, G_PRIORITY_DEFAULT, NULL, on_line, stream);
 }
 
-static gboolean
-on_interrupt (gpointer data)
-{
-  Launch *launch = data;
+/* SIGINT, SIGTERM, SIGHUP: forwarded (SIGHUP as SIGTERM); a second
+ * SIGINT (Ctrl-C) does not wait. */
+typedef struct {
+  Launch *launch;
+  int     signum;
+} Forward;
 
-  /* A second Ctrl-C does not wait. */
-  if (++launch->n_interrupts > 1)
+static gboolean
+on_signal (gpointer data)
+{
+  Forward *forward = data;
+  Launch *launch = forward->launch;
+
+  if (forward->signum == SIGINT && ++launch->n_interrupts > 1)
     signal_ranks (launch, SIGKILL);
   else
-    stop_ranks (launch, SIGINT);
+    stop_ranks (launch, forward->signum == SIGINT ? SIGINT : SIGTERM);
   if (launch->failed_rank < 0)
-    launch->exit_status = 128 + SIGINT;
-  return G_SOURCE_CONTINUE;
-}
-
-static gboolean
-on_terminate (gpointer data)
-{
-  Launch *launch = data;
-
-  stop_ranks (launch, SIGTERM);
-  if (launch->failed_rank < 0)
-    launch->exit_status = 128 + SIGTERM;
+    launch->exit_status = 128 + forward->signum;
   return G_SOURCE_CONTINUE;
 }
 
@@ -315,6 +311,7 @@ main (int   argc,
   g_autofree char *world = NULL;
   const char *kind = NULL;
   Launch launch = { .failed_rank = -1 };
+  Forward forwards[] = { { NULL, SIGINT }, { NULL, SIGTERM }, { NULL, SIGHUP } };
   const guint8 *id;
   gsize id_size;
   int r;
@@ -365,9 +362,11 @@ main (int   argc,
 
   launch.loop = g_main_loop_new (NULL, FALSE);
   launch.ranks = g_new0 (Rank, n_ranks);
-  g_unix_signal_add (SIGINT, on_interrupt, &launch);
-  g_unix_signal_add (SIGTERM, on_terminate, &launch);
-  g_unix_signal_add (SIGHUP, on_terminate, &launch);
+  for (guint i = 0; i < G_N_ELEMENTS (forwards); i++)
+    {
+      forwards[i].launch = &launch;
+      g_unix_signal_add (forwards[i].signum, on_signal, &forwards[i]);
+    }
 
   launcher = g_subprocess_launcher_new (G_SUBPROCESS_FLAGS_STDIN_INHERIT);
   g_subprocess_launcher_set_flags (launcher, tag ? G_SUBPROCESS_FLAGS_STDOUT_PIPE |
