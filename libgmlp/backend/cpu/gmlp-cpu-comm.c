@@ -263,6 +263,7 @@ shm_open_segment (CpuRendezvous  *rv,
 {
   gint64 deadline = g_get_monotonic_time () + (gint64) timeout_ms * G_TIME_SPAN_MILLISECOND;
   ShmHeader probe = { 0 };
+  guint64 total;
   int fd;
 
   layout_init (&probe, world_size);
@@ -303,11 +304,30 @@ shm_open_segment (CpuRendezvous  *rv,
         continue;   /* unlinked meanwhile: make it anew */
       if (fd < 0)
         return set_errno_error (error, "shm_open", rv->name, errno);
-      /* Its creator sizes it right after making it. */
+      /* Its creator sizes it right after making it, then sets its header
+       * up: the header is read first, then the whole is mapped. */
       while (fstat (fd, &st) == 0 && (gsize) st.st_size < sizeof (ShmHeader) &&
              g_get_monotonic_time () < deadline)
         g_usleep (1000);
-      if (fstat (fd, &st) != 0 || (gsize) st.st_size < sizeof (ShmHeader))
+      if (fstat (fd, &st) == 0 && (gsize) st.st_size >= sizeof (ShmHeader))
+        {
+          rv->size = sizeof (ShmHeader);
+          rv->base = mmap (NULL, rv->size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        }
+      if (rv->base == MAP_FAILED)
+        {
+          int errsv = errno;
+
+          rv->base = NULL;
+          close (fd);
+          return set_errno_error (error, "mmap", rv->name, errsv);
+        }
+      while (rv->base != NULL &&
+             __atomic_load_n (&((ShmHeader *) rv->base)->magic, __ATOMIC_ACQUIRE) != SHM_MAGIC &&
+             g_get_monotonic_time () < deadline)
+        g_usleep (1000);
+      if (rv->base == NULL ||
+          __atomic_load_n (&((ShmHeader *) rv->base)->magic, __ATOMIC_ACQUIRE) != SHM_MAGIC)
         {
           close (fd);
           g_set_error (error, GMLP_ERROR, GMLP_ERROR_ABORTED,
@@ -315,7 +335,17 @@ shm_open_segment (CpuRendezvous  *rv,
                        "was not set up within %u ms", rv->name, timeout_ms);
           return FALSE;
         }
-      rv->size = st.st_size;
+      total = ((ShmHeader *) rv->base)->total_bytes;
+      munmap (rv->base, rv->size);
+      rv->base = NULL;
+      if (fstat (fd, &st) != 0 || (guint64) st.st_size < total)
+        {
+          close (fd);
+          g_set_error (error, GMLP_ERROR, GMLP_ERROR_BACKEND,
+                       "The communicator's shared memory %s is not one of libgmlp's", rv->name);
+          return FALSE;
+        }
+      rv->size = total;
       rv->base = mmap (NULL, rv->size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
       close (fd);
       if (rv->base == MAP_FAILED)
@@ -324,16 +354,6 @@ shm_open_segment (CpuRendezvous  *rv,
           return set_errno_error (error, "mmap", rv->name, errno);
         }
       rv->hdr = (ShmHeader *) rv->base;
-      while (__atomic_load_n (&rv->hdr->magic, __ATOMIC_ACQUIRE) != SHM_MAGIC &&
-             g_get_monotonic_time () < deadline)
-        g_usleep (1000);
-      if (__atomic_load_n (&rv->hdr->magic, __ATOMIC_ACQUIRE) != SHM_MAGIC)
-        {
-          g_set_error (error, GMLP_ERROR, GMLP_ERROR_ABORTED,
-                       "The communicator's group has failed: its shared memory %s "
-                       "was not set up within %u ms", rv->name, timeout_ms);
-          return FALSE;
-        }
       return layout_attach (rv, error);
     }
 }
