@@ -7,6 +7,7 @@
  *   launch-rank dies SEED          the last rank kills itself mid-collective
  *   launch-rank fails SEED         the last rank exits with status 3
  *   launch-rank sleeps SEED        every rank sleeps a minute once joined
+ *   launch-rank leaves SEED        the last rank leaves the group and exits
  *
  * Every rank draws every rank's inputs from SEED (splitmix64 keyed by the
  * seed, the rank and the call), so each computes the references of what it
@@ -460,6 +461,34 @@ run_timeout (GmlpCommunicator *comm)
   g_print ("rank %d: ok ABORTED: %s\n", rank, error->message);
 }
 
+/* The last rank drops its communicator and exits with 0: the others get
+ * ABORTED naming it at once (far within the 60 s timeout). */
+static void
+run_leaves (GmlpCommunicator **comm)
+{
+  GmlpDevice *device = gmlp_communicator_get_device (*comm);
+  g_autoptr(GError) error = NULL;
+  gint64 one = 1, start;
+  float v = 1.0f;
+  g_autoptr(GmlpGroupedTensor) y = tensor_from (device, GMLP_DTYPE_FLOAT32, &one, 1, 1, &v, sizeof v);
+  g_autofree char *who = g_strdup_printf ("rank %d left it", world - 1);
+
+  if (rank == world - 1)
+    {
+      g_usleep (100 * G_TIME_SPAN_MILLISECOND);
+      g_clear_object (comm);
+      g_print ("rank %d: ok left\n", rank);
+      return;
+    }
+  start = g_get_monotonic_time ();
+  if (gmlp_communicator_all_reduce (*comm, y, GMLP_REDUCE_OP_SUM, &error) ||
+      !g_error_matches (error, GMLP_ERROR, GMLP_ERROR_ABORTED) || strstr (error->message, who) == NULL)
+    fail ("all_reduce with a rank that left: %s", error != NULL ? error->message : "no error");
+  if (g_get_monotonic_time () - start > 10 * G_USEC_PER_SEC)
+    fail ("leaving took %" G_GINT64_FORMAT " µs", g_get_monotonic_time () - start);
+  g_print ("rank %d: ok ABORTED: %s\n", rank, error->message);
+}
+
 static gpointer
 killer (gpointer data)
 {
@@ -516,7 +545,7 @@ main (int   argc,
   setlocale (LC_ALL, "");
   if (argc != 3)
     {
-      g_printerr ("usage: launch-rank collectives|faults|timeout|dies|fails|sleeps SEED\n");
+      g_printerr ("usage: launch-rank collectives|faults|timeout|dies|fails|sleeps|leaves SEED\n");
       return 2;
     }
   mode = argv[1];
@@ -550,6 +579,8 @@ main (int   argc,
     run_timeout (comm);
   else if (g_str_equal (mode, "dies"))
     run_dies (comm);
+  else if (g_str_equal (mode, "leaves"))
+    run_leaves (&comm);
   else if (g_str_equal (mode, "fails"))
     {
       if (rank == world - 1)

@@ -3,7 +3,7 @@
  * Runs the launcher ($GMLP_LAUNCH) on launch-rank ($GMLP_LAUNCH_RANK) with
  * --devices cpu: every collective on 2, 3 and 4 processes against
  * references each rank computes from a shared seed; ranks that disagree,
- * abort, stay away past the timeout, exit non-zero, or die by SIGKILL
+ * abort, stay away past the timeout, leave, exit non-zero, or die by SIGKILL
  * mid-collective (the others get GMLP_ERROR_ABORTED naming it, the
  * launcher names it and exits non-zero, and no shared memory is left);
  * the launcher's bad usage; and gmlp_communicator_new_from_launcher()
@@ -225,6 +225,25 @@ test_timeout (void)
   run_clear (&run);
 }
 
+/* A rank that leaves (its communicator dropped, its process gone with 0):
+ * the others get ABORTED naming it at once; the launcher exits with 0. */
+static void
+test_rank_leaves (void)
+{
+  Run run;
+
+  if (cpu_only ())
+    return;
+  if (!launch (&run, "leaves", "-n", "3", "--devices", "cpu", "--tag", "--timeout-ms", "60000", NULL))
+    return;
+  assert_no_failure (&run);
+  g_assert_cmpint (exit_code (&run), ==, 0);
+  g_assert_cmpuint (count_lines (run.out, "[0] rank 0: ok ABORTED"), ==, 1);
+  g_assert_cmpuint (count_lines (run.out, "[1] rank 1: ok ABORTED"), ==, 1);
+  g_assert_cmpuint (count_lines (run.out, "[2] rank 2: ok left"), ==, 1);
+  run_clear (&run);
+}
+
 /* A rank killed mid-collective: the others get ABORTED (on the CPU at
  * once; on GPUs when the watchdog's timeout has passed), then the
  * launcher's SIGTERM (ignored: they report and leave), and the launcher
@@ -442,6 +461,7 @@ main (int    argc,
   g_test_add_func ("/Gmlp/Launch/faults", test_faults);
   g_test_add_func ("/Gmlp/Launch/timeout", test_timeout);
   g_test_add_func ("/Gmlp/Launch/rank-fails", test_rank_fails);
+  g_test_add_func ("/Gmlp/Launch/rank-leaves", test_rank_leaves);
   g_test_add_func ("/Gmlp/Launch/rank-dies", test_rank_dies);
   g_test_add_func ("/Gmlp/Launch/interrupt", test_interrupt);
 
