@@ -30,10 +30,12 @@
  * collectives run on NCCL, which the CUDA backend loads at run time
  * (`libnccl.so.2`): without it libgmlp still runs, and a communicator
  * fails with %GMLP_ERROR_UNSUPPORTED. On the CPU the ranks are threads of
- * one process, each normally with a CPU device of its own (`cpu:0`,
- * `cpu:1`, ...: [ctor@Gmlp.Device.new_from_string]), meeting in memory:
- * the same calls, so that the logic of a parallel layer can be tested
- * without a GPU.
+ * one process or processes of one machine, each normally with a CPU device
+ * of its own (`cpu:0`, `cpu:1`, ...: [ctor@Gmlp.Device.new_from_string]),
+ * meeting in shared memory: the same calls, so that the logic of a
+ * parallel layer can be tested without a GPU. `gmlp-launch` starts the
+ * ranks as processes, which join with
+ * [ctor@Gmlp.Communicator.new_from_launcher].
  *
  * The collectives work on [class@Gmlp.GroupedTensor]s of the
  * communicator's device and are ordered on its stream like any other work:
@@ -53,7 +55,8 @@
  * does not take part in a collective within
  * [property@Gmlp.Communicator:timeout-ms], a call of
  * [method@Gmlp.Communicator.abort] on any rank, or (on the CPU) a rank
- * whose communicator is destroyed, fails the whole group: every waiting
+ * whose communicator is destroyed or whose process dies, fails the whole
+ * group: every waiting
  * and every later call on every rank fails with %GMLP_ERROR_ABORTED, and
  * the ranks make a new group to go on.
  *
@@ -462,7 +465,7 @@ gmlp_communicator_init (GmlpCommunicator *self)
  * Makes the id of a new group, which every rank passes to
  * [ctor@Gmlp.Communicator.new]. On a GPU it is NCCL's unique id (which
  * carries the address where the group meets); on the CPU, random bytes
- * that name an in-process meeting place. An id serves one group.
+ * that name a meeting place in shared memory. An id serves one group.
  *
  * Returns: (transfer full): the id, opaque bytes, or %NULL with
  *   %GMLP_ERROR_UNSUPPORTED (NCCL cannot be loaded: the message names the
@@ -533,6 +536,129 @@ gmlp_communicator_new (GmlpDevice  *device,
   return g_initable_new (GMLP_TYPE_COMMUNICATOR, NULL, error,
                          "device", device, "unique-id", unique_id,
                          "rank", rank, "world-size", world_size, NULL);
+}
+
+/* A variable of the launcher's (its value given: the library reads each
+ * by its literal name), or FALSE with the error that names it. */
+static gboolean
+launcher_variable (const char  *name,
+                   const char  *value,
+                   GError     **error)
+{
+  if (value != NULL && *value != '\0')
+    return TRUE;
+  g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_STATE,
+               "%s is not set: the process was not started by gmlp-launch "
+               "(which hands each rank GMLP_RANK, GMLP_WORLD_SIZE, GMLP_UNIQUE_ID "
+               "and GMLP_DEVICE)", name);
+  return FALSE;
+}
+
+static gboolean
+launcher_number (const char  *name,
+                 const char  *value,
+                 guint64      min,
+                 guint64      max,
+                 guint64     *out,
+                 GError     **error)
+{
+  if (!launcher_variable (name, value, error))
+    return FALSE;
+  if (!g_ascii_string_to_unsigned (value, 10, min, max, out, NULL))
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_STATE,
+                   "%s is \"%s\", not a number from %" G_GUINT64_FORMAT " to %" G_GUINT64_FORMAT,
+                   name, value, min, max);
+      return FALSE;
+    }
+  return TRUE;
+}
+
+/**
+ * gmlp_communicator_new_from_launcher:
+ * @error: return location for a #GError
+ *
+ * Joins the group of a process started by `gmlp-launch`, as the rank the
+ * launcher gave it, on the device it gave it, and waits until every rank
+ * has joined, like [ctor@Gmlp.Communicator.new]. The launcher hands each
+ * process these environment variables, which are read here and nowhere
+ * else in libgmlp (GMLP_DEVICE also picks [func@Gmlp.Device.get_default]):
+ *
+ * - `GMLP_RANK`: this process's rank, 0 to the world size − 1;
+ * - `GMLP_WORLD_SIZE`: the number of ranks;
+ * - `GMLP_UNIQUE_ID`: the group's id ([func@Gmlp.Communicator.new_unique_id])
+ *   in hexadecimal;
+ * - `GMLP_DEVICE`: this rank's device, `cuda:R` or `cpu:R`
+ *   ([ctor@Gmlp.Device.new_from_string]);
+ * - `GMLP_TIMEOUT_MS` (optional):
+ *   [property@Gmlp.Communicator:timeout-ms].
+ *
+ * The communicator's device is the one [func@Gmlp.Device.get_default]
+ * gives in that process: make the rank's tensors there (or on
+ * [method@Gmlp.Communicator.get_device]). See `docs/expert-parallel.md`,
+ * "Launching N processes".
+ *
+ * Returns: (transfer full): the communicator, or %NULL with
+ *   %GMLP_ERROR_INVALID_STATE (a variable missing or malformed: the message
+ *   names it), the device's error, or the errors of
+ *   [ctor@Gmlp.Communicator.new]
+ *
+ * Since: 0.1
+ */
+GmlpCommunicator *
+gmlp_communicator_new_from_launcher (GError **error)
+{
+  g_autoptr(GmlpDevice) device = NULL;
+  g_autoptr(GBytes) uid = NULL;
+  const char *world_s = g_getenv ("GMLP_WORLD_SIZE"), *rank_s = g_getenv ("GMLP_RANK");
+  const char *hex = g_getenv ("GMLP_UNIQUE_ID"), *spec = g_getenv ("GMLP_DEVICE");
+  const char *timeout_s = g_getenv ("GMLP_TIMEOUT_MS");
+  guint64 rank, world, timeout_ms = GMLP_COMMUNICATOR_DEFAULT_TIMEOUT_MS;
+  gsize len, i;
+  guint8 *data;
+
+  g_return_val_if_fail (error == NULL || *error == NULL, NULL);
+
+  if (!launcher_number ("GMLP_WORLD_SIZE", world_s, 1, G_MAXINT, &world, error) ||
+      !launcher_number ("GMLP_RANK", rank_s, 0, world - 1, &rank, error) ||
+      !launcher_variable ("GMLP_UNIQUE_ID", hex, error) ||
+      !launcher_variable ("GMLP_DEVICE", spec, error))
+    return NULL;
+  if (timeout_s != NULL &&
+      !launcher_number ("GMLP_TIMEOUT_MS", timeout_s, 1, G_MAXUINT, &timeout_ms, error))
+    return NULL;
+
+  len = strlen (hex);
+  if (len != 2 * ID_BYTES)
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_STATE,
+                   "GMLP_UNIQUE_ID has %" G_GSIZE_FORMAT " hexadecimal digits, not %d",
+                   len, 2 * ID_BYTES);
+      return NULL;
+    }
+  data = g_malloc (ID_BYTES);
+  for (i = 0; i < ID_BYTES; i++)
+    {
+      int hi = g_ascii_xdigit_value (hex[2 * i]), lo = g_ascii_xdigit_value (hex[2 * i + 1]);
+
+      if (hi < 0 || lo < 0)
+        {
+          g_free (data);
+          g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_STATE,
+                       "GMLP_UNIQUE_ID is not hexadecimal (at digit %" G_GSIZE_FORMAT ")",
+                       2 * i + (hi < 0 ? 0 : 1));
+          return NULL;
+        }
+      data[i] = (guint8) (hi << 4 | lo);
+    }
+  uid = g_bytes_new_take (data, ID_BYTES);
+
+  device = gmlp_device_new_from_string (spec, error);
+  if (device == NULL)
+    return NULL;
+  return g_initable_new (GMLP_TYPE_COMMUNICATOR, NULL, error,
+                         "device", device, "unique-id", uid, "rank", (int) rank,
+                         "world-size", (int) world, "timeout-ms", (guint) timeout_ms, NULL);
 }
 
 /**

@@ -65,6 +65,9 @@ GmlpCommunicator *gmlp_communicator_new            (GmlpDevice         *device,
                                                     GError            **error);
 
 GMLP_AVAILABLE_IN_0_1
+GmlpCommunicator *gmlp_communicator_new_from_launcher (GError     **error);
+
+GMLP_AVAILABLE_IN_0_1
 GmlpDevice       *gmlp_communicator_get_device     (GmlpCommunicator   *self);
 GMLP_AVAILABLE_IN_0_1
 int               gmlp_communicator_get_rank       (GmlpCommunicator   *self);

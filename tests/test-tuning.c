@@ -189,7 +189,9 @@ static const char * const old_variables[] = {
 /* What the library may read: GMLP_POISON is the test suites' (fresh memory
  * filled with NaN), no route or schedule. */
 static const char * const allowed_variables[] = {
-  "GMLP_DEVICE", "GMLP_BACKEND_DIR", "GMLP_POISON", NULL,
+  "GMLP_DEVICE", "GMLP_BACKEND_DIR", "GMLP_POISON",
+  /* gmlp_communicator_new_from_launcher(): the launcher's contract */
+  "GMLP_RANK", "GMLP_WORLD_SIZE", "GMLP_UNIQUE_ID", "GMLP_TIMEOUT_MS", NULL,
 };
 
 static void
