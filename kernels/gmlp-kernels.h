@@ -544,6 +544,49 @@ GmlpKernelStatus gmlp_kernel_permute          (const GmlpKernelPermute      *per
                                                void                         *workspace,
                                                cudaStream_t                  stream);
 
+/* Chunks of rows whose counts are only on the device (row_chunks.cu): the
+ * move_rows entry of the backend, whose contract (GmlpBackendMoveRows,
+ * libgmlp/backend/gmlp-backend.h) these fields copy; the layout codes
+ * equal GmlpBackendChunkLayout's. One single-block kernel plans every
+ * chunk into workspace (gmlp_kernel_move_rows_workspace_bytes, 16-byte
+ * aligned), then one kernel moves the rows, a warp per row, in the
+ * widest vectors the bases, strides and row width allow. */
+enum {
+  GMLP_KERNEL_CHUNKS_SLOTS = 0,
+  GMLP_KERNEL_CHUNKS_PACKED = 1,
+  GMLP_KERNEL_CHUNKS_MEMBERS = 2,
+  GMLP_KERNEL_CHUNKS_MEMBERS_BY_B = 3,
+};
+
+typedef struct {
+  int             layout;
+  void           *base;
+  uint64_t        capacity;     /* bytes */
+  int64_t         slot_rows;
+  uint64_t        slot_stride;
+  const int64_t  *member_rows;
+  uint32_t        n_members;
+} GmlpKernelChunkSide;
+
+typedef struct {
+  uint32_t             n_a;
+  uint32_t             n_b;
+  const int64_t       *counts;
+  int64_t              max_chunk_rows;
+  uint64_t             row_bytes;
+  GmlpKernelChunkSide  src;
+  GmlpKernelChunkSide  dst;
+  int64_t             *dst_sizes;
+  int                  zero_rest;
+  int64_t             *kept;
+  int64_t             *dropped;
+} GmlpKernelMoveRows;
+
+size_t           gmlp_kernel_move_rows_workspace_bytes (const GmlpKernelMoveRows *move);
+GmlpKernelStatus gmlp_kernel_move_rows        (const GmlpKernelMoveRows     *move,
+                                               void                         *workspace,
+                                               cudaStream_t                  stream);
+
 /* FP8 quantization of grouped tensors (quantize.cu). The recipe codes
  * (GMLP_QUANT_*, = GmlpScalingRecipe), flags, block geometry, state layout
  * and all the arithmetic are those of gmlp-quantize-numeric.h, which the CPU

@@ -20,7 +20,7 @@ G_BEGIN_DECLS
 
 /* Bumped whenever the table changes; a module built for another version is
  * refused. */
-#define GMLP_BACKEND_ABI_VERSION 11
+#define GMLP_BACKEND_ABI_VERSION 12
 
 typedef struct _GmlpBackendDevice GmlpBackendDevice;
 typedef struct _GmlpBackendEvent GmlpBackendEvent;
@@ -336,6 +336,52 @@ typedef struct {
   int               out_dtype;
   float            *grad_probs;      /* COMBINE_BACKWARD, optional: T × k */
 } GmlpBackendPermute;
+/* Chunks of rows whose counts are only on the device (gmlp-row-chunks.c,
+ * whose header states the layouts): chunk (a, b) of an n_a × n_b grid
+ * moves counts[a n_b + b] rows (negative: 0) from src to dst, each side
+ * placing it by its layout. Rows kept: the count, at most max_chunk_rows
+ * (-1: no limit) and a SLOTS side's slot_rows; a MEMBERS* chunk also at
+ * most what is left of its group from its place, and every chunk at most
+ * what fits in both storages from its place. Places: SLOTS by slot_stride;
+ * PACKED by the kept rows of the chunks before it (before the fit to the
+ * storage); MEMBERS_BY_B within group b by the kept rows of chunks
+ * (a' < a, b). Groups of a MEMBERS* side are placed by member_rows as the
+ * kernels place device-sized members (gmlp_num_member_stride()); with
+ * dst_sizes the destination's groups take the kept rows instead (n_a n_b
+ * of them, or Σ_a per b), written into dst_sizes. */
+typedef enum {
+  GMLP_BACKEND_CHUNKS_SLOTS,
+  GMLP_BACKEND_CHUNKS_PACKED,
+  GMLP_BACKEND_CHUNKS_MEMBERS,
+  GMLP_BACKEND_CHUNKS_MEMBERS_BY_B,
+} GmlpBackendChunkLayout;
+
+typedef struct {
+  GmlpBackendChunkLayout  layout;
+  gpointer                base;         /* the storage's first byte */
+  guint64                 capacity;     /* bytes of the storage */
+  gint64                  slot_rows;    /* SLOTS */
+  guint64                 slot_stride;  /* SLOTS: bytes from slot to slot */
+  const gint64           *member_rows;  /* MEMBERS*: device sizes, n_members */
+  guint                   n_members;    /* MEMBERS: n_a n_b; MEMBERS_BY_B: n_b */
+} GmlpBackendChunkSide;
+
+typedef struct {
+  guint                 n_a;
+  guint                 n_b;
+  const gint64         *counts;          /* device, n_a × n_b */
+  gint64                max_chunk_rows;  /* -1: no limit */
+  guint64               row_bytes;       /* > 0 */
+  GmlpBackendChunkSide  src;
+  GmlpBackendChunkSide  dst;
+  gint64               *dst_sizes;       /* MEMBERS* dst, or NULL: see above */
+  /* MEMBERS* dst: the rows of each group past the chunks' rows become
+   * zeros (for MEMBERS_BY_B, past Σ_a of the kept rows). */
+  gboolean              zero_rest;
+  gint64               *kept;            /* optional, n_a × n_b: rows moved */
+  gint64               *dropped;         /* optional, one value: += rows not moved */
+} GmlpBackendMoveRows;
+
 /* The gate of an MoE layer (gmlp-router.c): its options, for the three
  * router entries. n_tokens (T) is fixed on the host by the input's shape;
  * every count and loss is made and read on the device, so that no entry
@@ -868,6 +914,12 @@ typedef struct {
                                               gpointer                  recv,
                                               const gsize              *recv_offsets,
                                               const gsize              *recv_bytes,
+                                              GError                  **error);
+
+  /* move_rows: chunks of rows between layouts (GmlpBackendMoveRows),
+   * counts read on the device only; NULL where the backend has none. */
+  gboolean            (*move_rows)           (GmlpBackendDevice        *device,
+                                              const GmlpBackendMoveRows *move,
                                               GError                  **error);
 } GmlpBackend;
 

@@ -19,6 +19,7 @@
 #include "backend/cpu/gmlp-cpu-gemm-fp8.h"
 #include "backend/cpu/gmlp-cpu-activation-quantize.h"
 #include "backend/cpu/gmlp-cpu-permute.h"
+#include "backend/cpu/gmlp-cpu-row-chunks.h"
 #include "backend/cpu/gmlp-cpu-router.h"
 #include "backend/cpu/gmlp-cpu-comm.h"
 #include "gmlp-activation-numeric.h"
@@ -1047,6 +1048,7 @@ static const GmlpBackend cpu_backend = {
   .comm_all_reduce = gmlp_cpu_comm_all_reduce,
   .comm_all_gather = gmlp_cpu_comm_all_gather,
   .comm_all_to_all = gmlp_cpu_comm_all_to_all,
+  .move_rows = gmlp_cpu_move_rows,
 };
 
 const GmlpBackend *

@@ -31,6 +31,7 @@
 #include "gmlp-cuda-router.h"
 #include "gmlp-cuda-activation-quantize.h"
 #include "gmlp-cuda-permute.h"
+#include "gmlp-cuda-row-chunks.h"
 
 __attribute__((visibility ("default")))
 const GmlpBackend *gmlp_backend_cuda_get (void);
@@ -690,6 +691,7 @@ static const GmlpBackend gmlp_cuda_backend = {
   .comm_all_reduce = gmlp_cuda_comm_all_reduce,
   .comm_all_gather = gmlp_cuda_comm_all_gather,
   .comm_all_to_all = gmlp_cuda_comm_all_to_all,
+  .move_rows = gmlp_cuda_move_rows,
 };
 
 /* The kernels' values of a choice are the backend's. */
