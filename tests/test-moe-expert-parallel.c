@@ -167,7 +167,7 @@ typedef struct {
   const char             *name;
   guint                   experts_per_rank;
   guint                   top_k;
-  gint64                  tokens[MAX_WORLD];     /* 0 for all: 10 + 3 r */
+  gint64                  tokens[MAX_WORLD];     /* 0 for all: 10 + 3 r; -1: none */
   GmlpExpertParallelMode  mode;
   guint                   padding;
   double                  capacity_factor;
@@ -415,7 +415,7 @@ check_equal (const Case *c,
   run.seed = g_test_rand_int ();
   for (r = 0; r < world; r++)
     {
-      run.tokens[r] = c->tokens[r] > 0 ? c->tokens[r] : 10 + 3 * r;
+      run.tokens[r] = c->tokens[r] > 0 ? c->tokens[r] : c->tokens[r] < 0 ? 0 : 10 + 3 * r;
       if (c->mode == GMLP_EXPERT_PARALLEL_MODE_GRAPH_SAFE)
         run.tokens[r] = run.tokens[0];   /* graph-safe: the same tokens on every rank */
       run.x[r] = gmlp_test_random_bytes (GMLP_DTYPE_FLOAT32, run.tokens[r] * HIDDEN, 1.0, FALSE);
@@ -522,6 +522,8 @@ static const Case cases[] = {
     .mode = GMLP_EXPERT_PARALLEL_MODE_GRAPH_SAFE },
   /* More experts than choices: most are empty, on every rank. */
   { .name = "empty-experts", .experts_per_rank = 4, .top_k = 1, .tokens = { 3, 1, 2, 2 } },
+  /* A rank without tokens: it sends nothing, its experts still compute. */
+  { .name = "rank-without-tokens", .experts_per_rank = 2, .top_k = 2, .tokens = { 5, -1, 7, 4 } },
   { .name = "empty-experts-graph-safe", .experts_per_rank = 4, .top_k = 1, .tokens = { 3, 3, 3, 3 },
     .mode = GMLP_EXPERT_PARALLEL_MODE_GRAPH_SAFE, .expert_capacity_factor = 2.0 },
   { .name = "padding", .experts_per_rank = 2, .top_k = 2, .padding = 4 },
@@ -621,6 +623,117 @@ test_bad_construction (void)
       check_bad (bad, 2);
       check_bad (bad, 3);
     }
+}
+
+/* Without init the ranks agree at the first forward: ranks of different
+ * widths all fail there, with the same error every later call repeats. */
+typedef struct {
+  GError  *errors[MAX_WORLD];
+  GError  *later[MAX_WORLD];
+} Late;
+
+static void
+late_rank (Group            *group,
+           int               rank,
+           GmlpCommunicator *comm,
+           gpointer          data)
+{
+  Late *t = data;
+  gint64 hidden = rank == 1 ? HIDDEN + 4 : HIDDEN, tokens = 4;
+  g_autoptr(GError) error = NULL;
+  g_autoptr(GmlpMoELayer) layer = NULL;
+  g_autoptr(GmlpGroupedTensor) x = NULL, y = NULL;
+
+  layer = g_object_new (GMLP_TYPE_MOE_LAYER, "device", group->devices[rank], "communicator", comm,
+                        "hidden", hidden, "ffn-hidden", (gint64) FFN, "n-experts", 2 * group->world,
+                        "top-k", 2, NULL);
+  x = gmlp_grouped_tensor_new (group->devices[rank], GMLP_DTYPE_FLOAT32, &tokens, 1, hidden, &error);
+  g_assert_no_error (error);
+  g_assert_true (gmlp_grouped_tensor_fill_random (x, rank + 1, 1.0, &error));
+  y = gmlp_moe_layer_forward (layer, x, NULL, &t->errors[rank]);
+  g_assert_null (y);
+  g_assert_false (g_initable_init (G_INITABLE (layer), NULL, &t->later[rank]));
+}
+
+static void
+test_agree_at_forward (void)
+{
+  Group group;
+  Late t = { { NULL, } };
+  int r;
+
+  if (!group_init (&group, 3, 60000))
+    return;
+  group_run (&group, late_rank, &t);
+  for (r = 0; r < 3; r++)
+    {
+      g_assert_error (t.errors[r], GMLP_ERROR, GMLP_ERROR_SHAPE_MISMATCH);
+      g_assert_nonnull (strstr (t.errors[r]->message, "hidden"));
+      g_assert_error (t.later[r], GMLP_ERROR, GMLP_ERROR_SHAPE_MISMATCH);
+      g_clear_error (&t.errors[r]);
+      g_clear_error (&t.later[r]);
+    }
+  group_clear (&group);
+}
+
+/* Graph-safe mode sizes its slots from the tokens, which every rank must
+ * have alike: the CPU communicator sees that the slots do not pair up, and
+ * every rank fails the same forward, the group still usable. */
+typedef struct {
+  GError  *errors[MAX_WORLD];
+} Uneven;
+
+static void
+uneven_rank (Group            *group,
+             int               rank,
+             GmlpCommunicator *comm,
+             gpointer          data)
+{
+  Uneven *t = data;
+  gint64 tokens = 6 + 24 * rank;   /* slots whose bytes differ, past the members' alignment */
+  g_autoptr(GError) error = NULL;
+  g_autoptr(GmlpMoELayer) layer = NULL;
+  g_autoptr(GmlpGroupedTensor) x = NULL, y = NULL, sum = NULL;
+
+  layer = g_initable_new (GMLP_TYPE_MOE_LAYER, NULL, &error, "device", group->devices[rank],
+                          "communicator", comm, "hidden", (gint64) HIDDEN, "ffn-hidden", (gint64) FFN,
+                          "n-experts", 2 * group->world, "top-k", 2,
+                          "expert-parallel-mode", GMLP_EXPERT_PARALLEL_MODE_GRAPH_SAFE, NULL);
+  g_assert_no_error (error);
+  x = gmlp_grouped_tensor_new (group->devices[rank], GMLP_DTYPE_FLOAT32, &tokens, 1, HIDDEN, &error);
+  g_assert_no_error (error);
+  g_assert_true (gmlp_grouped_tensor_fill_random (x, rank + 1, 1.0, &error));
+  y = gmlp_moe_layer_forward (layer, x, NULL, &t->errors[rank]);
+  g_assert_null (y);
+  /* Not aborted: the next collective works. */
+  tokens = 3;
+  sum = gmlp_grouped_tensor_new (group->devices[rank], GMLP_DTYPE_FLOAT32, &tokens, 1, 2, &error);
+  g_assert_no_error (error);
+  g_assert_true (gmlp_communicator_all_reduce (comm, sum, GMLP_REDUCE_OP_SUM, &error));
+  g_assert_no_error (error);
+}
+
+static void
+test_graph_safe_uneven (void)
+{
+  Group group;
+  Uneven t = { { NULL, } };
+  int r;
+
+  if (on_cuda ())
+    {
+      g_test_skip ("NCCL cannot see that the ranks' slots differ");
+      return;
+    }
+  if (!group_init (&group, 2, 60000))
+    return;
+  group_run (&group, uneven_rank, &t);
+  for (r = 0; r < 2; r++)
+    {
+      g_assert_error (t.errors[r], GMLP_ERROR, GMLP_ERROR_SHAPE_MISMATCH);
+      g_clear_error (&t.errors[r]);
+    }
+  group_clear (&group);
 }
 
 /* The one-device layer is what it was: no communicator, every expert. */
@@ -756,6 +869,8 @@ main (int    argc,
       g_test_add_data_func (path, &cases[i], test_equal);
     }
   g_test_add_func ("/Gmlp/MoELayer/expert-parallel/bad-construction", test_bad_construction);
+  g_test_add_func ("/Gmlp/MoELayer/expert-parallel/agree-at-forward", test_agree_at_forward);
+  g_test_add_func ("/Gmlp/MoELayer/expert-parallel/graph-safe-uneven", test_graph_safe_uneven);
   g_test_add_func ("/Gmlp/MoELayer/expert-parallel/abort", test_abort);
 
   return g_test_run ();
