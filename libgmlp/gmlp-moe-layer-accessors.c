@@ -37,7 +37,10 @@ gmlp_moe_layer_get_router (GmlpMoELayer *self)
  * gradients.
  *
  * Returns: (transfer none) (nullable): the experts, a [class@Gmlp.GroupedMLP]
- *   of `n_experts` groups; %NULL when the layer could not be constructed
+ *   of `n_experts` groups, or with a [property@Gmlp.MoELayer:communicator]
+ *   of this rank's experts only (group `i` is expert
+ *   [method@Gmlp.MoELayer.get_first_local_expert] + `i`); %NULL when the
+ *   layer could not be constructed
  *
  * Since: 0.1
  */

@@ -136,7 +136,6 @@ static const char *const router_options[] = {
 };
 G_STATIC_ASSERT (G_N_ELEMENTS (router_options) == N_ROUTER_OPTIONS);
 
-
 static void gmlp_moe_layer_initable_iface_init (GInitableIface *iface);
 
 G_DEFINE_FINAL_TYPE_WITH_CODE (GmlpMoELayer, gmlp_moe_layer, G_TYPE_OBJECT,
@@ -405,7 +404,9 @@ gmlp_moe_layer_class_init (GmlpMoELayerClass *klass)
   /**
    * GmlpMoELayer:n-experts:
    *
-   * The number of experts, 1 to 65535.
+   * The number of experts, 1 to 65535; with a
+   * [property@Gmlp.MoELayer:communicator], of all the ranks together (a
+   * multiple of its world size).
    *
    * Since: 0.1
    */
@@ -624,6 +625,10 @@ gmlp_moe_layer_class_init (GmlpMoELayerClass *klass)
   gmlp_moe_parallel_make_pspecs (properties + PROP_FIRST_PARALLEL);
 
   g_object_class_install_properties (object_class, N_PROPS, properties);
+  /* The saved activations' keys, made here once rather than by the first
+   * forwards of several threads at once. */
+  (void) g_quark_from_static_string (SAVED_ROUTING);
+  (void) g_quark_from_static_string (SAVED_PARALLEL);
 }
 
 static void

@@ -3,7 +3,8 @@
  *
  * Every group is W threads of this process (W = 2, 3 and 4), rank r on a
  * device of its own: cpu:r on the CPU (the in-process communicator), cuda:r
- * in the gpu suite (NCCL; skipped without W GPUs or without libnccl).
+ * in the gpu suite (NCCL; skipped without W GPUs or without libnccl;
+ * gmlp-test-group.h).
  *
  * The reference of rank r is a one-device GmlpMoELayer made with the same
  * options and seed, run by rank r on rank r's tokens: its router, aux loss
@@ -36,138 +37,19 @@
 #include <math.h>
 #include <string.h>
 
+#include "gmlp-test-group.h"
 #include "gmlp-test-util.h"
 
-#define MAX_WORLD 4
 #define HIDDEN    8
 #define FFN       12
 #define TOL       1e-5
-
-static gboolean
-on_cuda (void)
-{
-  const char *spec = g_getenv ("GMLP_TEST_DEVICE");
-
-  return spec != NULL && g_str_has_prefix (spec, "cuda");
-}
-
-typedef struct _Group Group;
-typedef void (*RankFunc) (Group            *group,
-                          int               rank,
-                          GmlpCommunicator *comm,
-                          gpointer          data);
-
-struct _Group {
-  int         world;
-  guint       timeout_ms;
-  GBytes     *uid;
-  GmlpDevice *devices[MAX_WORLD];
-  RankFunc    func;
-  gpointer    data;
-};
-
-typedef struct {
-  Group *group;
-  int    rank;
-} RankArg;
-
-static gpointer
-rank_thread (gpointer p)
-{
-  RankArg *arg = p;
-  Group *group = arg->group;
-  g_autoptr(GError) error = NULL;
-  g_autoptr(GmlpCommunicator) comm = NULL;
-
-  comm = g_initable_new (GMLP_TYPE_COMMUNICATOR, NULL, &error,
-                         "device", group->devices[arg->rank], "unique-id", group->uid,
-                         "rank", arg->rank, "world-size", group->world,
-                         "timeout-ms", group->timeout_ms, NULL);
-  g_assert_no_error (error);
-  group->func (group, arg->rank, comm, group->data);
-  return NULL;
-}
-
-/* The devices of a group of @world ranks, or FALSE (the test skipped, or
- * this group left out) where there are too few GPUs or no NCCL. */
-static gboolean
-group_init (Group *group,
-            int    world,
-            guint  timeout_ms)
-{
-  g_autoptr(GError) error = NULL;
-  int r;
-
-  memset (group, 0, sizeof *group);
-  group->world = world;
-  group->timeout_ms = timeout_ms;
-  if (on_cuda () && gmlp_device_get_count (GMLP_DEVICE_KIND_CUDA) < world)
-    {
-      g_autofree char *msg = g_strdup_printf ("%d ranks need %d GPUs", world, world);
-
-      if (world <= 2)
-        g_test_skip (msg);
-      else
-        g_test_message ("%s: not run", msg);
-      return FALSE;
-    }
-  for (r = 0; r < world; r++)
-    {
-      g_autofree char *spec = g_strdup_printf ("%s:%d", on_cuda () ? "cuda" : "cpu", r);
-
-      group->devices[r] = gmlp_device_new_from_string (spec, &error);
-      g_assert_no_error (error);
-    }
-  group->uid = gmlp_communicator_new_unique_id (group->devices[0], &error);
-  if (group->uid == NULL && on_cuda ())
-    {
-      g_assert_error (error, GMLP_ERROR, GMLP_ERROR_UNSUPPORTED);
-      g_test_skip (error->message);
-      for (r = 0; r < world; r++)
-        g_clear_object (&group->devices[r]);
-      return FALSE;
-    }
-  g_assert_no_error (error);
-  return TRUE;
-}
-
-static void
-group_clear (Group *group)
-{
-  int r;
-
-  for (r = 0; r < group->world; r++)
-    g_clear_object (&group->devices[r]);
-  g_clear_pointer (&group->uid, g_bytes_unref);
-}
-
-/* Runs @func on every rank, each in a thread with its communicator. */
-static void
-group_run (Group    *group,
-           RankFunc  func,
-           gpointer  data)
-{
-  GThread *threads[MAX_WORLD];
-  RankArg args[MAX_WORLD];
-  int r;
-
-  group->func = func;
-  group->data = data;
-  for (r = 0; r < group->world; r++)
-    {
-      args[r] = (RankArg) { group, r };
-      threads[r] = g_thread_new ("rank", rank_thread, &args[r]);
-    }
-  for (r = 0; r < group->world; r++)
-    g_thread_join (threads[r]);
-}
 
 /* One case: the layer's options, the tokens of each rank. */
 typedef struct {
   const char             *name;
   guint                   experts_per_rank;
   guint                   top_k;
-  gint64                  tokens[MAX_WORLD];     /* 0 for all: 10 + 3 r; -1: none */
+  gint64                  tokens[GMLP_TEST_MAX_WORLD];     /* 0 for all: 10 + 3 r; -1: none */
   GmlpExpertParallelMode  mode;
   guint                   padding;
   double                  capacity_factor;
@@ -194,11 +76,11 @@ typedef struct {
   const Case  *c;
   guint        n_experts;
   guint64      seed;
-  gint64       tokens[MAX_WORLD];
-  GBytes      *x[MAX_WORLD];
-  GBytes      *dy[MAX_WORLD];
-  Result       got[MAX_WORLD];
-  Result       want[MAX_WORLD];
+  gint64       tokens[GMLP_TEST_MAX_WORLD];
+  GBytes      *x[GMLP_TEST_MAX_WORLD];
+  GBytes      *dy[GMLP_TEST_MAX_WORLD];
+  Result       got[GMLP_TEST_MAX_WORLD];
+  Result       want[GMLP_TEST_MAX_WORLD];
 } Run;
 
 static GmlpMoELayer *
@@ -347,7 +229,7 @@ skew (GmlpMoELayer *layer,
 }
 
 static void
-equal_rank (Group            *group,
+equal_rank (GmlpTestGroup    *group,
             int               rank,
             GmlpCommunicator *comm,
             gpointer          data)
@@ -405,12 +287,12 @@ static void
 check_equal (const Case *c,
              int         world)
 {
-  Group group;
+  GmlpTestGroup group;
   Run run = { .c = c, .n_experts = c->experts_per_rank * world };
   guint L = c->experts_per_rank, i;
   int r, a;
 
-  if (!group_init (&group, world, 60000))
+  if (!gmlp_test_group_init (&group, world, 60000))
     return;
   run.seed = g_test_rand_int ();
   for (r = 0; r < world; r++)
@@ -422,7 +304,7 @@ check_equal (const Case *c,
       run.dy[r] = gmlp_test_random_bytes (GMLP_DTYPE_FLOAT32, run.tokens[r] * HIDDEN, 1.0, FALSE);
     }
 
-  group_run (&group, equal_rank, &run);
+  gmlp_test_group_run (&group, equal_rank, &run);
 
   for (r = 0; r < world; r++)
     {
@@ -495,7 +377,7 @@ check_equal (const Case *c,
       result_clear (&run.got[r]);
       result_clear (&run.want[r]);
     }
-  group_clear (&group);
+  gmlp_test_group_clear (&group);
 }
 
 static void
@@ -504,7 +386,7 @@ test_equal (gconstpointer data)
   const Case *c = data;
   int world;
 
-  for (world = 2; world <= MAX_WORLD; world++)
+  for (world = 2; world <= GMLP_TEST_MAX_WORLD; world++)
     check_equal (c, world);
 }
 
@@ -554,11 +436,11 @@ typedef enum {
 
 typedef struct {
   Bad      bad;
-  GError  *errors[MAX_WORLD];
+  GError  *errors[GMLP_TEST_MAX_WORLD];
 } Bads;
 
 static void
-bad_rank (Group            *group,
+bad_rank (GmlpTestGroup    *group,
           int               rank,
           GmlpCommunicator *comm,
           gpointer          data)
@@ -586,13 +468,13 @@ static void
 check_bad (Bad  bad,
            int  world)
 {
-  Group group;
+  GmlpTestGroup group;
   Bads t = { .bad = bad };
   int r;
 
-  if (!group_init (&group, world, 60000))
+  if (!gmlp_test_group_init (&group, world, 60000))
     return;
-  group_run (&group, bad_rank, &t);
+  gmlp_test_group_run (&group, bad_rank, &t);
   for (r = 0; r < world; r++)
     {
       int want = GMLP_ERROR_INVALID_ARGUMENT;
@@ -610,7 +492,7 @@ check_bad (Bad  bad,
         g_assert_nonnull (strstr (t.errors[r]->message, "n-experts"));
       g_clear_error (&t.errors[r]);
     }
-  group_clear (&group);
+  gmlp_test_group_clear (&group);
 }
 
 static void
@@ -628,12 +510,12 @@ test_bad_construction (void)
 /* Without init the ranks agree at the first forward: ranks of different
  * widths all fail there, with the same error every later call repeats. */
 typedef struct {
-  GError  *errors[MAX_WORLD];
-  GError  *later[MAX_WORLD];
+  GError  *errors[GMLP_TEST_MAX_WORLD];
+  GError  *later[GMLP_TEST_MAX_WORLD];
 } Late;
 
 static void
-late_rank (Group            *group,
+late_rank (GmlpTestGroup    *group,
            int               rank,
            GmlpCommunicator *comm,
            gpointer          data)
@@ -658,13 +540,13 @@ late_rank (Group            *group,
 static void
 test_agree_at_forward (void)
 {
-  Group group;
+  GmlpTestGroup group;
   Late t = { { NULL, } };
   int r;
 
-  if (!group_init (&group, 3, 60000))
+  if (!gmlp_test_group_init (&group, 3, 60000))
     return;
-  group_run (&group, late_rank, &t);
+  gmlp_test_group_run (&group, late_rank, &t);
   for (r = 0; r < 3; r++)
     {
       g_assert_error (t.errors[r], GMLP_ERROR, GMLP_ERROR_SHAPE_MISMATCH);
@@ -673,18 +555,18 @@ test_agree_at_forward (void)
       g_clear_error (&t.errors[r]);
       g_clear_error (&t.later[r]);
     }
-  group_clear (&group);
+  gmlp_test_group_clear (&group);
 }
 
 /* Graph-safe mode sizes its slots from the tokens, which every rank must
  * have alike: the CPU communicator sees that the slots do not pair up, and
  * every rank fails the same forward, the group still usable. */
 typedef struct {
-  GError  *errors[MAX_WORLD];
+  GError  *errors[GMLP_TEST_MAX_WORLD];
 } Uneven;
 
 static void
-uneven_rank (Group            *group,
+uneven_rank (GmlpTestGroup    *group,
              int               rank,
              GmlpCommunicator *comm,
              gpointer          data)
@@ -716,24 +598,24 @@ uneven_rank (Group            *group,
 static void
 test_graph_safe_uneven (void)
 {
-  Group group;
+  GmlpTestGroup group;
   Uneven t = { { NULL, } };
   int r;
 
-  if (on_cuda ())
+  if (gmlp_test_on_cuda ())
     {
       g_test_skip ("NCCL cannot see that the ranks' slots differ");
       return;
     }
-  if (!group_init (&group, 2, 60000))
+  if (!gmlp_test_group_init (&group, 2, 60000))
     return;
-  group_run (&group, uneven_rank, &t);
+  gmlp_test_group_run (&group, uneven_rank, &t);
   for (r = 0; r < 2; r++)
     {
       g_assert_error (t.errors[r], GMLP_ERROR, GMLP_ERROR_SHAPE_MISMATCH);
       g_clear_error (&t.errors[r]);
     }
-  group_clear (&group);
+  gmlp_test_group_clear (&group);
 }
 
 /* The one-device layer is what it was: no communicator, every expert. */
@@ -744,6 +626,7 @@ test_one_device (void)
   g_autoptr(GmlpDevice) device = gmlp_device_new_from_string ("cpu", &error);
   g_autoptr(GmlpMoELayer) layer = NULL;
   GmlpExpertParallelMode mode;
+  GmlpGroupedLinear *fc1;
   double factor;
 
   g_assert_no_error (error);
@@ -757,8 +640,8 @@ test_one_device (void)
   g_object_get (layer, "expert-parallel-mode", &mode, "expert-capacity-factor", &factor, NULL);
   g_assert_cmpint (mode, ==, GMLP_EXPERT_PARALLEL_MODE_EXACT);
   g_assert_cmpfloat (factor, ==, 0.0);
-  g_assert_cmpuint (gmlp_grouped_linear_get_n_groups (gmlp_grouped_mlp_get_fc1 (gmlp_moe_layer_get_experts (layer))),
-                    ==, 6);
+  fc1 = gmlp_grouped_mlp_get_fc1 (gmlp_moe_layer_get_experts (layer));
+  g_assert_cmpuint (gmlp_grouped_linear_get_n_groups (fc1), ==, 6);
 }
 
 /* Faults: the last rank aborts its communicator instead of taking part in
@@ -767,12 +650,12 @@ test_one_device (void)
 typedef struct {
   gboolean                in_backward;
   GmlpExpertParallelMode  mode;
-  gint64                  elapsed_us[MAX_WORLD];
-  GError                 *errors[MAX_WORLD];
+  gint64                  elapsed_us[GMLP_TEST_MAX_WORLD];
+  GError                 *errors[GMLP_TEST_MAX_WORLD];
 } Faults;
 
 static void
-fault_rank (Group            *group,
+fault_rank (GmlpTestGroup    *group,
             int               rank,
             GmlpCommunicator *comm,
             gpointer          data)
@@ -821,22 +704,22 @@ check_fault (gboolean                in_backward,
              GmlpExpertParallelMode  mode,
              int                     world)
 {
-  Group group;
+  GmlpTestGroup group;
   Faults t = { .in_backward = in_backward, .mode = mode };
-  guint timeout_ms = on_cuda () ? 2000 : 20000;
+  guint timeout_ms = gmlp_test_on_cuda () ? 2000 : 20000;
   int r;
 
-  if (!group_init (&group, world, timeout_ms))
+  if (!gmlp_test_group_init (&group, world, timeout_ms))
     return;
-  group_run (&group, fault_rank, &t);
+  gmlp_test_group_run (&group, fault_rank, &t);
   for (r = 0; r < world - 1; r++)
     {
       g_assert_error (t.errors[r], GMLP_ERROR, GMLP_ERROR_ABORTED);
-      if (!on_cuda ())
+      if (!gmlp_test_on_cuda ())
         g_assert_cmpint (t.elapsed_us[r], <, (gint64) timeout_ms * 1000 / 2);
       g_clear_error (&t.errors[r]);
     }
-  group_clear (&group);
+  gmlp_test_group_clear (&group);
 }
 
 static void
