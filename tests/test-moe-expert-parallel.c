@@ -16,13 +16,15 @@
  * are drawn in the main thread (g_test_rand is not thread-safe), every
  * result read back by its rank and checked in the main thread.
  *
- * Tolerance: FP32 throughout, ‖got − want‖ ≤ 1e-5 ‖want‖. The products are
+ * Tolerance: FP32, ‖got − want‖ ≤ 1e-5 ‖want‖. The products are
  * the same FP32 products, but the experts see their rows in other groups
  * (rows of every rank together) and the expert gradients are summed over
  * the ranks in another order than one rank's references and the main
  * thread's sum, so the last bits may differ; 1e-5 is some 100 units in the
  * last place of FP32, far below what a row sent to the wrong expert or a
- * missing rank's share would make.
+ * missing rank's share would make. BF16 cases: twice the suites' BF16
+ * product tolerance (the experts' gradients are rounded to BF16 once here,
+ * once per rank in the references before the test sums them).
  *
  * Graph-safe mode with slots too small for the skewed routing drops rows:
  * the reference is then the one-device layer with a capacity factor equal
@@ -58,6 +60,7 @@ typedef struct {
   gboolean                bias;
   gint64                  shared;
   double                  aux;
+  GmlpDType               dtype;                  /* 0: FLOAT32 */
 } Case;
 
 /* What one rank computed, and its reference. */
@@ -98,6 +101,7 @@ layer_new (const Case        *c,
                          "expert-capacity-factor", comm != NULL ? c->expert_capacity_factor : 0.0,
                          "hidden", (gint64) HIDDEN,
                          "ffn-hidden", (gint64) FFN,
+                         "dtype", c->dtype,
                          "n-experts", n_experts,
                          "top-k", c->top_k,
                          "flags", GMLP_LINEAR_SINGLE_GROUPED_WEIGHT | (c->bias ? GMLP_LINEAR_BIAS : 0),
@@ -183,10 +187,10 @@ step (Run          *run,
   g_autoptr(GmlpSavedActivations) saved = NULL;
   gsize n;
 
-  x = gmlp_grouped_tensor_new_from_bytes (device, GMLP_DTYPE_FLOAT32, &run->tokens[rank], 1, HIDDEN,
+  x = gmlp_grouped_tensor_new_from_bytes (device, run->c->dtype, &run->tokens[rank], 1, HIDDEN,
                                           run->x[rank], &error);
   g_assert_no_error (error);
-  dy = gmlp_grouped_tensor_new_from_bytes (device, GMLP_DTYPE_FLOAT32, &run->tokens[rank], 1, HIDDEN,
+  dy = gmlp_grouped_tensor_new_from_bytes (device, run->c->dtype, &run->tokens[rank], 1, HIDDEN,
                                            run->dy[rank], &error);
   g_assert_no_error (error);
   y = gmlp_moe_layer_forward (layer, x, &saved, &error);
@@ -289,6 +293,7 @@ check_equal (const Case *c,
 {
   GmlpTestGroup group;
   Run run = { .c = c, .n_experts = c->experts_per_rank * world };
+  double tol = c->dtype == GMLP_DTYPE_FLOAT32 ? TOL : 2 * gmlp_test_tolerance (c->dtype);
   guint L = c->experts_per_rank, i;
   int r, a;
 
@@ -300,8 +305,8 @@ check_equal (const Case *c,
       run.tokens[r] = c->tokens[r] > 0 ? c->tokens[r] : c->tokens[r] < 0 ? 0 : 10 + 3 * r;
       if (c->mode == GMLP_EXPERT_PARALLEL_MODE_GRAPH_SAFE)
         run.tokens[r] = run.tokens[0];   /* graph-safe: the same tokens on every rank */
-      run.x[r] = gmlp_test_random_bytes (GMLP_DTYPE_FLOAT32, run.tokens[r] * HIDDEN, 1.0, FALSE);
-      run.dy[r] = gmlp_test_random_bytes (GMLP_DTYPE_FLOAT32, run.tokens[r] * HIDDEN, 1.0, FALSE);
+      run.x[r] = gmlp_test_random_bytes (c->dtype, run.tokens[r] * HIDDEN, 1.0, FALSE);
+      run.dy[r] = gmlp_test_random_bytes (c->dtype, run.tokens[r] * HIDDEN, 1.0, FALSE);
     }
 
   gmlp_test_group_run (&group, equal_rank, &run);
@@ -312,17 +317,17 @@ check_equal (const Case *c,
       Result *got = &run.got[r], *want = &run.want[r];
       gint64 n = run.tokens[r] * HIDDEN;
 
-      gmlp_test_assert_close (got->y, want->y, n, TOL, what);
-      gmlp_test_assert_close (got->dx, want->dx, n, TOL, what);
-      gmlp_test_assert_close (got->aux, want->aux, 1, TOL, what);
-      gmlp_test_assert_close (got->router_grad, want->router_grad, run.n_experts * HIDDEN, TOL, what);
+      gmlp_test_assert_close (got->y, want->y, n, tol, what);
+      gmlp_test_assert_close (got->dx, want->dx, n, tol, what);
+      gmlp_test_assert_close (got->aux, want->aux, 1, tol, what);
+      gmlp_test_assert_close (got->router_grad, want->router_grad, run.n_experts * HIDDEN, tol, what);
       if (c->shared > 0)
         {
           for (i = 0; i < 2; i++)
             {
               g_assert_cmpuint (got->n_shared[i], ==, want->n_shared[i]);
               gmlp_test_assert_close (got->shared_grads[i], want->shared_grads[i], want->n_shared[i],
-                                      TOL, what);
+                                      tol, what);
             }
         }
 
@@ -346,7 +351,7 @@ check_equal (const Case *c,
           for (a = 0; a < world; a++)
             for (q = 0; q < per * L; q++)
               sum[q] += run.want[a].expert_grads[i][per * L * r + q];
-          gmlp_test_assert_close (got->expert_grads[i], sum, per * L, TOL, what);
+          gmlp_test_assert_close (got->expert_grads[i], sum, per * L, tol, what);
         }
 
       /* Graph-safe: the rows past the slots, from the reference's counts. */
@@ -392,6 +397,11 @@ test_equal (gconstpointer data)
 
 static const Case cases[] = {
   { .name = "random", .experts_per_rank = 2, .top_k = 2 },
+  /* The rows cross as they are; the experts' gradients are rounded to
+   * BF16 once here, once per rank in the references. */
+  { .name = "random-bf16", .experts_per_rank = 2, .top_k = 2, .dtype = GMLP_DTYPE_BFLOAT16 },
+  { .name = "random-bf16-graph-safe", .experts_per_rank = 2, .top_k = 2,
+    .dtype = GMLP_DTYPE_BFLOAT16, .mode = GMLP_EXPERT_PARALLEL_MODE_GRAPH_SAFE },
   { .name = "random-graph-safe", .experts_per_rank = 2, .top_k = 2,
     .mode = GMLP_EXPERT_PARALLEL_MODE_GRAPH_SAFE },
   { .name = "one-expert-per-rank", .experts_per_rank = 1, .top_k = 1 },
