@@ -185,6 +185,7 @@ step (Run          *run,
   g_autoptr(GmlpGroupedTensor) x = NULL, dy = NULL, y = NULL, dx = NULL, aux = NULL;
   g_autoptr(GmlpGroupedTensor) dropped = NULL;
   g_autoptr(GmlpSavedActivations) saved = NULL;
+  g_autofree double *inference = NULL;
   gsize n;
 
   x = gmlp_grouped_tensor_new_from_bytes (device, run->c->dtype, &run->tokens[rank], 1, HIDDEN,
@@ -193,11 +194,17 @@ step (Run          *run,
   dy = gmlp_grouped_tensor_new_from_bytes (device, run->c->dtype, &run->tokens[rank], 1, HIDDEN,
                                            run->dy[rank], &error);
   g_assert_no_error (error);
+  /* A forward without saved activations (inference) first: the same. */
+  y = gmlp_moe_layer_forward (layer, x, NULL, &error);
+  g_assert_no_error (error);
+  inference = download (y, &n);
+  g_clear_object (&y);
   y = gmlp_moe_layer_forward (layer, x, &saved, &error);
   g_assert_no_error (error);
   dx = gmlp_moe_layer_backward (layer, saved, dy, &error);
   g_assert_no_error (error);
   res->y = download (y, &n);
+  g_assert_cmpmem (inference, n * sizeof (double), res->y, n * sizeof (double));
   res->dx = download (dx, &n);
   aux = gmlp_moe_layer_get_aux_loss (layer);
   res->aux = download (aux, &n);
