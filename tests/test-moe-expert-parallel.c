@@ -220,7 +220,11 @@ step (Run          *run,
   else
     res->dropped = -1;
   if (gmlp_moe_layer_get_communicator (layer) == NULL)
-    res->tokens_per_expert = gmlp_test_download_i64 (gmlp_moe_layer_get_tokens_per_expert (layer), &n);
+    {
+      g_autoptr(GmlpGroupedTensor) counts = gmlp_moe_layer_get_tokens_per_expert (layer);
+
+      res->tokens_per_expert = gmlp_test_download_i64 (counts, &n);
+    }
 }
 
 /* The router's expert bias that makes expert 1 every token's first choice. */
