@@ -71,4 +71,12 @@ gboolean            gmlp_grouped_linear_check_quantizers (GmlpGroupedLinear  *se
                                                           GmlpQuantizer      *grad_output,
                                                           GError            **error);
 
+/* init_parameters() of groups @first_group onwards of a layer with more
+ * groups: each group gets the values that group first_group + g of that
+ * layer gets from @seed (an expert-parallel rank's slice of the experts). */
+gboolean           gmlp_grouped_linear_init_parameters_from (GmlpGroupedLinear  *self,
+                                                             guint64             seed,
+                                                             guint               first_group,
+                                                             GError            **error);
+
 G_END_DECLS

@@ -16,6 +16,7 @@
 #include <gio/gio.h>
 
 #include "gmlp-grouped-linear-impl.h"
+#include "gmlp-numeric.h"
 #include "gmlp-enum-types.h"
 #include "gmlp-error.h"
 #include "gmlp-error-private.h"
@@ -815,21 +816,69 @@ gmlp_grouped_linear_init_parameters (GmlpGroupedLinear  *self,
                                      guint64             seed,
                                      GError            **error)
 {
-  double bound;
-
   g_return_val_if_fail (GMLP_IS_GROUPED_LINEAR (self), FALSE);
   g_return_val_if_fail (error == NULL || *error == NULL, FALSE);
+
+  return gmlp_grouped_linear_init_parameters_from (self, seed, 0, error);
+}
+
+/* The inverse of gmlp_num_mix64() (splitmix64's finaliser): each xorshift
+ * undone, each product by its inverse modulo 2^64. */
+static guint64
+unmix64 (guint64 z)
+{
+  z ^= z >> 31 ^ z >> 62;
+  z *= G_GUINT64_CONSTANT (0x319642b2d24d8ec3);
+  z ^= z >> 27 ^ z >> 54;
+  z *= G_GUINT64_CONSTANT (0x96de1b173f119089);
+  z ^= z >> 30 ^ z >> 60;
+  return z;
+}
+
+/* The seed whose element i is element @offset + i of @seed's draw
+ * (gmlp_num_random_uniform() hashes mix64 (seed) + i × φ). */
+static guint64
+seed_at (guint64 seed,
+         guint64 offset)
+{
+  return unmix64 (gmlp_num_mix64 (seed) + offset * G_GUINT64_CONSTANT (0x9e3779b97f4a7c15));
+}
+
+/* @tensor's members as those of groups @first_group onwards of a uniform
+ * tensor of the same members drawn from @seed. */
+static gboolean
+fill_random_from (GmlpGroupedTensor  *tensor,
+                  guint64             seed,
+                  guint               first_group,
+                  double              bound,
+                  GError            **error)
+{
+  guint64 row_bytes = (guint64) gmlp_grouped_tensor_get_cols (tensor) *
+                      gmlp_dtype_get_size (gmlp_grouped_tensor_get_dtype (tensor));
+  guint64 stride = gmlp_num_member_stride (gmlp_grouped_tensor_get_rows (tensor, 0), row_bytes);
+
+  stride /= gmlp_dtype_get_size (gmlp_grouped_tensor_get_dtype (tensor));
+  return gmlp_grouped_tensor_fill_random (tensor, seed_at (seed, first_group * stride), bound, error);
+}
+
+gboolean
+gmlp_grouped_linear_init_parameters_from (GmlpGroupedLinear  *self,
+                                          guint64             seed,
+                                          guint               first_group,
+                                          GError            **error)
+{
+  double bound;
 
   if (!gmlp_check_constructed (self, self->construct_error, error))
     return FALSE;
 
   bound = 1.0 / sqrt ((double) self->in_features);
   gmlp_grouped_linear_invalidate_fp8_weights (self);
-  if (!gmlp_grouped_tensor_fill_random (self->weight.grouped, seed, bound, error))
+  if (!fill_random_from (self->weight.grouped, seed, first_group, bound, error))
     return FALSE;
   if (self->bias.grouped != NULL &&
-      !gmlp_grouped_tensor_fill_random (self->bias.grouped, seed ^ G_GUINT64_CONSTANT (0x5bd1e995),
-                                        bound, error))
+      !fill_random_from (self->bias.grouped, seed ^ G_GUINT64_CONSTANT (0x5bd1e995), first_group,
+                         bound, error))
     return FALSE;
   return TRUE;
 }

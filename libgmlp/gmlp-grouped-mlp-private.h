@@ -39,4 +39,11 @@ gboolean           gmlp_grouped_mlp_check_fp8_recipe        (GmlpGroupedMLP     
                                                              GmlpFp8Format       format,
                                                              GError            **error);
 
+/* init_parameters() of groups @first_group onwards of an MLP with more
+ * groups (gmlp_grouped_linear_init_parameters_from()). */
+gboolean           gmlp_grouped_mlp_init_parameters_from    (GmlpGroupedMLP     *self,
+                                                             guint64             seed,
+                                                             guint               first_group,
+                                                             GError            **error);
+
 G_END_DECLS

@@ -645,11 +645,21 @@ gmlp_grouped_mlp_init_parameters (GmlpGroupedMLP  *self,
   g_return_val_if_fail (GMLP_IS_GROUPED_MLP (self), FALSE);
   g_return_val_if_fail (error == NULL || *error == NULL, FALSE);
 
+  return gmlp_grouped_mlp_init_parameters_from (self, seed, 0, error);
+}
+
+gboolean
+gmlp_grouped_mlp_init_parameters_from (GmlpGroupedMLP  *self,
+                                       guint64          seed,
+                                       guint            first_group,
+                                       GError         **error)
+{
   if (!gmlp_check_constructed (self, self->construct_error, error))
     return FALSE;
 
-  return gmlp_grouped_linear_init_parameters (self->fc1, seed, error) &&
-         gmlp_grouped_linear_init_parameters (self->fc2, seed + 0x9e3779b97f4a7c15ull, error);
+  return gmlp_grouped_linear_init_parameters_from (self->fc1, seed, first_group, error) &&
+         gmlp_grouped_linear_init_parameters_from (self->fc2, seed + 0x9e3779b97f4a7c15ull,
+                                                   first_group, error);
 }
 
 gboolean

@@ -9,7 +9,8 @@
 
 #include <gio/gio.h>
 
-#include "gmlp-moe-layer.h"
+#include "gmlp-moe-layer-impl.h"
+#include "gmlp-moe-expert-parallel-private.h"
 #include "gmlp-device-private.h"
 #include "gmlp-enum-types.h"
 #include "gmlp-error.h"
@@ -67,9 +68,23 @@
  * Delayed scaling needs [method@Gmlp.MoELayer.update_quantizers] once a
  * training step.
  *
+ * Expert parallelism: with a [property@Gmlp.MoELayer:communicator] the
+ * layer is one rank of a layer whose experts are split evenly over the
+ * ranks: the router (replicated, as the shared expert) routes this rank's
+ * own tokens over all the experts, each token's rows travel to their
+ * experts' ranks and back by all-to-all, and
+ * [method@Gmlp.MoELayer.get_experts] holds this rank's experts only. Each
+ * rank's output and gradients are the one-device layer's over its own
+ * tokens; each local expert's weight gradients sum over every rank's
+ * tokens. [property@Gmlp.MoELayer:expert-parallel-mode] says how the rows
+ * travel, with a host read of the counts (exact) or in fixed slots
+ * (graph-safe); docs/expert-parallel.md tells the whole of it.
+ *
  * Threads: forwards may run on several threads at once; backwards and
  * backward_dw take turns, as the sub-layers' do. The "last forward" of the
- * getters is the last to finish.
+ * getters is the last to finish. An expert-parallel layer's forwards and
+ * backwards are collective: every rank calls them in the same order, one
+ * at a time.
  *
  * ## Examples
  *
@@ -119,39 +134,7 @@ static const char *const router_options[] = {
   "n-expert-groups", "topk-groups", "expert-bias", "bias-update-rate",
   "aux-loss-coeff", "z-loss-coeff",
 };
-#define N_ROUTER_OPTIONS G_N_ELEMENTS (router_options)
-
-struct _GmlpMoELayer
-{
-  GObject             parent_instance;
-
-  GmlpDevice         *device;
-  gint64              hidden;
-  gint64              ffn_hidden;
-  guint               n_experts;
-  guint               top_k;
-  GmlpActivation      activation;
-  GmlpDType           dtype;
-  GmlpLinearFlags     flags;
-  guint               padding;
-  double              capacity_factor;
-  gint64              shared_ffn_hidden;
-  /* What the layer gave its experts (NONE: no FP8 of its making). */
-  GmlpScalingRecipe   fp8_recipe;
-  GmlpFp8Format       fp8_format;
-  GValue              router_values[N_ROUTER_OPTIONS];
-  guint64             id;
-
-  GmlpRouter         *router;
-  GmlpGroupedMLP     *experts;
-  GmlpGroupedMLP     *shared;       /* NULL without a shared expert */
-
-  GMutex              last_lock;
-  GmlpRouting        *last;         /* of the last forward to finish */
-  GRecMutex           grad_lock;    /* backward and backward_dw take turns */
-
-  GError             *construct_error;
-};
+G_STATIC_ASSERT (G_N_ELEMENTS (router_options) == N_ROUTER_OPTIONS);
 
 static void gmlp_moe_layer_initable_iface_init (GInitableIface *iface);
 
@@ -175,7 +158,8 @@ enum {
   PROP_FP8_RECIPE,
   PROP_FP8_FORMAT,
   PROP_FIRST_ROUTER_OPTION,
-  N_PROPS = PROP_FIRST_ROUTER_OPTION + N_ROUTER_OPTIONS
+  PROP_FIRST_PARALLEL = PROP_FIRST_ROUTER_OPTION + N_ROUTER_OPTIONS,
+  N_PROPS = PROP_FIRST_PARALLEL + GMLP_MOE_PARALLEL_N_PROPS
 };
 
 static GParamSpec *properties[N_PROPS];
@@ -183,6 +167,9 @@ static GParamSpec *properties[N_PROPS];
 /* What a saved MoE step keeps besides its children (router, experts,
  * shared expert): the routing, whose map combine and the backwards read. */
 #define SAVED_ROUTING "gmlp-moe-layer-routing"
+/* With a communicator, also what the experts' step keeps for its backward
+ * (GmlpMoEParallelStep). */
+#define SAVED_PARALLEL "gmlp-moe-layer-parallel"
 
 static void
 gmlp_moe_layer_finalize (GObject *object)
@@ -197,6 +184,8 @@ gmlp_moe_layer_finalize (GObject *object)
   g_clear_object (&self->experts);
   g_clear_object (&self->shared);
   g_clear_object (&self->last);
+  g_clear_object (&self->last_dropped);
+  g_clear_object (&self->communicator);
   g_clear_object (&self->device);
   g_clear_error (&self->construct_error);
   g_mutex_clear (&self->last_lock);
@@ -213,7 +202,9 @@ gmlp_moe_layer_get_property (GObject    *object,
 {
   GmlpMoELayer *self = GMLP_MOE_LAYER (object);
 
-  if (prop_id >= PROP_FIRST_ROUTER_OPTION && prop_id < N_PROPS)
+  if (prop_id >= PROP_FIRST_PARALLEL && prop_id < N_PROPS)
+    return gmlp_moe_parallel_get_property (self, prop_id - PROP_FIRST_PARALLEL, value);
+  if (prop_id >= PROP_FIRST_ROUTER_OPTION && prop_id < PROP_FIRST_PARALLEL)
     {
       g_value_copy (&self->router_values[prop_id - PROP_FIRST_ROUTER_OPTION], value);
       return;
@@ -273,7 +264,9 @@ gmlp_moe_layer_set_property (GObject      *object,
 {
   GmlpMoELayer *self = GMLP_MOE_LAYER (object);
 
-  if (prop_id >= PROP_FIRST_ROUTER_OPTION && prop_id < N_PROPS)
+  if (prop_id >= PROP_FIRST_PARALLEL && prop_id < N_PROPS)
+    return gmlp_moe_parallel_set_property (self, prop_id - PROP_FIRST_PARALLEL, value);
+  if (prop_id >= PROP_FIRST_ROUTER_OPTION && prop_id < PROP_FIRST_PARALLEL)
     {
       GValue *option = &self->router_values[prop_id - PROP_FIRST_ROUTER_OPTION];
 
@@ -411,7 +404,9 @@ gmlp_moe_layer_class_init (GmlpMoELayerClass *klass)
   /**
    * GmlpMoELayer:n-experts:
    *
-   * The number of experts, 1 to 65535.
+   * The number of experts, 1 to 65535; with a
+   * [property@Gmlp.MoELayer:communicator], of all the ranks together (a
+   * multiple of its world size).
    *
    * Since: 0.1
    */
@@ -626,8 +621,14 @@ gmlp_moe_layer_class_init (GmlpMoELayerClass *klass)
   for (i = 0; i < N_ROUTER_OPTIONS; i++)
     properties[PROP_FIRST_ROUTER_OPTION + i] =
       router_option_pspec (G_OBJECT_CLASS (router_class), router_options[i]);
+  /* communicator, expert-parallel-mode, expert-capacity-factor */
+  gmlp_moe_parallel_make_pspecs (properties + PROP_FIRST_PARALLEL);
 
   g_object_class_install_properties (object_class, N_PROPS, properties);
+  /* The saved activations' keys, made here once rather than by the first
+   * forwards of several threads at once. */
+  (void) g_quark_from_static_string (SAVED_ROUTING);
+  (void) g_quark_from_static_string (SAVED_PARALLEL);
 }
 
 static void
@@ -735,10 +736,11 @@ construct_layer (GmlpMoELayer  *self,
   self->router = GMLP_ROUTER (g_object_new_with_properties (GMLP_TYPE_ROUTER, n, names, values));
   for (i = 0; i < n; i++)
     g_value_unset (&values[i]);
-  if (!g_initable_init (G_INITABLE (self->router), NULL, error))
+  if (!g_initable_init (G_INITABLE (self->router), NULL, error) ||
+      !gmlp_moe_parallel_check (self, error))
     return FALSE;
 
-  self->experts = gmlp_grouped_mlp_new_full (self->device, self->n_experts, self->hidden,
+  self->experts = gmlp_grouped_mlp_new_full (self->device, self->n_local_experts, self->hidden,
                                              self->ffn_hidden, self->activation, self->dtype,
                                              self->flags, error);
   if (self->experts == NULL)
@@ -778,7 +780,9 @@ gmlp_moe_layer_constructed (GObject *object)
 }
 
 /* Construction happened in constructed(): init only reports it, so a
- * second init changes nothing. */
+ * second init changes nothing; with a communicator the ranks' agreement
+ * comes first (collective: here, where bindings let go of their locks,
+ * or at the first forward). */
 static gboolean
 gmlp_moe_layer_initable_init (GInitable     *initable,
                               GCancellable  *cancellable,
@@ -786,7 +790,7 @@ gmlp_moe_layer_initable_init (GInitable     *initable,
 {
   GmlpMoELayer *self = GMLP_MOE_LAYER (initable);
 
-  return gmlp_check_constructed (self, self->construct_error, error);
+  return gmlp_moe_parallel_ensure_agreed (self, error);
 }
 
 static void
@@ -903,7 +907,7 @@ gmlp_moe_layer_init_parameters (GmlpMoELayer  *self,
     return FALSE;
 
   return gmlp_router_init_parameters (self->router, seed, error) &&
-         gmlp_grouped_mlp_init_parameters (self->experts, seed + 1, error) &&
+         gmlp_grouped_mlp_init_parameters_from (self->experts, seed + 1, self->first_expert, error) &&
          (self->shared == NULL || gmlp_grouped_mlp_init_parameters (self->shared, seed + 2, error));
 }
 
@@ -968,6 +972,7 @@ gmlp_moe_layer_forward (GmlpMoELayer          *self,
   g_autoptr(GmlpRouting) routing = NULL;
   g_autoptr(GmlpGroupedTensor) permuted = NULL, expert_out = NULL, output = NULL;
   g_autoptr(GmlpGroupedTensor) shared_out = NULL;
+  GmlpMoEParallelStep *step = NULL;
 
   g_return_val_if_fail (GMLP_IS_MOE_LAYER (self), NULL);
   g_return_val_if_fail (GMLP_IS_GROUPED_TENSOR (input), NULL);
@@ -975,7 +980,7 @@ gmlp_moe_layer_forward (GmlpMoELayer          *self,
 
   if (saved != NULL)
     *saved = NULL;
-  if (!gmlp_check_constructed (self, self->construct_error, error) ||
+  if (!gmlp_moe_parallel_ensure_agreed (self, error) ||
       !gmlp_grouped_tensor_check_usable (input, error) ||
       !check_tokens (self, input, "The input", error))
     return NULL;
@@ -986,10 +991,17 @@ gmlp_moe_layer_forward (GmlpMoELayer          *self,
   permuted = gmlp_routing_permute_full (routing, input, self->padding, self->capacity_factor, error);
   if (permuted == NULL)
     return NULL;
-  expert_out = gmlp_grouped_mlp_forward (self->experts, permuted, saved ? &experts_saved : NULL,
-                                         error);
+  if (self->communicator != NULL)
+    expert_out = gmlp_moe_parallel_forward (self, routing, permuted, saved ? &experts_saved : NULL,
+                                            saved ? &step : NULL, error);
+  else
+    expert_out = gmlp_grouped_mlp_forward (self->experts, permuted, saved ? &experts_saved : NULL,
+                                           error);
   if (expert_out == NULL)
     return NULL;
+  if (step != NULL)
+    g_object_set_data_full (G_OBJECT (experts_saved), SAVED_PARALLEL, step,
+                            gmlp_moe_parallel_step_free);
   output = gmlp_routing_combine (routing, expert_out, error);
   if (output == NULL)
     return NULL;
@@ -1096,7 +1108,13 @@ gmlp_moe_layer_backward (GmlpMoELayer          *self,
                                                    error);
   if (grad_expert_out == NULL)
     return NULL;
-  grad_permuted = gmlp_grouped_mlp_backward (self->experts, experts_saved, grad_expert_out, error);
+  if (self->communicator != NULL)
+    grad_permuted = gmlp_moe_parallel_backward (self, experts_saved,
+                                                g_object_get_data (G_OBJECT (experts_saved),
+                                                                   SAVED_PARALLEL),
+                                                grad_expert_out, error);
+  else
+    grad_permuted = gmlp_grouped_mlp_backward (self->experts, experts_saved, grad_expert_out, error);
   if (grad_permuted == NULL)
     return NULL;
   grad_input = gmlp_routing_permute_backward (routing, grad_permuted, error);
@@ -1286,215 +1304,4 @@ gmlp_moe_layer_update_quantizers (GmlpMoELayer  *self,
 
   return gmlp_grouped_mlp_update_quantizers (self->experts, error) &&
          (self->shared == NULL || gmlp_grouped_mlp_update_quantizers (self->shared, error));
-}
-
-/**
- * gmlp_moe_layer_get_router:
- * @self: a #GmlpMoELayer
- *
- * Gets the layer's gate, to fill its weight or read its gradient.
- *
- * Returns: (transfer none) (nullable): the router; %NULL when the layer
- *   could not be constructed
- *
- * Since: 0.1
- */
-GmlpRouter *
-gmlp_moe_layer_get_router (GmlpMoELayer *self)
-{
-  g_return_val_if_fail (GMLP_IS_MOE_LAYER (self), NULL);
-  return self->router;
-}
-
-/**
- * gmlp_moe_layer_get_experts:
- * @self: a #GmlpMoELayer
- *
- * Gets the layer's routed experts, to fill their weights or read their
- * gradients.
- *
- * Returns: (transfer none) (nullable): the experts, a [class@Gmlp.GroupedMLP]
- *   of `n_experts` groups; %NULL when the layer could not be constructed
- *
- * Since: 0.1
- */
-GmlpGroupedMLP *
-gmlp_moe_layer_get_experts (GmlpMoELayer *self)
-{
-  g_return_val_if_fail (GMLP_IS_MOE_LAYER (self), NULL);
-  return self->experts;
-}
-
-/**
- * gmlp_moe_layer_get_shared_expert:
- * @self: a #GmlpMoELayer
- *
- * Gets the expert that every token goes through beside the routed ones.
- *
- * Returns: (transfer none) (nullable): the shared expert, a one-group
- *   [class@Gmlp.GroupedMLP]; %NULL without one
- *
- * Since: 0.1
- */
-GmlpGroupedMLP *
-gmlp_moe_layer_get_shared_expert (GmlpMoELayer *self)
-{
-  g_return_val_if_fail (GMLP_IS_MOE_LAYER (self), NULL);
-  return self->shared;
-}
-
-/**
- * gmlp_moe_layer_get_routing:
- * @self: a #GmlpMoELayer
- *
- * Gets the routing decided by the last forward: which experts each token went
- * to, with what weight.
- *
- * Returns: (transfer full) (nullable): the routing of the last forward, or
- *   %NULL before the first
- *
- * Since: 0.1
- */
-GmlpRouting *
-gmlp_moe_layer_get_routing (GmlpMoELayer *self)
-{
-  GmlpRouting *routing;
-
-  g_return_val_if_fail (GMLP_IS_MOE_LAYER (self), NULL);
-
-  gmlp_mutex_lock (&self->last_lock);
-  routing = self->last != NULL ? g_object_ref (self->last) : NULL;
-  gmlp_mutex_unlock (&self->last_lock);
-  return routing;
-}
-
-/**
- * gmlp_moe_layer_get_aux_loss:
- * @self: a #GmlpMoELayer
- *
- * Gets the load-balancing loss of the last forward (see
- * [method@Gmlp.Routing.get_aux_loss]), a `1 × 1` FP32 device tensor.
- *
- * Returns: (transfer full) (nullable): the loss, or %NULL before the first
- *   forward
- *
- * Since: 0.1
- */
-GmlpGroupedTensor *
-gmlp_moe_layer_get_aux_loss (GmlpMoELayer *self)
-{
-  g_autoptr(GmlpRouting) routing = NULL;
-
-  g_return_val_if_fail (GMLP_IS_MOE_LAYER (self), NULL);
-
-  routing = gmlp_moe_layer_get_routing (self);
-  return routing != NULL ? g_object_ref (gmlp_routing_get_aux_loss (routing)) : NULL;
-}
-
-/**
- * gmlp_moe_layer_get_tokens_per_expert:
- * @self: a #GmlpMoELayer
- *
- * Gets how many tokens chose each expert in the last forward, counted on
- * the device (see [method@Gmlp.Routing.get_tokens_per_expert]).
- *
- * Returns: (transfer full) (nullable): the counts, or %NULL before the
- *   first forward
- *
- * Since: 0.1
- */
-GmlpGroupedTensor *
-gmlp_moe_layer_get_tokens_per_expert (GmlpMoELayer *self)
-{
-  g_autoptr(GmlpRouting) routing = NULL;
-
-  g_return_val_if_fail (GMLP_IS_MOE_LAYER (self), NULL);
-
-  routing = gmlp_moe_layer_get_routing (self);
-  return routing != NULL ? g_object_ref (gmlp_routing_get_tokens_per_expert (routing)) : NULL;
-}
-
-/**
- * gmlp_moe_layer_get_device:
- * @self: a #GmlpMoELayer
- *
- * Gets the device the layer's weights live on and its work runs on.
- *
- * Returns: (transfer none): the layer's device
- *
- * Since: 0.1
- */
-GmlpDevice *
-gmlp_moe_layer_get_device (GmlpMoELayer *self)
-{
-  g_return_val_if_fail (GMLP_IS_MOE_LAYER (self), NULL);
-  return self->device;
-}
-
-/**
- * gmlp_moe_layer_get_hidden:
- * @self: a #GmlpMoELayer
- *
- * Gets the width of a token.
- *
- * Returns: the model width
- *
- * Since: 0.1
- */
-gint64
-gmlp_moe_layer_get_hidden (GmlpMoELayer *self)
-{
-  g_return_val_if_fail (GMLP_IS_MOE_LAYER (self), 0);
-  return self->hidden;
-}
-
-/**
- * gmlp_moe_layer_get_ffn_hidden:
- * @self: a #GmlpMoELayer
- *
- * Gets the hidden width of each expert.
- *
- * Returns: the experts' width between their layers
- *
- * Since: 0.1
- */
-gint64
-gmlp_moe_layer_get_ffn_hidden (GmlpMoELayer *self)
-{
-  g_return_val_if_fail (GMLP_IS_MOE_LAYER (self), 0);
-  return self->ffn_hidden;
-}
-
-/**
- * gmlp_moe_layer_get_n_experts:
- * @self: a #GmlpMoELayer
- *
- * Gets the number of routed experts.
- *
- * Returns: the number of experts
- *
- * Since: 0.1
- */
-guint
-gmlp_moe_layer_get_n_experts (GmlpMoELayer *self)
-{
-  g_return_val_if_fail (GMLP_IS_MOE_LAYER (self), 0);
-  return self->n_experts;
-}
-
-/**
- * gmlp_moe_layer_get_top_k:
- * @self: a #GmlpMoELayer
- *
- * Gets the number of experts each token is sent to.
- *
- * Returns: how many experts each token goes to
- *
- * Since: 0.1
- */
-guint
-gmlp_moe_layer_get_top_k (GmlpMoELayer *self)
-{
-  g_return_val_if_fail (GMLP_IS_MOE_LAYER (self), 0);
-  return self->top_k;
 }

@@ -12,6 +12,7 @@
 #include <glib-object.h>
 
 #include "gmlp-version-macros.h"
+#include "gmlp-communicator.h"
 #include "gmlp-device.h"
 #include "gmlp-dtype.h"
 #include "gmlp-grouped-linear.h"
@@ -23,6 +24,29 @@
 #include "gmlp-scaling-recipe.h"
 
 G_BEGIN_DECLS
+
+/**
+ * GmlpExpertParallelMode:
+ * @GMLP_EXPERT_PARALLEL_MODE_EXACT: the tokens per expert are exchanged
+ *   and read on the host once a forward; the rows travel in buffers of
+ *   exactly their number (Megatron-Core's dispatcher). Dropless, as the
+ *   one-device layer, but the forward waits for the device once.
+ * @GMLP_EXPERT_PARALLEL_MODE_GRAPH_SAFE: nothing is read on the host: each
+ *   rank receives each of its experts' rows from each rank in a slot of a
+ *   fixed number of rows ([property@Gmlp.MoELayer:expert-capacity-factor]),
+ *   the counts travel on the device; rows past a slot are dropped and
+ *   counted ([method@Gmlp.MoELayer.get_dropped_rows]). A step can be
+ *   captured into a [class@Gmlp.Graph].
+ *
+ * How an expert-parallel [class@Gmlp.MoELayer] moves the tokens to their
+ * experts' ranks and back ([property@Gmlp.MoELayer:expert-parallel-mode]).
+ *
+ * Since: 0.1
+ */
+typedef enum {
+  GMLP_EXPERT_PARALLEL_MODE_EXACT,
+  GMLP_EXPERT_PARALLEL_MODE_GRAPH_SAFE,
+} GmlpExpertParallelMode;
 
 #define GMLP_TYPE_MOE_LAYER (gmlp_moe_layer_get_type ())
 
@@ -98,6 +122,17 @@ GMLP_AVAILABLE_IN_0_1
 GmlpGroupedTensor *gmlp_moe_layer_get_aux_loss          (GmlpMoELayer          *self);
 GMLP_AVAILABLE_IN_0_1
 GmlpGroupedTensor *gmlp_moe_layer_get_tokens_per_expert (GmlpMoELayer          *self);
+
+GMLP_AVAILABLE_IN_0_1
+GmlpCommunicator  *gmlp_moe_layer_get_communicator      (GmlpMoELayer          *self);
+GMLP_AVAILABLE_IN_0_1
+GmlpExpertParallelMode gmlp_moe_layer_get_expert_parallel_mode (GmlpMoELayer     *self);
+GMLP_AVAILABLE_IN_0_1
+guint              gmlp_moe_layer_get_first_local_expert (GmlpMoELayer         *self);
+GMLP_AVAILABLE_IN_0_1
+guint              gmlp_moe_layer_get_n_local_experts   (GmlpMoELayer          *self);
+GMLP_AVAILABLE_IN_0_1
+GmlpGroupedTensor *gmlp_moe_layer_get_dropped_rows      (GmlpMoELayer          *self);
 
 GMLP_AVAILABLE_IN_0_1
 GmlpDevice        *gmlp_moe_layer_get_device            (GmlpMoELayer          *self);

@@ -3,8 +3,8 @@
  *
  * Every group is W threads of this process (W = 2, 3 and 4), rank r on a
  * device of its own: cpu:r on the CPU (the CPU communicator; test-launch.c
- * runs it across processes), cuda:r
- * in the gpu suite (NCCL; skipped without W GPUs or without libnccl). The
+ * runs it across processes), cuda:r in the gpu suite (NCCL; skipped
+ * without W GPUs or without libnccl; gmlp-test-group.h). The
  * inputs are drawn in the main thread (g_test_rand is not thread-safe),
  * uploaded by each rank; the outputs are poisoned first (0xff bytes: NaN),
  * read back by each rank, and checked in the main thread: sums and averages
@@ -22,130 +22,8 @@
 #include <math.h>
 #include <string.h>
 
+#include "gmlp-test-group.h"
 #include "gmlp-test-util.h"
-
-#define MAX_WORLD 4
-
-static gboolean
-on_cuda (void)
-{
-  const char *spec = g_getenv ("GMLP_TEST_DEVICE");
-
-  return spec != NULL && g_str_has_prefix (spec, "cuda");
-}
-
-typedef struct _Group Group;
-typedef void (*RankFunc) (Group            *group,
-                          int               rank,
-                          GmlpCommunicator *comm,
-                          gpointer          data);
-
-struct _Group {
-  int         world;
-  guint       timeout_ms;
-  GBytes     *uid;
-  GmlpDevice *devices[MAX_WORLD];
-  RankFunc    func;
-  gpointer    data;
-};
-
-typedef struct {
-  Group *group;
-  int    rank;
-} RankArg;
-
-static gpointer
-rank_thread (gpointer p)
-{
-  RankArg *arg = p;
-  Group *group = arg->group;
-  g_autoptr(GError) error = NULL;
-  g_autoptr(GmlpCommunicator) comm = NULL;
-
-  comm = g_initable_new (GMLP_TYPE_COMMUNICATOR, NULL, &error,
-                         "device", group->devices[arg->rank], "unique-id", group->uid,
-                         "rank", arg->rank, "world-size", group->world,
-                         "timeout-ms", group->timeout_ms, NULL);
-  g_assert_no_error (error);
-  g_assert_cmpint (gmlp_communicator_get_rank (comm), ==, arg->rank);
-  group->func (group, arg->rank, comm, group->data);
-  return NULL;
-}
-
-/* The devices of a group of world ranks, or FALSE when there are too few
- * GPUs: the test is skipped where not even two ranks can run, else only
- * this group is (every test starts with two ranks). */
-static gboolean
-group_init (Group *group,
-            int    world,
-            guint  timeout_ms)
-{
-  g_autoptr(GError) error = NULL;
-  int r;
-
-  memset (group, 0, sizeof *group);
-  group->world = world;
-  group->timeout_ms = timeout_ms;
-  if (on_cuda () && gmlp_device_get_count (GMLP_DEVICE_KIND_CUDA) < world)
-    {
-      g_autofree char *msg = g_strdup_printf ("%d ranks need %d GPUs", world, world);
-
-      if (world <= 2)
-        g_test_skip (msg);
-      else
-        g_test_message ("%s: not run", msg);
-      return FALSE;
-    }
-  for (r = 0; r < world; r++)
-    {
-      g_autofree char *spec = g_strdup_printf ("%s:%d", on_cuda () ? "cuda" : "cpu", r);
-
-      group->devices[r] = gmlp_device_new_from_string (spec, &error);
-      g_assert_no_error (error);
-    }
-  group->uid = gmlp_communicator_new_unique_id (group->devices[0], &error);
-  if (group->uid == NULL && on_cuda ())
-    {
-      g_assert_error (error, GMLP_ERROR, GMLP_ERROR_UNSUPPORTED);
-      g_test_skip (error->message);
-      for (r = 0; r < world; r++)
-        g_clear_object (&group->devices[r]);
-      return FALSE;
-    }
-  g_assert_no_error (error);
-  return TRUE;
-}
-
-static void
-group_clear (Group *group)
-{
-  int r;
-
-  for (r = 0; r < group->world; r++)
-    g_clear_object (&group->devices[r]);
-  g_clear_pointer (&group->uid, g_bytes_unref);
-}
-
-/* Runs func on every rank, each in a thread with its communicator. */
-static void
-group_run (Group    *group,
-           RankFunc  func,
-           gpointer  data)
-{
-  GThread *threads[MAX_WORLD];
-  RankArg args[MAX_WORLD];
-  int r;
-
-  group->func = func;
-  group->data = data;
-  for (r = 0; r < group->world; r++)
-    {
-      args[r] = (RankArg) { group, r };
-      threads[r] = g_thread_new ("rank", rank_thread, &args[r]);
-    }
-  for (r = 0; r < group->world; r++)
-    g_thread_join (threads[r]);
-}
 
 static GBytes *
 poison_bytes (gsize n)
@@ -234,12 +112,12 @@ typedef struct {
   guint         n_groups;
   gint64        rows[4];
   gint64        cols;
-  GBytes       *in[MAX_WORLD];
-  GBytes       *out[MAX_WORLD];
+  GBytes       *in[GMLP_TEST_MAX_WORLD];
+  GBytes       *out[GMLP_TEST_MAX_WORLD];
 } AllReduce;
 
 static void
-all_reduce_rank (Group            *group,
+all_reduce_rank (GmlpTestGroup    *group,
                  int               rank,
                  GmlpCommunicator *comm,
                  gpointer          data)
@@ -262,13 +140,13 @@ check_all_reduce (int           world,
                   GmlpDType     dtype,
                   GmlpReduceOp  op)
 {
-  Group group;
+  GmlpTestGroup group;
   AllReduce t = { .dtype = dtype, .op = op, .n_groups = 3, .cols = 7 };
   gsize n, i;
   int r;
   guint g;
 
-  if (!group_init (&group, world, 60000))
+  if (!gmlp_test_group_init (&group, world, 60000))
     return;
   for (g = 0; g < t.n_groups; g++)
     t.rows[g] = g_test_rand_int_range (0, 6);
@@ -276,7 +154,7 @@ check_all_reduce (int           world,
   for (r = 0; r < world; r++)
     t.in[r] = random_packed (dtype, n);
 
-  group_run (&group, all_reduce_rank, &t);
+  gmlp_test_group_run (&group, all_reduce_rank, &t);
 
   for (r = 1; r < world; r++)
     g_assert_true (g_bytes_equal (t.out[r], t.out[0]));   /* the same bits on every rank */
@@ -307,7 +185,7 @@ check_all_reduce (int           world,
       g_bytes_unref (t.in[r]);
       g_bytes_unref (t.out[r]);
     }
-  group_clear (&group);
+  gmlp_test_group_clear (&group);
 }
 
 static void
@@ -317,7 +195,7 @@ test_all_reduce (void)
   int world;
   guint d;
 
-  for (world = 1; world <= MAX_WORLD; world++)
+  for (world = 1; world <= GMLP_TEST_MAX_WORLD; world++)
     {
       for (d = 0; d < G_N_ELEMENTS (dtypes); d++)
         {
@@ -333,14 +211,14 @@ test_all_reduce (void)
 typedef struct {
   GmlpDType  dtype;
   guint      n_groups;
-  gint64     rows[3 * MAX_WORLD];
+  gint64     rows[3 * GMLP_TEST_MAX_WORLD];
   gint64     cols;
-  GBytes    *in[MAX_WORLD];
-  GBytes    *out[MAX_WORLD];
+  GBytes    *in[GMLP_TEST_MAX_WORLD];
+  GBytes    *out[GMLP_TEST_MAX_WORLD];
 } AllGather;
 
 static void
-all_gather_rank (Group            *group,
+all_gather_rank (GmlpTestGroup    *group,
                  int               rank,
                  GmlpCommunicator *comm,
                  gpointer          data)
@@ -348,7 +226,7 @@ all_gather_rank (Group            *group,
   AllGather *t = data;
   g_autoptr(GError) error = NULL;
   g_autoptr(GmlpGroupedTensor) send = NULL, recv = NULL;
-  gint64 recv_rows[3 * MAX_WORLD * MAX_WORLD];
+  gint64 recv_rows[3 * GMLP_TEST_MAX_WORLD * GMLP_TEST_MAX_WORLD];
   int p;
 
   for (p = 0; p < group->world; p++)
@@ -370,17 +248,17 @@ test_all_gather (void)
   int world;
   guint d;
 
-  for (world = 1; world <= MAX_WORLD; world++)
+  for (world = 1; world <= GMLP_TEST_MAX_WORLD; world++)
     for (d = 0; d < G_N_ELEMENTS (dtypes); d++)
       {
-        Group group;
+        GmlpTestGroup group;
         AllGather t = { .dtype = dtypes[d], .n_groups = 3, .cols = 5 };
         g_autoptr(GByteArray) want = g_byte_array_new ();
         gsize n;
         int r;
         guint g;
 
-        if (!group_init (&group, world, 60000))
+        if (!gmlp_test_group_init (&group, world, 60000))
           return;
         for (g = 0; g < t.n_groups; g++)
           t.rows[g] = g_test_rand_int_range (0, 5);
@@ -391,7 +269,7 @@ test_all_gather (void)
             g_byte_array_append (want, g_bytes_get_data (t.in[r], NULL), g_bytes_get_size (t.in[r]));
           }
 
-        group_run (&group, all_gather_rank, &t);
+        gmlp_test_group_run (&group, all_gather_rank, &t);
 
         for (r = 0; r < world; r++)
           {
@@ -400,7 +278,7 @@ test_all_gather (void)
             g_bytes_unref (t.in[r]);
             g_bytes_unref (t.out[r]);
           }
-        group_clear (&group);
+        gmlp_test_group_clear (&group);
       }
 }
 
@@ -411,13 +289,13 @@ test_all_gather (void)
 typedef struct {
   GmlpDType  dtype;
   gint64     cols;
-  gint64     sizes[MAX_WORLD][MAX_WORLD][A2A_K];
-  GBytes    *in[MAX_WORLD];
-  GBytes    *out[MAX_WORLD];
+  gint64     sizes[GMLP_TEST_MAX_WORLD][GMLP_TEST_MAX_WORLD][A2A_K];
+  GBytes    *in[GMLP_TEST_MAX_WORLD];
+  GBytes    *out[GMLP_TEST_MAX_WORLD];
 } AllToAll;
 
 static void
-all_to_all_rank (Group            *group,
+all_to_all_rank (GmlpTestGroup    *group,
                  int               rank,
                  GmlpCommunicator *comm,
                  gpointer          data)
@@ -425,7 +303,7 @@ all_to_all_rank (Group            *group,
   AllToAll *t = data;
   g_autoptr(GError) error = NULL;
   g_autoptr(GmlpGroupedTensor) send = NULL, recv = NULL;
-  gint64 send_rows[MAX_WORLD * A2A_K], recv_rows[MAX_WORLD * A2A_K];
+  gint64 send_rows[GMLP_TEST_MAX_WORLD * A2A_K], recv_rows[GMLP_TEST_MAX_WORLD * A2A_K];
   int w = group->world, p, j;
 
   for (p = 0; p < w; p++)
@@ -451,15 +329,15 @@ test_all_to_all (void)
   int world;
   guint d;
 
-  for (world = 1; world <= MAX_WORLD; world++)
+  for (world = 1; world <= GMLP_TEST_MAX_WORLD; world++)
     for (d = 0; d < G_N_ELEMENTS (dtypes); d++)
       {
-        Group group;
+        GmlpTestGroup group;
         AllToAll t = { .dtype = dtypes[d], .cols = 6 };
         gsize row_bytes = t.cols * gmlp_dtype_get_size (t.dtype);
         int p, q, j;
 
-        if (!group_init (&group, world, 60000))
+        if (!gmlp_test_group_init (&group, world, 60000))
           return;
         for (p = 0; p < world; p++)
           {
@@ -471,7 +349,7 @@ test_all_to_all (void)
             t.in[p] = random_packed (t.dtype, n * t.cols);
           }
 
-        group_run (&group, all_to_all_rank, &t);
+        gmlp_test_group_run (&group, all_to_all_rank, &t);
 
         /* Rank q's recv: block p is rank p's block q, packed. */
         for (q = 0; q < world; q++)
@@ -499,7 +377,7 @@ test_all_to_all (void)
             g_bytes_unref (t.in[p]);
             g_bytes_unref (t.out[p]);
           }
-        group_clear (&group);
+        gmlp_test_group_clear (&group);
       }
 }
 
@@ -511,13 +389,13 @@ test_all_to_all (void)
 typedef struct {
   GmlpDType  dtype;
   gint64     cols;
-  gint64     counts[MAX_WORLD][MAX_WORLD];
-  GBytes    *in[MAX_WORLD];
-  GBytes    *out[MAX_WORLD];
+  gint64     counts[GMLP_TEST_MAX_WORLD][GMLP_TEST_MAX_WORLD];
+  GBytes    *in[GMLP_TEST_MAX_WORLD];
+  GBytes    *out[GMLP_TEST_MAX_WORLD];
 } AllToAllRows;
 
 static void
-all_to_all_rows_rank (Group            *group,
+all_to_all_rows_rank (GmlpTestGroup    *group,
                       int               rank,
                       GmlpCommunicator *comm,
                       gpointer          data)
@@ -525,7 +403,8 @@ all_to_all_rows_rank (Group            *group,
   AllToAllRows *t = data;
   g_autoptr(GError) error = NULL;
   g_autoptr(GmlpGroupedTensor) send = NULL, recv = NULL;
-  gint64 send_counts[MAX_WORLD], recv_counts[MAX_WORLD], send_total = SLACK, recv_total = SLACK;
+  gint64 send_counts[GMLP_TEST_MAX_WORLD], recv_counts[GMLP_TEST_MAX_WORLD];
+  gint64 send_total = SLACK, recv_total = SLACK;
   int w = group->world, p;
 
   for (p = 0; p < w; p++)
@@ -549,14 +428,14 @@ test_all_to_all_rows (void)
 {
   int world;
 
-  for (world = 1; world <= MAX_WORLD; world++)
+  for (world = 1; world <= GMLP_TEST_MAX_WORLD; world++)
     {
-      Group group;
+      GmlpTestGroup group;
       AllToAllRows t = { .dtype = GMLP_DTYPE_FLOAT16, .cols = 9 };
       gsize row_bytes = t.cols * gmlp_dtype_get_size (t.dtype);
       int p, q, b;
 
-      if (!group_init (&group, world, 60000))
+      if (!gmlp_test_group_init (&group, world, 60000))
         return;
       for (p = 0; p < world; p++)
         {
@@ -567,7 +446,7 @@ test_all_to_all_rows (void)
           t.in[p] = random_packed (t.dtype, n * t.cols);
         }
 
-      group_run (&group, all_to_all_rows_rank, &t);
+      gmlp_test_group_run (&group, all_to_all_rows_rank, &t);
 
       for (q = 0; q < world; q++)
         {
@@ -592,7 +471,7 @@ test_all_to_all_rows (void)
           g_bytes_unref (t.in[p]);
           g_bytes_unref (t.out[p]);
         }
-      group_clear (&group);
+      gmlp_test_group_clear (&group);
     }
 }
 
@@ -677,7 +556,7 @@ test_bad_input (void)
   }
 
   /* another device */
-  other = gmlp_device_new_from_string (on_cuda () ? "cpu" : "cpu:7", &error);
+  other = gmlp_device_new_from_string (gmlp_test_on_cuda () ? "cpu" : "cpu:7", &error);
   g_assert_no_error (error);
   other_t = poisoned_tensor (other, GMLP_DTYPE_FLOAT32, rows, 2, 4);
   g_assert_false (gmlp_communicator_all_reduce (comm, other_t, GMLP_REDUCE_OP_SUM, &error));
@@ -805,7 +684,7 @@ test_construct_errors (void)
   g_object_unref (comm);
 
   /* A rank alone within the timeout: its join fails, it does not hang. */
-  if (!on_cuda ())
+  if (!gmlp_test_on_cuda ())
     {
       g_autoptr(GBytes) lonely = gmlp_communicator_new_unique_id (device, NULL);
       gint64 start = g_get_monotonic_time ();
@@ -865,7 +744,7 @@ test_properties (void)
 /* The ranks disagree on a collective's shape (the CPU communicator checks):
  * every rank gets the error, and the group goes on. */
 static void
-mismatch_rank (Group            *group,
+mismatch_rank (GmlpTestGroup    *group,
                int               rank,
                GmlpCommunicator *comm,
                gpointer          data)
@@ -892,17 +771,17 @@ mismatch_rank (Group            *group,
 static void
 test_mismatch (void)
 {
-  Group group;
+  GmlpTestGroup group;
 
-  if (on_cuda ())
+  if (gmlp_test_on_cuda ())
     {
       g_test_skip ("NCCL does not compare the ranks' shapes");
       return;
     }
-  if (!group_init (&group, 2, 60000))
+  if (!gmlp_test_group_init (&group, 2, 60000))
     return;
-  group_run (&group, mismatch_rank, NULL);
-  group_clear (&group);
+  gmlp_test_group_run (&group, mismatch_rank, NULL);
+  gmlp_test_group_clear (&group);
 }
 
 /* Faults: one rank errs (or leaves, or aborts) instead of taking part;
@@ -915,13 +794,13 @@ typedef enum {
 
 typedef struct {
   Fault   fault;
-  gint64  elapsed_us[MAX_WORLD];
-  GError *errors[MAX_WORLD];
-  GError *later[MAX_WORLD];
+  gint64  elapsed_us[GMLP_TEST_MAX_WORLD];
+  GError *errors[GMLP_TEST_MAX_WORLD];
+  GError *later[GMLP_TEST_MAX_WORLD];
 } Faults;
 
 static void
-fault_rank (Group            *group,
+fault_rank (GmlpTestGroup    *group,
             int               rank,
             GmlpCommunicator *comm,
             gpointer          data)
@@ -962,7 +841,7 @@ fault_rank (Group            *group,
       /* A GPU enqueues the collective; NCCL's kernel waits for the missing
        * rank until the watchdog aborts the communicator, which lets it
        * return: the stream drains, and the next call fails. */
-      g_assert_true (on_cuda ());
+      g_assert_true (gmlp_test_on_cuda ());
       (void) gmlp_device_synchronize (group->devices[rank], NULL);
       g_assert_false (gmlp_communicator_all_reduce (comm, x, GMLP_REDUCE_OP_SUM, &t->errors[rank]));
     }
@@ -975,20 +854,20 @@ check_fault (Fault fault,
              int   world,
              guint timeout_ms)
 {
-  Group group;
+  GmlpTestGroup group;
   Faults t = { .fault = fault };
   gint64 longest = 0;
   int r;
 
-  if (!group_init (&group, world, timeout_ms))
+  if (!gmlp_test_group_init (&group, world, timeout_ms))
     return;
-  group_run (&group, fault_rank, &t);
+  gmlp_test_group_run (&group, fault_rank, &t);
   for (r = 0; r < world - 1; r++)
     {
       longest = MAX (longest, t.elapsed_us[r]);
       g_assert_error (t.errors[r], GMLP_ERROR, GMLP_ERROR_ABORTED);
       g_assert_error (t.later[r], GMLP_ERROR, GMLP_ERROR_ABORTED);
-      if (on_cuda ())
+      if (gmlp_test_on_cuda ())
         {
           /* NCCL learns of a peer that aborted by the timeout too. */
           g_assert_cmpint (t.elapsed_us[r], <, (gint64) (timeout_ms + 5000) * 1000);
@@ -1007,7 +886,7 @@ check_fault (Fault fault,
   /* The first rank to time out waited the whole timeout and failed the
    * group for the others, which may have started their wait a little
    * later (under load, some milliseconds). */
-  if (fault == FAULT_ERROR && !on_cuda ())
+  if (fault == FAULT_ERROR && !gmlp_test_on_cuda ())
     g_assert_cmpint (longest, >=, (gint64) timeout_ms * 1000);
   if (fault == FAULT_ABORT)
     g_assert_error (t.later[world - 1], GMLP_ERROR, GMLP_ERROR_ABORTED);
@@ -1016,7 +895,7 @@ check_fault (Fault fault,
       g_clear_error (&t.errors[r]);
       g_clear_error (&t.later[r]);
     }
-  group_clear (&group);
+  gmlp_test_group_clear (&group);
 }
 
 static void
@@ -1029,7 +908,7 @@ test_rank_errors (void)
 static void
 test_rank_leaves (void)
 {
-  if (on_cuda ())
+  if (gmlp_test_on_cuda ())
     {
       g_test_skip ("NCCL learns of a rank that left by the timeout");
       return;
@@ -1042,7 +921,7 @@ test_abort (void)
 {
   /* On the CPU the others fail at once, far within the timeout; on GPUs
    * by their watchdog's timeout. */
-  guint timeout_ms = on_cuda () ? 1000 : 20000;
+  guint timeout_ms = gmlp_test_on_cuda () ? 1000 : 20000;
 
   check_fault (FAULT_ABORT, 2, timeout_ms);
   check_fault (FAULT_ABORT, 4, timeout_ms);
@@ -1057,10 +936,10 @@ test_abort (void)
 
 typedef struct {
   gint64   rows[DP_GROUPS];
-  double  *x[MAX_WORLD];
-  double  *dy[MAX_WORLD];
-  double  *wgrad[MAX_WORLD];
-  guint    n_signals[MAX_WORLD];
+  double  *x[GMLP_TEST_MAX_WORLD];
+  double  *dy[GMLP_TEST_MAX_WORLD];
+  double  *wgrad[GMLP_TEST_MAX_WORLD];
+  guint    n_signals[GMLP_TEST_MAX_WORLD];
 } DataParallel;
 
 typedef struct {
@@ -1100,7 +979,7 @@ upload_f32 (GmlpDevice   *device,
 }
 
 static void
-data_parallel_rank (Group            *group,
+data_parallel_rank (GmlpTestGroup    *group,
                     int               rank,
                     GmlpCommunicator *comm,
                     gpointer          data)
@@ -1135,13 +1014,13 @@ test_wgrad_ready (void)
 
   for (world = 2; world <= 3; world++)
     {
-      Group group;
+      GmlpTestGroup group;
       DataParallel t = { .rows = { 5, 3 } };
       g_autofree double *want = g_new0 (double, DP_GROUPS * DP_OUT * DP_IN);
       gsize n_rows = t.rows[0] + t.rows[1];
       int r;
 
-      if (!group_init (&group, world, 60000))
+      if (!gmlp_test_group_init (&group, world, 60000))
         return;
       for (r = 0; r < world; r++)
         {
@@ -1159,7 +1038,7 @@ test_wgrad_ready (void)
                     t.dy[r][m * DP_OUT + i] * t.x[r][m * DP_IN + j] / world;
         }
 
-      group_run (&group, data_parallel_rank, &t);
+      gmlp_test_group_run (&group, data_parallel_rank, &t);
 
       for (r = 0; r < world; r++)
         {
@@ -1170,7 +1049,7 @@ test_wgrad_ready (void)
           g_free (t.dy[r]);
           g_free (t.wgrad[r]);
         }
-      group_clear (&group);
+      gmlp_test_group_clear (&group);
     }
 }
 

@@ -7,7 +7,6 @@
 # SPDX-License-Identifier: LGPL-2.1-or-later
 
 import os
-import threading
 import time
 
 import numpy as np
@@ -17,6 +16,8 @@ import gi
 
 gi.require_version('Gmlp', '1.0')
 from gi.repository import GLib, Gmlp  # noqa: E402
+
+from gmlp_ranks import run_group  # noqa: E402
 
 rng = np.random.default_rng(int(os.environ.get('GMLP_TEST_SEED', np.random.SeedSequence().entropy % (1 << 32))))
 F32 = Gmlp.DType.FLOAT32
@@ -34,33 +35,6 @@ def poisoned(dev, rows, cols):
 
 def download(tensor, cols):
     return np.frombuffer(tensor.to_bytes().get_data(), dtype=np.float32).reshape(-1, cols).copy()
-
-
-def run_group(world, body, timeout_ms=60000):
-    """Runs body(comm, rank) on world threads; returns their results, and
-    raises the first exception any of them raised."""
-    devices = [Gmlp.Device.new_from_string('cpu:%d' % r) for r in range(world)]
-    uid = Gmlp.Communicator.new_unique_id(devices[0])
-    results, errors = [None] * world, [None] * world
-
-    def rank(r):
-        try:
-            comm = Gmlp.Communicator(device=devices[r], unique_id=uid, rank=r, world_size=world,
-                                     timeout_ms=timeout_ms)
-            comm.init(None)
-            results[r] = body(comm, r)
-        except BaseException as e:  # noqa: B902 - handed to the main thread
-            errors[r] = e
-
-    threads = [threading.Thread(target=rank, args=(r,)) for r in range(world)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    for e in errors:
-        if e is not None:
-            raise e
-    return results
 
 
 @pytest.mark.parametrize('world', [2, 3, 4])

@@ -1,0 +1,95 @@
+#!/usr/bin/python3
+# Python binding test: an expert-parallel Gmlp.MoELayer from Python
+# threads, one rank per thread on a CPU device of its own (cpu:0, cpu:1,
+# ...), in both modes, against one-device layers with the same seed: each
+# rank's output and input gradient are its one-device layer's on its
+# tokens, each local expert's weight gradient the sum over the ranks' of
+# that expert's. Ranks that disagree raise GLib.Error on every rank.
+#
+# SPDX-License-Identifier: LGPL-2.1-or-later
+
+import os
+
+import numpy as np
+import pytest
+
+import gi
+
+gi.require_version('Gmlp', '1.0')
+from gi.repository import GLib, Gmlp  # noqa: E402
+
+from gmlp_ranks import run_group  # noqa: E402
+
+rng = np.random.default_rng(int(os.environ.get('GMLP_TEST_SEED', np.random.SeedSequence().entropy % (1 << 32))))
+F32 = Gmlp.DType.FLOAT32
+H, F, K = 8, 12, 2
+TOL = 1e-5   # FP32; the experts' sums go in another order (tests/test-moe-expert-parallel.c)
+
+
+def upload(dev, array):
+    array = np.ascontiguousarray(array, dtype=np.float32)
+    return Gmlp.GroupedTensor.new_from_bytes(dev, F32, [array.shape[0]], array.shape[1],
+                                             GLib.Bytes.new(array.tobytes()))
+
+
+def download(tensor):
+    return np.frombuffer(tensor.to_bytes().get_data(), dtype=np.float32).astype(np.float64)
+
+
+def close(got, want):
+    assert np.all(np.isfinite(got))
+    assert np.linalg.norm(got - want) <= TOL * np.linalg.norm(want)
+
+
+@pytest.mark.parametrize('mode', [Gmlp.ExpertParallelMode.EXACT, Gmlp.ExpertParallelMode.GRAPH_SAFE])
+@pytest.mark.parametrize('world', [2, 3])
+def test_equals_one_device(world, mode):
+    E, tokens, seed = 2 * world, 16, int(rng.integers(1 << 31))
+    xs = [rng.standard_normal((tokens, H)) for _ in range(world)]
+    dys = [rng.standard_normal((tokens, H)) for _ in range(world)]
+
+    def step(layer, dev, r):
+        y, saved = layer.forward(upload(dev, xs[r]))
+        dx = layer.backward(saved, upload(dev, dys[r]))
+        experts = layer.get_experts()
+        return (download(y), download(dx), download(experts.get_fc1().get_wgrad()),
+                download(experts.get_fc2().get_wgrad()))
+
+    def body(comm, r):
+        dev = comm.get_device()
+        ep = Gmlp.MoELayer(device=dev, communicator=comm, expert_parallel_mode=mode, hidden=H,
+                           ffn_hidden=F, n_experts=E, top_k=K)
+        ep.init(None)
+        ref = Gmlp.MoELayer(device=dev, hidden=H, ffn_hidden=F, n_experts=E, top_k=K)
+        ref.init(None)
+        assert ep.get_n_local_experts() == 2 and ep.get_first_local_expert() == 2 * r
+        assert ep.props.communicator == comm and ep.props.expert_parallel_mode == mode
+        ep.init_parameters(seed)
+        ref.init_parameters(seed)
+        got = step(ep, dev, r)
+        if mode == Gmlp.ExpertParallelMode.GRAPH_SAFE:
+            dropped = np.frombuffer(ep.get_dropped_rows().to_bytes().get_data(), dtype=np.int64)
+            assert dropped.tolist() == [0]
+        return got, step(ref, dev, r)
+
+    results = run_group(world, body)
+    for r, (got, want) in enumerate(results):
+        close(got[0], want[0])
+        close(got[1], want[1])
+        for i in (2, 3):
+            per = want[i].size // E
+            total = sum(results[a][1][i] for a in range(world))
+            close(got[i], total[per * 2 * r:per * 2 * (r + 1)])
+
+
+def test_ranks_disagree():
+    def body(comm, r):
+        layer = Gmlp.MoELayer(device=comm.get_device(), communicator=comm, hidden=H + 4 * r,
+                              ffn_hidden=F, n_experts=4, top_k=K)
+        with pytest.raises(GLib.Error) as info:
+            layer.init(None)
+        return info.value
+
+    for error in run_group(2, body):
+        assert error.matches(Gmlp.error_quark(), Gmlp.Error.SHAPE_MISMATCH)
+        assert 'hidden' in error.message

@@ -1,0 +1,781 @@
+/* test-moe-expert-parallel.c: the expert-parallel GmlpMoELayer against the
+ * one-device layer, its bad input and its faults
+ *
+ * Every group is W threads of this process (W = 2, 3 and 4), rank r on a
+ * device of its own: cpu:r on the CPU (the in-process communicator), cuda:r
+ * in the gpu suite (NCCL; skipped without W GPUs or without libnccl;
+ * gmlp-test-group.h).
+ *
+ * The reference of rank r is a one-device GmlpMoELayer made with the same
+ * options and seed, run by rank r on rank r's tokens: its router, aux loss
+ * and capacity drops are those of the local tokens, as the expert-parallel
+ * layer's are. Each rank's output, input gradient and router gradient must
+ * equal its reference's; each local expert's weight gradients the sum over
+ * every rank's reference of that expert's; the local experts' parameters
+ * after init_parameters() the reference's slice, bit for bit. The data
+ * are drawn in the main thread (g_test_rand is not thread-safe), every
+ * result read back by its rank and checked in the main thread.
+ *
+ * Tolerance: FP32, ‖got − want‖ ≤ 1e-5 ‖want‖. The products are
+ * the same FP32 products, but the experts see their rows in other groups
+ * (rows of every rank together) and the expert gradients are summed over
+ * the ranks in another order than one rank's references and the main
+ * thread's sum, so the last bits may differ; 1e-5 is some 100 units in the
+ * last place of FP32, far below what a row sent to the wrong expert or a
+ * missing rank's share would make. BF16 cases: twice the suites' BF16
+ * product tolerance (the experts' gradients are rounded to BF16 once here,
+ * once per rank in the references before the test sums them).
+ *
+ * Graph-safe mode with slots too small for the skewed routing drops rows:
+ * the reference is then the one-device layer with a capacity factor equal
+ * to the expert capacity factor (the same rows kept: each expert's first
+ * ones, in token order), and the layer's count of dropped rows equals what
+ * the test works out from the reference's tokens per expert.
+ *
+ * SPDX-License-Identifier: LGPL-2.1-or-later
+ */
+
+#include <locale.h>
+#include <math.h>
+#include <string.h>
+
+#include "gmlp-test-group.h"
+#include "gmlp-test-util.h"
+
+#define HIDDEN    8
+#define FFN       12
+#define TOL       1e-5
+
+/* One case: the layer's options, the tokens of each rank. */
+typedef struct {
+  const char             *name;
+  guint                   experts_per_rank;
+  guint                   top_k;
+  gint64                  tokens[GMLP_TEST_MAX_WORLD];     /* 0 for all: 10 + 3 r; -1: none */
+  GmlpExpertParallelMode  mode;
+  guint                   padding;
+  double                  capacity_factor;
+  double                  expert_capacity_factor;
+  gboolean                skewed;                 /* expert 1 in almost every token's top-k */
+  gboolean                bias;
+  gint64                  shared;
+  double                  aux;
+  GmlpDType               dtype;                  /* 0: FLOAT32 */
+} Case;
+
+/* What one rank computed, and its reference. */
+typedef struct {
+  double  *y, *dx, *router_grad, *aux;
+  double  *expert_grads[4];      /* FC1 dW, FC2 dW, FC1 db, FC2 db: local experts */
+  double  *params[4];            /* the same, of the local experts' parameters */
+  gsize    n_grads[4];
+  double  *shared_grads[2];
+  gsize    n_shared[2];
+  gint64   dropped;              /* -1: none counted */
+  gint64  *tokens_per_expert;    /* the reference's, E */
+} Result;
+
+typedef struct {
+  const Case  *c;
+  guint        n_experts;
+  guint64      seed;
+  gint64       tokens[GMLP_TEST_MAX_WORLD];
+  GBytes      *x[GMLP_TEST_MAX_WORLD];
+  GBytes      *dy[GMLP_TEST_MAX_WORLD];
+  Result       got[GMLP_TEST_MAX_WORLD];
+  Result       want[GMLP_TEST_MAX_WORLD];
+} Run;
+
+static GmlpMoELayer *
+layer_new (const Case        *c,
+           guint              n_experts,
+           GmlpDevice        *device,
+           GmlpCommunicator  *comm,
+           double             capacity_factor,
+           GError           **error)
+{
+  return g_initable_new (GMLP_TYPE_MOE_LAYER, NULL, error,
+                         "device", device,
+                         "communicator", comm,
+                         "expert-parallel-mode", c->mode,
+                         "expert-capacity-factor", comm != NULL ? c->expert_capacity_factor : 0.0,
+                         "hidden", (gint64) HIDDEN,
+                         "ffn-hidden", (gint64) FFN,
+                         "dtype", c->dtype,
+                         "n-experts", n_experts,
+                         "top-k", c->top_k,
+                         "flags", GMLP_LINEAR_SINGLE_GROUPED_WEIGHT | (c->bias ? GMLP_LINEAR_BIAS : 0),
+                         "padding", c->padding,
+                         "capacity-factor", capacity_factor,
+                         "shared-expert-ffn-hidden", c->shared,
+                         "expert-bias", c->skewed,
+                         "aux-loss-coeff", c->aux,
+                         NULL);
+}
+
+static double *
+download (GmlpGroupedTensor *t,
+          gsize             *n)
+{
+  g_assert_nonnull (t);
+  return gmlp_test_download (t, n);
+}
+
+/* The layer's parameters and gradients that the test compares. */
+static void
+read_layer (GmlpMoELayer *layer,
+            Result       *res)
+{
+  GmlpGroupedMLP *experts = gmlp_moe_layer_get_experts (layer);
+  GmlpGroupedMLP *shared = gmlp_moe_layer_get_shared_expert (layer);
+  GmlpGroupedLinear *fc[2] = { gmlp_grouped_mlp_get_fc1 (experts), gmlp_grouped_mlp_get_fc2 (experts) };
+  gsize n;
+  guint i;
+
+  res->router_grad = download (gmlp_router_get_wgrad (gmlp_moe_layer_get_router (layer)), &n);
+  for (i = 0; i < 2; i++)
+    {
+      res->expert_grads[i] = download (gmlp_grouped_linear_get_wgrad (fc[i]), &res->n_grads[i]);
+      res->params[i] = download (gmlp_grouped_linear_get_weight (fc[i]), &n);
+      g_assert_cmpuint (n, ==, res->n_grads[i]);
+      if (gmlp_grouped_linear_get_flags (fc[i]) & GMLP_LINEAR_BIAS)
+        {
+          res->expert_grads[2 + i] = download (gmlp_grouped_linear_get_bgrad (fc[i]),
+                                               &res->n_grads[2 + i]);
+          res->params[2 + i] = download (gmlp_grouped_linear_get_bias (fc[i]), &n);
+        }
+    }
+  if (shared != NULL)
+    {
+      res->shared_grads[0] = download (gmlp_grouped_linear_get_wgrad (gmlp_grouped_mlp_get_fc1 (shared)),
+                                       &res->n_shared[0]);
+      res->shared_grads[1] = download (gmlp_grouped_linear_get_wgrad (gmlp_grouped_mlp_get_fc2 (shared)),
+                                       &res->n_shared[1]);
+    }
+}
+
+static void
+result_clear (Result *res)
+{
+  guint i;
+
+  g_free (res->y);
+  g_free (res->dx);
+  g_free (res->router_grad);
+  g_free (res->aux);
+  for (i = 0; i < 4; i++)
+    {
+      g_free (res->expert_grads[i]);
+      g_free (res->params[i]);
+    }
+  g_free (res->shared_grads[0]);
+  g_free (res->shared_grads[1]);
+  g_free (res->tokens_per_expert);
+}
+
+/* A forward and a backward of @layer on rank @rank's data. */
+static void
+step (Run          *run,
+      int           rank,
+      GmlpDevice   *device,
+      GmlpMoELayer *layer,
+      Result       *res)
+{
+  g_autoptr(GError) error = NULL;
+  g_autoptr(GmlpGroupedTensor) x = NULL, dy = NULL, y = NULL, dx = NULL, aux = NULL;
+  g_autoptr(GmlpGroupedTensor) dropped = NULL;
+  g_autoptr(GmlpSavedActivations) saved = NULL;
+  g_autofree double *inference = NULL;
+  gsize n;
+
+  x = gmlp_grouped_tensor_new_from_bytes (device, run->c->dtype, &run->tokens[rank], 1, HIDDEN,
+                                          run->x[rank], &error);
+  g_assert_no_error (error);
+  dy = gmlp_grouped_tensor_new_from_bytes (device, run->c->dtype, &run->tokens[rank], 1, HIDDEN,
+                                           run->dy[rank], &error);
+  g_assert_no_error (error);
+  /* A forward without saved activations (inference) first: the same. */
+  y = gmlp_moe_layer_forward (layer, x, NULL, &error);
+  g_assert_no_error (error);
+  inference = download (y, &n);
+  g_clear_object (&y);
+  y = gmlp_moe_layer_forward (layer, x, &saved, &error);
+  g_assert_no_error (error);
+  dx = gmlp_moe_layer_backward (layer, saved, dy, &error);
+  g_assert_no_error (error);
+  res->y = download (y, &n);
+  g_assert_cmpmem (inference, n * sizeof (double), res->y, n * sizeof (double));
+  res->dx = download (dx, &n);
+  aux = gmlp_moe_layer_get_aux_loss (layer);
+  res->aux = download (aux, &n);
+  read_layer (layer, res);
+  dropped = gmlp_moe_layer_get_dropped_rows (layer);
+  if (dropped != NULL)
+    {
+      g_autofree gint64 *v = gmlp_test_download_i64 (dropped, &n);
+
+      g_assert_cmpuint (n, ==, 1);
+      res->dropped = v[0];
+    }
+  else
+    res->dropped = -1;
+  if (gmlp_moe_layer_get_communicator (layer) == NULL)
+    {
+      g_autoptr(GmlpGroupedTensor) counts = gmlp_moe_layer_get_tokens_per_expert (layer);
+
+      res->tokens_per_expert = gmlp_test_download_i64 (counts, &n);
+    }
+}
+
+/* The router's expert bias that makes expert 1 every token's first choice. */
+static void
+skew (GmlpMoELayer *layer,
+      guint         n_experts)
+{
+  g_autofree double *bias = g_new0 (double, n_experts);
+  g_autoptr(GBytes) bytes = NULL;
+  g_autoptr(GError) error = NULL;
+
+  bias[1] = 100.0;
+  bytes = gmlp_test_encode_values (bias, n_experts, GMLP_DTYPE_FLOAT32);
+  g_assert_true (gmlp_router_set_expert_bias_from_bytes (gmlp_moe_layer_get_router (layer), bytes,
+                                                         &error));
+  g_assert_no_error (error);
+}
+
+static void
+equal_rank (GmlpTestGroup    *group,
+            int               rank,
+            GmlpCommunicator *comm,
+            gpointer          data)
+{
+  Run *run = data;
+  const Case *c = run->c;
+  g_autoptr(GError) error = NULL;
+  g_autoptr(GmlpMoELayer) ep = NULL, ref = NULL;
+  /* Graph-safe slots drop as the one-device capacity does. */
+  double ref_capacity = c->capacity_factor > 0 ? c->capacity_factor
+                        : c->mode == GMLP_EXPERT_PARALLEL_MODE_GRAPH_SAFE ? c->expert_capacity_factor
+                        : 0.0;
+
+  ep = layer_new (c, run->n_experts, group->devices[rank], comm, c->capacity_factor, &error);
+  g_assert_no_error (error);
+  ref = layer_new (c, run->n_experts, group->devices[rank], NULL, ref_capacity, &error);
+  g_assert_no_error (error);
+  g_assert_cmpuint (gmlp_moe_layer_get_n_local_experts (ep), ==, c->experts_per_rank);
+  g_assert_cmpuint (gmlp_moe_layer_get_first_local_expert (ep), ==, rank * c->experts_per_rank);
+  g_assert_true (gmlp_moe_layer_get_communicator (ep) == comm);
+  g_assert_null (gmlp_moe_layer_get_dropped_rows (ep));
+  g_assert_true (gmlp_moe_layer_init_parameters (ep, run->seed, &error));
+  g_assert_no_error (error);
+  g_assert_true (gmlp_moe_layer_init_parameters (ref, run->seed, &error));
+  g_assert_no_error (error);
+  if (c->skewed)
+    {
+      skew (ep, run->n_experts);
+      skew (ref, run->n_experts);
+    }
+
+  step (run, rank, group->devices[rank], ep, &run->got[rank]);
+  step (run, rank, group->devices[rank], ref, &run->want[rank]);
+}
+
+/* The rows a slot of graph-safe mode holds, as the layer works it out. */
+static gint64
+slot_rows (const Case *c,
+           guint       n_experts,
+           gint64      tokens)
+{
+  guint64 n_choices = (guint64) tokens * c->top_k, cap = n_choices;
+  guint64 padding = MAX (c->padding, 1);
+
+  if (c->expert_capacity_factor > 0)
+    {
+      double per = ceil (c->expert_capacity_factor * (double) n_choices / n_experts);
+
+      cap = per >= (double) n_choices ? n_choices : (guint64) per;
+    }
+  return (gint64) ((cap + padding - 1) / padding * padding);
+}
+
+static void
+check_equal (const Case *c,
+             int         world)
+{
+  GmlpTestGroup group;
+  Run run = { .c = c, .n_experts = c->experts_per_rank * world };
+  double tol = c->dtype == GMLP_DTYPE_FLOAT32 ? TOL : 2 * gmlp_test_tolerance (c->dtype);
+  guint L = c->experts_per_rank, i;
+  int r, a;
+
+  if (!gmlp_test_group_init (&group, world, 60000))
+    return;
+  run.seed = g_test_rand_int ();
+  for (r = 0; r < world; r++)
+    {
+      run.tokens[r] = c->tokens[r] > 0 ? c->tokens[r] : c->tokens[r] < 0 ? 0 : 10 + 3 * r;
+      if (c->mode == GMLP_EXPERT_PARALLEL_MODE_GRAPH_SAFE)
+        run.tokens[r] = run.tokens[0];   /* graph-safe: the same tokens on every rank */
+      run.x[r] = gmlp_test_random_bytes (c->dtype, run.tokens[r] * HIDDEN, 1.0, FALSE);
+      run.dy[r] = gmlp_test_random_bytes (c->dtype, run.tokens[r] * HIDDEN, 1.0, FALSE);
+    }
+
+  gmlp_test_group_run (&group, equal_rank, &run);
+
+  for (r = 0; r < world; r++)
+    {
+      g_autofree char *what = g_strdup_printf ("%s, %d ranks, rank %d", c->name, world, r);
+      Result *got = &run.got[r], *want = &run.want[r];
+      gint64 n = run.tokens[r] * HIDDEN;
+
+      gmlp_test_assert_close (got->y, want->y, n, tol, what);
+      gmlp_test_assert_close (got->dx, want->dx, n, tol, what);
+      gmlp_test_assert_close (got->aux, want->aux, 1, tol, what);
+      gmlp_test_assert_close (got->router_grad, want->router_grad, run.n_experts * HIDDEN, tol, what);
+      if (c->shared > 0)
+        {
+          for (i = 0; i < 2; i++)
+            {
+              g_assert_cmpuint (got->n_shared[i], ==, want->n_shared[i]);
+              gmlp_test_assert_close (got->shared_grads[i], want->shared_grads[i], want->n_shared[i],
+                                      tol, what);
+            }
+        }
+
+      /* The local experts: the reference's slice of the parameters, and
+       * the sum over the ranks of the reference's gradients. */
+      for (i = 0; i < 4; i++)
+        {
+          gsize per, q;
+          g_autofree double *sum = NULL;
+
+          if (want->expert_grads[i] == NULL)
+            {
+              g_assert_null (got->expert_grads[i]);
+              continue;
+            }
+          per = want->n_grads[i] / run.n_experts;
+          g_assert_cmpuint (got->n_grads[i], ==, per * L);
+          g_assert_cmpmem (got->params[i], per * L * sizeof (double),
+                           want->params[i] + per * L * r, per * L * sizeof (double));
+          sum = g_new0 (double, per * L);
+          for (a = 0; a < world; a++)
+            for (q = 0; q < per * L; q++)
+              sum[q] += run.want[a].expert_grads[i][per * L * r + q];
+          gmlp_test_assert_close (got->expert_grads[i], sum, per * L, tol, what);
+        }
+
+      /* Graph-safe: the rows past the slots, from the reference's counts. */
+      if (c->mode == GMLP_EXPERT_PARALLEL_MODE_GRAPH_SAFE)
+        {
+          gint64 slot = slot_rows (c, run.n_experts, run.tokens[r]), dropped = 0;
+          guint64 padding = MAX (c->padding, 1);
+          guint e;
+
+          for (e = 0; e < run.n_experts && c->capacity_factor == 0; e++)
+            {
+              gint64 rows = (want->tokens_per_expert[e] + padding - 1) / padding * padding;
+
+              dropped += MAX (rows - slot, 0);
+            }
+          g_assert_cmpint (got->dropped, ==, dropped);
+          if (c->expert_capacity_factor > 0 && c->skewed && c->capacity_factor == 0)
+            g_assert_cmpint (dropped, >, 0);   /* the case drops, as meant */
+        }
+      else
+        g_assert_cmpint (got->dropped, ==, -1);
+    }
+
+  for (r = 0; r < world; r++)
+    {
+      g_bytes_unref (run.x[r]);
+      g_bytes_unref (run.dy[r]);
+      result_clear (&run.got[r]);
+      result_clear (&run.want[r]);
+    }
+  gmlp_test_group_clear (&group);
+}
+
+static void
+test_equal (gconstpointer data)
+{
+  const Case *c = data;
+  int world;
+
+  for (world = 2; world <= GMLP_TEST_MAX_WORLD; world++)
+    check_equal (c, world);
+}
+
+static const Case cases[] = {
+  { .name = "random", .experts_per_rank = 2, .top_k = 2 },
+  /* The rows cross as they are; the experts' gradients are rounded to
+   * BF16 once here, once per rank in the references. */
+  { .name = "random-bf16", .experts_per_rank = 2, .top_k = 2, .dtype = GMLP_DTYPE_BFLOAT16 },
+  { .name = "random-bf16-graph-safe", .experts_per_rank = 2, .top_k = 2,
+    .dtype = GMLP_DTYPE_BFLOAT16, .mode = GMLP_EXPERT_PARALLEL_MODE_GRAPH_SAFE },
+  { .name = "random-graph-safe", .experts_per_rank = 2, .top_k = 2,
+    .mode = GMLP_EXPERT_PARALLEL_MODE_GRAPH_SAFE },
+  { .name = "one-expert-per-rank", .experts_per_rank = 1, .top_k = 1 },
+  { .name = "bias-shared-aux", .experts_per_rank = 2, .top_k = 3, .bias = TRUE, .shared = 6,
+    .aux = 0.01 },
+  { .name = "bias-shared-aux-graph-safe", .experts_per_rank = 2, .top_k = 3, .bias = TRUE,
+    .shared = 6, .aux = 0.01, .mode = GMLP_EXPERT_PARALLEL_MODE_GRAPH_SAFE },
+  { .name = "skewed", .experts_per_rank = 2, .top_k = 2, .skewed = TRUE },
+  { .name = "skewed-graph-safe", .experts_per_rank = 2, .top_k = 2, .skewed = TRUE,
+    .mode = GMLP_EXPERT_PARALLEL_MODE_GRAPH_SAFE },
+  /* More experts than choices: most are empty, on every rank. */
+  { .name = "empty-experts", .experts_per_rank = 4, .top_k = 1, .tokens = { 3, 1, 2, 2 } },
+  /* A rank without tokens: it sends nothing, its experts still compute. */
+  { .name = "rank-without-tokens", .experts_per_rank = 2, .top_k = 2, .tokens = { 5, -1, 7, 4 } },
+  { .name = "empty-experts-graph-safe", .experts_per_rank = 4, .top_k = 1, .tokens = { 3, 3, 3, 3 },
+    .mode = GMLP_EXPERT_PARALLEL_MODE_GRAPH_SAFE, .expert_capacity_factor = 2.0 },
+  { .name = "padding", .experts_per_rank = 2, .top_k = 2, .padding = 4 },
+  { .name = "padding-graph-safe", .experts_per_rank = 2, .top_k = 2, .padding = 4,
+    .mode = GMLP_EXPERT_PARALLEL_MODE_GRAPH_SAFE },
+  { .name = "capacity-drops", .experts_per_rank = 2, .top_k = 2, .skewed = TRUE,
+    .capacity_factor = 0.5 },
+  { .name = "capacity-drops-padding", .experts_per_rank = 2, .top_k = 2, .skewed = TRUE,
+    .capacity_factor = 0.75, .padding = 2 },
+  { .name = "capacity-drops-graph-safe", .experts_per_rank = 2, .top_k = 2, .skewed = TRUE,
+    .capacity_factor = 0.5, .mode = GMLP_EXPERT_PARALLEL_MODE_GRAPH_SAFE },
+  /* Slots too small for the skewed expert: rows dropped and counted. */
+  { .name = "slot-drops", .experts_per_rank = 2, .top_k = 2, .skewed = TRUE,
+    .mode = GMLP_EXPERT_PARALLEL_MODE_GRAPH_SAFE, .expert_capacity_factor = 0.5 },
+  { .name = "slot-drops-padding", .experts_per_rank = 2, .top_k = 2, .skewed = TRUE, .padding = 2,
+    .mode = GMLP_EXPERT_PARALLEL_MODE_GRAPH_SAFE, .expert_capacity_factor = 1.0 },
+};
+
+/* Construction that every rank must refuse alike. */
+typedef enum {
+  BAD_DIVIDE,        /* n_experts not a multiple of the world size */
+  BAD_DEVICE,        /* rank 0's layer on another device than its communicator */
+  BAD_HIDDEN,        /* the last rank's hidden differs */
+  BAD_EXPERTS,       /* the last rank's n_experts differs */
+  BAD_MODE,          /* the last rank's mode differs */
+  BAD_FACTOR,        /* a negative expert capacity factor */
+} Bad;
+
+typedef struct {
+  Bad      bad;
+  GError  *errors[GMLP_TEST_MAX_WORLD];
+} Bads;
+
+static void
+bad_rank (GmlpTestGroup    *group,
+          int               rank,
+          GmlpCommunicator *comm,
+          gpointer          data)
+{
+  Bads *t = data;
+  gboolean last = rank == group->world - 1;
+  GmlpDevice *device = group->devices[t->bad == BAD_DEVICE && rank == 0 ? 1 : rank];
+  guint n_experts = t->bad == BAD_DIVIDE ? 2 * group->world + 1
+                    : t->bad == BAD_EXPERTS && last ? 4 * group->world : 2 * group->world;
+  g_autoptr(GmlpMoELayer) layer = NULL;
+
+  layer = g_initable_new (GMLP_TYPE_MOE_LAYER, NULL, &t->errors[rank],
+                          "device", device, "communicator", comm,
+                          "hidden", (gint64) (t->bad == BAD_HIDDEN && last ? HIDDEN + 4 : HIDDEN),
+                          "ffn-hidden", (gint64) FFN, "n-experts", n_experts, "top-k", 2,
+                          "expert-parallel-mode", t->bad == BAD_MODE && last
+                                                  ? GMLP_EXPERT_PARALLEL_MODE_GRAPH_SAFE
+                                                  : GMLP_EXPERT_PARALLEL_MODE_EXACT,
+                          "expert-capacity-factor", t->bad == BAD_FACTOR ? -1.0 : 0.0,
+                          NULL);
+  g_assert_null (layer);
+}
+
+static void
+check_bad (Bad  bad,
+           int  world)
+{
+  GmlpTestGroup group;
+  Bads t = { .bad = bad };
+  int r;
+
+  if (!gmlp_test_group_init (&group, world, 60000))
+    return;
+  gmlp_test_group_run (&group, bad_rank, &t);
+  for (r = 0; r < world; r++)
+    {
+      int want = GMLP_ERROR_INVALID_ARGUMENT;
+
+      if (bad == BAD_HIDDEN || bad == BAD_EXPERTS || bad == BAD_MODE)
+        want = GMLP_ERROR_SHAPE_MISMATCH;
+      g_assert_error (t.errors[r], GMLP_ERROR, want);
+      if (bad == BAD_DEVICE)
+        g_assert_nonnull (strstr (t.errors[r]->message, r == 0 ? "communicator is on" : "Rank 0"));
+      if (bad == BAD_DIVIDE)
+        g_assert_nonnull (strstr (t.errors[r]->message, "divide"));
+      if (bad == BAD_HIDDEN)
+        g_assert_nonnull (strstr (t.errors[r]->message, "hidden"));
+      if (bad == BAD_EXPERTS)
+        g_assert_nonnull (strstr (t.errors[r]->message, "n-experts"));
+      g_clear_error (&t.errors[r]);
+    }
+  gmlp_test_group_clear (&group);
+}
+
+static void
+test_bad_construction (void)
+{
+  Bad bad;
+
+  for (bad = BAD_DIVIDE; bad <= BAD_FACTOR; bad++)
+    {
+      check_bad (bad, 2);
+      check_bad (bad, 3);
+    }
+}
+
+/* Without init the ranks agree at the first forward: ranks of different
+ * widths all fail there, with the same error every later call repeats. */
+typedef struct {
+  GError  *errors[GMLP_TEST_MAX_WORLD];
+  GError  *later[GMLP_TEST_MAX_WORLD];
+} Late;
+
+static void
+late_rank (GmlpTestGroup    *group,
+           int               rank,
+           GmlpCommunicator *comm,
+           gpointer          data)
+{
+  Late *t = data;
+  gint64 hidden = rank == 1 ? HIDDEN + 4 : HIDDEN, tokens = 4;
+  g_autoptr(GError) error = NULL;
+  g_autoptr(GmlpMoELayer) layer = NULL;
+  g_autoptr(GmlpGroupedTensor) x = NULL, y = NULL;
+
+  layer = g_object_new (GMLP_TYPE_MOE_LAYER, "device", group->devices[rank], "communicator", comm,
+                        "hidden", hidden, "ffn-hidden", (gint64) FFN, "n-experts", 2 * group->world,
+                        "top-k", 2, NULL);
+  x = gmlp_grouped_tensor_new (group->devices[rank], GMLP_DTYPE_FLOAT32, &tokens, 1, hidden, &error);
+  g_assert_no_error (error);
+  g_assert_true (gmlp_grouped_tensor_fill_random (x, rank + 1, 1.0, &error));
+  y = gmlp_moe_layer_forward (layer, x, NULL, &t->errors[rank]);
+  g_assert_null (y);
+  g_assert_false (g_initable_init (G_INITABLE (layer), NULL, &t->later[rank]));
+}
+
+static void
+test_agree_at_forward (void)
+{
+  GmlpTestGroup group;
+  Late t = { { NULL, } };
+  int r;
+
+  if (!gmlp_test_group_init (&group, 3, 60000))
+    return;
+  gmlp_test_group_run (&group, late_rank, &t);
+  for (r = 0; r < 3; r++)
+    {
+      g_assert_error (t.errors[r], GMLP_ERROR, GMLP_ERROR_SHAPE_MISMATCH);
+      g_assert_nonnull (strstr (t.errors[r]->message, "hidden"));
+      g_assert_error (t.later[r], GMLP_ERROR, GMLP_ERROR_SHAPE_MISMATCH);
+      g_clear_error (&t.errors[r]);
+      g_clear_error (&t.later[r]);
+    }
+  gmlp_test_group_clear (&group);
+}
+
+/* Graph-safe mode sizes its slots from the tokens, which every rank must
+ * have alike: the CPU communicator sees that the slots do not pair up, and
+ * every rank fails the same forward, the group still usable. */
+typedef struct {
+  GError  *errors[GMLP_TEST_MAX_WORLD];
+} Uneven;
+
+static void
+uneven_rank (GmlpTestGroup    *group,
+             int               rank,
+             GmlpCommunicator *comm,
+             gpointer          data)
+{
+  Uneven *t = data;
+  gint64 tokens = 6 + 24 * rank;   /* slots whose bytes differ, past the members' alignment */
+  g_autoptr(GError) error = NULL;
+  g_autoptr(GmlpMoELayer) layer = NULL;
+  g_autoptr(GmlpGroupedTensor) x = NULL, y = NULL, sum = NULL;
+
+  layer = g_initable_new (GMLP_TYPE_MOE_LAYER, NULL, &error, "device", group->devices[rank],
+                          "communicator", comm, "hidden", (gint64) HIDDEN, "ffn-hidden", (gint64) FFN,
+                          "n-experts", 2 * group->world, "top-k", 2,
+                          "expert-parallel-mode", GMLP_EXPERT_PARALLEL_MODE_GRAPH_SAFE, NULL);
+  g_assert_no_error (error);
+  x = gmlp_grouped_tensor_new (group->devices[rank], GMLP_DTYPE_FLOAT32, &tokens, 1, HIDDEN, &error);
+  g_assert_no_error (error);
+  g_assert_true (gmlp_grouped_tensor_fill_random (x, rank + 1, 1.0, &error));
+  y = gmlp_moe_layer_forward (layer, x, NULL, &t->errors[rank]);
+  g_assert_null (y);
+  /* Not aborted: the next collective works. */
+  tokens = 3;
+  sum = gmlp_grouped_tensor_new (group->devices[rank], GMLP_DTYPE_FLOAT32, &tokens, 1, 2, &error);
+  g_assert_no_error (error);
+  g_assert_true (gmlp_communicator_all_reduce (comm, sum, GMLP_REDUCE_OP_SUM, &error));
+  g_assert_no_error (error);
+}
+
+static void
+test_graph_safe_uneven (void)
+{
+  GmlpTestGroup group;
+  Uneven t = { { NULL, } };
+  int r;
+
+  if (gmlp_test_on_cuda ())
+    {
+      g_test_skip ("NCCL cannot see that the ranks' slots differ");
+      return;
+    }
+  if (!gmlp_test_group_init (&group, 2, 60000))
+    return;
+  gmlp_test_group_run (&group, uneven_rank, &t);
+  for (r = 0; r < 2; r++)
+    {
+      g_assert_error (t.errors[r], GMLP_ERROR, GMLP_ERROR_SHAPE_MISMATCH);
+      g_clear_error (&t.errors[r]);
+    }
+  gmlp_test_group_clear (&group);
+}
+
+/* The one-device layer is what it was: no communicator, every expert. */
+static void
+test_one_device (void)
+{
+  g_autoptr(GError) error = NULL;
+  g_autoptr(GmlpDevice) device = gmlp_device_new_from_string ("cpu", &error);
+  g_autoptr(GmlpMoELayer) layer = NULL;
+  GmlpExpertParallelMode mode;
+  GmlpGroupedLinear *fc1;
+  double factor;
+
+  g_assert_no_error (error);
+  layer = gmlp_moe_layer_new (device, HIDDEN, FFN, 6, 2, &error);
+  g_assert_no_error (error);
+  g_assert_null (gmlp_moe_layer_get_communicator (layer));
+  g_assert_cmpuint (gmlp_moe_layer_get_n_local_experts (layer), ==, 6);
+  g_assert_cmpuint (gmlp_moe_layer_get_first_local_expert (layer), ==, 0);
+  g_assert_cmpint (gmlp_moe_layer_get_expert_parallel_mode (layer), ==, GMLP_EXPERT_PARALLEL_MODE_EXACT);
+  g_assert_null (gmlp_moe_layer_get_dropped_rows (layer));
+  g_object_get (layer, "expert-parallel-mode", &mode, "expert-capacity-factor", &factor, NULL);
+  g_assert_cmpint (mode, ==, GMLP_EXPERT_PARALLEL_MODE_EXACT);
+  g_assert_cmpfloat (factor, ==, 0.0);
+  fc1 = gmlp_grouped_mlp_get_fc1 (gmlp_moe_layer_get_experts (layer));
+  g_assert_cmpuint (gmlp_grouped_linear_get_n_groups (fc1), ==, 6);
+}
+
+/* Faults: the last rank aborts its communicator instead of taking part in
+ * the forward (or, after the forward, the backward); the others get
+ * GMLP_ERROR_ABORTED at once, far within the timeout, never a hang. */
+typedef struct {
+  gboolean                in_backward;
+  GmlpExpertParallelMode  mode;
+  gint64                  elapsed_us[GMLP_TEST_MAX_WORLD];
+  GError                 *errors[GMLP_TEST_MAX_WORLD];
+} Faults;
+
+static void
+fault_rank (GmlpTestGroup    *group,
+            int               rank,
+            GmlpCommunicator *comm,
+            gpointer          data)
+{
+  Faults *t = data;
+  g_autoptr(GError) error = NULL;
+  g_autoptr(GmlpMoELayer) layer = NULL;
+  g_autoptr(GmlpGroupedTensor) x = NULL, y = NULL, dx = NULL;
+  g_autoptr(GmlpSavedActivations) saved = NULL;
+  gint64 tokens = 8, start;
+
+  layer = g_initable_new (GMLP_TYPE_MOE_LAYER, NULL, &error, "device", group->devices[rank],
+                          "communicator", comm, "hidden", (gint64) HIDDEN, "ffn-hidden", (gint64) FFN,
+                          "n-experts", 2 * group->world, "top-k", 2, "expert-parallel-mode", t->mode,
+                          NULL);
+  g_assert_no_error (error);
+  x = gmlp_grouped_tensor_new (group->devices[rank], GMLP_DTYPE_FLOAT32, &tokens, 1, HIDDEN, &error);
+  g_assert_no_error (error);
+  g_assert_true (gmlp_grouped_tensor_fill_random (x, rank + 1, 1.0, &error));
+
+  if (rank == group->world - 1 && !t->in_backward)
+    {
+      g_usleep (50 * G_TIME_SPAN_MILLISECOND);
+      gmlp_communicator_abort (comm);
+      return;
+    }
+  start = g_get_monotonic_time ();
+  y = gmlp_moe_layer_forward (layer, x, &saved, &t->errors[rank]);
+  if (t->in_backward)
+    {
+      g_assert_no_error (t->errors[rank]);
+      if (rank == group->world - 1)
+        {
+          g_usleep (50 * G_TIME_SPAN_MILLISECOND);
+          gmlp_communicator_abort (comm);
+          return;
+        }
+      start = g_get_monotonic_time ();
+      dx = gmlp_moe_layer_backward (layer, saved, y, &t->errors[rank]);
+    }
+  t->elapsed_us[rank] = g_get_monotonic_time () - start;
+}
+
+static void
+check_fault (gboolean                in_backward,
+             GmlpExpertParallelMode  mode,
+             int                     world)
+{
+  GmlpTestGroup group;
+  Faults t = { .in_backward = in_backward, .mode = mode };
+  guint timeout_ms = gmlp_test_on_cuda () ? 2000 : 20000;
+  int r;
+
+  if (!gmlp_test_group_init (&group, world, timeout_ms))
+    return;
+  gmlp_test_group_run (&group, fault_rank, &t);
+  for (r = 0; r < world - 1; r++)
+    {
+      g_assert_error (t.errors[r], GMLP_ERROR, GMLP_ERROR_ABORTED);
+      if (!gmlp_test_on_cuda ())
+        g_assert_cmpint (t.elapsed_us[r], <, (gint64) timeout_ms * 1000 / 2);
+      g_clear_error (&t.errors[r]);
+    }
+  gmlp_test_group_clear (&group);
+}
+
+static void
+test_abort (void)
+{
+  GmlpExpertParallelMode mode;
+
+  for (mode = GMLP_EXPERT_PARALLEL_MODE_EXACT; mode <= GMLP_EXPERT_PARALLEL_MODE_GRAPH_SAFE; mode++)
+    {
+      check_fault (FALSE, mode, 2);
+      check_fault (TRUE, mode, 3);
+    }
+}
+
+int
+main (int    argc,
+      char **argv)
+{
+  guint i;
+
+  setlocale (LC_ALL, "");
+  g_test_init (&argc, &argv, NULL);
+  gmlp_test_prepare_threads ();
+
+  g_test_add_func ("/Gmlp/MoELayer/expert-parallel/one-device", test_one_device);
+  for (i = 0; i < G_N_ELEMENTS (cases); i++)
+    {
+      g_autofree char *path = g_strdup_printf ("/Gmlp/MoELayer/expert-parallel/equal/%s", cases[i].name);
+
+      g_test_add_data_func (path, &cases[i], test_equal);
+    }
+  g_test_add_func ("/Gmlp/MoELayer/expert-parallel/bad-construction", test_bad_construction);
+  g_test_add_func ("/Gmlp/MoELayer/expert-parallel/agree-at-forward", test_agree_at_forward);
+  g_test_add_func ("/Gmlp/MoELayer/expert-parallel/graph-safe-uneven", test_graph_safe_uneven);
+  g_test_add_func ("/Gmlp/MoELayer/expert-parallel/abort", test_abort);
+
+  return g_test_run ();
+}
