@@ -46,6 +46,10 @@
  * GmlpGraph and replayed ("graph_ms", "graph_host_us"; on a GPU);
  * "busy_host_us" is the host's time per call while the device is busy,
  * which would approach "ms" if a call waited for the device.
+ * With --ep as well (under gmlp-launch -n N), each rank times its step
+ * of an expert-parallel layer (--ep-mode exact or graph-safe, whose slots
+ * hold --ep-capacity times the balanced rows) on --tokens tokens of its
+ * own: one "part":"layer" line per rank, with "ep_ranks" and "rank".
  * "part":"permute" and "part":"combine" time the routing's permute and
  * combine alone, with "gbps" counting the least traffic: each token's row
  * once one way and a row per choice the other (to compare with the
@@ -112,6 +116,10 @@ static gint64 moe_ffn = 1536;
 static gint moe_experts = 64;
 static gint moe_topk = 8;
 static gint moe_steps = 0;
+/* --moe --ep: one rank of an expert-parallel layer under gmlp-launch. */
+static gboolean moe_ep = FALSE;
+static char *moe_ep_mode = NULL;
+static double moe_ep_capacity = 2.0;
 
 static const char *const fp8_recipe_names[] = { NULL, "delayed", "current", "blockwise", "mxfp8" };
 
@@ -163,6 +171,11 @@ static const GOptionEntry entries[] = {
   { "ffn", 0, 0, G_OPTION_ARG_INT64, &moe_ffn, "--moe: each expert's FFN width (default 1536)", "F" },
   { "experts", 0, 0, G_OPTION_ARG_INT, &moe_experts, "--moe: experts (default 64)", "E" },
   { "topk", 0, 0, G_OPTION_ARG_INT, &moe_topk, "--moe: experts per token (default 8)", "K" },
+  { "ep", 0, 0, G_OPTION_ARG_NONE, &moe_ep,
+    "--moe: one rank of an expert-parallel layer, the ranks started by gmlp-launch", NULL },
+  { "ep-mode", 0, 0, G_OPTION_ARG_STRING, &moe_ep_mode, "--ep: exact (default) or graph-safe", "MODE" },
+  { "ep-capacity", 0, 0, G_OPTION_ARG_DOUBLE, &moe_ep_capacity,
+    "--ep graph-safe: the expert capacity factor of the slots (default 2)", "F" },
   { "moe-steps", 0, 0, G_OPTION_ARG_INT, &moe_steps,
     "--moe: run this many layer steps after the warm-up and time nothing (for a profiler)", "N" },
   { "dims", 0, 0, G_OPTION_ARG_STRING, &dims, "Run one shape of these dimensions instead (\"custom\")",
@@ -1053,6 +1066,7 @@ bench_moe (GmlpDevice *device, GError **error)
    * one way, a row per choice the other (BF16). */
   double moved = (moe_topk + 1.0) * moe_tokens * moe_hidden * 2;
   g_autoptr(GmlpGraph) graph = NULL;
+  g_autoptr(GmlpCommunicator) comm = NULL;
   guint n = (guint) MAX (iters / 4, 5), i;
 
   if (moe_tokens < 1 || moe_ffn < 1 || moe_experts < 1 || moe_topk < 1 || moe_hidden < moe_experts)
@@ -1062,9 +1076,31 @@ bench_moe (GmlpDevice *device, GError **error)
                    "(the balanced routing reads the logits off the first --experts columns)");
       return FALSE;
     }
-  layer = gmlp_moe_layer_new_full (device, moe_hidden, moe_ffn, (guint) moe_experts, (guint) moe_topk,
-                                   GMLP_ACTIVATION_SWIGLU, GMLP_DTYPE_BFLOAT16,
-                                   GMLP_LINEAR_SINGLE_GROUPED_WEIGHT, error);
+  if (moe_ep)
+    {
+      gboolean graph_safe = moe_ep_mode != NULL && strcmp (moe_ep_mode, "graph-safe") == 0;
+
+      if (moe_ep_mode != NULL && !graph_safe && strcmp (moe_ep_mode, "exact") != 0)
+        {
+          g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
+                       "--ep-mode takes exact or graph-safe, not %s", moe_ep_mode);
+          return FALSE;
+        }
+      comm = gmlp_communicator_new_from_launcher (error);
+      if (comm == NULL)
+        return FALSE;
+      layer = g_initable_new (GMLP_TYPE_MOE_LAYER, NULL, error, "device", device,
+                              "hidden", moe_hidden, "ffn-hidden", moe_ffn,
+                              "n-experts", (guint) moe_experts, "top-k", (guint) moe_topk,
+                              "dtype", GMLP_DTYPE_BFLOAT16, "communicator", comm,
+                              "expert-parallel-mode", graph_safe ? GMLP_EXPERT_PARALLEL_MODE_GRAPH_SAFE
+                                                                 : GMLP_EXPERT_PARALLEL_MODE_EXACT,
+                              "expert-capacity-factor", graph_safe ? moe_ep_capacity : 0.0, NULL);
+    }
+  else
+    layer = gmlp_moe_layer_new_full (device, moe_hidden, moe_ffn, (guint) moe_experts, (guint) moe_topk,
+                                     GMLP_ACTIVATION_SWIGLU, GMLP_DTYPE_BFLOAT16,
+                                     GMLP_LINEAR_SINGLE_GROUPED_WEIGHT, error);
   if (layer == NULL)
     return FALSE;
   x = balanced_tokens (device, error);
@@ -1116,7 +1152,8 @@ bench_moe (GmlpDevice *device, GError **error)
   /* The same step captured once and replayed (graph_ms, graph_host_us),
    * where graphs exist. */
   graph_t.ms = graph_t.host_us = 0.0;
-  if (gmlp_device_get_kind (device) != GMLP_DEVICE_KIND_CPU)
+  if (gmlp_device_get_kind (device) != GMLP_DEVICE_KIND_CPU &&
+      (comm == NULL || (moe_ep_mode != NULL && strcmp (moe_ep_mode, "graph-safe") == 0)))
     {
       if (!gmlp_device_begin_capture (device, error))
         return FALSE;
@@ -1129,6 +1166,28 @@ bench_moe (GmlpDevice *device, GError **error)
       if (graph == NULL || !rest (device, error) ||
           !time_op (device, op_graph_replay, op_graph_replay, graph, n, &graph_t, error))
         return FALSE;
+    }
+
+  /* Expert parallel: the layer's step, each rank's own record (the
+   * experts alone are another layer's: they hold E / world experts). */
+  if (comm != NULL)
+    {
+      record = record_moe (device, fewest, most, "layer");
+      bench_record_int (record, "ep_ranks", gmlp_communicator_get_world_size (comm));
+      bench_record_int (record, "rank", gmlp_communicator_get_rank (comm));
+      bench_record_string (record, "ep_mode", moe_ep_mode != NULL ? moe_ep_mode : "exact");
+      bench_record_double (record, "fwd_ms", fwd_t.ms, "%.4f");
+      bench_record_double (record, "ms", layer_t.ms, "%.4f");
+      bench_record_double (record, "tflops", flops / (layer_t.ms * 1e-3) / 1e12, "%.4g");
+      bench_record_double (record, "host_us", layer_t.host_us, "%.1f");
+      bench_record_double (record, "busy_host_us", layer_t.busy_us, "%.1f");
+      if (graph != NULL)
+        {
+          bench_record_double (record, "graph_ms", graph_t.ms, "%.4f");
+          bench_record_double (record, "graph_host_us", graph_t.host_us, "%.1f");
+        }
+      bench_record_emit (record);
+      return TRUE;
     }
 
   /* The experts alone: the layer's GroupedMLP on the layer's own

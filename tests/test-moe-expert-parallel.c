@@ -379,7 +379,7 @@ check_equal (const Case *c,
               dropped += MAX (rows - slot, 0);
             }
           g_assert_cmpint (got->dropped, ==, dropped);
-          if (c->expert_capacity_factor > 0 && c->skewed && c->capacity_factor == 0)
+          if (world > 1 && c->expert_capacity_factor > 0 && c->skewed && c->capacity_factor == 0)
             g_assert_cmpint (dropped, >, 0);   /* the case drops, as meant */
         }
       else
@@ -402,8 +402,11 @@ test_equal (gconstpointer data)
   const Case *c = data;
   int world;
 
-  for (world = 2; world <= GMLP_TEST_MAX_WORLD; world++)
-    check_equal (c, world);
+  /* A group of one too (on one GPU the only group NCCL makes), where the
+   * case's experts are enough for its top-k. */
+  for (world = 1; world <= GMLP_TEST_MAX_WORLD; world++)
+    if (c->top_k <= c->experts_per_rank * world)
+      check_equal (c, world);
 }
 
 static const Case cases[] = {
