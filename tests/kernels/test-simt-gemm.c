@@ -136,6 +136,32 @@ test_reference (void)
     }
 }
 
+/* Without a device: the kernel's argument checks, which come before it
+ * asks the device anything, take every product of the enumeration (it then
+ * fails at the device, LAUNCH_FAILED, having written nothing). */
+static void
+test_arguments (void)
+{
+  for (guint i = 0; i < problems->len; i++)
+    {
+      const GemmProblem *p = &g_array_index (problems, GemmProblem, i);
+      GemmCase *c = gemm_case_new (p, g_test_rand_int (), FALSE);
+      g_autofree void *workspace = NULL;
+      GmlpKernelStatus status;
+
+      gemm_case_describe (c, FALSE);
+      workspace = g_malloc (MAX (gmlp_kernel_device_gemm_simt_workspace_bytes (&c->gemm), 8));
+      status = gmlp_kernel_device_gemm_simt (&c->gemm, workspace, NULL);
+      if (status == GMLP_KERNEL_INVALID_VALUE || status == GMLP_KERNEL_UNSUPPORTED)
+        {
+          g_autofree char *name = gemm_problem_name (p);
+
+          g_test_fail_printf ("%s: %s", name, gmlp_kernel_status_to_string (status));
+        }
+      gemm_case_free (c);
+    }
+}
+
 static void
 test_no_device (void)
 {
@@ -154,7 +180,10 @@ main (int    argc,
 
   g_test_add_func ("/Kernels/SimtGemm/reference", test_reference);
   if (!gemm_cuda_device (&major, &minor, &n_sms))
-    g_test_add_func ("/Kernels/SimtGemm/device", test_no_device);
+    {
+      g_test_add_func ("/Kernels/SimtGemm/arguments", test_arguments);
+      g_test_add_func ("/Kernels/SimtGemm/device", test_no_device);
+    }
   else
     {
       g_assert_cmpint (cudaStreamCreateWithFlags (&stream, cudaStreamNonBlocking), ==, cudaSuccess);
