@@ -67,11 +67,22 @@ gemm_case_depth (const GemmCase *c)
     }
 }
 
+/* Group i's size as it places the members (a negative one counts as 0). */
 static gint64
 rows_of (const GemmCase *c,
          guint           i)
 {
   return MAX (c->rows[i], 0);
+}
+
+/* The rows of group i that the product computes: those that fit in the
+ * capacity (docs/memory-layout.md: with rows of whole multiples of 256
+ * bytes, min (m_i, max (0, capacity - Σ_{j<i} m_j))). */
+static gint64
+kept_of (const GemmCase *c,
+         guint           i)
+{
+  return c->kept[i];
 }
 
 /* Group i's member offset in a grouped tensor of rows of row_bytes bytes,
@@ -330,7 +341,7 @@ gemm_case_new (const GemmProblem *p,
   const guint64 a_size = gmlp_num_dtype_size (p->dtypes->ab_dtype);
   const guint64 c_size = gmlp_num_dtype_size (c_dtype);
   guint64 b_size, w_stride, gap = 0;
-  gint64 a_cols, w_rows, w_cols, depth, out_cols, row;
+  gint64 a_cols, w_rows, w_cols, depth, out_cols, row, placed = 0;
   guint ng;
 
   c->p = *p;
@@ -340,15 +351,22 @@ gemm_case_new (const GemmProblem *p,
   b_size = gmlp_num_dtype_size (b_dtype_of (c));
   c->rows = g_new0 (gint64, ng);
   c->first_row = g_new0 (gint64, ng);
+  c->kept = g_new0 (gint64, ng);
   for (guint i = 0; i < ng; i++)
     {
       c->rows[i] = p->shape->rows != NULL ? p->shape->rows[i] :
                    g_rand_int_range (rand, 0, (gint32) p->shape->max_random + 1);
-      c->first_row[i] = c->total_rows;
-      c->total_rows += rows_of (c, i);
+      c->capacity += rows_of (c, i);
     }
-  /* Device sizes: room for more rows than the groups take. */
-  c->capacity = c->total_rows + (p->device_rows ? 37 : 0);
+  /* Device sizes: room for more rows than the groups take, or (cut) fewer. */
+  c->capacity += p->shape->cut > 0 ? -p->shape->cut : p->device_rows ? 37 : 0;
+  for (guint i = 0; i < ng; i++)
+    {
+      c->kept[i] = MIN (rows_of (c, i), MAX (0, c->capacity - placed));
+      placed += rows_of (c, i);
+      c->first_row[i] = c->total_rows;
+      c->total_rows += kept_of (c, i);
+    }
   layouts (c);
   depth = gemm_case_depth (c);
   out_cols = gemm_case_out_cols (c);
@@ -432,7 +450,7 @@ gemm_case_new (const GemmProblem *p,
    * n × k (WGRAD: x's rows). */
   c->a_values = g_new (double, MAX (c->total_rows * a_cols, 1));
   for (guint i = 0; i < ng; i++)
-    for (row = 0; row < rows_of (c, i); row++)
+    for (row = 0; row < kept_of (c, i); row++)
       for (gint64 d = 0; d < a_cols; d++)
         {
           float v = (float) g_rand_double_range (rand, -1.0, 1.0);
@@ -452,7 +470,7 @@ gemm_case_new (const GemmProblem *p,
     {
       c->b_values = g_new (double, MAX (c->total_rows * c->k, 1));
       for (guint i = 0; i < ng; i++)
-        for (row = 0; row < rows_of (c, i); row++)
+        for (row = 0; row < kept_of (c, i); row++)
           for (gint64 j = 0; j < c->k; j++)
             {
               gmlp_num_store_float (c->b_rows.host + b_at (c, i, j, row), b_dtype_of (c), 0,
@@ -528,7 +546,7 @@ gemm_case_reference (GemmCase *c)
   c->want = g_new0 (double, MAX (n_want, 1));
   for (guint i = 0; i < c->n_groups; i++)
     {
-      const gint64 m = rows_of (c, i), r0 = c->first_row[i];
+      const gint64 m = kept_of (c, i), r0 = c->first_row[i];
       const double *w = c->b_values + (gsize) i * c->n * c->k;
 
       switch (c->p.kind)
@@ -587,7 +605,7 @@ gemm_case_naive (const GemmCase *c)
   double *want = g_new0 (double, MAX (n_want, 1));
 
   for (guint i = 0; i < c->n_groups; i++)
-    for (gint64 r = 0; r < (wgrad ? c->n : rows_of (c, i)); r++)
+    for (gint64 r = 0; r < (wgrad ? c->n : kept_of (c, i)); r++)
       for (gint64 j = 0; j < out_cols; j++)
         {
           double s = 0.0;
@@ -597,7 +615,7 @@ gemm_case_naive (const GemmCase *c)
           if (c->accumulate != NULL && c->accumulate[i])
             s = gmlp_num_load_float (c->c_start + out_at (c, i, r, j), c_dtype, 0);
           if (wgrad)
-            for (gint64 t = 0; t < rows_of (c, i); t++)
+            for (gint64 t = 0; t < kept_of (c, i); t++)
               s += a_value (c, i, r, t) * b_value (c, i, j, t);
           else
             for (gint64 d = 0; d < gemm_case_depth (c); d++)
@@ -834,7 +852,7 @@ gemm_case_check (GemmCase  *c,
       }
   for (guint i = 0; i < c->n_groups; i++)
     {
-      const gint64 rows = wgrad ? c->n : rows_of (c, i);
+      const gint64 rows = wgrad ? c->n : kept_of (c, i);
       g_autofree double *got = g_new (double, MAX (rows * out_cols, 1));
       g_autofree char *why = NULL;
 
@@ -900,6 +918,7 @@ gemm_case_free (GemmCase *c)
   for (gsize e = 0; e < G_N_ELEMENTS (c->prefixes); e++)
     g_free (c->prefixes[e].offsets);
   g_free (c->rows);
+  g_free (c->kept);
   g_free (c->first_row);
   g_free (c->c_start);
   g_free (c->weight_offset);

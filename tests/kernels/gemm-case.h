@@ -35,7 +35,8 @@ typedef struct {
   gint64         max_random;
   gint64         n;
   gint64         k;
-  gboolean       device_only;  /* negative sizes: only the device's are so */
+  gboolean       device_only;  /* negative sizes, cuts: only the device's are so */
+  gint64         cut;          /* the capacity this many rows short of the sizes */
 } GemmShape;
 
 typedef enum {
@@ -70,9 +71,10 @@ typedef struct {
   gint64               n;
   gint64               k;
   gint64              *rows;        /* the sizes given to the kernel */
+  gint64              *kept;        /* the rows of each that fit in the capacity */
   gint64               capacity;
-  gint64               total_rows;  /* Σ rows */
-  gint64              *first_row;   /* group i's first row among all groups' */
+  gint64               total_rows;  /* Σ kept */
+  gint64              *first_row;   /* group i's first kept row among all groups' */
   GemmBuffer           a;
   GemmBuffer           b_rows;
   GemmBuffer           c_rows;

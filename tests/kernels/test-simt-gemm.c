@@ -33,6 +33,7 @@ static const gint64 large_rows[] = { 700, 1100, 0, 900 };
 static const gint64 narrow_rows[] = { 3, 0, 1, 65 };
 static const gint64 single_rows[] = { 513 };
 static const gint64 negative_rows[] = { 129, 0, 77, -3, 256 };
+static const gint64 cut_rows[] = { 129, 0, 300, 77, 256 };
 
 static const GemmShape shapes[] = {
   { "mixed", G_N_ELEMENTS (mixed_rows), mixed_rows, 0, 256, 128 },
@@ -44,6 +45,9 @@ static const GemmShape shapes[] = {
   { "single", G_N_ELEMENTS (single_rows), single_rows, 0, 192, 264 },
   { "negative", G_N_ELEMENTS (negative_rows), negative_rows, 0, 72, 40, TRUE },
   { "groups-300", 300, NULL, 12, 24, 40 },
+  /* A capacity of 469 rows, rows of whole multiples of 256 bytes: the
+   * fourth group keeps 40 of its 77, the last none. */
+  { "cut", G_N_ELEMENTS (cut_rows), cut_rows, 0, 128, 256, TRUE, 293 },
 };
 
 static GArray *problems;   /* GemmProblem */

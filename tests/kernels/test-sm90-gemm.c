@@ -96,6 +96,7 @@ static const gint64 wide_rows[] = { 300, 45 };
 static const gint64 single_rows[] = { 513 };
 static const gint64 long_rows[] = { 412, 0, 650, 233 };
 static const gint64 negative_rows[] = { 129, 0, 77, -3, 256 };
+static const gint64 cut_rows[] = { 129, 0, 300, 77, 256 };
 
 static const GemmShape shapes[] = {
   { "mixed", G_N_ELEMENTS (mixed_rows), mixed_rows, 0, 256, 128 },
@@ -109,6 +110,10 @@ static const GemmShape shapes[] = {
   /* Reductions 16 stages deep (FP8: 8), many tiles: stream-K's split tail. */
   { "long", G_N_ELEMENTS (long_rows), long_rows, 0, 384, 1024 },
   { "negative", G_N_ELEMENTS (negative_rows), negative_rows, 0, 256, 256, TRUE },
+  /* A capacity of 469 rows: the fourth group keeps 40 of its 77, the last
+   * none (16-bit and per-tensor FP8 FPROP and DGRAD, whose rows are whole
+   * multiples of 256 bytes and every operand keeps the same rows). */
+  { "cut", G_N_ELEMENTS (cut_rows), cut_rows, 0, 256, 256, TRUE, 293 },
   /* Host tables past the plan's small (and large) inline parameters. */
   { "groups-300", 300, NULL, 12, 128, 256 },
   { "groups-1300", 1300, NULL, 4, 128, 128 },
@@ -152,7 +157,9 @@ enumerate (void)
               GemmProblem p = { kinds[ki], &dtypes[di], &shapes[si], device_rows, v };
 
               if ((v != GEMM_VARIANT_PLAIN && !has_variants (&shapes[si])) ||
-                  (shapes[si].device_only && !device_rows))
+                  (shapes[si].device_only && !device_rows) ||
+                  (shapes[si].cut > 0 && gmlp_num_dtype_is_fp8 (dtypes[di].ab_dtype) &&
+                   (dtypes[di].blockwise || kinds[ki] == GMLP_KERNEL_GEMM_WGRAD)))
                 continue;
               if ((v == GEMM_VARIANT_BIAS && p.kind != GMLP_KERNEL_GEMM_FPROP) ||
                   (v == GEMM_VARIANT_SCATTERED && p.kind == GMLP_KERNEL_GEMM_WGRAD) ||
@@ -221,7 +228,7 @@ test_case (gconstpointer data)
       return;
     }
 
-  bytes = gmlp_kernel_device_gemm_sm90_workspace_bytes (&c->gemm, tuning);
+  bytes = MAX (gmlp_kernel_device_gemm_sm90_workspace_bytes (&c->gemm, tuning), 256);
   if (bytes > workspace_bytes)
     {
       if (workspace != NULL)
@@ -367,6 +374,24 @@ test_reference (void)
     }
 }
 
+/* The rows a capacity cut keeps (docs/memory-layout.md). */
+static void
+test_cut (void)
+{
+  static const gint64 kept[] = { 129, 0, 300, 40, 0 };
+  GemmProblem p = { GMLP_KERNEL_GEMM_FPROP, &dtypes[0], NULL, TRUE, GEMM_VARIANT_PLAIN };
+  GemmCase *c;
+
+  for (gsize i = 0; i < G_N_ELEMENTS (shapes); i++)
+    if (shapes[i].cut > 0)
+      p.shape = &shapes[i];
+  g_assert_nonnull (p.shape);
+  c = gemm_case_new (&p, g_test_rand_int (), FALSE);
+  g_assert_cmpint (c->capacity, ==, 469);
+  g_assert_cmpmem (c->kept, c->n_groups * sizeof (gint64), kept, sizeof kept);
+  gemm_case_free (c);
+}
+
 static void
 test_no_device (void)
 {
@@ -384,6 +409,7 @@ main (int    argc,
   enumerate ();
 
   g_test_add_func ("/Kernels/Sm90Gemm/reference", test_reference);
+  g_test_add_func ("/Kernels/Sm90Gemm/cut", test_cut);
   g_test_add_func ("/Kernels/Sm90Gemm/enumeration", test_enumeration);
   have_sm90 = gemm_cuda_device (&device_major, &device_minor, &device_sms) &&
               device_major == 9 && device_minor == 0;
