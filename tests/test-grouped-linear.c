@@ -1335,8 +1335,9 @@ test_device_sizes_tiles (void)
 
 /* Long reductions on the Hopper kernel's direct schedule (features
  * multiples of 128) with more output tiles than a few CTAs take in whole
- * waves: run with GMLP_TEST_TUNING=sm90-grid=6,sm90-stream-k=on (tests/meson.build),
- * the last tiles' reductions are split across CTAs and their partial sums
+ * waves: with the tuning's sm90-grid=6,sm90-stream-k=on (as
+ * tests/kernels/test-sm90-gemm forces them on the kernel itself), the last
+ * tiles' reductions are split across CTAs and their partial sums
  * added by another (TailSplit in kernels/impls/grouped_gemm_sm90.cuh),
  * FPROP 16 stages deep and DGRAD 6, with biases, empty groups and row
  * tiles of every length. On a whole GPU, and on the CPU, plain products. */

@@ -8,7 +8,7 @@
 # build's (debugoptimized), so host µs/call can differ a little from a
 # release build's.
 #
-#   scripts/dev/pack-prebuilt.sh [TEST...]   # TEST: names in build/tests/
+#   scripts/dev/pack-prebuilt.sh [TEST...]   # TEST: names in build/tests/ (kernels/NAME too)
 #
 # On the GPU host: . scripts/dev/prebuilt-env.sh, then .prebuilt/bench/gmlp-bench
 # (or .prebuilt/tests/TEST with the GMLP_TEST_* variables of tests/meson.build).

@@ -10,7 +10,8 @@
 #               test-graph test-quantizer test-grouped-linear-fp8 \
 #               test-grouped-mlp-fp8 test-grouped-linear-portable \
 #               test-grouped-linear-host-sm90 test-grouped-linear-fp8-forced \
-#               test-grouped-linear-sm90-plan test-robustness test-threads
+#               test-robustness test-threads kernels/test-sm90-gemm \
+#               kernels/test-simt-gemm
 #   GPU host: scripts/dev/prebuilt-suite.sh   (logs in $OUT, or /tmp)
 #
 # With GMLP_SUITE_FUZZ=1 it also runs the fuzz suite (tests/fuzz, packed
@@ -50,33 +51,10 @@ run grouped-linear-portable GMLP_TEST_TUNING=device-gemm=portable "$tests/test-g
 run grouped-linear-host-sm90 GMLP_TEST_TUNING=host-gemm=sm90 "$tests/test-grouped-linear-host-sm90"
 run grouped-linear-fp8-cublas GMLP_TEST_TUNING=host-gemm=cublas "$tests/test-grouped-linear-fp8-forced"
 run grouped-linear-fp8-sm90 GMLP_TEST_TUNING=host-gemm=sm90 "$tests/test-grouped-linear-fp8-forced"
-wait
-run grouped-linear-sm90-plan GMLP_TEST_TUNING=host-gemm=sm90,sm90-schedule=plan \
-  "$tests/test-grouped-linear-sm90-plan"
-run grouped-linear-fp8-sm90-plan GMLP_TEST_TUNING=host-gemm=sm90,sm90-schedule=plan \
-  "$tests/test-grouped-linear-fp8-forced"
-for tiles in 128 192; do
-  run grouped-linear-fp8-sm90-tiles$tiles GMLP_TEST_TUNING=host-gemm=sm90,sm90-fp8-tiles=$tiles \
-    "$tests/test-grouped-linear-fp8-forced"
-done
-run grouped-linear-fp8-sm90-paired GMLP_TEST_TUNING=host-gemm=sm90,sm90-fp8-tiles=192,sm90-pairs=on \
-  "$tests/test-grouped-linear-fp8-forced"
-run grouped-linear-sm90-even-waves GMLP_TEST_TUNING=host-gemm=sm90,sm90-even-waves=on \
-  "$tests/test-grouped-linear-host-sm90"
-run grouped-linear-plan-sm90-even-waves GMLP_TEST_TUNING=host-gemm=sm90,sm90-schedule=plan,sm90-even-waves=on \
-  "$tests/test-grouped-linear-sm90-plan"
-run grouped-linear-fp8-paired-sm90-even-waves \
-  GMLP_TEST_TUNING=host-gemm=sm90,sm90-fp8-tiles=192,sm90-pairs=on,sm90-even-waves=on \
-  "$tests/test-grouped-linear-fp8-forced"
-wait
-run grouped-linear-sm90-stream-k GMLP_TEST_TUNING=host-gemm=sm90,sm90-stream-k=on,sm90-grid=6 \
-  "$tests/test-grouped-linear-host-sm90"
-run grouped-linear-fp8-tiles128-sm90-stream-k \
-  GMLP_TEST_TUNING=host-gemm=sm90,sm90-stream-k=on,sm90-grid=6,sm90-fp8-tiles=128 \
-  "$tests/test-grouped-linear-fp8-forced"
-run grouped-linear-fp8-paired-sm90-stream-k \
-  GMLP_TEST_TUNING=host-gemm=sm90,sm90-stream-k=on,sm90-grid=6,sm90-fp8-tiles=192,sm90-pairs=on \
-  "$tests/test-grouped-linear-fp8-forced"
+# The kernels' own tests (tests/kernels/): the Hopper kernel's schedules
+# and the portable kernel, called directly.
+run sm90-gemm "$tests/test-sm90-gemm"
+run simt-gemm "$tests/test-simt-gemm"
 run grouped-linear-fp8-portable GMLP_TEST_TUNING=device-gemm=portable "$tests/test-grouped-linear-fp8-forced" \
   -p /Gmlp/GroupedLinear/fp8/device-sizes
 wait
