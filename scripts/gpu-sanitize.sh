@@ -44,8 +44,9 @@ with open(os.path.join(build, "gpu-tests.sh"), "w") as f:
         env = ["%s=%s" % (k, v) for k, v in sorted(t["env"].items())
                if root not in v and k not in ("G_TEST_SRCDIR", "G_TEST_BUILDDIR")]
         exe = t["cmd"][0]
-        if os.path.dirname(os.path.realpath(exe)) == os.path.join(build, "tests"):
-            exes.add(os.path.basename(exe))
+        where = os.path.dirname(os.path.realpath(exe))
+        if where in (os.path.join(build, "tests"), os.path.join(build, "tests", "kernels")):
+            exes.add(os.path.relpath(os.path.realpath(exe), os.path.join(build, "tests")))
         words = ["gpu_test", t["name"], "env"] + env + [".prebuilt/tests/" + os.path.basename(exe)]
         f.write(" ".join(shlex.quote(w) for w in words + t["cmd"][1:]) + "\n")
 print(" ".join(sorted(exes)))
