@@ -49,6 +49,16 @@ gboolean            gmlp_grouped_linear_backward_dgrad  (GmlpGroupedLinear     *
 GmlpGroupedTensor  *gmlp_grouped_linear_backward_finish (GmlpGroupedLinear     *self,
                                                          GmlpLinearBackward    *step,
                                                          GError               **error);
+/* What begin checks, and only that: writes and allocates nothing (an
+ * offloaded input is reloaded, as begin would). @grad_output may be a
+ * tensor of the output gradient's shape, dtype, device and sizes, for a
+ * caller that checks before it makes the gradient (MoELayer, before any of
+ * its parts writes). */
+gboolean            gmlp_grouped_linear_check_backward  (GmlpGroupedLinear     *self,
+                                                         GmlpSavedActivations  *saved,
+                                                         GmlpGroupedTensor     *grad_output,
+                                                         const char            *label,
+                                                         GError               **error);
 /* The input gradient that dgrad writes (transfer none). */
 GmlpGroupedTensor  *gmlp_linear_backward_get_grad_input (GmlpLinearBackward    *step);
 void                gmlp_linear_backward_free           (GmlpLinearBackward    *step);

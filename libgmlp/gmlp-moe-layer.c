@@ -1091,6 +1091,16 @@ gmlp_moe_layer_backward (GmlpMoELayer          *self,
   expert_out = gmlp_saved_activations_get (saved, "expert-output", error);
   if (expert_out == NULL)
     return NULL;
+  /* What the experts' and the shared expert's backwards would refuse (an
+   * FP8 recipe changed through get_experts() or get_shared_expert() since
+   * the forward, main_grad's storage, ...), before the experts and the
+   * router write: the experts' output gradient will have the shape of
+   * their output. The router refuses nothing that the checks above let
+   * through. */
+  if (!gmlp_grouped_mlp_check_backward (self->experts, experts_saved, expert_out, error) ||
+      (shared_saved != NULL &&
+       !gmlp_grouped_mlp_check_backward (self->shared, shared_saved, grad_output, error)))
+    return NULL;
 
   grad_expert_out = gmlp_routing_combine_backward (routing, grad_output, expert_out, &grad_probs,
                                                    error);

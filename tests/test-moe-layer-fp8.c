@@ -668,13 +668,14 @@ set_mlp (GmlpGroupedMLP *mlp,
 }
 
 /* A layer of the configuration with @recipe given at construction (NONE:
- * none). */
+ * none), and @flags besides the dtype's. */
 static GmlpMoELayer *
-layer_new (GmlpDevice        *device,
-           const Config      *c,
-           GmlpDType          dtype,
-           GmlpScalingRecipe  recipe,
-           GError           **error)
+layer_new_flags (GmlpDevice        *device,
+                 const Config      *c,
+                 GmlpDType          dtype,
+                 GmlpScalingRecipe  recipe,
+                 GmlpLinearFlags    flags,
+                 GError           **error)
 {
   return g_initable_new (GMLP_TYPE_MOE_LAYER, NULL, error,
                          "device", device,
@@ -684,21 +685,33 @@ layer_new (GmlpDevice        *device,
                          "top-k", (guint) TOP_K,
                          "activation", GMLP_ACTIVATION_SWIGLU,
                          "dtype", dtype,
-                         "flags", layer_flags (dtype),
+                         "flags", layer_flags (dtype) | flags,
                          "padding", c->padding,
                          "shared-expert-ffn-hidden", c->shared,
                          "fp8-recipe", recipe,
                          NULL);
 }
 
-/* A layer holding the problem's parameters. */
 static GmlpMoELayer *
-problem_layer (Problem           *p,
-               GmlpDevice        *device,
-               GmlpScalingRecipe  recipe)
+layer_new (GmlpDevice        *device,
+           const Config      *c,
+           GmlpDType          dtype,
+           GmlpScalingRecipe  recipe,
+           GError           **error)
+{
+  return layer_new_flags (device, c, dtype, recipe, GMLP_LINEAR_NONE, error);
+}
+
+/* A layer holding the problem's parameters, with @flags besides the
+ * dtype's. */
+static GmlpMoELayer *
+problem_layer_flags (Problem           *p,
+                     GmlpDevice        *device,
+                     GmlpScalingRecipe  recipe,
+                     GmlpLinearFlags    flags)
 {
   g_autoptr(GError) error = NULL;
-  GmlpMoELayer *layer = layer_new (device, p->c, p->dtype, recipe, &error);
+  GmlpMoELayer *layer = layer_new_flags (device, p->c, p->dtype, recipe, flags, &error);
   g_autoptr(GBytes) wb = gmlp_test_encode_values (p->wg, N_EXPERTS * HIDDEN, GMLP_DTYPE_FLOAT32);
 
   g_assert_no_error (error);
@@ -709,6 +722,14 @@ problem_layer (Problem           *p,
   if (p->shared != NULL)
     set_mlp (gmlp_moe_layer_get_shared_expert (layer), p->shared);
   return layer;
+}
+
+static GmlpMoELayer *
+problem_layer (Problem           *p,
+               GmlpDevice        *device,
+               GmlpScalingRecipe  recipe)
+{
+  return problem_layer_flags (p, device, recipe, GMLP_LINEAR_NONE);
 }
 
 static Mlp *
@@ -1283,6 +1304,174 @@ test_recipe_between (void)
     }
 }
 
+/* Every gradient the layer keeps, as bytes: the router's and each MLP
+ * layer's weight gradient (main_grad when fused) and bias gradient. */
+static GPtrArray *
+all_gradient_bytes (GmlpMoELayer *layer)
+{
+  GPtrArray *all = g_ptr_array_new_with_free_func ((GDestroyNotify) g_bytes_unref);
+  GmlpRouter *router = gmlp_moe_layer_get_router (layer);
+  GmlpGroupedMLP *mlps[2] = { gmlp_moe_layer_get_experts (layer), gmlp_moe_layer_get_shared_expert (layer) };
+  gboolean fused = (gmlp_router_get_flags (router) & GMLP_LINEAR_FUSE_WGRAD_ACCUMULATION) != 0;
+  g_autoptr(GError) error = NULL;
+  guint i, j;
+
+  g_ptr_array_add (all, gmlp_grouped_tensor_to_bytes (fused ? gmlp_router_get_main_grad (router)
+                                                            : gmlp_router_get_wgrad (router), &error));
+  g_assert_no_error (error);
+  for (i = 0; i < 2 && mlps[i] != NULL; i++)
+    for (j = 0; j < 2; j++)
+      {
+        GmlpGroupedLinear *fc = j == 0 ? gmlp_grouped_mlp_get_fc1 (mlps[i]) : gmlp_grouped_mlp_get_fc2 (mlps[i]);
+        GmlpGroupedTensor *w = fused ? gmlp_grouped_linear_get_main_grad (fc) : gmlp_grouped_linear_get_wgrad (fc);
+        guint g;
+
+        /* Per-group main_grads (the shared expert's) member by member. */
+        for (g = 0; w == NULL && g < gmlp_grouped_linear_get_n_groups (fc); g++)
+          {
+            GmlpGroupedTensor *member = gmlp_grouped_linear_get_main_grad_member (fc, g);
+
+            g_assert_true (fused);
+            g_assert_nonnull (member);
+            g_ptr_array_add (all, gmlp_grouped_tensor_to_bytes (member, &error));
+            g_assert_no_error (error);
+          }
+        if (w != NULL)
+          {
+            g_ptr_array_add (all, gmlp_grouped_tensor_to_bytes (w, &error));
+            g_assert_no_error (error);
+          }
+        if (gmlp_grouped_linear_get_bgrad (fc) != NULL)
+          {
+            g_ptr_array_add (all, gmlp_grouped_tensor_to_bytes (gmlp_grouped_linear_get_bgrad (fc), &error));
+            g_assert_no_error (error);
+          }
+      }
+  return all;
+}
+
+static void
+whole_step (GmlpMoELayer      *layer,
+            GmlpGroupedTensor *x,
+            GmlpGroupedTensor *dy)
+{
+  g_autoptr(GmlpSavedActivations) saved = NULL;
+  g_autoptr(GmlpGroupedTensor) y = NULL, dx = NULL;
+  g_autoptr(GError) error = NULL;
+
+  y = gmlp_moe_layer_forward (layer, x, &saved, &error);
+  g_assert_no_error (error);
+  dx = gmlp_moe_layer_backward (layer, saved, dy, &error);
+  g_assert_no_error (error);
+}
+
+/* The same as test_recipe_between, with the recipe of one part changed
+ * through its getter: the shared expert's or the routed experts'. The
+ * backward must refuse before any part writes (the router, the experts and
+ * the shared expert run one after the other, so a part that refuses late
+ * must be found out at the start), leaving every gradient (main_grad when
+ * fused) bit for bit as it was; with the part's forward recipe set again
+ * the same activations' backward gives the bits of a twin layer whose
+ * step was never refused (on the CPU; within the dtype's tolerance on a
+ * GPU, whose sums may be ordered otherwise). */
+static void
+test_part_recipe_between (void)
+{
+  g_autoptr(GmlpDevice) device = gmlp_test_device_or_skip ();
+  static const struct {
+    GmlpScalingRecipe forward, between;
+    gint              code;
+  } cases[] = {
+    { GMLP_SCALING_RECIPE_DELAYED, GMLP_SCALING_RECIPE_NONE, GMLP_ERROR_INVALID_STATE },
+    { GMLP_SCALING_RECIPE_DELAYED, GMLP_SCALING_RECIPE_BLOCKWISE, GMLP_ERROR_UNSUPPORTED },
+    { GMLP_SCALING_RECIPE_MXFP8, GMLP_SCALING_RECIPE_CURRENT, GMLP_ERROR_UNSUPPORTED },
+  };
+  guint i, part, fused;
+
+  if (device == NULL)
+    return;
+
+  for (fused = 0; fused < 2; fused++)
+    for (part = 0; part < 2; part++)
+      for (i = 0; i < G_N_ELEMENTS (cases); i++)
+        {
+          GmlpLinearFlags flags = fused ? GMLP_LINEAR_FUSE_WGRAD_ACCUMULATION : GMLP_LINEAR_NONE;
+          g_autoptr(Problem) p = problem_new (&configs[1], GMLP_DTYPE_BFLOAT16);
+          g_autoptr(GmlpMoELayer) layer = NULL, twin = NULL;
+          g_autoptr(GmlpGroupedTensor) x = NULL, dy = NULL, y = NULL, dx = NULL, y_twin = NULL, dx_twin = NULL;
+          g_autoptr(GmlpSavedActivations) saved = NULL, saved_twin = NULL;
+          g_autoptr(GPtrArray) before = NULL, after = NULL, want = NULL;
+          g_autoptr(GError) error = NULL;
+          g_autofree double *got_dx = NULL, *want_dx = NULL;
+          GmlpGroupedMLP *changed, *changed_twin;
+
+          g_test_message ("%s, %s: %d then %d", fused ? "fused" : "not fused",
+                          part == 0 ? "shared expert" : "experts", cases[i].forward, cases[i].between);
+          layer = problem_layer_flags (p, device, cases[i].forward, flags);
+          twin = problem_layer_flags (p, device, cases[i].forward, flags);
+          changed = part == 0 ? gmlp_moe_layer_get_shared_expert (layer) : gmlp_moe_layer_get_experts (layer);
+          changed_twin = part == 0 ? gmlp_moe_layer_get_shared_expert (twin) : gmlp_moe_layer_get_experts (twin);
+          g_assert_nonnull (changed);
+
+          /* A whole step first on both, so that every gradient exists;
+           * other tokens for the step under test, whose gradients differ. */
+          problem_draw (p);
+          x = gmlp_test_upload_values (device, p->x, T_TOKENS, HIDDEN, p->dtype);
+          dy = gmlp_test_upload_values (device, p->dy, T_TOKENS, HIDDEN, p->dtype);
+          whole_step (layer, x, dy);
+          whole_step (twin, x, dy);
+          g_clear_object (&x);
+          g_clear_object (&dy);
+          problem_draw (p);
+          x = gmlp_test_upload_values (device, p->x, T_TOKENS, HIDDEN, p->dtype);
+          dy = gmlp_test_upload_values (device, p->dy, T_TOKENS, HIDDEN, p->dtype);
+          y = gmlp_moe_layer_forward (layer, x, &saved, &error);
+          g_assert_no_error (error);
+          before = all_gradient_bytes (layer);
+          g_assert_true (gmlp_grouped_mlp_set_fp8_recipe (changed, cases[i].between, GMLP_FP8_FORMAT_HYBRID,
+                                                          &error));
+          g_assert_no_error (error);
+          g_assert_null (gmlp_moe_layer_backward (layer, saved, dy, &error));
+          g_assert_error (error, GMLP_ERROR, cases[i].code);
+          g_clear_error (&error);
+          g_assert_false (gmlp_saved_activations_is_consumed (saved));
+          after = all_gradient_bytes (layer);
+          gmlp_test_assert_same_bytes_array (before, after, "gradients after a refused backward");
+
+          /* The forward's recipe again: fresh quantizers, which the twin
+           * gets at the same point of its step. */
+          g_assert_true (gmlp_grouped_mlp_set_fp8_recipe (changed, cases[i].forward, GMLP_FP8_FORMAT_HYBRID,
+                                                          &error));
+          g_assert_no_error (error);
+          dx = gmlp_moe_layer_backward (layer, saved, dy, &error);
+          g_assert_no_error (error);
+          g_assert_true (gmlp_saved_activations_is_consumed (saved));
+
+          y_twin = gmlp_moe_layer_forward (twin, x, &saved_twin, &error);
+          g_assert_no_error (error);
+          g_assert_true (gmlp_grouped_mlp_set_fp8_recipe (changed_twin, cases[i].forward, GMLP_FP8_FORMAT_HYBRID,
+                                                          &error));
+          g_assert_no_error (error);
+          dx_twin = gmlp_moe_layer_backward (twin, saved_twin, dy, &error);
+          g_assert_no_error (error);
+
+          got_dx = gmlp_test_download (dx, NULL);
+          want_dx = gmlp_test_download (dx_twin, NULL);
+          if (on_gpu (device))
+            {
+              gmlp_test_assert_close (got_dx, want_dx, T_TOKENS * HIDDEN, gmlp_test_tolerance (p->dtype),
+                                      "the retried backward's dx");
+            }
+          else
+            {
+              gmlp_test_assert_same_bytes (dx, dx_twin, "the retried backward's dx");
+              after = (g_ptr_array_unref (after), all_gradient_bytes (layer));
+              want = all_gradient_bytes (twin);
+              gmlp_test_assert_same_bytes_array (after, want, "gradients of the retried backward");
+            }
+        }
+}
+
 int
 main (int argc, char *argv[])
 {
@@ -1294,6 +1483,7 @@ main (int argc, char *argv[])
   g_test_add_func ("/Gmlp/MoELayer/fp8/any-padding", test_any_padding);
   g_test_add_func ("/Gmlp/MoELayer/fp8/bad-recipes", test_bad_recipes);
   g_test_add_func ("/Gmlp/MoELayer/fp8/recipe-between", test_recipe_between);
+  g_test_add_func ("/Gmlp/MoELayer/fp8/part-recipe-between", test_part_recipe_between);
 
   return g_test_run ();
 }
