@@ -446,10 +446,15 @@ gmlp_linear_run_product (GmlpGroupedLinear  *self,
         .c = (void * const *) (wgrad ? fixed : psecond),
         .accumulate = product->accumulate,
       };
+      gboolean adds_bias = gmlp_device_get_backend (self->device)->gemm_adds_bias;
 
+      /* The bias before the product's one rounding, where the backend
+       * adds it (as gemm_device does); else to the product as stored. */
+      if (adds_bias)
+        gemm.bias = (const void * const *) bias;
       if (!GMLP_DEVICE_CALL (self->device, gemm, &gemm, error))
         return FALSE;
-      return bias == NULL ||
+      return bias == NULL || adds_bias ||
              GMLP_DEVICE_CALL (self->device, add_bias, self->n_groups, rows, self->out_features,
                                (int) product->c_dtype, (void * const *) psecond,
                                (const void * const *) bias, error);

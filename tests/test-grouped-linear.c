@@ -48,6 +48,31 @@ problem_reference (Problem *p)
                               p->y, p->dx, p->dw, p->db);
 }
 
+/* The unit roundoff of a dtype's round to nearest: half its epsilon. */
+static double
+unit_roundoff (GmlpDType dtype)
+{
+  switch (dtype)
+    {
+    case GMLP_DTYPE_FLOAT32: return ldexp (1.0, -24);
+    case GMLP_DTYPE_FLOAT16: return ldexp (1.0, -11);
+    case GMLP_DTYPE_BFLOAT16: return ldexp (1.0, -8);
+    default: g_assert_not_reached ();
+    }
+}
+
+/* γ_n = n u / (1 − n u) of FP32: a sum of n terms in FP32, in any order,
+ * is within γ_{n−1} Σ |term| of the exact sum (Higham, Accuracy and
+ * Stability of Numerical Algorithms, §4.2). */
+static double
+gamma32 (gint64 n)
+{
+  double nu = (double) n * ldexp (1.0, -24);
+
+  g_assert_cmpfloat (nu, <, 0.5);
+  return nu / (1.0 - nu);
+}
+
 static GBytes *
 encode_values (const double *values, gsize n, GmlpDType dtype)
 {
@@ -1429,8 +1454,11 @@ test_device_sizes_direct (void)
 }
 
 /* On the same data, the device-sizes path gives the results of the
- * host-sizes path: the same bits on the CPU (the same arithmetic), within
- * the dtype's tolerance on a GPU (other kernels, another summation order). */
+ * host-sizes path: the same bits on the CPU (the same arithmetic: with a
+ * bias too, which both add to the FP32 product before its one rounding,
+ * test_device_sizes_bias_rounding), within the dtype's tolerance on a GPU
+ * (other kernels, another summation order; CUDA's host-sizes product still
+ * rounds a 16-bit output before add_bias adds the bias). */
 static void
 test_device_sizes_same_as_host (void)
 {
@@ -1488,6 +1516,135 @@ test_device_sizes_same_as_host (void)
           gmlp_test_assert_close (v, h, len, gmlp_test_tolerance (dtype), what[i]);
           g_bytes_unref (host[i]);
           g_bytes_unref (dev[i]);
+        }
+    }
+}
+
+/* A 16-bit FPROP with a bias, device sizes (and host sizes on the CPU),
+ * against float64: one rounding after the bias. The data make the bias cancel the product: each group's
+ * tokens are one token x_g with one element moved by a few steps of the
+ * dtype, and the bias is minus x_g's product rounded to the dtype, so that
+ * y is a fraction of an ulp of the product. Rounded once, y is within
+ * u |y| of the exact value, plus the FP32 sum's error (γ_{k+1} of the
+ * magnitudes, twice for the slack); rounded to the dtype before the bias
+ * is added, the product loses up to half its ulp, which is most of y. */
+static void
+test_device_sizes_bias_rounding (void)
+{
+  g_autoptr(GmlpDevice) device = gmlp_test_device_or_skip ();
+  static const GmlpDType dtypes[] = { GMLP_DTYPE_BFLOAT16, GMLP_DTYPE_FLOAT16 };
+  guint d;
+
+  if (device == NULL)
+    return;
+
+  for (d = 0; d < G_N_ELEMENTS (dtypes); d++)
+    {
+      const guint n = 4;
+      const gint64 k = 48, o = 40;
+      GmlpDType dtype = dtypes[d];
+      gint64 rows[] = { 7, 0, 19, 12 };
+      gint64 total = 38, capacity = total + 9, r0 = 0, r, j, c;
+      g_autoptr(GmlpGroupedLinear) layer = new_layer (device, n, k, o, dtype,
+                                                      GMLP_LINEAR_SINGLE_GROUPED_WEIGHT | GMLP_LINEAR_BIAS);
+      g_autofree double *w = g_new (double, n * o * k), *b = g_new (double, n * o);
+      g_autofree double *x = g_new (double, total * k), *want = g_new (double, total * o);
+      g_autofree double *mag = g_new (double, total * o);
+      g_autoptr(GBytes) wb = NULL, bb = NULL, xb = NULL;
+      g_autoptr(GmlpGroupedTensor) x_host = NULL, x_dev = NULL, sizes = NULL;
+      g_autoptr(GError) error = NULL;
+      double u = unit_roundoff (dtype);
+      guint g, pass;
+      gsize i;
+
+      for (i = 0; i < (gsize) (n * o * k); i++)
+        w[i] = gmlp_test_round (g_test_rand_double_range (-1.0, 1.0), dtype);
+      for (g = 0; g < n; r0 += rows[g], g++)
+        {
+          double base[48];
+
+          for (c = 0; c < k; c++)
+            base[c] = gmlp_test_round (g_test_rand_double_range (1.0, 2.0), dtype);
+          /* b = −(x_g W_gᵀ) rounded as the dtype stores it. */
+          for (j = 0; j < o; j++)
+            {
+              double acc = 0.0;
+
+              for (c = 0; c < k; c++)
+                acc += base[c] * w[(g * o + j) * k + c];
+              b[g * o + j] = -gmlp_test_round (acc, dtype);
+            }
+          for (r = r0; r < r0 + rows[g]; r++)
+            {
+              double *moved = &x[r * k + (r - r0) % k];
+
+              memcpy (x + r * k, base, sizeof (double) * k);
+              /* Steps of the dtype in [1, 2): 2u each (rounded: past 2
+               * the steps are twice as long). */
+              *moved = gmlp_test_round (*moved + 2.0 * u * g_test_rand_int_range (-3, 4), dtype);
+            }
+        }
+      r0 = 0;
+      for (g = 0; g < n; r0 += rows[g], g++)
+        for (r = r0; r < r0 + rows[g]; r++)
+          for (j = 0; j < o; j++)
+            {
+              double acc = b[g * o + j], m = fabs (b[g * o + j]);
+
+              for (c = 0; c < k; c++)
+                {
+                  acc += x[r * k + c] * w[(g * o + j) * k + c];
+                  m += fabs (x[r * k + c] * w[(g * o + j) * k + c]);
+                }
+              want[r * o + j] = acc;
+              mag[r * o + j] = m;
+            }
+
+      wb = encode_values (w, n * o * k, dtype);
+      g_assert_true (gmlp_grouped_linear_set_weight_from_bytes (layer, wb, &error));
+      g_assert_no_error (error);
+      bb = encode_values (b, n * o, dtype);
+      g_assert_true (gmlp_grouped_linear_set_bias_from_bytes (layer, bb, &error));
+      g_assert_no_error (error);
+      xb = encode_values (x, total * k, dtype);
+      x_host = gmlp_grouped_tensor_new_from_bytes (device, dtype, rows, n, k, xb, &error);
+      g_assert_no_error (error);
+      sizes = sizes_tensor (device, rows, n);
+      x_dev = gmlp_test_device_sized_copy (x_host, sizes, capacity);
+
+      /* Device sizes; then, on the CPU, host sizes, which take the same
+       * products (CUDA's host-sizes product rounds before add_bias). */
+      for (pass = 0; pass < (on_cpu (device) ? 2 : 1); pass++)
+        {
+          g_autoptr(GmlpGroupedTensor) y = NULL, y_view = NULL;
+          g_autofree double *got = NULL;
+          const char *where = pass == 0 ? "device" : "host";
+          double worst = 0.0;
+          gsize len, e, off = 0;
+
+          y = gmlp_grouped_linear_forward (layer, pass == 0 ? x_dev : x_host, NULL, &error);
+          g_assert_no_error (error);
+          y_view = pass == 0 ? gmlp_test_host_view (y, rows) : g_object_ref (y);
+          got = gmlp_test_download (y_view, &len);
+          g_assert_cmpuint (len, ==, total * o);
+          for (e = 0; e < len; e++)
+            {
+              double bound = u * fabs (want[e]) + 2.0 * gamma32 (k + 1) * mag[e];
+              double err = fabs (got[e] - want[e]);
+
+              /* The test means something: y is small against its parts. */
+              g_assert_cmpfloat (fabs (want[e]), <, 0.05 * mag[e]);
+              worst = MAX (worst, err / bound);
+              if (err > bound)
+                off++;
+            }
+          g_test_message ("%s, %s sizes: %" G_GSIZE_FORMAT " of %" G_GSIZE_FORMAT " outside u |y| + "
+                          "2 γ Σ |terms|, worst %.3g times it", gmlp_dtype_get_name (dtype), where, off,
+                          len, worst);
+          if (off > 0)
+            g_error ("%s fprop with a bias and %s sizes: %" G_GSIZE_FORMAT " of %" G_GSIZE_FORMAT
+                     " elements off by more than one rounding, the worst %.3g times the bound",
+                     gmlp_dtype_get_name (dtype), where, off, len, worst);
         }
     }
 }
@@ -2103,6 +2260,7 @@ main (int argc, char *argv[])
   g_test_add_func ("/Gmlp/GroupedLinear/device-sizes/tiny-groups", test_tiny_groups);
   g_test_add_func ("/Gmlp/GroupedLinear/device-sizes/direct", test_device_sizes_direct);
   g_test_add_func ("/Gmlp/GroupedLinear/device-sizes/same-as-host", test_device_sizes_same_as_host);
+  g_test_add_func ("/Gmlp/GroupedLinear/device-sizes/bias-rounding", test_device_sizes_bias_rounding);
   g_test_add_func ("/Gmlp/GroupedLinear/device-sizes/contract", test_device_sizes_contract);
   g_test_add_func ("/Gmlp/GroupedLinear/device-sizes/microbatches", test_device_sizes_microbatches);
   g_test_add_func ("/Gmlp/GroupedLinear/device-sizes/bad-input", test_device_sizes_bad_input);

@@ -61,14 +61,15 @@ static const GmlpQuantizerRole all_roles[] = {
   GMLP_QUANTIZER_ROLE_INPUT, GMLP_QUANTIZER_ROLE_WEIGHT, GMLP_QUANTIZER_ROLE_GRAD_OUTPUT,
 };
 
-/* Biases in FP32 layers only: the backends add a bias to a 16-bit
- * product at different points (the CPU to the product as stored, CUDA's
- * epilogue before it stores), so that a BF16 FC1 output can differ by an
- * ulp between them, and the FP8 quantizations after it with it. */
+/* Biases in every layer: both backends add a bias to the FP32 product
+ * before its one rounding to a 16-bit output (the experts' products have
+ * device sizes: CUDA's epilogue, the CPU's gemm_device), as the reference
+ * rounds h = x W1ᵀ + b1, so that a BF16 FC1 output is the same on both and
+ * so are the FP8 quantizations after it. */
 static GmlpLinearFlags
 layer_flags (GmlpDType dtype)
 {
-  return GMLP_LINEAR_SINGLE_GROUPED_WEIGHT | (dtype == GMLP_DTYPE_FLOAT32 ? GMLP_LINEAR_BIAS : 0);
+  return GMLP_LINEAR_SINGLE_GROUPED_WEIGHT | GMLP_LINEAR_BIAS;
 }
 
 typedef struct {
