@@ -18,6 +18,7 @@
 #include "gmlp-error.h"
 #include "gmlp-error-private.h"
 #include "gmlp-offload-context-private.h"
+#include "gmlp-quantizer-private.h"
 #include "gmlp-saved-activations-private.h"
 #include "gmlp-thread-private.h"
 
@@ -860,6 +861,23 @@ gmlp_linear_backward_get_grad_input (GmlpLinearBackward *step)
   return step->grad_input;
 }
 
+/* Whether @quantizer can quantize @n_groups groups: a delayed-scaling one
+ * keeps its scales for one number of groups (it makes them at its first
+ * use, as the quantization would). */
+static gboolean
+check_quantizer_state (GmlpQuantizer  *quantizer,
+                       guint           n_groups,
+                       GError        **error)
+{
+  float *state;
+  gboolean fits;
+
+  gmlp_quantizer_lock_state (quantizer);
+  fits = gmlp_quantizer_get_state_for (quantizer, n_groups, &state, error);
+  gmlp_quantizer_unlock_state (quantizer);
+  return fits;
+}
+
 /* The checks of a backward's begin (gmlp-grouped-linear-private.h), which
  * write nothing: the saved activations and what their forward read, the
  * output gradient against the forward's operands (for an FP8 forward, the
@@ -889,6 +907,10 @@ check_backward (GmlpGroupedLinear     *self,
           !gmlp_linear_fp8_check_activation (self, grad_output, self->out_features,
                                              "The output gradient", self->grad_output_quantizer,
                                              "DGRAD", w8, NULL, error))
+        return FALSE;
+      /* dgrad quantizes an output gradient given unquantized. */
+      if (!gmlp_dtype_is_fp8 (gmlp_grouped_tensor_get_dtype (grad_output)) &&
+          !check_quantizer_state (self->grad_output_quantizer, self->n_groups, error))
         return FALSE;
     }
   else if (!check_activation (self, grad_output, self->out_features, "The output gradient", error))

@@ -1473,6 +1473,87 @@ test_part_recipe_between (void)
         }
 }
 
+/* A part's output-gradient quantizer that cannot quantize its output
+ * gradient: the shared expert's FC1 given, between the forward and the
+ * backward, a delayed-scaling one that keeps the scales of two groups (the
+ * shared expert has one). The backward refuses before any part writes,
+ * every gradient as it was; with the quantizers of the forward again it
+ * runs. */
+static void
+test_part_quantizer_state (void)
+{
+  g_autoptr(GmlpDevice) device = gmlp_test_device_or_skip ();
+  g_autoptr(Problem) p = NULL;
+  g_autoptr(GmlpMoELayer) layer = NULL, twin = NULL;
+  g_autoptr(GmlpQuantizer) other = NULL, input_q = NULL, weight_q = NULL, grad_q = NULL;
+  g_autoptr(GmlpGroupedTensor) x = NULL, dy = NULL, y = NULL, dx = NULL, two = NULL, two8 = NULL;
+  g_autoptr(GmlpGroupedTensor) y_twin = NULL, dx_twin = NULL;
+  g_autoptr(GmlpSavedActivations) saved = NULL, saved_twin = NULL;
+  g_autoptr(GPtrArray) before = NULL, after = NULL;
+  g_autoptr(GError) error = NULL;
+  gint64 two_rows[] = { 16, 16 };
+  GmlpGroupedLinear *fc1;
+
+  if (device == NULL)
+    return;
+
+  p = problem_new (&configs[1], GMLP_DTYPE_BFLOAT16);
+  layer = problem_layer (p, device, GMLP_SCALING_RECIPE_DELAYED);
+  fc1 = gmlp_grouped_mlp_get_fc1 (gmlp_moe_layer_get_shared_expert (layer));
+  problem_draw (p);
+  x = gmlp_test_upload_values (device, p->x, T_TOKENS, HIDDEN, p->dtype);
+  dy = gmlp_test_upload_values (device, p->dy, T_TOKENS, HIDDEN, p->dtype);
+  twin = problem_layer (p, device, GMLP_SCALING_RECIPE_DELAYED);
+  whole_step (layer, x, dy);
+  whole_step (twin, x, dy);
+  /* Other tokens for the step under test: its gradients differ. */
+  g_clear_object (&x);
+  g_clear_object (&dy);
+  problem_draw (p);
+  x = gmlp_test_upload_values (device, p->x, T_TOKENS, HIDDEN, p->dtype);
+  dy = gmlp_test_upload_values (device, p->dy, T_TOKENS, HIDDEN, p->dtype);
+
+  other = gmlp_quantizer_new (device, GMLP_SCALING_RECIPE_DELAYED, GMLP_FP8_FORMAT_HYBRID,
+                              GMLP_QUANTIZER_ROLE_GRAD_OUTPUT);
+  two = gmlp_test_random_tensor (device, GMLP_DTYPE_BFLOAT16, two_rows, 2, HIDDEN, 1.0, NULL);
+  two8 = gmlp_quantizer_quantize (other, two, &error);
+  g_assert_no_error (error);
+  input_q = g_object_ref (gmlp_grouped_linear_get_quantizer (fc1, GMLP_QUANTIZER_ROLE_INPUT));
+  weight_q = g_object_ref (gmlp_grouped_linear_get_quantizer (fc1, GMLP_QUANTIZER_ROLE_WEIGHT));
+  grad_q = g_object_ref (gmlp_grouped_linear_get_quantizer (fc1, GMLP_QUANTIZER_ROLE_GRAD_OUTPUT));
+
+  y = gmlp_moe_layer_forward (layer, x, &saved, &error);
+  g_assert_no_error (error);
+  before = all_gradient_bytes (layer);
+  g_assert_true (gmlp_grouped_linear_set_quantizers (fc1, input_q, weight_q, other, &error));
+  g_assert_no_error (error);
+  g_assert_null (gmlp_moe_layer_backward (layer, saved, dy, &error));
+  g_assert_error (error, GMLP_ERROR, GMLP_ERROR_SHAPE_MISMATCH);
+  g_clear_error (&error);
+  g_assert_false (gmlp_saved_activations_is_consumed (saved));
+  after = all_gradient_bytes (layer);
+  gmlp_test_assert_same_bytes_array (before, after, "gradients after a refused backward");
+
+  g_assert_true (gmlp_grouped_linear_set_quantizers (fc1, input_q, weight_q, grad_q, &error));
+  g_assert_no_error (error);
+  dx = gmlp_moe_layer_backward (layer, saved, dy, &error);
+  g_assert_no_error (error);
+  g_assert_true (gmlp_saved_activations_is_consumed (saved));
+
+  /* The bits of the twin's step, which was never refused (on the CPU). */
+  y_twin = gmlp_moe_layer_forward (twin, x, &saved_twin, &error);
+  g_assert_no_error (error);
+  dx_twin = gmlp_moe_layer_backward (twin, saved_twin, dy, &error);
+  g_assert_no_error (error);
+  if (!on_gpu (device))
+    {
+      g_autoptr(GPtrArray) got = all_gradient_bytes (layer), want = all_gradient_bytes (twin);
+
+      gmlp_test_assert_same_bytes (dx, dx_twin, "the retried backward's dx");
+      gmlp_test_assert_same_bytes_array (got, want, "gradients of the retried backward");
+    }
+}
+
 int
 main (int argc, char *argv[])
 {
@@ -1485,6 +1566,7 @@ main (int argc, char *argv[])
   g_test_add_func ("/Gmlp/MoELayer/fp8/bad-recipes", test_bad_recipes);
   g_test_add_func ("/Gmlp/MoELayer/fp8/recipe-between", test_recipe_between);
   g_test_add_func ("/Gmlp/MoELayer/fp8/part-recipe-between", test_part_recipe_between);
+  g_test_add_func ("/Gmlp/MoELayer/fp8/part-quantizer-state", test_part_quantizer_state);
 
   return g_test_run ();
 }
