@@ -950,6 +950,27 @@ gmlp_grouped_linear_check_backward (GmlpGroupedLinear     *self,
   return check_backward (self, saved, grad_output, label, &input, &w8, error);
 }
 
+gboolean
+gmlp_grouped_linear_check_wgrad_outputs (GmlpGroupedLinear  *self,
+                                         GPtrArray          *reads,
+                                         GmlpGroupedTensor  *also,
+                                         const char         *label,
+                                         GError            **error)
+{
+  g_autoptr(GmlpRecMutexLocker) locker = gmlp_rec_mutex_locker_new (&self->grad_lock);
+  guint i;
+
+  if (has_flag (self, GMLP_LINEAR_DELAY_WGRAD_COMPUTE))
+    return TRUE;
+  for (i = 0; i < reads->len; i++)
+    if (!check_wgrad_outputs_unaliased (self, g_ptr_array_index (reads, i), also, error))
+      {
+        g_prefix_error (error, "%s: ", label);
+        return FALSE;
+      }
+  return TRUE;
+}
+
 GmlpLinearBackward *
 gmlp_grouped_linear_backward_begin (GmlpGroupedLinear     *self,
                                     GmlpSavedActivations  *saved,

@@ -54,4 +54,11 @@ gboolean           gmlp_grouped_mlp_check_backward          (GmlpGroupedMLP     
                                                              GmlpGroupedTensor    *grad_output,
                                                              GError              **error);
 
+/* gmlp_grouped_linear_check_wgrad_outputs() on both layers. */
+gboolean           gmlp_grouped_mlp_check_wgrad_outputs     (GmlpGroupedMLP       *self,
+                                                             GPtrArray            *reads,
+                                                             GmlpGroupedTensor    *also,
+                                                             const char           *label,
+                                                             GError              **error);
+
 G_END_DECLS

@@ -431,6 +431,19 @@ gmlp_grouped_mlp_forward (GmlpGroupedMLP        *self,
   return g_steal_pointer (&y);
 }
 
+gboolean
+gmlp_grouped_mlp_check_wgrad_outputs (GmlpGroupedMLP     *self,
+                                      GPtrArray          *reads,
+                                      GmlpGroupedTensor  *also,
+                                      const char         *label,
+                                      GError            **error)
+{
+  g_autofree char *fc1 = g_strdup_printf ("%s's FC1", label), *fc2 = g_strdup_printf ("%s's FC2", label);
+
+  return gmlp_grouped_linear_check_wgrad_outputs (self->fc1, reads, also, fc1, error) &&
+         gmlp_grouped_linear_check_wgrad_outputs (self->fc2, reads, also, fc2, error);
+}
+
 /**
  * gmlp_grouped_mlp_backward:
  * @self: a #GmlpGroupedMLP

@@ -1022,6 +1022,59 @@ gmlp_moe_layer_forward (GmlpMoELayer          *self,
   return g_steal_pointer (&output);
 }
 
+/* The parts write their weight gradients one after the other, and each
+ * checks its own against what it reads: a part's main_grad that holds what
+ * another part read (the tokens, a weight, the output gradient) would make
+ * that part refuse, or compute from changed values, after the first had
+ * written. So every part's against what any part's forward read (@saved
+ * and its parts') and the output gradient, before any writes. */
+static gboolean
+check_weight_gradients_apart (GmlpMoELayer          *self,
+                              GmlpSavedActivations  *saved,
+                              GmlpGroupedTensor     *grad_output,
+                              GError               **error)
+{
+  GmlpSavedActivations *parts[3], *router_saved = gmlp_saved_activations_get_child (saved, 0);
+  g_autoptr(GPtrArray) reads = g_ptr_array_new ();
+  GmlpGroupedTensor *router_grad = gmlp_router_get_main_grad (self->router);
+  guint n_parts = 0, i, j;
+
+  parts[n_parts++] = gmlp_saved_activations_get_child (saved, 1);
+  if (self->shared != NULL)
+    parts[n_parts++] = gmlp_saved_activations_get_child (saved, 2);
+  g_ptr_array_add (reads, gmlp_saved_activations_get_versions (saved));
+  g_ptr_array_add (reads, gmlp_saved_activations_get_versions (router_saved));
+  g_ptr_array_add (reads, gmlp_saved_activations_get_versions (gmlp_saved_activations_get_child (router_saved, 0)));
+  for (i = 0; i < n_parts; i++)
+    {
+      g_ptr_array_add (reads, gmlp_saved_activations_get_versions (parts[i]));
+      for (j = 0; j < 2; j++)
+        g_ptr_array_add (reads, gmlp_saved_activations_get_versions (gmlp_saved_activations_get_child (parts[i], j)));
+    }
+
+  /* The router's own weight gradient is its own storage; a main_grad is
+   * the caller's (written now unless delayed). */
+  if (router_grad != NULL && !(gmlp_router_get_flags (self->router) & GMLP_LINEAR_DELAY_WGRAD_COMPUTE))
+    {
+      const GmlpVersionRecord *record = NULL;
+      GmlpSpan span;
+
+      gmlp_grouped_tensor_get_span (router_grad, &span);
+      for (i = 0; i < reads->len && record == NULL; i++)
+        record = gmlp_version_records_find_overlap (g_ptr_array_index (reads, i), &span);
+      if (record != NULL || gmlp_grouped_tensor_overlaps (router_grad, grad_output))
+        {
+          g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
+                       "The router's main_grad shares storage with the %s, which the layer's "
+                       "backward reads", record != NULL ? record->name : "output gradient");
+          return FALSE;
+        }
+    }
+  return gmlp_grouped_mlp_check_wgrad_outputs (self->experts, reads, grad_output, "The experts", error) &&
+         (self->shared == NULL ||
+          gmlp_grouped_mlp_check_wgrad_outputs (self->shared, reads, grad_output, "The shared expert", error));
+}
+
 /**
  * gmlp_moe_layer_backward:
  * @self: a #GmlpMoELayer
@@ -1095,11 +1148,12 @@ gmlp_moe_layer_backward (GmlpMoELayer          *self,
    * FP8 recipe changed through get_experts() or get_shared_expert() since
    * the forward, main_grad's storage, ...), before the experts and the
    * router write: the experts' output gradient will have the shape of
-   * their output. The router refuses nothing that the checks above let
+   * their output. The router refuses nothing that these checks let
    * through. */
   if (!gmlp_grouped_mlp_check_backward (self->experts, experts_saved, expert_out, error) ||
       (shared_saved != NULL &&
-       !gmlp_grouped_mlp_check_backward (self->shared, shared_saved, grad_output, error)))
+       !gmlp_grouped_mlp_check_backward (self->shared, shared_saved, grad_output, error)) ||
+      !check_weight_gradients_apart (self, saved, grad_output, error))
     return NULL;
 
   grad_expert_out = gmlp_routing_combine_backward (routing, grad_output, expert_out, &grad_probs,

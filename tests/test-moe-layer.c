@@ -2541,6 +2541,100 @@ test_graph (void)
       }
 }
 
+/* Every main_grad of a fused layer, as bytes: the router's, then each
+ * layer's of the experts and of the shared expert (member by member where
+ * they are per group). */
+static GPtrArray *
+main_grad_bytes (GmlpMoELayer *layer)
+{
+  GPtrArray *all = g_ptr_array_new_with_free_func ((GDestroyNotify) g_bytes_unref);
+  GmlpGroupedMLP *mlps[2] = { gmlp_moe_layer_get_experts (layer), gmlp_moe_layer_get_shared_expert (layer) };
+  g_autoptr(GError) error = NULL;
+  guint i, j, g;
+
+  g_ptr_array_add (all, gmlp_grouped_tensor_to_bytes (gmlp_router_get_main_grad (gmlp_moe_layer_get_router (layer)),
+                                                      &error));
+  g_assert_no_error (error);
+  for (i = 0; i < 2 && mlps[i] != NULL; i++)
+    for (j = 0; j < 2; j++)
+      {
+        GmlpGroupedLinear *fc = j == 0 ? gmlp_grouped_mlp_get_fc1 (mlps[i]) : gmlp_grouped_mlp_get_fc2 (mlps[i]);
+
+        for (g = 0; g < gmlp_grouped_linear_get_n_groups (fc); g++)
+          {
+            GmlpGroupedTensor *t = gmlp_grouped_linear_get_main_grad (fc);
+
+            if (t == NULL)
+              t = gmlp_grouped_linear_get_main_grad_member (fc, g);
+            else if (g > 0)
+              break;
+            g_assert_nonnull (t);
+            g_ptr_array_add (all, gmlp_grouped_tensor_to_bytes (t, &error));
+            g_assert_no_error (error);
+          }
+      }
+  return all;
+}
+
+/* A main_grad that holds what another part reads: the router's main_grad
+ * (experts × hidden, FP32) as the tokens of a step of as many tokens as
+ * experts, or as its output gradient. The parts write one after the other
+ * (the experts, the router, the shared expert), so without a check of
+ * every part's main_grad against what any part reads the router refused
+ * after the experts had added into theirs, or added into the output
+ * gradient before the shared expert read it. Refused first, every
+ * main_grad as it was and the step still usable. */
+static void
+test_main_grad_across_parts (void)
+{
+  g_autoptr(GmlpDevice) device = layer_device_or_skip ();
+  guint which;
+
+  if (device == NULL)
+    return;
+
+  for (which = 0; which < 2; which++)
+    {
+      const guint n_experts = 8;
+      g_autoptr(GmlpMoELayer) layer = NULL;
+      g_autoptr(GmlpGroupedTensor) x = NULL, dy = NULL, y = NULL, dx = NULL, other = NULL;
+      g_autoptr(GmlpSavedActivations) saved = NULL;
+      g_autoptr(GPtrArray) before = NULL, after = NULL;
+      g_autoptr(GError) error = NULL;
+      gint64 tokens = n_experts;
+      GmlpGroupedTensor *router_grad;
+
+      layer = g_initable_new (GMLP_TYPE_MOE_LAYER, NULL, &error, "device", device,
+                              "hidden", (gint64) HIDDEN, "ffn-hidden", (gint64) FFN,
+                              "n-experts", n_experts, "top-k", 2u, "dtype", GMLP_DTYPE_FLOAT32,
+                              "flags", GMLP_LINEAR_SINGLE_GROUPED_WEIGHT | GMLP_LINEAR_FUSE_WGRAD_ACCUMULATION,
+                              "shared-expert-ffn-hidden", (gint64) FFN, NULL);
+      g_assert_no_error (error);
+      g_assert_true (gmlp_moe_layer_init_parameters (layer, 7, &error));
+      g_assert_no_error (error);
+      router_grad = gmlp_router_get_main_grad (gmlp_moe_layer_get_router (layer));
+      g_assert_nonnull (router_grad);
+      g_assert_true (gmlp_grouped_tensor_fill_random (router_grad, 3, 1.0, &error));
+      g_assert_no_error (error);
+      other = gmlp_test_random_tensor (device, GMLP_DTYPE_FLOAT32, &tokens, 1, HIDDEN, 1.0, NULL);
+      x = g_object_ref (which == 0 ? router_grad : other);
+      dy = g_object_ref (which == 0 ? other : router_grad);
+
+      y = gmlp_moe_layer_forward (layer, x, &saved, &error);
+      g_assert_no_error (error);
+      before = main_grad_bytes (layer);
+      dx = gmlp_moe_layer_backward (layer, saved, dy, &error);
+      g_assert_null (dx);
+      g_assert_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT);
+      g_assert_nonnull (strstr (error->message, "main_grad"));
+      g_test_message ("%s", error->message);
+      g_clear_error (&error);
+      g_assert_false (gmlp_saved_activations_is_consumed (saved));
+      after = main_grad_bytes (layer);
+      gmlp_test_assert_same_bytes_array (before, after, "main_grads after a refused backward");
+    }
+}
+
 int
 main (int argc, char *argv[])
 {
@@ -2559,6 +2653,7 @@ main (int argc, char *argv[])
   g_test_add_func ("/Gmlp/MoELayer/bad-construction", test_bad_construction);
   g_test_add_func ("/Gmlp/MoELayer/bad-calls", test_bad_calls);
   g_test_add_func ("/Gmlp/MoELayer/versions", test_versions);
+  g_test_add_func ("/Gmlp/MoELayer/main-grad-across-parts", test_main_grad_across_parts);
   g_test_add_func ("/Gmlp/MoELayer/properties", test_properties);
   g_test_add_func ("/Gmlp/MoELayer/init-parameters", test_init_parameters);
   g_test_add_func ("/Gmlp/MoELayer/graph", test_graph);
