@@ -1218,6 +1218,32 @@ test_bad_recipes (void)
   }
 }
 
+/* A recipe for the forward, another set before its backward, and the
+ * error the backward then gives. */
+typedef struct {
+  GmlpScalingRecipe forward, between;
+  gint              code;
+} RecipeChange;
+
+/* A backward that must refuse with @code before anything is written:
+ * every gradient the same bytes as @before, the saved activations unused. */
+static void
+assert_backward_refused (GmlpMoELayer         *layer,
+                         GmlpSavedActivations *saved,
+                         GmlpGroupedTensor    *dy,
+                         GPtrArray            *before,
+                         gint                  code)
+{
+  g_autoptr(GPtrArray) after = NULL;
+  g_autoptr(GError) error = NULL;
+
+  g_assert_null (gmlp_moe_layer_backward (layer, saved, dy, &error));
+  g_assert_error (error, GMLP_ERROR, code);
+  g_assert_false (gmlp_saved_activations_is_consumed (saved));
+  after = gmlp_test_moe_gradient_bytes (layer);
+  gmlp_test_assert_same_bytes_array (before, after, "gradients after a refused backward");
+}
+
 /* A recipe changed between a forward and its backward: the backward of an
  * FP8 forward stays FP8. Without FP8, or with a recipe that does not meet
  * the forward's, it fails before anything is written, the saved
@@ -1228,10 +1254,7 @@ static void
 test_recipe_between (void)
 {
   g_autoptr(GmlpDevice) device = gmlp_test_device_or_skip ();
-  static const struct {
-    GmlpScalingRecipe forward, between;
-    gint              code;
-  } cases[] = {
+  static const RecipeChange cases[] = {
     { GMLP_SCALING_RECIPE_DELAYED, GMLP_SCALING_RECIPE_NONE, GMLP_ERROR_INVALID_STATE },
     { GMLP_SCALING_RECIPE_BLOCKWISE, GMLP_SCALING_RECIPE_NONE, GMLP_ERROR_INVALID_STATE },
     { GMLP_SCALING_RECIPE_DELAYED, GMLP_SCALING_RECIPE_BLOCKWISE, GMLP_ERROR_UNSUPPORTED },
@@ -1248,7 +1271,7 @@ test_recipe_between (void)
       g_autoptr(GmlpMoELayer) layer = NULL;
       g_autoptr(GmlpGroupedTensor) x = NULL, dy = NULL, y = NULL, dx = NULL, dx2 = NULL;
       g_autoptr(GmlpSavedActivations) saved = NULL;
-      g_autoptr(GPtrArray) before = NULL, after = NULL;
+      g_autoptr(GPtrArray) before = NULL;
       g_autoptr(GError) error = NULL;
       g_auto(Step) ref = { NULL, }, first = { NULL, };
 
@@ -1267,12 +1290,7 @@ test_recipe_between (void)
       before = gmlp_test_moe_gradient_bytes (layer);
       g_assert_true (gmlp_moe_layer_set_fp8_recipe (layer, cases[i].between, GMLP_FP8_FORMAT_HYBRID, &error));
       g_assert_no_error (error);
-      g_assert_null (gmlp_moe_layer_backward (layer, saved, dy, &error));
-      g_assert_error (error, GMLP_ERROR, cases[i].code);
-      g_clear_error (&error);
-      g_assert_false (gmlp_saved_activations_is_consumed (saved));
-      after = gmlp_test_moe_gradient_bytes (layer);
-      gmlp_test_assert_same_bytes_array (before, after, "gradients after a refused backward");
+      assert_backward_refused (layer, saved, dy, before, cases[i].code);
 
       /* The forward's recipe again (fresh quantizers: the backward's
        * scales are the output gradients' own but for delayed scaling). */
@@ -1305,52 +1323,6 @@ test_recipe_between (void)
     }
 }
 
-/* Every gradient the layer keeps, as bytes: the router's and each MLP
- * layer's weight gradient (main_grad when fused) and bias gradient. */
-static GPtrArray *
-all_gradient_bytes (GmlpMoELayer *layer)
-{
-  GPtrArray *all = g_ptr_array_new_with_free_func ((GDestroyNotify) g_bytes_unref);
-  GmlpRouter *router = gmlp_moe_layer_get_router (layer);
-  GmlpGroupedMLP *mlps[2] = { gmlp_moe_layer_get_experts (layer), gmlp_moe_layer_get_shared_expert (layer) };
-  gboolean fused = (gmlp_router_get_flags (router) & GMLP_LINEAR_FUSE_WGRAD_ACCUMULATION) != 0;
-  g_autoptr(GError) error = NULL;
-  guint i, j;
-
-  g_ptr_array_add (all, gmlp_grouped_tensor_to_bytes (fused ? gmlp_router_get_main_grad (router)
-                                                            : gmlp_router_get_wgrad (router), &error));
-  g_assert_no_error (error);
-  for (i = 0; i < 2 && mlps[i] != NULL; i++)
-    for (j = 0; j < 2; j++)
-      {
-        GmlpGroupedLinear *fc = j == 0 ? gmlp_grouped_mlp_get_fc1 (mlps[i]) : gmlp_grouped_mlp_get_fc2 (mlps[i]);
-        GmlpGroupedTensor *w = fused ? gmlp_grouped_linear_get_main_grad (fc) : gmlp_grouped_linear_get_wgrad (fc);
-        guint g;
-
-        /* Per-group main_grads (the shared expert's) member by member. */
-        for (g = 0; w == NULL && g < gmlp_grouped_linear_get_n_groups (fc); g++)
-          {
-            GmlpGroupedTensor *member = gmlp_grouped_linear_get_main_grad_member (fc, g);
-
-            g_assert_true (fused);
-            g_assert_nonnull (member);
-            g_ptr_array_add (all, gmlp_grouped_tensor_to_bytes (member, &error));
-            g_assert_no_error (error);
-          }
-        if (w != NULL)
-          {
-            g_ptr_array_add (all, gmlp_grouped_tensor_to_bytes (w, &error));
-            g_assert_no_error (error);
-          }
-        if (gmlp_grouped_linear_get_bgrad (fc) != NULL)
-          {
-            g_ptr_array_add (all, gmlp_grouped_tensor_to_bytes (gmlp_grouped_linear_get_bgrad (fc), &error));
-            g_assert_no_error (error);
-          }
-      }
-  return all;
-}
-
 static void
 whole_step (GmlpMoELayer      *layer,
             GmlpGroupedTensor *x,
@@ -1379,10 +1351,7 @@ static void
 test_part_recipe_between (void)
 {
   g_autoptr(GmlpDevice) device = gmlp_test_device_or_skip ();
-  static const struct {
-    GmlpScalingRecipe forward, between;
-    gint              code;
-  } cases[] = {
+  static const RecipeChange cases[] = {
     { GMLP_SCALING_RECIPE_DELAYED, GMLP_SCALING_RECIPE_NONE, GMLP_ERROR_INVALID_STATE },
     { GMLP_SCALING_RECIPE_DELAYED, GMLP_SCALING_RECIPE_BLOCKWISE, GMLP_ERROR_UNSUPPORTED },
     { GMLP_SCALING_RECIPE_MXFP8, GMLP_SCALING_RECIPE_CURRENT, GMLP_ERROR_UNSUPPORTED },
@@ -1428,16 +1397,11 @@ test_part_recipe_between (void)
           dy = gmlp_test_upload_values (device, p->dy, T_TOKENS, HIDDEN, p->dtype);
           y = gmlp_moe_layer_forward (layer, x, &saved, &error);
           g_assert_no_error (error);
-          before = all_gradient_bytes (layer);
+          before = gmlp_test_moe_gradient_bytes (layer);
           g_assert_true (gmlp_grouped_mlp_set_fp8_recipe (changed, cases[i].between, GMLP_FP8_FORMAT_HYBRID,
                                                           &error));
           g_assert_no_error (error);
-          g_assert_null (gmlp_moe_layer_backward (layer, saved, dy, &error));
-          g_assert_error (error, GMLP_ERROR, cases[i].code);
-          g_clear_error (&error);
-          g_assert_false (gmlp_saved_activations_is_consumed (saved));
-          after = all_gradient_bytes (layer);
-          gmlp_test_assert_same_bytes_array (before, after, "gradients after a refused backward");
+          assert_backward_refused (layer, saved, dy, before, cases[i].code);
 
           /* The forward's recipe again: fresh quantizers, which the twin
            * gets at the same point of its step. */
@@ -1466,8 +1430,8 @@ test_part_recipe_between (void)
           else
             {
               gmlp_test_assert_same_bytes (dx, dx_twin, "the retried backward's dx");
-              after = (g_ptr_array_unref (after), all_gradient_bytes (layer));
-              want = all_gradient_bytes (twin);
+              after = gmlp_test_moe_gradient_bytes (layer);
+              want = gmlp_test_moe_gradient_bytes (twin);
               gmlp_test_assert_same_bytes_array (after, want, "gradients of the retried backward");
             }
         }
@@ -1489,7 +1453,7 @@ test_part_quantizer_state (void)
   g_autoptr(GmlpGroupedTensor) x = NULL, dy = NULL, y = NULL, dx = NULL, two = NULL, two8 = NULL;
   g_autoptr(GmlpGroupedTensor) y_twin = NULL, dx_twin = NULL;
   g_autoptr(GmlpSavedActivations) saved = NULL, saved_twin = NULL;
-  g_autoptr(GPtrArray) before = NULL, after = NULL;
+  g_autoptr(GPtrArray) before = NULL;
   g_autoptr(GError) error = NULL;
   gint64 two_rows[] = { 16, 16 };
   GmlpGroupedLinear *fc1;
@@ -1524,15 +1488,10 @@ test_part_quantizer_state (void)
 
   y = gmlp_moe_layer_forward (layer, x, &saved, &error);
   g_assert_no_error (error);
-  before = all_gradient_bytes (layer);
+  before = gmlp_test_moe_gradient_bytes (layer);
   g_assert_true (gmlp_grouped_linear_set_quantizers (fc1, input_q, weight_q, other, &error));
   g_assert_no_error (error);
-  g_assert_null (gmlp_moe_layer_backward (layer, saved, dy, &error));
-  g_assert_error (error, GMLP_ERROR, GMLP_ERROR_SHAPE_MISMATCH);
-  g_clear_error (&error);
-  g_assert_false (gmlp_saved_activations_is_consumed (saved));
-  after = all_gradient_bytes (layer);
-  gmlp_test_assert_same_bytes_array (before, after, "gradients after a refused backward");
+  assert_backward_refused (layer, saved, dy, before, GMLP_ERROR_SHAPE_MISMATCH);
 
   g_assert_true (gmlp_grouped_linear_set_quantizers (fc1, input_q, weight_q, grad_q, &error));
   g_assert_no_error (error);
@@ -1547,7 +1506,7 @@ test_part_quantizer_state (void)
   g_assert_no_error (error);
   if (!on_gpu (device))
     {
-      g_autoptr(GPtrArray) got = all_gradient_bytes (layer), want = all_gradient_bytes (twin);
+      g_autoptr(GPtrArray) got = gmlp_test_moe_gradient_bytes (layer), want = gmlp_test_moe_gradient_bytes (twin);
 
       gmlp_test_assert_same_bytes (dx, dx_twin, "the retried backward's dx");
       gmlp_test_assert_same_bytes_array (got, want, "gradients of the retried backward");

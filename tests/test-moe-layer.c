@@ -2541,41 +2541,6 @@ test_graph (void)
       }
 }
 
-/* Every main_grad of a fused layer, as bytes: the router's, then each
- * layer's of the experts and of the shared expert (member by member where
- * they are per group). */
-static GPtrArray *
-main_grad_bytes (GmlpMoELayer *layer)
-{
-  GPtrArray *all = g_ptr_array_new_with_free_func ((GDestroyNotify) g_bytes_unref);
-  GmlpGroupedMLP *mlps[2] = { gmlp_moe_layer_get_experts (layer), gmlp_moe_layer_get_shared_expert (layer) };
-  g_autoptr(GError) error = NULL;
-  guint i, j, g;
-
-  g_ptr_array_add (all, gmlp_grouped_tensor_to_bytes (gmlp_router_get_main_grad (gmlp_moe_layer_get_router (layer)),
-                                                      &error));
-  g_assert_no_error (error);
-  for (i = 0; i < 2 && mlps[i] != NULL; i++)
-    for (j = 0; j < 2; j++)
-      {
-        GmlpGroupedLinear *fc = j == 0 ? gmlp_grouped_mlp_get_fc1 (mlps[i]) : gmlp_grouped_mlp_get_fc2 (mlps[i]);
-
-        for (g = 0; g < gmlp_grouped_linear_get_n_groups (fc); g++)
-          {
-            GmlpGroupedTensor *t = gmlp_grouped_linear_get_main_grad (fc);
-
-            if (t == NULL)
-              t = gmlp_grouped_linear_get_main_grad_member (fc, g);
-            else if (g > 0)
-              break;
-            g_assert_nonnull (t);
-            g_ptr_array_add (all, gmlp_grouped_tensor_to_bytes (t, &error));
-            g_assert_no_error (error);
-          }
-      }
-  return all;
-}
-
 /* A main_grad that holds what another part reads: the router's main_grad
  * (experts × hidden, FP32) as the tokens of a step of as many tokens as
  * experts, or as its output gradient. The parts write one after the other
@@ -2622,7 +2587,7 @@ test_main_grad_across_parts (void)
 
       y = gmlp_moe_layer_forward (layer, x, &saved, &error);
       g_assert_no_error (error);
-      before = main_grad_bytes (layer);
+      before = gmlp_test_moe_gradient_bytes (layer);
       dx = gmlp_moe_layer_backward (layer, saved, dy, &error);
       g_assert_null (dx);
       g_assert_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT);
@@ -2630,7 +2595,7 @@ test_main_grad_across_parts (void)
       g_test_message ("%s", error->message);
       g_clear_error (&error);
       g_assert_false (gmlp_saved_activations_is_consumed (saved));
-      after = main_grad_bytes (layer);
+      after = gmlp_test_moe_gradient_bytes (layer);
       gmlp_test_assert_same_bytes_array (before, after, "main_grads after a refused backward");
     }
 }
