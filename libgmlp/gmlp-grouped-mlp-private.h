@@ -54,6 +54,11 @@ gboolean           gmlp_grouped_mlp_check_backward          (GmlpGroupedMLP     
                                                              GmlpGroupedTensor    *grad_output,
                                                              GError              **error);
 
+/* What backward_dw does before either layer computes (both layers'
+ * gmlp_grouped_linear_backward_dw_prepare()); writes no gradient. For
+ * MoELayer, which prepares every part before any computes. */
+gboolean           gmlp_grouped_mlp_backward_dw_prepare     (GmlpGroupedMLP       *self,
+                                                             GError              **error);
 /* gmlp_grouped_linear_check_wgrad_outputs() on both layers. */
 gboolean           gmlp_grouped_mlp_check_wgrad_outputs     (GmlpGroupedMLP       *self,
                                                              GPtrArray            *reads,

@@ -606,6 +606,23 @@ gmlp_grouped_mlp_backward (GmlpGroupedMLP        *self,
   return g_steal_pointer (&dx);
 }
 
+gboolean
+gmlp_grouped_mlp_backward_dw_prepare (GmlpGroupedMLP  *self,
+                                      GError         **error)
+{
+  g_autoptr(GmlpRecMutexLocker) locker = NULL;
+
+  g_return_val_if_fail (GMLP_IS_GROUPED_MLP (self), FALSE);
+  g_return_val_if_fail (error == NULL || *error == NULL, FALSE);
+
+  if (!gmlp_check_constructed (self, self->construct_error, error))
+    return FALSE;
+
+  locker = gmlp_rec_mutex_locker_new (&self->grad_lock);
+  return gmlp_grouped_linear_backward_dw_prepare (self->fc2, "GroupedMLP's FC2", error) &&
+         gmlp_grouped_linear_backward_dw_prepare (self->fc1, "GroupedMLP's FC1", error);
+}
+
 /**
  * gmlp_grouped_mlp_backward_dw:
  * @self: a #GmlpGroupedMLP with delayed weight gradients
@@ -637,8 +654,7 @@ gmlp_grouped_mlp_backward_dw (GmlpGroupedMLP  *self,
     return FALSE;
 
   locker = gmlp_rec_mutex_locker_new (&self->grad_lock);
-  return gmlp_grouped_linear_backward_dw_prepare (self->fc2, "GroupedMLP's FC2", error) &&
-         gmlp_grouped_linear_backward_dw_prepare (self->fc1, "GroupedMLP's FC1", error) &&
+  return gmlp_grouped_mlp_backward_dw_prepare (self, error) &&
          gmlp_grouped_linear_backward_dw (self->fc2, error) &&
          gmlp_grouped_linear_backward_dw (self->fc1, error) &&
          gmlp_grouped_mlp_emit_wgrad_ready (self, error);

@@ -1189,10 +1189,13 @@ gmlp_moe_layer_backward (GmlpMoELayer          *self,
  *
  * Computes the weight gradients of the oldest backward still waiting for
  * them: the router's, the experts' and the shared expert's (see
- * [method@Gmlp.GroupedLinear.backward_dw]).
+ * [method@Gmlp.GroupedLinear.backward_dw]). Every part is checked before
+ * any computes: a call that fails leaves all of them pending and their
+ * gradients as they were, but for a device error while they are written.
  *
  * Returns: %TRUE on success; %FALSE with %GMLP_ERROR_INVALID_STATE without
- *   delayed weight gradients or with none pending
+ *   delayed weight gradients, with none pending, or with what a part's
+ *   forward read written since
  *
  * Since: 0.1
  */
@@ -1209,10 +1212,13 @@ gmlp_moe_layer_backward_dw (GmlpMoELayer  *self,
     return FALSE;
 
   locker = gmlp_rec_mutex_locker_new (&self->grad_lock);
-  /* The experts first: they refuse when nothing is pending, before the
-   * router or the shared expert computes anything. */
-  return gmlp_grouped_mlp_backward_dw (self->experts, error) &&
+  /* Every part checked before any computes: the experts and the shared
+   * expert prepared (nothing pending, what they read written since, ...),
+   * then the router, which checks before it writes, then the two. */
+  return gmlp_grouped_mlp_backward_dw_prepare (self->experts, error) &&
+         (self->shared == NULL || gmlp_grouped_mlp_backward_dw_prepare (self->shared, error)) &&
          gmlp_router_backward_dw (self->router, error) &&
+         gmlp_grouped_mlp_backward_dw (self->experts, error) &&
          (self->shared == NULL || gmlp_grouped_mlp_backward_dw (self->shared, error));
 }
 
