@@ -413,9 +413,11 @@ fp8_refused (GError **local_error)
 }
 
 /* C_i = A_i B_iᵀ on the backend's gemm_fp8 (see GmlpBackendGemmFp8: a and b
- * K-major, rowwise tensors or columnwise copies, each with its scales).
- * *ran says whether it ran: blockwise products a backend does not take are
- * refused before anything is enqueued, and the caller dequantizes. */
+ * K-major, rowwise tensors or columnwise copies, each with its scales),
+ * FPROP plus the layer's bias when @bias (before the one rounding where the
+ * backend adds it, else to the product as stored). *ran says whether it
+ * ran: blockwise products a backend does not take are refused before
+ * anything is enqueued, and the caller dequantizes. */
 static gboolean
 fp8_run_native (GmlpGroupedLinear  *self,
                 GmlpGemmKind        kind,
@@ -425,9 +427,12 @@ fp8_run_native (GmlpGroupedLinear  *self,
                 void * const       *c,
                 GmlpDType           c_dtype,
                 const guint8       *accumulate,
+                gboolean            bias,
                 gboolean           *ran,
                 GError            **error)
 {
+  gboolean adds_bias = gmlp_device_get_backend (self->device)->gemm_adds_bias;
+  g_autofree gpointer *pbias = bias ? member_pointers (NULL, self->bias.members, self->n_groups) : NULL;
   g_autoptr(GError) local_error = NULL;
   GmlpBackendFp8Scales a_scales, b_scales;
   gboolean blockwise;
@@ -451,6 +456,7 @@ fp8_run_native (GmlpGroupedLinear  *self,
     .b_scale_inv = (const float * const *) sb,
     .c = c,
     .accumulate = accumulate,
+    .bias = adds_bias ? (const void * const *) pbias : NULL,
   };
 
   *ran = FALSE;
@@ -460,6 +466,9 @@ fp8_run_native (GmlpGroupedLinear  *self,
   gemm.b_scales = b_scales;
   blockwise = gmlp_backend_fp8_scales_blockwise (&a_scales, &b_scales);
   *ran = GMLP_DEVICE_CALL (self->device, gemm_fp8, &gemm, &local_error);
+  if (*ran && pbias != NULL && !adds_bias)
+    return GMLP_DEVICE_CALL (self->device, add_bias, self->n_groups, rows, self->out_features,
+                             (int) c_dtype, c, (const void * const *) pbias, error);
   if (*ran || (blockwise && fp8_refused (&local_error)))
     return TRUE;
   g_propagate_error (error, g_steal_pointer (&local_error));
@@ -707,17 +716,8 @@ gmlp_linear_fp8_forward (GmlpGroupedLinear     *self,
       g_autofree gpointer *py = member_pointers (output, NULL, self->n_groups);
 
       if (!fp8_run_native (self, GMLP_GEMM_FPROP, rows, x8, w8, (void * const *) py, self->dtype,
-                           NULL, &ran, error))
+                           NULL, self->bias.grouped != NULL, &ran, error))
         return NULL;
-      if (ran && self->bias.grouped != NULL)
-        {
-          g_autofree gpointer *pb = member_pointers (NULL, self->bias.members, self->n_groups);
-
-          if (!GMLP_DEVICE_CALL (self->device, add_bias, self->n_groups, rows, self->out_features,
-                                 (int) self->dtype, (void * const *) py,
-                                 (const void * const *) pb, error))
-            return NULL;
-        }
     }
   else if (multiplied && !fp8_run_device (self, GMLP_GEMM_FPROP, input, x8, w8, output, &ran, error))
     {
@@ -794,7 +794,7 @@ gmlp_linear_fp8_dgrad (GmlpGroupedLinear   *self,
       g_autofree gpointer *pdx = member_pointers (step->grad_input, NULL, self->n_groups);
 
       if (!fp8_run_native (self, GMLP_GEMM_DGRAD, rows, dy8, w8_t, (void * const *) pdx, self->dtype,
-                           NULL, &ran, error))
+                           NULL, FALSE, &ran, error))
         return FALSE;
     }
   else if (w8_t != NULL && fp8_multiplied (dy8, w8) &&
@@ -900,7 +900,8 @@ gmlp_linear_fp8_wgrad (GmlpGroupedLinear  *self,
       g_autofree gpointer *pdw = member_pointers (NULL, wgrad->fixed->members, self->n_groups);
 
       if (!fp8_run_native (self, GMLP_GEMM_WGRAD, gmlp_grouped_tensor_peek_rows (input), dy_t, x_t,
-                           (void * const *) pdw, wgrad->c_dtype, wgrad->accumulate, &ran, error))
+                           (void * const *) pdw, wgrad->c_dtype, wgrad->accumulate, FALSE, &ran,
+                           error))
         return FALSE;
     }
   else if (dy_t != NULL && x_t != NULL &&

@@ -49,6 +49,27 @@ gboolean            gmlp_grouped_linear_backward_dgrad  (GmlpGroupedLinear     *
 GmlpGroupedTensor  *gmlp_grouped_linear_backward_finish (GmlpGroupedLinear     *self,
                                                          GmlpLinearBackward    *step,
                                                          GError               **error);
+/* What begin checks, and only that: writes and allocates nothing (an
+ * offloaded input is reloaded, as begin would). @grad_output may be a
+ * tensor of the output gradient's shape, dtype, device and sizes, for a
+ * caller that checks before it makes the gradient (MoELayer, before any of
+ * its parts writes). */
+gboolean            gmlp_grouped_linear_check_backward  (GmlpGroupedLinear     *self,
+                                                         GmlpSavedActivations  *saved,
+                                                         GmlpGroupedTensor     *grad_output,
+                                                         const char            *label,
+                                                         GError               **error);
+/* For MoELayer, whose parts write one after the other: whether this
+ * layer's weight-gradient outputs (wgrad or main_grad, bgrad) share no
+ * byte with anything recorded in @reads (GArrays of GmlpVersionRecord:
+ * what every part's forward read) nor with @also (NULL: none), so that no
+ * part reads what this one's backward wrote. A delayed weight gradient
+ * checks its outputs in its backward_dw. Errors are prefixed with @label. */
+gboolean            gmlp_grouped_linear_check_wgrad_outputs (GmlpGroupedLinear  *self,
+                                                             GPtrArray          *reads,
+                                                             GmlpGroupedTensor  *also,
+                                                             const char         *label,
+                                                             GError            **error);
 /* The input gradient that dgrad writes (transfer none). */
 GmlpGroupedTensor  *gmlp_linear_backward_get_grad_input (GmlpLinearBackward    *step);
 void                gmlp_linear_backward_free           (GmlpLinearBackward    *step);

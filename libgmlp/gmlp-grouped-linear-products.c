@@ -18,6 +18,7 @@
 #include "gmlp-error.h"
 #include "gmlp-error-private.h"
 #include "gmlp-offload-context-private.h"
+#include "gmlp-quantizer-private.h"
 #include "gmlp-saved-activations-private.h"
 #include "gmlp-thread-private.h"
 
@@ -446,10 +447,15 @@ gmlp_linear_run_product (GmlpGroupedLinear  *self,
         .c = (void * const *) (wgrad ? fixed : psecond),
         .accumulate = product->accumulate,
       };
+      gboolean adds_bias = gmlp_device_get_backend (self->device)->gemm_adds_bias;
 
+      /* The bias before the product's one rounding, where the backend
+       * adds it (as gemm_device does); else to the product as stored. */
+      if (adds_bias)
+        gemm.bias = (const void * const *) bias;
       if (!GMLP_DEVICE_CALL (self->device, gemm, &gemm, error))
         return FALSE;
-      return bias == NULL ||
+      return bias == NULL || adds_bias ||
              GMLP_DEVICE_CALL (self->device, add_bias, self->n_groups, rows, self->out_features,
                                (int) product->c_dtype, (void * const *) psecond,
                                (const void * const *) bias, error);
@@ -855,20 +861,43 @@ gmlp_linear_backward_get_grad_input (GmlpLinearBackward *step)
   return step->grad_input;
 }
 
-GmlpLinearBackward *
-gmlp_grouped_linear_backward_begin (GmlpGroupedLinear     *self,
-                                    GmlpSavedActivations  *saved,
-                                    GmlpGroupedTensor     *grad_output,
-                                    const char            *label,
-                                    GError               **error)
+/* Whether @quantizer can quantize @n_groups groups: a delayed-scaling one
+ * keeps its scales for one number of groups (it makes them at its first
+ * use, as the quantization would). */
+static gboolean
+check_quantizer_state (GmlpQuantizer  *quantizer,
+                       guint           n_groups,
+                       GError        **error)
 {
-  g_autoptr(GmlpLinearBackward) step = NULL;
-  g_autoptr(GmlpGroupedTensor) grad_input = NULL;
+  float *state;
+  gboolean fits;
+
+  gmlp_quantizer_lock_state (quantizer);
+  fits = gmlp_quantizer_get_state_for (quantizer, n_groups, &state, error);
+  gmlp_quantizer_unlock_state (quantizer);
+  return fits;
+}
+
+/* The checks of a backward's begin (gmlp-grouped-linear-private.h), which
+ * write nothing: the saved activations and what their forward read, the
+ * output gradient against the forward's operands (for an FP8 forward, the
+ * quantizer it needs now and the recipes it must meet), main_grad's storage.
+ * Gives the saved input (reloaded when offloaded) and the FP8 forward's
+ * quantized weights (transfer none; NULL for a forward that was not FP8). */
+static gboolean
+check_backward (GmlpGroupedLinear     *self,
+                GmlpSavedActivations  *saved,
+                GmlpGroupedTensor     *grad_output,
+                const char            *label,
+                GmlpGroupedTensor    **input_out,
+                GmlpGroupedTensor    **w8_out,
+                GError               **error)
+{
   GmlpGroupedTensor *input, *w8 = NULL;
 
   if (!gmlp_saved_activations_check (saved, self->id, "GroupedLinear", error) ||
       !gmlp_saved_activations_check_versions (saved, label, error))
-    return NULL;
+    return FALSE;
   /* FP8: whatever the layer's quantizers are now, the forward was. Its
    * quantized weights stay on the device: getting them reloads nothing. */
   if (gmlp_saved_activations_contains (saved, "weight-fp8"))
@@ -878,28 +907,85 @@ gmlp_grouped_linear_backward_begin (GmlpGroupedLinear     *self,
           !gmlp_linear_fp8_check_activation (self, grad_output, self->out_features,
                                              "The output gradient", self->grad_output_quantizer,
                                              "DGRAD", w8, NULL, error))
-        return NULL;
+        return FALSE;
+      /* dgrad quantizes an output gradient given unquantized. */
+      if (!gmlp_dtype_is_fp8 (gmlp_grouped_tensor_get_dtype (grad_output)) &&
+          !check_quantizer_state (self->grad_output_quantizer, self->n_groups, error))
+        return FALSE;
     }
   else if (!check_activation (self, grad_output, self->out_features, "The output gradient", error))
     {
-      return NULL;
+      return FALSE;
     }
 
   input = gmlp_saved_activations_get (saved, "input", error);
   if (input == NULL)
-    return NULL;
-  if (gmlp_saved_activations_get_context (saved) != NULL)
-    gmlp_offload_context_backward_started (gmlp_saved_activations_get_context (saved), saved);
+    return FALSE;
   if ((w8 != NULL &&
        !gmlp_linear_fp8_check_activation (self, grad_output, self->out_features,
                                           "The output gradient", self->grad_output_quantizer,
                                           "WGRAD", input, NULL, error)) ||
       !check_same_sizes (input, grad_output, error))
-    return NULL;
+    return FALSE;
   /* A delayed weight gradient checks its outputs in its backward_dw. */
   if (!has_flag (self, GMLP_LINEAR_DELAY_WGRAD_COMPUTE) &&
       !check_wgrad_outputs_unaliased (self, gmlp_saved_activations_get_versions (saved), grad_output, error))
+    return FALSE;
+
+  *input_out = input;
+  *w8_out = w8;
+  return TRUE;
+}
+
+gboolean
+gmlp_grouped_linear_check_backward (GmlpGroupedLinear     *self,
+                                    GmlpSavedActivations  *saved,
+                                    GmlpGroupedTensor     *grad_output,
+                                    const char            *label,
+                                    GError               **error)
+{
+  g_autoptr(GmlpRecMutexLocker) locker = gmlp_rec_mutex_locker_new (&self->grad_lock);
+  GmlpGroupedTensor *input, *w8;
+
+  return check_backward (self, saved, grad_output, label, &input, &w8, error);
+}
+
+gboolean
+gmlp_grouped_linear_check_wgrad_outputs (GmlpGroupedLinear  *self,
+                                         GPtrArray          *reads,
+                                         GmlpGroupedTensor  *also,
+                                         const char         *label,
+                                         GError            **error)
+{
+  g_autoptr(GmlpRecMutexLocker) locker = gmlp_rec_mutex_locker_new (&self->grad_lock);
+  guint i;
+
+  if (has_flag (self, GMLP_LINEAR_DELAY_WGRAD_COMPUTE))
+    return TRUE;
+  for (i = 0; i < reads->len; i++)
+    if (!check_wgrad_outputs_unaliased (self, g_ptr_array_index (reads, i), also, error))
+      {
+        g_prefix_error (error, "%s: ", label);
+        return FALSE;
+      }
+  return TRUE;
+}
+
+GmlpLinearBackward *
+gmlp_grouped_linear_backward_begin (GmlpGroupedLinear     *self,
+                                    GmlpSavedActivations  *saved,
+                                    GmlpGroupedTensor     *grad_output,
+                                    const char            *label,
+                                    GError               **error)
+{
+  g_autoptr(GmlpLinearBackward) step = NULL;
+  g_autoptr(GmlpGroupedTensor) grad_input = NULL;
+  GmlpGroupedTensor *input, *w8;
+
+  if (!check_backward (self, saved, grad_output, label, &input, &w8, error))
     return NULL;
+  if (gmlp_saved_activations_get_context (saved) != NULL)
+    gmlp_offload_context_backward_started (gmlp_saved_activations_get_context (saved), saved);
 
   grad_input = gmlp_linear_new_activation_like (self, input, self->in_features, error);
   if (grad_input == NULL || !ensure_wgrad_storage (self, error))

@@ -46,4 +46,31 @@ gboolean           gmlp_grouped_mlp_init_parameters_from    (GmlpGroupedMLP     
                                                              guint               first_group,
                                                              GError            **error);
 
+/* The checks backward makes before either layer writes (its saved
+ * activations, what the forwards read, both layers' output gradients
+ * against their forwards: FP8 quantizers present and of recipes that meet
+ * the forward's, shapes, dtypes, sizes, main_grad's storage), and only
+ * those: no gradient is written, and @saved stays usable (with recompute,
+ * FC2's input is made again and kept in it, as backward does; an offloaded
+ * @saved is reloaded). @grad_output may be a tensor of the output
+ * gradient's shape, dtype, device and sizes, for a caller that checks
+ * before it makes the gradient. For MoELayer, which checks every part
+ * before any part writes. */
+gboolean           gmlp_grouped_mlp_check_backward          (GmlpGroupedMLP       *self,
+                                                             GmlpSavedActivations *saved,
+                                                             GmlpGroupedTensor    *grad_output,
+                                                             GError              **error);
+
+/* What backward_dw does before either layer computes (both layers'
+ * gmlp_grouped_linear_backward_dw_prepare()); writes no gradient. For
+ * MoELayer, which prepares every part before any computes. */
+gboolean           gmlp_grouped_mlp_backward_dw_prepare     (GmlpGroupedMLP       *self,
+                                                             GError              **error);
+/* gmlp_grouped_linear_check_wgrad_outputs() on both layers. */
+gboolean           gmlp_grouped_mlp_check_wgrad_outputs     (GmlpGroupedMLP       *self,
+                                                             GPtrArray            *reads,
+                                                             GmlpGroupedTensor    *also,
+                                                             const char           *label,
+                                                             GError              **error);
+
 G_END_DECLS

@@ -431,6 +431,19 @@ gmlp_grouped_mlp_forward (GmlpGroupedMLP        *self,
   return g_steal_pointer (&y);
 }
 
+gboolean
+gmlp_grouped_mlp_check_wgrad_outputs (GmlpGroupedMLP     *self,
+                                      GPtrArray          *reads,
+                                      GmlpGroupedTensor  *also,
+                                      const char         *label,
+                                      GError            **error)
+{
+  g_autofree char *fc1 = g_strdup_printf ("%s's FC1", label), *fc2 = g_strdup_printf ("%s's FC2", label);
+
+  return gmlp_grouped_linear_check_wgrad_outputs (self->fc1, reads, also, fc1, error) &&
+         gmlp_grouped_linear_check_wgrad_outputs (self->fc2, reads, also, fc2, error);
+}
+
 /**
  * gmlp_grouped_mlp_backward:
  * @self: a #GmlpGroupedMLP
@@ -459,6 +472,81 @@ gmlp_grouped_mlp_forward (GmlpGroupedMLP        *self,
  *
  * Since: 0.1
  */
+/* What a backward does before either layer's: checks the saved
+ * activations and what the three forwards read, gets FC1's output
+ * (transfer none) and, with recompute, makes FC2's input again. Writes no
+ * gradient. Under the grad lock. */
+static gboolean
+prepare_backward (GmlpGroupedMLP        *self,
+                  GmlpSavedActivations  *saved,
+                  GmlpGroupedTensor    **h_out,
+                  GError               **error)
+{
+  GmlpSavedActivations *s1, *s2;
+  GmlpGroupedTensor *h;
+
+  if (!gmlp_saved_activations_check (saved, self->id, "GroupedMLP", error))
+    return FALSE;
+  s1 = gmlp_saved_activations_get_child (saved, 0);
+  s2 = gmlp_saved_activations_get_child (saved, 1);
+  /* What the three forwards read, before anything is reloaded. */
+  if (!gmlp_saved_activations_check_versions (saved, "GroupedMLP", error) ||
+      !gmlp_saved_activations_check_versions (s1, "GroupedMLP's FC1", error) ||
+      !gmlp_saved_activations_check_versions (s2, "GroupedMLP's FC2", error))
+    return FALSE;
+  h = gmlp_saved_activations_get (saved, "fc1-output", error);
+  if (h == NULL)
+    return FALSE;
+
+  /* Recompute: FC2's input as the forward made it (with an FP8 forward,
+   * quantized by the same quantizer, whose scales do not change before the
+   * step's update). Saved with FC2's activations, where a retry finds it. */
+  if ((self->flags & GMLP_LINEAR_RECOMPUTE_ACTIVATION) && !gmlp_saved_activations_is_consumed (s2) &&
+      !gmlp_saved_activations_contains (s2, "input"))
+    {
+      GmlpQuantizer *quantizer = g_object_get_data (G_OBJECT (saved), SAVED_FC2_INPUT_QUANTIZER);
+      gboolean columnwise = GPOINTER_TO_INT (g_object_get_data (G_OBJECT (saved),
+                                                                SAVED_FC2_INPUT_COLUMNWISE));
+      g_autoptr(GmlpGroupedTensor) a = make_fc2_input (self, h, quantizer, columnwise, error);
+
+      if (a == NULL)
+        return FALSE;
+      gmlp_saved_activations_add (s2, "input", a);
+    }
+
+  *h_out = h;
+  return TRUE;
+}
+
+/* For MoELayer (gmlp-grouped-mlp-private.h): the checks of both layers'
+ * backwards. FC1's output gradient is made by the backward, with FC1's
+ * output's shape: FC1's output stands for it. */
+gboolean
+gmlp_grouped_mlp_check_backward (GmlpGroupedMLP        *self,
+                                 GmlpSavedActivations  *saved,
+                                 GmlpGroupedTensor     *grad_output,
+                                 GError               **error)
+{
+  g_autoptr(GmlpRecMutexLocker) locker = NULL;
+  GmlpGroupedTensor *h;
+
+  g_return_val_if_fail (GMLP_IS_GROUPED_MLP (self), FALSE);
+  g_return_val_if_fail (GMLP_IS_SAVED_ACTIVATIONS (saved), FALSE);
+  g_return_val_if_fail (GMLP_IS_GROUPED_TENSOR (grad_output), FALSE);
+  g_return_val_if_fail (error == NULL || *error == NULL, FALSE);
+
+  if (!gmlp_check_constructed (self, self->construct_error, error) ||
+      !gmlp_grouped_tensor_check_usable (grad_output, error))
+    return FALSE;
+
+  locker = gmlp_rec_mutex_locker_new (&self->grad_lock);
+  return prepare_backward (self, saved, &h, error) &&
+         gmlp_grouped_linear_check_backward (self->fc2, gmlp_saved_activations_get_child (saved, 1),
+                                             grad_output, "GroupedMLP's FC2", error) &&
+         gmlp_grouped_linear_check_backward (self->fc1, gmlp_saved_activations_get_child (saved, 0),
+                                             h, "GroupedMLP's FC1", error);
+}
+
 GmlpGroupedTensor *
 gmlp_grouped_mlp_backward (GmlpGroupedMLP        *self,
                            GmlpSavedActivations  *saved,
@@ -481,34 +569,10 @@ gmlp_grouped_mlp_backward (GmlpGroupedMLP        *self,
     return NULL;
 
   locker = gmlp_rec_mutex_locker_new (&self->grad_lock);
-  if (!gmlp_saved_activations_check (saved, self->id, "GroupedMLP", error))
+  if (!prepare_backward (self, saved, &h, error))
     return NULL;
   s1 = gmlp_saved_activations_get_child (saved, 0);
   s2 = gmlp_saved_activations_get_child (saved, 1);
-  /* What the three forwards read, before anything is reloaded. */
-  if (!gmlp_saved_activations_check_versions (saved, "GroupedMLP", error) ||
-      !gmlp_saved_activations_check_versions (s1, "GroupedMLP's FC1", error) ||
-      !gmlp_saved_activations_check_versions (s2, "GroupedMLP's FC2", error))
-    return NULL;
-  h = gmlp_saved_activations_get (saved, "fc1-output", error);
-  if (h == NULL)
-    return NULL;
-
-  /* Recompute: FC2's input as the forward made it (with an FP8 forward,
-   * quantized by the same quantizer, whose scales do not change before the
-   * step's update). Saved with FC2's activations, where a retry finds it. */
-  if ((self->flags & GMLP_LINEAR_RECOMPUTE_ACTIVATION) && !gmlp_saved_activations_is_consumed (s2) &&
-      !gmlp_saved_activations_contains (s2, "input"))
-    {
-      GmlpQuantizer *quantizer = g_object_get_data (G_OBJECT (saved), SAVED_FC2_INPUT_QUANTIZER);
-      gboolean columnwise = GPOINTER_TO_INT (g_object_get_data (G_OBJECT (saved),
-                                                                SAVED_FC2_INPUT_COLUMNWISE));
-      g_autoptr(GmlpGroupedTensor) a = make_fc2_input (self, h, quantizer, columnwise, error);
-
-      if (a == NULL)
-        return NULL;
-      gmlp_saved_activations_add (s2, "input", a);
-    }
 
   /* Both layers checked, and all allocated (FC1's output gradient too,
    * which the activation writes later), before either writes. */
@@ -542,6 +606,23 @@ gmlp_grouped_mlp_backward (GmlpGroupedMLP        *self,
   return g_steal_pointer (&dx);
 }
 
+gboolean
+gmlp_grouped_mlp_backward_dw_prepare (GmlpGroupedMLP  *self,
+                                      GError         **error)
+{
+  g_autoptr(GmlpRecMutexLocker) locker = NULL;
+
+  g_return_val_if_fail (GMLP_IS_GROUPED_MLP (self), FALSE);
+  g_return_val_if_fail (error == NULL || *error == NULL, FALSE);
+
+  if (!gmlp_check_constructed (self, self->construct_error, error))
+    return FALSE;
+
+  locker = gmlp_rec_mutex_locker_new (&self->grad_lock);
+  return gmlp_grouped_linear_backward_dw_prepare (self->fc2, "GroupedMLP's FC2", error) &&
+         gmlp_grouped_linear_backward_dw_prepare (self->fc1, "GroupedMLP's FC1", error);
+}
+
 /**
  * gmlp_grouped_mlp_backward_dw:
  * @self: a #GmlpGroupedMLP with delayed weight gradients
@@ -573,8 +654,7 @@ gmlp_grouped_mlp_backward_dw (GmlpGroupedMLP  *self,
     return FALSE;
 
   locker = gmlp_rec_mutex_locker_new (&self->grad_lock);
-  return gmlp_grouped_linear_backward_dw_prepare (self->fc2, "GroupedMLP's FC2", error) &&
-         gmlp_grouped_linear_backward_dw_prepare (self->fc1, "GroupedMLP's FC1", error) &&
+  return gmlp_grouped_mlp_backward_dw_prepare (self, error) &&
          gmlp_grouped_linear_backward_dw (self->fc2, error) &&
          gmlp_grouped_linear_backward_dw (self->fc1, error) &&
          gmlp_grouped_mlp_emit_wgrad_ready (self, error);

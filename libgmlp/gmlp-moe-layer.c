@@ -1034,6 +1034,59 @@ gmlp_moe_layer_forward (GmlpMoELayer          *self,
   return g_steal_pointer (&output);
 }
 
+/* The parts write their weight gradients one after the other, and each
+ * checks its own against what it reads: a part's main_grad that holds what
+ * another part read (the tokens, a weight, the output gradient) would make
+ * that part refuse, or compute from changed values, after the first had
+ * written. So every part's against what any part's forward read (@saved
+ * and its parts') and the output gradient, before any writes. */
+static gboolean
+check_weight_gradients_apart (GmlpMoELayer          *self,
+                              GmlpSavedActivations  *saved,
+                              GmlpGroupedTensor     *grad_output,
+                              GError               **error)
+{
+  GmlpSavedActivations *parts[3], *router_saved = gmlp_saved_activations_get_child (saved, 0);
+  g_autoptr(GPtrArray) reads = g_ptr_array_new ();
+  GmlpGroupedTensor *router_grad = gmlp_router_get_main_grad (self->router);
+  guint n_parts = 0, i, j;
+
+  parts[n_parts++] = gmlp_saved_activations_get_child (saved, 1);
+  if (self->shared != NULL)
+    parts[n_parts++] = gmlp_saved_activations_get_child (saved, 2);
+  g_ptr_array_add (reads, gmlp_saved_activations_get_versions (saved));
+  g_ptr_array_add (reads, gmlp_saved_activations_get_versions (router_saved));
+  g_ptr_array_add (reads, gmlp_saved_activations_get_versions (gmlp_saved_activations_get_child (router_saved, 0)));
+  for (i = 0; i < n_parts; i++)
+    {
+      g_ptr_array_add (reads, gmlp_saved_activations_get_versions (parts[i]));
+      for (j = 0; j < 2; j++)
+        g_ptr_array_add (reads, gmlp_saved_activations_get_versions (gmlp_saved_activations_get_child (parts[i], j)));
+    }
+
+  /* The router's own weight gradient is its own storage; a main_grad is
+   * the caller's (written now unless delayed). */
+  if (router_grad != NULL && !(gmlp_router_get_flags (self->router) & GMLP_LINEAR_DELAY_WGRAD_COMPUTE))
+    {
+      const GmlpVersionRecord *record = NULL;
+      GmlpSpan span;
+
+      gmlp_grouped_tensor_get_span (router_grad, &span);
+      for (i = 0; i < reads->len && record == NULL; i++)
+        record = gmlp_version_records_find_overlap (g_ptr_array_index (reads, i), &span);
+      if (record != NULL || gmlp_grouped_tensor_overlaps (router_grad, grad_output))
+        {
+          g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
+                       "The router's main_grad shares storage with the %s, which the layer's "
+                       "backward reads", record != NULL ? record->name : "output gradient");
+          return FALSE;
+        }
+    }
+  return gmlp_grouped_mlp_check_wgrad_outputs (self->experts, reads, grad_output, "The experts", error) &&
+         (self->shared == NULL ||
+          gmlp_grouped_mlp_check_wgrad_outputs (self->shared, reads, grad_output, "The shared expert", error));
+}
+
 /**
  * gmlp_moe_layer_backward:
  * @self: a #GmlpMoELayer
@@ -1103,6 +1156,20 @@ gmlp_moe_layer_backward (GmlpMoELayer          *self,
   expert_out = gmlp_saved_activations_get (saved, "expert-output", error);
   if (expert_out == NULL)
     return NULL;
+  /* What the experts' and the shared expert's backwards would refuse (an
+   * FP8 recipe changed through get_experts() or get_shared_expert() since
+   * the forward, main_grad's storage, ...), before the experts and the
+   * router write: the experts' output gradient will have the shape of
+   * their output. The router refuses nothing that these checks let
+   * through. Expert parallel, the local experts' gradient arrives by the
+   * dispatch: their backward, the first part to write, checks it then (a
+   * refusal there aborts the communicator, as any failure mid-step). */
+  if ((self->communicator == NULL &&
+       !gmlp_grouped_mlp_check_backward (self->experts, experts_saved, expert_out, error)) ||
+      (shared_saved != NULL &&
+       !gmlp_grouped_mlp_check_backward (self->shared, shared_saved, grad_output, error)) ||
+      !check_weight_gradients_apart (self, saved, grad_output, error))
+    return NULL;
 
   grad_expert_out = gmlp_routing_combine_backward (routing, grad_output, expert_out, &grad_probs,
                                                    error);
@@ -1143,10 +1210,13 @@ gmlp_moe_layer_backward (GmlpMoELayer          *self,
  *
  * Computes the weight gradients of the oldest backward still waiting for
  * them: the router's, the experts' and the shared expert's (see
- * [method@Gmlp.GroupedLinear.backward_dw]).
+ * [method@Gmlp.GroupedLinear.backward_dw]). Every part is checked before
+ * any computes: a call that fails leaves all of them pending and their
+ * gradients as they were, but for a device error while they are written.
  *
  * Returns: %TRUE on success; %FALSE with %GMLP_ERROR_INVALID_STATE without
- *   delayed weight gradients or with none pending
+ *   delayed weight gradients, with none pending, or with what a part's
+ *   forward read written since
  *
  * Since: 0.1
  */
@@ -1163,10 +1233,13 @@ gmlp_moe_layer_backward_dw (GmlpMoELayer  *self,
     return FALSE;
 
   locker = gmlp_rec_mutex_locker_new (&self->grad_lock);
-  /* The experts first: they refuse when nothing is pending, before the
-   * router or the shared expert computes anything. */
-  return gmlp_grouped_mlp_backward_dw (self->experts, error) &&
+  /* Every part checked before any computes: the experts and the shared
+   * expert prepared (nothing pending, what they read written since, ...),
+   * then the router, which checks before it writes, then the two. */
+  return gmlp_grouped_mlp_backward_dw_prepare (self->experts, error) &&
+         (self->shared == NULL || gmlp_grouped_mlp_backward_dw_prepare (self->shared, error)) &&
          gmlp_router_backward_dw (self->router, error) &&
+         gmlp_grouped_mlp_backward_dw (self->experts, error) &&
          (self->shared == NULL || gmlp_grouped_mlp_backward_dw (self->shared, error));
 }
 

@@ -333,30 +333,41 @@ gmlp_test_set_linear (GmlpGroupedLinear *linear,
     }
 }
 
+static void
+add_bytes (GPtrArray         *all,
+           GmlpGroupedTensor *tensor)
+{
+  g_autoptr(GError) error = NULL;
+
+  g_assert_nonnull (tensor);
+  g_ptr_array_add (all, gmlp_grouped_tensor_to_bytes (tensor, &error));
+  g_assert_no_error (error);
+}
+
 GPtrArray *
 gmlp_test_moe_gradient_bytes (GmlpMoELayer *layer)
 {
   GPtrArray *all = g_ptr_array_new_with_free_func ((GDestroyNotify) g_bytes_unref);
   GmlpGroupedMLP *mlps[2] = { gmlp_moe_layer_get_experts (layer), gmlp_moe_layer_get_shared_expert (layer) };
-  g_autoptr(GError) error = NULL;
-  guint i, j;
+  GmlpRouter *router = gmlp_moe_layer_get_router (layer);
+  gboolean fused = (gmlp_router_get_flags (router) & GMLP_LINEAR_FUSE_WGRAD_ACCUMULATION) != 0;
+  guint i, j, g;
 
-  g_ptr_array_add (all, gmlp_grouped_tensor_to_bytes (gmlp_router_get_wgrad (gmlp_moe_layer_get_router (layer)),
-                                                      &error));
-  g_assert_no_error (error);
+  add_bytes (all, fused ? gmlp_router_get_main_grad (router) : gmlp_router_get_wgrad (router));
   for (i = 0; i < 2 && mlps[i] != NULL; i++)
     for (j = 0; j < 2; j++)
       {
         GmlpGroupedLinear *fc = j == 0 ? gmlp_grouped_mlp_get_fc1 (mlps[i]) : gmlp_grouped_mlp_get_fc2 (mlps[i]);
 
-        g_assert_nonnull (gmlp_grouped_linear_get_wgrad (fc));
-        g_ptr_array_add (all, gmlp_grouped_tensor_to_bytes (gmlp_grouped_linear_get_wgrad (fc), &error));
-        g_assert_no_error (error);
+        if (!fused)
+          add_bytes (all, gmlp_grouped_linear_get_wgrad (fc));
+        else if (gmlp_grouped_linear_get_main_grad (fc) != NULL)
+          add_bytes (all, gmlp_grouped_linear_get_main_grad (fc));
+        else
+          for (g = 0; g < gmlp_grouped_linear_get_n_groups (fc); g++)
+            add_bytes (all, gmlp_grouped_linear_get_main_grad_member (fc, g));
         if (gmlp_grouped_linear_get_bgrad (fc) != NULL)
-          {
-            g_ptr_array_add (all, gmlp_grouped_tensor_to_bytes (gmlp_grouped_linear_get_bgrad (fc), &error));
-            g_assert_no_error (error);
-          }
+          add_bytes (all, gmlp_grouped_linear_get_bgrad (fc));
       }
   return all;
 }

@@ -93,7 +93,9 @@ void               gmlp_test_set_linear        (GmlpGroupedLinear *linear,
                                                 const double      *b);
 /* Every weight gradient an MoE layer holds, as bytes (each to unref): the
  * router's, then the experts' and the shared expert's, FC1's and FC2's
- * weight and bias gradients (those that exist). */
+ * weight and bias gradients (those that exist); with fused accumulation the
+ * main_grads instead of the weight gradients (member by member where they
+ * are per group). */
 GPtrArray         *gmlp_test_moe_gradient_bytes (GmlpMoELayer   *layer);
 /* Asserts that two arrays of GBytes hold the same bytes, item by item. */
 void               gmlp_test_assert_same_bytes_array (GPtrArray  *a,

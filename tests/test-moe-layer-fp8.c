@@ -61,14 +61,15 @@ static const GmlpQuantizerRole all_roles[] = {
   GMLP_QUANTIZER_ROLE_INPUT, GMLP_QUANTIZER_ROLE_WEIGHT, GMLP_QUANTIZER_ROLE_GRAD_OUTPUT,
 };
 
-/* Biases in FP32 layers only: the backends add a bias to a 16-bit
- * product at different points (the CPU to the product as stored, CUDA's
- * epilogue before it stores), so that a BF16 FC1 output can differ by an
- * ulp between them, and the FP8 quantizations after it with it. */
+/* Biases in every layer: both backends add a bias to the FP32 product
+ * before its one rounding to a 16-bit output (the experts' products have
+ * device sizes: CUDA's epilogue, the CPU's gemm_device), as the reference
+ * rounds h = x W1ᵀ + b1, so that a BF16 FC1 output is the same on both and
+ * so are the FP8 quantizations after it. */
 static GmlpLinearFlags
 layer_flags (GmlpDType dtype)
 {
-  return GMLP_LINEAR_SINGLE_GROUPED_WEIGHT | (dtype == GMLP_DTYPE_FLOAT32 ? GMLP_LINEAR_BIAS : 0);
+  return GMLP_LINEAR_SINGLE_GROUPED_WEIGHT | GMLP_LINEAR_BIAS;
 }
 
 typedef struct {
@@ -668,13 +669,14 @@ set_mlp (GmlpGroupedMLP *mlp,
 }
 
 /* A layer of the configuration with @recipe given at construction (NONE:
- * none). */
+ * none), and @flags besides the dtype's. */
 static GmlpMoELayer *
-layer_new (GmlpDevice        *device,
-           const Config      *c,
-           GmlpDType          dtype,
-           GmlpScalingRecipe  recipe,
-           GError           **error)
+layer_new_flags (GmlpDevice        *device,
+                 const Config      *c,
+                 GmlpDType          dtype,
+                 GmlpScalingRecipe  recipe,
+                 GmlpLinearFlags    flags,
+                 GError           **error)
 {
   return g_initable_new (GMLP_TYPE_MOE_LAYER, NULL, error,
                          "device", device,
@@ -684,21 +686,33 @@ layer_new (GmlpDevice        *device,
                          "top-k", (guint) TOP_K,
                          "activation", GMLP_ACTIVATION_SWIGLU,
                          "dtype", dtype,
-                         "flags", layer_flags (dtype),
+                         "flags", layer_flags (dtype) | flags,
                          "padding", c->padding,
                          "shared-expert-ffn-hidden", c->shared,
                          "fp8-recipe", recipe,
                          NULL);
 }
 
-/* A layer holding the problem's parameters. */
 static GmlpMoELayer *
-problem_layer (Problem           *p,
-               GmlpDevice        *device,
-               GmlpScalingRecipe  recipe)
+layer_new (GmlpDevice        *device,
+           const Config      *c,
+           GmlpDType          dtype,
+           GmlpScalingRecipe  recipe,
+           GError           **error)
+{
+  return layer_new_flags (device, c, dtype, recipe, GMLP_LINEAR_NONE, error);
+}
+
+/* A layer holding the problem's parameters, with @flags besides the
+ * dtype's. */
+static GmlpMoELayer *
+problem_layer_flags (Problem           *p,
+                     GmlpDevice        *device,
+                     GmlpScalingRecipe  recipe,
+                     GmlpLinearFlags    flags)
 {
   g_autoptr(GError) error = NULL;
-  GmlpMoELayer *layer = layer_new (device, p->c, p->dtype, recipe, &error);
+  GmlpMoELayer *layer = layer_new_flags (device, p->c, p->dtype, recipe, flags, &error);
   g_autoptr(GBytes) wb = gmlp_test_encode_values (p->wg, N_EXPERTS * HIDDEN, GMLP_DTYPE_FLOAT32);
 
   g_assert_no_error (error);
@@ -709,6 +723,14 @@ problem_layer (Problem           *p,
   if (p->shared != NULL)
     set_mlp (gmlp_moe_layer_get_shared_expert (layer), p->shared);
   return layer;
+}
+
+static GmlpMoELayer *
+problem_layer (Problem           *p,
+               GmlpDevice        *device,
+               GmlpScalingRecipe  recipe)
+{
+  return problem_layer_flags (p, device, recipe, GMLP_LINEAR_NONE);
 }
 
 static Mlp *
@@ -1196,6 +1218,32 @@ test_bad_recipes (void)
   }
 }
 
+/* A recipe for the forward, another set before its backward, and the
+ * error the backward then gives. */
+typedef struct {
+  GmlpScalingRecipe forward, between;
+  gint              code;
+} RecipeChange;
+
+/* A backward that must refuse with @code before anything is written:
+ * every gradient the same bytes as @before, the saved activations unused. */
+static void
+assert_backward_refused (GmlpMoELayer         *layer,
+                         GmlpSavedActivations *saved,
+                         GmlpGroupedTensor    *dy,
+                         GPtrArray            *before,
+                         gint                  code)
+{
+  g_autoptr(GPtrArray) after = NULL;
+  g_autoptr(GError) error = NULL;
+
+  g_assert_null (gmlp_moe_layer_backward (layer, saved, dy, &error));
+  g_assert_error (error, GMLP_ERROR, code);
+  g_assert_false (gmlp_saved_activations_is_consumed (saved));
+  after = gmlp_test_moe_gradient_bytes (layer);
+  gmlp_test_assert_same_bytes_array (before, after, "gradients after a refused backward");
+}
+
 /* A recipe changed between a forward and its backward: the backward of an
  * FP8 forward stays FP8. Without FP8, or with a recipe that does not meet
  * the forward's, it fails before anything is written, the saved
@@ -1206,10 +1254,7 @@ static void
 test_recipe_between (void)
 {
   g_autoptr(GmlpDevice) device = gmlp_test_device_or_skip ();
-  static const struct {
-    GmlpScalingRecipe forward, between;
-    gint              code;
-  } cases[] = {
+  static const RecipeChange cases[] = {
     { GMLP_SCALING_RECIPE_DELAYED, GMLP_SCALING_RECIPE_NONE, GMLP_ERROR_INVALID_STATE },
     { GMLP_SCALING_RECIPE_BLOCKWISE, GMLP_SCALING_RECIPE_NONE, GMLP_ERROR_INVALID_STATE },
     { GMLP_SCALING_RECIPE_DELAYED, GMLP_SCALING_RECIPE_BLOCKWISE, GMLP_ERROR_UNSUPPORTED },
@@ -1226,7 +1271,7 @@ test_recipe_between (void)
       g_autoptr(GmlpMoELayer) layer = NULL;
       g_autoptr(GmlpGroupedTensor) x = NULL, dy = NULL, y = NULL, dx = NULL, dx2 = NULL;
       g_autoptr(GmlpSavedActivations) saved = NULL;
-      g_autoptr(GPtrArray) before = NULL, after = NULL;
+      g_autoptr(GPtrArray) before = NULL;
       g_autoptr(GError) error = NULL;
       g_auto(Step) ref = { NULL, }, first = { NULL, };
 
@@ -1245,12 +1290,7 @@ test_recipe_between (void)
       before = gmlp_test_moe_gradient_bytes (layer);
       g_assert_true (gmlp_moe_layer_set_fp8_recipe (layer, cases[i].between, GMLP_FP8_FORMAT_HYBRID, &error));
       g_assert_no_error (error);
-      g_assert_null (gmlp_moe_layer_backward (layer, saved, dy, &error));
-      g_assert_error (error, GMLP_ERROR, cases[i].code);
-      g_clear_error (&error);
-      g_assert_false (gmlp_saved_activations_is_consumed (saved));
-      after = gmlp_test_moe_gradient_bytes (layer);
-      gmlp_test_assert_same_bytes_array (before, after, "gradients after a refused backward");
+      assert_backward_refused (layer, saved, dy, before, cases[i].code);
 
       /* The forward's recipe again (fresh quantizers: the backward's
        * scales are the output gradients' own but for delayed scaling). */
@@ -1283,6 +1323,196 @@ test_recipe_between (void)
     }
 }
 
+static void
+whole_step (GmlpMoELayer      *layer,
+            GmlpGroupedTensor *x,
+            GmlpGroupedTensor *dy)
+{
+  g_autoptr(GmlpSavedActivations) saved = NULL;
+  g_autoptr(GmlpGroupedTensor) y = NULL, dx = NULL;
+  g_autoptr(GError) error = NULL;
+
+  y = gmlp_moe_layer_forward (layer, x, &saved, &error);
+  g_assert_no_error (error);
+  dx = gmlp_moe_layer_backward (layer, saved, dy, &error);
+  g_assert_no_error (error);
+}
+
+/* The same as test_recipe_between, with the recipe of one part changed
+ * through its getter: the shared expert's or the routed experts'. The
+ * backward must refuse before any part writes (the router, the experts and
+ * the shared expert run one after the other, so a part that refuses late
+ * must be found out at the start), leaving every gradient (main_grad when
+ * fused) bit for bit as it was; with the part's forward recipe set again
+ * the same activations' backward gives the bits of a twin layer whose
+ * step was never refused (on the CPU; within the dtype's tolerance on a
+ * GPU, whose sums may be ordered otherwise). */
+static void
+test_part_recipe_between (void)
+{
+  g_autoptr(GmlpDevice) device = gmlp_test_device_or_skip ();
+  static const RecipeChange cases[] = {
+    { GMLP_SCALING_RECIPE_DELAYED, GMLP_SCALING_RECIPE_NONE, GMLP_ERROR_INVALID_STATE },
+    { GMLP_SCALING_RECIPE_DELAYED, GMLP_SCALING_RECIPE_BLOCKWISE, GMLP_ERROR_UNSUPPORTED },
+    { GMLP_SCALING_RECIPE_MXFP8, GMLP_SCALING_RECIPE_CURRENT, GMLP_ERROR_UNSUPPORTED },
+  };
+  guint i, part, fused;
+
+  if (device == NULL)
+    return;
+
+  for (fused = 0; fused < 2; fused++)
+    for (part = 0; part < 2; part++)
+      for (i = 0; i < G_N_ELEMENTS (cases); i++)
+        {
+          GmlpLinearFlags flags = fused ? GMLP_LINEAR_FUSE_WGRAD_ACCUMULATION : GMLP_LINEAR_NONE;
+          g_autoptr(Problem) p = problem_new (&configs[1], GMLP_DTYPE_BFLOAT16);
+          g_autoptr(GmlpMoELayer) layer = NULL, twin = NULL;
+          g_autoptr(GmlpGroupedTensor) x = NULL, dy = NULL, y = NULL, dx = NULL, y_twin = NULL, dx_twin = NULL;
+          g_autoptr(GmlpSavedActivations) saved = NULL, saved_twin = NULL;
+          g_autoptr(GPtrArray) before = NULL, after = NULL, want = NULL;
+          g_autoptr(GError) error = NULL;
+          g_autofree double *got_dx = NULL, *want_dx = NULL;
+          GmlpGroupedMLP *changed, *changed_twin;
+
+          g_test_message ("%s, %s: %d then %d", fused ? "fused" : "not fused",
+                          part == 0 ? "shared expert" : "experts", cases[i].forward, cases[i].between);
+          layer = problem_layer_flags (p, device, cases[i].forward, flags);
+          twin = problem_layer_flags (p, device, cases[i].forward, flags);
+          changed = part == 0 ? gmlp_moe_layer_get_shared_expert (layer) : gmlp_moe_layer_get_experts (layer);
+          changed_twin = part == 0 ? gmlp_moe_layer_get_shared_expert (twin) : gmlp_moe_layer_get_experts (twin);
+          g_assert_nonnull (changed);
+
+          /* A whole step first on both, so that every gradient exists;
+           * other tokens for the step under test, whose gradients differ. */
+          problem_draw (p);
+          x = gmlp_test_upload_values (device, p->x, T_TOKENS, HIDDEN, p->dtype);
+          dy = gmlp_test_upload_values (device, p->dy, T_TOKENS, HIDDEN, p->dtype);
+          whole_step (layer, x, dy);
+          whole_step (twin, x, dy);
+          g_clear_object (&x);
+          g_clear_object (&dy);
+          problem_draw (p);
+          x = gmlp_test_upload_values (device, p->x, T_TOKENS, HIDDEN, p->dtype);
+          dy = gmlp_test_upload_values (device, p->dy, T_TOKENS, HIDDEN, p->dtype);
+          y = gmlp_moe_layer_forward (layer, x, &saved, &error);
+          g_assert_no_error (error);
+          before = gmlp_test_moe_gradient_bytes (layer);
+          g_assert_true (gmlp_grouped_mlp_set_fp8_recipe (changed, cases[i].between, GMLP_FP8_FORMAT_HYBRID,
+                                                          &error));
+          g_assert_no_error (error);
+          assert_backward_refused (layer, saved, dy, before, cases[i].code);
+
+          /* The forward's recipe again: fresh quantizers, which the twin
+           * gets at the same point of its step. */
+          g_assert_true (gmlp_grouped_mlp_set_fp8_recipe (changed, cases[i].forward, GMLP_FP8_FORMAT_HYBRID,
+                                                          &error));
+          g_assert_no_error (error);
+          dx = gmlp_moe_layer_backward (layer, saved, dy, &error);
+          g_assert_no_error (error);
+          g_assert_true (gmlp_saved_activations_is_consumed (saved));
+
+          y_twin = gmlp_moe_layer_forward (twin, x, &saved_twin, &error);
+          g_assert_no_error (error);
+          g_assert_true (gmlp_grouped_mlp_set_fp8_recipe (changed_twin, cases[i].forward, GMLP_FP8_FORMAT_HYBRID,
+                                                          &error));
+          g_assert_no_error (error);
+          dx_twin = gmlp_moe_layer_backward (twin, saved_twin, dy, &error);
+          g_assert_no_error (error);
+
+          got_dx = gmlp_test_download (dx, NULL);
+          want_dx = gmlp_test_download (dx_twin, NULL);
+          if (on_gpu (device))
+            {
+              gmlp_test_assert_close (got_dx, want_dx, T_TOKENS * HIDDEN, gmlp_test_tolerance (p->dtype),
+                                      "the retried backward's dx");
+            }
+          else
+            {
+              gmlp_test_assert_same_bytes (dx, dx_twin, "the retried backward's dx");
+              after = gmlp_test_moe_gradient_bytes (layer);
+              want = gmlp_test_moe_gradient_bytes (twin);
+              gmlp_test_assert_same_bytes_array (after, want, "gradients of the retried backward");
+            }
+        }
+}
+
+/* A part's output-gradient quantizer that cannot quantize its output
+ * gradient: the shared expert's FC1 given, between the forward and the
+ * backward, a delayed-scaling one that keeps the scales of two groups (the
+ * shared expert has one). The backward refuses before any part writes,
+ * every gradient as it was; with the quantizers of the forward again it
+ * runs. */
+static void
+test_part_quantizer_state (void)
+{
+  g_autoptr(GmlpDevice) device = gmlp_test_device_or_skip ();
+  g_autoptr(Problem) p = NULL;
+  g_autoptr(GmlpMoELayer) layer = NULL, twin = NULL;
+  g_autoptr(GmlpQuantizer) other = NULL, input_q = NULL, weight_q = NULL, grad_q = NULL;
+  g_autoptr(GmlpGroupedTensor) x = NULL, dy = NULL, y = NULL, dx = NULL, two = NULL, two8 = NULL;
+  g_autoptr(GmlpGroupedTensor) y_twin = NULL, dx_twin = NULL;
+  g_autoptr(GmlpSavedActivations) saved = NULL, saved_twin = NULL;
+  g_autoptr(GPtrArray) before = NULL;
+  g_autoptr(GError) error = NULL;
+  gint64 two_rows[] = { 16, 16 };
+  GmlpGroupedLinear *fc1;
+
+  if (device == NULL)
+    return;
+
+  p = problem_new (&configs[1], GMLP_DTYPE_BFLOAT16);
+  layer = problem_layer (p, device, GMLP_SCALING_RECIPE_DELAYED);
+  fc1 = gmlp_grouped_mlp_get_fc1 (gmlp_moe_layer_get_shared_expert (layer));
+  problem_draw (p);
+  x = gmlp_test_upload_values (device, p->x, T_TOKENS, HIDDEN, p->dtype);
+  dy = gmlp_test_upload_values (device, p->dy, T_TOKENS, HIDDEN, p->dtype);
+  twin = problem_layer (p, device, GMLP_SCALING_RECIPE_DELAYED);
+  whole_step (layer, x, dy);
+  whole_step (twin, x, dy);
+  /* Other tokens for the step under test: its gradients differ. */
+  g_clear_object (&x);
+  g_clear_object (&dy);
+  problem_draw (p);
+  x = gmlp_test_upload_values (device, p->x, T_TOKENS, HIDDEN, p->dtype);
+  dy = gmlp_test_upload_values (device, p->dy, T_TOKENS, HIDDEN, p->dtype);
+
+  other = gmlp_quantizer_new (device, GMLP_SCALING_RECIPE_DELAYED, GMLP_FP8_FORMAT_HYBRID,
+                              GMLP_QUANTIZER_ROLE_GRAD_OUTPUT);
+  two = gmlp_test_random_tensor (device, GMLP_DTYPE_BFLOAT16, two_rows, 2, HIDDEN, 1.0, NULL);
+  two8 = gmlp_quantizer_quantize (other, two, &error);
+  g_assert_no_error (error);
+  input_q = g_object_ref (gmlp_grouped_linear_get_quantizer (fc1, GMLP_QUANTIZER_ROLE_INPUT));
+  weight_q = g_object_ref (gmlp_grouped_linear_get_quantizer (fc1, GMLP_QUANTIZER_ROLE_WEIGHT));
+  grad_q = g_object_ref (gmlp_grouped_linear_get_quantizer (fc1, GMLP_QUANTIZER_ROLE_GRAD_OUTPUT));
+
+  y = gmlp_moe_layer_forward (layer, x, &saved, &error);
+  g_assert_no_error (error);
+  before = gmlp_test_moe_gradient_bytes (layer);
+  g_assert_true (gmlp_grouped_linear_set_quantizers (fc1, input_q, weight_q, other, &error));
+  g_assert_no_error (error);
+  assert_backward_refused (layer, saved, dy, before, GMLP_ERROR_SHAPE_MISMATCH);
+
+  g_assert_true (gmlp_grouped_linear_set_quantizers (fc1, input_q, weight_q, grad_q, &error));
+  g_assert_no_error (error);
+  dx = gmlp_moe_layer_backward (layer, saved, dy, &error);
+  g_assert_no_error (error);
+  g_assert_true (gmlp_saved_activations_is_consumed (saved));
+
+  /* The bits of the twin's step, which was never refused (on the CPU). */
+  y_twin = gmlp_moe_layer_forward (twin, x, &saved_twin, &error);
+  g_assert_no_error (error);
+  dx_twin = gmlp_moe_layer_backward (twin, saved_twin, dy, &error);
+  g_assert_no_error (error);
+  if (!on_gpu (device))
+    {
+      g_autoptr(GPtrArray) got = gmlp_test_moe_gradient_bytes (layer), want = gmlp_test_moe_gradient_bytes (twin);
+
+      gmlp_test_assert_same_bytes (dx, dx_twin, "the retried backward's dx");
+      gmlp_test_assert_same_bytes_array (got, want, "gradients of the retried backward");
+    }
+}
+
 int
 main (int argc, char *argv[])
 {
@@ -1294,6 +1524,8 @@ main (int argc, char *argv[])
   g_test_add_func ("/Gmlp/MoELayer/fp8/any-padding", test_any_padding);
   g_test_add_func ("/Gmlp/MoELayer/fp8/bad-recipes", test_bad_recipes);
   g_test_add_func ("/Gmlp/MoELayer/fp8/recipe-between", test_recipe_between);
+  g_test_add_func ("/Gmlp/MoELayer/fp8/part-recipe-between", test_part_recipe_between);
+  g_test_add_func ("/Gmlp/MoELayer/fp8/part-quantizer-state", test_part_quantizer_state);
 
   return g_test_run ();
 }

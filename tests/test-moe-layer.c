@@ -2541,6 +2541,115 @@ test_graph (void)
       }
 }
 
+/* A main_grad that holds what another part reads: the router's main_grad
+ * (experts × hidden, FP32) as the tokens of a step of as many tokens as
+ * experts, or as its output gradient. The parts write one after the other
+ * (the experts, the router, the shared expert), so without a check of
+ * every part's main_grad against what any part reads the router refused
+ * after the experts had added into theirs, or added into the output
+ * gradient before the shared expert read it. Refused first, every
+ * main_grad as it was and the step still usable. */
+static void
+test_main_grad_across_parts (void)
+{
+  g_autoptr(GmlpDevice) device = layer_device_or_skip ();
+  guint which;
+
+  if (device == NULL)
+    return;
+
+  for (which = 0; which < 2; which++)
+    {
+      const guint n_experts = 8;
+      g_autoptr(GmlpMoELayer) layer = NULL;
+      g_autoptr(GmlpGroupedTensor) x = NULL, dy = NULL, y = NULL, dx = NULL, other = NULL;
+      g_autoptr(GmlpSavedActivations) saved = NULL;
+      g_autoptr(GPtrArray) before = NULL, after = NULL;
+      g_autoptr(GError) error = NULL;
+      gint64 tokens = n_experts;
+      GmlpGroupedTensor *router_grad;
+
+      layer = g_initable_new (GMLP_TYPE_MOE_LAYER, NULL, &error, "device", device,
+                              "hidden", (gint64) HIDDEN, "ffn-hidden", (gint64) FFN,
+                              "n-experts", n_experts, "top-k", 2u, "dtype", GMLP_DTYPE_FLOAT32,
+                              "flags", GMLP_LINEAR_SINGLE_GROUPED_WEIGHT | GMLP_LINEAR_FUSE_WGRAD_ACCUMULATION,
+                              "shared-expert-ffn-hidden", (gint64) FFN, NULL);
+      g_assert_no_error (error);
+      g_assert_true (gmlp_moe_layer_init_parameters (layer, 7, &error));
+      g_assert_no_error (error);
+      router_grad = gmlp_router_get_main_grad (gmlp_moe_layer_get_router (layer));
+      g_assert_nonnull (router_grad);
+      g_assert_true (gmlp_grouped_tensor_fill_random (router_grad, 3, 1.0, &error));
+      g_assert_no_error (error);
+      other = gmlp_test_random_tensor (device, GMLP_DTYPE_FLOAT32, &tokens, 1, HIDDEN, 1.0, NULL);
+      x = g_object_ref (which == 0 ? router_grad : other);
+      dy = g_object_ref (which == 0 ? other : router_grad);
+
+      y = gmlp_moe_layer_forward (layer, x, &saved, &error);
+      g_assert_no_error (error);
+      before = gmlp_test_moe_gradient_bytes (layer);
+      dx = gmlp_moe_layer_backward (layer, saved, dy, &error);
+      g_assert_null (dx);
+      g_assert_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT);
+      g_assert_nonnull (strstr (error->message, "main_grad"));
+      g_test_message ("%s", error->message);
+      g_clear_error (&error);
+      g_assert_false (gmlp_saved_activations_is_consumed (saved));
+      after = gmlp_test_moe_gradient_bytes (layer);
+      gmlp_test_assert_same_bytes_array (before, after, "main_grads after a refused backward");
+    }
+}
+
+/* backward_dw computes every part's weight gradients or none: with the
+ * tokens written since the backward, the router and the shared expert
+ * (whose forwards read them) refuse, and the experts (whose forward read
+ * the permuted tokens) must not have added into their main_grads first.
+ * Every part's stays pending. */
+static void
+test_backward_dw_no_partial_write (void)
+{
+  g_autoptr(GmlpDevice) device = layer_device_or_skip ();
+  g_autoptr(GmlpMoELayer) layer = NULL;
+  g_autoptr(GmlpGroupedTensor) x = NULL, dy = NULL, y = NULL, dx = NULL;
+  g_autoptr(GmlpSavedActivations) saved = NULL;
+  g_autoptr(GPtrArray) before = NULL, after = NULL;
+  g_autoptr(GError) error = NULL;
+  gint64 tokens = T_TOKENS;
+
+  if (device == NULL)
+    return;
+
+  layer = g_initable_new (GMLP_TYPE_MOE_LAYER, NULL, &error, "device", device,
+                          "hidden", (gint64) HIDDEN, "ffn-hidden", (gint64) FFN,
+                          "n-experts", 8u, "top-k", 2u, "dtype", GMLP_DTYPE_FLOAT32,
+                          "flags", GMLP_LINEAR_SINGLE_GROUPED_WEIGHT | GMLP_LINEAR_FUSE_WGRAD_ACCUMULATION |
+                                   GMLP_LINEAR_DELAY_WGRAD_COMPUTE,
+                          "shared-expert-ffn-hidden", (gint64) FFN, NULL);
+  g_assert_no_error (error);
+  g_assert_true (gmlp_moe_layer_init_parameters (layer, 5, &error));
+  g_assert_no_error (error);
+  x = gmlp_test_random_tensor (device, GMLP_DTYPE_FLOAT32, &tokens, 1, HIDDEN, 1.0, NULL);
+  dy = gmlp_test_random_tensor (device, GMLP_DTYPE_FLOAT32, &tokens, 1, HIDDEN, 1.0, NULL);
+
+  y = gmlp_moe_layer_forward (layer, x, &saved, &error);
+  g_assert_no_error (error);
+  dx = gmlp_moe_layer_backward (layer, saved, dy, &error);
+  g_assert_no_error (error);
+  g_assert_true (gmlp_grouped_tensor_fill_random (x, 9, 1.0, &error));
+  g_assert_no_error (error);
+
+  before = gmlp_test_moe_gradient_bytes (layer);
+  g_assert_false (gmlp_moe_layer_backward_dw (layer, &error));
+  g_assert_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_STATE);
+  g_test_message ("%s", error->message);
+  g_clear_error (&error);
+  after = gmlp_test_moe_gradient_bytes (layer);
+  gmlp_test_assert_same_bytes_array (before, after, "main_grads after a refused backward_dw");
+  g_assert_cmpuint (gmlp_grouped_linear_get_pending_wgrads (gmlp_grouped_mlp_get_fc1 (gmlp_moe_layer_get_experts (layer))),
+                    ==, 1);
+  g_assert_cmpuint (gmlp_router_get_pending_wgrads (gmlp_moe_layer_get_router (layer)), ==, 1);
+}
+
 int
 main (int argc, char *argv[])
 {
@@ -2559,6 +2668,8 @@ main (int argc, char *argv[])
   g_test_add_func ("/Gmlp/MoELayer/bad-construction", test_bad_construction);
   g_test_add_func ("/Gmlp/MoELayer/bad-calls", test_bad_calls);
   g_test_add_func ("/Gmlp/MoELayer/versions", test_versions);
+  g_test_add_func ("/Gmlp/MoELayer/main-grad-across-parts", test_main_grad_across_parts);
+  g_test_add_func ("/Gmlp/MoELayer/backward-dw-no-partial-write", test_backward_dw_no_partial_write);
   g_test_add_func ("/Gmlp/MoELayer/properties", test_properties);
   g_test_add_func ("/Gmlp/MoELayer/init-parameters", test_init_parameters);
   g_test_add_func ("/Gmlp/MoELayer/graph", test_graph);

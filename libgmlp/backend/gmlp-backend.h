@@ -65,6 +65,10 @@ typedef struct {
   /* WGRAD only: per group, 1 to add into C (C += AᵀB), 0 to overwrite it;
    * NULL overwrites every group. */
   const guint8       *accumulate;
+  /* FPROP, optional, for a backend with gemm_adds_bias: bias_i (n values of
+   * c_dtype) added to the FP32 product before C is rounded to c_dtype,
+   * once, as gemm_device adds it. */
+  const void * const *bias;
 } GmlpBackendGemm;
 
 /* The activations of a grouped MLP; the values equal GmlpActivation's. The
@@ -227,6 +231,9 @@ typedef struct {
   const guint8        *accumulate;
   GmlpBackendFp8Scales a_scales;      /* zeros: per-tensor */
   GmlpBackendFp8Scales b_scales;
+  /* FPROP, optional, for a backend with gemm_adds_bias: as
+   * GmlpBackendGemm's bias. */
+  const void * const  *bias;
 } GmlpBackendGemmFp8;
 
 /* The product of group g as C (rows × cols) = A (rows × depth) · B (cols ×
@@ -525,6 +532,10 @@ typedef struct {
   gboolean            (*gemm)              (GmlpBackendDevice      *device,
                                             const GmlpBackendGemm  *gemm,
                                             GError                **error);
+  /* Whether gemm and gemm_fp8 add their descriptor's bias to an FPROP
+   * before its one rounding; without, the layer adds it afterwards with
+   * add_bias, to the product as stored (which rounds a 16-bit C twice). */
+  gboolean            gemm_adds_bias;
   /* C_i[r, :] += bias_i[:] for every row r < rows[i] of every group: C and
    * bias of the same floating dtype, bias_i of n elements, added in FP32. */
   gboolean            (*add_bias)          (GmlpBackendDevice  *device,

@@ -188,10 +188,12 @@ as_float (const void *src,
 }
 
 /* One group of a GmlpBackendGemm with OpenBLAS's sgemm: inputs widened to
- * FP32, the product accumulated in FP32, rounded once to C's dtype. */
+ * FP32, the product accumulated in FP32 (FPROP: plus @bias, n values of C's
+ * dtype, or NULL), rounded once to C's dtype. */
 static void
 cpu_gemm_group (const GmlpBackendGemm *gemm,
-                guint                  g)
+                guint                  g,
+                const void            *bias)
 {
   gint64 m = gemm->rows[g], n = gemm->n, k = gemm->k;
   gsize a_len, b_len, c_len;
@@ -247,6 +249,8 @@ cpu_gemm_group (const GmlpBackendGemm *gemm,
       g_assert_not_reached ();
     }
 
+  if (bias != NULL)
+    gmlp_cpu_add_bias_rows (c, m, n, bias, gemm->c_dtype);
   if (c_owned != NULL)
     for (i = 0; i < c_len; i++)
       gmlp_num_store_float (gemm->c[g], gemm->c_dtype, i, c_owned[i]);
@@ -265,6 +269,8 @@ cpu_check_float_dtype (int       dtype,
   return TRUE;
 }
 
+/* An FPROP's bias goes into the FP32 product, before the one rounding to
+ * C's dtype, as CUDA's epilogue adds it (gemm_adds_bias). */
 static gboolean
 cpu_gemm (GmlpBackendDevice      *device,
           const GmlpBackendGemm  *gemm,
@@ -293,7 +299,7 @@ cpu_gemm (GmlpBackendDevice      *device,
       }
 
   for (g = 0; g < gemm->n_groups; g++)
-    cpu_gemm_group (gemm, g);
+    cpu_gemm_group (gemm, g, gemm->bias != NULL && gemm->kind == GMLP_GEMM_FPROP ? gemm->bias[g] : NULL);
   return TRUE;
 }
 
@@ -829,6 +835,7 @@ cpu_gemm_device (GmlpBackendDevice            *device,
         .c = (void * const *) second,
         .a_scales = gemm->a_scales,
         .b_scales = gemm->b_scales,
+        .bias = gemm->kind == GMLP_GEMM_FPROP ? gemm->bias : NULL,
       };
 
       ok = gmlp_cpu_gemm_fp8 (device, &host_fp8, error);
@@ -847,15 +854,11 @@ cpu_gemm_device (GmlpBackendDevice            *device,
         .b = wgrad ? (const void * const *) second : gemm->weight,
         .c = wgrad ? gemm->wgrad : (void * const *) second,
         .accumulate = wgrad ? gemm->accumulate : NULL,
+        .bias = gemm->kind == GMLP_GEMM_FPROP ? gemm->bias : NULL,
       };
       ok = cpu_gemm (device, &host, error);
     }
-  if (!ok)
-    return FALSE;
-  if (gemm->kind == GMLP_GEMM_FPROP && gemm->bias != NULL)
-    return cpu_add_bias (device, gemm->n_groups, rows, gemm->n, gemm->c_dtype,
-                         (void * const *) second, gemm->bias, error);
-  return TRUE;
+  return ok;
 }
 
 static gboolean
@@ -1000,6 +1003,7 @@ static const GmlpBackend cpu_backend = {
   .convert = cpu_convert,
   .fill_random = cpu_fill_random,
   .gemm = cpu_gemm,
+  .gemm_adds_bias = TRUE,
   .add_bias = cpu_add_bias,
   .bias_grad = cpu_bias_grad,
   .event_record = cpu_event_record,

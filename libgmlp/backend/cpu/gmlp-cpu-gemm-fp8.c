@@ -44,9 +44,24 @@ dequantize_operand (const guint8               *q,
   return out;
 }
 
+void
+gmlp_cpu_add_bias_rows (float      *c,
+                        gint64      rows,
+                        gint64      n,
+                        const void *bias,
+                        int         dtype)
+{
+  gint64 r, j;
+
+  for (r = 0; r < rows; r++)
+    for (j = 0; j < n; j++)
+      c[r * n + j] += gmlp_num_load_float (bias, dtype, (guint64) j);
+}
+
 static void
 fp8_group (const GmlpBackendGemmFp8 *gemm,
-           guint                     g)
+           guint                     g,
+           const void               *bias)
 {
   gint64 rows, cols, depth;
   gboolean accumulate = gmlp_backend_gemm_fp8_accumulates (gemm, g);
@@ -84,6 +99,8 @@ fp8_group (const GmlpBackendGemmFp8 *gemm,
   cblas_sgemm (CblasRowMajor, CblasNoTrans, CblasTrans, (int) rows, (int) cols, (int) depth,
                1.0f, a, (int) depth, b, (int) depth, accumulate ? 1.0f : 0.0f, c, (int) cols);
 
+  if (bias != NULL)
+    gmlp_cpu_add_bias_rows (c, rows, cols, bias, gemm->c_dtype);
   if (c_owned != NULL)
     for (i = 0; i < c_len; i++)
       gmlp_num_store_float (gemm->c[g], gemm->c_dtype, i, c_owned[i]);
@@ -164,6 +181,6 @@ gmlp_cpu_gemm_fp8 (GmlpBackendDevice          *device,
       }
 
   for (g = 0; g < gemm->n_groups; g++)
-    fp8_group (gemm, g);
+    fp8_group (gemm, g, gemm->bias != NULL && gemm->kind == GMLP_GEMM_FPROP ? gemm->bias[g] : NULL);
   return TRUE;
 }
