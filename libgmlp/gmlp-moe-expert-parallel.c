@@ -444,6 +444,41 @@ new_buffer (GmlpMoELayer         *self,
   return gmlp_grouped_tensor_new (self->device, dtype, slots, n, step->cols, error);
 }
 
+/* Exact mode: where rows are whole multiples of the member alignment, the
+ * groups of a tensor with device sizes lie back to back, so that its first
+ * rows are the packed layout of its groups in order: a view of its storage
+ * as one group of all its rows then sends or receives them in place,
+ * without the copy into a packed buffer. NULL where it can't. */
+static GmlpGroupedTensor *
+packed_view (GmlpMoEParallelStep *step,
+             GmlpGroupedTensor   *members)
+{
+  GmlpTensorLayout layout;
+  GmlpGroupedTensor *view;
+
+  if (step->mode != GMLP_EXPERT_PARALLEL_MODE_EXACT ||
+      (step->cols * gmlp_dtype_get_size (gmlp_grouped_tensor_get_dtype (members))) %
+      GMLP_MEMBER_ALIGNMENT != 0)
+    return NULL;
+  gmlp_grouped_tensor_get_layout (members, &layout);
+  g_clear_object (&layout.sizes);
+  layout.n_groups = 1;
+  g_free (layout.rows);
+  layout.rows = g_new (gint64, 1);
+  layout.rows[0] = layout.row_capacity;
+  if (!gmlp_grouped_tensor_layout_bytes (1, layout.rows, layout.row_capacity,
+                                         layout.cols * gmlp_dtype_get_size (layout.dtype),
+                                         &layout.nbytes) ||
+      layout.nbytes > gmlp_grouped_tensor_get_nbytes (members))
+    {
+      gmlp_tensor_layout_clear (&layout);
+      return NULL;
+    }
+  view = gmlp_grouped_tensor_new_with_buffer (&layout, gmlp_grouped_tensor_get_buffer (members));
+  gmlp_tensor_layout_clear (&layout);
+  return view;
+}
+
 /* The all-to-all of a trip: out (@back FALSE: from the permuted layout's
  * rank to the experts') or back. */
 static gboolean
@@ -482,12 +517,17 @@ dispatch (Trip                 *trip,
   gboolean exact = step->mode == GMLP_EXPERT_PARALLEL_MODE_EXACT;
   g_autoptr(GmlpGroupedTensor) send = NULL, recv = NULL, out = NULL;
 
-  send = new_buffer (self, step, dtype, step->total_send, error);
-  if (send == NULL ||
-      !move (step->sizes, step, exact ? -1 : step->slot_rows, rows, GMLP_CHUNK_LAYOUT_MEMBERS, send,
-             exact ? GMLP_CHUNK_LAYOUT_PACKED : GMLP_CHUNK_LAYOUT_SLOTS, GMLP_MOVE_ROWS_NONE,
-             first && !exact ? step->kept : NULL, first ? dropped : NULL, error))
-    return NULL;
+  send = packed_view (step, rows);
+  if (send == NULL)
+    {
+      send = new_buffer (self, step, dtype, step->total_send, error);
+      if (send == NULL ||
+          !move (step->sizes, step, exact ? -1 : step->slot_rows, rows, GMLP_CHUNK_LAYOUT_MEMBERS,
+                 send, exact ? GMLP_CHUNK_LAYOUT_PACKED : GMLP_CHUNK_LAYOUT_SLOTS,
+                 GMLP_MOVE_ROWS_NONE, first && !exact ? step->kept : NULL,
+                 first ? dropped : NULL, error))
+        return NULL;
+    }
   recv = new_buffer (self, step, dtype, step->total_recv, error);
   if (recv == NULL)
     return NULL;
@@ -537,12 +577,16 @@ return_trip (Trip                 *trip,
       !move (step->recv_counts, step, -1, rows, GMLP_CHUNK_LAYOUT_MEMBERS_BY_B, send, buffers,
              GMLP_MOVE_ROWS_NONE, NULL, NULL, error))
     return NULL;
-  recv = new_buffer (self, step, dtype, step->total_send, error);
-  if (recv == NULL || !exchange (trip, step, send, recv, TRUE, error))
-    return NULL;
   out = gmlp_grouped_tensor_new_with_device_sizes (self->device, dtype, step->sizes,
                                                    step->row_capacity, step->cols, error);
-  if (out == NULL ||
+  if (out == NULL)
+    return NULL;
+  /* Received in place where the permuted layout is the packed one. */
+  recv = packed_view (step, out);
+  if (recv != NULL)
+    return exchange (trip, step, send, recv, TRUE, error) ? g_steal_pointer (&out) : NULL;
+  recv = new_buffer (self, step, dtype, step->total_send, error);
+  if (recv == NULL || !exchange (trip, step, send, recv, TRUE, error) ||
       !move (exact ? step->sizes : step->kept, step, -1, recv, buffers, out,
              GMLP_CHUNK_LAYOUT_MEMBERS, exact ? GMLP_MOVE_ROWS_NONE : GMLP_MOVE_ROWS_ZERO_REST,
              NULL, NULL, error))

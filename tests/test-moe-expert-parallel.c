@@ -42,7 +42,7 @@
 #include "gmlp-test-group.h"
 #include "gmlp-test-util.h"
 
-#define HIDDEN    8
+#define HIDDEN    64   /* FP32 rows of 256 bytes: the exact mode sends and receives in place; BF16 ones are packed */
 #define FFN       12
 #define TOL       1e-5
 
