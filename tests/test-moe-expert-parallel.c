@@ -758,6 +758,127 @@ test_abort (void)
     }
 }
 
+/* Graph-safe mode on a GPU: a whole step of each rank captured once in a
+ * GmlpGraph (NCCL's collectives in it) and replayed on new tokens and
+ * output gradients written into the same tensors. While a device
+ * captures, every call that would wait for it or read its memory on the
+ * host fails, so a step captured whole reads nothing on the host; each
+ * replay gives the same bytes (output, input gradient, every expert's and
+ * the router's gradient) as a second layer with the same parameters run
+ * eagerly on that data. */
+typedef struct {
+  const Case *c;
+  guint       n_experts;
+  guint64     seed;
+  gint64      tokens;
+} GraphRun;
+
+static void
+graph_rank (GmlpTestGroup    *group,
+            int               rank,
+            GmlpCommunicator *comm,
+            gpointer          data)
+{
+  GraphRun *run = data;
+  GmlpDevice *device = group->devices[rank];
+  g_autoptr(GError) error = NULL;
+  g_autoptr(GmlpMoELayer) layer = NULL, eager = NULL;
+  g_autoptr(GmlpGroupedTensor) x = NULL, dy = NULL, y = NULL, dx = NULL;
+  g_autoptr(GmlpSavedActivations) saved = NULL;
+  g_autoptr(GmlpGraph) graph = NULL;
+  guint replay;
+
+  layer = layer_new (run->c, run->n_experts, device, comm, 0.0, &error);
+  g_assert_no_error (error);
+  eager = layer_new (run->c, run->n_experts, device, comm, 0.0, &error);
+  g_assert_no_error (error);
+  g_assert_true (gmlp_moe_layer_init_parameters (layer, run->seed, &error));
+  g_assert_true (gmlp_moe_layer_init_parameters (eager, run->seed, &error));
+  x = gmlp_grouped_tensor_new (device, run->c->dtype, &run->tokens, 1, HIDDEN, &error);
+  g_assert_no_error (error);
+  dy = gmlp_grouped_tensor_new (device, run->c->dtype, &run->tokens, 1, HIDDEN, &error);
+  g_assert_no_error (error);
+  g_assert_true (gmlp_grouped_tensor_fill_random (x, run->seed + rank, 1.0, &error));
+  g_assert_true (gmlp_grouped_tensor_fill_random (dy, run->seed + 100 + rank, 1.0, &error));
+
+  g_assert_true (gmlp_device_begin_capture (device, &error));
+  g_assert_no_error (error);
+  y = gmlp_moe_layer_forward (layer, x, &saved, &error);
+  g_assert_no_error (error);
+  dx = gmlp_moe_layer_backward (layer, saved, dy, &error);
+  g_assert_no_error (error);
+  graph = gmlp_device_end_capture (device, &error);
+  g_assert_no_error (error);
+  g_assert_nonnull (graph);
+
+  for (replay = 0; replay < 3; replay++)
+    {
+      g_autofree char *what = g_strdup_printf ("rank %d replay %u", rank, replay);
+      g_autoptr(GmlpGroupedTensor) ey = NULL, edx = NULL;
+      g_autoptr(GmlpSavedActivations) esaved = NULL;
+      Result got = { NULL, }, want = { NULL, };
+      gsize n, m;
+      guint i;
+
+      /* New data in the captured tensors, the same on the eager side. */
+      g_assert_true (gmlp_grouped_tensor_fill_random (x, run->seed + 1000 * (replay + 1) + rank, 1.0,
+                                                      &error));
+      g_assert_true (gmlp_grouped_tensor_fill_random (dy, run->seed + 2000 * (replay + 1) + rank,
+                                                      1.0, &error));
+      g_assert_true (gmlp_graph_replay (graph, &error));
+      g_assert_no_error (error);
+      ey = gmlp_moe_layer_forward (eager, x, &esaved, &error);
+      g_assert_no_error (error);
+      edx = gmlp_moe_layer_backward (eager, esaved, dy, &error);
+      g_assert_no_error (error);
+      gmlp_test_assert_same_bytes (y, ey, what);
+      gmlp_test_assert_same_bytes (dx, edx, what);
+      read_layer (layer, &got);
+      read_layer (eager, &want);
+      for (i = 0; i < 4; i++)
+        if (got.expert_grads[i] != NULL)
+          {
+            n = got.n_grads[i];
+            m = want.n_grads[i];
+            g_assert_cmpuint (n, ==, m);
+            g_assert_cmpmem (got.expert_grads[i], n * sizeof (double), want.expert_grads[i],
+                             m * sizeof (double));
+          }
+      gmlp_test_assert_same_bytes (gmlp_router_get_wgrad (gmlp_moe_layer_get_router (layer)),
+                                   gmlp_router_get_wgrad (gmlp_moe_layer_get_router (eager)), what);
+      result_clear (&got);
+      result_clear (&want);
+    }
+}
+
+static void
+test_graph_replay (void)
+{
+  static const Case c = { .name = "graph", .experts_per_rank = 2, .top_k = 2, .bias = TRUE,
+                          .mode = GMLP_EXPERT_PARALLEL_MODE_GRAPH_SAFE,
+                          .expert_capacity_factor = 1.5 };
+  g_autoptr(GmlpDevice) device = gmlp_test_device_or_skip ();
+  int world;
+
+  if (device == NULL)
+    return;
+  if (gmlp_device_get_kind (device) == GMLP_DEVICE_KIND_CPU)
+    {
+      g_test_skip ("graphs need a GPU");
+      return;
+    }
+  for (world = 1; world <= GMLP_TEST_MAX_WORLD; world++)
+    {
+      GmlpTestGroup group;
+      GraphRun run = { &c, c.experts_per_rank * world, g_test_rand_int (), 24 };
+
+      if (!gmlp_test_group_init (&group, world, 60000))
+        continue;
+      gmlp_test_group_run (&group, graph_rank, &run);
+      gmlp_test_group_clear (&group);
+    }
+}
+
 int
 main (int    argc,
       char **argv)
@@ -779,6 +900,7 @@ main (int    argc,
   g_test_add_func ("/Gmlp/MoELayer/expert-parallel/agree-at-forward", test_agree_at_forward);
   g_test_add_func ("/Gmlp/MoELayer/expert-parallel/graph-safe-uneven", test_graph_safe_uneven);
   g_test_add_func ("/Gmlp/MoELayer/expert-parallel/abort", test_abort);
+  g_test_add_func ("/Gmlp/MoELayer/expert-parallel/graph-replay", test_graph_replay);
 
   return g_test_run ();
 }
