@@ -1000,4 +1000,7 @@ gmlp_test_prepare_threads (void)
   g_weak_ref_init (&weak, object);
   g_weak_ref_clear (&weak);
   (void) gmlp_error_quark ();
+  /* GLib makes the lock of its error domains on first use: once here,
+   * before the threads. */
+  g_clear_error (&(GError *) { g_error_new_literal (GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT, "") });
 }
