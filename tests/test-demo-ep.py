@@ -1,0 +1,78 @@
+#!/usr/bin/python3
+"""gmlp-demo --ep prints what the one-device demo prints.
+
+    test-demo-ep.py GMLP-LAUNCH GMLP-DEMO
+
+Runs the demo on one CPU and expert-parallel on two CPU ranks under
+gmlp-launch --tag, with the same small arguments, and checks that:
+
+- rank 0 alone writes, and nothing to stderr;
+- the progress has the one-device run's format, line by line (the numbers
+  aside), the header's and the summary's device aside;
+- gmlp-demo --ep outside gmlp-launch fails with one line on stderr that
+  says to start it with gmlp-launch.
+"""
+import os
+import re
+import subprocess
+import sys
+
+SMALL = ['--steps', '8', '--tokens', '256', '--hidden', '32', '--ffn', '48']
+
+
+def fail(message, output=None):
+    sys.exit('test-demo-ep: %s%s' % (message, '\n--- output:\n' + output if output else ''))
+
+
+def run(argv, env, expect_rc=0):
+    p = subprocess.run(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if p.returncode != expect_rc and not (expect_rc is None and p.returncode != 0):
+        fail('%s exited with %d' % (' '.join(argv), p.returncode), p.stdout + p.stderr)
+    return p
+
+
+def shape(line):
+    """The line with its numbers as N and its runs of spaces as one (the
+    numbers' fields are of a fixed width): its format."""
+    return re.sub(r' +', ' ', re.sub(r'[-+]?\d+(\.\d+)?(e[-+]?\d+)?', 'N', line))
+
+
+def main():
+    launch, demo = sys.argv[1:3]
+    env = {k: v for k, v in os.environ.items() if not k.startswith('GMLP_') or k == 'GMLP_POISON'}
+
+    one = run([demo, '--device', 'cpu'] + SMALL, env)
+    ep = run([launch, '-n', '2', '--devices', 'cpu', '--tag', demo, '--ep'] + SMALL, env)
+    if one.stderr or ep.stderr:
+        fail('something on stderr', one.stderr + ep.stderr)
+    lines = ep.stdout.splitlines()
+    if not lines or any(not line.startswith('[0] ') for line in lines):
+        fail('a rank other than 0 printed', ep.stdout)
+    lines = [line[4:] for line in lines]
+    ones = one.stdout.splitlines()
+    if len(lines) != len(ones):
+        fail('%d lines expert-parallel, %d on one device' % (len(lines), len(ones)),
+             one.stdout + ep.stdout)
+    steps = 0
+    for a, b in zip(ones, lines):
+        if a.startswith('gmlp-demo: ') or a.startswith('summary: '):
+            # The device and, in the header, the expert-parallel layout.
+            if a.split(' on ')[0] != b.split(' on ')[0]:
+                fail('%r is not like %r' % (b, a))
+        elif shape(a) != shape(b):
+            fail('%r is not like %r' % (b, a))
+        steps += a.startswith('step ')
+    if steps != 8:
+        fail('%d step lines, not 8' % steps, one.stdout)
+
+    # Outside the launcher: one line, naming it.
+    alone = run([demo, '--ep'] + SMALL, env, expect_rc=None)
+    if alone.stdout or len(alone.stderr.splitlines()) != 1 or 'gmlp-launch' not in alone.stderr:
+        fail('gmlp-demo --ep outside gmlp-launch should fail with one line naming it',
+             alone.stdout + alone.stderr)
+    print('ok: %d lines of the same format; --ep alone: %s' % (len(lines), alone.stderr.strip()))
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
