@@ -9,6 +9,9 @@ gmlp-launch --tag, with the same small arguments, and checks that:
 - rank 0 alone writes, and nothing to stderr;
 - the progress has the one-device run's format, line by line (the numbers
   aside), the header's and the summary's device aside;
+- a group of one rank trains as one device: the same loss, aux loss,
+  agreement and load at every step (the loss and aux loss, averaged over the
+  ranks in float32, within a unit of the last digit printed);
 - gmlp-demo --ep outside gmlp-launch fails with one line on stderr that
   says to start it with gmlp-launch.
 """
@@ -35,6 +38,17 @@ def shape(line):
     """The line with its numbers as N and its runs of spaces as one (the
     numbers' fields are of a fixed width): its format."""
     return re.sub(r' +', ' ', re.sub(r'[-+]?\d+(\.\d+)?(e[-+]?\d+)?', 'N', line))
+
+
+def step_numbers(output):
+    """(loss, aux, agree, load) of each step line."""
+    found = []
+    for line in output.splitlines():
+        line = re.sub(r'^\[\d+\] ', '', line)
+        m = re.match(r'step +\d+ +loss (\S+) +aux (\S+) +agree (\S+) .* load (\S+)$', line)
+        if m:
+            found.append((float(m[1]), float(m[2]), float(m[3]), m[4]))
+    return found
 
 
 def main():
@@ -64,6 +78,15 @@ def main():
         steps += a.startswith('step ')
     if steps != 8:
         fail('%d step lines, not 8' % steps, one.stdout)
+
+    # One rank: the one-device run.
+    alone_rank = run([launch, '-n', '1', '--devices', 'cpu', demo, '--ep'] + SMALL, env)
+    a, b = step_numbers(one.stdout), step_numbers(alone_rank.stdout)
+    if len(a) != 8 or len(b) != 8:
+        fail('%d and %d step lines, not 8' % (len(a), len(b)), one.stdout + alone_rank.stdout)
+    for n, (x, y) in enumerate(zip(a, b)):
+        if any(abs(u - v) > 1.5e-6 for u, v in zip(x[:2], y[:2])) or x[2:] != y[2:]:
+            fail('step %d on one rank: %s, on one device: %s' % (n + 1, y, x))
 
     # Outside the launcher: one line, naming it.
     alone = run([demo, '--ep'] + SMALL, env, expect_rc=None)
