@@ -45,6 +45,22 @@
  * The device: --device, else GMLP_DEVICE, else a GPU when there is one,
  * else the CPU.
  *
+ * --ep trains expert-parallel, one rank per process started by gmlp-launch
+ * (gmlp-launch -n W gmlp-demo --ep), each rank on the device the launcher
+ * gives it. Both layers are expert-parallel over the one communicator
+ * (the teacher in exact mode, the student in --ep-mode): rank r holds
+ * experts [r·E/W, (r+1)·E/W) of each, and the teacher is the same on every
+ * rank (the same seeds). Each rank draws its own tokens (seed + rank: rank
+ * 0's are the one-device run's). The loss minimized is the mean of the
+ * ranks' losses: the replicated parameters' gradients (the router's gate,
+ * the shared expert) are averaged over the ranks before the SGD step, and
+ * as a local expert's gradients sum over every rank's tokens, the experts
+ * step with lr / W. The numbers printed are the group's: the loss, aux loss
+ * and agreement averaged over the ranks, the load counted over every rank's
+ * tokens, tokens/s and TFLOP/s over all of them. Rank 0 prints and writes
+ * --json and --plot; the other ranks print only errors. In graph-safe mode
+ * the summary adds the rows that the slots dropped (--ep-capacity).
+ *
  * SPDX-License-Identifier: LGPL-2.1-or-later
  */
 
@@ -87,6 +103,9 @@ static gboolean recompute = FALSE;
 static char *json_path = NULL;
 static char *plot_path = NULL;
 static gboolean check = FALSE;
+static gboolean ep = FALSE;
+static char *ep_mode_name = NULL;
+static double ep_capacity = -G_MAXDOUBLE;   /* not given */
 
 static const GOptionEntry entries[] = {
   { "device", 0, 0, G_OPTION_ARG_STRING, &device_name,
@@ -118,6 +137,12 @@ static const GOptionEntry entries[] = {
     "Write a PNG of the loss and of the load per expert over the steps (needs python3-matplotlib)", "FILE" },
   { "check", 0, 0, G_OPTION_ARG_NONE, &check,
     "Fail unless the loss fell and the routing agreement rose", NULL },
+  { "ep", 0, 0, G_OPTION_ARG_NONE, &ep,
+    "Train expert-parallel, one rank per process: run as gmlp-launch -n N gmlp-demo --ep", NULL },
+  { "ep-mode", 0, 0, G_OPTION_ARG_STRING, &ep_mode_name,
+    "--ep: how the student's rows travel, exact or graph-safe (default exact)", "MODE" },
+  { "ep-capacity", 0, 0, G_OPTION_ARG_DOUBLE, &ep_capacity,
+    "--ep-mode graph-safe: the slots' expert capacity factor (default 2; 0: never drop)", "F" },
   { NULL }
 };
 
@@ -139,12 +164,17 @@ parse_enum (GType type, const char *nick, int *value)
   return TRUE;
 }
 
+/* With a communicator, one rank of an expert-parallel layer (making it is
+ * collective); else NULL, EXACT and 0 are the one-device layer's. */
 static GmlpMoELayer *
 make_layer (GmlpDevice *device, GmlpDType dtype, int activation, GmlpLinearFlags flags,
-            double aux_coeff, GmlpScalingRecipe recipe, GError **error)
+            double aux_coeff, GmlpScalingRecipe recipe, GmlpCommunicator *comm,
+            GmlpExpertParallelMode mode, double capacity, GError **error)
 {
   return g_initable_new (GMLP_TYPE_MOE_LAYER, NULL, error,
                          "device", device, "hidden", hidden, "ffn-hidden", ffn,
+                         "communicator", comm, "expert-parallel-mode", mode,
+                         "expert-capacity-factor", capacity,
                          "n-experts", (guint) experts, "top-k", (guint) top_k,
                          "activation", activation, "dtype", dtype, "flags", flags,
                          "shared-expert-ffn-hidden", shared_ffn,
@@ -211,30 +241,63 @@ perturb_copy_mlp (GmlpGroupedMLP *student, GmlpGroupedMLP *teacher, GError **err
 }
 
 static gboolean
-sgd_linear (GmlpGroupedLinear *layer, GError **error)
+sgd_linear (GmlpGroupedLinear *layer, double rate, GError **error)
 {
-  return gmlp_grouped_tensor_add_scaled (gmlp_grouped_linear_get_weight (layer), -lr,
+  return gmlp_grouped_tensor_add_scaled (gmlp_grouped_linear_get_weight (layer), -rate,
                                          gmlp_grouped_linear_get_wgrad (layer), error) &&
-         gmlp_grouped_tensor_add_scaled (gmlp_grouped_linear_get_bias (layer), -lr,
+         gmlp_grouped_tensor_add_scaled (gmlp_grouped_linear_get_bias (layer), -rate,
                                          gmlp_grouped_linear_get_bgrad (layer), error);
 }
 
-/* SGD on every parameter of the layer. */
+/* SGD on every parameter of the layer. The routed experts' gradients of
+ * an expert-parallel layer sum over the ranks' tokens: they step with
+ * lr / W, the mean's (see the top). */
 static gboolean
 sgd_step (GmlpMoELayer *layer, GError **error)
 {
+  GmlpCommunicator *comm = gmlp_moe_layer_get_communicator (layer);
   GmlpGroupedMLP *mlp[2] = { gmlp_moe_layer_get_experts (layer), gmlp_moe_layer_get_shared_expert (layer) };
   GmlpRouter *router = gmlp_moe_layer_get_router (layer);
+  double rate[2] = { comm != NULL ? lr / gmlp_communicator_get_world_size (comm) : lr, lr };
   int i;
 
   for (i = 0; i < 2; i++)
     if (mlp[i] != NULL &&
-        (!sgd_linear (gmlp_grouped_mlp_get_fc1 (mlp[i]), error) ||
-         !sgd_linear (gmlp_grouped_mlp_get_fc2 (mlp[i]), error)))
+        (!sgd_linear (gmlp_grouped_mlp_get_fc1 (mlp[i]), rate[i], error) ||
+         !sgd_linear (gmlp_grouped_mlp_get_fc2 (mlp[i]), rate[i], error)))
       return FALSE;
   return router_lr == 0.0 ||
          gmlp_grouped_tensor_add_scaled (gmlp_router_get_weight (router), -router_lr,
                                          gmlp_router_get_wgrad (router), error);
+}
+
+/* --ep: the replicated parameters' gradients (the router's gate, the
+ * shared expert's), each rank's over its own tokens, become their average
+ * over the ranks: data-parallel, as torch's DDP does. In the device's
+ * stream order, after the backward that wrote them. */
+static gboolean
+average_replicated_grads (GmlpMoELayer *layer, GError **error)
+{
+  GmlpCommunicator *comm = gmlp_moe_layer_get_communicator (layer);
+  GmlpGroupedMLP *shared = gmlp_moe_layer_get_shared_expert (layer);
+  GmlpGroupedLinear *fc[2];
+  int i;
+
+  if (router_lr != 0.0 &&
+      !gmlp_communicator_all_reduce (comm, gmlp_router_get_wgrad (gmlp_moe_layer_get_router (layer)),
+                                     GMLP_REDUCE_OP_AVERAGE, error))
+    return FALSE;
+  if (shared == NULL)
+    return TRUE;
+  fc[0] = gmlp_grouped_mlp_get_fc1 (shared);
+  fc[1] = gmlp_grouped_mlp_get_fc2 (shared);
+  for (i = 0; i < 2; i++)
+    if (!gmlp_communicator_all_reduce (comm, gmlp_grouped_linear_get_wgrad (fc[i]), GMLP_REDUCE_OP_AVERAGE,
+                                       error) ||
+        !gmlp_communicator_all_reduce (comm, gmlp_grouped_linear_get_bgrad (fc[i]), GMLP_REDUCE_OP_AVERAGE,
+                                       error))
+      return FALSE;
+  return TRUE;
 }
 
 /* A device tensor's values on the host (waits for the device). */
@@ -271,6 +334,48 @@ mlp_flops (GmlpGroupedMLP *mlp, gint64 rows)
 
   return 2.0 * rows * hidden * (gmlp_grouped_linear_get_out_features (fc1) +
                                 gmlp_grouped_linear_get_in_features (fc2));
+}
+
+/* --ep: the step's numbers become the group's, on every rank: the loss,
+ * aux loss and agreement averaged over the ranks; the loads (every rank's
+ * tokens per expert, over all the experts) and the rows dropped summed. */
+static gboolean
+reduce_step (GmlpCommunicator *comm, Step *s, gint64 *student_load, gint64 *teacher_load, gint64 *dropped,
+             GError **error)
+{
+  GmlpDevice *device = gmlp_communicator_get_device (comm);
+  float means[3] = { (float) s->loss, (float) s->aux_loss, (float) s->agreement };
+  gint64 one = 1, n_counts = 2 * experts + 1;
+  g_autofree gint64 *counts = g_new (gint64, n_counts);
+  g_autofree float *mean_values = NULL;
+  g_autofree gint64 *count_values = NULL;
+  g_autoptr(GmlpGroupedTensor) mean_t = NULL, count_t = NULL;
+
+  memcpy (counts, student_load, sizeof (gint64) * experts);
+  memcpy (counts + experts, teacher_load, sizeof (gint64) * experts);
+  counts[2 * experts] = *dropped;
+  if ((mean_t = gmlp_grouped_tensor_new_from_floats (device, GMLP_DTYPE_FLOAT32, &one, 1, G_N_ELEMENTS (means),
+                                                     means, G_N_ELEMENTS (means), error)) == NULL ||
+      (count_t = gmlp_grouped_tensor_new_from_ints (device, GMLP_DTYPE_INT64, &one, 1, n_counts, counts,
+                                                    (gsize) n_counts, error)) == NULL ||
+      !gmlp_communicator_all_reduce (comm, mean_t, GMLP_REDUCE_OP_AVERAGE, error) ||
+      !gmlp_communicator_all_reduce (comm, count_t, GMLP_REDUCE_OP_SUM, error) ||
+      (mean_values = read_values (mean_t, sizeof means, error)) == NULL ||
+      (count_values = read_values (count_t, sizeof (gint64) * n_counts, error)) == NULL)
+    return FALSE;
+  s->loss = mean_values[0];
+  s->aux_loss = mean_values[1];
+  s->agreement = mean_values[2];
+  memcpy (student_load, count_values, sizeof (gint64) * experts);
+  memcpy (teacher_load, count_values + experts, sizeof (gint64) * experts);
+  *dropped = count_values[2 * experts];
+  return TRUE;
+}
+
+/* --ep: the ranks other than 0 print nothing but errors. */
+static void
+print_nothing (const char *string)
+{
 }
 
 /* An array of the experts' counts in a JSON line. */
@@ -351,13 +456,13 @@ mean_count_of (const Step *s, int from, int to, gboolean most)
 /* The table at the end: the means of the first and the last quarter of
  * the steps (what --check compares), and the throughput. */
 static void
-print_summary (const Step *s, int n, GmlpDevice *device)
+print_summary (const Step *s, int n, const char *where, gint64 step_tokens)
 {
   int q = MAX (n / 4, 1), last = n - q, i;
   double seconds = 0.0, flops = 0.0;
 
   g_print ("\nsummary: %d steps on %s, means over the first and the last %d step%s\n", n,
-           gmlp_device_get_name (device), q, q > 1 ? "s" : "");
+           where, q, q > 1 ? "s" : "");
   g_print ("  %-26s %12s %12s\n", "", "first", "last");
   g_print ("  %-26s %12.6f %12.6f  (%.1f%% of the first)\n", "loss",
            mean_of (s, 0, q, G_STRUCT_OFFSET (Step, loss)), mean_of (s, last, n, G_STRUCT_OFFSET (Step, loss)),
@@ -368,7 +473,8 @@ print_summary (const Step *s, int n, GmlpDevice *device)
            mean_of (s, 0, q, G_STRUCT_OFFSET (Step, agreement)),
            mean_of (s, last, n, G_STRUCT_OFFSET (Step, agreement)), (double) top_k / experts);
   g_print ("  %-26s %12.1f %12.1f  (even: %.1f)\n", "fewest tokens per expert",
-           mean_count_of (s, 0, q, FALSE), mean_count_of (s, last, n, FALSE), (double) tokens * top_k / experts);
+           mean_count_of (s, 0, q, FALSE), mean_count_of (s, last, n, FALSE),
+           (double) step_tokens * top_k / experts);
   g_print ("  %-26s %12.1f %12.1f\n", "most tokens per expert",
            mean_count_of (s, 0, q, TRUE), mean_count_of (s, last, n, TRUE));
   /* The first step warms up. */
@@ -379,7 +485,7 @@ print_summary (const Step *s, int n, GmlpDevice *device)
     }
   if (n > 1)
     g_print ("  throughput over steps 2-%d: %.0f tokens/s, %.3f TFLOP/s\n", n,
-             tokens * (n - 1) / seconds, flops / seconds / 1e12);
+             step_tokens * (n - 1) / seconds, flops / seconds / 1e12);
 }
 
 /* --check: whether the student learned (see the top). */
@@ -408,9 +514,10 @@ main (int argc, char *argv[])
   g_autoptr(GmlpMoELayer) teacher = NULL, student = NULL;
   g_autoptr(GmlpOffloadContext) offload_ctx = NULL;
   g_autoptr(GmlpDevice) device = NULL;
+  g_autoptr(GmlpCommunicator) comm = NULL;
   g_autoptr(GmlpGroupedTensor) x = NULL;
   g_autofree Step *record = NULL;
-  g_autofree char *plot_script = NULL, *json_tmp = NULL;
+  g_autofree char *plot_script = NULL, *json_tmp = NULL, *where = NULL, *ep_desc = NULL;
   g_autoptr(GRand) rand = NULL;
   FILE *json = NULL;
   gboolean dtype_given;
@@ -418,6 +525,9 @@ main (int argc, char *argv[])
   int activation = GMLP_ACTIVATION_SWIGLU;
   GmlpLinearFlags flags = GMLP_LINEAR_BIAS | GMLP_LINEAR_SINGLE_GROUPED_WEIGHT;
   int recipe = GMLP_SCALING_RECIPE_NONE;
+  int ep_mode = GMLP_EXPERT_PARALLEL_MODE_EXACT;
+  int rank = 0, world = 1;
+  gint64 step_tokens, dropped_total = 0;
   int step, status = EXIT_SUCCESS;
 
   setlocale (LC_ALL, "");
@@ -463,6 +573,48 @@ main (int argc, char *argv[])
     }
   if (recompute)
     flags |= GMLP_LINEAR_RECOMPUTE_ACTIVATION;
+  if (!ep && (ep_mode_name != NULL || ep_capacity != -G_MAXDOUBLE))
+    {
+      g_printerr ("gmlp-demo: --ep-mode and --ep-capacity go with --ep\n");
+      return EXIT_FAILURE;
+    }
+  if (ep_mode_name != NULL && !parse_enum (GMLP_TYPE_EXPERT_PARALLEL_MODE, ep_mode_name, &ep_mode))
+    {
+      g_printerr ("gmlp-demo: --ep-mode takes exact or graph-safe, not %s\n", ep_mode_name);
+      return EXIT_FAILURE;
+    }
+  if (ep_capacity == -G_MAXDOUBLE)
+    ep_capacity = 2.0;
+  else if (ep_mode != GMLP_EXPERT_PARALLEL_MODE_GRAPH_SAFE || !(ep_capacity >= 0))
+    {
+      g_printerr ("gmlp-demo: --ep-capacity sizes the slots of --ep-mode graph-safe: a factor of 0 or more\n");
+      return EXIT_FAILURE;
+    }
+  if (ep && device_name != NULL)
+    {
+      g_printerr ("gmlp-demo: --ep takes each rank's device from gmlp-launch (its --devices), not --device\n");
+      return EXIT_FAILURE;
+    }
+  /* Join the group first: the other ranks print nothing, and only rank 0
+   * writes --json and --plot. */
+  if (ep)
+    {
+      comm = gmlp_communicator_new_from_launcher (&error);
+      if (comm == NULL)
+        {
+          g_printerr ("gmlp-demo: --ep: %s; run it as gmlp-launch -n N gmlp-demo --ep\n", error->message);
+          return EXIT_FAILURE;
+        }
+      rank = gmlp_communicator_get_rank (comm);
+      world = gmlp_communicator_get_world_size (comm);
+      if (rank != 0)
+        {
+          g_set_print_handler (print_nothing);
+          g_clear_pointer (&json_path, g_free);
+          g_clear_pointer (&plot_path, g_free);
+        }
+    }
+  step_tokens = tokens * world;
   /* Before training, so that a missing matplotlib costs no steps. */
   if (plot_path != NULL)
     {
@@ -479,7 +631,9 @@ main (int argc, char *argv[])
         }
     }
 
-  if (device_name != NULL)
+  if (comm != NULL)
+    device = g_object_ref (gmlp_communicator_get_device (comm));
+  else if (device_name != NULL)
     device = gmlp_device_new_from_string (device_name, &error);
   else
     device = g_object_ref (gmlp_device_get_default ());
@@ -487,10 +641,15 @@ main (int argc, char *argv[])
     goto fail;
   if (!dtype_given)
     dtype = gmlp_device_get_kind (device) == GMLP_DEVICE_KIND_CUDA ? GMLP_DTYPE_BFLOAT16 : GMLP_DTYPE_FLOAT32;
-  teacher = make_layer (device, dtype, activation, flags, 0.0, GMLP_SCALING_RECIPE_NONE, &error);
+  /* With --ep both are expert-parallel, the teacher in exact mode, which
+   * never drops a row: each rank's teacher is the one-device teacher over
+   * its tokens. */
+  teacher = make_layer (device, dtype, activation, flags, 0.0, GMLP_SCALING_RECIPE_NONE, comm,
+                        GMLP_EXPERT_PARALLEL_MODE_EXACT, 0.0, &error);
   if (teacher == NULL)
     goto fail;
-  student = make_layer (device, dtype, activation, flags, aux_loss_coeff, recipe, &error);
+  student = make_layer (device, dtype, activation, flags, aux_loss_coeff, recipe, comm, ep_mode,
+                        ep_mode == GMLP_EXPERT_PARALLEL_MODE_GRAPH_SAFE ? ep_capacity : 0.0, &error);
   rand = g_rand_new_with_seed ((guint32) seed);
   if (student == NULL ||
       !gmlp_moe_layer_init_parameters (teacher, (guint64) seed, &error) ||
@@ -524,14 +683,27 @@ main (int argc, char *argv[])
       goto out;
     }
 
+  if (comm != NULL)
+    {
+      g_autofree char *graph_safe = g_strdup_printf (" (slots of capacity factor %g)", ep_capacity);
+
+      where = g_strdup_printf ("%d ranks (rank 0 on %s)", world, gmlp_device_get_name (device));
+      ep_desc = g_strdup_printf (", expert-parallel %s%s: %u experts a rank, %" G_GINT64_FORMAT " tokens each",
+                                 ep_mode_name != NULL ? ep_mode_name : "exact",
+                                 ep_mode == GMLP_EXPERT_PARALLEL_MODE_GRAPH_SAFE ? graph_safe : "",
+                                 gmlp_moe_layer_get_n_local_experts (student), tokens);
+    }
+  else
+    where = g_strdup (gmlp_device_get_name (device));
   g_print ("gmlp-demo: libgmlp %s on %s, %s%s%s, MoE layer of %d experts, top-%d, %" G_GINT64_FORMAT " -> %"
-           G_GINT64_FORMAT " -> %" G_GINT64_FORMAT ", %s%s, padding %d, %" G_GINT64_FORMAT " tokens/step%s%s\n",
-           GMLP_VERSION_S, gmlp_device_get_name (device), gmlp_dtype_get_name (dtype),
+           G_GINT64_FORMAT " -> %" G_GINT64_FORMAT ", %s%s, padding %d, %" G_GINT64_FORMAT " tokens/step%s%s%s\n",
+           GMLP_VERSION_S, where, gmlp_dtype_get_name (dtype),
            recipe != GMLP_SCALING_RECIPE_NONE ? ", FP8 " : "", recipe != GMLP_SCALING_RECIPE_NONE ? fp8_recipe : "",
            experts, top_k,
            hidden, gmlp_grouped_linear_get_out_features (gmlp_grouped_mlp_get_fc1 (gmlp_moe_layer_get_experts (student))),
            hidden, activation_name ? activation_name : "swiglu", shared_ffn > 0 ? ", shared expert" : "",
-           padding, tokens, offload ? ", offload" : "", recompute ? ", recompute" : "");
+           padding, step_tokens, comm != NULL ? ep_desc : "", offload ? ", offload" : "",
+           recompute ? ", recompute" : "");
   g_print ("  agree: the share of the teacher's expert choices the student makes too (chance %.3f)\n"
            "  load: the fewest and the most tokens that one of the student's experts got\n"
            "  TFLOP/s: the experts' products, 2 x rows x hidden x (fc1 width + ffn) a forward, rows from\n"
@@ -546,12 +718,17 @@ main (int argc, char *argv[])
       bench_record_string (line, "dtype", gmlp_dtype_get_name (dtype));
       bench_record_int (line, "experts", experts);
       bench_record_int (line, "top_k", top_k);
-      bench_record_int (line, "tokens", tokens);
+      bench_record_int (line, "tokens", step_tokens);
       bench_record_int (line, "hidden", hidden);
       bench_record_int (line, "ffn", ffn);
       bench_record_int (line, "shared_ffn", shared_ffn);
       bench_record_int (line, "padding", padding);
       bench_record_string (line, "fp8", recipe != GMLP_SCALING_RECIPE_NONE ? fp8_recipe : "none");
+      if (comm != NULL)
+        {
+          bench_record_int (line, "ep_ranks", world);
+          bench_record_string (line, "ep_mode", ep_mode_name != NULL ? ep_mode_name : "exact");
+        }
       bench_record_write (line, json);
     }
 
@@ -562,13 +739,16 @@ main (int argc, char *argv[])
       g_autoptr(GmlpSavedActivations) saved = NULL;
       g_autoptr(GmlpRouting) teacher_routing = NULL, student_routing = NULL;
       g_autofree gint64 *teacher_idx = NULL, *student_idx = NULL, *teacher_load = NULL, *student_load = NULL;
+      g_autofree gint64 *dropped = NULL;
+      g_autoptr(GmlpGroupedTensor) dropped_t = NULL;
       g_autofree float *aux = NULL;
-      gint64 start = g_get_monotonic_time (), rows_teacher = 0, rows_student = 0;
+      gint64 start = g_get_monotonic_time (), rows_teacher = 0, rows_student = 0, step_dropped = 0;
       Step *s = &record[step - 1];
       double sum_sq;
       int e;
 
-      if (!gmlp_grouped_tensor_fill_random (x, (guint64) seed * 100003 + step, 1.0, &error))
+      /* Each rank its own tokens (rank 0's are the one-device run's). */
+      if (!gmlp_grouped_tensor_fill_random (x, (guint64) (seed + rank) * 100003 + step, 1.0, &error))
         goto fail;
       target = gmlp_moe_layer_forward (teacher, x, NULL, &error);
       if (target == NULL)
@@ -595,7 +775,8 @@ main (int argc, char *argv[])
       dx = gmlp_moe_layer_backward (student, saved, y, &error);
       /* The end of a training step: delayed scaling takes the amaxes of
        * this one for the next (the other recipes have nothing to do). */
-      if (dx == NULL || !sgd_step (student, &error) || !gmlp_moe_layer_update_quantizers (student, &error) ||
+      if (dx == NULL || (comm != NULL && !average_replicated_grads (student, &error)) ||
+          !sgd_step (student, &error) || !gmlp_moe_layer_update_quantizers (student, &error) ||
           !gmlp_device_synchronize (device, &error))
         goto fail;
       s->seconds = (g_get_monotonic_time () - start) / 1e6;
@@ -613,6 +794,17 @@ main (int argc, char *argv[])
         goto fail;
       s->aux_loss = aux[0];
       s->agreement = agreement (teacher_idx, student_idx);
+      if (comm != NULL)
+        {
+          dropped_t = gmlp_moe_layer_get_dropped_rows (student);
+          if (dropped_t != NULL &&
+              (dropped = read_values (dropped_t, sizeof (gint64), &error)) == NULL)
+            goto fail;
+          step_dropped = dropped != NULL ? dropped[0] : 0;
+          if (!reduce_step (comm, s, student_load, teacher_load, &step_dropped, &error))
+            goto fail;
+          dropped_total += step_dropped;
+        }
       s->fewest = s->most = student_load[0];
       for (e = 0; e < experts; e++)
         {
@@ -624,11 +816,11 @@ main (int argc, char *argv[])
       s->flops = mlp_flops (gmlp_moe_layer_get_experts (student), rows_teacher) +
                  3.0 * mlp_flops (gmlp_moe_layer_get_experts (student), rows_student);
       if (shared_ffn > 0)
-        s->flops += 4.0 * mlp_flops (gmlp_moe_layer_get_shared_expert (student), tokens);
+        s->flops += 4.0 * mlp_flops (gmlp_moe_layer_get_shared_expert (student), step_tokens);
 
       g_print ("step %4d  loss %.6f  aux %.6f  agree %.3f  %10.0f tokens/s  %8.3f TFLOP/s"
                "  load %" G_GINT64_FORMAT "-%" G_GINT64_FORMAT "\n", step, s->loss, s->aux_loss,
-               s->agreement, tokens / s->seconds, s->flops / s->seconds / 1e12, s->fewest, s->most);
+               s->agreement, step_tokens / s->seconds, s->flops / s->seconds / 1e12, s->fewest, s->most);
       if (json != NULL)
         {
           JsonBuilder *line = bench_record_new (NULL, NULL);
@@ -638,10 +830,12 @@ main (int argc, char *argv[])
           bench_record_double (line, "aux_loss", s->aux_loss, "%.6g");
           bench_record_double (line, "agreement", s->agreement, "%.6g");
           bench_record_double (line, "seconds", s->seconds, "%.6g");
-          bench_record_double (line, "tokens_per_s", tokens / s->seconds, "%.6g");
+          bench_record_double (line, "tokens_per_s", step_tokens / s->seconds, "%.6g");
           bench_record_double (line, "tflops", s->flops / s->seconds / 1e12, "%.6g");
           json_counts (line, "load", student_load);
           json_counts (line, "teacher_load", teacher_load);
+          if (ep_mode == GMLP_EXPERT_PARALLEL_MODE_GRAPH_SAFE)
+            bench_record_int (line, "dropped", step_dropped);
           bench_record_write (line, json);
         }
       if (!isfinite (s->loss))
@@ -652,7 +846,10 @@ main (int argc, char *argv[])
         }
     }
 
-  print_summary (record, steps, device);
+  print_summary (record, steps, where, step_tokens);
+  if (ep_mode == GMLP_EXPERT_PARALLEL_MODE_GRAPH_SAFE)
+    g_print ("  rows dropped past the slots: %" G_GINT64_FORMAT " of %" G_GINT64_FORMAT "\n", dropped_total,
+             step_tokens * top_k * steps);
   if (json != NULL && fclose (json) != 0)
     {
       json = NULL;
@@ -684,7 +881,14 @@ out:
   return status;
 
 fail:
-  g_printerr ("gmlp-demo: %s\n", error != NULL ? error->message : "failed");
+  if (comm != NULL)
+    {
+      /* The others get GMLP_ERROR_ABORTED at once, not at the timeout. */
+      g_printerr ("gmlp-demo: rank %d: %s\n", rank, error != NULL ? error->message : "failed");
+      gmlp_communicator_abort (comm);
+    }
+  else
+    g_printerr ("gmlp-demo: %s\n", error != NULL ? error->message : "failed");
   status = EXIT_FAILURE;
   goto out;
 }
