@@ -186,6 +186,7 @@ gmlp_moe_layer_finalize (GObject *object)
   g_clear_object (&self->last);
   g_clear_object (&self->last_dropped);
   g_clear_object (&self->communicator);
+  g_clear_object (&self->dispatch_quantizer);
   g_clear_object (&self->device);
   g_clear_error (&self->construct_error);
   g_mutex_clear (&self->last_lock);
