@@ -884,6 +884,26 @@ test_one_device (void)
   g_assert_cmpfloat (factor, ==, 0.0);
   fc1 = gmlp_grouped_mlp_get_fc1 (gmlp_moe_layer_get_experts (layer));
   g_assert_cmpuint (gmlp_grouped_linear_get_n_groups (fc1), ==, 6);
+  g_assert_cmpint (gmlp_moe_layer_get_dispatch_fp8_recipe (layer), ==, GMLP_SCALING_RECIPE_NONE);
+  g_assert_cmpint (gmlp_moe_layer_get_dispatch_fp8_format (layer), ==, GMLP_FP8_FORMAT_E4M3);
+  g_clear_object (&layer);
+
+  /* An FP8 dispatch without a communicator changes nothing, but its
+   * recipe is checked all the same. */
+  layer = g_initable_new (GMLP_TYPE_MOE_LAYER, NULL, &error, "device", device,
+                          "hidden", (gint64) HIDDEN, "ffn-hidden", (gint64) FFN, "n-experts", 6,
+                          "top-k", 2, "dispatch-fp8-recipe", GMLP_SCALING_RECIPE_MXFP8,
+                          "dispatch-fp8-format", GMLP_FP8_FORMAT_E5M2, NULL);
+  g_assert_no_error (error);
+  g_assert_cmpint (gmlp_moe_layer_get_dispatch_fp8_recipe (layer), ==, GMLP_SCALING_RECIPE_MXFP8);
+  g_assert_cmpint (gmlp_moe_layer_get_dispatch_fp8_format (layer), ==, GMLP_FP8_FORMAT_E5M2);
+  g_clear_object (&layer);
+  layer = g_initable_new (GMLP_TYPE_MOE_LAYER, NULL, &error, "device", device,
+                          "hidden", (gint64) HIDDEN, "ffn-hidden", (gint64) FFN, "n-experts", 6,
+                          "top-k", 2, "dispatch-fp8-recipe", GMLP_SCALING_RECIPE_CURRENT, NULL);
+  g_assert_null (layer);
+  g_assert_error (error, GMLP_ERROR, GMLP_ERROR_UNSUPPORTED);
+  g_assert_nonnull (strstr (error->message, "current"));
 }
 
 /* Faults: the last rank aborts its communicator instead of taking part in
