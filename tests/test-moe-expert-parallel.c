@@ -1092,10 +1092,17 @@ graph_rank (GmlpTestGroup    *group,
 static void
 test_graph_replay (void)
 {
-  static const Case c = { .name = "graph", .experts_per_rank = 2, .top_k = 2, .bias = TRUE,
-                          .mode = GMLP_EXPERT_PARALLEL_MODE_GRAPH_SAFE,
-                          .expert_capacity_factor = 1.5 };
+  /* Plain, and with an FP8 dispatch (its quantize and dequantize in the
+   * graph too). */
+  static const Case graph_cases[] = {
+    { .name = "graph", .experts_per_rank = 2, .top_k = 2, .bias = TRUE,
+      .mode = GMLP_EXPERT_PARALLEL_MODE_GRAPH_SAFE, .expert_capacity_factor = 1.5 },
+    { .name = "graph-fp8", .experts_per_rank = 2, .top_k = 2, .bias = TRUE,
+      .mode = GMLP_EXPERT_PARALLEL_MODE_GRAPH_SAFE, .expert_capacity_factor = 1.5,
+      .dtype = GMLP_DTYPE_BFLOAT16, .dispatch_fp8 = GMLP_SCALING_RECIPE_BLOCKWISE },
+  };
   g_autoptr(GmlpDevice) device = gmlp_test_device_or_skip ();
+  guint i;
   int world;
 
   if (device == NULL)
@@ -1105,16 +1112,17 @@ test_graph_replay (void)
       g_test_skip ("graphs need a GPU");
       return;
     }
-  for (world = 1; world <= GMLP_TEST_MAX_WORLD; world++)
-    {
-      GmlpTestGroup group;
-      GraphRun run = { &c, c.experts_per_rank * world, g_test_rand_int (), 24 };
+  for (i = 0; i < G_N_ELEMENTS (graph_cases); i++)
+    for (world = 1; world <= GMLP_TEST_MAX_WORLD; world++)
+      {
+        GmlpTestGroup group;
+        GraphRun run = { &graph_cases[i], graph_cases[i].experts_per_rank * world, g_test_rand_int (), 24 };
 
-      if (!gmlp_test_group_init (&group, world, 60000))
-        continue;
-      gmlp_test_group_run (&group, graph_rank, &run);
-      gmlp_test_group_clear (&group);
-    }
+        if (!gmlp_test_group_init (&group, world, 60000))
+          continue;
+        gmlp_test_group_run (&group, graph_rank, &run);
+        gmlp_test_group_clear (&group);
+      }
 }
 
 int
