@@ -90,6 +90,7 @@ typedef struct {
    * that does not look at them (the reference the plain layer on the
    * tokens quantized and dequantized by the test's model). */
   GmlpScalingRecipe       dispatch_fp8;
+  GmlpFp8Format           dispatch_format;        /* 0: E4M3 */
   gboolean                fp8_exact_tokens;
   gboolean                blind_router;
 } Case;
@@ -138,6 +139,7 @@ layer_new (const Case        *c,
                          "expert-parallel-mode", c->mode,
                          "expert-capacity-factor", comm != NULL ? c->expert_capacity_factor : 0.0,
                          "dispatch-fp8-recipe", comm != NULL ? c->dispatch_fp8 : GMLP_SCALING_RECIPE_NONE,
+                         "dispatch-fp8-format", c->dispatch_format,
                          "hidden", hidden_of (c),
                          "ffn-hidden", (gint64) FFN,
                          "dtype", c->dtype,
@@ -386,21 +388,27 @@ fp8_exact_tokens (GmlpDType dtype,
   return gmlp_test_encode_values (x, rows * cols, dtype);
 }
 
-/* The test's model of what an FP8 dispatch (E4M3) makes of a row, in
- * float64 from docs/fp8.md: blockwise, per 1 × 128 block, s = fl32 (448 /
- * amax) (1 for a block of zeros), kept in [2^-126, FLT_MAX], scale_inv =
- * fl32 (1 / s), q = e4m3 (fl32 (x s)); MXFP8, per 1 × 32 block, X =
- * 2^(floor (log2 amax) − 8) (2^0 for zeros), q = e4m3 (fl32 (x / X));
- * both read back as fl32 (q × scale_inv) rounded to the layer's dtype. */
+/* The test's model of what an FP8 dispatch makes of a row, in float64
+ * from docs/fp8.md (fp8_max 448 and emax 8 for E4M3, 57344 and 15 for
+ * E5M2): blockwise, per 1 × 128 block, s = fl32 (fp8_max / amax) (1 for a
+ * block of zeros), kept in [2^-126, FLT_MAX], scale_inv = fl32 (1 / s), q =
+ * fp8 (fl32 (x s)); MXFP8, per 1 × 32 block, X = 2^(floor (log2 amax) −
+ * emax) (2^0 for zeros), q = fp8 (fl32 (x / X)); fp8 () rounds to nearest
+ * even and saturates; both read back as fl32 (q × scale_inv) rounded to
+ * the layer's dtype. */
 static GBytes *
 model_fp8_dispatch (GBytes            *tokens,
                     GmlpDType          dtype,
                     gint64             rows,
                     gint64             cols,
-                    GmlpScalingRecipe  recipe)
+                    GmlpScalingRecipe  recipe,
+                    GmlpFp8Format      format)
 {
   gconstpointer data = g_bytes_get_data (tokens, NULL);
   gint64 block = recipe == GMLP_SCALING_RECIPE_MXFP8 ? 32 : 128, r, c0, c;
+  GmlpDType fp8 = format == GMLP_FP8_FORMAT_E5M2 ? GMLP_DTYPE_FLOAT8_E5M2 : GMLP_DTYPE_FLOAT8_E4M3;
+  double fp8_max = fp8 == GMLP_DTYPE_FLOAT8_E5M2 ? 57344.0 : 448.0;
+  int emax = fp8 == GMLP_DTYPE_FLOAT8_E5M2 ? 15 : 8;
   g_autofree double *x = g_new (double, MAX (rows * cols, 1));
 
   for (c = 0; c < rows * cols; c++)
@@ -420,21 +428,22 @@ model_fp8_dispatch (GBytes            *tokens,
             if (amax > 0.0)
               {
                 frexp (amax, &e);            /* amax = m 2^e, m in [0.5, 1) */
-                e = CLAMP (e - 1 - 8, -127, 127);
+                e = CLAMP (e - 1 - emax, -127, 127);
               }
             s = ldexp (1.0, -e);
             inv = ldexp (1.0, e);
           }
         else
           {
-            s = amax > 0.0 ? gmlp_test_round (448.0 / amax, GMLP_DTYPE_FLOAT32) : 1.0;
+            s = amax > 0.0 ? gmlp_test_round (fp8_max / amax, GMLP_DTYPE_FLOAT32) : 1.0;
             s = CLAMP (s, ldexp (1.0, -126), (double) G_MAXFLOAT);
             inv = gmlp_test_round (1.0 / s, GMLP_DTYPE_FLOAT32);
           }
         for (c = 0; c < len; c++)
           {
-            double q = gmlp_test_round (gmlp_test_round (v[c] * s, GMLP_DTYPE_FLOAT32),
-                                        GMLP_DTYPE_FLOAT8_E4M3);
+            double q = gmlp_test_round (gmlp_test_round (v[c] * s, GMLP_DTYPE_FLOAT32), fp8);
+
+            q = CLAMP (q, -fp8_max, fp8_max);
 
             v[c] = gmlp_test_round (gmlp_test_round (q * inv, GMLP_DTYPE_FLOAT32), dtype);
           }
@@ -487,7 +496,7 @@ check_equal (const Case *c,
         {
           g_assert_true (c->blind_router && c->shared == 0);
           run.ref_x[r] = model_fp8_dispatch (run.x[r], c->dtype, run.tokens[r], hidden,
-                                             c->dispatch_fp8);
+                                             c->dispatch_fp8, c->dispatch_format);
         }
       run.dy[r] = gmlp_test_random_bytes (c->dtype, run.tokens[r] * hidden, 1.0, FALSE);
     }
@@ -651,6 +660,13 @@ static const Case cases[] = {
   { .name = "fp8-mxfp8-random-graph-safe", .experts_per_rank = 2, .top_k = 2, .hidden = 200,
     .mode = GMLP_EXPERT_PARALLEL_MODE_GRAPH_SAFE, .bias = TRUE,
     .dispatch_fp8 = GMLP_SCALING_RECIPE_MXFP8, .blind_router = TRUE },
+  { .name = "fp8-e5m2-blockwise-random", .experts_per_rank = 2, .top_k = 2, .hidden = 200,
+    .dispatch_fp8 = GMLP_SCALING_RECIPE_BLOCKWISE, .dispatch_format = GMLP_FP8_FORMAT_E5M2,
+    .blind_router = TRUE },
+  { .name = "fp8-e5m2-mxfp8-random-bf16-graph-safe", .experts_per_rank = 2, .top_k = 2,
+    .hidden = 256, .dtype = GMLP_DTYPE_BFLOAT16, .mode = GMLP_EXPERT_PARALLEL_MODE_GRAPH_SAFE,
+    .dispatch_fp8 = GMLP_SCALING_RECIPE_MXFP8, .dispatch_format = GMLP_FP8_FORMAT_E5M2,
+    .blind_router = TRUE },
 };
 
 /* Construction that every rank must refuse alike. */
