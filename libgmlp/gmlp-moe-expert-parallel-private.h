@@ -1,7 +1,7 @@
 /* gmlp-moe-expert-parallel-private.h: GmlpMoELayer's experts spread over
  * the ranks of a communicator
  *
- * What gmlp-moe-layer.c calls of gmlp-moe-expert-parallel.c: the three
+ * What gmlp-moe-layer.c calls of gmlp-moe-expert-parallel.c: the
  * properties, the checks and the ranks' agreement at construction, and the
  * experts' step (dispatch, the local experts, the return trip) forward and
  * backward. Every function takes the layer (gmlp-moe-layer-impl.h).
@@ -21,6 +21,8 @@ enum {
   GMLP_MOE_PARALLEL_PROP_COMMUNICATOR,
   GMLP_MOE_PARALLEL_PROP_MODE,
   GMLP_MOE_PARALLEL_PROP_CAPACITY_FACTOR,
+  GMLP_MOE_PARALLEL_PROP_DISPATCH_FP8_RECIPE,
+  GMLP_MOE_PARALLEL_PROP_DISPATCH_FP8_FORMAT,
   GMLP_MOE_PARALLEL_N_PROPS
 };
 
@@ -32,9 +34,9 @@ void     gmlp_moe_parallel_set_property (GmlpMoELayer   *self,
                                          guint           index,
                                          const GValue   *value);
 
-/* At construction, before the experts are made: the options' checks, and
- * the experts this rank holds (first_expert, n_local_experts; all of them
- * without a communicator). */
+/* At construction, before the experts are made: the options' checks, the
+ * experts this rank holds (first_expert, n_local_experts; all of them
+ * without a communicator), and the quantizer of an FP8 dispatch. */
 gboolean gmlp_moe_parallel_check        (GmlpMoELayer   *self,
                                          GError        **error);
 /* gmlp_check_constructed() of the layer; with a communicator, first (once:

@@ -38,6 +38,7 @@
 #include "gmlp-error-private.h"
 #include "gmlp-grouped-mlp-private.h"
 #include "gmlp-grouped-tensor-private.h"
+#include "gmlp-quantizer-private.h"
 #include "gmlp-routing-private.h"
 #include "gmlp-row-chunks-private.h"
 #include "gmlp-thread-private.h"
@@ -98,6 +99,42 @@ gmlp_moe_parallel_make_pspecs (GParamSpec **pspecs)
    */
   pspecs[GMLP_MOE_PARALLEL_PROP_CAPACITY_FACTOR] =
     g_param_spec_double ("expert-capacity-factor", NULL, NULL, -INFINITY, INFINITY, 0.0, construct);
+
+  /**
+   * GmlpMoELayer:dispatch-fp8-recipe:
+   *
+   * FP8 dispatch: with %GMLP_SCALING_RECIPE_BLOCKWISE (one FP32 scale per
+   * 1 × 128 block of a row) or %GMLP_SCALING_RECIPE_MXFP8 (one E8M0 scale
+   * per 1 × 32 block), the forward's dispatch quantizes the rows on the
+   * sending rank, they cross the all-to-all in FP8 with their scales, and
+   * the experts' rank dequantizes them into the experts' input, in
+   * [property@Gmlp.MoELayer:dtype]: the experts compute on (and their
+   * weight gradients see) the rows as quantized, the router and the shared
+   * expert on the tokens as they are. The return trip and the whole
+   * backward cross in the layer's dtype. %GMLP_SCALING_RECIPE_NONE (the
+   * default): the rows cross as they are. Other recipes are refused at
+   * construction; without a communicator it changes nothing.
+   * docs/expert-parallel.md tells what crosses and what it saves.
+   *
+   * Since: 0.1
+   */
+  pspecs[GMLP_MOE_PARALLEL_PROP_DISPATCH_FP8_RECIPE] =
+    g_param_spec_enum ("dispatch-fp8-recipe", NULL, NULL, GMLP_TYPE_SCALING_RECIPE,
+                       GMLP_SCALING_RECIPE_NONE, construct);
+
+  /**
+   * GmlpMoELayer:dispatch-fp8-format:
+   *
+   * The FP8 type of the rows an FP8 dispatch
+   * ([property@Gmlp.MoELayer:dispatch-fp8-recipe]) sends: E4M3 (the
+   * default) or E5M2; the hybrid format means E4M3 here, the rows being
+   * activations.
+   *
+   * Since: 0.1
+   */
+  pspecs[GMLP_MOE_PARALLEL_PROP_DISPATCH_FP8_FORMAT] =
+    g_param_spec_enum ("dispatch-fp8-format", NULL, NULL, GMLP_TYPE_FP8_FORMAT,
+                       GMLP_FP8_FORMAT_E4M3, construct);
 }
 
 void
@@ -115,6 +152,12 @@ gmlp_moe_parallel_get_property (GmlpMoELayer *self,
       break;
     case GMLP_MOE_PARALLEL_PROP_CAPACITY_FACTOR:
       g_value_set_double (value, self->expert_capacity_factor);
+      break;
+    case GMLP_MOE_PARALLEL_PROP_DISPATCH_FP8_RECIPE:
+      g_value_set_enum (value, self->dispatch_fp8_recipe);
+      break;
+    case GMLP_MOE_PARALLEL_PROP_DISPATCH_FP8_FORMAT:
+      g_value_set_enum (value, self->dispatch_fp8_format);
       break;
     default:
       g_assert_not_reached ();
@@ -137,6 +180,12 @@ gmlp_moe_parallel_set_property (GmlpMoELayer *self,
     case GMLP_MOE_PARALLEL_PROP_CAPACITY_FACTOR:
       self->expert_capacity_factor = g_value_get_double (value);
       break;
+    case GMLP_MOE_PARALLEL_PROP_DISPATCH_FP8_RECIPE:
+      self->dispatch_fp8_recipe = g_value_get_enum (value);
+      break;
+    case GMLP_MOE_PARALLEL_PROP_DISPATCH_FP8_FORMAT:
+      self->dispatch_fp8_format = g_value_get_enum (value);
+      break;
     default:
       g_assert_not_reached ();
     }
@@ -156,6 +205,19 @@ gmlp_moe_parallel_check (GmlpMoELayer  *self,
       g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
                    "The expert capacity factor must be finite and not negative (0: slots that "
                    "never drop), not %g", self->expert_capacity_factor);
+      return FALSE;
+    }
+  if (self->dispatch_fp8_recipe != GMLP_SCALING_RECIPE_NONE &&
+      self->dispatch_fp8_recipe != GMLP_SCALING_RECIPE_BLOCKWISE &&
+      self->dispatch_fp8_recipe != GMLP_SCALING_RECIPE_MXFP8)
+    {
+      g_autoptr(GEnumClass) recipes = g_type_class_ref (GMLP_TYPE_SCALING_RECIPE);
+      GEnumValue *v = g_enum_get_value (recipes, self->dispatch_fp8_recipe);
+
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_UNSUPPORTED,
+                   "An FP8 dispatch quantizes each row on its own: the blockwise or the MXFP8 "
+                   "recipe, not %s (per-tensor scales would need the whole tensor's amax)",
+                   v != NULL ? v->value_nick : "an unknown recipe");
       return FALSE;
     }
   if (self->communicator == NULL)
@@ -187,6 +249,11 @@ gmlp_moe_parallel_check (GmlpMoELayer  *self,
   self->n_local_experts = self->n_experts / (guint) world;
   self->first_expert = (guint) gmlp_communicator_get_rank (self->communicator) *
                        self->n_local_experts;
+  g_clear_object (&self->dispatch_quantizer);
+  if (self->dispatch_fp8_recipe != GMLP_SCALING_RECIPE_NONE)
+    self->dispatch_quantizer = gmlp_quantizer_new (self->device, self->dispatch_fp8_recipe,
+                                                   self->dispatch_fp8_format,
+                                                   GMLP_QUANTIZER_ROLE_INPUT);
   return TRUE;
 }
 
@@ -425,23 +492,25 @@ move (GmlpGroupedTensor  *counts,
                                &to, flags, kept, dropped, error);
 }
 
-/* A buffer of one group of @rows rows, or of W × L slots. */
+/* A buffer of one group of @rows rows, or of W × L slots, of @cols
+ * columns. */
 static GmlpGroupedTensor *
 new_buffer (GmlpMoELayer         *self,
             GmlpMoEParallelStep  *step,
             GmlpDType             dtype,
             gint64                rows,
+            gint64                cols,
             GError              **error)
 {
   g_autofree gint64 *slots = NULL;
   guint n = (guint) step->world * step->n_local, i;
 
   if (step->mode == GMLP_EXPERT_PARALLEL_MODE_EXACT)
-    return gmlp_grouped_tensor_new (self->device, dtype, &rows, 1, step->cols, error);
+    return gmlp_grouped_tensor_new (self->device, dtype, &rows, 1, cols, error);
   slots = g_new (gint64, n);
   for (i = 0; i < n; i++)
     slots[i] = step->slot_rows;
-  return gmlp_grouped_tensor_new (self->device, dtype, slots, n, step->cols, error);
+  return gmlp_grouped_tensor_new (self->device, dtype, slots, n, cols, error);
 }
 
 /* Exact mode: where rows are whole multiples of the member alignment, the
@@ -457,8 +526,8 @@ packed_view (GmlpMoEParallelStep *step,
   GmlpGroupedTensor *view;
 
   if (step->mode != GMLP_EXPERT_PARALLEL_MODE_EXACT ||
-      (step->cols * gmlp_dtype_get_size (gmlp_grouped_tensor_get_dtype (members))) %
-      GMLP_MEMBER_ALIGNMENT != 0)
+      (gmlp_grouped_tensor_get_cols (members) *
+       gmlp_dtype_get_size (gmlp_grouped_tensor_get_dtype (members))) % GMLP_MEMBER_ALIGNMENT != 0)
     return NULL;
   gmlp_grouped_tensor_get_layout (members, &layout);
   g_clear_object (&layout.sizes);
@@ -501,9 +570,37 @@ exchange (Trip                 *trip,
                                                               w, error));
 }
 
+/* What a dispatch sends: the rows, and with an FP8 dispatch their scales,
+ * which are rows too (one per row: 1 × 128 or 1 × 32 blocks) and travel
+ * with the same counts and layouts. */
+enum { PART_ROWS, PART_SCALES, N_PARTS };
+
+typedef struct {
+  GmlpGroupedTensor *send[N_PARTS];
+  GmlpGroupedTensor *recv[N_PARTS];
+  GmlpGroupedTensor *out[N_PARTS];
+} Parts;
+
+static void
+parts_clear (Parts *parts)
+{
+  guint i;
+
+  for (i = 0; i < N_PARTS; i++)
+    {
+      g_clear_object (&parts->send[i]);
+      g_clear_object (&parts->recv[i]);
+      g_clear_object (&parts->out[i]);
+    }
+}
+
+G_DEFINE_AUTO_CLEANUP_CLEAR_FUNC (Parts, parts_clear)
+
 /* Rows in the permuted layout to the local experts' input layout on their
  * ranks. @first: the forward's, which writes the experts' sizes and (in
- * graph-safe mode) what each slot kept, and adds the drops to @dropped. */
+ * graph-safe mode) what each slot kept, and adds the drops to @dropped;
+ * with a dispatch quantizer it sends the rows in FP8 with their scales and
+ * dequantizes them into the rows' dtype on arrival. */
 static GmlpGroupedTensor *
 dispatch (Trip                 *trip,
           GmlpMoEParallelStep  *step,
@@ -515,22 +612,46 @@ dispatch (Trip                 *trip,
   GmlpMoELayer *self = trip->layer;
   GmlpDType dtype = gmlp_grouped_tensor_get_dtype (rows);
   gboolean exact = step->mode == GMLP_EXPERT_PARALLEL_MODE_EXACT;
-  g_autoptr(GmlpGroupedTensor) send = NULL, recv = NULL, out = NULL;
+  gboolean fp8 = first && self->dispatch_quantizer != NULL;
+  g_autoptr(GmlpGroupedTensor) q = NULL;
+  g_auto(Parts) parts = { { NULL, }, };
+  GmlpGroupedTensor **send = parts.send, **recv = parts.recv, **out = parts.out;
+  GmlpGroupedTensor *part[N_PARTS] = { rows, NULL };
+  guint n_parts = 1, i;
 
-  send = packed_view (step, rows);
-  if (send == NULL)
+  if (fp8)
     {
-      send = new_buffer (self, step, dtype, step->total_send, error);
-      if (send == NULL ||
-          !move (step->sizes, step, exact ? -1 : step->slot_rows, rows, GMLP_CHUNK_LAYOUT_MEMBERS,
-                 send, exact ? GMLP_CHUNK_LAYOUT_PACKED : GMLP_CHUNK_LAYOUT_SLOTS,
-                 GMLP_MOVE_ROWS_NONE, first && !exact ? step->kept : NULL,
-                 first ? dropped : NULL, error))
+      q = gmlp_quantizer_quantize_full (self->dispatch_quantizer, rows, FALSE, error);
+      if (q == NULL)
+        return NULL;
+      part[PART_ROWS] = q;
+      part[PART_SCALES] = gmlp_grouped_tensor_get_scale_inv (q);
+      n_parts = N_PARTS;
+    }
+  for (i = 0; i < n_parts; i++)
+    {
+      GmlpDType part_dtype = gmlp_grouped_tensor_get_dtype (part[i]);
+      gint64 cols = gmlp_grouped_tensor_get_cols (part[i]);
+
+      send[i] = packed_view (step, part[i]);
+      if (send[i] == NULL)
+        {
+          /* The rows' move counts what the slots keep and drop. */
+          gboolean count = first && i == PART_ROWS;
+
+          send[i] = new_buffer (self, step, part_dtype, step->total_send, cols, error);
+          if (send[i] == NULL ||
+              !move (step->sizes, step, exact ? -1 : step->slot_rows, part[i],
+                     GMLP_CHUNK_LAYOUT_MEMBERS, send[i],
+                     exact ? GMLP_CHUNK_LAYOUT_PACKED : GMLP_CHUNK_LAYOUT_SLOTS,
+                     GMLP_MOVE_ROWS_NONE, count && !exact ? step->kept : NULL,
+                     count ? dropped : NULL, error))
+            return NULL;
+        }
+      recv[i] = new_buffer (self, step, part_dtype, step->total_recv, cols, error);
+      if (recv[i] == NULL)
         return NULL;
     }
-  recv = new_buffer (self, step, dtype, step->total_recv, error);
-  if (recv == NULL)
-    return NULL;
   if (first && !exact)
     {
       /* What each slot kept, to the slots' ranks: L counts per rank. */
@@ -545,17 +666,39 @@ dispatch (Trip                 *trip,
                                                                 step->world, error)))
         return NULL;
     }
-  if (!exchange (trip, step, send, recv, FALSE, error))
+  for (i = 0; i < n_parts; i++)
+    if (!exchange (trip, step, send[i], recv[i], FALSE, error))
+      return NULL;
+
+  out[PART_ROWS] = gmlp_grouped_tensor_new_with_device_sizes (self->device,
+                                                              gmlp_grouped_tensor_get_dtype (part[PART_ROWS]),
+                                                              step->expert_sizes, step->expert_rows,
+                                                              step->cols, error);
+  if (out[PART_ROWS] == NULL)
     return NULL;
-  out = gmlp_grouped_tensor_new_with_device_sizes (self->device, dtype, step->expert_sizes,
-                                                   step->expert_rows, step->cols, error);
-  if (out == NULL ||
-      !move (step->recv_counts, step, -1, recv,
-             exact ? GMLP_CHUNK_LAYOUT_PACKED : GMLP_CHUNK_LAYOUT_SLOTS, out,
-             GMLP_CHUNK_LAYOUT_MEMBERS_BY_B, first ? GMLP_MOVE_ROWS_SET_SIZES : GMLP_MOVE_ROWS_NONE,
-             NULL, NULL, error))
-    return NULL;
-  return g_steal_pointer (&out);
+  /* The scales: a row of them per row, on the rows' sizes. */
+  if (fp8)
+    {
+      out[PART_SCALES] = gmlp_grouped_tensor_new_blocked (out[PART_ROWS],
+                                                          gmlp_grouped_tensor_get_dtype (part[PART_SCALES]),
+                                                          1, gmlp_grouped_tensor_get_cols (part[PART_SCALES]),
+                                                          NULL, error);
+      if (out[PART_SCALES] == NULL)
+        return NULL;
+    }
+  for (i = 0; i < n_parts; i++)
+    if (!move (step->recv_counts, step, -1, recv[i],
+               exact ? GMLP_CHUNK_LAYOUT_PACKED : GMLP_CHUNK_LAYOUT_SLOTS, out[i],
+               GMLP_CHUNK_LAYOUT_MEMBERS_BY_B,
+               first && i == PART_ROWS ? GMLP_MOVE_ROWS_SET_SIZES : GMLP_MOVE_ROWS_NONE,
+               NULL, NULL, error))
+      return NULL;
+  if (!fp8)
+    return g_steal_pointer (&out[PART_ROWS]);
+  gmlp_grouped_tensor_set_quantized (out[PART_ROWS], gmlp_quantizer_get_recipe (self->dispatch_quantizer),
+                                     gmlp_grouped_tensor_get_quantize_flags (q), out[PART_SCALES],
+                                     NULL, FALSE);
+  return gmlp_grouped_tensor_dequantize (out[PART_ROWS], dtype, error);
 }
 
 /* Rows in the local experts' layout back to their ranks' permuted layout;
@@ -572,7 +715,7 @@ return_trip (Trip                 *trip,
   GmlpChunkLayout buffers = exact ? GMLP_CHUNK_LAYOUT_PACKED : GMLP_CHUNK_LAYOUT_SLOTS;
   g_autoptr(GmlpGroupedTensor) send = NULL, recv = NULL, out = NULL;
 
-  send = new_buffer (self, step, dtype, step->total_recv, error);
+  send = new_buffer (self, step, dtype, step->total_recv, step->cols, error);
   if (send == NULL ||
       !move (step->recv_counts, step, -1, rows, GMLP_CHUNK_LAYOUT_MEMBERS_BY_B, send, buffers,
              GMLP_MOVE_ROWS_NONE, NULL, NULL, error))
@@ -585,7 +728,7 @@ return_trip (Trip                 *trip,
   recv = packed_view (step, out);
   if (recv != NULL)
     return exchange (trip, step, send, recv, TRUE, error) ? g_steal_pointer (&out) : NULL;
-  recv = new_buffer (self, step, dtype, step->total_send, error);
+  recv = new_buffer (self, step, dtype, step->total_send, step->cols, error);
   if (recv == NULL || !exchange (trip, step, send, recv, TRUE, error) ||
       !move (exact ? step->sizes : step->kept, step, -1, recv, buffers, out,
              GMLP_CHUNK_LAYOUT_MEMBERS, exact ? GMLP_MOVE_ROWS_NONE : GMLP_MOVE_ROWS_ZERO_REST,

@@ -261,6 +261,41 @@ gmlp_moe_layer_get_expert_parallel_mode (GmlpMoELayer *self)
 }
 
 /**
+ * gmlp_moe_layer_get_dispatch_fp8_recipe:
+ * @self: a #GmlpMoELayer
+ *
+ * Gets how an expert-parallel layer's forward dispatch quantizes the rows
+ * it sends.
+ *
+ * Returns: the value of [property@Gmlp.MoELayer:dispatch-fp8-recipe]
+ *
+ * Since: 0.1
+ */
+GmlpScalingRecipe
+gmlp_moe_layer_get_dispatch_fp8_recipe (GmlpMoELayer *self)
+{
+  g_return_val_if_fail (GMLP_IS_MOE_LAYER (self), GMLP_SCALING_RECIPE_NONE);
+  return self->dispatch_fp8_recipe;
+}
+
+/**
+ * gmlp_moe_layer_get_dispatch_fp8_format:
+ * @self: a #GmlpMoELayer
+ *
+ * Gets the FP8 type of the rows an FP8 dispatch sends.
+ *
+ * Returns: the value of [property@Gmlp.MoELayer:dispatch-fp8-format]
+ *
+ * Since: 0.1
+ */
+GmlpFp8Format
+gmlp_moe_layer_get_dispatch_fp8_format (GmlpMoELayer *self)
+{
+  g_return_val_if_fail (GMLP_IS_MOE_LAYER (self), GMLP_FP8_FORMAT_E4M3);
+  return self->dispatch_fp8_format;
+}
+
+/**
  * gmlp_moe_layer_get_first_local_expert:
  * @self: a #GmlpMoELayer
  *

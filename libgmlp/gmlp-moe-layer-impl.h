@@ -18,6 +18,7 @@
 #pragma once
 
 #include "gmlp-moe-layer.h"
+#include "gmlp-quantizer.h"
 
 G_BEGIN_DECLS
 
@@ -51,6 +52,11 @@ struct _GmlpMoELayer
   GmlpCommunicator   *communicator;
   GmlpExpertParallelMode parallel_mode;
   double              expert_capacity_factor;
+  /* FP8 dispatch (NONE: the rows cross in the layer's dtype); its
+   * quantizer, with a communicator and a recipe. */
+  GmlpScalingRecipe   dispatch_fp8_recipe;
+  GmlpFp8Format       dispatch_fp8_format;
+  GmlpQuantizer      *dispatch_quantizer;
   guint               first_expert;
   guint               n_local_experts;
   gboolean            agreed;       /* the ranks' agreement ran (under last_lock) */

@@ -78,7 +78,10 @@
  * tokens; each local expert's weight gradients sum over every rank's
  * tokens. [property@Gmlp.MoELayer:expert-parallel-mode] says how the rows
  * travel, with a host read of the counts (exact) or in fixed slots
- * (graph-safe); docs/expert-parallel.md tells the whole of it.
+ * (graph-safe); [property@Gmlp.MoELayer:dispatch-fp8-recipe] sends the
+ * forward's rows in FP8 with their scales (the return trip and the
+ * backward stay in the layer's dtype); docs/expert-parallel.md tells the
+ * whole of it.
  *
  * Threads: forwards may run on several threads at once; backwards and
  * backward_dw take turns, as the sub-layers' do. The "last forward" of the
@@ -186,6 +189,7 @@ gmlp_moe_layer_finalize (GObject *object)
   g_clear_object (&self->last);
   g_clear_object (&self->last_dropped);
   g_clear_object (&self->communicator);
+  g_clear_object (&self->dispatch_quantizer);
   g_clear_object (&self->device);
   g_clear_error (&self->construct_error);
   g_mutex_clear (&self->last_lock);

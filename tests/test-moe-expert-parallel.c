@@ -32,6 +32,29 @@
  * ones, in token order), and the layer's count of dropped rows equals what
  * the test works out from the reference's tokens per expert.
  *
+ * FP8 dispatch (dispatch-fp8-recipe, blockwise and MXFP8): the router and
+ * the shared expert see the tokens, the experts their rows quantized and
+ * dequantized, and the backward crosses unquantized; two references are
+ * exact:
+ * - tokens the FP8 dispatch carries exactly (fp8_exact_tokens(): every
+ *   block its own power-of-two scale, its values E4M3 times it): the plain
+ *   one-device layer, as above, every result to the same tolerance. Any
+ *   scale that crossed to the wrong row or block, or not at all, changes
+ *   the experts' input by powers of two;
+ * - random tokens and a router blind to them (a gate of zeros, so every
+ *   logit is 0 and the choice is an expert bias of each rank's own): the
+ *   router's scores, choices and aux loss do not depend on the tokens, so
+ *   the one-device layer run on the tokens quantized and dequantized by the
+ *   test's float64 model of the recipe (model_fp8_dispatch()) computes what
+ *   the FP8 dispatch must: the same output, input gradient (the gradient
+ *   flows through the quantization as through the identity: the gate's
+ *   dgrad is 0) and experts' gradients (the experts saved the quantized
+ *   rows), to the same tolerance; this checks the quantization itself
+ *   against the model, not a bound. Only the router's weight gradient,
+ *   xᵀ dlogits, is of the tokens on one side and of their quantized copy
+ *   on the other, and is not compared. No shared expert there (it sees
+ *   the tokens).
+ *
  * SPDX-License-Identifier: LGPL-2.1-or-later
  */
 
@@ -61,7 +84,22 @@ typedef struct {
   gint64                  shared;
   double                  aux;
   GmlpDType               dtype;                  /* 0: FLOAT32 */
+  gint64                  hidden;                 /* 0: HIDDEN */
+  /* FP8 dispatch (see "FP8 dispatch" above): the recipe; tokens exact in
+   * FP8 (the reference the plain layer), or random tokens with a router
+   * that does not look at them (the reference the plain layer on the
+   * tokens quantized and dequantized by the test's model). */
+  GmlpScalingRecipe       dispatch_fp8;
+  GmlpFp8Format           dispatch_format;        /* 0: E4M3 */
+  gboolean                fp8_exact_tokens;
+  gboolean                blind_router;
 } Case;
+
+static gint64
+hidden_of (const Case *c)
+{
+  return c->hidden > 0 ? c->hidden : HIDDEN;
+}
 
 /* What one rank computed, and its reference. */
 typedef struct {
@@ -81,6 +119,7 @@ typedef struct {
   guint64      seed;
   gint64       tokens[GMLP_TEST_MAX_WORLD];
   GBytes      *x[GMLP_TEST_MAX_WORLD];
+  GBytes      *ref_x[GMLP_TEST_MAX_WORLD];   /* the reference's tokens, if not x */
   GBytes      *dy[GMLP_TEST_MAX_WORLD];
   Result       got[GMLP_TEST_MAX_WORLD];
   Result       want[GMLP_TEST_MAX_WORLD];
@@ -99,7 +138,9 @@ layer_new (const Case        *c,
                          "communicator", comm,
                          "expert-parallel-mode", c->mode,
                          "expert-capacity-factor", comm != NULL ? c->expert_capacity_factor : 0.0,
-                         "hidden", (gint64) HIDDEN,
+                         "dispatch-fp8-recipe", comm != NULL ? c->dispatch_fp8 : GMLP_SCALING_RECIPE_NONE,
+                         "dispatch-fp8-format", c->dispatch_format,
+                         "hidden", hidden_of (c),
                          "ffn-hidden", (gint64) FFN,
                          "dtype", c->dtype,
                          "n-experts", n_experts,
@@ -108,7 +149,7 @@ layer_new (const Case        *c,
                          "padding", c->padding,
                          "capacity-factor", capacity_factor,
                          "shared-expert-ffn-hidden", c->shared,
-                         "expert-bias", c->skewed,
+                         "expert-bias", c->skewed || c->blind_router,
                          "aux-loss-coeff", c->aux,
                          NULL);
 }
@@ -173,14 +214,17 @@ result_clear (Result *res)
   g_free (res->tokens_per_expert);
 }
 
-/* A forward and a backward of @layer on rank @rank's data. */
+/* A forward and a backward of @layer on rank @rank's data (the tokens
+ * @tokens). */
 static void
 step (Run          *run,
       int           rank,
       GmlpDevice   *device,
       GmlpMoELayer *layer,
+      GBytes       *tokens,
       Result       *res)
 {
+  gint64 hidden = hidden_of (run->c);
   g_autoptr(GError) error = NULL;
   g_autoptr(GmlpGroupedTensor) x = NULL, dy = NULL, y = NULL, dx = NULL, aux = NULL;
   g_autoptr(GmlpGroupedTensor) dropped = NULL;
@@ -188,10 +232,10 @@ step (Run          *run,
   g_autofree double *inference = NULL;
   gsize n;
 
-  x = gmlp_grouped_tensor_new_from_bytes (device, run->c->dtype, &run->tokens[rank], 1, HIDDEN,
-                                          run->x[rank], &error);
+  x = gmlp_grouped_tensor_new_from_bytes (device, run->c->dtype, &run->tokens[rank], 1, hidden,
+                                          tokens, &error);
   g_assert_no_error (error);
-  dy = gmlp_grouped_tensor_new_from_bytes (device, run->c->dtype, &run->tokens[rank], 1, HIDDEN,
+  dy = gmlp_grouped_tensor_new_from_bytes (device, run->c->dtype, &run->tokens[rank], 1, hidden,
                                            run->dy[rank], &error);
   g_assert_no_error (error);
   /* A forward without saved activations (inference) first: the same. */
@@ -243,6 +287,29 @@ skew (GmlpMoELayer *layer,
   g_assert_no_error (error);
 }
 
+/* A router that does not look at the tokens: a gate of zeros (every logit
+ * 0) and an expert bias, its own on each rank, that picks rank r's top-k
+ * experts: (e + 2 r) mod E largest. */
+static void
+blind (GmlpMoELayer *layer,
+       guint         n_experts,
+       int           rank)
+{
+  GmlpRouter *router = gmlp_moe_layer_get_router (layer);
+  g_autofree double *bias = g_new0 (double, n_experts);
+  g_autoptr(GBytes) bytes = NULL;
+  g_autoptr(GError) error = NULL;
+  guint e;
+
+  for (e = 0; e < n_experts; e++)
+    bias[e] = (double) ((e + 2 * (guint) rank) % n_experts);
+  bytes = gmlp_test_encode_values (bias, n_experts, GMLP_DTYPE_FLOAT32);
+  g_assert_true (gmlp_router_set_expert_bias_from_bytes (router, bytes, &error));
+  g_assert_no_error (error);
+  g_assert_true (gmlp_grouped_tensor_fill_zero (gmlp_router_get_weight (router), &error));
+  g_assert_no_error (error);
+}
+
 static void
 equal_rank (GmlpTestGroup    *group,
             int               rank,
@@ -275,9 +342,113 @@ equal_rank (GmlpTestGroup    *group,
       skew (ep, run->n_experts);
       skew (ref, run->n_experts);
     }
+  if (c->blind_router)
+    {
+      blind (ep, run->n_experts, rank);
+      blind (ref, run->n_experts, rank);
+    }
 
-  step (run, rank, group->devices[rank], ep, &run->got[rank]);
-  step (run, rank, group->devices[rank], ref, &run->want[rank]);
+  step (run, rank, group->devices[rank], ep, run->x[rank], &run->got[rank]);
+  step (run, rank, group->devices[rank], ref, run->ref_x[rank] != NULL ? run->ref_x[rank] : run->x[rank],
+        &run->want[rank]);
+}
+
+/* Tokens that an FP8 dispatch carries exactly, in both recipes: each
+ * 1 × 32 block of a row is v × 2^(k − 8), k in {−2, …, 1} drawn per block,
+ * v E4M3 values of magnitude 2^-2 to 448 with one ±448 (the block's amax).
+ * MXFP8 gives the block the scale 2^(k − 8) and stores v; blockwise gives
+ * each 1 × 128 block fp8_max / amax = 2^(8 − kmax), a power of two, and
+ * stores v × 2^(k − kmax), whose exponent stays ≥ −5 (normal in E4M3):
+ * exact, and the scale inverse exact, so dequantization gives back x. Four
+ * significant bits: exact in BF16 and FP32 too. The scales differ from
+ * block to block, row to row: a scale that crossed to the wrong row or
+ * block would show. */
+static GBytes *
+fp8_exact_tokens (GmlpDType dtype,
+                  gint64    rows,
+                  gint64    cols)
+{
+  g_autofree double *x = g_new (double, MAX (rows * cols, 1));
+  gint64 r, c0, c;
+
+  for (r = 0; r < rows; r++)
+    for (c0 = 0; c0 < cols; c0 += 32)
+      {
+        gint64 len = MIN (32, cols - c0), top = g_test_rand_int_range (0, (gint32) len);
+        int k = g_test_rand_int_range (-2, 2);
+
+        for (c = 0; c < len; c++)
+          {
+            int e = g_test_rand_int_range (-2, 9), m = g_test_rand_int_range (0, 8);
+            double v = c == top ? 448.0 : MIN (ldexp (1.0 + m / 8.0, e), 448.0);
+
+            x[r * cols + c0 + c] = ldexp (g_test_rand_bit () ? -v : v, k - 8);
+          }
+      }
+  return gmlp_test_encode_values (x, rows * cols, dtype);
+}
+
+/* The test's model of what an FP8 dispatch makes of a row, in float64
+ * from docs/fp8.md (fp8_max 448 and emax 8 for E4M3, 57344 and 15 for
+ * E5M2): blockwise, per 1 × 128 block, s = fl32 (fp8_max / amax) (1 for a
+ * block of zeros), kept in [2^-126, FLT_MAX], scale_inv = fl32 (1 / s), q =
+ * fp8 (fl32 (x s)); MXFP8, per 1 × 32 block, X = 2^(floor (log2 amax) −
+ * emax) (2^0 for zeros), q = fp8 (fl32 (x / X)); fp8 () rounds to nearest
+ * even and saturates; both read back as fl32 (q × scale_inv) rounded to
+ * the layer's dtype. */
+static GBytes *
+model_fp8_dispatch (GBytes            *tokens,
+                    GmlpDType          dtype,
+                    gint64             rows,
+                    gint64             cols,
+                    GmlpScalingRecipe  recipe,
+                    GmlpFp8Format      format)
+{
+  gconstpointer data = g_bytes_get_data (tokens, NULL);
+  gint64 block = recipe == GMLP_SCALING_RECIPE_MXFP8 ? 32 : 128, r, c0, c;
+  GmlpDType fp8 = format == GMLP_FP8_FORMAT_E5M2 ? GMLP_DTYPE_FLOAT8_E5M2 : GMLP_DTYPE_FLOAT8_E4M3;
+  double fp8_max = fp8 == GMLP_DTYPE_FLOAT8_E5M2 ? 57344.0 : 448.0;
+  int emax = fp8 == GMLP_DTYPE_FLOAT8_E5M2 ? 15 : 8;
+  g_autofree double *x = g_new (double, MAX (rows * cols, 1));
+
+  for (c = 0; c < rows * cols; c++)
+    x[c] = gmlp_test_decode (data, dtype, (gsize) c);
+  for (r = 0; r < rows; r++)
+    for (c0 = 0; c0 < cols; c0 += block)
+      {
+        double *v = x + r * cols + c0, amax = 0.0, s, inv;
+        gint64 len = MIN (block, cols - c0);
+
+        for (c = 0; c < len; c++)
+          amax = MAX (amax, fabs (v[c]));
+        if (recipe == GMLP_SCALING_RECIPE_MXFP8)
+          {
+            int e = 0;
+
+            if (amax > 0.0)
+              {
+                frexp (amax, &e);            /* amax = m 2^e, m in [0.5, 1) */
+                e = CLAMP (e - 1 - emax, -127, 127);
+              }
+            s = ldexp (1.0, -e);
+            inv = ldexp (1.0, e);
+          }
+        else
+          {
+            s = amax > 0.0 ? gmlp_test_round (fp8_max / amax, GMLP_DTYPE_FLOAT32) : 1.0;
+            s = CLAMP (s, ldexp (1.0, -126), (double) G_MAXFLOAT);
+            inv = gmlp_test_round (1.0 / s, GMLP_DTYPE_FLOAT32);
+          }
+        for (c = 0; c < len; c++)
+          {
+            double q = gmlp_test_round (gmlp_test_round (v[c] * s, GMLP_DTYPE_FLOAT32), fp8);
+
+            q = CLAMP (q, -fp8_max, fp8_max);
+
+            v[c] = gmlp_test_round (gmlp_test_round (q * inv, GMLP_DTYPE_FLOAT32), dtype);
+          }
+      }
+  return gmlp_test_encode_values (x, rows * cols, dtype);
 }
 
 /* The rows a slot of graph-safe mode holds, as the layer works it out. */
@@ -305,6 +476,7 @@ check_equal (const Case *c,
   GmlpTestGroup group;
   Run run = { .c = c, .n_experts = c->experts_per_rank * world };
   double tol = c->dtype == GMLP_DTYPE_FLOAT32 ? TOL : 2 * gmlp_test_tolerance (c->dtype);
+  gint64 hidden = hidden_of (c);
   guint L = c->experts_per_rank, i;
   int r, a;
 
@@ -316,8 +488,17 @@ check_equal (const Case *c,
       run.tokens[r] = c->tokens[r] > 0 ? c->tokens[r] : c->tokens[r] < 0 ? 0 : 10 + 3 * r;
       if (c->mode == GMLP_EXPERT_PARALLEL_MODE_GRAPH_SAFE)
         run.tokens[r] = run.tokens[0];   /* graph-safe: the same tokens on every rank */
-      run.x[r] = gmlp_test_random_bytes (c->dtype, run.tokens[r] * HIDDEN, 1.0, FALSE);
-      run.dy[r] = gmlp_test_random_bytes (c->dtype, run.tokens[r] * HIDDEN, 1.0, FALSE);
+      if (c->fp8_exact_tokens)
+        run.x[r] = fp8_exact_tokens (c->dtype, run.tokens[r], hidden);
+      else
+        run.x[r] = gmlp_test_random_bytes (c->dtype, run.tokens[r] * hidden, 1.0, FALSE);
+      if (c->dispatch_fp8 != GMLP_SCALING_RECIPE_NONE && !c->fp8_exact_tokens)
+        {
+          g_assert_true (c->blind_router && c->shared == 0);
+          run.ref_x[r] = model_fp8_dispatch (run.x[r], c->dtype, run.tokens[r], hidden,
+                                             c->dispatch_fp8, c->dispatch_format);
+        }
+      run.dy[r] = gmlp_test_random_bytes (c->dtype, run.tokens[r] * hidden, 1.0, FALSE);
     }
 
   gmlp_test_group_run (&group, equal_rank, &run);
@@ -326,12 +507,15 @@ check_equal (const Case *c,
     {
       g_autofree char *what = g_strdup_printf ("%s, %d ranks, rank %d", c->name, world, r);
       Result *got = &run.got[r], *want = &run.want[r];
-      gint64 n = run.tokens[r] * HIDDEN;
+      gint64 n = run.tokens[r] * hidden;
 
       gmlp_test_assert_close (got->y, want->y, n, tol, what);
       gmlp_test_assert_close (got->dx, want->dx, n, tol, what);
       gmlp_test_assert_close (got->aux, want->aux, 1, tol, what);
-      gmlp_test_assert_close (got->router_grad, want->router_grad, run.n_experts * HIDDEN, tol, what);
+      /* The router's weight gradient is xᵀ dlogits: of the tokens on the
+       * layer, of their quantized copy in the reference. */
+      if (run.ref_x[r] == NULL)
+        gmlp_test_assert_close (got->router_grad, want->router_grad, run.n_experts * hidden, tol, what);
       if (c->shared > 0)
         {
           for (i = 0; i < 2; i++)
@@ -389,6 +573,7 @@ check_equal (const Case *c,
   for (r = 0; r < world; r++)
     {
       g_bytes_unref (run.x[r]);
+      g_clear_pointer (&run.ref_x[r], g_bytes_unref);
       g_bytes_unref (run.dy[r]);
       result_clear (&run.got[r]);
       result_clear (&run.want[r]);
@@ -446,6 +631,42 @@ static const Case cases[] = {
     .mode = GMLP_EXPERT_PARALLEL_MODE_GRAPH_SAFE, .expert_capacity_factor = 0.5 },
   { .name = "slot-drops-padding", .experts_per_rank = 2, .top_k = 2, .skewed = TRUE, .padding = 2,
     .mode = GMLP_EXPERT_PARALLEL_MODE_GRAPH_SAFE, .expert_capacity_factor = 1.0 },
+  /* FP8 dispatch, tokens it carries exactly: the plain layer's results.
+   * 200 columns: blocks that run past the row (128 + 72, 6 × 32 + 8). */
+  { .name = "fp8-blockwise-exact-tokens", .experts_per_rank = 2, .top_k = 2, .hidden = 256,
+    .dispatch_fp8 = GMLP_SCALING_RECIPE_BLOCKWISE, .fp8_exact_tokens = TRUE },
+  { .name = "fp8-blockwise-exact-tokens-bf16-graph-safe", .experts_per_rank = 2, .top_k = 2,
+    .hidden = 200, .dtype = GMLP_DTYPE_BFLOAT16, .mode = GMLP_EXPERT_PARALLEL_MODE_GRAPH_SAFE,
+    .dispatch_fp8 = GMLP_SCALING_RECIPE_BLOCKWISE, .fp8_exact_tokens = TRUE },
+  { .name = "fp8-mxfp8-exact-tokens-bias-shared-aux", .experts_per_rank = 2, .top_k = 3,
+    .hidden = 200, .bias = TRUE, .shared = 6, .aux = 0.01,
+    .dispatch_fp8 = GMLP_SCALING_RECIPE_MXFP8, .fp8_exact_tokens = TRUE },
+  { .name = "fp8-mxfp8-exact-tokens-bf16-graph-safe", .experts_per_rank = 2, .top_k = 2,
+    .hidden = 256, .dtype = GMLP_DTYPE_BFLOAT16, .mode = GMLP_EXPERT_PARALLEL_MODE_GRAPH_SAFE,
+    .dispatch_fp8 = GMLP_SCALING_RECIPE_MXFP8, .fp8_exact_tokens = TRUE },
+  /* The rows a slot drops, their scales drop alike. */
+  { .name = "fp8-blockwise-slot-drops", .experts_per_rank = 2, .top_k = 2, .skewed = TRUE,
+    .hidden = 256, .mode = GMLP_EXPERT_PARALLEL_MODE_GRAPH_SAFE, .expert_capacity_factor = 0.5,
+    .dispatch_fp8 = GMLP_SCALING_RECIPE_BLOCKWISE, .fp8_exact_tokens = TRUE },
+  /* FP8 dispatch, random tokens, a router blind to them: the plain layer
+   * on the tokens as the test's model quantizes them. */
+  { .name = "fp8-blockwise-random", .experts_per_rank = 2, .top_k = 2, .hidden = 200,
+    .dispatch_fp8 = GMLP_SCALING_RECIPE_BLOCKWISE, .blind_router = TRUE },
+  { .name = "fp8-blockwise-random-bf16-graph-safe", .experts_per_rank = 2, .top_k = 2,
+    .hidden = 256, .dtype = GMLP_DTYPE_BFLOAT16, .mode = GMLP_EXPERT_PARALLEL_MODE_GRAPH_SAFE,
+    .dispatch_fp8 = GMLP_SCALING_RECIPE_BLOCKWISE, .blind_router = TRUE },
+  { .name = "fp8-mxfp8-random-bf16", .experts_per_rank = 2, .top_k = 2, .hidden = 256,
+    .dtype = GMLP_DTYPE_BFLOAT16, .dispatch_fp8 = GMLP_SCALING_RECIPE_MXFP8, .blind_router = TRUE },
+  { .name = "fp8-mxfp8-random-graph-safe", .experts_per_rank = 2, .top_k = 2, .hidden = 200,
+    .mode = GMLP_EXPERT_PARALLEL_MODE_GRAPH_SAFE, .bias = TRUE,
+    .dispatch_fp8 = GMLP_SCALING_RECIPE_MXFP8, .blind_router = TRUE },
+  { .name = "fp8-e5m2-blockwise-random", .experts_per_rank = 2, .top_k = 2, .hidden = 200,
+    .dispatch_fp8 = GMLP_SCALING_RECIPE_BLOCKWISE, .dispatch_format = GMLP_FP8_FORMAT_E5M2,
+    .blind_router = TRUE },
+  { .name = "fp8-e5m2-mxfp8-random-bf16-graph-safe", .experts_per_rank = 2, .top_k = 2,
+    .hidden = 256, .dtype = GMLP_DTYPE_BFLOAT16, .mode = GMLP_EXPERT_PARALLEL_MODE_GRAPH_SAFE,
+    .dispatch_fp8 = GMLP_SCALING_RECIPE_MXFP8, .dispatch_format = GMLP_FP8_FORMAT_E5M2,
+    .blind_router = TRUE },
 };
 
 /* Construction that every rank must refuse alike. */
@@ -456,6 +677,8 @@ typedef enum {
   BAD_EXPERTS,       /* the last rank's n_experts differs */
   BAD_MODE,          /* the last rank's mode differs */
   BAD_FACTOR,        /* a negative expert capacity factor */
+  BAD_DISPATCH_RECIPE,  /* an FP8 dispatch of a per-tensor recipe */
+  BAD_DISPATCH_DIFFERS, /* the last rank's FP8 dispatch differs */
 } Bad;
 
 typedef struct {
@@ -484,6 +707,11 @@ bad_rank (GmlpTestGroup    *group,
                                                   ? GMLP_EXPERT_PARALLEL_MODE_GRAPH_SAFE
                                                   : GMLP_EXPERT_PARALLEL_MODE_EXACT,
                           "expert-capacity-factor", t->bad == BAD_FACTOR ? -1.0 : 0.0,
+                          "dispatch-fp8-recipe", t->bad == BAD_DISPATCH_RECIPE
+                                                 ? GMLP_SCALING_RECIPE_DELAYED
+                                                 : t->bad == BAD_DISPATCH_DIFFERS && last
+                                                 ? GMLP_SCALING_RECIPE_BLOCKWISE
+                                                 : GMLP_SCALING_RECIPE_NONE,
                           NULL);
   g_assert_null (layer);
 }
@@ -503,8 +731,10 @@ check_bad (Bad  bad,
     {
       int want = GMLP_ERROR_INVALID_ARGUMENT;
 
-      if (bad == BAD_HIDDEN || bad == BAD_EXPERTS || bad == BAD_MODE)
+      if (bad == BAD_HIDDEN || bad == BAD_EXPERTS || bad == BAD_MODE || bad == BAD_DISPATCH_DIFFERS)
         want = GMLP_ERROR_SHAPE_MISMATCH;
+      if (bad == BAD_DISPATCH_RECIPE)
+        want = GMLP_ERROR_UNSUPPORTED;
       g_assert_error (t.errors[r], GMLP_ERROR, want);
       if (bad == BAD_DEVICE)
         g_assert_nonnull (strstr (t.errors[r]->message, r == 0 ? "communicator is on" : "Rank 0"));
@@ -514,6 +744,10 @@ check_bad (Bad  bad,
         g_assert_nonnull (strstr (t.errors[r]->message, "hidden"));
       if (bad == BAD_EXPERTS)
         g_assert_nonnull (strstr (t.errors[r]->message, "n-experts"));
+      if (bad == BAD_DISPATCH_RECIPE)
+        g_assert_nonnull (strstr (t.errors[r]->message, "delayed"));
+      if (bad == BAD_DISPATCH_DIFFERS)
+        g_assert_nonnull (strstr (t.errors[r]->message, "dispatch-fp8-recipe"));
       g_clear_error (&t.errors[r]);
     }
   gmlp_test_group_clear (&group);
@@ -524,7 +758,7 @@ test_bad_construction (void)
 {
   Bad bad;
 
-  for (bad = BAD_DIVIDE; bad <= BAD_FACTOR; bad++)
+  for (bad = BAD_DIVIDE; bad <= BAD_DISPATCH_DIFFERS; bad++)
     {
       check_bad (bad, 2);
       check_bad (bad, 3);
@@ -666,6 +900,26 @@ test_one_device (void)
   g_assert_cmpfloat (factor, ==, 0.0);
   fc1 = gmlp_grouped_mlp_get_fc1 (gmlp_moe_layer_get_experts (layer));
   g_assert_cmpuint (gmlp_grouped_linear_get_n_groups (fc1), ==, 6);
+  g_assert_cmpint (gmlp_moe_layer_get_dispatch_fp8_recipe (layer), ==, GMLP_SCALING_RECIPE_NONE);
+  g_assert_cmpint (gmlp_moe_layer_get_dispatch_fp8_format (layer), ==, GMLP_FP8_FORMAT_E4M3);
+  g_clear_object (&layer);
+
+  /* An FP8 dispatch without a communicator changes nothing, but its
+   * recipe is checked all the same. */
+  layer = g_initable_new (GMLP_TYPE_MOE_LAYER, NULL, &error, "device", device,
+                          "hidden", (gint64) HIDDEN, "ffn-hidden", (gint64) FFN, "n-experts", 6,
+                          "top-k", 2, "dispatch-fp8-recipe", GMLP_SCALING_RECIPE_MXFP8,
+                          "dispatch-fp8-format", GMLP_FP8_FORMAT_E5M2, NULL);
+  g_assert_no_error (error);
+  g_assert_cmpint (gmlp_moe_layer_get_dispatch_fp8_recipe (layer), ==, GMLP_SCALING_RECIPE_MXFP8);
+  g_assert_cmpint (gmlp_moe_layer_get_dispatch_fp8_format (layer), ==, GMLP_FP8_FORMAT_E5M2);
+  g_clear_object (&layer);
+  layer = g_initable_new (GMLP_TYPE_MOE_LAYER, NULL, &error, "device", device,
+                          "hidden", (gint64) HIDDEN, "ffn-hidden", (gint64) FFN, "n-experts", 6,
+                          "top-k", 2, "dispatch-fp8-recipe", GMLP_SCALING_RECIPE_CURRENT, NULL);
+  g_assert_null (layer);
+  g_assert_error (error, GMLP_ERROR, GMLP_ERROR_UNSUPPORTED);
+  g_assert_nonnull (strstr (error->message, "current"));
 }
 
 /* Faults: the last rank aborts its communicator instead of taking part in
@@ -854,10 +1108,17 @@ graph_rank (GmlpTestGroup    *group,
 static void
 test_graph_replay (void)
 {
-  static const Case c = { .name = "graph", .experts_per_rank = 2, .top_k = 2, .bias = TRUE,
-                          .mode = GMLP_EXPERT_PARALLEL_MODE_GRAPH_SAFE,
-                          .expert_capacity_factor = 1.5 };
+  /* Plain, and with an FP8 dispatch (its quantize and dequantize in the
+   * graph too). */
+  static const Case graph_cases[] = {
+    { .name = "graph", .experts_per_rank = 2, .top_k = 2, .bias = TRUE,
+      .mode = GMLP_EXPERT_PARALLEL_MODE_GRAPH_SAFE, .expert_capacity_factor = 1.5 },
+    { .name = "graph-fp8", .experts_per_rank = 2, .top_k = 2, .bias = TRUE,
+      .mode = GMLP_EXPERT_PARALLEL_MODE_GRAPH_SAFE, .expert_capacity_factor = 1.5,
+      .dtype = GMLP_DTYPE_BFLOAT16, .dispatch_fp8 = GMLP_SCALING_RECIPE_BLOCKWISE },
+  };
   g_autoptr(GmlpDevice) device = gmlp_test_device_or_skip ();
+  guint i;
   int world;
 
   if (device == NULL)
@@ -867,16 +1128,17 @@ test_graph_replay (void)
       g_test_skip ("graphs need a GPU");
       return;
     }
-  for (world = 1; world <= GMLP_TEST_MAX_WORLD; world++)
-    {
-      GmlpTestGroup group;
-      GraphRun run = { &c, c.experts_per_rank * world, g_test_rand_int (), 24 };
+  for (i = 0; i < G_N_ELEMENTS (graph_cases); i++)
+    for (world = 1; world <= GMLP_TEST_MAX_WORLD; world++)
+      {
+        GmlpTestGroup group;
+        GraphRun run = { &graph_cases[i], graph_cases[i].experts_per_rank * world, g_test_rand_int (), 24 };
 
-      if (!gmlp_test_group_init (&group, world, 60000))
-        continue;
-      gmlp_test_group_run (&group, graph_rank, &run);
-      gmlp_test_group_clear (&group);
-    }
+        if (!gmlp_test_group_init (&group, world, 60000))
+          continue;
+        gmlp_test_group_run (&group, graph_rank, &run);
+        gmlp_test_group_clear (&group);
+      }
 }
 
 int

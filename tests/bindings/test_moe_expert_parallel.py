@@ -4,7 +4,8 @@
 # ...), in both modes, against one-device layers with the same seed: each
 # rank's output and input gradient are its one-device layer's on its
 # tokens, each local expert's weight gradient the sum over the ranks' of
-# that expert's. Ranks that disagree raise GLib.Error on every rank.
+# that expert's. Ranks that disagree raise GLib.Error on every rank. An FP8
+# dispatch of tokens it carries exactly gives the plain layer's output.
 #
 # SPDX-License-Identifier: LGPL-2.1-or-later
 
@@ -80,6 +81,49 @@ def test_equals_one_device(world, mode):
             per = want[i].size // E
             total = sum(results[a][1][i] for a in range(world))
             close(got[i], total[per * 2 * r:per * 2 * (r + 1)])
+
+
+def fp8_exact(tokens):
+    # E4M3 values times 2^-8, a ±448 in every row: an FP8 dispatch of either
+    # recipe carries them exactly (scale 2^8), so it must equal the plain layer.
+    v = (1 + rng.integers(0, 8, (tokens, H)) / 8) * 2.0 ** rng.integers(-2, 8, (tokens, H))
+    v[:, 0] = 448
+    return np.where(rng.integers(0, 2, (tokens, H)) == 1, -v, v) * 2.0 ** -8
+
+
+@pytest.mark.parametrize('recipe', [Gmlp.ScalingRecipe.BLOCKWISE, Gmlp.ScalingRecipe.MXFP8])
+@pytest.mark.parametrize('mode', [Gmlp.ExpertParallelMode.EXACT, Gmlp.ExpertParallelMode.GRAPH_SAFE])
+def test_fp8_dispatch(mode, recipe):
+    world, tokens, seed = 2, 16, int(rng.integers(1 << 31))
+    xs = [fp8_exact(tokens) for _ in range(world)]
+
+    def body(comm, r):
+        dev = comm.get_device()
+        layers = []
+        for fp8 in (recipe, Gmlp.ScalingRecipe.NONE):
+            layer = Gmlp.MoELayer(device=dev, communicator=comm, expert_parallel_mode=mode, hidden=H,
+                                  ffn_hidden=F, n_experts=2 * world, top_k=K, dispatch_fp8_recipe=fp8)
+            layer.init(None)
+            layer.init_parameters(seed)
+            layers.append(layer)
+        assert layers[0].get_dispatch_fp8_recipe() == recipe
+        assert layers[0].props.dispatch_fp8_format == Gmlp.Fp8Format.E4M3
+        return [download(layer.forward(upload(dev, xs[r]))[0]) for layer in layers]
+
+    for got, want in run_group(world, body):
+        close(got, want)
+
+
+def test_fp8_dispatch_refused():
+    def body(comm, r):
+        layer = Gmlp.MoELayer(device=comm.get_device(), communicator=comm, hidden=H, ffn_hidden=F,
+                              n_experts=4, top_k=K, dispatch_fp8_recipe=Gmlp.ScalingRecipe.DELAYED)
+        with pytest.raises(GLib.Error) as info:
+            layer.init(None)
+        return info.value
+
+    for error in run_group(2, body):
+        assert error.matches(Gmlp.error_quark(), Gmlp.Error.UNSUPPORTED)
 
 
 def test_ranks_disagree():
