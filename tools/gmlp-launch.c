@@ -91,8 +91,10 @@ signal_ranks (Launch *launch,
 
       if (rank->process == NULL || rank->done)
         continue;
+      /* 0 for a rank that had exited when it started: kill (0, …) would
+       * signal the launcher's own group. */
       pid = (pid_t) g_ascii_strtoll (rank->pid, NULL, 10);
-      if (kill (-pid, signum) != 0)
+      if (pid <= 0 || kill (-pid, signum) != 0)
         g_subprocess_send_signal (rank->process, signum);
     }
 }
@@ -389,6 +391,7 @@ main (int   argc,
       g_autofree char *rank = g_strdup_printf ("%d", r);
       g_autofree char *dev = g_strdup_printf ("%s:%d", kind, r);
       Rank *rk = &launch.ranks[r];
+      const char *identifier;
 
       g_subprocess_launcher_setenv (launcher, "GMLP_RANK", rank, TRUE);
       g_subprocess_launcher_setenv (launcher, "GMLP_DEVICE", dev, TRUE);
@@ -402,9 +405,12 @@ main (int   argc,
           stop_ranks (&launch, SIGTERM);
           break;
         }
-      rk->pid = g_strdup (g_subprocess_get_identifier (rk->process));
+      /* No identifier: the rank has already exited (and been reaped). */
+      identifier = g_subprocess_get_identifier (rk->process);
+      rk->pid = g_strdup (identifier != NULL ? identifier : "gone");
       /* as child_setup() does: whichever comes first */
-      setpgid ((pid_t) g_ascii_strtoll (rk->pid, NULL, 10), 0);
+      if (identifier != NULL)
+        setpgid ((pid_t) g_ascii_strtoll (identifier, NULL, 10), 0);
       launch.n_running++;
       g_object_set_data (G_OBJECT (rk->process), "gmlp-launch", &launch);
       g_subprocess_wait_async (rk->process, NULL, on_rank_exited, rk);
