@@ -49,7 +49,8 @@
  * With --ep as well (under gmlp-launch -n N), each rank times its step
  * of an expert-parallel layer (--ep-mode exact or graph-safe, whose slots
  * hold --ep-capacity times the balanced rows) on --tokens tokens of its
- * own: one "part":"layer" line per rank, with "ep_ranks" and "rank".
+ * own: one "part":"layer" line per rank, with "ep_ranks" and "rank";
+ * --fp8=blockwise or mxfp8 makes its dispatch FP8 ("ep_dispatch").
  * "part":"permute" and "part":"combine" time the routing's permute and
  * combine alone, with "gbps" counting the least traffic: each token's row
  * once one way and a row per choice the other (to compare with the
@@ -1095,7 +1096,8 @@ bench_moe (GmlpDevice *device, GError **error)
                               "dtype", GMLP_DTYPE_BFLOAT16, "communicator", comm,
                               "expert-parallel-mode", graph_safe ? GMLP_EXPERT_PARALLEL_MODE_GRAPH_SAFE
                                                                  : GMLP_EXPERT_PARALLEL_MODE_EXACT,
-                              "expert-capacity-factor", graph_safe ? moe_ep_capacity : 0.0, NULL);
+                              "expert-capacity-factor", graph_safe ? moe_ep_capacity : 0.0,
+                              "dispatch-fp8-recipe", fp8_recipe, NULL);
     }
   else
     layer = gmlp_moe_layer_new_full (device, moe_hidden, moe_ffn, (guint) moe_experts, (guint) moe_topk,
@@ -1176,6 +1178,8 @@ bench_moe (GmlpDevice *device, GError **error)
       bench_record_int (record, "ep_ranks", gmlp_communicator_get_world_size (comm));
       bench_record_int (record, "rank", gmlp_communicator_get_rank (comm));
       bench_record_string (record, "ep_mode", moe_ep_mode != NULL ? moe_ep_mode : "exact");
+      bench_record_string (record, "ep_dispatch", fp8_recipe == GMLP_SCALING_RECIPE_NONE ? "bf16"
+                                                  : fp8_recipe_names[fp8_recipe]);
       bench_record_double (record, "fwd_ms", fwd_t.ms, "%.4f");
       bench_record_double (record, "ms", layer_t.ms, "%.4f");
       bench_record_double (record, "tflops", flops / (layer_t.ms * 1e-3) / 1e12, "%.4g");
@@ -1301,9 +1305,10 @@ main (int argc, char *argv[])
     }
   if (moe_mode)
     {
-      if (mlp_mode || offload_mode || quantize_mode || fp8_recipe != GMLP_SCALING_RECIPE_NONE)
+      if (mlp_mode || offload_mode || quantize_mode || (fp8_recipe != GMLP_SCALING_RECIPE_NONE && !moe_ep))
         {
-          g_printerr ("gmlp-bench: --moe times a BF16 layer alone: no --mlp, --offload, --quantize or --fp8\n");
+          g_printerr ("gmlp-bench: --moe times a BF16 layer alone: no --mlp, --offload, --quantize or --fp8 "
+                      "(with --ep, --fp8=blockwise or mxfp8 is the dispatch's)\n");
           return EXIT_FAILURE;
         }
       if (!rest (device, &error) || !bench_moe (device, &error))
