@@ -1,6 +1,6 @@
 // gjs binding test: a Gmlp.MoELayer made from properties alone, one forward
 // and backward, the shapes and the routing's counts checked; bad calls
-// raise Gmlp errors.
+// raise Gmlp errors; the expert-parallel layer in a group of one.
 //
 // SPDX-License-Identifier: LGPL-2.1-or-later
 
@@ -75,6 +75,43 @@ check('forward-backward', () => {
         Gmlp.Error.SHAPE_MISMATCH, 'the wrong width');
     raises(() => new Gmlp.MoELayer({device: dev, hidden: H, ffn_hidden: F, n_experts: E, top_k: E + 1}).init(null),
         Gmlp.Error.INVALID_ARGUMENT, 'k > n_experts');
+});
+
+// Expert parallel in a group of one (gjs has no threads for more ranks;
+// tests/bindings/launch-rank.js runs processes): the same bytes as the
+// one-device layer, in both modes, and an FP8 dispatch made from gjs.
+check('expert-parallel', () => {
+    const dev = Gmlp.Device.new(Gmlp.DeviceKind.CPU, 0);
+    const bytes = t => new Uint8Array(t.to_bytes().toArray());
+    const same = (a, b) => a.length === b.length && a.every((v, i) => v === b[i]);
+    const x = Gmlp.GroupedTensor.new(dev, Gmlp.DType.FLOAT32, [T], H);
+    x.fill_random(21, 1.0);
+    const one = new Gmlp.MoELayer({device: dev, hidden: H, ffn_hidden: F, n_experts: E, top_k: K});
+    one.init(null);
+    one.init_parameters(9);
+    const [want] = one.forward(x);
+    for (const mode of [Gmlp.ExpertParallelMode.EXACT, Gmlp.ExpertParallelMode.GRAPH_SAFE]) {
+        const uid = Gmlp.Communicator.new_unique_id(dev);
+        const comm = Gmlp.Communicator.new(dev, uid, 0, 1);
+        const layer = new Gmlp.MoELayer({device: dev, communicator: comm, expert_parallel_mode: mode,
+            hidden: H, ffn_hidden: F, n_experts: E, top_k: K});
+        layer.init(null);
+        layer.init_parameters(9);
+        assert(layer.get_communicator() === comm && layer.get_n_local_experts() === E, 'local experts');
+        const [y, saved] = layer.forward(x);
+        assert(same(bytes(y), bytes(want)), `mode ${mode}: the one-device output`);
+        const dx = layer.backward(saved, y);
+        assert(dx.get_total_rows() === T, 'dx');
+    }
+    const uid = Gmlp.Communicator.new_unique_id(dev);
+    const fp8 = new Gmlp.MoELayer({device: dev, communicator: Gmlp.Communicator.new(dev, uid, 0, 1),
+        hidden: H, ffn_hidden: F, n_experts: E, top_k: K,
+        dispatch_fp8_recipe: Gmlp.ScalingRecipe.BLOCKWISE});
+    fp8.init(null);
+    assert(fp8.get_dispatch_fp8_recipe() === Gmlp.ScalingRecipe.BLOCKWISE, 'FP8 dispatch');
+    raises(() => new Gmlp.MoELayer({device: dev, hidden: H, ffn_hidden: F, n_experts: E, top_k: K,
+        dispatch_fp8_recipe: Gmlp.ScalingRecipe.DELAYED}).init(null),
+    Gmlp.Error.UNSUPPORTED, 'a per-tensor dispatch recipe');
 });
 
 print(`1..${results.length}`);
