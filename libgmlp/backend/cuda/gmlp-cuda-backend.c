@@ -131,6 +131,11 @@ gmlp_cuda_open_device (int      ordinal,
       goto fail;
     }
   device->name = g_strndup (props.name, sizeof props.name);
+  device->props = (GmlpCudaDeviceProps) {
+    .major = props.major,
+    .minor = props.minor,
+    .n_sms = props.multiProcessorCount,
+  };
 
   err = cudaDeviceGetAttribute (&pools_supported, cudaDevAttrMemoryPoolsSupported, ordinal);
   if (err != cudaSuccess)

@@ -16,6 +16,7 @@
 #include "gmlp-error.h"
 #include "gmlp-kernels.h"
 #include "backend/gmlp-backend.h"
+#include "gmlp-cuda-route.h"
 
 G_BEGIN_DECLS
 
@@ -58,6 +59,9 @@ struct _GmlpBackendDevice
   cublasLtHandle_t cublaslt;
   void           *cublaslt_workspace;
   char           *name;
+  /* What the route reads of the device (gmlp-cuda-route.h), read once by
+   * open_device. */
+  GmlpCudaDeviceProps props;
 
   /* Host threads share the device and its streams. Kernels enqueued on one
    * stream run in order, but a product is several calls (a table or plan

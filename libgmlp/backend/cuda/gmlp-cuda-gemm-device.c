@@ -3,13 +3,13 @@
  * The backend's GmlpBackendGemmDevice becomes the kernels'
  * GmlpKernelDeviceGemm (the same fields, in the kernels' plain types). The
  * product runs on libgmlp's Hopper kernel where it applies (sm_90, 16-bit
- * operands, feature counts that TMA can address) and on the portable
- * kernel everywhere else, each with the device's scratch workspace for its
- * tables. Nothing here reads
- * the sizes, waits for the stream or allocates per call (the workspace only
- * grows, once), so the call can be captured in a graph. Products with host
- * sizes that gmlp-cuda-gemm.c routes here run on the Hopper kernel too,
- * their sizes passed like the other host tables.
+ * or FP8 operands, feature counts that TMA can address) and on the
+ * portable kernel everywhere else, as gmlp_cuda_route() says, each with the
+ * device's scratch workspace for its tables. Nothing here reads the sizes,
+ * waits for the stream or allocates per call (the workspace only grows,
+ * once), so the call can be captured in a graph. Products with host sizes
+ * that gmlp-cuda-gemm.c and gmlp-cuda-gemm-fp8.c route to the Hopper kernel
+ * run here too, their sizes passed like the other host tables.
  *
  * SPDX-License-Identifier: LGPL-2.1-or-later
  */
@@ -73,51 +73,26 @@ gmlp_cuda_kernel_device_gemm (const GmlpBackendGemmDevice *gemm,
   };
 }
 
-/* TRUE when libgmlp's Hopper kernel takes these arguments on this device;
- * else FALSE and why in *reason (a static string). The tuning's
- * device_gemm 1 sends every call to the portable kernel (the tests use it
- * to check that path on Hopper too). */
-static gboolean
-gmlp_cuda_use_sm90 (GmlpBackendDevice          *device,
-                    const GmlpKernelDeviceGemm *kernel_gemm,
-                    int                        *n_sms,
-                    const char                **reason)
+/* Whether libgmlp's Hopper kernel covers kernel_gemm on this device; if
+ * not, why in *reason (a static string). The tuning's device_gemm is the
+ * route's to read (gmlp-cuda-route.c). */
+gboolean
+gmlp_cuda_gemm_sm90_covers (GmlpBackendDevice          *device,
+                            const GmlpKernelDeviceGemm *kernel_gemm,
+                            const char                **reason)
 {
-  int major = 0, minor = 0;
-
-  if (device->tuning.device_gemm != 0)
-    {
-      *reason = "turned off by the device's tuning (device-gemm=portable)";
-      return FALSE;
-    }
-  if (cudaDeviceGetAttribute (&major, cudaDevAttrComputeCapabilityMajor, device->ordinal) != cudaSuccess ||
-      cudaDeviceGetAttribute (&minor, cudaDevAttrComputeCapabilityMinor, device->ordinal) != cudaSuccess ||
-      cudaDeviceGetAttribute (n_sms, cudaDevAttrMultiProcessorCount, device->ordinal) != cudaSuccess)
-    {
-      *reason = "the device's attributes could not be read";
-      return FALSE;
-    }
-  return gmlp_kernel_device_gemm_sm90_check (kernel_gemm, &device->sm90_tuning, major, minor,
-                                             reason) == GMLP_KERNEL_SUCCESS;
+  return gmlp_kernel_device_gemm_sm90_check (kernel_gemm, &device->sm90_tuning, device->props.major,
+                                             device->props.minor, reason) == GMLP_KERNEL_SUCCESS;
 }
 
-/* Enqueues kernel_gemm on the Hopper kernel when it covers it (*taken);
- * when not, *reason says why (reason may be NULL). */
-static gboolean
-gmlp_cuda_run_sm90 (GmlpBackendDevice          *device,
-                    const GmlpKernelDeviceGemm *kernel_gemm,
-                    gboolean                   *taken,
-                    const char                **reason,
-                    GError                    **error)
+/* Enqueues kernel_gemm, which the Hopper kernel covers, on it. */
+gboolean
+gmlp_cuda_gemm_sm90_run (GmlpBackendDevice          *device,
+                         const GmlpKernelDeviceGemm *kernel_gemm,
+                         GError                    **error)
 {
-  const char *unused;
   gpointer workspace;
-  int n_sms = 0;
 
-  if (!gmlp_cuda_use_sm90 (device, kernel_gemm, &n_sms, reason != NULL ? reason : &unused))
-    return FALSE;
-
-  *taken = TRUE;
   workspace = gmlp_cuda_device_workspace (device,
                                           gmlp_kernel_device_gemm_sm90_workspace_bytes (kernel_gemm,
                                                                                         &device->sm90_tuning),
@@ -125,7 +100,8 @@ gmlp_cuda_run_sm90 (GmlpBackendDevice          *device,
   if (workspace == NULL)
     return FALSE;
   return gmlp_cuda_kernel_result (gmlp_kernel_device_gemm_sm90 (kernel_gemm, &device->sm90_tuning,
-                                                                workspace, n_sms, device->stream),
+                                                                workspace, device->props.n_sms,
+                                                                device->stream),
                                   "gmlp_kernel_device_gemm_sm90", error);
 }
 
@@ -135,36 +111,45 @@ gmlp_cuda_gemm_device_locked (GmlpBackendDevice            *device,
                               GError                      **error)
 {
   GmlpKernelDeviceGemm kernel_gemm;
+  GmlpCudaRouteProduct product = {
+    .entry = GMLP_CUDA_ENTRY_GEMM_DEVICE,
+    .kind = gemm->kind,
+    .ab_dtype = gemm->ab_dtype,
+    .c_dtype = gemm->c_dtype,
+  };
+  GmlpCudaRouteChoice choice;
   gpointer workspace;
-  gboolean taken = FALSE, ok;
-  const char *reason = NULL;
 
   gmlp_cuda_kernel_device_gemm (gemm, &kernel_gemm);
   if (!gmlp_cuda_activate (device, error))
     return FALSE;
 
-  ok = gmlp_cuda_run_sm90 (device, &kernel_gemm, &taken, &reason, error);
-  if (taken)
-    return ok;
-  if (gmlp_num_dtype_is_fp8 (gemm->ab_dtype))
+  product.sm90_covers = gmlp_cuda_gemm_sm90_covers (device, &kernel_gemm, &product.sm90_reason);
+  choice = gmlp_cuda_route (&product, &device->props, &device->tuning);
+  switch (choice.route)
     {
+    case GMLP_CUDA_ROUTE_SM90:
+      return gmlp_cuda_gemm_sm90_run (device, &kernel_gemm, error);
+
+    case GMLP_CUDA_ROUTE_PORTABLE:
+      /* Elsewhere (other GPUs, float32, odd feature counts) the portable
+       * kernel is correct, if slower. */
+      workspace = gmlp_cuda_device_workspace (device,
+                                              gmlp_kernel_device_gemm_simt_workspace_bytes (&kernel_gemm),
+                                              error);
+      if (workspace == NULL)
+        return FALSE;
+      return gmlp_cuda_kernel_result (gmlp_kernel_device_gemm_simt (&kernel_gemm, workspace,
+                                                                    device->stream),
+                                      "gmlp_kernel_device_gemm_simt", error);
+
+    case GMLP_CUDA_ROUTE_DEQUANTIZED:
+    default:
       g_set_error (error, GMLP_CUDA_ERROR, GMLP_ERROR_UNSUPPORTED,
                    "CUDA: FP8 products with device sizes run on libgmlp's Hopper kernel only: %s",
-                   reason != NULL ? reason : "not covered");
+                   choice.reason != NULL ? choice.reason : "not covered");
       return FALSE;
     }
-
-  /* Elsewhere (other GPUs, float32, odd feature counts) the portable
-   * kernel is correct, if slower. */
-  workspace = gmlp_cuda_device_workspace (device,
-                                          gmlp_kernel_device_gemm_simt_workspace_bytes (&kernel_gemm),
-                                          error);
-  if (workspace == NULL)
-    return FALSE;
-
-  return gmlp_cuda_kernel_result (gmlp_kernel_device_gemm_simt (&kernel_gemm, workspace,
-                                                                device->stream),
-                                  "gmlp_kernel_device_gemm_simt", error);
 }
 
 /* The tables and plans go through the device's workspace: see
@@ -252,29 +237,25 @@ gmlp_cuda_host_rows_gemm (GmlpGemmKind         kind,
 }
 
 gboolean
-gmlp_cuda_gemm_host_rows_sm90 (GmlpBackendDevice      *device,
-                               const GmlpBackendGemm  *gemm,
-                               gboolean               *taken,
-                               GError                **error)
+gmlp_cuda_gemm_host_rows_kernel_gemm (const GmlpBackendGemm  *gemm,
+                                      GmlpKernelDeviceGemm   *kernel_gemm)
 {
   guint64 ab_size = gmlp_num_dtype_size (gemm->ab_dtype);
-  GmlpKernelDeviceGemm kernel_gemm;
 
-  *taken = FALSE;
   if (!gmlp_cuda_host_rows_gemm (gemm->kind, gemm->n_groups, gemm->rows, gemm->n, gemm->k,
                                  gemm->a, gemm->b, gemm->c, ab_size, ab_size,
-                                 gmlp_num_dtype_size (gemm->c_dtype), gemm->accumulate, &kernel_gemm))
+                                 gmlp_num_dtype_size (gemm->c_dtype), gemm->accumulate, kernel_gemm))
     return FALSE;
-  kernel_gemm.ab_dtype = gemm->ab_dtype;
-  kernel_gemm.c_dtype = gemm->c_dtype;
-  return gmlp_cuda_run_sm90 (device, &kernel_gemm, taken, NULL, error);
+  kernel_gemm->ab_dtype = gemm->ab_dtype;
+  kernel_gemm->c_dtype = gemm->c_dtype;
+  return TRUE;
 }
 
 /* FPROP and DGRAD: a and c grouped by rows, b the per-group matrices (W_i,
  * or DGRAD's Wᵀ_i). WGRAD: a and b the columnwise copies of dy and x
  * (member i n × m_i and k × m_i, laid out as the rowwise members), c the
  * per-group outputs. */
-static gboolean
+gboolean
 gmlp_cuda_fp8_kernel_gemm (const GmlpBackendGemmFp8  *gemm,
                            GmlpKernelDeviceGemm      *kernel_gemm,
                            const char               **reason)
@@ -294,31 +275,4 @@ gmlp_cuda_fp8_kernel_gemm (const GmlpBackendGemmFp8  *gemm,
   kernel_gemm->a_scales = gmlp_cuda_kernel_fp8_scales (&gemm->a_scales);
   kernel_gemm->b_scales = gmlp_cuda_kernel_fp8_scales (&gemm->b_scales);
   return TRUE;
-}
-
-gboolean
-gmlp_cuda_gemm_fp8_sm90 (GmlpBackendDevice          *device,
-                         const GmlpBackendGemmFp8   *gemm,
-                         gboolean                   *taken,
-                         const char                **reason,
-                         GError                    **error)
-{
-  GmlpKernelDeviceGemm kernel_gemm;
-
-  *taken = FALSE;
-  if (!gmlp_cuda_fp8_kernel_gemm (gemm, &kernel_gemm, reason))
-    return FALSE;
-  return gmlp_cuda_run_sm90 (device, &kernel_gemm, taken, reason, error);
-}
-
-gboolean
-gmlp_cuda_gemm_fp8_sm90_covers (GmlpBackendDevice         *device,
-                                const GmlpBackendGemmFp8  *gemm,
-                                const char               **reason)
-{
-  GmlpKernelDeviceGemm kernel_gemm;
-  int n_sms;
-
-  return gmlp_cuda_fp8_kernel_gemm (gemm, &kernel_gemm, reason) &&
-         gmlp_cuda_use_sm90 (device, &kernel_gemm, &n_sms, reason);
 }

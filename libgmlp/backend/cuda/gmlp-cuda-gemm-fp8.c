@@ -2,8 +2,8 @@
  *
  * Many small products run on libgmlp's Hopper kernel where it applies
  * (compute capability 9.0, operands laid out as grouped tensors lay them
- * out, WGRAD groups of multiples of 16 rows; see fp8_prefer_sm90() and
- * gmlp_cuda_gemm_fp8_sm90()), one launch for all groups. The rest takes
+ * out, WGRAD groups of multiples of 16 rows), one launch for all groups,
+ * as gmlp_cuda_route() says (gmlp-cuda-route.c). The rest takes
  * cuBLASLt: one cublasLtMatmul per group, with per-tensor scales: the groups' scale
  * inverses are the matmul's A and B scale pointers (device memory, read by
  * the kernel, so nothing waits), the sums are FP32 with the partial sums
@@ -526,30 +526,6 @@ out:
   return ok;
 }
 
-/* FP8 tensor cores: compute capability 8.9 (Ada) and 9.0 (Hopper) on. */
-static gboolean
-fp8_check_device (GmlpBackendDevice  *device,
-                  GError            **error)
-{
-  int major = 0, minor = 0;
-  cudaError_t err;
-
-  err = cudaDeviceGetAttribute (&major, cudaDevAttrComputeCapabilityMajor, device->ordinal);
-  if (err == cudaSuccess)
-    err = cudaDeviceGetAttribute (&minor, cudaDevAttrComputeCapabilityMinor, device->ordinal);
-  if (err != cudaSuccess)
-    return gmlp_cuda_fail (error, "cudaDeviceGetAttribute", err);
-  if (major * 10 + minor < 89)
-    {
-      g_set_error (error, GMLP_CUDA_ERROR, GMLP_ERROR_UNSUPPORTED,
-                   "CUDA: FP8 GEMM: %s (cuda:%d, compute capability %d.%d) has no FP8 tensor "
-                   "cores (8.9 or later needed); use the blockwise or MXFP8 recipe, which "
-                   "multiply dequantized values", device->name, device->ordinal, major, minor);
-      return FALSE;
-    }
-  return TRUE;
-}
-
 static gboolean
 fp8_set_desc (cublasLtMatmulDesc_t       desc,
               cublasLtMatmulDescAttributes_t attr,
@@ -600,33 +576,6 @@ fp8_pad_operands (GmlpBackendDevice  *device,
   return TRUE;
 }
 
-/* Where libgmlp's Hopper kernel beats cuBLASLt (measured on the anchor
- * shapes, operands quantized beforehand). For FPROP one launch for all
- * groups wins from about 16 groups on; cuBLASLt's kernels for one large
- * product keep the few large groups, and for DGRAD and WGRAD whatever
- * gmlp_cuda_gemm_prefer_grouped() leaves them. The tuning's host-gemm
- * (cublas or sm90) forces one side. */
-static gboolean
-fp8_prefer_sm90 (GmlpBackendDevice        *device,
-                 const GmlpBackendGemmFp8 *gemm,
-                 const GmlpCudaFp8Plan    *plan)
-{
-  GmlpCudaHostGemm forced = (GmlpCudaHostGemm) device->tuning.host_gemm;
-  double flop = 0.0;
-
-  if (forced != GMLP_CUDA_HOST_GEMM_AUTO)
-    return forced == GMLP_CUDA_HOST_GEMM_SM90;
-  if (gemm->kind == GMLP_GEMM_FPROP && plan->products->len >= GMLP_CUDA_GROUPED_MIN_PRODUCTS)
-    return TRUE;
-  for (guint j = 0; j < plan->products->len; j++)
-    {
-      const GmlpCudaFp8Product *p = &g_array_index (plan->products, GmlpCudaFp8Product, j);
-
-      flop += 2.0 * p->m * p->n * p->depth;
-    }
-  return gmlp_cuda_gemm_prefer_grouped (plan->products->len, flop);
-}
-
 /* Blockwise WGRAD whose groups are not all multiples of 16 rows: the
  * kernel reads the columnwise copies (rows of m_i bytes) by TMA, which
  * wants 16-byte rows, so the copies go into zeroed scratch laid out as
@@ -648,9 +597,10 @@ fp8_blockwise_padded (GmlpBackendDevice         *device,
   g_autofree gpointer *pb = g_new (gpointer, n);
   g_autofree gsize *offsets = g_new (gsize, 2 * n);
   GmlpBackendGemmFp8 padded = *gemm;
+  GmlpKernelDeviceGemm kernel_gemm;
   gsize total = 0;
   guint8 *scratch;
-  gboolean taken = FALSE, ok = FALSE;
+  gboolean ok = FALSE;
   cudaError_t err;
 
   *refused = FALSE;
@@ -676,7 +626,8 @@ fp8_blockwise_padded (GmlpBackendDevice         *device,
   padded.rows = rows;
   padded.a = (const void * const *) pa;
   padded.b = (const void * const *) pb;
-  if (!gmlp_cuda_gemm_fp8_sm90_covers (device, &padded, reason))
+  if (!gmlp_cuda_fp8_kernel_gemm (&padded, &kernel_gemm, reason) ||
+      !gmlp_cuda_gemm_sm90_covers (device, &kernel_gemm, reason))
     {
       *refused = TRUE;
       goto out;
@@ -701,8 +652,7 @@ fp8_blockwise_padded (GmlpBackendDevice         *device,
       gmlp_cuda_fail (error, "cudaMemcpy2DAsync", err);
       goto out;
     }
-  ok = gmlp_cuda_gemm_fp8_sm90 (device, &padded, &taken, reason, error);
-  *refused = !taken;   /* checked above: not expected */
+  ok = gmlp_cuda_gemm_sm90_run (device, &kernel_gemm, error);
 
 out:
   /* Stream-ordered: the product enqueued above still reads it. */
@@ -710,23 +660,40 @@ out:
   return ok;
 }
 
-static gboolean
-rows_aligned (const GmlpBackendGemmFp8 *gemm)
+/* The route's description of an FP8 product; with check_sm90, whether
+ * the Hopper kernel covers it, and why not. */
+static void
+fp8_route_product (GmlpBackendDevice         *device,
+                   const GmlpBackendGemmFp8  *gemm,
+                   gboolean                   check_sm90,
+                   GmlpKernelDeviceGemm      *kernel_gemm,
+                   GmlpCudaRouteProduct      *product)
 {
-  for (guint g = 0; g < gemm->n_groups; g++)
-    if (gemm->rows[g] % GMLP_CUDA_FP8_ALIGNMENT != 0)
-      return FALSE;
-  return TRUE;
+  product->entry = GMLP_CUDA_ENTRY_GEMM_FP8;
+  product->kind = gemm->kind;
+  product->ab_dtype = gemm->a_dtype;
+  product->c_dtype = gemm->c_dtype;
+  product->blockwise = gmlp_backend_fp8_scales_blockwise (&gemm->a_scales, &gemm->b_scales);
+  if (!check_sm90)
+    return;
+  if (!gmlp_cuda_fp8_kernel_gemm (gemm, kernel_gemm, &product->sm90_reason))
+    product->sm90_unpacked = TRUE;
+  else
+    product->sm90_covers = gmlp_cuda_gemm_sm90_covers (device, kernel_gemm, &product->sm90_reason);
 }
 
-/* Blockwise scales: the Hopper kernel's, or UNSUPPORTED with its reason. */
+/* Blockwise scales: the Hopper kernel's, or UNSUPPORTED with its reason,
+ * which the layer answers with its dequantized fall-back. */
 static gboolean
 fp8_blockwise (GmlpBackendDevice         *device,
                const GmlpBackendGemmFp8  *gemm,
                GError                   **error)
 {
-  gboolean taken = FALSE, ok;
+  GmlpKernelDeviceGemm kernel_gemm;
+  GmlpCudaRouteProduct product = { 0, };
+  GmlpCudaRouteChoice choice;
   const char *reason = NULL;
+  gboolean refused, ok;
 
   if (gemm->n_groups == 0)
     return TRUE;
@@ -740,19 +707,25 @@ fp8_blockwise (GmlpBackendDevice         *device,
     }
   if (!gmlp_cuda_activate (device, error))
     return FALSE;
-  if (gemm->kind == GMLP_GEMM_WGRAD && !rows_aligned (gemm))
-    {
-      gboolean refused;
 
+  fp8_route_product (device, gemm, TRUE, &kernel_gemm, &product);
+  product.rows_aligned = gmlp_cuda_route_rows_aligned (gemm->rows, gemm->n_groups);
+  choice = gmlp_cuda_route (&product, &device->props, &device->tuning);
+  switch (choice.route)
+    {
+    case GMLP_CUDA_ROUTE_SM90_PADDED:
       ok = fp8_blockwise_padded (device, gemm, &reason, &refused, error);
       if (!refused)
         return ok;
-    }
-  else
-    {
-      ok = gmlp_cuda_gemm_fp8_sm90 (device, gemm, &taken, &reason, error);
-      if (taken)
-        return ok;
+      break;
+
+    case GMLP_CUDA_ROUTE_SM90:
+      return gmlp_cuda_gemm_sm90_run (device, &kernel_gemm, error);
+
+    case GMLP_CUDA_ROUTE_DEQUANTIZED:
+    default:
+      reason = choice.reason;
+      break;
     }
   g_set_error (error, GMLP_CUDA_ERROR, GMLP_ERROR_UNSUPPORTED,
                "CUDA: FP8 GEMM %s with blockwise scales runs on libgmlp's Hopper kernel only: %s",
@@ -766,6 +739,9 @@ gmlp_cuda_gemm_fp8_locked (GmlpBackendDevice          *device,
                            GError                    **error)
 {
   GmlpCudaFp8Plan plan = { 0, };
+  GmlpKernelDeviceGemm kernel_gemm;
+  GmlpCudaRouteProduct product = { 0, };
+  GmlpCudaRouteChoice choice;
   cublasLtMatmulDesc_t desc = NULL;
   const cublasOperation_t transa = CUBLAS_OP_T, transb = CUBLAS_OP_N;
   const int8_t fast_accum = 0;
@@ -787,16 +763,32 @@ gmlp_cuda_gemm_fp8_locked (GmlpBackendDevice          *device,
   if (!gmlp_cuda_activate (device, error))
     goto out;
 
-  /* On libgmlp's Hopper kernel where it applies: one launch for all groups
-   * instead of a cuBLASLt call per group. */
-  if (plan.products->len > 0 && fp8_prefer_sm90 (device, gemm, &plan))
+  /* On libgmlp's Hopper kernel where the route puts it: one launch for
+   * all groups instead of a cuBLASLt call per group. */
+  fp8_route_product (device, gemm, plan.products->len > 0, &kernel_gemm, &product);
+  product.n_products = plan.products->len;
+  product.n_zeroed = plan.zeroed->len;
+  for (guint j = 0; j < plan.products->len; j++)
     {
-      gboolean taken = FALSE;
-      const char *reason;
+      const GmlpCudaFp8Product *p = &g_array_index (plan.products, GmlpCudaFp8Product, j);
 
-      ok = gmlp_cuda_gemm_fp8_sm90 (device, gemm, &taken, &reason, error);
-      if (taken)
-        goto out;
+      product.total_flop += 2.0 * p->m * p->n * p->depth;
+    }
+  choice = gmlp_cuda_route (&product, &device->props, &device->tuning);
+  if (choice.route == GMLP_CUDA_ROUTE_SM90)
+    {
+      ok = gmlp_cuda_gemm_sm90_run (device, &kernel_gemm, error);
+      goto out;
+    }
+  if (choice.route != GMLP_CUDA_ROUTE_CUBLASLT)
+    {
+      /* FP8 tensor cores: compute capability 8.9 (Ada) and 9.0 (Hopper) on. */
+      g_set_error (error, GMLP_CUDA_ERROR, GMLP_ERROR_UNSUPPORTED,
+                   "CUDA: FP8 GEMM: %s (cuda:%d, compute capability %d.%d) has no FP8 tensor "
+                   "cores (8.9 or later needed); use the blockwise or MXFP8 recipe, which "
+                   "multiply dequantized values", device->name, device->ordinal,
+                   device->props.major, device->props.minor);
+      goto out;
     }
 
   c_size = gmlp_num_dtype_size (gemm->c_dtype);
@@ -804,8 +796,6 @@ gmlp_cuda_gemm_fp8_locked (GmlpBackendDevice          *device,
     {
       const GmlpCudaFp8Product *first = &g_array_index (plan.products, GmlpCudaFp8Product, 0);
 
-      if (!fp8_check_device (device, error))
-        goto out;
       status = cublasLtMatmulDescCreate (&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
       if (status != CUBLAS_STATUS_SUCCESS)
         {

@@ -17,11 +17,13 @@
  * FP32: the handle's math mode allows no TF32). WGRAD accumulation into C is
  * beta = 1, which cuBLAS fuses into the GEMM's epilogue.
  *
- * gmlp_cuda_gemm() picks the route by shape, each measured where it is
- * chosen: libgmlp's Hopper kernel (many small products; WGRAD of unequal
- * mid-sized ones), cuBLAS's batched and grouped calls for many small
- * products, one batched call for mid-sized products all of one shape, and
- * otherwise one cublasGemmEx() per group, alternating between two streams.
+ * gmlp_cuda_gemm() describes the product to gmlp_cuda_route()
+ * (gmlp-cuda-route.c, docs/routes.md), which picks libgmlp's Hopper kernel
+ * (many small products; WGRAD of unequal mid-sized ones), cuBLAS's batched
+ * and grouped calls for many small products, one batched call for
+ * mid-sized products all of one shape, or one cublasGemmEx() per group,
+ * alternating between two streams; the executors of the cuBLAS routes are
+ * here.
  *
  * SPDX-License-Identifier: LGPL-2.1-or-later
  */
@@ -36,10 +38,6 @@
 /* cuBLAS's recommended workspace on Hopper and later: enough for every
  * kernel it picks there. */
 #define GMLP_CUDA_CUBLAS_WORKSPACE (32u << 20)
-
-/* The grouped call needs GMLP_CUDA_GROUPED_MIN_PRODUCTS products of at
- * most this many floating-point operations (2 m n k) on average. */
-#define GMLP_CUDA_GROUPED_MAX_MEAN_FLOP 4e9
 
 /* cuBLAS's own alignment rule for the grouped call is per size; the one
  * that holds for every size keeps the check simple. */
@@ -72,6 +70,7 @@ typedef struct {
   guint           n_zeroed;     /* groups to set to zero */
   double          total_flop;   /* 2 m n k over the GEMM groups */
   gboolean        aligned;      /* every GEMM pointer grouped-call aligned */
+  gboolean        uniform;      /* every GEMM group of one shape and beta */
 } GmlpCudaGemmPlan;
 
 static const char *
@@ -362,9 +361,12 @@ gmlp_cuda_gemm_validate (const GmlpBackendGemm  *gemm,
                          GError                **error)
 {
   gsize ab_size, c_size;
+  gint64 first_rows = 0;
+  gboolean first_accumulates = FALSE;
 
   memset (plan, 0, sizeof *plan);
   plan->aligned = TRUE;
+  plan->uniform = TRUE;
 
   if (gemm == NULL ||
       (gemm->kind != GMLP_GEMM_FPROP && gemm->kind != GMLP_GEMM_DGRAD &&
@@ -482,27 +484,18 @@ gmlp_cuda_gemm_validate (const GmlpBackendGemm  *gemm,
                           gmlp_cuda_gemm_is_aligned (gemm->a[i], GMLP_CUDA_GROUPED_ALIGNMENT) &&
                           gmlp_cuda_gemm_is_aligned (gemm->b[i], GMLP_CUDA_GROUPED_ALIGNMENT) &&
                           gmlp_cuda_gemm_is_aligned (gemm->c[i], GMLP_CUDA_GROUPED_ALIGNMENT);
+          /* The groups' products differ only in m_i and beta (see
+           * gmlp_cuda_gemm_product()). */
+          if (plan->n_products == 0)
+            first_rows = m, first_accumulates = gmlp_cuda_gemm_accumulates (gemm, i);
+          else if (m != first_rows || gmlp_cuda_gemm_accumulates (gemm, i) != first_accumulates)
+            plan->uniform = FALSE;
           plan->n_products++;
           plan->total_flop += 2.0 * (double) m * (double) gemm->n * (double) gemm->k;
           break;
         }
     }
   return TRUE;
-}
-
-/* Whether one cublasGemmGroupedBatchedEx() call beats a loop of
- * cublasGemmEx(), one per group. A product large enough to fill the GPU on
- * its own runs best in cuBLAS's kernel tuned for its shape; many small
- * products run best as one launch that fills the GPU with all of them. The
- * cut, many (>= 16) products of under 4 GFLOP on average, lies between the
- * anchor shapes of 32 products of 30 GFLOP (the loop wins) and 128 of
- * 1.6 GFLOP (the grouped call wins). */
-gboolean
-gmlp_cuda_gemm_prefer_grouped (guint  n_products,
-                               double total_flop)
-{
-  return n_products >= GMLP_CUDA_GROUPED_MIN_PRODUCTS &&
-         total_flop < GMLP_CUDA_GROUPED_MAX_MEAN_FLOP * n_products;
 }
 
 /* Sets the output of every empty sum to zero (+0.0 in every float dtype). */
@@ -783,124 +776,20 @@ gmlp_cuda_run_grouped (GmlpBackendDevice       *device,
 }
 
 /* The many-small-experts path. For FPROP and DGRAD, whose groups split by
- * rows, each group is cut into tiles of GMLP_CUDA_ROW_TILE rows: the tiles
- * have one shape and run as one pointer-array batch on cuBLAS's wgmma
- * kernels, much faster than its grouped kernels. The rows left over in each
- * group run as one grouped call. Measured, smaller tiles for the leftovers
- * lose, and so does tiling when leftovers are a large part of the rows (a
- * skewed split of 128 rows per expert on average): tiles are used when
- * they cover at least three quarters of the rows. WGRAD sums over the
- * rows, so its groups stay whole in the grouped call.
- * The tuning's row-tiles=off turns tiling off, for comparisons. */
-#define GMLP_CUDA_ROW_TILE 128
-
-/* All the rows, and those that lie in whole row tiles. */
-static void
-gmlp_cuda_gemm_count_tiled_rows (const GmlpBackendGemm *gemm,
-                                 gint64                *rows,
-                                 gint64                *tiled)
-{
-  *rows = *tiled = 0;
-  for (guint i = 0; i < gemm->n_groups; i++)
-    {
-      *rows += gemm->rows[i];
-      *tiled += gemm->rows[i] / GMLP_CUDA_ROW_TILE * GMLP_CUDA_ROW_TILE;
-    }
-}
-
-static gboolean
-gmlp_cuda_gemm_use_row_tiles (GmlpBackendDevice     *device,
-                              const GmlpBackendGemm *gemm)
-{
-  gint64 rows, tiled;
-
-  if (gemm->kind == GMLP_GEMM_WGRAD || device->tuning.row_tiles == 1)
-    return FALSE;
-  gmlp_cuda_gemm_count_tiled_rows (gemm, &rows, &tiled);
-  return tiled * 4 >= rows * 3;
-}
-
-/* Products all of one shape (balanced routing) run as one
- * cublasGemmBatchedEx() call, which puts the tiles of all of them in one
- * grid, where a loop leaves each product's last wave part empty, or
- * SMs idle on a product smaller than the GPU: it beats the loop on 32
- * products of 30 GFLOP. A product that fills the GPU for several waves
- * (240 GFLOP) runs as well or better in the kernel cuBLAS picks for its
- * shape alone, so only products under GMLP_CUDA_BATCHED_MAX_MEAN_FLOP are
- * batched. With unequal products, whole row chunks batched and the
- * remainders looped ran below the loop, so only the uniform case is.
- * The tuning's batched=off keeps the loop, for comparisons. */
-#define GMLP_CUDA_BATCHED_MAX_MEAN_FLOP 64e9
-
-/* Whether there are two products or more, averaging under the limit above. */
-static gboolean
-gmlp_cuda_gemm_below_batched_size (const GmlpCudaGemmPlan *plan)
-{
-  return plan->n_products >= 2 &&
-         plan->total_flop < GMLP_CUDA_BATCHED_MAX_MEAN_FLOP * plan->n_products;
-}
-
-/* Whether every product has the same shape, which includes the same beta:
- * then one batched call, with one scalar, serves them. */
-static gboolean
-gmlp_cuda_products_uniform (const GmlpCudaProduct *products,
-                            guint                  count)
-{
-  for (guint j = 1; j < count; j++)
-    if (!gmlp_cuda_product_same_shape (&products[j], &products[0]))
-      return FALSE;
-  return TRUE;
-}
-
-/* Where libgmlp's Hopper kernel beats cuBLAS with host sizes:
- * - the many small products of gmlp_cuda_gemm_prefer_grouped(): WGRAD
- *   always, FPROP and DGRAD unless nearly every row lies in a whole row
- *   tile, which cuBLAS's batched call runs best;
- * - WGRAD and FPROP of unequal products below the batched size (a uniform
- *   set runs batched, faster still): the loop runs each product, of under
- *   a wave or a few, as a grid of its own ending in a part-empty wave,
- *   where the kernel runs all of them in one grid and its split tail
- *   evens the last wave.
- * 16-bit DGRAD stays on cuBLAS: its B arrives MN-major, which the kernel
- * reads slower.
- *
- * The tuning's host_gemm forces one side, for tests and comparisons. */
-#define GMLP_CUDA_SM90_MAX_TILED 0.95
-
-static gboolean
-gmlp_cuda_gemm_prefer_sm90 (GmlpBackendDevice      *device,
-                            const GmlpBackendGemm  *gemm,
-                            const GmlpCudaGemmPlan *plan)
-{
-  GmlpCudaHostGemm forced = (GmlpCudaHostGemm) device->tuning.host_gemm;
-  gint64 rows, tiled;
-
-  if (forced != GMLP_CUDA_HOST_GEMM_AUTO)
-    return forced == GMLP_CUDA_HOST_GEMM_SM90;
-  if (!gmlp_cuda_gemm_prefer_grouped (plan->n_products, plan->total_flop))
-    {
-      g_autofree GmlpCudaProduct *products = NULL;
-      guint count;
-
-      if (gemm->kind == GMLP_GEMM_DGRAD || !gmlp_cuda_gemm_below_batched_size (plan))
-        return FALSE;
-      products = gmlp_cuda_gemm_products (gemm, &count);
-      return !gmlp_cuda_products_uniform (products, count);
-    }
-  if (gemm->kind == GMLP_GEMM_WGRAD)
-    return TRUE;
-  gmlp_cuda_gemm_count_tiled_rows (gemm, &rows, &tiled);
-  return tiled < GMLP_CUDA_SM90_MAX_TILED * rows;
-}
-
+ * rows, each group is cut into tiles of GMLP_CUDA_ROW_TILE rows where the
+ * route says (row_tiles): the tiles have one shape and run as one
+ * pointer-array batch on cuBLAS's wgmma kernels, much faster than its
+ * grouped kernels. The rows left over in each group run as one grouped
+ * call (measured, smaller tiles for the leftovers lose). WGRAD sums over the rows, so its groups stay whole in the grouped
+ * call. */
 static gboolean
 gmlp_cuda_gemm_grouped (GmlpBackendDevice       *device,
                         const GmlpBackendGemm   *gemm,
                         const GmlpCudaGemmPlan  *plan,
+                        gboolean                 tiled,
                         gboolean                *fall_back,
                         GError                 **error)
 {
-  gboolean tiled = gmlp_cuda_gemm_use_row_tiles (device, gemm);
   g_autoptr(GArray) tiles = g_array_new (FALSE, FALSE, sizeof (GmlpCudaProduct));
   g_autoptr(GArray) rest = g_array_new (FALSE, FALSE, sizeof (GmlpCudaProduct));
   gsize ab_size = gmlp_num_dtype_size (gemm->ab_dtype);
@@ -961,6 +850,10 @@ gmlp_cuda_gemm_locked (GmlpBackendDevice      *device,
 {
   g_autofree GmlpCudaProduct *products = NULL;
   GmlpCudaGemmPlan plan;
+  GmlpKernelDeviceGemm kernel_gemm;
+  GmlpCudaRouteProduct product;
+  GmlpCudaRouteChoice choice;
+  gboolean fall_back = FALSE;
   guint count;
 
   if (!gmlp_cuda_gemm_validate (gemm, &plan, error))
@@ -970,38 +863,49 @@ gmlp_cuda_gemm_locked (GmlpBackendDevice      *device,
   if (!gmlp_cuda_activate (device, error))
     return FALSE;
 
-  if (plan.n_products > 0 && gmlp_cuda_gemm_prefer_sm90 (device, gemm, &plan))
+  product = (GmlpCudaRouteProduct) {
+    .entry = GMLP_CUDA_ENTRY_GEMM,
+    .kind = gemm->kind,
+    .ab_dtype = gemm->ab_dtype,
+    .c_dtype = gemm->c_dtype,
+    .n_products = plan.n_products,
+    .n_zeroed = plan.n_zeroed,
+    .total_flop = plan.total_flop,
+    .aligned = plan.aligned,
+    .uniform = plan.uniform,
+  };
+  gmlp_cuda_route_count_rows (gemm->rows, gemm->n_groups, &product.rows, &product.tiled_rows);
+  product.sm90_covers = plan.n_products > 0 &&
+                        gmlp_cuda_gemm_host_rows_kernel_gemm (gemm, &kernel_gemm) &&
+                        gmlp_cuda_gemm_sm90_covers (device, &kernel_gemm, &product.sm90_reason);
+  choice = gmlp_cuda_route (&product, &device->props, &device->tuning);
+
+  switch (choice.route)
     {
-      gboolean taken;
+    case GMLP_CUDA_ROUTE_SM90:
+      return gmlp_cuda_gemm_sm90_run (device, &kernel_gemm, error);
 
-      if (gmlp_cuda_gemm_host_rows_sm90 (device, gemm, &taken, error))
-        return TRUE;
-      if (taken)
-        return FALSE;
-    }
-
-  /* cuBLAS's grouped call takes only C of the operands' dtype. */
-  if (plan.n_products > 0 && plan.aligned && gemm->c_dtype == gemm->ab_dtype &&
-      plan.n_products <= G_MAXINT &&
-      gmlp_cuda_gemm_prefer_grouped (plan.n_products, plan.total_flop))
-    {
-      gboolean fall_back = FALSE;
-
-      if (gmlp_cuda_gemm_grouped (device, gemm, &plan, &fall_back, error))
+    case GMLP_CUDA_ROUTE_CUBLAS_GROUPED:
+      if (gmlp_cuda_gemm_grouped (device, gemm, &plan, choice.row_tiles, &fall_back, error))
         return TRUE;
       if (!fall_back)
         return FALSE;
       products = gmlp_cuda_gemm_products (gemm, &count);
       return gmlp_cuda_run_looped (device, gemm, &plan, products, count, error);
-    }
 
-  if (!gmlp_cuda_gemm_zero_groups (device, gemm, error))
-    return FALSE;
-  products = gmlp_cuda_gemm_products (gemm, &count);
-  if (plan.aligned && plan.n_products <= G_MAXINT && gmlp_cuda_gemm_below_batched_size (&plan) &&
-      device->tuning.batched != 1 && gmlp_cuda_products_uniform (products, count))
-    return gmlp_cuda_run_batched (device, gemm, &plan, products, count, error);
-  return gmlp_cuda_run_looped (device, gemm, &plan, products, count, error);
+    case GMLP_CUDA_ROUTE_CUBLAS_BATCHED:
+      if (!gmlp_cuda_gemm_zero_groups (device, gemm, error))
+        return FALSE;
+      products = gmlp_cuda_gemm_products (gemm, &count);
+      return gmlp_cuda_run_batched (device, gemm, &plan, products, count, error);
+
+    case GMLP_CUDA_ROUTE_CUBLAS_LOOP:
+    default:
+      if (!gmlp_cuda_gemm_zero_groups (device, gemm, error))
+        return FALSE;
+      products = gmlp_cuda_gemm_products (gemm, &count);
+      return gmlp_cuda_run_looped (device, gemm, &plan, products, count, error);
+    }
 }
 
 /* The handles, their workspaces, the side stream's events and the

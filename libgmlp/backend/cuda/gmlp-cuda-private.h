@@ -14,11 +14,15 @@
  *  - gmlp-cuda-block-cache.c: freed blocks kept for reuse, and the real
  *    frees (gmlp-cuda-block-cache.h);
  *  - gmlp-cuda-device.c: the device's fields, errors, the current device,
- *    the pool and the scratch workspace (gmlp-cuda-device.h).
+ *    the pool and the scratch workspace (gmlp-cuda-device.h);
+ *  - gmlp-cuda-route.c: which kernel or library runs a product, a pure
+ *    function of the product, the device's properties and its tuning
+ *    (gmlp-cuda-route.h; no CUDA, docs/routes.md). The GEMM executors'
+ *    entry points describe their product to it and run its answer.
  *
- * A file of the lower four includes only the headers of the floors below
+ * A file of the lower five includes only the headers of the floors below
  * it, and its own; the executors and the table include this header, which
- * brings all four.
+ * brings all five.
  *
  * Nothing here leaves the module: it is built with hidden visibility and
  * exports only gmlp_backend_cuda_get().
@@ -173,46 +177,28 @@ gboolean  gmlp_cuda_fill_random     (GmlpBackendDevice      *device,
                                      GError                **error);
 
 /* Group sizes on the device (gmlp-cuda-gemm-device.c): libgmlp's own
- * Hopper kernel where it applies, a portable kernel elsewhere. */
+ * Hopper kernel where the route (gmlp-cuda-route.c) puts it, a portable
+ * kernel elsewhere. */
 gboolean  gmlp_cuda_gemm_device     (GmlpBackendDevice            *device,
                                      const GmlpBackendGemmDevice  *gemm,
                                      GError                      **error);
-/* A product with host sizes on the Hopper kernel: TRUE when enqueued;
- * FALSE with *taken FALSE when the kernel does not cover it (operands not
- * laid out as a grouped tensor lays them out, or outside the kernel's
- * check); FALSE with *taken TRUE and error set when the launch failed. */
-gboolean  gmlp_cuda_gemm_host_rows_sm90 (GmlpBackendDevice      *device,
-                                         const GmlpBackendGemm  *gemm,
-                                         gboolean               *taken,
-                                         GError                **error);
-/* FP8 products with host sizes on the Hopper kernel; the same contract as
- * gmlp_cuda_gemm_host_rows_sm90(), and when not taken why in *reason. */
-gboolean  gmlp_cuda_gemm_fp8_sm90   (GmlpBackendDevice          *device,
-                                     const GmlpBackendGemmFp8   *gemm,
-                                     gboolean                   *taken,
-                                     const char                **reason,
-                                     GError                    **error);
-/* Whether gmlp_cuda_gemm_fp8_sm90() would take the product; enqueues
- * nothing. */
-gboolean  gmlp_cuda_gemm_fp8_sm90_covers (GmlpBackendDevice         *device,
-                                          const GmlpBackendGemmFp8  *gemm,
-                                          const char               **reason);
-/* Which side takes the products with host sizes that both can do, where
- * the tuning's host_gemm forces one (for tests and comparisons): the
- * values of GmlpBackendTuning.host_gemm. */
-typedef enum {
-  GMLP_CUDA_HOST_GEMM_AUTO = 0,
-  GMLP_CUDA_HOST_GEMM_CUBLAS = 1,
-  GMLP_CUDA_HOST_GEMM_SM90 = 2,
-} GmlpCudaHostGemm;
-
-/* From this many products on, one launch for all can beat a tuned call
- * each. */
-#define GMLP_CUDA_GROUPED_MIN_PRODUCTS 16
-/* Whether n_products products of total_flop FLOP in all run best as one
- * grouped launch rather than as one tuned call each (gmlp-cuda-gemm.c). */
-gboolean  gmlp_cuda_gemm_prefer_grouped (guint  n_products,
-                                         double total_flop);
+/* The Hopper kernel, for every entry (gmlp-cuda-gemm-device.c): whether it
+ * covers a product on this device (if not, why in *reason, a static
+ * string), and its launch, for a product it covers. */
+gboolean  gmlp_cuda_gemm_sm90_covers (GmlpBackendDevice           *device,
+                                      const GmlpKernelDeviceGemm  *kernel_gemm,
+                                      const char                 **reason);
+gboolean  gmlp_cuda_gemm_sm90_run    (GmlpBackendDevice           *device,
+                                      const GmlpKernelDeviceGemm  *kernel_gemm,
+                                      GError                     **error);
+/* The kernel's description of a product with host sizes: FALSE where the
+ * operands are not laid out as a grouped tensor lays them out, which the
+ * kernel needs (the FP8 one: and why, in *reason). */
+gboolean  gmlp_cuda_gemm_host_rows_kernel_gemm (const GmlpBackendGemm  *gemm,
+                                                GmlpKernelDeviceGemm   *kernel_gemm);
+gboolean  gmlp_cuda_fp8_kernel_gemm (const GmlpBackendGemmFp8  *gemm,
+                                     GmlpKernelDeviceGemm      *kernel_gemm,
+                                     const char               **reason);
 
 /* gmlp-cuda-bias.c */
 gboolean  gmlp_cuda_bias_grad_device (GmlpBackendDevice            *device,
