@@ -10,8 +10,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-/tmp}"
 . scripts/dev/prebuilt-env.sh
-# GMLP_POISON fills every new tensor with NaN: a test's setting, not a user's.
-unset GMLP_POISON
+# GMLP_DEBUG=poison fills every new tensor with NaN: a test's setting, not a user's.
+unset GMLP_DEBUG
 
 declare -A shapes=(
   [A]=""

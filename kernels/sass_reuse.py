@@ -3,6 +3,8 @@
 blockwise FP8 promotion read its scales from the operand cache.
 
     sass_reuse.py KERNELS NVCC NVCC-ARGS...   (nvcc's -o names the object)
+    sass_reuse.py --verified NVCC             (prints NVCC's release; fails
+                                               unless it is in VERIFIED)
 
 The promotion of a wide blockwise tile is one straight run of 96 FFMAs,
 acc = fma (part, scale, acc), sixteen in a row with the same scale. ptxas
@@ -24,6 +26,14 @@ multiplier). First word: opcode in bits 0-11 (0x223: FFMA with register
 sources), predicate in bits 12-15 (7: always), Rd bits 16-23, Ra 24-31,
 Rb 32-39. The object's device code must be uncompressed (--no-compress,
 added here) for the cubin to be found; nothing else in the file changes.
+
+The rewrite reads code that ptxas chose, so the build runs it only with an
+nvcc release in VERIFIED (meson option sass-rewrite, auto by default: on any
+other release the file is compiled by plain nvcc like the other Hopper
+instances; tests/kernels/test-sass-rewrite.py compiles it both ways). A
+release joins VERIFIED once, in a build with it, scripts/dev/ffma-banks.py
+finds the conflicts fallen and the kernel tests (tests/kernels, suite gpu)
+pass on an H100 or H200.
 """
 import os
 import re
@@ -31,8 +41,8 @@ import struct
 import subprocess
 import sys
 
-import cubin_elf
-from cubin_elf import sections
+# The nvcc releases (as --version names them) the rewrite was verified with.
+VERIFIED = ('13.0.88',)
 
 FFMA = 0x223
 ALWAYS = 0x7
@@ -83,6 +93,28 @@ def reuse_scales(data, offset, size):
     return changed
 
 
+def nvcc_release(nvcc):
+    """NVCC's release, as in its --version's "V13.0.88"; None if not found."""
+    text = subprocess.run([nvcc, '--version'], capture_output=True, text=True, check=True).stdout
+    found = re.search(r'^Cuda compilation tools, release .*, V([0-9.]+)$', text, re.M)
+    return found.group(1) if found else None
+
+
+def rewrite(path, kernels):
+    """Patches the kernels whose name the compiled expression kernels
+    matches in the object at path; returns (kernels matched, FFMAs changed)."""
+    from cubin_elf import sections
+
+    data = bytearray(open(path, 'rb').read())
+    matched = changed = 0
+    for section in sections(data):
+        if section.name.startswith('.text.') and kernels.search(section.name[6:]):
+            matched += 1
+            changed += reuse_scales(data, section.offset, section.size)
+    open(path, 'wb').write(data)
+    return matched, changed
+
+
 def add_dependencies(depfile, paths):
     """Names paths among the object's dependencies in nvcc's depfile, so
     that an edit of this script or of cubin_elf.py rebuilds it."""
@@ -92,6 +124,10 @@ def add_dependencies(depfile, paths):
 
 
 def main():
+    if len(sys.argv) == 3 and sys.argv[1] == '--verified':
+        release = nvcc_release(sys.argv[2])
+        print(release or 'unknown', end='')
+        sys.exit(0 if release in VERIFIED else 1)
     if len(sys.argv) < 4 or '-o' not in sys.argv:
         sys.exit(__doc__)
     kernels = re.compile(sys.argv[1])
@@ -99,20 +135,15 @@ def main():
     output = command[command.index('-o') + 1]
     subprocess.run(command, check=True)
     if '-MF' in command:
+        here = os.path.dirname(os.path.abspath(__file__))
         add_dependencies(command[command.index('-MF') + 1],
-                         [os.path.abspath(__file__), os.path.abspath(cubin_elf.__file__)])
-    data = bytearray(open(output, 'rb').read())
-    matched = changed = 0
-    for section in sections(data):
-        if section.name.startswith('.text.') and kernels.search(section.name[6:]):
-            matched += 1
-            changed += reuse_scales(data, section.offset, section.size)
+                         [os.path.abspath(__file__), os.path.join(here, 'cubin_elf.py')])
+    matched, changed = rewrite(output, kernels)
     if matched == 0:
         sys.exit('sass_reuse.py: no kernel in %s matches %s' % (output, sys.argv[1]))
     if changed == 0:
         print('sass_reuse.py: warning: no FFMA of %s given the operand cache (ptxas changed?)' % output,
               file=sys.stderr)
-    open(output, 'wb').write(data)
 
 
 if __name__ == '__main__':

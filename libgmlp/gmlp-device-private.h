@@ -10,6 +10,14 @@
 
 G_BEGIN_DECLS
 
+/* The keys of GMLP_DEBUG, a list like G_DEBUG's ("poison", "all" or
+ * "help"), read once per process: testing aids, never a route. */
+typedef enum {
+  GMLP_DEBUG_POISON = 1 << 0,  /* fresh memory holds 0xff bytes: NaN */
+} GmlpDebugFlags;
+
+GmlpDebugFlags gmlp_debug_flags (void);
+
 /* The version of a storage, as torch's tensors have one: every write
  * through the API adds one (gmlp_version_counter_bump()), and a backward
  * compares it with what its forward saw. Reference-counted apart from the

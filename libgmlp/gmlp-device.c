@@ -824,14 +824,23 @@ gmlp_device_get_tuning (GmlpDevice  *self,
   return gmlp_tuning_get (&self->tuning, key, error);
 }
 
-static gboolean
-poison_allocations (void)
+/* Parsed once, like G_DEBUG: "help" lists the keys, "all" sets them all.
+ * The bit above the keys tells a parsed value from the initial zero. */
+GmlpDebugFlags
+gmlp_debug_flags (void)
 {
-  static int poison = -1;
+  static const GDebugKey keys[] = {
+    { "poison", GMLP_DEBUG_POISON },
+  };
+  static gsize flags = 0;
 
-  if (g_atomic_int_get (&poison) < 0)
-    g_atomic_int_set (&poison, g_getenv ("GMLP_POISON") != NULL);
-  return g_atomic_int_get (&poison);
+  if (g_once_init_enter (&flags))
+    {
+      guint parsed = g_parse_debug_string (g_getenv ("GMLP_DEBUG"), keys, G_N_ELEMENTS (keys));
+
+      g_once_init_leave (&flags, (gsize) parsed | ((gsize) 1 << 31));
+    }
+  return (GmlpDebugFlags) (flags & G_MAXINT);
 }
 
 /* Fills fresh memory with 0xff bytes. While capturing, a fill would be
@@ -869,10 +878,10 @@ gmlp_buffer_new (GmlpDevice  *device,
   if (data == NULL)
     return NULL;
 
-  /* With GMLP_POISON set (the test suites set it), fresh memory holds 0xff
-   * bytes (NaN in every floating type), so an output that a kernel forgot to
-   * write shows up in the tests. */
-  if (nbytes > 0 && poison_allocations () && !poison_buffer (device, data, nbytes, error))
+  /* With GMLP_DEBUG=poison (the test suites set it), fresh memory holds
+   * 0xff bytes (NaN in every floating type), so an output that a kernel
+   * forgot to write shows up in the tests. */
+  if (nbytes > 0 && (gmlp_debug_flags () & GMLP_DEBUG_POISON) && !poison_buffer (device, data, nbytes, error))
     {
       device->backend->free (device->backend_device, data);
       return NULL;

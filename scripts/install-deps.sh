@@ -11,7 +11,8 @@ packages=(
   python3-gi python3-numpy python3-pytest gjs valac
   # the DLPack interop tests with torch (CPU)
   python3-torch
-  # kernels/sass_reuse.py (a CUDA build step) and scripts/dev read cubins with it
+  # kernels/sass_reuse.py (an optional CUDA build step, option sass-rewrite),
+  # its test and scripts/dev read cubins with it
   python3-pyelftools
   # the JSON lines of gmlp-bench and gmlp-demo (not the library's)
   libjson-glib-dev

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "gmlp-test-util.h"
+#include "gmlp-device-private.h"
 #include "gmlp-grouped-tensor-private.h"
 #include "gmlp-tuning-private.h"
 
@@ -44,6 +45,12 @@ gmlp_test_tuned (GmlpDevice *device,
 
   g_assert_nonnull (set);
   return g_str_equal (set, value);
+}
+
+gboolean
+gmlp_test_poisoned (void)
+{
+  return (gmlp_debug_flags () & GMLP_DEBUG_POISON) != 0;
 }
 
 static const GmlpTestFormat formats[] = {

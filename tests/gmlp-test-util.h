@@ -19,6 +19,10 @@ gboolean    gmlp_test_tuned            (GmlpDevice *device,
                                         const char *key,
                                         const char *value);
 
+/* Whether fresh memory is poisoned (GMLP_DEBUG=poison, which the suites
+ * set): 0xff bytes, NaN in every floating type. */
+gboolean    gmlp_test_poisoned         (void);
+
 /* Independent float64 models of the storage formats, for references. */
 typedef struct {
   const char *name;

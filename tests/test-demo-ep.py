@@ -53,7 +53,7 @@ def step_numbers(output):
 
 def main():
     launch, demo = sys.argv[1:3]
-    env = {k: v for k, v in os.environ.items() if not k.startswith('GMLP_') or k == 'GMLP_POISON'}
+    env = {k: v for k, v in os.environ.items() if not k.startswith('GMLP_') or k == 'GMLP_DEBUG'}
 
     one = run([demo, '--device', 'cpu'] + SMALL, env)
     ep = run([launch, '-n', '2', '--devices', 'cpu', '--tag', demo, '--ep'] + SMALL, env)

@@ -300,7 +300,7 @@ run_replay (gboolean graph_first)
   assert_values (y, m.y, m.count, "y before any replay");
   assert_values (acc, m.acc, m.count, "acc before any replay");
   assert_values (c, m.c, m.count, "data uploaded during the capture");
-  if (g_getenv ("GMLP_POISON") != NULL)
+  if (gmlp_test_poisoned ())
     {
       g_autofree double *poisoned = gmlp_test_download (b, NULL);
       for (i = 0; i < m.count; i++)

@@ -315,7 +315,7 @@ fitting_rows (const gint64 *sizes, guint n, gint64 capacity, const gint64 *row_b
 }
 
 /* Outside the first rows[g] rows of each member (laid out by @sizes), every
- * byte of @t still holds the poison of fresh memory (GMLP_POISON: 0xff): the
+ * byte of @t still holds the poison of fresh memory (GMLP_DEBUG=poison: 0xff): the
  * kernels wrote nothing else. */
 static void
 assert_only_rows_written (GmlpGroupedTensor *t, const gint64 *sizes, const gint64 *rows)
@@ -331,7 +331,7 @@ assert_only_rows_written (GmlpGroupedTensor *t, const gint64 *sizes, const gint6
   gsize i;
   guint g;
 
-  if (g_getenv ("GMLP_POISON") == NULL)
+  if (!gmlp_test_poisoned ())
     return;
   g_assert_true (GMLP_DEVICE_CALL (device, download, bytes, gmlp_grouped_tensor_get_data (t), nbytes, &error));
   g_assert_no_error (error);

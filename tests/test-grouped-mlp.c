@@ -461,7 +461,7 @@ fill_storage (GmlpGroupedTensor *t, double scale)
 }
 
 /* Outside the first rows[g] rows of each member (laid out by @sizes),
- * every byte of @t still holds the poison of fresh memory (GMLP_POISON:
+ * every byte of @t still holds the poison of fresh memory (GMLP_DEBUG=poison:
  * 0xff): nothing else was written. */
 static void
 assert_only_rows_written (GmlpGroupedTensor *t, const gint64 *sizes, const gint64 *rows)
@@ -477,7 +477,7 @@ assert_only_rows_written (GmlpGroupedTensor *t, const gint64 *sizes, const gint6
   gsize i;
   guint g;
 
-  if (g_getenv ("GMLP_POISON") == NULL)
+  if (!gmlp_test_poisoned ())
     return;
   whole = storage_view (t);
   bytes = gmlp_grouped_tensor_to_bytes (whole, NULL);

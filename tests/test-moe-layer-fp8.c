@@ -25,7 +25,7 @@
  * bits, quantize one FP8 step apart: tolerance_fp8(). The same step
  * against the reference without quantization must be further off than
  * that, so that the check can tell. Outputs are poisoned first
- * (GMLP_POISON: fresh memory holds NaN).
+ * (GMLP_DEBUG=poison: fresh memory holds NaN).
  *
  * Then the FP8 API: the recipe and format as construct properties and by
  * set_fp8_recipe() on both MLPs, notifications; every recipe with every

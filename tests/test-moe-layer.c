@@ -16,7 +16,7 @@
  * Inputs are drawn token by token until every token's choices are clear by
  * a margin (no two candidates within 1e-4 where the order matters), so that
  * the library's FP32 routing must equal the float64 one exactly. Every
- * output is poisoned first (GMLP_POISON: fresh memory holds NaN).
+ * output is poisoned first (GMLP_DEBUG=poison: fresh memory holds NaN).
  *
  * Every test runs on the CPU and on CUDA against the same references.
  *

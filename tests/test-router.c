@@ -11,7 +11,7 @@
  * candidates within 1e-4 of each other where the order matters), so that
  * the float32 routing must equal the float64 one exactly; ties are tested
  * apart, with data whose float32 and float64 values are exact. Every output
- * is poisoned first (GMLP_POISON: fresh memory holds NaN).
+ * is poisoned first (GMLP_DEBUG=poison: fresh memory holds NaN).
  *
  * Every test runs on the suite's device, the CPU or CUDA, against the same
  * references. The CUDA kernels route a token with a warp up to 1024

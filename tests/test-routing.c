@@ -4,7 +4,7 @@
  * dense formulation: the map from the rule as documented (expert by expert,
  * the choices in order, the first ones kept under a capacity), the rows and
  * sums in float64 from the inputs as stored. Outputs are fresh memory, which
- * GMLP_POISON fills with NaN, so a row left unwritten fails. On a GPU every
+ * GMLP_DEBUG=poison fills with NaN, so a row left unwritten fails. On a GPU every
  * result is also compared with the CPU backend's from the same inputs: bit
  * for bit, but for grad_probs, whose dot products the GPU sums in another
  * order. /Gmlp/Routing/64-bit runs on the GPU only: past 2^31 elements.
@@ -1449,7 +1449,7 @@ int
 main (int argc, char *argv[])
 {
   /* Fresh memory poisoned (NaN), so that an unwritten output fails. */
-  g_setenv ("GMLP_POISON", "1", FALSE);
+  g_setenv ("GMLP_DEBUG", "poison", FALSE);
   setlocale (LC_ALL, "");
   g_test_init (&argc, &argv, NULL);
 

@@ -3,7 +3,7 @@
  *
  * The data move as bytes, so the reference is exact: every result is
  * compared byte for byte with what the rule says, worked out here from the
- * inputs as packed rows. Outputs are fresh memory (GMLP_POISON fills it),
+ * inputs as packed rows. Outputs are fresh memory (GMLP_DEBUG=poison fills it),
  * so a row left unwritten fails. On a GPU every case also runs on the CPU
  * backend, the reference implementation, and both must agree.
  *
@@ -532,7 +532,7 @@ test_same_as_cpu (void)
 int
 main (int argc, char *argv[])
 {
-  g_setenv ("GMLP_POISON", "1", FALSE);
+  g_setenv ("GMLP_DEBUG", "poison", FALSE);
   setlocale (LC_ALL, "");
   g_test_init (&argc, &argv, NULL);
 

@@ -3,8 +3,10 @@
  * Its keys take their values and refuse others with a GError, leaving the
  * tuning as it was; a device keeps what is set; and no source of the
  * library or the kernels reads an environment variable but GMLP_DEVICE and
- * GMLP_BACKEND_DIR (and the test suites' GMLP_POISON), nor names one of the
- * variables that steered routes and schedules before the tuning.
+ * GMLP_BACKEND_DIR (and GMLP_DEBUG, debug keys like G_DEBUG's), nor names
+ * one of the variables that steered routes and schedules or filled memory
+ * before. GMLP_DEBUG=poison fills fresh memory with 0xff bytes, and
+ * GMLP_DEBUG=help lists the keys.
  *
  * SPDX-License-Identifier: LGPL-2.1-or-later
  */
@@ -12,6 +14,7 @@
 #include <string.h>
 
 #include "gmlp-test-util.h"
+#include "gmlp-device-private.h"
 #include "gmlp-tuning-private.h"
 
 /* Every key: "auto" when fresh, and each value it takes read back. */
@@ -184,12 +187,14 @@ static const char * const old_variables[] = {
   "GMLP_CUDA_NO_ROW_TILES", "GMLP_CUDA_NO_BATCHED", "GMLP_SM90_SCHEDULE",
   "GMLP_SM90_FP8_TILES", "GMLP_SM90_SHORT_TILES", "GMLP_SM90_PAIRS",
   "GMLP_SM90_EVEN_WAVES", "GMLP_SM90_GRID", "GMLP_SM90_STREAM_K",
+  /* now GMLP_DEBUG=poison */
+  "GMLP_POISON",
 };
 
-/* What the library may read: GMLP_POISON is the test suites' (fresh memory
- * filled with NaN), no route or schedule. */
+/* What the library may read: GMLP_DEBUG's keys are testing aids (poison:
+ * fresh memory filled with NaN), no route or schedule. */
 static const char * const allowed_variables[] = {
-  "GMLP_DEVICE", "GMLP_BACKEND_DIR", "GMLP_POISON",
+  "GMLP_DEVICE", "GMLP_BACKEND_DIR", "GMLP_DEBUG",
   /* gmlp_communicator_new_from_launcher(): the launcher's contract */
   "GMLP_RANK", "GMLP_WORLD_SIZE", "GMLP_UNIQUE_ID", "GMLP_TIMEOUT_MS", NULL,
 };
@@ -276,6 +281,51 @@ test_no_environment (void)
   g_assert_cmpuint (n_reads, >=, 2);
 }
 
+/* GMLP_DEBUG=help, read in a fresh process, lists the keys and sets none. */
+static void
+test_debug_help (void)
+{
+  if (g_test_subprocess ())
+    {
+      g_setenv ("GMLP_DEBUG", "help", TRUE);
+      g_assert_cmpint (gmlp_debug_flags (), ==, 0);
+      return;
+    }
+  g_test_trap_subprocess (NULL, 0, G_TEST_SUBPROCESS_DEFAULT);
+  g_test_trap_assert_passed ();
+  g_test_trap_assert_stderr ("*poison*");
+}
+
+/* GMLP_DEBUG=poison, read once in a fresh process: fresh memory holds 0xff
+ * bytes, and a later change of the variable is not seen. */
+static void
+test_debug_poison (void)
+{
+  g_autoptr(GmlpDevice) device = NULL;
+  g_autoptr(GmlpBuffer) buffer = NULL;
+  g_autoptr(GError) error = NULL;
+  guint8 bytes[100];
+
+  if (!g_test_subprocess ())
+    {
+      g_test_trap_subprocess (NULL, 0, G_TEST_SUBPROCESS_DEFAULT);
+      g_test_trap_assert_passed ();
+      return;
+    }
+  g_setenv ("GMLP_DEBUG", "poison", TRUE);
+  g_assert_cmpint (gmlp_debug_flags (), ==, GMLP_DEBUG_POISON);
+  g_setenv ("GMLP_DEBUG", "", TRUE);
+  g_assert_true (gmlp_test_poisoned ());
+  device = gmlp_device_new_from_string ("cpu", &error);
+  g_assert_no_error (error);
+  buffer = gmlp_buffer_new (device, sizeof bytes, &error);
+  g_assert_no_error (error);
+  g_assert_true (GMLP_DEVICE_CALL (device, download, bytes, buffer->data, sizeof bytes, &error));
+  g_assert_no_error (error);
+  for (gsize i = 0; i < sizeof bytes; i++)
+    g_assert_cmpuint (bytes[i], ==, 0xff);
+}
+
 int
 main (int argc, char **argv)
 {
@@ -285,6 +335,8 @@ main (int argc, char **argv)
   g_test_add_func ("/Gmlp/Tuning/refuses", test_refuses);
   g_test_add_func ("/Gmlp/Tuning/device", test_device);
   g_test_add_func ("/Gmlp/Tuning/no-environment", test_no_environment);
+  g_test_add_func ("/Gmlp/Debug/help", test_debug_help);
+  g_test_add_func ("/Gmlp/Debug/poison", test_debug_poison);
 
   return g_test_run ();
 }

@@ -21,7 +21,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 . scripts/dev/prebuilt-env.sh
-export G_TEST_SRCDIR="$PWD/tests" G_DEBUG=gc-friendly,fatal-criticals MALLOC_CHECK_=2 GMLP_POISON=1 \
+export G_TEST_SRCDIR="$PWD/tests" G_DEBUG=gc-friendly,fatal-criticals MALLOC_CHECK_=2 GMLP_DEBUG=poison \
        OPENBLAS_NUM_THREADS=1 GMLP_TEST_DEVICE=cuda
 tests=.prebuilt/tests
 logs=${OUT:-/tmp}
