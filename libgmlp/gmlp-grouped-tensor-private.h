@@ -67,6 +67,13 @@ void               gmlp_tensor_layout_clear            (GmlpTensorLayout       *
 /* A tensor of @layout over @buffer (whole, from its start); refs @buffer. */
 GmlpGroupedTensor *gmlp_grouped_tensor_new_with_buffer (const GmlpTensorLayout *layout,
                                                         GmlpBuffer             *buffer);
+/* A tensor of @n_groups groups of @rows rows (host sizes), @self's dtype
+ * and columns, over @self's storage from its first byte: what @self holds
+ * read as another layout. NULL where that layout passes @self's storage,
+ * or @self starts inside its buffer (a member view). */
+GmlpGroupedTensor *gmlp_grouped_tensor_new_rows_view   (GmlpGroupedTensor      *self,
+                                                        const gint64           *rows,
+                                                        guint                   n_groups);
 GmlpBuffer        *gmlp_grouped_tensor_get_buffer      (GmlpGroupedTensor      *self);
 
 G_END_DECLS

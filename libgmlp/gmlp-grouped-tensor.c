@@ -1440,6 +1440,39 @@ gmlp_grouped_tensor_new_with_buffer (const GmlpTensorLayout *layout,
   return self;
 }
 
+GmlpGroupedTensor *
+gmlp_grouped_tensor_new_rows_view (GmlpGroupedTensor *self,
+                                   const gint64      *rows,
+                                   guint              n_groups)
+{
+  GmlpTensorLayout layout;
+  GmlpGroupedTensor *view = NULL;
+  gint64 total = 0;
+  guint g;
+
+  for (g = 0; g < n_groups; g++)
+    {
+      if (rows[g] < 0 || total > G_MAXINT64 - rows[g])
+        return NULL;
+      total += rows[g];
+    }
+  if (self->offset != 0)
+    return NULL;
+  gmlp_grouped_tensor_get_layout (self, &layout);
+  g_clear_object (&layout.sizes);
+  g_free (layout.rows);
+  layout.n_groups = n_groups;
+  layout.rows = g_memdup2 (rows, n_groups * sizeof (gint64));
+  layout.row_capacity = total;
+  if (gmlp_grouped_tensor_layout_bytes (n_groups, rows, total,
+                                        (guint64) layout.cols * gmlp_dtype_get_size (layout.dtype),
+                                        &layout.nbytes) &&
+      layout.nbytes <= self->nbytes)
+    view = gmlp_grouped_tensor_new_with_buffer (&layout, self->buffer);
+  gmlp_tensor_layout_clear (&layout);
+  return view;
+}
+
 GmlpBuffer *
 gmlp_grouped_tensor_get_buffer (GmlpGroupedTensor *self)
 {

@@ -522,30 +522,13 @@ static GmlpGroupedTensor *
 packed_view (GmlpMoEParallelStep *step,
              GmlpGroupedTensor   *members)
 {
-  GmlpTensorLayout layout;
-  GmlpGroupedTensor *view;
+  gint64 rows = gmlp_grouped_tensor_get_row_capacity (members);
 
   if (step->mode != GMLP_EXPERT_PARALLEL_MODE_EXACT ||
       (gmlp_grouped_tensor_get_cols (members) *
        gmlp_dtype_get_size (gmlp_grouped_tensor_get_dtype (members))) % GMLP_MEMBER_ALIGNMENT != 0)
     return NULL;
-  gmlp_grouped_tensor_get_layout (members, &layout);
-  g_clear_object (&layout.sizes);
-  layout.n_groups = 1;
-  g_free (layout.rows);
-  layout.rows = g_new (gint64, 1);
-  layout.rows[0] = layout.row_capacity;
-  if (!gmlp_grouped_tensor_layout_bytes (1, layout.rows, layout.row_capacity,
-                                         layout.cols * gmlp_dtype_get_size (layout.dtype),
-                                         &layout.nbytes) ||
-      layout.nbytes > gmlp_grouped_tensor_get_nbytes (members))
-    {
-      gmlp_tensor_layout_clear (&layout);
-      return NULL;
-    }
-  view = gmlp_grouped_tensor_new_with_buffer (&layout, gmlp_grouped_tensor_get_buffer (members));
-  gmlp_tensor_layout_clear (&layout);
-  return view;
+  return gmlp_grouped_tensor_new_rows_view (members, &rows, 1);
 }
 
 /* The all-to-all of a trip: out (@back FALSE: from the permuted layout's

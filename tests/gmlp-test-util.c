@@ -540,23 +540,10 @@ gmlp_test_device_sized_copy (GmlpGroupedTensor *host, GmlpGroupedTensor *sizes, 
 GmlpGroupedTensor *
 gmlp_test_host_view (GmlpGroupedTensor *t, const gint64 *rows)
 {
-  guint n = gmlp_grouped_tensor_get_n_groups (t);
-  GmlpTensorLayout layout;
-  GmlpGroupedTensor *view;
-  gint64 total = 0;
-  guint g;
+  GmlpGroupedTensor *view = gmlp_grouped_tensor_new_rows_view (t, rows,
+                                                               gmlp_grouped_tensor_get_n_groups (t));
 
-  for (g = 0; g < n; g++)
-    total += rows[g];
-  gmlp_grouped_tensor_get_layout (t, &layout);
-  g_clear_object (&layout.sizes);
-  layout.rows = g_memdup2 (rows, n * sizeof (gint64));
-  layout.row_capacity = total;
-  g_assert_true (gmlp_grouped_tensor_layout_bytes (n, rows, total,
-                                                   layout.cols * gmlp_dtype_get_size (layout.dtype),
-                                                   &layout.nbytes));
-  view = gmlp_grouped_tensor_new_with_buffer (&layout, gmlp_grouped_tensor_get_buffer (t));
-  gmlp_tensor_layout_clear (&layout);
+  g_assert_nonnull (view);
   return view;
 }
 
