@@ -32,6 +32,14 @@ clamp_rows (gint64 rows)
   return rows > 0 ? rows : 0;
 }
 
+/* Whether a side's chunks lie in groups with device sizes. */
+static gboolean
+is_members (const GmlpBackendChunkSide *side)
+{
+  return side->layout == GMLP_BACKEND_CHUNKS_MEMBERS ||
+         side->layout == GMLP_BACKEND_CHUNKS_MEMBERS_BY_B;
+}
+
 /* Rows of @rows from byte @offset that fit in @capacity bytes. */
 static gint64
 rows_that_fit (gint64   rows,
@@ -169,8 +177,7 @@ check_side (const GmlpBackendMoveRows  *move,
     default:
       ok = FALSE;
     }
-  if (ok && (side->layout == GMLP_BACKEND_CHUNKS_MEMBERS ||
-             side->layout == GMLP_BACKEND_CHUNKS_MEMBERS_BY_B))
+  if (ok && is_members (side))
     ok = side->member_rows != NULL || (side == &move->dst && move->dst_sizes != NULL);
   if (!ok || (side->base == NULL && side->capacity > 0))
     {
@@ -194,7 +201,6 @@ gmlp_cpu_move_rows (GmlpBackendDevice          *device,
   g_autofree guint64 *packed_before = NULL, *src_offsets = NULL, *dst_offsets = NULL;
   gint64 limit = move->max_chunk_rows >= 0 ? move->max_chunk_rows : G_MAXINT64;
   gint64 dropped = 0;
-  gboolean by_b;
   guint a, b;
 
   if (move->row_bytes == 0 || move->counts == NULL || n_chunks == 0 ||
@@ -230,13 +236,12 @@ gmlp_cpu_move_rows (GmlpBackendDevice          *device,
         column[b] = (gint64) saturating_add (column[b], kept[c]);
       }
 
-  by_b = src->layout == GMLP_BACKEND_CHUNKS_MEMBERS_BY_B;
-  if (by_b || src->layout == GMLP_BACKEND_CHUNKS_MEMBERS)
+  if (is_members (src))
     {
       src_rows = side_group_rows (move, src, FALSE, kept);
       src_offsets = side_group_offsets (src, src_rows, move->row_bytes);
     }
-  if (dst->layout == GMLP_BACKEND_CHUNKS_MEMBERS || dst->layout == GMLP_BACKEND_CHUNKS_MEMBERS_BY_B)
+  if (is_members (dst))
     {
       dst_rows = side_group_rows (move, dst, move->dst_sizes != NULL, kept);
       dst_offsets = side_group_offsets (dst, dst_rows, move->row_bytes);
