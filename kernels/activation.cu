@@ -77,7 +77,7 @@ gmlp_kernel_grouped_activation_plan (int                        activation,
       if (in_row_bytes > 0 && (uint64_t) rows > kMaxOperandBytes / in_row_bytes)
         return GMLP_KERNEL_INVALID_VALUE;
 
-      tiles = f == 0 ? 0 : div_up ((uint64_t) rows, kActTileRows);
+      tiles = f == 0 ? 0 : div_up ((uint64_t) rows, act_tile_rows (backward != 0));
       if (tiles > 0)
         {
           if (groups[g].in == nullptr || groups[g].out == nullptr ||

@@ -112,7 +112,7 @@ gmlp_kernel_grouped_activation_device (const GmlpKernelGroupedShape *shape,
   if (!describe_operand (&scan.operands[0], in, size, &in_shape) ||
       !describe_operand (&scan.operands[1], backward ? d_out : out, size, &narrow_shape))
     return GMLP_KERNEL_UNSUPPORTED;
-  scan.tile_rows = kActTileRows;
+  scan.tile_rows = act_tile_rows (backward != 0);
   scan.col_tiles = 1;
   scan.fixed_tiles = 0;
   scan.groups = reinterpret_cast<DeviceGroup *> (ws);
@@ -150,7 +150,8 @@ gmlp_kernel_grouped_activation_device (const GmlpKernelGroupedShape *shape,
   /* The tiles hold at most the rows that fit in the narrow operand's
    * allocation, plus one partial tile per group; a few waves of blocks
    * stride over however many the list has. */
-  max_tiles = scan.operands[1].capacity / scan.operands[1].row_bytes / kActTileRows + shape->n_groups;
+  max_tiles = scan.operands[1].capacity / scan.operands[1].row_bytes /
+              (uint64_t) act_tile_rows (backward != 0) + shape->n_groups;
   grid.y = (unsigned) min_u64 (params.n_strips, kMaxGridY);
   grid.x = (unsigned) min_u64 (min_u64 (max_tiles, kMaxGridX),
                                div_up ((uint64_t) sm_count * kBlocksPerSm * 4, grid.y));

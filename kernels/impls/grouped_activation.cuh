@@ -2,7 +2,7 @@
  * gradients
  *
  * Laid out as the bias addition of grouped_bias.cuh: the host splits every
- * group into tiles of kActTileRows rows and numbers the tiles of all groups
+ * group into tiles of act_tile_rows() rows and numbers the tiles of all groups
  * in one list (GmlpKernelActivationGroup.first_tile is a prefix sum), so
  * that blockIdx.x walks that list and the grid is spread evenly however MoE
  * routing split the rows. blockIdx.y walks strips of columns: a warp's 32
@@ -37,16 +37,24 @@ constexpr int kActLanes = 32;
 constexpr int kActWarps = kActThreads / kActLanes;
 /* One aligned 16-byte access per pack in the vectorised kernels. */
 constexpr int kActPackBytes = 16;
-/* Rows of a tile: 4 rows per thread, all loaded before any is computed,
- * which keeps 64 bytes per operand and thread in flight, 192 for the gated
- * gradient's three operands. That one needs about 120 registers (sm_90a),
- * so 2 blocks per SM, which with 96 KB in flight per SM is still several
- * times what it takes to cover the memory latency. */
-constexpr int kActTileRows = 32;
-constexpr int kActRowsPerThread = kActTileRows / kActWarps;
+/* Rows of a tile, all loaded by a thread before any is computed. The
+ * activation's arithmetic (an exp and a division per value, in software so
+ * that every backend gives the same bits) costs about as much time as the
+ * memory traffic, so what matters is that warps overlap one and the other.
+ * The forward pass keeps 4 rows per thread (64 bytes per operand in
+ * flight). The gated gradient reads three operands and needs about 120
+ * registers at 4 rows, which leaves 2 blocks per SM: with 2 rows per thread
+ * twice the warps share an SM and hide each other's arithmetic better, for
+ * the same bytes in flight. */
+__host__ __device__ constexpr int
+act_tile_rows (bool backward)
+{
+  return backward ? 16 : 32;
+}
 
 static_assert (kActThreads % kActLanes == 0, "whole warps only");
-static_assert (kActTileRows % kActWarps == 0, "every warp gets the same rows");
+static_assert (act_tile_rows (false) % kActWarps == 0 && act_tile_rows (true) % kActWarps == 0,
+               "every warp gets the same rows");
 
 struct GroupedActivationParams
 {
@@ -160,7 +168,7 @@ find_activation_group (const GmlpKernelActivationGroup *groups,
 
 /* One tile of rows of one group, every strip of columns this block
  * walks: in, d_out and out point at the tile's first row (d_out backward
- * only), rows is at most kActTileRows. The packs of pack are those of
+ * only), rows is at most act_tile_rows (kBackward). The packs of pack are those of
  * columns pack·kVector .. +kVector-1 of the f columns; for a gated row, b
  * and d_b lie f columns further on. Shared by the kernels of host sizes
  * and of device sizes, so both give the same bits. */
@@ -178,8 +186,9 @@ activation_tile (const StorageType<kDtype> *in,
   constexpr bool kGated = is_gated_activation (kActivation);
   /* Arrays of operands this instance does not use shrink to one pack that
    * is never touched. */
-  constexpr int kGateRows = kGated ? kActRowsPerThread : 1;
-  constexpr int kGradRows = kBackward ? kActRowsPerThread : 1;
+  constexpr int kRows = act_tile_rows (kBackward) / kActWarps;
+  constexpr int kGateRows = kGated ? kRows : 1;
+  constexpr int kGradRows = kBackward ? kRows : 1;
 
   const int lane = threadIdx.x % kActLanes;
   const int warp = threadIdx.x / kActLanes;
@@ -192,7 +201,7 @@ activation_tile (const StorageType<kDtype> *in,
   for (uint64_t strip = blockIdx.y; strip < n_strips; strip += gridDim.y)
     {
       const uint64_t pack = strip * kActLanes + lane;
-      TypePack a[kActRowsPerThread];
+      TypePack a[kRows];
       TypePack b[kGateRows];
       TypePack dy[kGradRows];
 
@@ -200,7 +209,7 @@ activation_tile (const StorageType<kDtype> *in,
         continue;
 
 #pragma unroll
-      for (int u = 0; u < kActRowsPerThread; u++)
+      for (int u = 0; u < kRows; u++)
         {
           const uint64_t r = (uint64_t) (warp + u * kActWarps);
           const Type *const row = in + r * in_cols;
@@ -215,7 +224,7 @@ activation_tile (const StorageType<kDtype> *in,
         }
 
 #pragma unroll
-      for (int u = 0; u < kActRowsPerThread; u++)
+      for (int u = 0; u < kRows; u++)
         {
           const uint64_t r = (uint64_t) (warp + u * kActWarps);
           Type *const row = out + r * out_cols;
@@ -277,6 +286,7 @@ activation_kernel (const __grid_constant__ GroupedActivationParams params)
   using Type = StorageType<kDtype>;
   constexpr bool kGated = is_gated_activation (kActivation);
 
+  constexpr int64_t kTileRows = act_tile_rows (kBackward);
   const uint64_t f = (uint64_t) params.f;
   const uint64_t in_cols = kGated ? 2 * f : f;
   const uint64_t out_cols = kBackward ? in_cols : f;
@@ -285,9 +295,8 @@ activation_kernel (const __grid_constant__ GroupedActivationParams params)
     {
       const uint32_t g = find_activation_group (params.groups, params.n_groups, tile);
       const GmlpKernelActivationGroup group = params.groups[g];
-      const int64_t first_row = (int64_t) (tile - group.first_tile) * kActTileRows;
-      const int64_t rows = group.rows - first_row < kActTileRows ?
-                           group.rows - first_row : kActTileRows;
+      const int64_t first_row = (int64_t) (tile - group.first_tile) * kTileRows;
+      const int64_t rows = group.rows - first_row < kTileRows ? group.rows - first_row : kTileRows;
       const Type *const in = (const Type *) group.in + (uint64_t) first_row * in_cols;
       const Type *const d_out = kBackward ?
                                 (const Type *) group.d_out + (uint64_t) first_row * f : nullptr;

@@ -5,7 +5,7 @@
  * leaves, for every group, its member offsets in the two row widths of the
  * call (in's, which a backward's out shares, and the f-wide operand's:
  * out forward, d_out backward), its rows clamped to what fits in both
- * allocations, and the end of its tiles of kActTileRows rows in one list.
+ * allocations, and the end of its tiles of act_tile_rows() rows in one list.
  * The kernel here strides over that list, finds a tile's group with a
  * binary search and runs activation_tile() of grouped_activation.cuh on
  * it: the per-tile code of the host-sizes kernel, so both give the same
@@ -41,6 +41,7 @@ activation_device_kernel (const __grid_constant__ GroupedActivationDeviceParams 
   using Type = StorageType<kDtype>;
   constexpr bool kGated = is_gated_activation (kActivation);
 
+  constexpr int64_t kTileRows = act_tile_rows (kBackward);
   const uint64_t f = (uint64_t) params.f;
   const uint64_t in_cols = kGated ? 2 * f : f;
   const uint64_t total = *params.total_tiles;
@@ -50,9 +51,8 @@ activation_device_kernel (const __grid_constant__ GroupedActivationDeviceParams 
       const uint32_t g = find_device_group (params.groups, params.n_groups, tile);
       const DeviceGroup group = params.groups[g];
       const int64_t first_row = (int64_t) (tile - device_group_first_tile (params.groups, g)) *
-                                kActTileRows;
-      const int64_t rows = group.rows - first_row < kActTileRows ?
-                           group.rows - first_row : kActTileRows;
+                                kTileRows;
+      const int64_t rows = group.rows - first_row < kTileRows ? group.rows - first_row : kTileRows;
       const Type *const in = (const Type *) (params.in + group.offset[0]) + (uint64_t) first_row * in_cols;
       const Type *const d_out = kBackward ?
                                 (const Type *) (params.d_out + group.offset[1]) + (uint64_t) first_row * f :

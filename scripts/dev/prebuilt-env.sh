@@ -13,6 +13,10 @@ for z in .prebuilt/alts/*.zst; do
   n=$(basename "$z" .zst)
   mkdir -p "$(gmlp_alt_dir "$n")"
   zstd -q -d -f --long=27 --patch-from="$gmlp_main" "$z" -o "$(gmlp_alt_dir "$n")/libgmlp-backend-cuda.so"
+  # A whole other build: its library and programs beside its backend.
+  if [ -f ".prebuilt/alts/$n.lib.tar.xz" ]; then
+    tar -C "$(gmlp_alt_dir "$n")" -xJf ".prebuilt/alts/$n.lib.tar.xz"
+  fi
 done
 export LD_LIBRARY_PATH="/usr/lib/x86_64-linux-gnu/openblas-pthread${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 # (kept where the caller chose one: GMLP_BACKEND_DIR=$(gmlp_alt_dir NAME) prebuilt-suite.sh)
