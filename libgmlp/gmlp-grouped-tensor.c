@@ -120,6 +120,7 @@ struct _GmlpGroupedTensor
   gint64             *rows;        /* host sizes, or NULL when device-only */
   gint64             *offsets;     /* byte offsets of members, NULL when device-only */
   GmlpGroupedTensor  *sizes;       /* device INT64 sizes; lazily uploaded for host sizes */
+  gconstpointer       kept_rows;   /* atomic: the device's copy of the host sizes, or NULL */
   GmlpBuffer         *buffer;
   gsize               offset;      /* of this tensor inside buffer */
   gsize               nbytes;      /* span of this tensor inside buffer */
@@ -171,7 +172,7 @@ gmlp_grouped_tensor_finalize (GObject *object)
   g_clear_pointer (&self->offsets, g_free);
   g_clear_error (&self->construct_error);
 
-  G_OBJECT_CLASS (gmlp_grouped_tensor_parent_class)->finalize (object);
+  ((GObjectClass *) gmlp_grouped_tensor_parent_class)->finalize (object);
 }
 
 static void
@@ -212,34 +213,51 @@ gmlp_grouped_tensor_get_property (GObject    *object,
     }
 }
 
-/* Construct-only: constructed() checks them together and allocates. */
+/* Construct-only: constructed() checks them together and allocates.
+ * GObject sets every construct property, with its default when not given,
+ * and the library's own constructors give none: so each tensor it makes
+ * passes here six times, and a value that is its property's default (as
+ * g_param_value_defaults() would say, tested here directly, which costs a
+ * fraction) is skipped. */
 static void
 gmlp_grouped_tensor_set_property (GObject      *object,
                                   guint         prop_id,
                                   const GValue *value,
                                   GParamSpec   *pspec)
 {
-  GmlpGroupedTensor *self = GMLP_GROUPED_TENSOR (object);
+  GmlpGroupedTensor *self = (GmlpGroupedTensor *) object;
   GVariant *rows;
-
-  /* GObject sets every construct property, with its default when not
-   * given; the library's own constructors give none. */
-  if (!g_param_value_defaults (pspec, value))
-    self->construct_props = TRUE;
+  GObject *given;
 
   switch (prop_id)
     {
     case PROP_DEVICE:
-      self->device = g_value_dup_object (value);
+      if ((given = g_value_get_object (value)) != NULL)
+        {
+          self->device = g_object_ref ((GmlpDevice *) given);
+          self->construct_props = TRUE;
+        }
       break;
     case PROP_DTYPE:
-      self->dtype = g_value_get_enum (value);
+      if (g_value_get_enum (value) != GMLP_DTYPE_FLOAT32)
+        {
+          self->dtype = g_value_get_enum (value);
+          self->construct_props = TRUE;
+        }
       break;
     case PROP_COLS:
-      self->cols = g_value_get_int64 (value);
+      if (g_value_get_int64 (value) != 0)
+        {
+          self->cols = g_value_get_int64 (value);
+          self->construct_props = TRUE;
+        }
       break;
     case PROP_ROW_CAPACITY:
-      self->row_capacity = g_value_get_int64 (value);
+      if (g_value_get_int64 (value) != 0)
+        {
+          self->row_capacity = g_value_get_int64 (value);
+          self->construct_props = TRUE;
+        }
       break;
     case PROP_ROWS:
       rows = g_value_get_variant (value);
@@ -251,10 +269,15 @@ gmlp_grouped_tensor_set_property (GObject      *object,
           /* More groups than a guint counts are refused in constructed(). */
           self->n_groups = (guint) MIN (n, (gsize) G_MAXUINT);
           self->rows = g_memdup2 (data, sizeof (gint64) * self->n_groups);
+          self->construct_props = TRUE;
         }
       break;
     case PROP_SIZES:
-      self->sizes = g_value_dup_object (value);
+      if ((given = g_value_get_object (value)) != NULL)
+        {
+          self->sizes = g_object_ref ((GmlpGroupedTensor *) given);
+          self->construct_props = TRUE;
+        }
       break;
     default:
       G_OBJECT_WARN_INVALID_PROPERTY_ID (object, prop_id, pspec);
@@ -333,9 +356,9 @@ construct_from_properties (GmlpGroupedTensor  *self,
 static void
 gmlp_grouped_tensor_constructed (GObject *object)
 {
-  GmlpGroupedTensor *self = GMLP_GROUPED_TENSOR (object);
+  GmlpGroupedTensor *self = (GmlpGroupedTensor *) object;
 
-  G_OBJECT_CLASS (gmlp_grouped_tensor_parent_class)->constructed (object);
+  ((GObjectClass *) gmlp_grouped_tensor_parent_class)->constructed (object);
 
   /* The library's own constructors give no property and lay the tensor out
    * themselves; a bare g_object_new() stays empty (check_usable() says so). */
@@ -481,6 +504,8 @@ gmlp_grouped_tensor_class_init (GmlpGroupedTensorClass *klass)
 static void
 gmlp_grouped_tensor_init (GmlpGroupedTensor *self)
 {
+  /* The dtype property's default, which set_property() skips. */
+  self->dtype = GMLP_DTYPE_FLOAT32;
 }
 
 /* Rounds @bytes up to the member alignment, or FALSE past 64 bits. */
@@ -948,12 +973,30 @@ gmlp_grouped_tensor_get_backend_shape (GmlpGroupedTensor  *self,
                                        GmlpBackendShape   *shape,
                                        GError            **error)
 {
-  GmlpGroupedTensor *sizes = gmlp_grouped_tensor_get_sizes (self, error);
+  gconstpointer device_rows = g_atomic_pointer_get (&self->kept_rows);
+  GmlpGroupedTensor *sizes;
 
-  if (sizes == NULL)
-    return FALSE;
+  /* Host sizes: the device's copy of these values when it keeps one
+   * (uploaded once for every tensor of the same sizes), else the tensor's
+   * own (get_sizes()), uploaded once. */
+  if (device_rows == NULL && self->rows != NULL)
+    {
+      if (!gmlp_grouped_tensor_check_usable (self, error) ||
+          !gmlp_device_get_uploaded_sizes (self->device, self->rows, self->n_groups, &device_rows,
+                                           error))
+        return FALSE;
+      if (device_rows != NULL)
+        g_atomic_pointer_set (&self->kept_rows, device_rows);
+    }
+  if (device_rows == NULL)
+    {
+      sizes = gmlp_grouped_tensor_get_sizes (self, error);
+      if (sizes == NULL)
+        return FALSE;
+      device_rows = gmlp_grouped_tensor_get_data (sizes);
+    }
 
-  shape->device_rows = gmlp_grouped_tensor_get_data (sizes);
+  shape->device_rows = (gpointer) device_rows;
   shape->n_groups = self->n_groups;
   shape->cols = self->cols;
   shape->row_capacity = self->row_capacity;
