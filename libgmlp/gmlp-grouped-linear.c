@@ -601,6 +601,8 @@ gmlp_grouped_linear_class_init (GmlpGroupedLinearClass *klass)
    * read them. The gradient storage is not reallocated between computations,
    * so a reader on another stream that waits for @event cannot race with the
    * next write of it as long as it finishes before the next backward.
+   * The event is recorded for the handlers: without a handler connected,
+   * none is recorded and the signal is not emitted.
    *
    * Since: 0.1
    */

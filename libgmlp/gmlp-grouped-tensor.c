@@ -118,9 +118,10 @@ struct _GmlpGroupedTensor
   gint64              cols;
   gint64              row_capacity;
   gint64             *rows;        /* host sizes, or NULL when device-only */
-  gint64             *offsets;     /* byte offsets of members, NULL when device-only */
+  gint64             *offsets;     /* byte offsets of members (after rows), NULL when device-only */
   GmlpGroupedTensor  *sizes;       /* device INT64 sizes; lazily uploaded for host sizes */
   gconstpointer       kept_rows;   /* atomic: the device's copy of the host sizes, or NULL */
+  gint64              one_group[2]; /* rows and offsets of one group, not allocated */
   GmlpBuffer         *buffer;
   gsize               offset;      /* of this tensor inside buffer */
   gsize               nbytes;      /* span of this tensor inside buffer */
@@ -158,6 +159,17 @@ static GParamSpec *properties[N_PROPS];
 #define MAX_COLS  (G_GINT64_CONSTANT (1) << 31)
 #define MAX_BYTES (G_GUINT64_CONSTANT (1) << 50)
 
+/* The host sizes and offsets of a layout: one allocation, or none for one
+ * group. The rows that set_property() takes are apart until layout_init(). */
+static void
+clear_rows (GmlpGroupedTensor *self)
+{
+  if (self->rows != self->one_group)
+    g_free (self->rows);
+  self->rows = NULL;
+  self->offsets = NULL;
+}
+
 static void
 gmlp_grouped_tensor_finalize (GObject *object)
 {
@@ -168,8 +180,7 @@ gmlp_grouped_tensor_finalize (GObject *object)
   g_clear_pointer (&self->buffer, gmlp_buffer_unref);
   g_clear_object (&self->sizes);
   g_clear_object (&self->device);
-  g_clear_pointer (&self->rows, g_free);
-  g_clear_pointer (&self->offsets, g_free);
+  clear_rows (self);
   g_clear_error (&self->construct_error);
 
   ((GObjectClass *) gmlp_grouped_tensor_parent_class)->finalize (object);
@@ -364,8 +375,7 @@ gmlp_grouped_tensor_constructed (GObject *object)
    * themselves; a bare g_object_new() stays empty (check_usable() says so). */
   if (self->construct_props && !construct_from_properties (self, &self->construct_error))
     {
-      g_clear_pointer (&self->rows, g_free);
-      g_clear_pointer (&self->offsets, g_free);
+      clear_rows (self);
       g_clear_pointer (&self->buffer, gmlp_buffer_unref);
       self->n_groups = 0;
       self->nbytes = 0;
@@ -661,8 +671,9 @@ layout_init (GmlpGroupedTensor *self,
 
   if (rows != NULL)
     {
-      self->rows = g_memdup2 (rows, sizeof (gint64) * n_groups);
-      self->offsets = g_new (gint64, n_groups);
+      self->rows = n_groups == 1 ? self->one_group : g_new (gint64, 2 * (gsize) n_groups);
+      self->offsets = self->rows + n_groups;
+      memcpy (self->rows, rows, sizeof (gint64) * n_groups);
       for (g = 0; g < n_groups; g++)
         {
           self->offsets[g] = (gint64) offset;
@@ -1115,9 +1126,10 @@ gmlp_grouped_tensor_get_member (GmlpGroupedTensor  *self,
   view->n_groups = 1;
   view->cols = self->cols;
   view->row_capacity = self->rows[index];
-  view->rows = g_new (gint64, 1);
+  view->rows = view->one_group;
   view->rows[0] = self->rows[index];
-  view->offsets = g_new0 (gint64, 1);
+  view->offsets = view->rows + 1;
+  view->offsets[0] = 0;
   view->buffer = gmlp_buffer_ref (self->buffer);
   view->offset = self->offset + (gsize) self->offsets[index];
   view->nbytes = gmlp_num_member_stride (self->rows[index],
