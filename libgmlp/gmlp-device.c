@@ -952,18 +952,19 @@ gmlp_buffer_new (GmlpDevice  *device,
 
 struct _GmlpVersionCounter
 {
-  gatomicrefcount ref_count;
+  gatomicrefcount ref_count;  /* its buffer holds one */
   gsize           value;      /* atomic */
 };
 
-static GmlpVersionCounter *
-gmlp_version_counter_new (void)
-{
-  GmlpVersionCounter *counter = g_new0 (GmlpVersionCounter, 1);
+/* A buffer and its version counter in one allocation. The counter may
+ * outlive the buffer (saved activations name the storage by it), so the
+ * allocation goes with the counter's last reference. */
+typedef struct {
+  GmlpVersionCounter counter;   /* first: the allocation's address */
+  GmlpBuffer         buffer;
+} BufferBlock;
 
-  g_atomic_ref_count_init (&counter->ref_count);
-  return counter;
-}
+G_STATIC_ASSERT (G_STRUCT_OFFSET (BufferBlock, counter) == 0);
 
 GmlpVersionCounter *
 gmlp_version_counter_ref (GmlpVersionCounter *counter)
@@ -975,6 +976,7 @@ gmlp_version_counter_ref (GmlpVersionCounter *counter)
 void
 gmlp_version_counter_unref (GmlpVersionCounter *counter)
 {
+  /* The whole BufferBlock, its buffer gone already. */
   if (g_atomic_ref_count_dec (&counter->ref_count))
     g_free (counter);
 }
@@ -1005,15 +1007,17 @@ buffer_new (GmlpDevice *device,
             gpointer    data,
             gsize       nbytes)
 {
-  GmlpBuffer *buffer = g_new0 (GmlpBuffer, 1);
+  BufferBlock *block = g_new0 (BufferBlock, 1);
+  GmlpBuffer *buffer = &block->buffer;
 
+  g_atomic_ref_count_init (&block->counter.ref_count);
   /* g_atomic_int_*, which ThreadSanitizer sees: the last unref frees the
    * memory that other threads used (gmlp-thread-private.h). */
   g_atomic_int_set (&buffer->ref_count, 1);
   buffer->device = g_object_ref (device);
   buffer->data = data;
   buffer->nbytes = nbytes;
-  buffer->version = gmlp_version_counter_new ();
+  buffer->version = &block->counter;
   return buffer;
 }
 
@@ -1069,8 +1073,7 @@ gmlp_buffer_unref (GmlpBuffer *buffer)
       device->backend->synchronize (device->backend_device, NULL);
       buffer->release (buffer->release_data);
       g_object_unref (device);
-      gmlp_version_counter_unref (buffer->version);
-      g_free (buffer);
+      gmlp_version_counter_unref (buffer->version);   /* may free buffer */
       return;
     }
   if (g_atomic_int_get (&buffer->copied))
@@ -1079,6 +1082,5 @@ gmlp_buffer_unref (GmlpBuffer *buffer)
     device->backend->free (device->backend_device, buffer->data);
   g_atomic_pointer_add ((gpointer *) &device->bytes_in_use, -(gssize) buffer->nbytes);
   g_object_unref (device);
-  gmlp_version_counter_unref (buffer->version);
-  g_free (buffer);
+  gmlp_version_counter_unref (buffer->version);   /* may free buffer */
 }
