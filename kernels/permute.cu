@@ -251,8 +251,9 @@ gmlp_kernel_routing_map (const GmlpKernelRoutingMap *map,
   params.choice_of = map->choice_of;
 
   /* Every slot reads -1 until a choice is scattered into it: the padding
-   * rows and the slots past the last keep it (all bytes 0xff). */
-  if (map->row_capacity > 0)
+   * rows and the slots past the last keep it. Pass 1 writes it; without
+   * choices, which launch no pass 1, a memset (all bytes 0xff). */
+  if (map->row_capacity > 0 && layout.n_tiles == 0)
     {
       err = cudaMemsetAsync (map->choice_of, 0xff, (size_t) map->row_capacity * sizeof (int64_t),
                              stream);

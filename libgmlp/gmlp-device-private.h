@@ -104,6 +104,18 @@ gboolean           gmlp_device_check_not_capturing (GmlpDevice  *self,
 /* The number of the capture in progress on self, counting from 1, or 0 when
  * self is not capturing; events remember it (gmlp-event.c). */
 guint              gmlp_device_get_capture_serial  (GmlpDevice  *self);
+/* A device copy of the host group sizes @rows, uploaded on the first call
+ * with these values and kept as long as the device, for the shapes that the
+ * backends take of tensors with host sizes: a step makes such tensors anew
+ * with the same sizes, and each would upload its own. Nobody writes it.
+ * TRUE with NULL in @device_rows when none is kept (too many groups or
+ * sizes, or @self is capturing: memory allocated then belongs to the
+ * graph); FALSE when the allocation or the upload failed. */
+gboolean           gmlp_device_get_uploaded_sizes  (GmlpDevice     *self,
+                                                    const gint64   *rows,
+                                                    guint           n_groups,
+                                                    gconstpointer  *device_rows,
+                                                    GError        **error);
 
 /* Calls a backend entry point with the device's backend handle. */
 #define GMLP_DEVICE_CALL(device, func, ...) \

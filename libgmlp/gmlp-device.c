@@ -93,6 +93,8 @@ struct _GmlpDevice
   int                 capture_serial; /* atomic: the number of captures begun */
   GError             *construct_error;
   GmlpBackendTuning   tuning;         /* under tuning_lock; zeros when opened */
+  GMutex              sizes_lock;
+  GHashTable         *sizes;          /* under sizes_lock: GBytes of host sizes → device copy */
 };
 
 static void gmlp_device_initable_iface_init (GInitableIface *iface);
@@ -116,6 +118,17 @@ gmlp_device_finalize (GObject *object)
 {
   GmlpDevice *self = (GmlpDevice *) object;
 
+  if (self->sizes != NULL)
+    {
+      GHashTableIter iter;
+      gpointer data;
+
+      g_hash_table_iter_init (&iter, self->sizes);
+      while (g_hash_table_iter_next (&iter, NULL, &data))
+        self->backend->free (self->backend_device, data);
+      g_clear_pointer (&self->sizes, g_hash_table_unref);
+    }
+  g_mutex_clear (&self->sizes_lock);
   if (self->backend_device != NULL)
     self->backend->close_device (self->backend_device);
   g_clear_pointer (&self->name, g_free);
@@ -302,6 +315,7 @@ gmlp_device_class_init (GmlpDeviceClass *klass)
 static void
 gmlp_device_init (GmlpDevice *self)
 {
+  g_mutex_init (&self->sizes_lock);
 }
 
 static const GmlpBackend *
@@ -746,6 +760,52 @@ gmlp_device_get_capture_serial (GmlpDevice *self)
   return (guint) g_atomic_int_get (&self->capture_serial);
 }
 
+/* Bounds of the sizes kept by gmlp_device_get_uploaded_sizes(): a step
+ * makes a few layouts of host sizes (the tokens of a layer, its experts'
+ * rows), the same from step to step. */
+#define MAX_KEPT_SIZES        256
+#define MAX_KEPT_SIZES_GROUPS 1024
+
+gboolean
+gmlp_device_get_uploaded_sizes (GmlpDevice     *self,
+                                const gint64   *rows,
+                                guint           n_groups,
+                                gconstpointer  *device_rows,
+                                GError        **error)
+{
+  g_autoptr(GmlpMutexLocker) locker = NULL;
+  g_autoptr(GBytes) key = NULL;
+  gsize nbytes = sizeof (gint64) * n_groups;
+  gpointer data;
+
+  *device_rows = NULL;
+  if (n_groups == 0 || n_groups > MAX_KEPT_SIZES_GROUPS)
+    return TRUE;
+
+  locker = gmlp_mutex_locker_new (&self->sizes_lock);
+  if (self->sizes == NULL)
+    self->sizes = g_hash_table_new_full (g_bytes_hash, g_bytes_equal,
+                                         (GDestroyNotify) g_bytes_unref, NULL);
+  key = g_bytes_new_static (rows, nbytes);
+  data = g_hash_table_lookup (self->sizes, key);
+  /* Memory allocated during a capture belongs to its graph's table. */
+  if (data == NULL && g_hash_table_size (self->sizes) < MAX_KEPT_SIZES &&
+      !self->backend->is_capturing (self->backend_device))
+    {
+      data = self->backend->alloc (self->backend_device, nbytes, error);
+      if (data == NULL)
+        return FALSE;
+      if (!self->backend->upload (self->backend_device, data, rows, nbytes, error))
+        {
+          self->backend->free (self->backend_device, data);
+          return FALSE;
+        }
+      g_hash_table_insert (self->sizes, g_bytes_new (rows, nbytes), data);
+    }
+  *device_rows = data;
+  return TRUE;
+}
+
 const GmlpBackend *
 gmlp_device_get_backend (GmlpDevice *self)
 {
@@ -892,18 +952,19 @@ gmlp_buffer_new (GmlpDevice  *device,
 
 struct _GmlpVersionCounter
 {
-  gatomicrefcount ref_count;
+  gatomicrefcount ref_count;  /* its buffer holds one */
   gsize           value;      /* atomic */
 };
 
-static GmlpVersionCounter *
-gmlp_version_counter_new (void)
-{
-  GmlpVersionCounter *counter = g_new0 (GmlpVersionCounter, 1);
+/* A buffer and its version counter in one allocation. The counter may
+ * outlive the buffer (saved activations name the storage by it), so the
+ * allocation goes with the counter's last reference. */
+typedef struct {
+  GmlpVersionCounter counter;   /* first: the allocation's address */
+  GmlpBuffer         buffer;
+} BufferBlock;
 
-  g_atomic_ref_count_init (&counter->ref_count);
-  return counter;
-}
+G_STATIC_ASSERT (G_STRUCT_OFFSET (BufferBlock, counter) == 0);
 
 GmlpVersionCounter *
 gmlp_version_counter_ref (GmlpVersionCounter *counter)
@@ -915,6 +976,7 @@ gmlp_version_counter_ref (GmlpVersionCounter *counter)
 void
 gmlp_version_counter_unref (GmlpVersionCounter *counter)
 {
+  /* The whole BufferBlock, its buffer gone already. */
   if (g_atomic_ref_count_dec (&counter->ref_count))
     g_free (counter);
 }
@@ -945,15 +1007,17 @@ buffer_new (GmlpDevice *device,
             gpointer    data,
             gsize       nbytes)
 {
-  GmlpBuffer *buffer = g_new0 (GmlpBuffer, 1);
+  BufferBlock *block = g_new0 (BufferBlock, 1);
+  GmlpBuffer *buffer = &block->buffer;
 
+  g_atomic_ref_count_init (&block->counter.ref_count);
   /* g_atomic_int_*, which ThreadSanitizer sees: the last unref frees the
    * memory that other threads used (gmlp-thread-private.h). */
   g_atomic_int_set (&buffer->ref_count, 1);
   buffer->device = g_object_ref (device);
   buffer->data = data;
   buffer->nbytes = nbytes;
-  buffer->version = gmlp_version_counter_new ();
+  buffer->version = &block->counter;
   return buffer;
 }
 
@@ -1009,8 +1073,7 @@ gmlp_buffer_unref (GmlpBuffer *buffer)
       device->backend->synchronize (device->backend_device, NULL);
       buffer->release (buffer->release_data);
       g_object_unref (device);
-      gmlp_version_counter_unref (buffer->version);
-      g_free (buffer);
+      gmlp_version_counter_unref (buffer->version);   /* may free buffer */
       return;
     }
   if (g_atomic_int_get (&buffer->copied))
@@ -1019,6 +1082,5 @@ gmlp_buffer_unref (GmlpBuffer *buffer)
     device->backend->free (device->backend_device, buffer->data);
   g_atomic_pointer_add ((gpointer *) &device->bytes_in_use, -(gssize) buffer->nbytes);
   g_object_unref (device);
-  gmlp_version_counter_unref (buffer->version);
-  g_free (buffer);
+  gmlp_version_counter_unref (buffer->version);   /* may free buffer */
 }

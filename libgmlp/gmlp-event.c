@@ -282,6 +282,20 @@ gmlp_event_new_recorded (GmlpDevice  *device,
   return g_steal_pointer (&self);
 }
 
+gboolean
+gmlp_event_record_for_signal (gpointer     instance,
+                              guint        signal_id,
+                              GmlpDevice  *device,
+                              GmlpEvent  **event,
+                              GError     **error)
+{
+  *event = NULL;
+  if (!g_signal_has_handler_pending (instance, signal_id, 0, TRUE))
+    return TRUE;
+  *event = gmlp_event_new_recorded (device, error);
+  return *event != NULL;
+}
+
 GmlpEvent *
 gmlp_event_new_for_backend (GmlpDevice       *device,
                             GmlpBackendEvent *event)

@@ -149,6 +149,11 @@ member_pointers (GmlpGroupedTensor  *grouped,
 
 void               gmlp_grouped_linear_notify           (GmlpGroupedLinear  *self,
                                                          guint               prop_id);
+/* The event of a wgrad-ready, NULL without a handler
+ * (gmlp_event_record_for_signal()); emitting a NULL one does nothing. */
+gboolean           gmlp_grouped_linear_record_wgrad_ready (GmlpGroupedLinear  *self,
+                                                           GmlpEvent         **event,
+                                                           GError            **error);
 void               gmlp_grouped_linear_emit_wgrad_ready (GmlpGroupedLinear  *self,
                                                          GmlpEvent          *event);
 void               gmlp_linear_param_clear              (Param              *param,

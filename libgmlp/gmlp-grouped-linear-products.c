@@ -694,8 +694,7 @@ compute_wgrad (GmlpGroupedLinear  *self,
         return FALSE;
     }
 
-  event = gmlp_event_new_recorded (self->device, error);
-  if (event == NULL)
+  if (!gmlp_grouped_linear_record_wgrad_ready (self, &event, error))
     return FALSE;
 
   self->wgrad_valid = !fused;

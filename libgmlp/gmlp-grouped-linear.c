@@ -20,6 +20,7 @@
 #include "gmlp-enum-types.h"
 #include "gmlp-error.h"
 #include "gmlp-error-private.h"
+#include "gmlp-event-private.h"
 #include "gmlp-saved-activations-private.h"
 #include "gmlp-thread-private.h"
 
@@ -201,11 +202,20 @@ gmlp_grouped_linear_notify (GmlpGroupedLinear *self,
   g_object_notify_by_pspec (G_OBJECT (self), properties[prop_id]);
 }
 
+gboolean
+gmlp_grouped_linear_record_wgrad_ready (GmlpGroupedLinear  *self,
+                                        GmlpEvent         **event,
+                                        GError            **error)
+{
+  return gmlp_event_record_for_signal (self, signals[SIGNAL_WGRAD_READY], self->device, event, error);
+}
+
 void
 gmlp_grouped_linear_emit_wgrad_ready (GmlpGroupedLinear *self,
                                       GmlpEvent         *event)
 {
-  g_signal_emit (self, signals[SIGNAL_WGRAD_READY], 0, event);
+  if (event != NULL)
+    g_signal_emit (self, signals[SIGNAL_WGRAD_READY], 0, event);
 }
 
 void
@@ -591,6 +601,8 @@ gmlp_grouped_linear_class_init (GmlpGroupedLinearClass *klass)
    * read them. The gradient storage is not reallocated between computations,
    * so a reader on another stream that waits for @event cannot race with the
    * next write of it as long as it finishes before the next backward.
+   * The event is recorded for the handlers: without a handler connected,
+   * none is recorded and the signal is not emitted.
    *
    * Since: 0.1
    */

@@ -438,10 +438,12 @@ gmlp_grouped_mlp_check_wgrad_outputs (GmlpGroupedMLP     *self,
                                       const char         *label,
                                       GError            **error)
 {
-  g_autofree char *fc1 = g_strdup_printf ("%s's FC1", label), *fc2 = g_strdup_printf ("%s's FC2", label);
-
-  return gmlp_grouped_linear_check_wgrad_outputs (self->fc1, reads, also, fc1, error) &&
-         gmlp_grouped_linear_check_wgrad_outputs (self->fc2, reads, also, fc2, error);
+  /* "<label>'s FC1: ...", the name made only for an error. */
+  if (gmlp_grouped_linear_check_wgrad_outputs (self->fc1, reads, also, "FC1", error) &&
+      gmlp_grouped_linear_check_wgrad_outputs (self->fc2, reads, also, "FC2", error))
+    return TRUE;
+  g_prefix_error (error, "%s's ", label);
+  return FALSE;
 }
 
 /**

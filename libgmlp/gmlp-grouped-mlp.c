@@ -15,6 +15,7 @@
 #include "gmlp-enum-types.h"
 #include "gmlp-error.h"
 #include "gmlp-error-private.h"
+#include "gmlp-event-private.h"
 #include "gmlp-grouped-linear-private.h"
 #include "gmlp-quantizer-private.h"
 #include "gmlp-saved-activations-private.h"
@@ -666,11 +667,12 @@ gboolean
 gmlp_grouped_mlp_emit_wgrad_ready (GmlpGroupedMLP  *self,
                                    GError         **error)
 {
-  g_autoptr(GmlpEvent) event = gmlp_event_new_recorded (self->device, error);
+  g_autoptr(GmlpEvent) event = NULL;
 
-  if (event == NULL)
+  if (!gmlp_event_record_for_signal (self, signals[SIGNAL_WGRAD_READY], self->device, &event, error))
     return FALSE;
-  g_signal_emit (self, signals[SIGNAL_WGRAD_READY], 0, event);
+  if (event != NULL)
+    g_signal_emit (self, signals[SIGNAL_WGRAD_READY], 0, event);
   return TRUE;
 }
 

@@ -118,8 +118,10 @@ struct _GmlpGroupedTensor
   gint64              cols;
   gint64              row_capacity;
   gint64             *rows;        /* host sizes, or NULL when device-only */
-  gint64             *offsets;     /* byte offsets of members, NULL when device-only */
+  gint64             *offsets;     /* byte offsets of members (after rows), NULL when device-only */
   GmlpGroupedTensor  *sizes;       /* device INT64 sizes; lazily uploaded for host sizes */
+  gconstpointer       kept_rows;   /* atomic: the device's copy of the host sizes, or NULL */
+  gint64              one_group[2]; /* rows and offsets of one group, not allocated */
   GmlpBuffer         *buffer;
   gsize               offset;      /* of this tensor inside buffer */
   gsize               nbytes;      /* span of this tensor inside buffer */
@@ -157,6 +159,17 @@ static GParamSpec *properties[N_PROPS];
 #define MAX_COLS  (G_GINT64_CONSTANT (1) << 31)
 #define MAX_BYTES (G_GUINT64_CONSTANT (1) << 50)
 
+/* The host sizes and offsets of a layout: one allocation, or none for one
+ * group. The rows that set_property() takes are apart until layout_init(). */
+static void
+clear_rows (GmlpGroupedTensor *self)
+{
+  if (self->rows != self->one_group)
+    g_free (self->rows);
+  self->rows = NULL;
+  self->offsets = NULL;
+}
+
 static void
 gmlp_grouped_tensor_finalize (GObject *object)
 {
@@ -167,11 +180,10 @@ gmlp_grouped_tensor_finalize (GObject *object)
   g_clear_pointer (&self->buffer, gmlp_buffer_unref);
   g_clear_object (&self->sizes);
   g_clear_object (&self->device);
-  g_clear_pointer (&self->rows, g_free);
-  g_clear_pointer (&self->offsets, g_free);
+  clear_rows (self);
   g_clear_error (&self->construct_error);
 
-  G_OBJECT_CLASS (gmlp_grouped_tensor_parent_class)->finalize (object);
+  ((GObjectClass *) gmlp_grouped_tensor_parent_class)->finalize (object);
 }
 
 static void
@@ -212,34 +224,51 @@ gmlp_grouped_tensor_get_property (GObject    *object,
     }
 }
 
-/* Construct-only: constructed() checks them together and allocates. */
+/* Construct-only: constructed() checks them together and allocates.
+ * GObject sets every construct property, with its default when not given,
+ * and the library's own constructors give none: so each tensor it makes
+ * passes here six times, and a value that is its property's default (as
+ * g_param_value_defaults() would say, tested here directly, which costs a
+ * fraction) is skipped. */
 static void
 gmlp_grouped_tensor_set_property (GObject      *object,
                                   guint         prop_id,
                                   const GValue *value,
                                   GParamSpec   *pspec)
 {
-  GmlpGroupedTensor *self = GMLP_GROUPED_TENSOR (object);
+  GmlpGroupedTensor *self = (GmlpGroupedTensor *) object;
   GVariant *rows;
-
-  /* GObject sets every construct property, with its default when not
-   * given; the library's own constructors give none. */
-  if (!g_param_value_defaults (pspec, value))
-    self->construct_props = TRUE;
+  GObject *given;
 
   switch (prop_id)
     {
     case PROP_DEVICE:
-      self->device = g_value_dup_object (value);
+      if ((given = g_value_get_object (value)) != NULL)
+        {
+          self->device = g_object_ref ((GmlpDevice *) given);
+          self->construct_props = TRUE;
+        }
       break;
     case PROP_DTYPE:
-      self->dtype = g_value_get_enum (value);
+      if (g_value_get_enum (value) != GMLP_DTYPE_FLOAT32)
+        {
+          self->dtype = g_value_get_enum (value);
+          self->construct_props = TRUE;
+        }
       break;
     case PROP_COLS:
-      self->cols = g_value_get_int64 (value);
+      if (g_value_get_int64 (value) != 0)
+        {
+          self->cols = g_value_get_int64 (value);
+          self->construct_props = TRUE;
+        }
       break;
     case PROP_ROW_CAPACITY:
-      self->row_capacity = g_value_get_int64 (value);
+      if (g_value_get_int64 (value) != 0)
+        {
+          self->row_capacity = g_value_get_int64 (value);
+          self->construct_props = TRUE;
+        }
       break;
     case PROP_ROWS:
       rows = g_value_get_variant (value);
@@ -251,10 +280,15 @@ gmlp_grouped_tensor_set_property (GObject      *object,
           /* More groups than a guint counts are refused in constructed(). */
           self->n_groups = (guint) MIN (n, (gsize) G_MAXUINT);
           self->rows = g_memdup2 (data, sizeof (gint64) * self->n_groups);
+          self->construct_props = TRUE;
         }
       break;
     case PROP_SIZES:
-      self->sizes = g_value_dup_object (value);
+      if ((given = g_value_get_object (value)) != NULL)
+        {
+          self->sizes = g_object_ref ((GmlpGroupedTensor *) given);
+          self->construct_props = TRUE;
+        }
       break;
     default:
       G_OBJECT_WARN_INVALID_PROPERTY_ID (object, prop_id, pspec);
@@ -333,16 +367,15 @@ construct_from_properties (GmlpGroupedTensor  *self,
 static void
 gmlp_grouped_tensor_constructed (GObject *object)
 {
-  GmlpGroupedTensor *self = GMLP_GROUPED_TENSOR (object);
+  GmlpGroupedTensor *self = (GmlpGroupedTensor *) object;
 
-  G_OBJECT_CLASS (gmlp_grouped_tensor_parent_class)->constructed (object);
+  ((GObjectClass *) gmlp_grouped_tensor_parent_class)->constructed (object);
 
   /* The library's own constructors give no property and lay the tensor out
    * themselves; a bare g_object_new() stays empty (check_usable() says so). */
   if (self->construct_props && !construct_from_properties (self, &self->construct_error))
     {
-      g_clear_pointer (&self->rows, g_free);
-      g_clear_pointer (&self->offsets, g_free);
+      clear_rows (self);
       g_clear_pointer (&self->buffer, gmlp_buffer_unref);
       self->n_groups = 0;
       self->nbytes = 0;
@@ -481,6 +514,8 @@ gmlp_grouped_tensor_class_init (GmlpGroupedTensorClass *klass)
 static void
 gmlp_grouped_tensor_init (GmlpGroupedTensor *self)
 {
+  /* The dtype property's default, which set_property() skips. */
+  self->dtype = GMLP_DTYPE_FLOAT32;
 }
 
 /* Rounds @bytes up to the member alignment, or FALSE past 64 bits. */
@@ -636,8 +671,9 @@ layout_init (GmlpGroupedTensor *self,
 
   if (rows != NULL)
     {
-      self->rows = g_memdup2 (rows, sizeof (gint64) * n_groups);
-      self->offsets = g_new (gint64, n_groups);
+      self->rows = n_groups == 1 ? self->one_group : g_new (gint64, 2 * (gsize) n_groups);
+      self->offsets = self->rows + n_groups;
+      memcpy (self->rows, rows, sizeof (gint64) * n_groups);
       for (g = 0; g < n_groups; g++)
         {
           self->offsets[g] = (gint64) offset;
@@ -948,12 +984,30 @@ gmlp_grouped_tensor_get_backend_shape (GmlpGroupedTensor  *self,
                                        GmlpBackendShape   *shape,
                                        GError            **error)
 {
-  GmlpGroupedTensor *sizes = gmlp_grouped_tensor_get_sizes (self, error);
+  gconstpointer device_rows = g_atomic_pointer_get (&self->kept_rows);
+  GmlpGroupedTensor *sizes;
 
-  if (sizes == NULL)
-    return FALSE;
+  /* Host sizes: the device's copy of these values when it keeps one
+   * (uploaded once for every tensor of the same sizes), else the tensor's
+   * own (get_sizes()), uploaded once. */
+  if (device_rows == NULL && self->rows != NULL)
+    {
+      if (!gmlp_grouped_tensor_check_usable (self, error) ||
+          !gmlp_device_get_uploaded_sizes (self->device, self->rows, self->n_groups, &device_rows,
+                                           error))
+        return FALSE;
+      if (device_rows != NULL)
+        g_atomic_pointer_set (&self->kept_rows, device_rows);
+    }
+  if (device_rows == NULL)
+    {
+      sizes = gmlp_grouped_tensor_get_sizes (self, error);
+      if (sizes == NULL)
+        return FALSE;
+      device_rows = gmlp_grouped_tensor_get_data (sizes);
+    }
 
-  shape->device_rows = gmlp_grouped_tensor_get_data (sizes);
+  shape->device_rows = (gpointer) device_rows;
   shape->n_groups = self->n_groups;
   shape->cols = self->cols;
   shape->row_capacity = self->row_capacity;
@@ -1072,9 +1126,10 @@ gmlp_grouped_tensor_get_member (GmlpGroupedTensor  *self,
   view->n_groups = 1;
   view->cols = self->cols;
   view->row_capacity = self->rows[index];
-  view->rows = g_new (gint64, 1);
+  view->rows = view->one_group;
   view->rows[0] = self->rows[index];
-  view->offsets = g_new0 (gint64, 1);
+  view->offsets = view->rows + 1;
+  view->offsets[0] = 0;
   view->buffer = gmlp_buffer_ref (self->buffer);
   view->offset = self->offset + (gsize) self->offsets[index];
   view->nbytes = gmlp_num_member_stride (self->rows[index],

@@ -816,11 +816,12 @@ gboolean
 gmlp_router_emit_wgrad_ready (GmlpRouter  *self,
                               GError     **error)
 {
-  g_autoptr(GmlpEvent) event = gmlp_event_new_recorded (self->device, error);
+  g_autoptr(GmlpEvent) event = NULL;
 
-  if (event == NULL)
+  if (!gmlp_event_record_for_signal (self, signals[SIGNAL_WGRAD_READY], self->device, &event, error))
     return FALSE;
-  g_signal_emit (self, signals[SIGNAL_WGRAD_READY], 0, event);
+  if (event != NULL)
+    g_signal_emit (self, signals[SIGNAL_WGRAD_READY], 0, event);
   return TRUE;
 }
 

@@ -25,7 +25,9 @@
  * Ranks follow the order of the choices (token by token, a token's choices
  * in order) whatever the scheduling: the map is stable and the same on
  * every run, and equal to the CPU's one pass. choice_of is set to -1 first
- * (a memset), so padding rows and slots past the last read -1.
+ * (by pass 1, which strides over it too, or a memset when there are no
+ * choices and so no pass 1), so padding rows and slots past the last read
+ * -1.
  *
  * The rows (gmlp_kernel_permute()): permute_groups_kernel (one block)
  * walks the sizes the map wrote into a table of each expert's first slot,
@@ -186,9 +188,10 @@ struct RoutingMapParams
 };
 
 /* Pass 1 (kScatter false): each tile's count of every expert into
- * tile_counts. Pass 4 (kScatter true): row_of of every choice and
- * choice_of of every kept one. Each warp owns a tile at a time; the
- * blocks stride over the tiles. */
+ * tile_counts, and -1 into every slot of choice_of (which only pass 4
+ * writes otherwise: one launch less than a memset). Pass 4 (kScatter
+ * true): row_of of every choice and choice_of of every kept one. Each warp
+ * owns a tile at a time; the blocks stride over the tiles. */
 template <bool kScatter>
 __global__ void __launch_bounds__ (kMapThreads)
 routing_map_tiles_kernel (const __grid_constant__ RoutingMapParams params)
@@ -199,6 +202,11 @@ routing_map_tiles_kernel (const __grid_constant__ RoutingMapParams params)
   const uint32_t lanes_below = (1u << lane) - 1;
   const uint32_t n_experts = params.n_experts;
   const uint64_t tile_choices = 32ull * params.tile_rounds;
+
+  if (!kScatter)
+    for (uint64_t s = (uint64_t) blockIdx.x * kMapThreads + threadIdx.x; s < params.row_capacity;
+         s += (uint64_t) gridDim.x * kMapThreads)
+      params.choice_of[s] = -1;
 
   for (uint64_t tile = (uint64_t) blockIdx.x * kMapWarps + warp; tile < params.n_tiles;
        tile += (uint64_t) gridDim.x * kMapWarps)

@@ -15,6 +15,11 @@
  * the pool and tries again, and no more than a quarter of the device's
  * memory is kept.
  *
+ * A kept block stays in the table of live blocks, marked free (size 0):
+ * a step hands out and takes back the same blocks, and a table whose
+ * entries came and went every step would shrink and grow again with them.
+ * Only a block that goes back to the pool leaves it.
+ *
  * The real frees end the file: gmlp_cuda_free_now() gives a block to the
  * cache, or back to the pool on the compute stream, and
  * gmlp_cuda_free_after_copies_now() gives it back on the copy stream. The
@@ -67,8 +72,11 @@ release_kept_locked (GmlpBackendDevice *device)
       GPtrArray *blocks = value;
 
       for (guint i = 0; i < blocks->len; i++)
-        if (cudaFreeAsync (blocks->pdata[i], device->stream) != cudaSuccess)
-          (void) cudaGetLastError ();
+        {
+          g_hash_table_remove (device->live_blocks, blocks->pdata[i]);
+          if (cudaFreeAsync (blocks->pdata[i], device->stream) != cudaSuccess)
+            (void) cudaGetLastError ();
+        }
     }
   g_hash_table_remove_all (device->kept_blocks);
   device->kept_bytes = 0;
@@ -96,31 +104,35 @@ gmlp_cuda_block_cache_alloc (GmlpBackendDevice  *device,
   GPtrArray *blocks;
   gpointer ptr = NULL;
 
+  /* A kept block is in the table already: marking it live replaces a
+   * value, it adds no entry. */
   g_mutex_lock (&device->cache_lock);
   blocks = g_hash_table_lookup (device->kept_blocks, GSIZE_TO_POINTER (size));
   if (blocks != NULL && blocks->len > 0)
     {
       ptr = g_ptr_array_steal_index_fast (blocks, blocks->len - 1);
       device->kept_bytes -= size;
+      g_hash_table_insert (device->live_blocks, ptr, GSIZE_TO_POINTER (size));
     }
   g_mutex_unlock (&device->cache_lock);
+  if (ptr != NULL)
+    return ptr;
 
-  if (ptr == NULL)
-    {
-      g_autoptr(GError) first = NULL;
+  {
+    g_autoptr(GError) first = NULL;
 
-      ptr = gmlp_cuda_alloc_on_stream (device, size, device->stream, &first);
-      if (ptr == NULL)
-        {
-          /* Kept blocks of other sizes may be what the pool lacks. */
-          g_mutex_lock (&device->cache_lock);
-          release_kept_locked (device);
-          g_mutex_unlock (&device->cache_lock);
-          ptr = gmlp_cuda_alloc_on_stream (device, size, device->stream, error);
-          if (ptr == NULL)
-            return NULL;
-        }
-    }
+    ptr = gmlp_cuda_alloc_on_stream (device, size, device->stream, &first);
+    if (ptr == NULL)
+      {
+        /* Kept blocks of other sizes may be what the pool lacks. */
+        g_mutex_lock (&device->cache_lock);
+        release_kept_locked (device);
+        g_mutex_unlock (&device->cache_lock);
+        ptr = gmlp_cuda_alloc_on_stream (device, size, device->stream, error);
+        if (ptr == NULL)
+          return NULL;
+      }
+  }
 
   g_mutex_lock (&device->cache_lock);
   g_hash_table_insert (device->live_blocks, ptr, GSIZE_TO_POINTER (size));
@@ -138,9 +150,9 @@ gmlp_cuda_block_cache_free (GmlpBackendDevice *device,
   gboolean kept = FALSE;
 
   g_mutex_lock (&device->cache_lock);
-  if (g_hash_table_steal_extended (device->live_blocks, ptr, NULL, &value))
+  if (g_hash_table_lookup_extended (device->live_blocks, ptr, NULL, &value) &&
+      (size = GPOINTER_TO_SIZE (value)) != 0)
     {
-      size = GPOINTER_TO_SIZE (value);
       if (device->kept_bytes + size <= device->kept_limit)
         {
           blocks = g_hash_table_lookup (device->kept_blocks, value);
@@ -151,8 +163,12 @@ gmlp_cuda_block_cache_free (GmlpBackendDevice *device,
             }
           g_ptr_array_add (blocks, ptr);
           device->kept_bytes += size;
+          /* Kept: marked free, its entry stays. */
+          g_hash_table_insert (device->live_blocks, ptr, GSIZE_TO_POINTER (0));
           kept = TRUE;
         }
+      else
+        g_hash_table_remove (device->live_blocks, ptr);
     }
   g_mutex_unlock (&device->cache_lock);
   return kept;
