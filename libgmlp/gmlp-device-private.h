@@ -13,7 +13,10 @@ G_BEGIN_DECLS
 /* The keys of GMLP_DEBUG, a list like G_DEBUG's ("poison", "all" or
  * "help"), read once per process: testing aids, never a route. */
 typedef enum {
-  GMLP_DEBUG_POISON = 1 << 0,  /* fresh memory holds 0xff bytes: NaN */
+  GMLP_DEBUG_POISON = 1 << 0,          /* fresh memory holds 0xff bytes: NaN */
+  GMLP_DEBUG_NO_BLOCK_CACHE = 1 << 1,  /* devices open with the tuning
+                                        * block-cache=off: freed memory goes
+                                        * back at once (leak checks) */
 } GmlpDebugFlags;
 
 GmlpDebugFlags gmlp_debug_flags (void);

@@ -92,7 +92,9 @@ struct _GmlpDevice
   gssize              bytes_in_use;   /* atomic; pointer-sized for g_atomic_pointer_add */
   int                 capture_serial; /* atomic: the number of captures begun */
   GError             *construct_error;
-  GmlpBackendTuning   tuning;         /* under tuning_lock; zeros when opened */
+  GmlpBackendTuning   tuning;         /* under tuning_lock; zeros when opened
+                                       * (block-cache off with
+                                       * GMLP_DEBUG=no-block-cache) */
   GMutex              sizes_lock;
   GHashTable         *sizes;          /* under sizes_lock: GBytes of host sizes → device copy */
 };
@@ -398,6 +400,14 @@ open_device (GmlpDevice  *self,
     return FALSE;
   self->backend = backend;
   self->name = backend->get_device_name (self->backend_device);
+  /* A leak check at exit (compute-sanitizer's) would count the blocks that
+   * the cache keeps for reuse, since the registry never closes a device. */
+  if (gmlp_debug_flags () & GMLP_DEBUG_NO_BLOCK_CACHE)
+    {
+      self->tuning.block_cache = GMLP_TUNING_NEVER;
+      if (backend->set_tuning != NULL)
+        backend->set_tuning (self->backend_device, &self->tuning);
+    }
   return TRUE;
 }
 
@@ -891,6 +901,7 @@ gmlp_debug_flags (void)
 {
   static const GDebugKey keys[] = {
     { "poison", GMLP_DEBUG_POISON },
+    { "no-block-cache", GMLP_DEBUG_NO_BLOCK_CACHE },
   };
   static gsize flags = 0;
 

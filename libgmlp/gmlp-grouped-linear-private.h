@@ -62,9 +62,10 @@ gboolean            gmlp_grouped_linear_check_backward  (GmlpGroupedLinear     *
 /* For MoELayer, whose parts write one after the other: whether this
  * layer's weight-gradient outputs (wgrad or main_grad, bgrad) share no
  * byte with anything recorded in @reads (GArrays of GmlpVersionRecord:
- * what every part's forward read) nor with @also (NULL: none), so that no
- * part reads what this one's backward wrote. A delayed weight gradient
- * checks its outputs in its backward_dw. Errors are prefixed with @label. */
+ * what every part's forward read, or what every part's backward_dw reads)
+ * nor with @also (NULL: none), so that no part reads what this one wrote.
+ * Whatever the flags: the caller checks where the outputs are written
+ * (backward, or backward_dw when delayed). Errors are prefixed with @label. */
 gboolean            gmlp_grouped_linear_check_wgrad_outputs (GmlpGroupedLinear  *self,
                                                              GPtrArray          *reads,
                                                              GmlpGroupedTensor  *also,
@@ -76,6 +77,12 @@ void                gmlp_linear_backward_free           (GmlpLinearBackward    *
 
 G_DEFINE_AUTOPTR_CLEANUP_FUNC (GmlpLinearBackward, gmlp_linear_backward_free)
 
+/* Adds to @reads (a GPtrArray of GArrays of GmlpVersionRecord, transfer
+ * none) the records of what the oldest pending weight gradient reads, its
+ * input and output gradient; nothing when none is pending. For MoELayer's
+ * backward_dw, which checks every part's outputs against them first. */
+void                gmlp_grouped_linear_add_pending_reads   (GmlpGroupedLinear   *self,
+                                                             GPtrArray           *reads);
 /* What backward_dw does before it writes: checks the flag, that a weight
  * gradient is pending, the versions of its input and output gradient and
  * the storage of its outputs; allocates what it needs. Writes nothing. */

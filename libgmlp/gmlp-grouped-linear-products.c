@@ -959,8 +959,6 @@ gmlp_grouped_linear_check_wgrad_outputs (GmlpGroupedLinear  *self,
   g_autoptr(GmlpRecMutexLocker) locker = gmlp_rec_mutex_locker_new (&self->grad_lock);
   guint i;
 
-  if (has_flag (self, GMLP_LINEAR_DELAY_WGRAD_COMPUTE))
-    return TRUE;
   for (i = 0; i < reads->len; i++)
     if (!check_wgrad_outputs_unaliased (self, g_ptr_array_index (reads, i), also, error))
       {
@@ -1050,6 +1048,17 @@ gmlp_grouped_linear_backward_finish (GmlpGroupedLinear   *self,
 
   gmlp_saved_activations_consume (step->saved);
   return g_object_ref (step->grad_input);
+}
+
+void
+gmlp_grouped_linear_add_pending_reads (GmlpGroupedLinear  *self,
+                                       GPtrArray          *reads)
+{
+  g_autoptr(GmlpRecMutexLocker) locker = gmlp_rec_mutex_locker_new (&self->grad_lock);
+  PendingWgrad *pending = g_queue_peek_head (&self->pending);
+
+  if (pending != NULL)
+    g_ptr_array_add (reads, pending->versions);
 }
 
 gboolean

@@ -66,6 +66,9 @@ gboolean           gmlp_grouped_mlp_check_backward          (GmlpGroupedMLP     
  * MoELayer, which prepares every part before any computes. */
 gboolean           gmlp_grouped_mlp_backward_dw_prepare     (GmlpGroupedMLP       *self,
                                                              GError              **error);
+/* gmlp_grouped_linear_add_pending_reads() of both layers. */
+void               gmlp_grouped_mlp_add_pending_reads       (GmlpGroupedMLP       *self,
+                                                             GPtrArray            *reads);
 /* gmlp_grouped_linear_check_wgrad_outputs() on both layers. */
 gboolean           gmlp_grouped_mlp_check_wgrad_outputs     (GmlpGroupedMLP       *self,
                                                              GPtrArray            *reads,

@@ -431,6 +431,14 @@ gmlp_grouped_mlp_forward (GmlpGroupedMLP        *self,
   return g_steal_pointer (&y);
 }
 
+void
+gmlp_grouped_mlp_add_pending_reads (GmlpGroupedMLP  *self,
+                                    GPtrArray       *reads)
+{
+  gmlp_grouped_linear_add_pending_reads (self->fc1, reads);
+  gmlp_grouped_linear_add_pending_reads (self->fc2, reads);
+}
+
 gboolean
 gmlp_grouped_mlp_check_wgrad_outputs (GmlpGroupedMLP     *self,
                                       GPtrArray          *reads,

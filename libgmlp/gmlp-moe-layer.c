@@ -1038,12 +1038,51 @@ gmlp_moe_layer_forward (GmlpMoELayer          *self,
   return g_steal_pointer (&output);
 }
 
-/* The parts write their weight gradients one after the other, and each
- * checks its own against what it reads: a part's main_grad that holds what
- * another part read (the tokens, a weight, the output gradient) would make
- * that part refuse, or compute from changed values, after the first had
- * written. So every part's against what any part's forward read (@saved
- * and its parts') and the output gradient, before any writes. */
+/* The parts write their weight gradients one after the other (backward:
+ * the experts, the router, the shared expert; backward_dw: the router, the
+ * experts, the shared expert), and each checks its own against what it
+ * reads: a part's main_grad that holds what another part reads (the
+ * tokens, a weight, the output gradient) would make that part refuse, or
+ * compute from changed values, after the first had written. So every
+ * part's outputs against @reads (GArrays of GmlpVersionRecord: what any
+ * part reads) and @also (NULL: none), before any part writes; @step names
+ * the call in the router's error. */
+static gboolean
+check_weight_gradients_against (GmlpMoELayer       *self,
+                                GPtrArray          *reads,
+                                GmlpGroupedTensor  *also,
+                                const char         *step,
+                                GError            **error)
+{
+  GmlpGroupedTensor *router_grad = gmlp_router_get_main_grad (self->router);
+  guint i;
+
+  /* The router's own weight gradient is its own storage; a main_grad is
+   * the caller's. */
+  if (router_grad != NULL)
+    {
+      const GmlpVersionRecord *record = NULL;
+      GmlpSpan span;
+
+      gmlp_grouped_tensor_get_span (router_grad, &span);
+      for (i = 0; i < reads->len && record == NULL; i++)
+        record = gmlp_version_records_find_overlap (g_ptr_array_index (reads, i), &span);
+      if (record != NULL || (also != NULL && gmlp_grouped_tensor_overlaps (router_grad, also)))
+        {
+          g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
+                       "The router's main_grad shares storage with the %s, which the layer's "
+                       "%s reads", record != NULL ? record->name : "output gradient", step);
+          return FALSE;
+        }
+    }
+  return gmlp_grouped_mlp_check_wgrad_outputs (self->experts, reads, also, "The experts", error) &&
+         (self->shared == NULL ||
+          gmlp_grouped_mlp_check_wgrad_outputs (self->shared, reads, also, "The shared expert", error));
+}
+
+/* In backward: what any part's forward read (@saved and its parts') and
+ * the output gradient. Delayed, the parts write nothing here: backward_dw
+ * checks then. */
 static gboolean
 check_weight_gradients_apart (GmlpMoELayer          *self,
                               GmlpSavedActivations  *saved,
@@ -1052,9 +1091,10 @@ check_weight_gradients_apart (GmlpMoELayer          *self,
 {
   GmlpSavedActivations *parts[3], *router_saved = gmlp_saved_activations_get_child (saved, 0);
   g_autoptr(GPtrArray) reads = g_ptr_array_new ();
-  GmlpGroupedTensor *router_grad = gmlp_router_get_main_grad (self->router);
   guint n_parts = 0, i, j;
 
+  if (self->flags & GMLP_LINEAR_DELAY_WGRAD_COMPUTE)
+    return TRUE;
   parts[n_parts++] = gmlp_saved_activations_get_child (saved, 1);
   if (self->shared != NULL)
     parts[n_parts++] = gmlp_saved_activations_get_child (saved, 2);
@@ -1067,28 +1107,7 @@ check_weight_gradients_apart (GmlpMoELayer          *self,
       for (j = 0; j < 2; j++)
         g_ptr_array_add (reads, gmlp_saved_activations_get_versions (gmlp_saved_activations_get_child (parts[i], j)));
     }
-
-  /* The router's own weight gradient is its own storage; a main_grad is
-   * the caller's (written now unless delayed). */
-  if (router_grad != NULL && !(gmlp_router_get_flags (self->router) & GMLP_LINEAR_DELAY_WGRAD_COMPUTE))
-    {
-      const GmlpVersionRecord *record = NULL;
-      GmlpSpan span;
-
-      gmlp_grouped_tensor_get_span (router_grad, &span);
-      for (i = 0; i < reads->len && record == NULL; i++)
-        record = gmlp_version_records_find_overlap (g_ptr_array_index (reads, i), &span);
-      if (record != NULL || gmlp_grouped_tensor_overlaps (router_grad, grad_output))
-        {
-          g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
-                       "The router's main_grad shares storage with the %s, which the layer's "
-                       "backward reads", record != NULL ? record->name : "output gradient");
-          return FALSE;
-        }
-    }
-  return gmlp_grouped_mlp_check_wgrad_outputs (self->experts, reads, grad_output, "The experts", error) &&
-         (self->shared == NULL ||
-          gmlp_grouped_mlp_check_wgrad_outputs (self->shared, reads, grad_output, "The shared expert", error));
+  return check_weight_gradients_against (self, reads, grad_output, "backward", error);
 }
 
 /**
@@ -1220,7 +1239,9 @@ gmlp_moe_layer_backward (GmlpMoELayer          *self,
  *
  * Returns: %TRUE on success; %FALSE with %GMLP_ERROR_INVALID_STATE without
  *   delayed weight gradients, with none pending, or with what a part's
- *   forward read written since
+ *   forward read written since, or %GMLP_ERROR_INVALID_ARGUMENT when a
+ *   part's main_grad shares storage with what a part reads (the tokens,
+ *   the output gradient)
  *
  * Since: 0.1
  */
@@ -1229,6 +1250,7 @@ gmlp_moe_layer_backward_dw (GmlpMoELayer  *self,
                             GError       **error)
 {
   g_autoptr(GmlpRecMutexLocker) locker = NULL;
+  g_autoptr(GPtrArray) reads = NULL;
 
   g_return_val_if_fail (GMLP_IS_MOE_LAYER (self), FALSE);
   g_return_val_if_fail (error == NULL || *error == NULL, FALSE);
@@ -1239,9 +1261,19 @@ gmlp_moe_layer_backward_dw (GmlpMoELayer  *self,
   locker = gmlp_rec_mutex_locker_new (&self->grad_lock);
   /* Every part checked before any computes: the experts and the shared
    * expert prepared (nothing pending, what they read written since, ...),
-   * then the router, which checks before it writes, then the two. */
-  return gmlp_grouped_mlp_backward_dw_prepare (self->experts, error) &&
-         (self->shared == NULL || gmlp_grouped_mlp_backward_dw_prepare (self->shared, error)) &&
+   * every part's outputs against what any part reads (the router's
+   * main_grad holding the output gradient, which the shared expert reads
+   * after the router has written, ...), then the router, which checks
+   * before it writes, then the two. */
+  if (!gmlp_grouped_mlp_backward_dw_prepare (self->experts, error) ||
+      (self->shared != NULL && !gmlp_grouped_mlp_backward_dw_prepare (self->shared, error)))
+    return FALSE;
+  reads = g_ptr_array_new ();
+  gmlp_router_add_pending_reads (self->router, reads);
+  gmlp_grouped_mlp_add_pending_reads (self->experts, reads);
+  if (self->shared != NULL)
+    gmlp_grouped_mlp_add_pending_reads (self->shared, reads);
+  return check_weight_gradients_against (self, reads, NULL, "backward_dw", error) &&
          gmlp_router_backward_dw (self->router, error) &&
          gmlp_grouped_mlp_backward_dw (self->experts, error) &&
          (self->shared == NULL || gmlp_grouped_mlp_backward_dw (self->shared, error));

@@ -403,6 +403,14 @@ gmlp_router_backward_into (GmlpRouter            *self,
   return router_backward (self, saved, grad_probs, grad_input, error);
 }
 
+void
+gmlp_router_add_pending_reads (GmlpRouter  *self,
+                               GPtrArray   *reads)
+{
+  if (self->gate != NULL)
+    gmlp_grouped_linear_add_pending_reads (self->gate, reads);
+}
+
 /**
  * gmlp_router_backward_dw:
  * @self: a #GmlpRouter with delayed weight gradients

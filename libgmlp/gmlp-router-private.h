@@ -14,5 +14,9 @@ GmlpGroupedTensor *gmlp_router_backward_into (GmlpRouter            *self,
                                               GmlpGroupedTensor     *grad_probs,
                                               GmlpGroupedTensor     *grad_input,
                                               GError               **error);
+/* gmlp_grouped_linear_add_pending_reads() of the gate: what the oldest
+ * pending weight gradient reads. */
+void               gmlp_router_add_pending_reads (GmlpRouter           *self,
+                                                  GPtrArray            *reads);
 
 G_END_DECLS

@@ -26,6 +26,9 @@
  *   sm90-even-waves   off, on
  *   sm90-stream-k     off, on           the tail split
  *   sm90-grid         an even N >= 2    at most N CTAs
+ *   block-cache       off               no freed block kept for reuse
+ *                                       (GMLP_DEBUG=no-block-cache: a
+ *                                       device opens with it)
  *
  * A backend ignores the keys it has no such choice for (the CPU all).
  *

@@ -42,6 +42,7 @@ static const TuningKey tuning_keys[] = {
   { "sm90-even-waves", G_STRUCT_OFFSET (GmlpBackendTuning, sm90_even_waves), SWITCH },
   { "sm90-stream-k", G_STRUCT_OFFSET (GmlpBackendTuning, sm90_stream_k), SWITCH },
   { "sm90-grid", G_STRUCT_OFFSET (GmlpBackendTuning, sm90_max_ctas), NULL },
+  { "block-cache", G_STRUCT_OFFSET (GmlpBackendTuning, block_cache), CHOICES ({ "off", GMLP_TUNING_NEVER }) },
 };
 
 /* A grid of CTAs is at most this many (more than any GPU has SMs). */

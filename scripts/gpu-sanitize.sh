@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The GPU suite (every test of suite 'gpu' in tests/meson.build, each with
 # the arguments and variables meson gives it) under compute-sanitizer's
-# memcheck (--leak-check full), racecheck and synccheck, on a GPU host, from
-# a prebuilt build (scripts/dev/pack-prebuilt.sh):
+# memcheck (--leak-check full, with GMLP_DEBUG=no-block-cache), racecheck
+# and synccheck, on a GPU host, from a prebuilt build
+# (scripts/dev/pack-prebuilt.sh):
 #
 #   here:     scripts/gpu-sanitize.sh --pack
 #               (build/ configured with CUDA: packs .prebuilt/ with every
@@ -96,9 +97,13 @@ command -v compute-sanitizer > /dev/null || { echo "gpu-sanitize: no compute-san
 compute-sanitizer --version | tail -1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader || true
 
-# The runs to make: NAME and the command, quoted, from the packed list.
+# The runs to make: NAME and the command, quoted, from the packed list;
+# memcheck's (--leak-check full) with GMLP_DEBUG's no-block-cache added, or
+# the blocks that the device's cache keeps for reuse (the device is never
+# closed) would read as leaked at exit.
 names=()
 commands=()
+leak_commands=()
 # shellcheck disable=SC2317
 selected ()
 {
@@ -122,6 +127,16 @@ gpu_test ()
   selected "$name" || return 0
   names+=("$name")
   commands+=("$(printf '%q ' "$@")")
+  local word words=() debug=
+  for word in "$@"; do
+    case $word in
+      GMLP_DEBUG=) word=GMLP_DEBUG=no-block-cache debug=1 ;;
+      GMLP_DEBUG=*) word=$word,no-block-cache debug=1 ;;
+    esac
+    words+=("$word")
+  done
+  [ -n "$debug" ] || words=(env GMLP_DEBUG=no-block-cache "${words[@]}")
+  leak_commands+=("$(printf '%q ' "${words[@]}")")
 }
 # shellcheck source=/dev/null
 . "$runs"
@@ -163,7 +178,11 @@ for tool in "${tools[@]}"; do
     while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do
       wait -n
     done
-    run "$tool" "${names[$i]}" "${commands[$i]}"
+    if [ "$tool" = memcheck ]; then
+      run "$tool" "${names[$i]}" "${leak_commands[$i]}"
+    else
+      run "$tool" "${names[$i]}" "${commands[$i]}"
+    fi
   done
   wait
   n=0 errors=0 dirty=0 failed=0

@@ -8,6 +8,9 @@
  *   launch-rank fails SEED         the last rank exits with status 3
  *   launch-rank sleeps SEED        every rank sleeps a minute once joined
  *   launch-rank leaves SEED        the last rank leaves the group and exits
+ *   launch-rank quits SEED         every rank takes its place in the group
+ *                                  (the shared memory made), then exits
+ *                                  with 1 before joining (CPU)
  *
  * Every rank draws every rank's inputs from SEED (splitmix64 keyed by the
  * seed, the rank and the call), so each computes the references of what it
@@ -534,6 +537,39 @@ run_dies (GmlpCommunicator *comm)
            error->message);
 }
 
+/* Every rank takes its place without joining (g_object_new() makes or opens
+ * the CPU group's shared memory; g_initable_init() would join), checks that
+ * the memory's name is there, and exits with 1: no rank gets to unlink it,
+ * so the launcher must. (The launcher's SIGTERM after the first exit may
+ * end the others sooner.) */
+static int
+run_quits (void)
+{
+  const char *hex = g_getenv ("GMLP_UNIQUE_ID");
+  gsize n = hex != NULL ? strlen (hex) / 2 : 0;
+  g_autofree guint8 *id = g_new0 (guint8, MAX (n, 1));
+  g_autofree char *path = NULL;
+  g_autoptr(GBytes) uid = NULL;
+  GmlpCommunicator *comm;
+
+  rank = atoi (g_getenv ("GMLP_RANK"));
+  world = atoi (g_getenv ("GMLP_WORLD_SIZE"));
+  if (n < 32)
+    fail ("GMLP_UNIQUE_ID is too short");
+  for (gsize i = 0; i < n; i++)
+    id[i] = (guint8) (g_ascii_xdigit_value (hex[2 * i]) << 4 | g_ascii_xdigit_value (hex[2 * i + 1]));
+  uid = g_bytes_new (id, n);
+  comm = g_object_new (GMLP_TYPE_COMMUNICATOR, "device", gmlp_device_get_default (), "unique-id", uid,
+                       "rank", rank, "world-size", world, NULL);
+  /* the name test-launch.c looks for: the backend's id after 16 bytes */
+  path = g_strdup_printf ("/dev/shm/gmlp-%.32s", hex + 32);
+  if (!g_file_test (path, G_FILE_TEST_EXISTS))
+    fail ("no %s once the rank is taken", path);
+  g_print ("rank %d: ok quitting before the join, id %s\n", rank, hex);
+  (void) comm;   /* kept: the exit ends the process as a crash would */
+  exit (1);
+}
+
 int
 main (int   argc,
       char *argv[])
@@ -545,7 +581,7 @@ main (int   argc,
   setlocale (LC_ALL, "");
   if (argc != 3)
     {
-      g_printerr ("usage: launch-rank collectives|faults|timeout|dies|fails|sleeps|leaves SEED\n");
+      g_printerr ("usage: launch-rank collectives|faults|timeout|dies|fails|sleeps|leaves|quits SEED\n");
       return 2;
     }
   mode = argv[1];
@@ -555,6 +591,8 @@ main (int   argc,
   /* dies: the launcher's SIGTERM must not come before the report */
   if (g_str_equal (mode, "dies"))
     signal (SIGTERM, SIG_IGN);
+  if (g_str_equal (mode, "quits"))
+    return run_quits ();
   comm = gmlp_communicator_new_from_launcher (&error);
   if (comm == NULL)
     {

@@ -1,7 +1,8 @@
 #!/usr/bin/python3
-"""gmlp-demo --ep prints what the one-device demo prints.
+"""gmlp-demo --ep, or examples/demo.py --ep, prints what the one-device demo prints.
 
     test-demo-ep.py GMLP-LAUNCH GMLP-DEMO
+    test-demo-ep.py GMLP-LAUNCH PYTHON examples/demo.py
 
 Runs the demo on one CPU and expert-parallel on two CPU ranks under
 gmlp-launch --tag, with the same small arguments, and checks that:
@@ -12,8 +13,8 @@ gmlp-launch --tag, with the same small arguments, and checks that:
 - a group of one rank trains as one device: the same loss, aux loss,
   agreement and load at every step (the loss and aux loss, averaged over the
   ranks in float32, within a unit of the last digit printed);
-- gmlp-demo --ep outside gmlp-launch fails with one line on stderr that
-  says to start it with gmlp-launch.
+- the demo --ep outside gmlp-launch fails with one line on stderr that
+  says to start it with gmlp-launch, and --ep-mode without --ep fails.
 """
 import os
 import re
@@ -21,6 +22,7 @@ import subprocess
 import sys
 
 SMALL = ['--steps', '8', '--tokens', '256', '--hidden', '32', '--ffn', '48']
+SMALL_PY = ['8']   # demo.py: the steps; its sizes are fixed
 
 
 def fail(message, output=None):
@@ -52,11 +54,15 @@ def step_numbers(output):
 
 
 def main():
-    launch, demo = sys.argv[1:3]
+    launch, demo = sys.argv[1], sys.argv[2:]
     env = {k: v for k, v in os.environ.items() if not k.startswith('GMLP_') or k == 'GMLP_DEBUG'}
+    python = demo[-1].endswith('.py')
+    small = SMALL_PY if python else SMALL
+    # The one-device run on the CPU: gmlp-demo's --device; demo.py's GMLP_DEVICE.
+    one_device = demo + small if python else demo + ['--device', 'cpu'] + small
 
-    one = run([demo, '--device', 'cpu'] + SMALL, env)
-    ep = run([launch, '-n', '2', '--devices', 'cpu', '--tag', demo, '--ep'] + SMALL, env)
+    one = run(one_device, dict(env, GMLP_DEVICE='cpu'))
+    ep = run([launch, '-n', '2', '--devices', 'cpu', '--tag'] + demo + ['--ep'] + small, env)
     if one.stderr or ep.stderr:
         fail('something on stderr', one.stderr + ep.stderr)
     lines = ep.stdout.splitlines()
@@ -80,7 +86,7 @@ def main():
         fail('%d step lines, not 8' % steps, one.stdout)
 
     # One rank: the one-device run.
-    alone_rank = run([launch, '-n', '1', '--devices', 'cpu', demo, '--ep'] + SMALL, env)
+    alone_rank = run([launch, '-n', '1', '--devices', 'cpu'] + demo + ['--ep'] + small, env)
     a, b = step_numbers(one.stdout), step_numbers(alone_rank.stdout)
     if len(a) != 8 or len(b) != 8:
         fail('%d and %d step lines, not 8' % (len(a), len(b)), one.stdout + alone_rank.stdout)
@@ -89,10 +95,14 @@ def main():
             fail('step %d on one rank: %s, on one device: %s' % (n + 1, y, x))
 
     # Outside the launcher: one line, naming it.
-    alone = run([demo, '--ep'] + SMALL, env, expect_rc=None)
+    alone = run(demo + ['--ep'] + small, env, expect_rc=None)
     if alone.stdout or len(alone.stderr.splitlines()) != 1 or 'gmlp-launch' not in alone.stderr:
-        fail('gmlp-demo --ep outside gmlp-launch should fail with one line naming it',
+        fail('the demo --ep outside gmlp-launch should fail with one line naming it',
              alone.stdout + alone.stderr)
+    # --ep-mode alone: refused before anything runs.
+    mode_alone = run(demo + ['--ep-mode', 'graph-safe'] + small, env, expect_rc=None)
+    if mode_alone.stdout or '--ep' not in mode_alone.stderr:
+        fail('the demo --ep-mode without --ep should fail naming --ep', mode_alone.stdout + mode_alone.stderr)
     print('ok: %d lines of the same format; --ep alone: %s' % (len(lines), alone.stderr.strip()))
     return 0
 

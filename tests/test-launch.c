@@ -5,7 +5,8 @@
  * references each rank computes from a shared seed; ranks that disagree,
  * abort, stay away past the timeout, leave, exit non-zero, or die by SIGKILL
  * mid-collective (the others get GMLP_ERROR_ABORTED naming it, the
- * launcher names it and exits non-zero, and no shared memory is left);
+ * launcher names it and exits non-zero, and no shared memory is left), or
+ * all exit before joining (the launcher removes the shared memory's name);
  * the launcher's bad usage; and gmlp_communicator_new_from_launcher()
  * outside a launcher. In the gpu suite, every collective and the rank that
  * dies on 2 and 4 GPUs (NCCL), skipped with fewer than two.
@@ -144,18 +145,26 @@ assert_no_failure (const Run *run)
 }
 
 /* The group's shared memory is gone: its name is /gmlp- and the backend's
- * id (after the 16 bytes that name the backend), whose first 16 bytes rank
- * 0 printed as "id HEX" in hex. */
+ * id (after the 16 bytes that name the backend), whose first 16 bytes a
+ * rank printed after marker ("rank 0: id " and the id in hex). */
 static void
-assert_no_shm_left (const Run *run)
+assert_no_shm_named_after (const Run  *run,
+                           const char *marker)
 {
-  const char *at = strstr (run->out, "rank 0: id ");
+  const char *at = strstr (run->out, marker);
   g_autofree char *hex = NULL, *path = NULL;
 
   g_assert_nonnull (at);
-  hex = g_strndup (at + strlen ("rank 0: id ") + 32, 32);
+  hex = g_strndup (at + strlen (marker) + 32, 32);
+  g_assert_cmpuint (strlen (hex), ==, 32);
   path = g_strdup_printf ("/dev/shm/gmlp-%s", hex);
   g_assert_false (g_file_test (path, G_FILE_TEST_EXISTS));
+}
+
+static void
+assert_no_shm_left (const Run *run)
+{
+  assert_no_shm_named_after (run, "rank 0: id ");
 }
 
 static void
@@ -290,6 +299,27 @@ test_rank_fails (void)
   g_assert_nonnull (strstr (run.err, "exited with status 3"));
   g_assert_cmpuint (count_lines (run.out, "rank 1: ok exiting with 3"), ==, 1);
   g_assert_null (strstr (run.out, "[1]"));
+  run_clear (&run);
+}
+
+/* Ranks that exit with 1 once they have taken their place in the group,
+ * before joining it (so no rank unlinks the shared memory's name): the
+ * launcher names one, exits with 1, and removes the name itself. */
+static void
+test_rank_quits (void)
+{
+  Run run;
+
+  if (cpu_only ())
+    return;
+  if (!launch (&run, "quits", "-n", "3", "--devices", "cpu", "--tag", "--grace-ms", "20000", NULL))
+    return;
+  assert_no_failure (&run);
+  g_assert_cmpint (exit_code (&run), ==, 1);
+  g_assert_nonnull (strstr (run.err, "exited with status 1"));
+  /* The first rank to exit had seen the shared memory's name (the others
+   * may have died of the launcher's SIGTERM first). */
+  assert_no_shm_named_after (&run, "ok quitting before the join, id ");
   run_clear (&run);
 }
 
@@ -463,6 +493,7 @@ main (int    argc,
   g_test_add_func ("/Gmlp/Launch/rank-fails", test_rank_fails);
   g_test_add_func ("/Gmlp/Launch/rank-leaves", test_rank_leaves);
   g_test_add_func ("/Gmlp/Launch/rank-dies", test_rank_dies);
+  g_test_add_func ("/Gmlp/Launch/rank-quits", test_rank_quits);
   g_test_add_func ("/Gmlp/Launch/interrupt", test_interrupt);
 
   return g_test_run ();

@@ -2544,60 +2544,83 @@ test_graph (void)
 /* A main_grad that holds what another part reads: the router's main_grad
  * (experts × hidden, FP32) as the tokens of a step of as many tokens as
  * experts, or as its output gradient. The parts write one after the other
- * (the experts, the router, the shared expert), so without a check of
- * every part's main_grad against what any part reads the router refused
- * after the experts had added into theirs, or added into the output
- * gradient before the shared expert read it. Refused first, every
- * main_grad as it was and the step still usable. */
+ * (backward: the experts, the router, the shared expert; backward_dw: the
+ * router, the experts, the shared expert), so without a check of every
+ * part's main_grad against what any part reads the router refused after
+ * the experts had added into theirs, or added into the output gradient
+ * before the shared expert read it. Refused first, every main_grad as it
+ * was and the step still usable: by backward, or with delayed weight
+ * gradients (backward writes none) by backward_dw, every part's still
+ * pending. */
 static void
 test_main_grad_across_parts (void)
 {
   g_autoptr(GmlpDevice) device = layer_device_or_skip ();
-  guint which;
+  guint which, delayed;
 
   if (device == NULL)
     return;
 
-  for (which = 0; which < 2; which++)
-    {
-      const guint n_experts = 8;
-      g_autoptr(GmlpMoELayer) layer = NULL;
-      g_autoptr(GmlpGroupedTensor) x = NULL, dy = NULL, y = NULL, dx = NULL, other = NULL;
-      g_autoptr(GmlpSavedActivations) saved = NULL;
-      g_autoptr(GPtrArray) before = NULL, after = NULL;
-      g_autoptr(GError) error = NULL;
-      gint64 tokens = n_experts;
-      GmlpGroupedTensor *router_grad;
+  for (delayed = 0; delayed < 2; delayed++)
+    for (which = 0; which < 2; which++)
+      {
+        const guint n_experts = 8;
+        g_autoptr(GmlpMoELayer) layer = NULL;
+        g_autoptr(GmlpGroupedTensor) x = NULL, dy = NULL, y = NULL, dx = NULL, other = NULL;
+        g_autoptr(GmlpSavedActivations) saved = NULL;
+        g_autoptr(GPtrArray) before = NULL, after = NULL;
+        g_autoptr(GError) error = NULL;
+        gint64 tokens = n_experts;
+        GmlpGroupedTensor *router_grad;
+        GmlpRouter *router;
 
-      layer = g_initable_new (GMLP_TYPE_MOE_LAYER, NULL, &error, "device", device,
-                              "hidden", (gint64) HIDDEN, "ffn-hidden", (gint64) FFN,
-                              "n-experts", n_experts, "top-k", 2u, "dtype", GMLP_DTYPE_FLOAT32,
-                              "flags", GMLP_LINEAR_SINGLE_GROUPED_WEIGHT | GMLP_LINEAR_FUSE_WGRAD_ACCUMULATION,
-                              "shared-expert-ffn-hidden", (gint64) FFN, NULL);
-      g_assert_no_error (error);
-      g_assert_true (gmlp_moe_layer_init_parameters (layer, 7, &error));
-      g_assert_no_error (error);
-      router_grad = gmlp_router_get_main_grad (gmlp_moe_layer_get_router (layer));
-      g_assert_nonnull (router_grad);
-      g_assert_true (gmlp_grouped_tensor_fill_random (router_grad, 3, 1.0, &error));
-      g_assert_no_error (error);
-      other = gmlp_test_random_tensor (device, GMLP_DTYPE_FLOAT32, &tokens, 1, HIDDEN, 1.0, NULL);
-      x = g_object_ref (which == 0 ? router_grad : other);
-      dy = g_object_ref (which == 0 ? other : router_grad);
+        layer = g_initable_new (GMLP_TYPE_MOE_LAYER, NULL, &error, "device", device,
+                                "hidden", (gint64) HIDDEN, "ffn-hidden", (gint64) FFN,
+                                "n-experts", n_experts, "top-k", 2u, "dtype", GMLP_DTYPE_FLOAT32,
+                                "flags", GMLP_LINEAR_SINGLE_GROUPED_WEIGHT | GMLP_LINEAR_FUSE_WGRAD_ACCUMULATION |
+                                         (delayed ? GMLP_LINEAR_DELAY_WGRAD_COMPUTE : 0),
+                                "shared-expert-ffn-hidden", (gint64) FFN, NULL);
+        g_assert_no_error (error);
+        g_assert_true (gmlp_moe_layer_init_parameters (layer, 7, &error));
+        g_assert_no_error (error);
+        router = gmlp_moe_layer_get_router (layer);
+        router_grad = gmlp_router_get_main_grad (router);
+        g_assert_nonnull (router_grad);
+        g_assert_true (gmlp_grouped_tensor_fill_random (router_grad, 3, 1.0, &error));
+        g_assert_no_error (error);
+        other = gmlp_test_random_tensor (device, GMLP_DTYPE_FLOAT32, &tokens, 1, HIDDEN, 1.0, NULL);
+        x = g_object_ref (which == 0 ? router_grad : other);
+        dy = g_object_ref (which == 0 ? other : router_grad);
 
-      y = gmlp_moe_layer_forward (layer, x, &saved, &error);
-      g_assert_no_error (error);
-      before = gmlp_test_moe_gradient_bytes (layer);
-      dx = gmlp_moe_layer_backward (layer, saved, dy, &error);
-      g_assert_null (dx);
-      g_assert_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT);
-      g_assert_nonnull (strstr (error->message, "main_grad"));
-      g_test_message ("%s", error->message);
-      g_clear_error (&error);
-      g_assert_false (gmlp_saved_activations_is_consumed (saved));
-      after = gmlp_test_moe_gradient_bytes (layer);
-      gmlp_test_assert_same_bytes_array (before, after, "main_grads after a refused backward");
-    }
+        y = gmlp_moe_layer_forward (layer, x, &saved, &error);
+        g_assert_no_error (error);
+        before = gmlp_test_moe_gradient_bytes (layer);
+        dx = gmlp_moe_layer_backward (layer, saved, dy, &error);
+        if (delayed)
+          {
+            g_assert_no_error (error);
+            g_assert_nonnull (dx);
+            g_assert_false (gmlp_moe_layer_backward_dw (layer, &error));
+          }
+        else
+          g_assert_null (dx);
+        g_assert_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT);
+        g_assert_nonnull (strstr (error->message, "main_grad"));
+        g_test_message ("%s", error->message);
+        g_clear_error (&error);
+        g_assert_true (gmlp_saved_activations_is_consumed (saved) == (delayed != 0));
+        after = gmlp_test_moe_gradient_bytes (layer);
+        gmlp_test_assert_same_bytes_array (before, after, delayed ? "main_grads after a refused backward_dw"
+                                                                  : "main_grads after a refused backward");
+        if (delayed)
+          {
+            g_assert_cmpuint (gmlp_router_get_pending_wgrads (router), ==, 1);
+            g_assert_cmpuint (gmlp_grouped_linear_get_pending_wgrads (
+                                gmlp_grouped_mlp_get_fc1 (gmlp_moe_layer_get_experts (layer))), ==, 1);
+            g_assert_cmpuint (gmlp_grouped_linear_get_pending_wgrads (
+                                gmlp_grouped_mlp_get_fc2 (gmlp_moe_layer_get_shared_expert (layer))), ==, 1);
+          }
+      }
 }
 
 /* backward_dw computes every part's weight gradients or none: with the

@@ -5,8 +5,9 @@
  * library or the kernels reads an environment variable but GMLP_DEVICE and
  * GMLP_BACKEND_DIR (and GMLP_DEBUG, debug keys like G_DEBUG's), nor names
  * one of the variables that steered routes and schedules or filled memory
- * before. GMLP_DEBUG=poison fills fresh memory with 0xff bytes, and
- * GMLP_DEBUG=help lists the keys.
+ * before. GMLP_DEBUG=poison fills fresh memory with 0xff bytes,
+ * GMLP_DEBUG=no-block-cache opens devices with the tuning's block-cache
+ * off, and GMLP_DEBUG=help lists the keys.
  *
  * SPDX-License-Identifier: LGPL-2.1-or-later
  */
@@ -34,6 +35,7 @@ test_keys (void)
     { "sm90-even-waves", "off", "on", NULL },
     { "sm90-stream-k", "off", "on", NULL },
     { "sm90-grid", "2", "6", "132" },
+    { "block-cache", "off", NULL },
   };
   const char * const *keys = gmlp_tuning_list_keys ();
   GmlpBackendTuning tuning = { 0 }, zero = { 0 };
@@ -294,6 +296,7 @@ test_debug_help (void)
   g_test_trap_subprocess (NULL, 0, G_TEST_SUBPROCESS_DEFAULT);
   g_test_trap_assert_passed ();
   g_test_trap_assert_stderr ("*poison*");
+  g_test_trap_assert_stderr ("*no-block-cache*");
 }
 
 /* GMLP_DEBUG=poison, read once in a fresh process: fresh memory holds 0xff
@@ -326,6 +329,40 @@ test_debug_poison (void)
     g_assert_cmpuint (bytes[i], ==, 0xff);
 }
 
+/* GMLP_DEBUG=no-block-cache, read once in a fresh process: a device opens
+ * with its tuning's block-cache off, handed to the backend as any tuning
+ * (the CUDA backend then keeps no freed block; the CPU's keeps none
+ * anyway), and the key can be set back like any other. */
+static void
+test_debug_no_block_cache (void)
+{
+  g_autoptr(GmlpDevice) device = NULL;
+  g_autoptr(GmlpDevice) other = NULL;
+  g_autoptr(GError) error = NULL;
+
+  if (!g_test_subprocess ())
+    {
+      g_test_trap_subprocess (NULL, 0, G_TEST_SUBPROCESS_DEFAULT);
+      g_test_trap_assert_passed ();
+      return;
+    }
+  g_setenv ("GMLP_DEBUG", "no-block-cache", TRUE);
+  g_assert_cmpint (gmlp_debug_flags (), ==, GMLP_DEBUG_NO_BLOCK_CACHE);
+  g_setenv ("GMLP_DEBUG", "", TRUE);
+  device = gmlp_device_new_from_string ("cpu:3", &error);
+  g_assert_no_error (error);
+  g_assert_true (gmlp_test_tuned (device, "block-cache", "off"));
+  /* Every device, and the other keys left to the heuristics. */
+  other = gmlp_device_new_from_string ("cpu:4", &error);
+  g_assert_no_error (error);
+  g_assert_true (gmlp_test_tuned (other, "block-cache", "off"));
+  g_assert_true (gmlp_test_tuned (other, "host-gemm", "auto"));
+  g_assert_true (gmlp_device_set_tuning (device, "block-cache", "auto", &error));
+  g_assert_no_error (error);
+  g_assert_true (gmlp_test_tuned (device, "block-cache", "auto"));
+  g_assert_true (gmlp_test_tuned (other, "block-cache", "off"));
+}
+
 int
 main (int argc, char **argv)
 {
@@ -337,6 +374,7 @@ main (int argc, char **argv)
   g_test_add_func ("/Gmlp/Tuning/no-environment", test_no_environment);
   g_test_add_func ("/Gmlp/Debug/help", test_debug_help);
   g_test_add_func ("/Gmlp/Debug/poison", test_debug_poison);
+  g_test_add_func ("/Gmlp/Debug/no-block-cache", test_debug_no_block_cache);
 
   return g_test_run ();
 }

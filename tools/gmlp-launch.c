@@ -20,7 +20,9 @@
  * others SIGTERM, and SIGKILL after the grace period. SIGINT, SIGTERM and
  * SIGHUP are forwarded to the ranks (a second SIGINT kills them). The exit
  * status is 0 when every rank exited with 0; else the first failing rank's
- * status (128 + the signal for one killed by a signal).
+ * status (128 + the signal for one killed by a signal). On the CPU, the
+ * group's shared memory is gone once the ranks are, also when they all
+ * died before the group was complete.
  *
  * SPDX-License-Identifier: LGPL-2.1-or-later
  */
@@ -30,6 +32,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <unistd.h>
 
@@ -268,6 +271,23 @@ child_setup (gpointer data)
   prctl (PR_SET_PDEATHSIG, SIGKILL);
 }
 
+/* The CPU communicator's shared memory is named by the group's id: "/gmlp-"
+ * and the first 16 bytes of the backend's id in hex, which follows the 16
+ * bytes that name the backend (libgmlp/backend/cpu/gmlp-cpu-comm.c). The
+ * ranks unlink the name once all of them have joined; when none got that
+ * far (every rank died or exited while the group was joining), the
+ * launcher does, once they are gone. */
+static void
+unlink_cpu_group (const char *hex)
+{
+  g_autofree char *name = NULL;
+
+  if (strlen (hex) < 64)
+    return;
+  name = g_strdup_printf ("/gmlp-%.32s", hex + 32);
+  (void) shm_unlink (name);   /* ENOENT: the ranks did */
+}
+
 /* The kind of device the ranks use, and rank 0's device. */
 static GmlpDevice *
 pick_device (const char  **kind,
@@ -423,6 +443,9 @@ main (int   argc,
 
   if (launch.n_running > 0 || launch.n_streams > 0)
     g_main_loop_run (launch.loop);
+  /* Every rank has exited, whatever happened. */
+  if (g_str_equal (kind, "cpu"))
+    unlink_cpu_group (hex);
 
   if (launch.grace_id != 0)
     g_source_remove (launch.grace_id);

@@ -20,7 +20,7 @@ G_BEGIN_DECLS
 
 /* Bumped whenever the table changes; a module built for another version is
  * refused. */
-#define GMLP_BACKEND_ABI_VERSION 12
+#define GMLP_BACKEND_ABI_VERSION 13
 
 typedef struct _GmlpBackendDevice GmlpBackendDevice;
 typedef struct _GmlpBackendEvent GmlpBackendEvent;
@@ -426,7 +426,11 @@ typedef struct {
  *   sm90_even_waves,
  *   sm90_stream_k
  *   sm90_fp8_tile_n 0, or 128 or 192 columns
- *   sm90_max_ctas   0, or an even number of CTAs, at least 2 */
+ *   sm90_max_ctas   0, or an even number of CTAs, at least 2
+ *   block_cache     GMLP_TUNING_NEVER: freed blocks go back to the pool at
+ *                   once (and those kept so far with them), none kept for
+ *                   reuse: what GMLP_DEBUG=no-block-cache sets, so that a
+ *                   leak check at exit sees no kept block */
 typedef enum {
   GMLP_TUNING_AUTO = 0,
   GMLP_TUNING_NEVER = 1,
@@ -446,6 +450,7 @@ typedef struct {
   GmlpTuningChoice  sm90_stream_k;
   int               sm90_fp8_tile_n;
   int               sm90_max_ctas;
+  GmlpTuningChoice  block_cache;
 } GmlpBackendTuning;
 
 /* Communicators (gmlp-communicator.c): one rank of a group of world_size

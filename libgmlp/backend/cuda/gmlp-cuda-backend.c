@@ -229,6 +229,15 @@ gmlp_cuda_get_device_name (GmlpBackendDevice *device)
   return g_strdup (device->name);
 }
 
+/* The routes' part of the tuning, and whether freed blocks are kept. */
+static void
+gmlp_cuda_backend_set_tuning (GmlpBackendDevice        *device,
+                              const GmlpBackendTuning  *tuning)
+{
+  gmlp_cuda_set_tuning (device, tuning);
+  gmlp_cuda_block_cache_set_keep (device, tuning->block_cache != GMLP_TUNING_NEVER);
+}
+
 static const GmlpBackend gmlp_cuda_backend = {
   .abi_version = GMLP_BACKEND_ABI_VERSION,
   .name = "cuda",
@@ -298,7 +307,7 @@ static const GmlpBackend gmlp_cuda_backend = {
   .router_backward = gmlp_cuda_router_backward,
   .router_update_bias = gmlp_cuda_router_update_bias,
 
-  .set_tuning = gmlp_cuda_set_tuning,
+  .set_tuning = gmlp_cuda_backend_set_tuning,
 
   /* Communicators (gmlp-cuda-comm.c): entries below this line. */
   .comm_unique_id = gmlp_cuda_comm_unique_id,

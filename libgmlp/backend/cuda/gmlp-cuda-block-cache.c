@@ -13,7 +13,9 @@
  * of live blocks says which): memory of the copy stream and of captures
  * keeps its own path. A failed allocation gives every kept block back to
  * the pool and tries again, and no more than a quarter of the device's
- * memory is kept.
+ * memory is kept. The tuning's block-cache=off (GMLP_DEBUG=no-block-cache)
+ * keeps none, so that a leak check at exit, with the device never closed,
+ * finds no kept block.
  *
  * A kept block stays in the table of live blocks, marked free (size 0):
  * a step hands out and takes back the same blocks, and a table whose
@@ -55,7 +57,8 @@ gmlp_cuda_block_cache_init (GmlpBackendDevice *device)
   device->kept_blocks = g_hash_table_new_full (NULL, NULL, NULL, (GDestroyNotify) g_ptr_array_unref);
   if (cudaMemGetInfo (&free_bytes, &total_bytes) != cudaSuccess)
     (void) cudaGetLastError ();
-  device->kept_limit = total_bytes / 4;
+  device->keep_limit = total_bytes / 4;
+  device->kept_limit = device->keep_limit;
 }
 
 /* Gives every kept block back to the pool, in compute-stream order. Called
@@ -93,6 +96,29 @@ gmlp_cuda_block_cache_fini (GmlpBackendDevice *device)
   g_clear_pointer (&device->kept_blocks, g_hash_table_unref);
   g_clear_pointer (&device->live_blocks, g_hash_table_unref);
   g_mutex_clear (&device->cache_lock);
+}
+
+void
+gmlp_cuda_block_cache_set_keep (GmlpBackendDevice *device,
+                                gboolean           keep)
+{
+  g_mutex_lock (&device->cache_lock);
+  /* No block is kept past a limit of 0: every size class is at least 512
+   * bytes. */
+  device->kept_limit = keep ? device->keep_limit : 0;
+  if (!keep && device->kept_bytes > 0)
+    {
+      enum cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+
+      /* Not while capturing, which would record the frees: the blocks kept
+       * so far then go at the next failed allocation, or at close. */
+      if (cudaSetDevice (device->ordinal) == cudaSuccess &&
+          cudaStreamIsCapturing (device->stream, &capture) == cudaSuccess &&
+          capture == cudaStreamCaptureStatusNone)
+        release_kept_locked (device);
+      (void) cudaGetLastError ();
+    }
+  g_mutex_unlock (&device->cache_lock);
 }
 
 gpointer

@@ -26,6 +26,10 @@ gpointer  gmlp_cuda_block_cache_alloc  (GmlpBackendDevice  *device,
  * there is room; FALSE when the caller must free it. */
 gboolean  gmlp_cuda_block_cache_free   (GmlpBackendDevice  *device,
                                         gpointer            ptr);
+/* With keep FALSE (the tuning's block-cache=off) no freed block is kept
+ * and those kept go back to the pool now; TRUE keeps them again. */
+void      gmlp_cuda_block_cache_set_keep (GmlpBackendDevice  *device,
+                                          gboolean            keep);
 /* ptr leaves by another path (the copy stream's free). */
 void      gmlp_cuda_block_cache_forget (GmlpBackendDevice  *device,
                                         gpointer            ptr);

@@ -97,6 +97,7 @@ struct _GmlpBackendDevice
   GHashTable       *live_blocks;
   GHashTable       *kept_blocks;
   gsize             kept_bytes, kept_limit;
+  gsize             keep_limit;   /* kept_limit while the cache is on */
 
   /* The tuning (gmlp_cuda_set_tuning()): what the routes read, and its
    * Hopper-kernel part in the kernels' terms; zeros (the heuristics'
