@@ -30,5 +30,17 @@ gboolean gmlp_communicator_all_to_all_rows_full (GmlpCommunicator   *self,
                                                  guint               n_recv_rows,
                                                  GmlpEvent         **done,
                                                  GError            **error);
+/* The bytes [offsets[p], offsets[p] + bytes[p]) of each tensor's storage
+ * to and from each peer p (world size entries each), checked against the
+ * storage: the chunks of the expert-parallel layer's trips. */
+gboolean gmlp_communicator_all_to_all_spans_full (GmlpCommunicator   *self,
+                                                  GmlpGroupedTensor  *send,
+                                                  const gsize        *send_offsets,
+                                                  const gsize        *send_bytes,
+                                                  GmlpGroupedTensor  *recv,
+                                                  const gsize        *recv_offsets,
+                                                  const gsize        *recv_bytes,
+                                                  GmlpEvent         **done,
+                                                  GError            **error);
 
 G_END_DECLS

@@ -1041,6 +1041,42 @@ enqueue_all_to_all (GmlpCommunicator   *self,
   return TRUE;
 }
 
+gboolean
+gmlp_communicator_all_to_all_spans_full (GmlpCommunicator   *self,
+                                         GmlpGroupedTensor  *send,
+                                         const gsize        *send_offsets,
+                                         const gsize        *send_bytes,
+                                         GmlpGroupedTensor  *recv,
+                                         const gsize        *recv_offsets,
+                                         const gsize        *recv_bytes,
+                                         GmlpEvent         **done,
+                                         GError            **error)
+{
+  GmlpGroupedTensor *tensors[2] = { send, recv };
+  const gsize *offsets[2] = { send_offsets, recv_offsets }, *bytes[2] = { send_bytes, recv_bytes };
+  guint i;
+  int p;
+
+  if (!check_call (self, "all_to_all (spans)", send, recv, error))
+    return FALSE;
+  for (i = 0; i < 2; i++)
+    for (p = 0; p < self->world_size; p++)
+      {
+        gsize size = gmlp_grouped_tensor_get_nbytes (tensors[i]);
+
+        if (offsets[i][p] > size || bytes[i][p] > size - offsets[i][p])
+          {
+            g_set_error (error, GMLP_ERROR, GMLP_ERROR_SHAPE_MISMATCH,
+                         "all_to_all (spans): %s's span for rank %d, %" G_GSIZE_FORMAT " bytes at %"
+                         G_GSIZE_FORMAT ", is past its %" G_GSIZE_FORMAT " bytes",
+                         i == 0 ? "send" : "recv", p, bytes[i][p], offsets[i][p], size);
+            return FALSE;
+          }
+      }
+  return enqueue_all_to_all (self, send, send_offsets, send_bytes, recv, recv_offsets, recv_bytes,
+                             done, error);
+}
+
 /**
  * gmlp_communicator_all_to_all:
  * @self: a #GmlpCommunicator

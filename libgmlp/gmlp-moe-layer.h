@@ -132,6 +132,8 @@ GmlpScalingRecipe  gmlp_moe_layer_get_dispatch_fp8_recipe (GmlpMoELayer        *
 GMLP_AVAILABLE_IN_0_1
 GmlpFp8Format      gmlp_moe_layer_get_dispatch_fp8_format (GmlpMoELayer        *self);
 GMLP_AVAILABLE_IN_0_1
+guint              gmlp_moe_layer_get_expert_parallel_chunks (GmlpMoELayer     *self);
+GMLP_AVAILABLE_IN_0_1
 guint              gmlp_moe_layer_get_first_local_expert (GmlpMoELayer         *self);
 GMLP_AVAILABLE_IN_0_1
 guint              gmlp_moe_layer_get_n_local_experts   (GmlpMoELayer          *self);
