@@ -1082,6 +1082,32 @@ gmlp_moe_layer_forward (GmlpMoELayer          *self,
   return g_steal_pointer (&output);
 }
 
+/**
+ * gmlp_moe_layer_forward_inference:
+ * @self: a #GmlpMoELayer
+ * @input: the tokens: one group of `tokens × hidden`, of the layer's dtype
+ * @error: return location for a #GError
+ *
+ * [method@Gmlp.MoELayer.forward] with nothing saved for a backward, for
+ * languages whose bindings always ask for an optional out argument
+ * (Python, JavaScript): the same as `forward` with @saved %NULL. The
+ * results are the same as a forward that saves; nothing is kept for a
+ * backward, and an expert-parallel layer pipelines its experts by
+ * [property@Gmlp.MoELayer:expert-parallel-chunks].
+ *
+ * Returns: (transfer full): the output, `tokens × hidden`, or %NULL with an
+ *   error (nothing is written then)
+ *
+ * Since: 0.1
+ */
+GmlpGroupedTensor *
+gmlp_moe_layer_forward_inference (GmlpMoELayer       *self,
+                                  GmlpGroupedTensor  *input,
+                                  GError            **error)
+{
+  return gmlp_moe_layer_forward (self, input, NULL, error);
+}
+
 /* The parts write their weight gradients one after the other, and each
  * checks its own against what it reads: a part's main_grad that holds what
  * another part read (the tokens, a weight, the output gradient) would make

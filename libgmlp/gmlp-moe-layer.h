@@ -85,6 +85,10 @@ GmlpGroupedTensor *gmlp_moe_layer_forward               (GmlpMoELayer          *
                                                          GmlpSavedActivations **saved,
                                                          GError               **error);
 GMLP_AVAILABLE_IN_0_1
+GmlpGroupedTensor *gmlp_moe_layer_forward_inference     (GmlpMoELayer          *self,
+                                                         GmlpGroupedTensor     *input,
+                                                         GError               **error);
+GMLP_AVAILABLE_IN_0_1
 GmlpGroupedTensor *gmlp_moe_layer_backward              (GmlpMoELayer          *self,
                                                          GmlpSavedActivations  *saved,
                                                          GmlpGroupedTensor     *grad_output,

@@ -242,7 +242,7 @@ step (Run          *run,
                                            run->dy[rank], &error);
   g_assert_no_error (error);
   /* A forward without saved activations (inference) first: the same. */
-  y = gmlp_moe_layer_forward (layer, x, NULL, &error);
+  y = gmlp_moe_layer_forward_inference (layer, x, &error);
   g_assert_no_error (error);
   inference = download (y, &n);
   g_clear_object (&y);
