@@ -143,7 +143,8 @@ gmlp_moe_parallel_make_pspecs (GParamSpec **pspecs)
    * GmlpMoELayer:expert-parallel-chunks:
    *
    * How many chunks of its local experts an expert-parallel forward
-   * without saved activations (inference: `saved` %NULL) pipelines: the
+   * without saved activations (inference: `saved` %NULL, or
+   * [method@Gmlp.MoELayer.forward_inference]) pipelines: the
    * rows for the first chunk's experts travel first, and those experts
    * compute while the next chunk's rows are in flight, their outputs
    * starting back while the next chunk computes. Each chunk is a run of
