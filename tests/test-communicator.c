@@ -589,6 +589,18 @@ test_bad_input (void)
   g_assert_false (gmlp_communicator_all_to_all (comm, recv, recv, &error));
   g_assert_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT);
   g_clear_error (&error);
+  /* the _start calls refuse alike, with no event */
+  g_assert_null (gmlp_communicator_all_to_all_start (comm, wide, recv, &error));
+  g_assert_error (error, GMLP_ERROR, GMLP_ERROR_SHAPE_MISMATCH);
+  g_clear_error (&error);
+  {
+    gint64 too_many = 9;
+
+    g_assert_null (gmlp_communicator_all_to_all_rows_start (comm, f32, &too_many, 1, recv, &too_many, 1,
+                                                            &error));
+    g_assert_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT);
+    g_clear_error (&error);
+  }
 
   /* all_gather: recv's groups and rows are world × send's */
   {
