@@ -50,7 +50,11 @@
  * of an expert-parallel layer (--ep-mode exact or graph-safe, whose slots
  * hold --ep-capacity times the balanced rows) on --tokens tokens of its
  * own: one "part":"layer" line per rank, with "ep_ranks" and "rank";
- * --fp8=blockwise or mxfp8 makes its dispatch FP8 ("ep_dispatch").
+ * --fp8=blockwise or mxfp8 makes its dispatch FP8 ("ep_dispatch");
+ * --ep-chunks C pipelines the forward without saved activations ("fwd_ms")
+ * in C chunks of local experts ("ep_chunks"; expert-parallel-chunks, whose
+ * default it keeps unless given; the step's forward saves, runs its
+ * experts in one call and overlaps only the shared expert, if any).
  * "part":"permute" and "part":"combine" time the routing's permute and
  * combine alone, with "gbps" counting the least traffic: each token's row
  * once one way and a row per choice the other (to compare with the
@@ -121,6 +125,7 @@ static gint moe_steps = 0;
 static gboolean moe_ep = FALSE;
 static char *moe_ep_mode = NULL;
 static double moe_ep_capacity = 2.0;
+static gint moe_ep_chunks = 0;
 
 static const char *const fp8_recipe_names[] = { NULL, "delayed", "current", "blockwise", "mxfp8" };
 
@@ -177,6 +182,9 @@ static const GOptionEntry entries[] = {
   { "ep-mode", 0, 0, G_OPTION_ARG_STRING, &moe_ep_mode, "--ep: exact (default) or graph-safe", "MODE" },
   { "ep-capacity", 0, 0, G_OPTION_ARG_DOUBLE, &moe_ep_capacity,
     "--ep graph-safe: the expert capacity factor of the slots (default 2)", "F" },
+  { "ep-chunks", 0, 0, G_OPTION_ARG_INT, &moe_ep_chunks,
+    "--ep: chunks of local experts the forward without saved activations pipelines (default: the layer's)",
+    "C" },
   { "moe-steps", 0, 0, G_OPTION_ARG_INT, &moe_steps,
     "--moe: run this many layer steps after the warm-up and time nothing (for a profiler)", "N" },
   { "dims", 0, 0, G_OPTION_ARG_STRING, &dims, "Run one shape of these dimensions instead (\"custom\")",
@@ -1087,6 +1095,19 @@ bench_moe (GmlpDevice *device, GError **error)
                        "--ep-mode takes exact or graph-safe, not %s", moe_ep_mode);
           return FALSE;
         }
+      if (moe_ep_chunks < 0)
+        {
+          g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
+                       "--ep-chunks must be positive, not %d", moe_ep_chunks);
+          return FALSE;
+        }
+      if (moe_ep_chunks == 0)
+        {
+          g_autoptr(GTypeClass) klass = g_type_class_ref (GMLP_TYPE_MOE_LAYER);
+
+          moe_ep_chunks = (gint) G_PARAM_SPEC_UINT (g_object_class_find_property (G_OBJECT_CLASS (klass),
+                                                                                  "expert-parallel-chunks"))->default_value;
+        }
       comm = gmlp_communicator_new_from_launcher (error);
       if (comm == NULL)
         return FALSE;
@@ -1097,7 +1118,8 @@ bench_moe (GmlpDevice *device, GError **error)
                               "expert-parallel-mode", graph_safe ? GMLP_EXPERT_PARALLEL_MODE_GRAPH_SAFE
                                                                  : GMLP_EXPERT_PARALLEL_MODE_EXACT,
                               "expert-capacity-factor", graph_safe ? moe_ep_capacity : 0.0,
-                              "dispatch-fp8-recipe", fp8_recipe, NULL);
+                              "dispatch-fp8-recipe", fp8_recipe,
+                              "expert-parallel-chunks", (guint) moe_ep_chunks, NULL);
     }
   else
     layer = gmlp_moe_layer_new_full (device, moe_hidden, moe_ffn, (guint) moe_experts, (guint) moe_topk,
@@ -1180,6 +1202,7 @@ bench_moe (GmlpDevice *device, GError **error)
       bench_record_string (record, "ep_mode", moe_ep_mode != NULL ? moe_ep_mode : "exact");
       bench_record_string (record, "ep_dispatch", fp8_recipe == GMLP_SCALING_RECIPE_NONE ? "bf16"
                                                   : fp8_recipe_names[fp8_recipe]);
+      bench_record_int (record, "ep_chunks", gmlp_moe_layer_get_expert_parallel_chunks (layer));
       bench_record_double (record, "fwd_ms", fwd_t.ms, "%.4f");
       bench_record_double (record, "ms", layer_t.ms, "%.4f");
       bench_record_double (record, "tflops", flops / (layer_t.ms * 1e-3) / 1e12, "%.4g");

@@ -7,11 +7,12 @@
 
 #include <string.h>
 
-#include "gmlp-communicator.h"
+#include "gmlp-communicator-private.h"
 #include "gmlp-device-private.h"
 #include "gmlp-enum-types.h"
 #include "gmlp-error.h"
 #include "gmlp-error-private.h"
+#include "gmlp-event-private.h"
 #include "gmlp-grouped-tensor-private.h"
 #include "gmlp-numeric.h"
 #include "gmlp-thread-private.h"
@@ -40,7 +41,15 @@
  * The collectives work on [class@Gmlp.GroupedTensor]s of the
  * communicator's device and are ordered on its stream like any other work:
  * they return without waiting for the device (on the CPU, the stream is the
- * calling thread, so they return when the group's work is done). Every rank
+ * calling thread, so they return when the group's work is done). On a GPU
+ * they run on a communication stream of the communicator's own, ordered by
+ * events: each starts after the work enqueued on the device's stream before
+ * the call, and the device's stream waits for it before the work enqueued
+ * after. [method@Gmlp.Communicator.all_to_all_start] and
+ * [method@Gmlp.Communicator.all_to_all_rows_start] leave that last wait to
+ * the caller, as an event, so that the device computes (a shared expert,
+ * another micro-batch) while the rows are in flight. Graph captures take
+ * both streams (see docs/expert-parallel.md). Every rank
  * must make the same collective calls in the same order, with tensors whose
  * shapes pair up as each call says; bad input on one rank is reported
  * there before anything is enqueued, and the CPU communicator also checks
@@ -992,6 +1001,9 @@ member_blocks (GmlpGroupedTensor *tensor,
     }
 }
 
+/* @done NULL: the compute stream waits for the all-to-all. Else *@done:
+ * an event that completes with it, which keeps @send and @recv (their
+ * memory stays theirs while the rows are in flight). */
 static gboolean
 enqueue_all_to_all (GmlpCommunicator   *self,
                     GmlpGroupedTensor  *send,
@@ -1000,16 +1012,69 @@ enqueue_all_to_all (GmlpCommunicator   *self,
                     GmlpGroupedTensor  *recv,
                     const gsize        *recv_offsets,
                     const gsize        *recv_bytes,
+                    GmlpEvent         **done,
                     GError            **error)
 {
   g_autoptr(GmlpMutexLocker) locker = gmlp_mutex_locker_new (&self->call_lock);
+  GmlpBackendEvent *event = NULL;
+  GmlpEvent *result;
 
   if (!join_locked (self, error))
     return FALSE;
   gmlp_grouped_tensor_bump_version (recv);
-  return gmlp_device_get_backend (self->device)->comm_all_to_all (
-           self->comm, gmlp_grouped_tensor_get_data (send), send_offsets, send_bytes,
-           gmlp_grouped_tensor_get_data (recv), recv_offsets, recv_bytes, error);
+  if (!gmlp_device_get_backend (self->device)->comm_all_to_all (
+         self->comm, gmlp_grouped_tensor_get_data (send), send_offsets, send_bytes,
+         gmlp_grouped_tensor_get_data (recv), recv_offsets, recv_bytes,
+         done != NULL ? &event : NULL, error))
+    return FALSE;
+  if (done == NULL)
+    return TRUE;
+  /* Without a backend event the rows have arrived already (the CPU): an
+   * event of no device, complete. */
+  result = event != NULL ? gmlp_event_new_for_backend (self->device, event)
+                         : g_object_new (GMLP_TYPE_EVENT, NULL);
+  g_object_set_data_full (G_OBJECT (result), "gmlp-all-to-all-send", g_object_ref (send),
+                          g_object_unref);
+  g_object_set_data_full (G_OBJECT (result), "gmlp-all-to-all-recv", g_object_ref (recv),
+                          g_object_unref);
+  *done = result;
+  return TRUE;
+}
+
+gboolean
+gmlp_communicator_all_to_all_spans_full (GmlpCommunicator   *self,
+                                         GmlpGroupedTensor  *send,
+                                         const gsize        *send_offsets,
+                                         const gsize        *send_bytes,
+                                         GmlpGroupedTensor  *recv,
+                                         const gsize        *recv_offsets,
+                                         const gsize        *recv_bytes,
+                                         GmlpEvent         **done,
+                                         GError            **error)
+{
+  GmlpGroupedTensor *tensors[2] = { send, recv };
+  const gsize *offsets[2] = { send_offsets, recv_offsets }, *bytes[2] = { send_bytes, recv_bytes };
+  guint i;
+  int p;
+
+  if (!check_call (self, "all_to_all (spans)", send, recv, error))
+    return FALSE;
+  for (i = 0; i < 2; i++)
+    for (p = 0; p < self->world_size; p++)
+      {
+        gsize size = gmlp_grouped_tensor_get_nbytes (tensors[i]);
+
+        if (offsets[i][p] > size || bytes[i][p] > size - offsets[i][p])
+          {
+            g_set_error (error, GMLP_ERROR, GMLP_ERROR_SHAPE_MISMATCH,
+                         "all_to_all (spans): %s's span for rank %d, %" G_GSIZE_FORMAT " bytes at %"
+                         G_GSIZE_FORMAT ", is past its %" G_GSIZE_FORMAT " bytes",
+                         i == 0 ? "send" : "recv", p, bytes[i][p], offsets[i][p], size);
+            return FALSE;
+          }
+      }
+  return enqueue_all_to_all (self, send, send_offsets, send_bytes, recv, recv_offsets, recv_bytes,
+                             done, error);
 }
 
 /**
@@ -1046,15 +1111,68 @@ gmlp_communicator_all_to_all (GmlpCommunicator   *self,
                               GmlpGroupedTensor  *recv,
                               GError            **error)
 {
-  const char *what = "all_to_all";
-  g_autofree gsize *counts = NULL;
-  GmlpGroupedTensor *tensors[2] = { send, recv };
-  guint i, w;
-
   g_return_val_if_fail (GMLP_IS_COMMUNICATOR (self), FALSE);
   g_return_val_if_fail (GMLP_IS_GROUPED_TENSOR (send), FALSE);
   g_return_val_if_fail (GMLP_IS_GROUPED_TENSOR (recv), FALSE);
   g_return_val_if_fail (error == NULL || *error == NULL, FALSE);
+
+  return gmlp_communicator_all_to_all_full (self, send, recv, NULL, error);
+}
+
+/**
+ * gmlp_communicator_all_to_all_start:
+ * @self: a #GmlpCommunicator
+ * @send: what this rank sends, a block of groups per peer
+ * @recv: what this rank receives, a block of groups per peer
+ * @error: return location for a #GError
+ *
+ * [method@Gmlp.Communicator.all_to_all] whose end the caller waits for:
+ * the all-to-all starts, as every collective, after the work enqueued on
+ * the device's stream before the call, but that stream does not wait for
+ * it, so that the work the caller enqueues next (a shared expert, another
+ * micro-batch) overlaps the rows in flight. Make the device's stream wait
+ * for the returned event ([method@Gmlp.Event.wait_on_device]) before any
+ * work that reads @recv or writes @send or @recv; the event keeps both
+ * tensors until it goes. On a GPU the all-to-all runs on the
+ * communicator's communication stream; on the CPU it is done when the call
+ * returns, and the event is complete. During a graph capture the event
+ * must be waited on by the capturing device before the capture ends (the
+ * wait is the graph's join).
+ *
+ * Returns: (transfer full): an event that completes with the all-to-all,
+ *   or %NULL with the errors of [method@Gmlp.Communicator.all_to_all]
+ *
+ * Since: 0.1
+ */
+GmlpEvent *
+gmlp_communicator_all_to_all_start (GmlpCommunicator   *self,
+                                    GmlpGroupedTensor  *send,
+                                    GmlpGroupedTensor  *recv,
+                                    GError            **error)
+{
+  GmlpEvent *done = NULL;
+
+  g_return_val_if_fail (GMLP_IS_COMMUNICATOR (self), NULL);
+  g_return_val_if_fail (GMLP_IS_GROUPED_TENSOR (send), NULL);
+  g_return_val_if_fail (GMLP_IS_GROUPED_TENSOR (recv), NULL);
+  g_return_val_if_fail (error == NULL || *error == NULL, NULL);
+
+  if (!gmlp_communicator_all_to_all_full (self, send, recv, &done, error))
+    return NULL;
+  return done;
+}
+
+gboolean
+gmlp_communicator_all_to_all_full (GmlpCommunicator   *self,
+                                   GmlpGroupedTensor  *send,
+                                   GmlpGroupedTensor  *recv,
+                                   GmlpEvent         **done,
+                                   GError            **error)
+{
+  const char *what = "all_to_all";
+  g_autofree gsize *counts = NULL;
+  GmlpGroupedTensor *tensors[2] = { send, recv };
+  guint i, w;
 
   if (!check_call (self, what, send, recv, error) ||
       !check_host_sizes (send, what, "send", error) ||
@@ -1074,7 +1192,7 @@ gmlp_communicator_all_to_all (GmlpCommunicator   *self,
   member_blocks (send, w, counts, counts + w);
   member_blocks (recv, w, counts + 2 * w, counts + 3 * w);
   return enqueue_all_to_all (self, send, counts, counts + w, recv, counts + 2 * w, counts + 3 * w,
-                             error);
+                             done, error);
 }
 
 /* The rows of a tensor taken as one matrix: where they may go. */
@@ -1168,15 +1286,76 @@ gmlp_communicator_all_to_all_rows (GmlpCommunicator   *self,
                                    guint               n_recv_rows,
                                    GError            **error)
 {
-  g_autofree gsize *counts = NULL;
-  guint w;
-
   g_return_val_if_fail (GMLP_IS_COMMUNICATOR (self), FALSE);
   g_return_val_if_fail (GMLP_IS_GROUPED_TENSOR (send), FALSE);
   g_return_val_if_fail (send_rows != NULL || n_send_rows == 0, FALSE);
   g_return_val_if_fail (GMLP_IS_GROUPED_TENSOR (recv), FALSE);
   g_return_val_if_fail (recv_rows != NULL || n_recv_rows == 0, FALSE);
   g_return_val_if_fail (error == NULL || *error == NULL, FALSE);
+
+  return gmlp_communicator_all_to_all_rows_full (self, send, send_rows, n_send_rows, recv,
+                                                 recv_rows, n_recv_rows, NULL, error);
+}
+
+/**
+ * gmlp_communicator_all_to_all_rows_start:
+ * @self: a #GmlpCommunicator
+ * @send: the rows this rank sends, as one matrix
+ * @send_rows: (array length=n_send_rows): how many rows go to each rank
+ * @n_send_rows: the world size
+ * @recv: where the rows from the ranks arrive, as one matrix
+ * @recv_rows: (array length=n_recv_rows): how many rows come from each rank
+ * @n_recv_rows: the world size
+ * @error: return location for a #GError
+ *
+ * [method@Gmlp.Communicator.all_to_all_rows] whose end the caller waits
+ * for, as [method@Gmlp.Communicator.all_to_all_start] says: the device's
+ * stream does not wait for it; make it wait for the returned event before
+ * any work that reads @recv or writes @send or @recv.
+ *
+ * Returns: (transfer full): an event that completes with the all-to-all,
+ *   or %NULL with the errors of [method@Gmlp.Communicator.all_to_all_rows]
+ *
+ * Since: 0.1
+ */
+GmlpEvent *
+gmlp_communicator_all_to_all_rows_start (GmlpCommunicator   *self,
+                                         GmlpGroupedTensor  *send,
+                                         const gint64       *send_rows,
+                                         guint               n_send_rows,
+                                         GmlpGroupedTensor  *recv,
+                                         const gint64       *recv_rows,
+                                         guint               n_recv_rows,
+                                         GError            **error)
+{
+  GmlpEvent *done = NULL;
+
+  g_return_val_if_fail (GMLP_IS_COMMUNICATOR (self), NULL);
+  g_return_val_if_fail (GMLP_IS_GROUPED_TENSOR (send), NULL);
+  g_return_val_if_fail (send_rows != NULL || n_send_rows == 0, NULL);
+  g_return_val_if_fail (GMLP_IS_GROUPED_TENSOR (recv), NULL);
+  g_return_val_if_fail (recv_rows != NULL || n_recv_rows == 0, NULL);
+  g_return_val_if_fail (error == NULL || *error == NULL, NULL);
+
+  if (!gmlp_communicator_all_to_all_rows_full (self, send, send_rows, n_send_rows, recv,
+                                               recv_rows, n_recv_rows, &done, error))
+    return NULL;
+  return done;
+}
+
+gboolean
+gmlp_communicator_all_to_all_rows_full (GmlpCommunicator   *self,
+                                        GmlpGroupedTensor  *send,
+                                        const gint64       *send_rows,
+                                        guint               n_send_rows,
+                                        GmlpGroupedTensor  *recv,
+                                        const gint64       *recv_rows,
+                                        guint               n_recv_rows,
+                                        GmlpEvent         **done,
+                                        GError            **error)
+{
+  g_autofree gsize *counts = NULL;
+  guint w;
 
   if (!check_call (self, "all_to_all_rows", send, recv, error))
     return FALSE;
@@ -1187,5 +1366,5 @@ gmlp_communicator_all_to_all_rows (GmlpCommunicator   *self,
                          error))
     return FALSE;
   return enqueue_all_to_all (self, send, counts, counts + w, recv, counts + 2 * w, counts + 3 * w,
-                             error);
+                             done, error);
 }

@@ -13,6 +13,7 @@
 
 #include "gmlp-version-macros.h"
 #include "gmlp-device.h"
+#include "gmlp-event.h"
 #include "gmlp-grouped-tensor.h"
 
 G_BEGIN_DECLS
@@ -93,6 +94,20 @@ gboolean          gmlp_communicator_all_to_all     (GmlpCommunicator   *self,
                                                     GError            **error);
 GMLP_AVAILABLE_IN_0_1
 gboolean          gmlp_communicator_all_to_all_rows (GmlpCommunicator  *self,
+                                                    GmlpGroupedTensor  *send,
+                                                    const gint64       *send_rows,
+                                                    guint               n_send_rows,
+                                                    GmlpGroupedTensor  *recv,
+                                                    const gint64       *recv_rows,
+                                                    guint               n_recv_rows,
+                                                    GError            **error);
+GMLP_AVAILABLE_IN_0_1
+GmlpEvent        *gmlp_communicator_all_to_all_start (GmlpCommunicator *self,
+                                                    GmlpGroupedTensor  *send,
+                                                    GmlpGroupedTensor  *recv,
+                                                    GError            **error);
+GMLP_AVAILABLE_IN_0_1
+GmlpEvent        *gmlp_communicator_all_to_all_rows_start (GmlpCommunicator *self,
                                                     GmlpGroupedTensor  *send,
                                                     const gint64       *send_rows,
                                                     guint               n_send_rows,

@@ -10,7 +10,8 @@
 
 G_BEGIN_DECLS
 
-/* Wraps an event the backend made (a copy's completion); takes it over. */
+/* Wraps an event the backend made (a copy's or an all-to-all's
+ * completion); takes it over. */
 GmlpEvent *gmlp_event_new_for_backend (GmlpDevice       *device,
                                        GmlpBackendEvent *event);
 /* For a wgrad-ready signal (@signal_id of @instance, one event argument): an

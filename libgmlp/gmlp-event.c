@@ -304,6 +304,8 @@ gmlp_event_new_for_backend (GmlpDevice       *device,
 
   self->device = g_object_ref (device);
   self->event = event;
+  /* A communicator's all-to-all may end in a capture. */
+  self->capture_serial = gmlp_device_get_capture_serial (device);
   return self;
 }
 

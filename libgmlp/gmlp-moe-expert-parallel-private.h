@@ -23,6 +23,7 @@ enum {
   GMLP_MOE_PARALLEL_PROP_CAPACITY_FACTOR,
   GMLP_MOE_PARALLEL_PROP_DISPATCH_FP8_RECIPE,
   GMLP_MOE_PARALLEL_PROP_DISPATCH_FP8_FORMAT,
+  GMLP_MOE_PARALLEL_PROP_CHUNKS,
   GMLP_MOE_PARALLEL_N_PROPS
 };
 
@@ -52,22 +53,34 @@ typedef struct _GmlpMoEParallelStep GmlpMoEParallelStep;
 
 void     gmlp_moe_parallel_step_free    (gpointer        step);
 
+/* Work of the caller's (the shared expert's) that the step enqueues on the
+ * compute stream while its first rows are in flight; FALSE with an error
+ * fails the step. */
+typedef gboolean (*GmlpMoEParallelOverlap) (gpointer   data,
+                                            GError   **error);
+
 /* The experts' step of a layer with a communicator: @permuted (the
  * routing's permuted layout, every expert's rows) to the experts' ranks,
  * through the local experts, and back, in the permuted layout; @saved and
- * @step (both or neither) for the backward. */
+ * @step (both or neither) for the backward. @overlap (optional) runs once,
+ * while the dispatch is in flight. */
 GmlpGroupedTensor *gmlp_moe_parallel_forward  (GmlpMoELayer           *self,
                                                GmlpRouting            *routing,
                                                GmlpGroupedTensor      *permuted,
                                                GmlpSavedActivations  **saved,
                                                GmlpMoEParallelStep   **step,
+                                               GmlpMoEParallelOverlap  overlap,
+                                               gpointer                overlap_data,
                                                GError                **error);
 /* Its backward: the gradient of its output (in the permuted layout) to
- * the experts' ranks, through their backward, and back. */
+ * the experts' ranks, through their backward, and back; @overlap as the
+ * forward's. */
 GmlpGroupedTensor *gmlp_moe_parallel_backward (GmlpMoELayer           *self,
                                                GmlpSavedActivations   *saved,
                                                GmlpMoEParallelStep    *step,
                                                GmlpGroupedTensor      *grad_output,
+                                               GmlpMoEParallelOverlap  overlap,
+                                               gpointer                overlap_data,
                                                GError                **error);
 
 G_END_DECLS

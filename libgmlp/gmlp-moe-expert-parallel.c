@@ -33,6 +33,8 @@
 
 #include "gmlp-moe-layer-impl.h"
 #include "gmlp-moe-expert-parallel-private.h"
+#include "gmlp-communicator-private.h"
+#include "gmlp-device-private.h"
 #include "gmlp-enum-types.h"
 #include "gmlp-error.h"
 #include "gmlp-error-private.h"
@@ -42,6 +44,7 @@
 #include "gmlp-routing-private.h"
 #include "gmlp-row-chunks-private.h"
 #include "gmlp-thread-private.h"
+#include "gmlp-numeric.h"
 
 void
 gmlp_moe_parallel_make_pspecs (GParamSpec **pspecs)
@@ -135,6 +138,30 @@ gmlp_moe_parallel_make_pspecs (GParamSpec **pspecs)
   pspecs[GMLP_MOE_PARALLEL_PROP_DISPATCH_FP8_FORMAT] =
     g_param_spec_enum ("dispatch-fp8-format", NULL, NULL, GMLP_TYPE_FP8_FORMAT,
                        GMLP_FP8_FORMAT_E4M3, construct);
+
+  /**
+   * GmlpMoELayer:expert-parallel-chunks:
+   *
+   * How many chunks of its local experts an expert-parallel forward
+   * without saved activations (inference: `saved` %NULL, or
+   * [method@Gmlp.MoELayer.forward_inference]) pipelines: the
+   * rows for the first chunk's experts travel first, and those experts
+   * compute while the next chunk's rows are in flight, their outputs
+   * starting back while the next chunk computes. Each chunk is a run of
+   * whole local experts, so every expert still sees all its rows in one
+   * product and the results are those of one chunk, bit for bit on the
+   * CPU. At most [method@Gmlp.MoELayer.get_n_local_experts] chunks are
+   * made (more are taken as that many); 1: no pipeline. A forward that
+   * saves activations for a backward, and the backward, run the local
+   * experts in one call (their weight gradients are one product per
+   * expert, written whole by each backward); they overlap their dispatch
+   * with the shared expert instead. Without a communicator it changes
+   * nothing. docs/expert-parallel.md tells what overlaps what.
+   *
+   * Since: 0.1
+   */
+  pspecs[GMLP_MOE_PARALLEL_PROP_CHUNKS] =
+    g_param_spec_uint ("expert-parallel-chunks", NULL, NULL, 1, G_MAXUINT, 4, construct);
 }
 
 void
@@ -158,6 +185,9 @@ gmlp_moe_parallel_get_property (GmlpMoELayer *self,
       break;
     case GMLP_MOE_PARALLEL_PROP_DISPATCH_FP8_FORMAT:
       g_value_set_enum (value, self->dispatch_fp8_format);
+      break;
+    case GMLP_MOE_PARALLEL_PROP_CHUNKS:
+      g_value_set_uint (value, self->parallel_chunks);
       break;
     default:
       g_assert_not_reached ();
@@ -185,6 +215,9 @@ gmlp_moe_parallel_set_property (GmlpMoELayer *self,
       break;
     case GMLP_MOE_PARALLEL_PROP_DISPATCH_FP8_FORMAT:
       self->dispatch_fp8_format = g_value_get_enum (value);
+      break;
+    case GMLP_MOE_PARALLEL_PROP_CHUNKS:
+      self->parallel_chunks = g_value_get_uint (value);
       break;
     default:
       g_assert_not_reached ();
@@ -420,9 +453,13 @@ struct _GmlpMoEParallelStep
   gint64                  expert_rows;
   /* graph-safe: the rows of a slot */
   gint64                  slot_rows;
-  /* exact, on the host: the rows to and from each rank, and their sums */
+  /* exact, on the host: the rows to and from each rank, and their sums;
+   * per chunk (a, b) of the W × L grid, the rows to rank a's expert b and
+   * from rank a for local expert b */
   gint64                 *send_rows;
   gint64                 *recv_rows;
+  gint64                 *send_grid;
+  gint64                 *recv_grid;
   gint64                  total_send;
   gint64                  total_recv;
 };
@@ -440,6 +477,8 @@ gmlp_moe_parallel_step_free (gpointer data)
   g_clear_object (&step->expert_sizes);
   g_free (step->send_rows);
   g_free (step->recv_rows);
+  g_free (step->send_grid);
+  g_free (step->recv_grid);
   g_free (step);
 }
 
@@ -532,25 +571,55 @@ packed_view (GmlpMoEParallelStep *step,
 }
 
 /* The all-to-all of a trip: out (@back FALSE: from the permuted layout's
- * rank to the experts') or back. */
+ * rank to the experts') or back. @done (optional) as
+ * gmlp_communicator_all_to_all_full()'s: the compute stream's wait left to
+ * the caller (join()). */
 static gboolean
 exchange (Trip                 *trip,
           GmlpMoEParallelStep  *step,
           GmlpGroupedTensor    *send,
           GmlpGroupedTensor    *recv,
           gboolean              back,
+          GmlpEvent           **done,
           GError              **error)
 {
   GmlpCommunicator *comm = trip->layer->communicator;
   guint w = (guint) step->world;
 
   if (step->mode == GMLP_EXPERT_PARALLEL_MODE_GRAPH_SAFE)
-    return collective (trip, gmlp_communicator_all_to_all (comm, send, recv, error));
-  return collective (trip, gmlp_communicator_all_to_all_rows (comm, send,
-                                                              back ? step->recv_rows : step->send_rows,
-                                                              w, recv,
-                                                              back ? step->send_rows : step->recv_rows,
-                                                              w, error));
+    return collective (trip, gmlp_communicator_all_to_all_full (comm, send, recv, done, error));
+  return collective (trip, gmlp_communicator_all_to_all_rows_full (comm, send,
+                                                                   back ? step->recv_rows : step->send_rows,
+                                                                   w, recv,
+                                                                   back ? step->send_rows : step->recv_rows,
+                                                                   w, done, error));
+}
+
+/* The compute stream waits for every event of @events (all-to-alls left
+ * to it), which it empties. After a failure (@error NULL) it still waits
+ * for each, so that no buffer is let go, and no capture left, with rows in
+ * flight. */
+static gboolean
+join (GmlpMoELayer  *self,
+      GPtrArray     *events,
+      GError       **error)
+{
+  gboolean ok = TRUE;
+  guint i;
+
+  for (i = 0; i < events->len; i++)
+    {
+      g_autoptr(GError) local = NULL;
+
+      if (!gmlp_event_wait_on_device (g_ptr_array_index (events, i), self->device, &local) && ok)
+        {
+          ok = FALSE;
+          if (error != NULL)
+            g_propagate_error (error, g_steal_pointer (&local));
+        }
+    }
+  g_ptr_array_set_size (events, 0);
+  return ok;
 }
 
 /* What a dispatch sends: the rows, and with an FP8 dispatch their scales,
@@ -579,19 +648,66 @@ parts_clear (Parts *parts)
 
 G_DEFINE_AUTO_CLEANUP_CLEAR_FUNC (Parts, parts_clear)
 
+/* A dispatch's send buffer of @part (in the permuted layout): its own
+ * storage where exact mode sends in place, else the rows packed (exact) or
+ * in their slots (graph-safe); @count: the forward's rows, whose move
+ * counts what the slots keep (step->kept) and drop (@dropped). */
+static GmlpGroupedTensor *
+pack (Trip                 *trip,
+      GmlpMoEParallelStep  *step,
+      GmlpGroupedTensor    *part,
+      gboolean              count,
+      GmlpGroupedTensor    *dropped,
+      GError              **error)
+{
+  gboolean exact = step->mode == GMLP_EXPERT_PARALLEL_MODE_EXACT;
+  g_autoptr(GmlpGroupedTensor) send = packed_view (step, part);
+
+  if (send != NULL)
+    return g_steal_pointer (&send);
+  send = new_buffer (trip->layer, step, gmlp_grouped_tensor_get_dtype (part), step->total_send,
+                     gmlp_grouped_tensor_get_cols (part), error);
+  if (send == NULL ||
+      !move (step->sizes, step, exact ? -1 : step->slot_rows, part, GMLP_CHUNK_LAYOUT_MEMBERS, send,
+             exact ? GMLP_CHUNK_LAYOUT_PACKED : GMLP_CHUNK_LAYOUT_SLOTS, GMLP_MOVE_ROWS_NONE,
+             count && !exact ? step->kept : NULL, count ? dropped : NULL, error))
+    return NULL;
+  return g_steal_pointer (&send);
+}
+
+/* Graph-safe mode's forward: what each slot kept, to the slots' ranks (L
+ * counts per rank), into step->recv_counts. */
+static gboolean
+exchange_kept (Trip                 *trip,
+               GmlpMoEParallelStep  *step,
+               GError              **error)
+{
+  g_autofree gint64 *split = g_new (gint64, step->world);
+  int a;
+
+  for (a = 0; a < step->world; a++)
+    split[a] = step->n_local;
+  return collective (trip, gmlp_communicator_all_to_all_rows (trip->layer->communicator, step->kept,
+                                                              split, step->world, step->recv_counts,
+                                                              split, step->world, error));
+}
+
 /* Rows in the permuted layout to the local experts' input layout on their
  * ranks. @first: the forward's, which writes the experts' sizes and (in
  * graph-safe mode) what each slot kept, and adds the drops to @dropped;
  * with a dispatch quantizer it sends the rows in FP8 with their scales and
  * dequantizes them into the rows' dtype on arrival. */
 static GmlpGroupedTensor *
-dispatch (Trip                 *trip,
-          GmlpMoEParallelStep  *step,
-          GmlpGroupedTensor    *rows,
-          gboolean              first,
-          GmlpGroupedTensor    *dropped,
-          GError              **error)
+dispatch (Trip                    *trip,
+          GmlpMoEParallelStep     *step,
+          GmlpGroupedTensor       *rows,
+          gboolean                 first,
+          GmlpGroupedTensor       *dropped,
+          GmlpMoEParallelOverlap   overlap,
+          gpointer                 overlap_data,
+          GError                 **error)
 {
+  g_autoptr(GPtrArray) in_flight = g_ptr_array_new_with_free_func (g_object_unref);
   GmlpMoELayer *self = trip->layer;
   GmlpDType dtype = gmlp_grouped_tensor_get_dtype (rows);
   gboolean exact = step->mode == GMLP_EXPERT_PARALLEL_MODE_EXACT;
@@ -613,45 +729,35 @@ dispatch (Trip                 *trip,
     }
   for (i = 0; i < n_parts; i++)
     {
-      GmlpDType part_dtype = gmlp_grouped_tensor_get_dtype (part[i]);
-      gint64 cols = gmlp_grouped_tensor_get_cols (part[i]);
-
-      send[i] = packed_view (step, part[i]);
+      send[i] = pack (trip, step, part[i], first && i == PART_ROWS, dropped, error);
       if (send[i] == NULL)
-        {
-          /* The rows' move counts what the slots keep and drop. */
-          gboolean count = first && i == PART_ROWS;
-
-          send[i] = new_buffer (self, step, part_dtype, step->total_send, cols, error);
-          if (send[i] == NULL ||
-              !move (step->sizes, step, exact ? -1 : step->slot_rows, part[i],
-                     GMLP_CHUNK_LAYOUT_MEMBERS, send[i],
-                     exact ? GMLP_CHUNK_LAYOUT_PACKED : GMLP_CHUNK_LAYOUT_SLOTS,
-                     GMLP_MOVE_ROWS_NONE, count && !exact ? step->kept : NULL,
-                     count ? dropped : NULL, error))
-            return NULL;
-        }
-      recv[i] = new_buffer (self, step, part_dtype, step->total_recv, cols, error);
+        return NULL;
+      recv[i] = new_buffer (self, step, gmlp_grouped_tensor_get_dtype (part[i]), step->total_recv,
+                            gmlp_grouped_tensor_get_cols (part[i]), error);
       if (recv[i] == NULL)
         return NULL;
     }
-  if (first && !exact)
-    {
-      /* What each slot kept, to the slots' ranks: L counts per rank. */
-      g_autofree gint64 *split = g_new (gint64, step->world);
-      int a;
-
-      for (a = 0; a < step->world; a++)
-        split[a] = step->n_local;
-      if (!collective (trip, gmlp_communicator_all_to_all_rows (self->communicator, step->kept,
-                                                                split, step->world,
-                                                                step->recv_counts, split,
-                                                                step->world, error)))
-        return NULL;
-    }
+  if (first && !exact && !exchange_kept (trip, step, error))
+    return NULL;
+  /* The rows travel while the caller's work (the shared expert) runs. */
   for (i = 0; i < n_parts; i++)
-    if (!exchange (trip, step, send[i], recv[i], FALSE, error))
+    {
+      GmlpEvent *done = NULL;
+
+      if (!exchange (trip, step, send[i], recv[i], FALSE, &done, error))
+        {
+          join (self, in_flight, NULL);
+          return NULL;
+        }
+      g_ptr_array_add (in_flight, done);
+    }
+  if (overlap != NULL && !overlap (overlap_data, error))
+    {
+      join (self, in_flight, NULL);
       return NULL;
+    }
+  if (!join (self, in_flight, error))
+    return NULL;
 
   out[PART_ROWS] = gmlp_grouped_tensor_new_with_device_sizes (self->device,
                                                               gmlp_grouped_tensor_get_dtype (part[PART_ROWS]),
@@ -710,9 +816,9 @@ return_trip (Trip                 *trip,
   /* Received in place where the permuted layout is the packed one. */
   recv = packed_view (step, out);
   if (recv != NULL)
-    return exchange (trip, step, send, recv, TRUE, error) ? g_steal_pointer (&out) : NULL;
+    return exchange (trip, step, send, recv, TRUE, NULL, error) ? g_steal_pointer (&out) : NULL;
   recv = new_buffer (self, step, dtype, step->total_send, step->cols, error);
-  if (recv == NULL || !exchange (trip, step, send, recv, TRUE, error) ||
+  if (recv == NULL || !exchange (trip, step, send, recv, TRUE, NULL, error) ||
       !move (exact ? step->sizes : step->kept, step, -1, recv, buffers, out,
              GMLP_CHUNK_LAYOUT_MEMBERS, exact ? GMLP_MOVE_ROWS_NONE : GMLP_MOVE_ROWS_ZERO_REST,
              NULL, NULL, error))
@@ -756,6 +862,7 @@ exact_counts (Trip                 *trip,
 
   step->send_rows = g_new0 (gint64, w);
   step->recv_rows = g_new0 (gint64, w);
+  step->send_grid = g_new (gint64, (gsize) w * l);
   received = g_new (gint64, (gsize) w * l);
   for (a = 0; a < w; a++)
     for (b = 0; b < l; b++)
@@ -765,6 +872,7 @@ exact_counts (Trip                 *trip,
 
         step->send_rows[a] += out;
         step->recv_rows[a] += in;
+        step->send_grid[a * l + b] = out;
         received[a * l + b] = in;
         step->total_send += out;
         step->total_recv += in;
@@ -772,6 +880,7 @@ exact_counts (Trip                 *trip,
   rows[0] = (gint64) w * l;
   step->recv_counts = gmlp_grouped_tensor_new_from_ints (self->device, GMLP_DTYPE_INT64, rows, 1, 1,
                                                          received, (gsize) w * l, error);
+  step->recv_grid = g_steal_pointer (&received);
   step->expert_rows = step->total_recv;
   return step->recv_counts != NULL;
 }
@@ -820,18 +929,386 @@ graph_safe_counts (GmlpMoEParallelStep  *step,
   return step->recv_counts != NULL;
 }
 
+/* The pipeline of a forward without saved activations
+ * (expert-parallel-chunks): chunk c is the run of local experts [b0, b1),
+ * every rank's rows for them. Chunking by whole experts keeps each
+ * expert's rows in one product (the experts' calls see the chunk's groups,
+ * the rest empty), as large as unchunked and with the same bits, and each
+ * chunk a contiguous span of every peer's block in the trips' buffers, so
+ * that the rows are packed once and sent by spans:
+ *
+ *   pack (one move) -> start every chunk's dispatch (communication stream)
+ *   -> the caller's overlap -> per chunk: wait for its rows, unpack, the
+ *   experts, pack its outputs, start its return -> wait for the returns,
+ *   unpack (one move).
+ *
+ * Exact mode receives each chunk into a buffer of its own (the packed
+ * layout of its rows alone) and sends it back from another; graph-safe
+ * mode's slots sit where they are whatever the counts, so its chunks share
+ * the trips' full slot buffers. The moves of a chunk take the step's
+ * counts with every other chunk's zeroed. */
+
+/* Chunk c of @n_chunks of the @n_local experts. */
+static void
+chunk_experts (guint  n_local,
+               guint  n_chunks,
+               guint  c,
+               guint *b0,
+               guint *b1)
+{
+  *b0 = (guint) ((guint64) c * n_local / n_chunks);
+  *b1 = (guint) ((guint64) (c + 1) * n_local / n_chunks);
+}
+
+/* Exact mode: the rows of chunk [b0, b1) in a W × L grid of counts. */
+static gint64
+chunk_rows (GmlpMoEParallelStep *step,
+            const gint64        *grid,
+            guint                b0,
+            guint                b1)
+{
+  gint64 n = 0;
+  guint b;
+  int a;
+
+  for (a = 0; a < step->world; a++)
+    for (b = b0; b < b1; b++)
+      n += grid[(gsize) a * step->n_local + b];
+  return n;
+}
+
+/* Where chunk [b0, b1) lies in a trip's buffer, peer by peer (a: the
+ * rank the block goes to or comes from), in bytes: graph-safe, the slots
+ * a L + b0 ... a L + b1 - 1; exact, its rows in a buffer packed in (a, b)
+ * order by @grid, all of them (@dense FALSE) or the chunk's alone. */
+static void
+chunk_spans (GmlpMoEParallelStep *step,
+             const gint64        *grid,
+             gboolean             dense,
+             guint                b0,
+             guint                b1,
+             gsize                row_bytes,
+             gsize               *offsets,
+             gsize               *bytes)
+{
+  guint l = step->n_local, b;
+  gint64 at = 0;
+  int a;
+
+  if (step->mode == GMLP_EXPERT_PARALLEL_MODE_GRAPH_SAFE)
+    {
+      gsize stride = gmlp_num_member_stride (step->slot_rows, row_bytes);
+
+      for (a = 0; a < step->world; a++)
+        {
+          offsets[a] = ((gsize) a * l + b0) * stride;
+          bytes[a] = (gsize) (b1 - b0) * stride;
+        }
+      return;
+    }
+  for (a = 0; a < step->world; a++)
+    {
+      gint64 n = 0;
+
+      for (b = 0; b < l; b++)
+        {
+          gboolean in = b >= b0 && b < b1;
+
+          if (b == b0)
+            offsets[a] = (gsize) at * row_bytes;
+          if (in)
+            n += grid[(gsize) a * l + b];
+          if (in || !dense)
+            at += grid[(gsize) a * l + b];
+        }
+      bytes[a] = (gsize) n * row_bytes;
+    }
+}
+
+/* @counts (W × L values on the device) with the chunks (a, b) outside
+ * [b0, b1) zero: what chunk [b0, b1)'s moves take. */
+static GmlpGroupedTensor *
+chunk_counts (GmlpMoELayer         *self,
+              GmlpMoEParallelStep  *step,
+              GmlpGroupedTensor    *counts,
+              guint                 b0,
+              guint                 b1,
+              GError              **error)
+{
+  g_autoptr(GmlpGroupedTensor) masked = NULL;
+  guint l = step->n_local;
+  int a;
+
+  masked = new_counts (self, (gint64) step->world * l, error);
+  if (masked == NULL || !gmlp_grouped_tensor_fill_zero (masked, error))
+    return NULL;
+  for (a = 0; a < step->world; a++)
+    {
+      gsize at = ((gsize) a * l + b0) * sizeof (gint64);
+
+      if (!GMLP_DEVICE_CALL (self->device, copy, (guint8 *) gmlp_grouped_tensor_get_data (masked) + at,
+                             (const guint8 *) gmlp_grouped_tensor_get_data (counts) + at,
+                             (gsize) (b1 - b0) * sizeof (gint64), error))
+        return NULL;
+    }
+  return g_steal_pointer (&masked);
+}
+
+/* What the pipeline's communication stream may still touch, and the events
+ * of its all-to-alls: both outlive the pipeline's work until joined. */
+typedef struct {
+  GPtrArray *keep;
+  GPtrArray *events;
+} InFlight;
+
+/* One chunk's all-to-all, by spans; the event kept. */
+static gboolean
+send_chunk (Trip                 *trip,
+            InFlight             *flight,
+            GmlpGroupedTensor    *send,
+            const gsize          *send_spans,
+            GmlpGroupedTensor    *recv,
+            const gsize          *recv_spans,
+            GError              **error)
+{
+  int w = gmlp_communicator_get_world_size (trip->layer->communicator);
+  GmlpEvent *done = NULL;
+
+  g_ptr_array_add (flight->keep, g_object_ref (send));
+  g_ptr_array_add (flight->keep, g_object_ref (recv));
+  if (!collective (trip, gmlp_communicator_all_to_all_spans_full (trip->layer->communicator,
+                                                                  send, send_spans, send_spans + w,
+                                                                  recv, recv_spans, recv_spans + w,
+                                                                  &done, error)))
+    return FALSE;
+  g_ptr_array_add (flight->events, done);
+  return TRUE;
+}
+
+/* The compute stream waits for event @i and those before it (one stream's
+ * events complete in order). */
+static gboolean
+wait_sent (GmlpMoELayer  *self,
+           InFlight      *flight,
+           guint          i,
+           GError       **error)
+{
+  return gmlp_event_wait_on_device (g_ptr_array_index (flight->events, i), self->device, error);
+}
+
+static GmlpGroupedTensor *
+pipeline (Trip                    *trip,
+          GmlpMoEParallelStep     *step,
+          InFlight                *flight,
+          GmlpGroupedTensor       *permuted,
+          guint                    n_chunks,
+          GmlpGroupedTensor       *dropped,
+          GmlpMoEParallelOverlap   overlap,
+          gpointer                 overlap_data,
+          GError                 **error)
+{
+  GmlpMoELayer *self = trip->layer;
+  gboolean exact = step->mode == GMLP_EXPERT_PARALLEL_MODE_EXACT;
+  GmlpChunkLayout buffers = exact ? GMLP_CHUNK_LAYOUT_PACKED : GMLP_CHUNK_LAYOUT_SLOTS;
+  GmlpDType dtype = gmlp_grouped_tensor_get_dtype (permuted);
+  gboolean fp8 = self->dispatch_quantizer != NULL;
+  int w = step->world;
+  g_autofree gsize *spans = g_new (gsize, 4 * w);
+  g_autofree guint *arrived = g_new (guint, n_chunks);
+  g_autofree GmlpGroupedTensor **recv = g_new0 (GmlpGroupedTensor *, (gsize) n_chunks * N_PARTS);
+  g_autoptr(GmlpGroupedTensor) q = NULL, back_send = NULL, back_recv = NULL, out = NULL;
+  GmlpGroupedTensor *part[N_PARTS] = { permuted, NULL }, *send[N_PARTS] = { NULL, };
+  guint n_parts = 1, i, c, b0, b1;
+  gboolean in_place;
+
+  if (fp8)
+    {
+      q = gmlp_quantizer_quantize_full (self->dispatch_quantizer, permuted, FALSE, error);
+      if (q == NULL)
+        return NULL;
+      part[PART_ROWS] = q;
+      part[PART_SCALES] = gmlp_grouped_tensor_get_scale_inv (q);
+      n_parts = N_PARTS;
+    }
+  for (i = 0; i < n_parts; i++)
+    {
+      send[i] = pack (trip, step, part[i], i == PART_ROWS, dropped, error);
+      if (send[i] == NULL)
+        return NULL;
+      g_ptr_array_add (flight->keep, send[i]);
+    }
+  if (!exact && !exchange_kept (trip, step, error))
+    return NULL;
+
+  /* Every chunk's rows start at once: the communication stream sends them
+   * one after the other while the experts work through the chunks. */
+  for (c = 0; c < n_chunks; c++)
+    {
+      chunk_experts (step->n_local, n_chunks, c, &b0, &b1);
+      for (i = 0; i < n_parts; i++)
+        {
+          gsize row_bytes = (gsize) gmlp_grouped_tensor_get_cols (part[i]) *
+                            gmlp_dtype_get_size (gmlp_grouped_tensor_get_dtype (part[i]));
+          GmlpGroupedTensor **r = &recv[c * N_PARTS + i];
+
+          if (exact || c == 0)
+            {
+              *r = new_buffer (self, step, gmlp_grouped_tensor_get_dtype (part[i]),
+                               exact ? chunk_rows (step, step->recv_grid, b0, b1) : step->total_recv,
+                               gmlp_grouped_tensor_get_cols (part[i]), error);
+              if (*r == NULL)
+                return NULL;
+              g_ptr_array_add (flight->keep, *r);
+            }
+          else
+            *r = recv[i];
+          chunk_spans (step, step->send_grid, FALSE, b0, b1, row_bytes, spans, spans + w);
+          chunk_spans (step, step->recv_grid, TRUE, b0, b1, row_bytes, spans + 2 * w, spans + 3 * w);
+          if (!send_chunk (trip, flight, send[i], spans, *r, spans + 2 * w, error))
+            return NULL;
+        }
+      arrived[c] = flight->events->len - 1;
+    }
+  if (overlap != NULL && !overlap (overlap_data, error))
+    return NULL;
+
+  out = gmlp_grouped_tensor_new_with_device_sizes (self->device, dtype, step->sizes,
+                                                   step->row_capacity, step->cols, error);
+  if (out == NULL)
+    return NULL;
+  back_recv = packed_view (step, out);
+  in_place = back_recv != NULL;
+  if (!in_place)
+    back_recv = new_buffer (self, step, dtype, step->total_send, step->cols, error);
+  if (back_recv == NULL)
+    return NULL;
+  if (!exact)
+    {
+      back_send = new_buffer (self, step, dtype, step->total_recv, step->cols, error);
+      if (back_send == NULL)
+        return NULL;
+    }
+
+  for (c = 0; c < n_chunks; c++)
+    {
+      g_autoptr(GmlpGroupedTensor) counts = NULL, sizes = NULL, expert_in = NULL, expert_out = NULL;
+      g_autoptr(GmlpGroupedTensor) chunk_send = NULL;
+      GmlpGroupedTensor *in[N_PARTS] = { NULL, };
+      gsize row_bytes = (gsize) step->cols * gmlp_dtype_get_size (dtype);
+      gint64 in_rows;
+
+      chunk_experts (step->n_local, n_chunks, c, &b0, &b1);
+      in_rows = exact ? chunk_rows (step, step->recv_grid, b0, b1)
+                      : (gint64) w * (b1 - b0) * step->slot_rows;
+      counts = chunk_counts (self, step, step->recv_counts, b0, b1, error);
+      sizes = new_counts (self, step->n_local, error);
+      if (counts == NULL || sizes == NULL || !wait_sent (self, flight, arrived[c], error))
+        return NULL;
+
+      /* The chunk's rows into its experts' input: its groups, the others
+       * empty. */
+      in[PART_ROWS] = gmlp_grouped_tensor_new_with_device_sizes (self->device,
+                                                                 gmlp_grouped_tensor_get_dtype (part[PART_ROWS]),
+                                                                 sizes, in_rows, step->cols, error);
+      if (in[PART_ROWS] == NULL)
+        return NULL;
+      if (fp8)
+        {
+          in[PART_SCALES] = gmlp_grouped_tensor_new_blocked (in[PART_ROWS],
+                                                             gmlp_grouped_tensor_get_dtype (part[PART_SCALES]),
+                                                             1, gmlp_grouped_tensor_get_cols (part[PART_SCALES]),
+                                                             NULL, error);
+          if (in[PART_SCALES] == NULL)
+            {
+              g_object_unref (in[PART_ROWS]);
+              return NULL;
+            }
+        }
+      for (i = 0; i < n_parts; i++)
+        if (!move (counts, step, -1, recv[c * N_PARTS + i], buffers, in[i],
+                   GMLP_CHUNK_LAYOUT_MEMBERS_BY_B,
+                   i == PART_ROWS ? GMLP_MOVE_ROWS_SET_SIZES : GMLP_MOVE_ROWS_NONE,
+                   NULL, NULL, error))
+          break;
+      if (i == n_parts && fp8)
+        {
+          gmlp_grouped_tensor_set_quantized (in[PART_ROWS],
+                                             gmlp_quantizer_get_recipe (self->dispatch_quantizer),
+                                             gmlp_grouped_tensor_get_quantize_flags (q),
+                                             in[PART_SCALES], NULL, FALSE);
+          expert_in = gmlp_grouped_tensor_dequantize (in[PART_ROWS], dtype, error);
+        }
+      else if (i == n_parts)
+        expert_in = g_object_ref (in[PART_ROWS]);
+      g_clear_object (&in[PART_ROWS]);
+      g_clear_object (&in[PART_SCALES]);
+      if (expert_in == NULL)
+        return NULL;
+
+      expert_out = gmlp_grouped_mlp_forward (self->experts, expert_in, NULL, error);
+      if (expert_out == NULL)
+        return NULL;
+
+      /* Its outputs start back while the next chunk computes. */
+      chunk_send = exact ? new_buffer (self, step, dtype, in_rows, step->cols, error)
+                         : g_object_ref (back_send);
+      if (chunk_send == NULL ||
+          !move (counts, step, -1, expert_out, GMLP_CHUNK_LAYOUT_MEMBERS_BY_B, chunk_send, buffers,
+                 GMLP_MOVE_ROWS_NONE, NULL, NULL, error))
+        return NULL;
+      chunk_spans (step, step->recv_grid, TRUE, b0, b1, row_bytes, spans, spans + w);
+      chunk_spans (step, step->send_grid, FALSE, b0, b1, row_bytes, spans + 2 * w, spans + 3 * w);
+      if (!send_chunk (trip, flight, chunk_send, spans, back_recv, spans + 2 * w, error))
+        return NULL;
+    }
+
+  if (!wait_sent (self, flight, flight->events->len - 1, error))
+    return NULL;
+  if (in_place)
+    return g_steal_pointer (&out);
+  if (!move (exact ? step->sizes : step->kept, step, -1, back_recv, buffers, out,
+             GMLP_CHUNK_LAYOUT_MEMBERS, exact ? GMLP_MOVE_ROWS_NONE : GMLP_MOVE_ROWS_ZERO_REST,
+             NULL, NULL, error))
+    return NULL;
+  return g_steal_pointer (&out);
+}
+
+static GmlpGroupedTensor *
+forward_chunked (Trip                    *trip,
+                 GmlpMoEParallelStep     *step,
+                 GmlpGroupedTensor       *permuted,
+                 guint                    n_chunks,
+                 GmlpGroupedTensor       *dropped,
+                 GmlpMoEParallelOverlap   overlap,
+                 gpointer                 overlap_data,
+                 GError                 **error)
+{
+  g_autoptr(GPtrArray) keep = g_ptr_array_new_with_free_func (g_object_unref);
+  g_autoptr(GPtrArray) events = g_ptr_array_new_with_free_func (g_object_unref);
+  InFlight flight = { keep, events };
+  GmlpGroupedTensor *out;
+
+  out = pipeline (trip, step, &flight, permuted, n_chunks, dropped, overlap, overlap_data, error);
+  /* Whatever happened, nothing is let go with rows in flight. */
+  join (trip->layer, events, NULL);
+  return out;
+}
+
 GmlpGroupedTensor *
 gmlp_moe_parallel_forward (GmlpMoELayer           *self,
                            GmlpRouting            *routing,
                            GmlpGroupedTensor      *permuted,
                            GmlpSavedActivations  **saved,
                            GmlpMoEParallelStep   **step_out,
+                           GmlpMoEParallelOverlap  overlap,
+                           gpointer                overlap_data,
                            GError                **error)
 {
   g_autoptr(GmlpMoEParallelStep) step = g_new0 (GmlpMoEParallelStep, 1);
   g_autoptr(GmlpGroupedTensor) dropped = NULL, expert_in = NULL, expert_out = NULL, out = NULL;
   Trip trip = { self, FALSE, FALSE };
   GmlpGroupedTensor *sizes;
+  guint n_chunks;
 
   step->mode = self->parallel_mode;
   step->world = gmlp_communicator_get_world_size (self->communicator);
@@ -860,15 +1337,27 @@ gmlp_moe_parallel_forward (GmlpMoELayer           *self,
 
   if (step->mode == GMLP_EXPERT_PARALLEL_MODE_EXACT && !exact_counts (&trip, step, error))
     return trip_end (&trip, NULL);
-  expert_in = dispatch (&trip, step, permuted, TRUE, dropped, error);
-  if (expert_in == NULL)
-    return trip_end (&trip, NULL);
-  expert_out = gmlp_grouped_mlp_forward (self->experts, expert_in, saved, error);
-  if (expert_out == NULL)
-    return trip_end (&trip, NULL);
-  out = return_trip (&trip, step, expert_out, error);
-  if (out == NULL)
-    return trip_end (&trip, NULL);
+  /* Without a backward to come the experts may run chunk by chunk (see
+   * the pipeline above); a backward takes one call's saved activations. */
+  n_chunks = saved == NULL ? MIN (self->parallel_chunks, step->n_local) : 1;
+  if (n_chunks > 1)
+    {
+      out = forward_chunked (&trip, step, permuted, n_chunks, dropped, overlap, overlap_data, error);
+      if (out == NULL)
+        return trip_end (&trip, NULL);
+    }
+  else
+    {
+      expert_in = dispatch (&trip, step, permuted, TRUE, dropped, overlap, overlap_data, error);
+      if (expert_in == NULL)
+        return trip_end (&trip, NULL);
+      expert_out = gmlp_grouped_mlp_forward (self->experts, expert_in, saved, error);
+      if (expert_out == NULL)
+        return trip_end (&trip, NULL);
+      out = return_trip (&trip, step, expert_out, error);
+      if (out == NULL)
+        return trip_end (&trip, NULL);
+    }
 
   gmlp_mutex_lock (&self->last_lock);
   g_set_object (&self->last_dropped, dropped);
@@ -883,6 +1372,8 @@ gmlp_moe_parallel_backward (GmlpMoELayer           *self,
                             GmlpSavedActivations   *saved,
                             GmlpMoEParallelStep    *step,
                             GmlpGroupedTensor      *grad_output,
+                            GmlpMoEParallelOverlap  overlap,
+                            gpointer                overlap_data,
                             GError                **error)
 {
   g_autoptr(GmlpGroupedTensor) grad_expert_out = NULL, grad_expert_in = NULL;
@@ -894,7 +1385,7 @@ gmlp_moe_parallel_backward (GmlpMoELayer           *self,
                    "These saved activations are not of an expert-parallel forward");
       return NULL;
     }
-  grad_expert_out = dispatch (&trip, step, grad_output, FALSE, NULL, error);
+  grad_expert_out = dispatch (&trip, step, grad_output, FALSE, NULL, overlap, overlap_data, error);
   if (grad_expert_out == NULL)
     return trip_end (&trip, NULL);
   grad_expert_in = gmlp_grouped_mlp_backward (self->experts, saved, grad_expert_out, error);

@@ -296,6 +296,24 @@ gmlp_moe_layer_get_dispatch_fp8_format (GmlpMoELayer *self)
 }
 
 /**
+ * gmlp_moe_layer_get_expert_parallel_chunks:
+ * @self: a #GmlpMoELayer
+ *
+ * Gets how many chunks of its local experts an expert-parallel forward
+ * without saved activations pipelines.
+ *
+ * Returns: the value of [property@Gmlp.MoELayer:expert-parallel-chunks]
+ *
+ * Since: 0.1
+ */
+guint
+gmlp_moe_layer_get_expert_parallel_chunks (GmlpMoELayer *self)
+{
+  g_return_val_if_fail (GMLP_IS_MOE_LAYER (self), 1);
+  return self->parallel_chunks;
+}
+
+/**
  * gmlp_moe_layer_get_first_local_expert:
  * @self: a #GmlpMoELayer
  *

@@ -948,6 +948,39 @@ check_tokens (GmlpMoELayer       *self,
   return TRUE;
 }
 
+/* The shared expert's forward or backward, which an expert-parallel step
+ * enqueues while its dispatch is in flight (GmlpMoEParallelOverlap): the
+ * same work as after the experts, sooner. */
+typedef struct {
+  GmlpMoELayer          *layer;
+  GmlpGroupedTensor     *input;     /* the tokens, or the output's gradient */
+  GmlpSavedActivations  *saved;     /* the backward's */
+  gboolean               save;      /* the forward keeps its saved activations */
+  GmlpSavedActivations  *saved_out;
+  GmlpGroupedTensor     *out;
+} SharedWork;
+
+static gboolean
+shared_forward (gpointer   data,
+                GError   **error)
+{
+  SharedWork *work = data;
+
+  work->out = gmlp_grouped_mlp_forward (work->layer->shared, work->input,
+                                        work->save ? &work->saved_out : NULL, error);
+  return work->out != NULL;
+}
+
+static gboolean
+shared_backward (gpointer   data,
+                 GError   **error)
+{
+  SharedWork *work = data;
+
+  work->out = gmlp_grouped_mlp_backward (work->layer->shared, work->saved, work->input, error);
+  return work->out != NULL;
+}
+
 /**
  * gmlp_moe_layer_forward:
  * @self: a #GmlpMoELayer
@@ -996,8 +1029,18 @@ gmlp_moe_layer_forward (GmlpMoELayer          *self,
   if (permuted == NULL)
     return NULL;
   if (self->communicator != NULL)
-    expert_out = gmlp_moe_parallel_forward (self, routing, permuted, saved ? &experts_saved : NULL,
-                                            saved ? &step : NULL, error);
+    {
+      SharedWork work = { self, input, NULL, saved != NULL, NULL, NULL };
+
+      expert_out = gmlp_moe_parallel_forward (self, routing, permuted, saved ? &experts_saved : NULL,
+                                              saved ? &step : NULL,
+                                              self->shared != NULL ? shared_forward : NULL, &work,
+                                              error);
+      shared_out = work.out;
+      shared_saved = work.saved_out;
+      if (expert_out == NULL)
+        return NULL;
+    }
   else
     expert_out = gmlp_grouped_mlp_forward (self->experts, permuted, saved ? &experts_saved : NULL,
                                            error);
@@ -1011,8 +1054,9 @@ gmlp_moe_layer_forward (GmlpMoELayer          *self,
     return NULL;
   if (self->shared != NULL)
     {
-      shared_out = gmlp_grouped_mlp_forward (self->shared, input, saved ? &shared_saved : NULL,
-                                             error);
+      if (shared_out == NULL)
+        shared_out = gmlp_grouped_mlp_forward (self->shared, input, saved ? &shared_saved : NULL,
+                                               error);
       if (shared_out == NULL || !gmlp_grouped_tensor_add_scaled (output, 1.0, shared_out, error))
         return NULL;
     }
@@ -1036,6 +1080,32 @@ gmlp_moe_layer_forward (GmlpMoELayer          *self,
   g_set_object (&self->last, routing);
   gmlp_mutex_unlock (&self->last_lock);
   return g_steal_pointer (&output);
+}
+
+/**
+ * gmlp_moe_layer_forward_inference:
+ * @self: a #GmlpMoELayer
+ * @input: the tokens: one group of `tokens × hidden`, of the layer's dtype
+ * @error: return location for a #GError
+ *
+ * [method@Gmlp.MoELayer.forward] with nothing saved for a backward, for
+ * languages whose bindings always ask for an optional out argument
+ * (Python, JavaScript): the same as `forward` with @saved %NULL. The
+ * results are the same as a forward that saves; nothing is kept for a
+ * backward, and an expert-parallel layer pipelines its experts by
+ * [property@Gmlp.MoELayer:expert-parallel-chunks].
+ *
+ * Returns: (transfer full): the output, `tokens × hidden`, or %NULL with an
+ *   error (nothing is written then)
+ *
+ * Since: 0.1
+ */
+GmlpGroupedTensor *
+gmlp_moe_layer_forward_inference (GmlpMoELayer       *self,
+                                  GmlpGroupedTensor  *input,
+                                  GError            **error)
+{
+  return gmlp_moe_layer_forward (self, input, NULL, error);
 }
 
 /* The parts write their weight gradients one after the other (backward:
@@ -1199,10 +1269,17 @@ gmlp_moe_layer_backward (GmlpMoELayer          *self,
   if (grad_expert_out == NULL)
     return NULL;
   if (self->communicator != NULL)
-    grad_permuted = gmlp_moe_parallel_backward (self, experts_saved,
-                                                g_object_get_data (G_OBJECT (experts_saved),
-                                                                   SAVED_PARALLEL),
-                                                grad_expert_out, error);
+    {
+      SharedWork work = { self, grad_output, shared_saved, FALSE, NULL, NULL };
+
+      grad_permuted = gmlp_moe_parallel_backward (self, experts_saved,
+                                                  g_object_get_data (G_OBJECT (experts_saved),
+                                                                     SAVED_PARALLEL),
+                                                  grad_expert_out,
+                                                  shared_saved != NULL ? shared_backward : NULL,
+                                                  &work, error);
+      grad_shared = work.out;
+    }
   else
     grad_permuted = gmlp_grouped_mlp_backward (self->experts, experts_saved, grad_expert_out, error);
   if (grad_permuted == NULL)
@@ -1216,7 +1293,8 @@ gmlp_moe_layer_backward (GmlpMoELayer          *self,
     return NULL;
   if (shared_saved != NULL)
     {
-      grad_shared = gmlp_grouped_mlp_backward (self->shared, shared_saved, grad_output, error);
+      if (grad_shared == NULL)
+        grad_shared = gmlp_grouped_mlp_backward (self->shared, shared_saved, grad_output, error);
       if (grad_shared == NULL ||
           !gmlp_grouped_tensor_add_scaled (grad_input, 1.0, grad_shared, error))
         return NULL;

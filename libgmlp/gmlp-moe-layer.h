@@ -85,6 +85,10 @@ GmlpGroupedTensor *gmlp_moe_layer_forward               (GmlpMoELayer          *
                                                          GmlpSavedActivations **saved,
                                                          GError               **error);
 GMLP_AVAILABLE_IN_0_1
+GmlpGroupedTensor *gmlp_moe_layer_forward_inference     (GmlpMoELayer          *self,
+                                                         GmlpGroupedTensor     *input,
+                                                         GError               **error);
+GMLP_AVAILABLE_IN_0_1
 GmlpGroupedTensor *gmlp_moe_layer_backward              (GmlpMoELayer          *self,
                                                          GmlpSavedActivations  *saved,
                                                          GmlpGroupedTensor     *grad_output,
@@ -131,6 +135,8 @@ GMLP_AVAILABLE_IN_0_1
 GmlpScalingRecipe  gmlp_moe_layer_get_dispatch_fp8_recipe (GmlpMoELayer        *self);
 GMLP_AVAILABLE_IN_0_1
 GmlpFp8Format      gmlp_moe_layer_get_dispatch_fp8_format (GmlpMoELayer        *self);
+GMLP_AVAILABLE_IN_0_1
+guint              gmlp_moe_layer_get_expert_parallel_chunks (GmlpMoELayer     *self);
 GMLP_AVAILABLE_IN_0_1
 guint              gmlp_moe_layer_get_first_local_expert (GmlpMoELayer         *self);
 GMLP_AVAILABLE_IN_0_1

@@ -289,6 +289,7 @@ test_all_gather (void)
 typedef struct {
   GmlpDType  dtype;
   gint64     cols;
+  gboolean   start;     /* all_to_all_start(), the caller waiting */
   gint64     sizes[GMLP_TEST_MAX_WORLD][GMLP_TEST_MAX_WORLD][A2A_K];
   GBytes    *in[GMLP_TEST_MAX_WORLD];
   GBytes    *out[GMLP_TEST_MAX_WORLD];
@@ -316,14 +317,25 @@ all_to_all_rank (GmlpTestGroup    *group,
                                              t->cols, t->in[rank], &error);
   g_assert_no_error (error);
   recv = poisoned_tensor (group->devices[rank], t->dtype, recv_rows, w * A2A_K, t->cols);
-  g_assert_true (gmlp_communicator_all_to_all (comm, send, recv, &error));
+  if (t->start)
+    {
+      g_autoptr(GmlpEvent) done = gmlp_communicator_all_to_all_start (comm, send, recv, &error);
+
+      g_assert_no_error (error);
+      g_assert_nonnull (done);
+      /* The event keeps send while the rows are in flight. */
+      g_clear_object (&send);
+      g_assert_true (gmlp_event_wait_on_device (done, group->devices[rank], &error));
+    }
+  else
+    g_assert_true (gmlp_communicator_all_to_all (comm, send, recv, &error));
   g_assert_no_error (error);
   t->out[rank] = gmlp_grouped_tensor_to_bytes (recv, &error);
   g_assert_no_error (error);
 }
 
 static void
-test_all_to_all (void)
+check_all_to_all (gboolean start)
 {
   static const GmlpDType dtypes[] = { GMLP_DTYPE_FLOAT32, GMLP_DTYPE_BFLOAT16 };
   int world;
@@ -333,7 +345,7 @@ test_all_to_all (void)
     for (d = 0; d < G_N_ELEMENTS (dtypes); d++)
       {
         GmlpTestGroup group;
-        AllToAll t = { .dtype = dtypes[d], .cols = 6 };
+        AllToAll t = { .dtype = dtypes[d], .cols = 6, .start = start };
         gsize row_bytes = t.cols * gmlp_dtype_get_size (t.dtype);
         int p, q, j;
 
@@ -381,6 +393,18 @@ test_all_to_all (void)
       }
 }
 
+static void
+test_all_to_all (void)
+{
+  check_all_to_all (FALSE);
+}
+
+static void
+test_all_to_all_start (void)
+{
+  check_all_to_all (TRUE);
+}
+
 /* All-to-all with row counts on the host: counts[p][q] rows from rank p to
  * rank q, each tensor one group with SLACK rows past the counts, which must
  * stay poisoned in recv. */
@@ -389,6 +413,7 @@ test_all_to_all (void)
 typedef struct {
   GmlpDType  dtype;
   gint64     cols;
+  gboolean   start;     /* all_to_all_rows_start(), the caller waiting */
   gint64     counts[GMLP_TEST_MAX_WORLD][GMLP_TEST_MAX_WORLD];
   GBytes    *in[GMLP_TEST_MAX_WORLD];
   GBytes    *out[GMLP_TEST_MAX_WORLD];
@@ -416,22 +441,34 @@ all_to_all_rows_rank (GmlpTestGroup    *group,
                                              t->cols, t->in[rank], &error);
   g_assert_no_error (error);
   recv = poisoned_tensor (group->devices[rank], t->dtype, &recv_total, 1, t->cols);
-  g_assert_true (gmlp_communicator_all_to_all_rows (comm, send, send_counts, w, recv, recv_counts, w,
-                                                    &error));
+  if (t->start)
+    {
+      g_autoptr(GmlpEvent) done = NULL;
+
+      done = gmlp_communicator_all_to_all_rows_start (comm, send, send_counts, w, recv, recv_counts,
+                                                      w, &error);
+      g_assert_no_error (error);
+      g_assert_nonnull (done);
+      g_clear_object (&send);
+      g_assert_true (gmlp_event_wait_on_device (done, group->devices[rank], &error));
+    }
+  else
+    g_assert_true (gmlp_communicator_all_to_all_rows (comm, send, send_counts, w, recv, recv_counts,
+                                                      w, &error));
   g_assert_no_error (error);
   t->out[rank] = gmlp_grouped_tensor_to_bytes (recv, &error);
   g_assert_no_error (error);
 }
 
 static void
-test_all_to_all_rows (void)
+check_all_to_all_rows (gboolean start)
 {
   int world;
 
   for (world = 1; world <= GMLP_TEST_MAX_WORLD; world++)
     {
       GmlpTestGroup group;
-      AllToAllRows t = { .dtype = GMLP_DTYPE_FLOAT16, .cols = 9 };
+      AllToAllRows t = { .dtype = GMLP_DTYPE_FLOAT16, .cols = 9, .start = start };
       gsize row_bytes = t.cols * gmlp_dtype_get_size (t.dtype);
       int p, q, b;
 
@@ -473,6 +510,19 @@ test_all_to_all_rows (void)
         }
       gmlp_test_group_clear (&group);
     }
+}
+
+static void
+test_all_to_all_rows (void)
+{
+  check_all_to_all_rows (FALSE);
+}
+
+/* The all-to-all whose end the caller waits for: the same rows. */
+static void
+test_all_to_all_rows_start (void)
+{
+  check_all_to_all_rows (TRUE);
 }
 
 /* A group of one rank: every collective is a copy, and the bad input is
@@ -539,6 +589,18 @@ test_bad_input (void)
   g_assert_false (gmlp_communicator_all_to_all (comm, recv, recv, &error));
   g_assert_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT);
   g_clear_error (&error);
+  /* the _start calls refuse alike, with no event */
+  g_assert_null (gmlp_communicator_all_to_all_start (comm, wide, recv, &error));
+  g_assert_error (error, GMLP_ERROR, GMLP_ERROR_SHAPE_MISMATCH);
+  g_clear_error (&error);
+  {
+    gint64 too_many = 9;
+
+    g_assert_null (gmlp_communicator_all_to_all_rows_start (comm, f32, &too_many, 1, recv, &too_many, 1,
+                                                            &error));
+    g_assert_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT);
+    g_clear_error (&error);
+  }
 
   /* all_gather: recv's groups and rows are world × send's */
   {
@@ -1068,6 +1130,8 @@ main (int    argc,
   g_test_add_func ("/Gmlp/Communicator/all-gather", test_all_gather);
   g_test_add_func ("/Gmlp/Communicator/all-to-all", test_all_to_all);
   g_test_add_func ("/Gmlp/Communicator/all-to-all-rows", test_all_to_all_rows);
+  g_test_add_func ("/Gmlp/Communicator/all-to-all/start", test_all_to_all_start);
+  g_test_add_func ("/Gmlp/Communicator/all-to-all-rows/start", test_all_to_all_rows_start);
   g_test_add_func ("/Gmlp/Communicator/wgrad-ready", test_wgrad_ready);
   g_test_add_func ("/Gmlp/Communicator/mismatch", test_mismatch);
   g_test_add_func ("/Gmlp/Communicator/rank-errors", test_rank_errors);

@@ -68,6 +68,7 @@
 #define HIDDEN    64   /* FP32 rows of 256 bytes: the exact mode sends and receives in place; BF16 ones are packed */
 #define FFN       12
 #define TOL       1e-5
+#define DEFAULT_CHUNKS 4   /* expert-parallel-chunks' default */
 
 /* One case: the layer's options, the tokens of each rank. */
 typedef struct {
@@ -93,6 +94,7 @@ typedef struct {
   GmlpFp8Format           dispatch_format;        /* 0: E4M3 */
   gboolean                fp8_exact_tokens;
   gboolean                blind_router;
+  guint                   chunks;                 /* expert-parallel-chunks; 0: the default */
 } Case;
 
 static gint64
@@ -140,6 +142,7 @@ layer_new (const Case        *c,
                          "expert-capacity-factor", comm != NULL ? c->expert_capacity_factor : 0.0,
                          "dispatch-fp8-recipe", comm != NULL ? c->dispatch_fp8 : GMLP_SCALING_RECIPE_NONE,
                          "dispatch-fp8-format", c->dispatch_format,
+                         "expert-parallel-chunks", c->chunks > 0 ? c->chunks : DEFAULT_CHUNKS,
                          "hidden", hidden_of (c),
                          "ffn-hidden", (gint64) FFN,
                          "dtype", c->dtype,
@@ -239,7 +242,7 @@ step (Run          *run,
                                            run->dy[rank], &error);
   g_assert_no_error (error);
   /* A forward without saved activations (inference) first: the same. */
-  y = gmlp_moe_layer_forward (layer, x, NULL, &error);
+  y = gmlp_moe_layer_forward_inference (layer, x, &error);
   g_assert_no_error (error);
   inference = download (y, &n);
   g_clear_object (&y);
@@ -248,7 +251,15 @@ step (Run          *run,
   dx = gmlp_moe_layer_backward (layer, saved, dy, &error);
   g_assert_no_error (error);
   res->y = download (y, &n);
-  g_assert_cmpmem (inference, n * sizeof (double), res->y, n * sizeof (double));
+  /* Pipelined by chunks of experts (expert-parallel-chunks), each expert's
+   * products the same: the same bits on the CPU; a GPU's route may pick
+   * other kernels for the chunks' shapes. */
+  if (gmlp_device_get_kind (device) == GMLP_DEVICE_KIND_CPU)
+    g_assert_cmpmem (inference, n * sizeof (double), res->y, n * sizeof (double));
+  else
+    gmlp_test_assert_close (inference, res->y, n,
+                            run->c->dtype == GMLP_DTYPE_FLOAT32 ? TOL : 2 * gmlp_test_tolerance (run->c->dtype),
+                            "the inference forward");
   res->dx = download (dx, &n);
   aux = gmlp_moe_layer_get_aux_loss (layer);
   res->aux = download (aux, &n);
@@ -669,6 +680,153 @@ static const Case cases[] = {
     .blind_router = TRUE },
 };
 
+/* expert-parallel-chunks: the same layer (seed, tokens) made with 1, 2, 3
+ * and more chunks than it has local experts gives the same bits: the
+ * pipelined inference forward (step() checks it against the forward that
+ * saves), the forward and backward that save, every gradient, the drops. */
+static const guint chunk_counts[] = { 1, 2, 3, 1000 };
+
+typedef struct {
+  Run     run;
+  Result  res[G_N_ELEMENTS (chunk_counts)][GMLP_TEST_MAX_WORLD];
+} ChunkRun;
+
+static void
+chunks_rank (GmlpTestGroup    *group,
+             int               rank,
+             GmlpCommunicator *comm,
+             gpointer          data)
+{
+  ChunkRun *cr = data;
+  guint k;
+
+  for (k = 0; k < G_N_ELEMENTS (chunk_counts); k++)
+    {
+      Case c = *cr->run.c;
+      g_autoptr(GError) error = NULL;
+      g_autoptr(GmlpMoELayer) layer = NULL;
+
+      c.chunks = chunk_counts[k];
+      layer = layer_new (&c, cr->run.n_experts, group->devices[rank], comm, c.capacity_factor, &error);
+      g_assert_no_error (error);
+      g_assert_cmpuint (gmlp_moe_layer_get_expert_parallel_chunks (layer), ==, chunk_counts[k]);
+      g_assert_true (gmlp_moe_layer_init_parameters (layer, cr->run.seed, &error));
+      g_assert_no_error (error);
+      if (c.skewed)
+        skew (layer, cr->run.n_experts);
+      step (&cr->run, rank, group->devices[rank], layer, cr->run.x[rank], &cr->res[k][rank]);
+    }
+}
+
+static void
+assert_same (const double *a,
+             const double *b,
+             gsize         n)
+{
+  if (a == NULL || b == NULL)
+    g_assert_true (a == b);
+  else
+    g_assert_cmpmem (a, n * sizeof (double), b, n * sizeof (double));
+}
+
+static void
+check_chunks (const Case *c,
+              int         world)
+{
+  GmlpTestGroup group;
+  ChunkRun cr = { .run = { .c = c, .n_experts = c->experts_per_rank * world } };
+  gint64 hidden = hidden_of (c);
+  guint k, i;
+  int r;
+
+  if (!gmlp_test_group_init (&group, world, 60000))
+    return;
+  cr.run.seed = g_test_rand_int ();
+  for (r = 0; r < world; r++)
+    {
+      gint64 n = c->tokens[r] > 0 ? c->tokens[r] : c->tokens[r] < 0 ? 0 : 10 + 3 * r;
+
+      cr.run.tokens[r] = c->mode == GMLP_EXPERT_PARALLEL_MODE_GRAPH_SAFE && r > 0 ? cr.run.tokens[0] : n;
+      cr.run.x[r] = gmlp_test_random_bytes (c->dtype, cr.run.tokens[r] * hidden, 1.0, FALSE);
+      cr.run.dy[r] = gmlp_test_random_bytes (c->dtype, cr.run.tokens[r] * hidden, 1.0, FALSE);
+    }
+
+  gmlp_test_group_run (&group, chunks_rank, &cr);
+
+  for (r = 0; r < world; r++)
+    {
+      gsize n = (gsize) cr.run.tokens[r] * hidden;
+      Result *one = &cr.res[0][r];
+
+      for (k = 1; k < G_N_ELEMENTS (chunk_counts); k++)
+        {
+          Result *got = &cr.res[k][r];
+
+          assert_same (got->y, one->y, n);
+          assert_same (got->dx, one->dx, n);
+          assert_same (got->aux, one->aux, 1);
+          assert_same (got->router_grad, one->router_grad, (gsize) cr.run.n_experts * hidden);
+          for (i = 0; i < 4; i++)
+            {
+              g_assert_cmpuint (got->n_grads[i], ==, one->n_grads[i]);
+              assert_same (got->expert_grads[i], one->expert_grads[i], one->n_grads[i]);
+            }
+          for (i = 0; i < 2; i++)
+            {
+              g_assert_cmpuint (got->n_shared[i], ==, one->n_shared[i]);
+              assert_same (got->shared_grads[i], one->shared_grads[i], one->n_shared[i]);
+            }
+          g_assert_cmpint (got->dropped, ==, one->dropped);
+        }
+      if (c->mode == GMLP_EXPERT_PARALLEL_MODE_GRAPH_SAFE && c->expert_capacity_factor > 0 &&
+          c->skewed && world > 1)
+        g_assert_cmpint (one->dropped, >, 0);   /* the case drops, as meant */
+    }
+
+  for (r = 0; r < world; r++)
+    {
+      g_bytes_unref (cr.run.x[r]);
+      g_bytes_unref (cr.run.dy[r]);
+      for (k = 0; k < G_N_ELEMENTS (chunk_counts); k++)
+        result_clear (&cr.res[k][r]);
+    }
+  gmlp_test_group_clear (&group);
+}
+
+static void
+test_chunks (gconstpointer data)
+{
+  const Case *c = data;
+  int world;
+
+  for (world = 1; world <= GMLP_TEST_MAX_WORLD; world++)
+    if (c->top_k <= c->experts_per_rank * world)
+      check_chunks (c, world);
+}
+
+static const Case chunk_cases[] = {
+  { .name = "random", .experts_per_rank = 5, .top_k = 2 },
+  { .name = "random-graph-safe", .experts_per_rank = 5, .top_k = 2,
+    .mode = GMLP_EXPERT_PARALLEL_MODE_GRAPH_SAFE },
+  { .name = "skewed-bf16", .experts_per_rank = 3, .top_k = 2, .skewed = TRUE,
+    .dtype = GMLP_DTYPE_BFLOAT16 },
+  { .name = "empty-experts", .experts_per_rank = 6, .top_k = 1, .tokens = { 3, 1, 2, 2 } },
+  { .name = "empty-experts-graph-safe", .experts_per_rank = 6, .top_k = 1, .tokens = { 3, 3, 3, 3 },
+    .mode = GMLP_EXPERT_PARALLEL_MODE_GRAPH_SAFE, .expert_capacity_factor = 2.0 },
+  { .name = "rank-without-tokens", .experts_per_rank = 4, .top_k = 2, .tokens = { 5, -1, 7, 4 } },
+  { .name = "capacity-drops-padding", .experts_per_rank = 4, .top_k = 2, .skewed = TRUE,
+    .capacity_factor = 0.75, .padding = 2 },
+  { .name = "slot-drops-shared", .experts_per_rank = 3, .top_k = 2, .skewed = TRUE, .shared = 6,
+    .bias = TRUE, .mode = GMLP_EXPERT_PARALLEL_MODE_GRAPH_SAFE, .expert_capacity_factor = 0.5 },
+  { .name = "padding-bf16-graph-safe", .experts_per_rank = 4, .top_k = 3, .padding = 4,
+    .dtype = GMLP_DTYPE_BFLOAT16, .mode = GMLP_EXPERT_PARALLEL_MODE_GRAPH_SAFE },
+  { .name = "fp8-blockwise", .experts_per_rank = 3, .top_k = 2, .hidden = 256,
+    .dispatch_fp8 = GMLP_SCALING_RECIPE_BLOCKWISE },
+  { .name = "fp8-mxfp8-bf16-graph-safe-slot-drops", .experts_per_rank = 3, .top_k = 2,
+    .hidden = 200, .skewed = TRUE, .dtype = GMLP_DTYPE_BFLOAT16, .expert_capacity_factor = 0.5,
+    .mode = GMLP_EXPERT_PARALLEL_MODE_GRAPH_SAFE, .dispatch_fp8 = GMLP_SCALING_RECIPE_MXFP8 },
+};
+
 /* Construction that every rank must refuse alike. */
 typedef enum {
   BAD_DIVIDE,        /* n_experts not a multiple of the world size */
@@ -1037,9 +1195,9 @@ graph_rank (GmlpTestGroup    *group,
   GmlpDevice *device = group->devices[rank];
   g_autoptr(GError) error = NULL;
   g_autoptr(GmlpMoELayer) layer = NULL, eager = NULL;
-  g_autoptr(GmlpGroupedTensor) x = NULL, dy = NULL, y = NULL, dx = NULL;
+  g_autoptr(GmlpGroupedTensor) x = NULL, dy = NULL, y = NULL, dx = NULL, iy = NULL;
   g_autoptr(GmlpSavedActivations) saved = NULL;
-  g_autoptr(GmlpGraph) graph = NULL;
+  g_autoptr(GmlpGraph) graph = NULL, inference = NULL;
   guint replay;
 
   layer = layer_new (run->c, run->n_experts, device, comm, 0.0, &error);
@@ -1064,11 +1222,19 @@ graph_rank (GmlpTestGroup    *group,
   graph = gmlp_device_end_capture (device, &error);
   g_assert_no_error (error);
   g_assert_nonnull (graph);
+  /* A forward without saved activations: the chunks' pipeline, the
+   * communication stream forked and joined inside the capture. */
+  g_assert_true (gmlp_device_begin_capture (device, &error));
+  iy = gmlp_moe_layer_forward (layer, x, NULL, &error);
+  g_assert_no_error (error);
+  inference = gmlp_device_end_capture (device, &error);
+  g_assert_no_error (error);
+  g_assert_nonnull (inference);
 
   for (replay = 0; replay < 3; replay++)
     {
       g_autofree char *what = g_strdup_printf ("rank %d replay %u", rank, replay);
-      g_autoptr(GmlpGroupedTensor) ey = NULL, edx = NULL;
+      g_autoptr(GmlpGroupedTensor) ey = NULL, edx = NULL, eiy = NULL;
       g_autoptr(GmlpSavedActivations) esaved = NULL;
       Result got = { NULL, }, want = { NULL, };
       gsize n, m;
@@ -1087,6 +1253,11 @@ graph_rank (GmlpTestGroup    *group,
       g_assert_no_error (error);
       gmlp_test_assert_same_bytes (y, ey, what);
       gmlp_test_assert_same_bytes (dx, edx, what);
+      g_assert_true (gmlp_graph_replay (inference, &error));
+      g_assert_no_error (error);
+      eiy = gmlp_moe_layer_forward (eager, x, NULL, &error);
+      g_assert_no_error (error);
+      gmlp_test_assert_same_bytes (iy, eiy, what);
       read_layer (layer, &got);
       read_layer (eager, &want);
       for (i = 0; i < 4; i++)
@@ -1108,14 +1279,17 @@ graph_rank (GmlpTestGroup    *group,
 static void
 test_graph_replay (void)
 {
-  /* Plain, and with an FP8 dispatch (its quantize and dequantize in the
-   * graph too). */
+  /* Plain, with an FP8 dispatch (its quantize and dequantize in the graph
+   * too), and with a shared expert and chunks. */
   static const Case graph_cases[] = {
     { .name = "graph", .experts_per_rank = 2, .top_k = 2, .bias = TRUE,
       .mode = GMLP_EXPERT_PARALLEL_MODE_GRAPH_SAFE, .expert_capacity_factor = 1.5 },
     { .name = "graph-fp8", .experts_per_rank = 2, .top_k = 2, .bias = TRUE,
       .mode = GMLP_EXPERT_PARALLEL_MODE_GRAPH_SAFE, .expert_capacity_factor = 1.5,
       .dtype = GMLP_DTYPE_BFLOAT16, .dispatch_fp8 = GMLP_SCALING_RECIPE_BLOCKWISE },
+    /* The shared expert while the dispatch is in flight; three chunks. */
+    { .name = "graph-shared-chunks", .experts_per_rank = 4, .top_k = 2, .shared = 6,
+      .mode = GMLP_EXPERT_PARALLEL_MODE_GRAPH_SAFE, .expert_capacity_factor = 1.5, .chunks = 3 },
   };
   g_autoptr(GmlpDevice) device = gmlp_test_device_or_skip ();
   guint i;
@@ -1157,6 +1331,13 @@ main (int    argc,
       g_autofree char *path = g_strdup_printf ("/Gmlp/MoELayer/expert-parallel/equal/%s", cases[i].name);
 
       g_test_add_data_func (path, &cases[i], test_equal);
+    }
+  for (i = 0; i < G_N_ELEMENTS (chunk_cases); i++)
+    {
+      g_autofree char *path = g_strdup_printf ("/Gmlp/MoELayer/expert-parallel/chunks/%s",
+                                               chunk_cases[i].name);
+
+      g_test_add_data_func (path, &chunk_cases[i], test_chunks);
     }
   g_test_add_func ("/Gmlp/MoELayer/expert-parallel/bad-construction", test_bad_construction);
   g_test_add_func ("/Gmlp/MoELayer/expert-parallel/agree-at-forward", test_agree_at_forward);

@@ -874,8 +874,13 @@ typedef struct {
                                               const GmlpBackendTuning  *tuning);
 
   /* Communicators (gmlp-communicator.c): entries below this line. Every
-   * collective is enqueued on the compute stream of the communicator's
-   * device, in the order of the calls, and every rank must make the same
+   * collective runs on the communicator's own stream (its communication
+   * stream) in the order of the calls, ordered by events: it starts after
+   * the work enqueued on the device's compute stream before the call, and
+   * the compute stream's later work waits for it (the all-to-all may hand
+   * that wait to the caller: its done). A backend that runs collectives on
+   * the calling thread (the CPU) honours the same order by finishing them
+   * before it returns. Every rank must make the same
    * calls in the same order. Byte counts and offsets are the caller's,
    * worked out on the host from the tensors' host sizes. A rank that does
    * not take part within timeout_ms (a rank that errs, leaves or dies), or
@@ -922,7 +927,12 @@ typedef struct {
   /* To every peer p: send_bytes[p] bytes from send + send_offsets[p];
    * from every peer p: recv_bytes[p] bytes into recv + recv_offsets[p]
    * (world_size entries each, host memory). The ranks' counts must pair
-   * up: send_bytes[q] of rank p equals recv_bytes[p] of rank q. */
+   * up: send_bytes[q] of rank p equals recv_bytes[p] of rank q.
+   * done NULL: the compute stream waits for the all-to-all. done given: it
+   * does not; *done is an event that completes with the all-to-all, which
+   * the caller makes the compute stream wait for (event_wait) before it
+   * touches send or recv again, or NULL where the all-to-all has completed
+   * already (a backend of the calling thread). */
   gboolean            (*comm_all_to_all)     (GmlpBackendComm          *comm,
                                               gconstpointer             send,
                                               const gsize              *send_offsets,
@@ -930,6 +940,7 @@ typedef struct {
                                               gpointer                  recv,
                                               const gsize              *recv_offsets,
                                               const gsize              *recv_bytes,
+                                              GmlpBackendEvent        **done,
                                               GError                  **error);
 
   /* move_rows: chunks of rows between layouts (GmlpBackendMoveRows),

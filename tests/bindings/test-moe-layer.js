@@ -102,6 +102,24 @@ check('expert-parallel', () => {
         assert(same(bytes(y), bytes(want)), `mode ${mode}: the one-device output`);
         const dx = layer.backward(saved, y);
         assert(dx.get_total_rows() === T, 'dx');
+        // Three chunks of experts, the forward without saved activations.
+        const chunked = new Gmlp.MoELayer({device: dev, communicator: comm, expert_parallel_mode: mode,
+            hidden: H, ffn_hidden: F, n_experts: E, top_k: K, expert_parallel_chunks: 3});
+        chunked.init(null);
+        chunked.init_parameters(9);
+        assert(chunked.get_expert_parallel_chunks() === 3, 'chunks');
+        const yc = chunked.forward_inference(x);
+        assert(same(bytes(yc), bytes(want)), `mode ${mode}: chunks, the one-device output`);
+    }
+    {
+        // An all-to-all whose end the caller waits for (one rank: a copy).
+        const uid = Gmlp.Communicator.new_unique_id(dev);
+        const comm = Gmlp.Communicator.new(dev, uid, 0, 1);
+        const send = Gmlp.GroupedTensor.new_from_floats(dev, Gmlp.DType.FLOAT32, [3], 2, [1, 2, 3, 4, 5, 6]);
+        const recv = Gmlp.GroupedTensor.new(dev, Gmlp.DType.FLOAT32, [3], 2);
+        const done = comm.all_to_all_rows_start(send, [3], recv, [3]);
+        done.wait_on_device(dev);
+        assert(same(bytes(recv), bytes(send)), 'all_to_all_rows_start');
     }
     const uid = Gmlp.Communicator.new_unique_id(dev);
     const fp8 = new Gmlp.MoELayer({device: dev, communicator: Gmlp.Communicator.new(dev, uid, 0, 1),

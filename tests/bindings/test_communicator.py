@@ -90,6 +90,36 @@ def test_all_gather_and_all_to_all(world):
         assert np.array_equal(recv_rows, want)
 
 
+@pytest.mark.parametrize('world', [2, 3])
+def test_all_to_all_start(world):
+    # The all-to-alls whose end the caller waits for: the device's stream
+    # goes on until it waits on the event, which keeps send alive.
+    cols = 4
+    counts = rng.integers(0, 4, (world, world))
+    rows_in = [rng.standard_normal((int(counts[p].sum()), cols)).astype(np.float32) for p in range(world)]
+
+    def body(comm, r):
+        dev = comm.get_device()
+        recv = poisoned(dev, [int(counts[p][r]) for p in range(world)], cols)
+        done = comm.all_to_all_start(upload(dev, rows_in[r], [int(c) for c in counts[r]]), recv)
+        assert isinstance(done, Gmlp.Event)
+        done.wait_on_device(dev)
+        recv_rows = poisoned(dev, [int(counts[:, r].sum())], cols)
+        done = comm.all_to_all_rows_start(upload(dev, rows_in[r], [int(counts[r].sum())]),
+                                          [int(c) for c in counts[r]], recv_rows,
+                                          [int(counts[p][r]) for p in range(world)])
+        done.wait_on_device(dev)
+        done.synchronize()
+        return download(recv, cols), download(recv_rows, cols)
+
+    results = run_group(world, body)
+    for r, (recv, recv_rows) in enumerate(results):
+        starts = [np.concatenate([[0], np.cumsum(counts[p])]) for p in range(world)]
+        want = np.concatenate([rows_in[p][starts[p][r]:starts[p][r + 1]] for p in range(world)])
+        assert np.array_equal(recv, want)
+        assert np.array_equal(recv_rows, want)
+
+
 def test_bad_input():
     dev = Gmlp.Device.new_from_string('cpu:1')
     comm = Gmlp.Communicator.new(dev, Gmlp.Communicator.new_unique_id(dev), 0, 1)

@@ -137,3 +137,45 @@ def test_ranks_disagree():
     for error in run_group(2, body):
         assert error.matches(Gmlp.error_quark(), Gmlp.Error.SHAPE_MISMATCH)
         assert 'hidden' in error.message
+
+
+@pytest.mark.parametrize('mode', [Gmlp.ExpertParallelMode.EXACT, Gmlp.ExpertParallelMode.GRAPH_SAFE])
+@pytest.mark.parametrize('world', [2, 3])
+def test_chunks(world, mode):
+    # expert-parallel-chunks pipelines a forward without saved activations
+    # by chunks of whole local experts: the same bits as one chunk, for any
+    # count (more than the local experts too); with a shared expert, which
+    # runs while the dispatch is in flight.
+    L, tokens, seed = 4, 12, int(rng.integers(1 << 31))
+    xs = [rng.standard_normal((tokens, H)) for _ in range(world)]
+    dys = [rng.standard_normal((tokens, H)) for _ in range(world)]
+
+    def body(comm, r):
+        dev = comm.get_device()
+        out = []
+        for chunks in (1, 3, 100):
+            layer = Gmlp.MoELayer(device=dev, communicator=comm, expert_parallel_mode=mode, hidden=H,
+                                  ffn_hidden=F, n_experts=L * world, top_k=K,
+                                  shared_expert_ffn_hidden=6, expert_parallel_chunks=chunks)
+            layer.init(None)
+            assert layer.get_expert_parallel_chunks() == chunks
+            layer.init_parameters(seed)
+            inference = download(layer.forward_inference(upload(dev, xs[r])))
+            y, saved = layer.forward(upload(dev, xs[r]))
+            dx = layer.backward(saved, upload(dev, dys[r]))
+            out.append((inference, download(y), download(dx),
+                        download(layer.get_experts().get_fc1().get_wgrad()),
+                        download(layer.get_shared_expert().get_fc2().get_wgrad())))
+        return out
+
+    for runs in run_group(world, body):
+        for run in runs:
+            assert np.array_equal(run[0], runs[0][1])   # pipelined == saved forward
+            for got, want in zip(run, runs[0]):
+                assert np.array_equal(got, want)
+
+
+def test_chunks_default():
+    dev = Gmlp.Device.new_from_string('cpu')
+    layer = Gmlp.MoELayer(device=dev, hidden=H, ffn_hidden=F, n_experts=4, top_k=K)
+    assert layer.props.expert_parallel_chunks == 4 == layer.get_expert_parallel_chunks()

@@ -1112,11 +1112,16 @@ gmlp_cpu_comm_all_to_all (GmlpBackendComm  *comm,
                           gpointer          recv,
                           const gsize      *recv_offsets,
                           const gsize      *recv_bytes,
+                          GmlpBackendEvent **done,
                           GError          **error)
 {
   CpuColl c = { .kind = CPU_COLL_ALL_TO_ALL, .send = send, .recv = recv,
                 .send_offsets = send_offsets, .send_bytes = send_bytes,
                 .recv_offsets = recv_offsets, .recv_bytes = recv_bytes };
 
+  /* Done on return, on the calling thread: nothing for the caller to wait
+   * for. */
+  if (done != NULL)
+    *done = NULL;
   return collective (comm, &c, error);
 }

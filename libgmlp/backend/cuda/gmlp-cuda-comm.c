@@ -8,8 +8,22 @@
  *
  * Communicators are made non-blocking (ncclConfig_t.blocking = 0), so that
  * no NCCL call can hold the host: joining and every enqueue are polled with
- * ncclCommGetAsyncError up to the timeout. The collectives run on the
- * device's compute stream. A watchdog thread per communicator fails the
+ * ncclCommGetAsyncError up to the timeout.
+ *
+ * The collectives run on a stream of the communicator's own (made with it,
+ * at the device's highest priority, so that NCCL's kernels get their SMs
+ * beside long products), ordered against the device's compute stream by two
+ * events re-recorded for every call: fork, recorded on the compute stream
+ * and waited on by the communication stream before a collective (it reads
+ * what the compute stream wrote), and join, recorded on the communication
+ * stream after it and waited on by the compute stream (which reads what it
+ * wrote, and may free or reuse its buffers). An all-to-all may hand the
+ * join to its caller instead, as an event of its own (done): the compute
+ * stream then goes on with other work while the rows are in flight, and
+ * waits for done where it needs them. During a graph capture the fork pulls
+ * the communication stream into the capture and the join brings it back,
+ * so a captured step holds both streams' work with the same edges (every
+ * fork must be joined before the capture ends). A watchdog thread per communicator fails the
  * group where the GPU cannot go on: a collective not complete within the
  * timeout (a peer that never came), or an asynchronous NCCL error (a peer
  * that died). Failing is ncclCommAbort(), which also makes the kernels
@@ -151,6 +165,12 @@ struct _GmlpBackendComm
   GQueue             pending;
   guint64            n_calls;
   ncclResult_t       init_result;       /* what ncclCommInitRankConfig gave */
+
+  /* The communication stream and its fork and join events (without timing,
+   * re-recorded under lock for every collective). */
+  cudaStream_t       stream;
+  cudaEvent_t        fork;
+  cudaEvent_t        join;
 
   int                abort_requested;   /* atomic */
   int                stop;              /* atomic: the watchdog's end */
@@ -298,6 +318,42 @@ gmlp_cuda_comm_unique_id (GmlpBackendDevice  *device,
   return TRUE;
 }
 
+/* The communication stream and its events (the device current). */
+static gboolean
+make_stream (GmlpBackendComm  *comm,
+             GError          **error)
+{
+  int least = 0, greatest = 0;
+  cudaError_t err;
+
+  err = cudaDeviceGetStreamPriorityRange (&least, &greatest);
+  if (err == cudaSuccess)
+    err = cudaStreamCreateWithPriority (&comm->stream, cudaStreamNonBlocking, greatest);
+  if (err != cudaSuccess)
+    return gmlp_cuda_fail (error, "cudaStreamCreateWithPriority", err);
+  err = cudaEventCreateWithFlags (&comm->fork, cudaEventDisableTiming);
+  if (err == cudaSuccess)
+    err = cudaEventCreateWithFlags (&comm->join, cudaEventDisableTiming);
+  if (err != cudaSuccess)
+    return gmlp_cuda_fail (error, "cudaEventCreateWithFlags", err);
+  return TRUE;
+}
+
+/* Safe with work pending: CUDA lets the stream and events go once it has
+ * completed. */
+static void
+free_stream (GmlpBackendComm *comm)
+{
+  if (comm->join != NULL)
+    (void) cudaEventDestroy (comm->join);
+  if (comm->fork != NULL)
+    (void) cudaEventDestroy (comm->fork);
+  if (comm->stream != NULL)
+    (void) cudaStreamDestroy (comm->stream);
+  comm->join = comm->fork = NULL;
+  comm->stream = NULL;
+}
+
 GmlpBackendComm *
 gmlp_cuda_comm_init (GmlpBackendDevice  *device,
                      const guint8       *id,
@@ -330,6 +386,13 @@ gmlp_cuda_comm_init (GmlpBackendDevice  *device,
   comm->timeout_ms = timeout_ms;
   g_mutex_init (&comm->lock);
   g_queue_init (&comm->pending);
+  if (!make_stream (comm, error))
+    {
+      free_stream (comm);
+      g_mutex_clear (&comm->lock);
+      g_free (comm);
+      return NULL;
+    }
 
   memcpy (uid.internal, id, GMLP_BACKEND_COMM_ID_BYTES);
   r = nccl.CommInitRankConfig (&comm->nccl, world_size, uid, rank, &config);
@@ -339,6 +402,7 @@ gmlp_cuda_comm_init (GmlpBackendDevice  *device,
                    "NCCL: ncclCommInitRankConfig failed on rank %d: %s", rank, nccl.GetErrorString (r));
       if (comm->nccl != NULL)
         (void) nccl.CommAbort (comm->nccl);
+      free_stream (comm);
       g_mutex_clear (&comm->lock);
       g_free (comm);
       return NULL;
@@ -407,6 +471,7 @@ gmlp_cuda_comm_free (GmlpBackendComm *comm)
   if (comm->nccl != NULL)
     (void) nccl.CommDestroy (comm->nccl);
   g_queue_clear_full (&comm->pending, (GDestroyNotify) pending_free);
+  free_stream (comm);
   gmlp_mutex_unlock (&comm->lock);
 
   g_free (comm->failure);
@@ -420,6 +485,8 @@ static gboolean
 begin_call (GmlpBackendComm  *comm,
             GError          **error)
 {
+  cudaError_t err;
+
   gmlp_mutex_lock (&comm->lock);
   if (comm->nccl == NULL && comm->failure == NULL)
     comm->failure = g_strdup ("aborted");
@@ -431,19 +498,50 @@ begin_call (GmlpBackendComm  *comm,
       return FALSE;
     }
   comm->n_calls++;
+  /* Fork: the collective starts after the compute stream's work so far. */
+  err = cudaEventRecord (comm->fork, comm->device->stream);
+  if (err == cudaSuccess)
+    err = cudaStreamWaitEvent (comm->stream, comm->fork, 0);
+  if (err != cudaSuccess)
+    {
+      gmlp_cuda_fail (error, "cudaEventRecord/cudaStreamWaitEvent (fork)", err);
+      gmlp_mutex_unlock (&comm->lock);
+      return FALSE;
+    }
   return TRUE;
 }
 
-/* The end of a collective: waits for NCCL to have enqueued it, notes it for
- * the watchdog, drops the lock. */
+/* The end of a collective: waits for NCCL to have enqueued it, joins it
+ * (@done NULL: the compute stream waits for it now; else *@done, an event
+ * on the communication stream, for the caller to wait on), notes it for
+ * the watchdog, drops the lock. A collective that failed is joined too, so
+ * that no capture is left with the communication stream forked. */
 static gboolean
-end_call (GmlpBackendComm  *comm,
-          ncclResult_t      result,
-          const char       *what,
-          GError          **error)
+end_call (GmlpBackendComm    *comm,
+          ncclResult_t        result,
+          const char         *what,
+          GmlpBackendEvent  **done,
+          GError            **error)
 {
   gboolean ok = wait_ready (comm, result, what,
                             g_get_monotonic_time () + (gint64) comm->timeout_ms * 1000, error);
+  cudaError_t err = cudaSuccess;
+
+  if (done != NULL)
+    *done = NULL;
+  if (ok && done != NULL)
+    {
+      *done = gmlp_cuda_event_record_on_stream (comm->device, comm->stream, error);
+      ok = *done != NULL;
+    }
+  if (done == NULL || !ok)
+    {
+      err = cudaEventRecord (comm->join, comm->stream);
+      if (err == cudaSuccess)
+        err = cudaStreamWaitEvent (comm->device->stream, comm->join, 0);
+      if (err != cudaSuccess && ok)
+        ok = gmlp_cuda_fail (error, "cudaEventRecord/cudaStreamWaitEvent (join)", err);
+    }
 
   /* An event recorded during a capture cannot be queried: graphs replay
    * collectives that the watchdog does not see. */
@@ -454,7 +552,7 @@ end_call (GmlpBackendComm  *comm,
       p->enqueued = g_get_monotonic_time ();
       p->call = comm->n_calls;
       if (cudaEventCreateWithFlags (&p->event, cudaEventDisableTiming) == cudaSuccess &&
-          cudaEventRecord (p->event, comm->device->stream) == cudaSuccess)
+          cudaEventRecord (p->event, comm->stream) == cudaSuccess)
         g_queue_push_tail (&comm->pending, p);
       else
         {
@@ -495,8 +593,8 @@ gmlp_cuda_comm_all_reduce (GmlpBackendComm  *comm,
   if (!begin_call (comm, error))
     return FALSE;
   r = nccl.AllReduce (data, data, count, nccl_dtype (dtype), op == GMLP_COMM_AVERAGE ? ncclAvg : ncclSum,
-                      comm->nccl, comm->device->stream);
-  return end_call (comm, r, "ncclAllReduce", error);
+                      comm->nccl, comm->stream);
+  return end_call (comm, r, "ncclAllReduce", NULL, error);
 }
 
 gboolean
@@ -510,8 +608,8 @@ gmlp_cuda_comm_all_gather (GmlpBackendComm  *comm,
 
   if (!begin_call (comm, error))
     return FALSE;
-  r = nccl.AllGather (send, recv, nbytes, ncclUint8, comm->nccl, comm->device->stream);
-  return end_call (comm, r, "ncclAllGather", error);
+  r = nccl.AllGather (send, recv, nbytes, ncclUint8, comm->nccl, comm->stream);
+  return end_call (comm, r, "ncclAllGather", NULL, error);
 }
 
 gboolean
@@ -522,6 +620,7 @@ gmlp_cuda_comm_all_to_all (GmlpBackendComm  *comm,
                            gpointer          recv,
                            const gsize      *recv_offsets,
                            const gsize      *recv_bytes,
+                           GmlpBackendEvent **done,
                            GError          **error)
 {
   ncclResult_t r;
@@ -535,10 +634,10 @@ gmlp_cuda_comm_all_to_all (GmlpBackendComm  *comm,
     {
       if (send_bytes[p] > 0)
         r = nccl.Send ((const guint8 *) send + send_offsets[p], send_bytes[p], ncclUint8, p,
-                       comm->nccl, comm->device->stream);
+                       comm->nccl, comm->stream);
       if (recv_bytes[p] > 0 && (r == ncclSuccess || r == ncclInProgress))
         r = nccl.Recv ((guint8 *) recv + recv_offsets[p], recv_bytes[p], ncclUint8, p,
-                       comm->nccl, comm->device->stream);
+                       comm->nccl, comm->stream);
     }
   {
     ncclResult_t end = nccl.GroupEnd ();
@@ -546,5 +645,5 @@ gmlp_cuda_comm_all_to_all (GmlpBackendComm  *comm,
     if (r == ncclSuccess || r == ncclInProgress)
       r = end;
   }
-  return end_call (comm, r, "ncclSend/ncclRecv", error);
+  return end_call (comm, r, "ncclSend/ncclRecv", done, error);
 }

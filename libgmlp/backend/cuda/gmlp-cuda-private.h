@@ -240,6 +240,7 @@ gboolean          gmlp_cuda_comm_all_to_all (GmlpBackendComm    *comm,
                                              gpointer            recv,
                                              const gsize        *recv_offsets,
                                              const gsize        *recv_bytes,
+                                             GmlpBackendEvent  **done,
                                              GError            **error);
 
 G_END_DECLS
