@@ -41,7 +41,7 @@ run ()
 
 for t in device grouped-tensor grouped-linear offload-context grouped-mlp graph quantizer \
          grouped-linear-fp8 grouped-mlp-fp8 robustness threads routing router moe-layer moe-layer-fp8 \
-         row-chunks communicator moe-expert-parallel; do
+         row-chunks split-parts communicator moe-expert-parallel; do
   run "$t" "$tests/test-$t"
 done
 wait
