@@ -118,6 +118,14 @@ gmlp_linear_split_grad_input (GmlpGroupedLinear  *self,
                    "and device");
       return NULL;
     }
+  /* The weight gradient reads the input after dgrad has written. */
+  if (gmlp_grouped_tensor_overlaps (into, input))
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
+                   "The input gradient cannot go into the input itself: the weight gradient "
+                   "reads it afterwards");
+      return NULL;
+    }
   return g_object_ref (into);
 }
 
