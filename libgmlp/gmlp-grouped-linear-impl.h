@@ -1,6 +1,6 @@
 /* gmlp-grouped-linear-impl.h: what the files of GmlpGroupedLinear share
  *
- * The layer is three files, one job each:
+ * The layer is four files, one job each:
  *
  * - gmlp-grouped-linear.c: the object: type, properties, signal,
  *   construction, parameters, accessors;
@@ -8,7 +8,10 @@
  *   product described as a Product and handed to the backend, and the
  *   weight gradients' outputs;
  * - gmlp-grouped-linear-fp8.c: the quantizers, and which FP8 product,
- *   scales and fall-back each operand takes.
+ *   scales and fall-back each operand takes;
+ * - gmlp-grouped-linear-split.c: an FP32 layer's products of a BF16 input
+ *   (the router's gate), on BF16 tensor cores with the FP32 operands split
+ *   into BF16 parts.
  *
  * No other file includes it: GroupedMLP's view of the layer is
  * gmlp-grouped-linear-private.h.
