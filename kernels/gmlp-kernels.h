@@ -587,6 +587,48 @@ GmlpKernelStatus gmlp_kernel_move_rows        (const GmlpKernelMoveRows     *mov
                                                void                         *workspace,
                                                cudaStream_t                  stream);
 
+/* FP32 values as sums of BF16 parts and back (split.cu): the
+ * split_bfloat16 and sum_parts entries of the backend, whose contracts
+ * (GmlpBackendSplit, GmlpBackendSumParts, libgmlp/backend/gmlp-backend.h)
+ * these fields copy; the parts are gmlp_num_split_bfloat16()'s bits and
+ * the sums are added in the order stated there, so the CPU backend gives
+ * the same bits. One launch each, over 32 × 32 tiles of the matrix: an
+ * output whose row stride is 1 (a transposed one) is written through
+ * shared memory, so that its stores are as coalesced as the loads. */
+#define GMLP_KERNEL_MAX_SPLIT_PARTS 3
+#define GMLP_KERNEL_MAX_SPLIT_OUTPUTS 6
+
+typedef struct {
+  int64_t         rows;
+  int64_t         cols;
+  const float    *src;
+  int64_t         src_stride;
+  uint32_t        n_parts;
+  uint16_t       *dst;
+  int64_t         dst_row_stride;
+  int64_t         dst_col_stride;
+  uint32_t        n_outputs;
+  uint32_t        part[GMLP_KERNEL_MAX_SPLIT_OUTPUTS];
+  int64_t         offset[GMLP_KERNEL_MAX_SPLIT_OUTPUTS];
+} GmlpKernelSplit;
+
+typedef struct {
+  int64_t         rows;
+  int64_t         cols;
+  const float    *src;
+  int64_t         src_stride;
+  uint32_t        n_parts;
+  int64_t         offset[GMLP_KERNEL_MAX_SPLIT_OUTPUTS];
+  float          *dst;
+  int64_t         dst_stride;
+  int             accumulate;
+} GmlpKernelSumParts;
+
+GmlpKernelStatus gmlp_kernel_split_bfloat16   (const GmlpKernelSplit        *split,
+                                               cudaStream_t                  stream);
+GmlpKernelStatus gmlp_kernel_sum_parts        (const GmlpKernelSumParts     *sum,
+                                               cudaStream_t                  stream);
+
 /* FP8 quantization of grouped tensors (quantize.cu). The recipe codes
  * (GMLP_QUANT_*, = GmlpScalingRecipe), flags, block geometry, state layout
  * and all the arithmetic are those of gmlp-quantize-numeric.h, which the CPU

@@ -82,6 +82,45 @@ gmlp_num_bfloat16_to_float (uint16_t h)
   return gmlp_num_bits_float ((uint32_t) h << 16);
 }
 
+/* The BF16 parts of an FP32 value v, so that v = part_0 + part_1 + ...
+ * as nearly as n parts can hold it: part_0 is v rounded to BF16 (nearest,
+ * ties to even), and each next part the rounding of what the parts before
+ * it leave, r − part, which FP32 holds exactly. Each part takes 8 bits or
+ * more of the 24, so three hold every finite v exactly whose last bit is
+ * not below BF16's smallest subnormal (|v| ≥ 2^-110), and two within
+ * 2^-16 relative. Two exceptions: a finite remainder that would round to ±Inf
+ * gives ±the largest finite BF16 instead (so near FLT_MAX the parts stay
+ * finite and still add up), and once a part is not finite (v is ±Inf or
+ * NaN: part_0 is that value, a NaN quieted) the parts after it are +0, so
+ * that a product of the parts gives what the FP32 product would. Bits
+ * below BF16's smallest subnormal (2^-133) are lost. The splitting entry
+ * of every backend (split_bfloat16) writes these bits. */
+GMLP_HD void
+gmlp_num_split_bfloat16 (float v, int n_parts, uint16_t *parts)
+{
+  float rest = v;
+  int finite = 1;
+
+  for (int p = 0; p < n_parts; p++)
+    {
+      uint16_t h;
+
+      if (!finite)
+        {
+          parts[p] = 0;
+          continue;
+        }
+      h = gmlp_num_float_to_bfloat16 (rest);
+      if ((h & 0x7fffu) == 0x7f80u && (gmlp_num_float_bits (rest) & 0x7fffffffu) < 0x7f800000u)
+        h = (uint16_t) ((h & 0x8000u) | 0x7f7fu);   /* a finite remainder stays finite */
+      parts[p] = h;
+      if ((h & 0x7f80u) == 0x7f80u)
+        finite = 0;
+      else
+        rest = rest - gmlp_num_bfloat16_to_float (h);
+    }
+}
+
 GMLP_HD uint16_t
 gmlp_num_float_to_half (float f)
 {

@@ -1,6 +1,6 @@
 /* gmlp-grouped-linear-impl.h: what the files of GmlpGroupedLinear share
  *
- * The layer is three files, one job each:
+ * The layer is four files, one job each:
  *
  * - gmlp-grouped-linear.c: the object: type, properties, signal,
  *   construction, parameters, accessors;
@@ -8,7 +8,10 @@
  *   product described as a Product and handed to the backend, and the
  *   weight gradients' outputs;
  * - gmlp-grouped-linear-fp8.c: the quantizers, and which FP8 product,
- *   scales and fall-back each operand takes.
+ *   scales and fall-back each operand takes;
+ * - gmlp-grouped-linear-split.c: an FP32 layer's products of a BF16 input
+ *   (the router's gate), on BF16 tensor cores with the FP32 operands split
+ *   into BF16 parts.
  *
  * No other file includes it: GroupedMLP's view of the layer is
  * gmlp-grouped-linear-private.h.
@@ -72,6 +75,10 @@ struct _GmlpGroupedLinear
   /* Why constructed() failed; every method reports it. */
   GError             *construct_error;
   GMutex              fp8_lock;    /* guards the two above */
+
+  /* gmlp_grouped_linear_take_bf16_input(): a BF16 input's products run
+   * on BF16 tensor cores (gmlp-grouped-linear-split.c). */
+  gboolean            bf16_input;
 };
 
 /* What an FP8 weight-gradient computation would otherwise allocate while it
@@ -192,7 +199,8 @@ typedef struct {
   Param              *fixed;       /* FPROP, DGRAD: the weights; WGRAD: wgrad or main_grad */
   GmlpDType           c_dtype;
   gboolean            bias;        /* FPROP: add the layer's bias */
-  const guint8       *accumulate;  /* WGRAD: per group, add into main_grad */
+  const guint8       *accumulate;  /* WGRAD: per group, add into main_grad;
+                                    * a split DGRAD: add into c_rows */
   /* FP8: a, b_rows and fixed (but for WGRAD) hold dequantized values in
    * gmlp_linear_fp8_fallback_dtype() rather than the layer's dtype. */
   gboolean            dequantized;
@@ -234,7 +242,32 @@ struct _GmlpLinearBackward
   GmlpGroupedTensor    *grad_output_fp8;   /* FP8: dy quantized (dgrad) */
   Fp8WgradOperands      fp8_operands;      /* FP8: made by dgrad */
   GmlpGroupedTensor    *grad_input;        /* dx: made by begin, written by dgrad */
+  gboolean              add_into;          /* grad_input is the caller's: dgrad adds */
 };
+
+/* gmlp-grouped-linear-split.c */
+
+/* Whether @input (a forward's input, as saved) is a BF16 input that this
+ * layer multiplies through split products. */
+gboolean           gmlp_linear_splits                   (GmlpGroupedLinear     *self,
+                                                         GmlpGroupedTensor     *input);
+/* Whether @product is one of those products (its BF16 operand: FPROP's
+ * a, DGRAD's c_rows, WGRAD's b_rows). */
+gboolean           gmlp_linear_product_splits           (GmlpGroupedLinear     *self,
+                                                         const Product         *product);
+/* The checks of such an input beyond its dtype: host sizes. */
+gboolean           gmlp_linear_check_split_input        (GmlpGroupedLinear     *self,
+                                                         GmlpGroupedTensor     *input,
+                                                         GError               **error);
+gboolean           gmlp_linear_run_split_product        (GmlpGroupedLinear     *self,
+                                                         const Product         *product,
+                                                         GError               **error);
+/* The input gradient of a split backward: @into (checked against @input:
+ * its dtype, device and sizes), or a new BF16 tensor. */
+GmlpGroupedTensor *gmlp_linear_split_grad_input         (GmlpGroupedLinear     *self,
+                                                         GmlpGroupedTensor     *input,
+                                                         GmlpGroupedTensor     *into,
+                                                         GError               **error);
 
 /* gmlp-grouped-linear-fp8.c */
 

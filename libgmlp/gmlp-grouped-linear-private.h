@@ -49,6 +49,22 @@ gboolean            gmlp_grouped_linear_backward_dgrad  (GmlpGroupedLinear     *
 GmlpGroupedTensor  *gmlp_grouped_linear_backward_finish (GmlpGroupedLinear     *self,
                                                          GmlpLinearBackward    *step,
                                                          GError               **error);
+/* For GmlpRouter's gate: makes an FP32 layer of one group and no bias or
+ * FP8 take a BF16 input too (host sizes), multiplying it on BF16 tensor
+ * cores at FP32 accuracy: the FP32 operands split into BF16 parts
+ * (gmlp-grouped-linear-split.c says which products). The input gradient
+ * of such a forward is BF16. Call it once, before the first forward. */
+void                gmlp_grouped_linear_take_bf16_input (GmlpGroupedLinear     *self);
+/* backward_begin whose input gradient is added into @into, a tensor of
+ * the input's shape, dtype and device, rather than made: only for a BF16
+ * input of such a layer (INVALID_ARGUMENT otherwise, or for another
+ * @into); NULL is backward_begin. */
+GmlpLinearBackward *gmlp_grouped_linear_backward_begin_into (GmlpGroupedLinear     *self,
+                                                             GmlpSavedActivations  *saved,
+                                                             GmlpGroupedTensor     *grad_output,
+                                                             GmlpGroupedTensor     *into,
+                                                             const char            *label,
+                                                             GError               **error);
 /* What begin checks, and only that: writes and allocates nothing (an
  * offloaded input is reloaded, as begin would). @grad_output may be a
  * tensor of the output gradient's shape, dtype, device and sizes, for a

@@ -430,6 +430,8 @@ gmlp_linear_run_product (GmlpGroupedLinear  *self,
   int ab_dtype = (int) (product->dequantized ? gmlp_linear_fp8_fallback_dtype (self) : self->dtype);
   GmlpBackendShape shape;
 
+  if (gmlp_linear_product_splits (self, product))
+    return gmlp_linear_run_split_product (self, product, error);
   if (rows != NULL)
     {
       g_autofree gpointer *pa = member_pointers (product->a, NULL, self->n_groups);
@@ -575,8 +577,18 @@ gmlp_grouped_linear_forward_full (GmlpGroupedLinear     *self,
   /* FP8: with quantizers, or for an input that is quantized already. */
   if (self->input_quantizer != NULL || gmlp_dtype_is_fp8 (gmlp_grouped_tensor_get_dtype (input)))
     return gmlp_linear_fp8_forward (self, input, save_input, saved, error);
-  if (!check_activation (self, input, self->in_features, "The input", error) ||
-      !gmlp_linear_check_offload_context (self, error))
+  if (gmlp_linear_splits (self, input))
+    {
+      if (!gmlp_linear_check_activation_device (self, input, "The input", error) ||
+          !gmlp_linear_check_activation_shape (self, input, self->in_features, "The input", error) ||
+          !gmlp_linear_check_split_input (self, input, error))
+        return NULL;
+    }
+  else if (!check_activation (self, input, self->in_features, "The input", error))
+    {
+      return NULL;
+    }
+  if (!gmlp_linear_check_offload_context (self, error))
     return NULL;
 
   output = gmlp_linear_new_activation_like (self, input, self->out_features, error);
@@ -975,6 +987,17 @@ gmlp_grouped_linear_backward_begin (GmlpGroupedLinear     *self,
                                     const char            *label,
                                     GError               **error)
 {
+  return gmlp_grouped_linear_backward_begin_into (self, saved, grad_output, NULL, label, error);
+}
+
+GmlpLinearBackward *
+gmlp_grouped_linear_backward_begin_into (GmlpGroupedLinear     *self,
+                                         GmlpSavedActivations  *saved,
+                                         GmlpGroupedTensor     *grad_output,
+                                         GmlpGroupedTensor     *into,
+                                         const char            *label,
+                                         GError               **error)
+{
   g_autoptr(GmlpLinearBackward) step = NULL;
   g_autoptr(GmlpGroupedTensor) grad_input = NULL;
   GmlpGroupedTensor *input, *w8;
@@ -984,7 +1007,14 @@ gmlp_grouped_linear_backward_begin (GmlpGroupedLinear     *self,
   if (gmlp_saved_activations_get_context (saved) != NULL)
     gmlp_offload_context_backward_started (gmlp_saved_activations_get_context (saved), saved);
 
-  grad_input = gmlp_linear_new_activation_like (self, input, self->in_features, error);
+  /* A split input's gradient is BF16 (or added into the caller's). */
+  if (gmlp_linear_splits (self, input))
+    grad_input = gmlp_linear_split_grad_input (self, input, into, error);
+  else if (into != NULL)
+    g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
+                 "%s: only a BF16 input's gradient is added into a given tensor", label);
+  else
+    grad_input = gmlp_linear_new_activation_like (self, input, self->in_features, error);
   if (grad_input == NULL || !ensure_wgrad_storage (self, error))
     return NULL;
 
@@ -994,6 +1024,7 @@ gmlp_grouped_linear_backward_begin (GmlpGroupedLinear     *self,
   step->w8 = w8 != NULL ? g_object_ref (w8) : NULL;
   step->grad_output = g_object_ref (grad_output);
   step->grad_input = g_steal_pointer (&grad_input);
+  step->add_into = into != NULL;
   return g_steal_pointer (&step);
 }
 
@@ -1002,13 +1033,15 @@ gmlp_grouped_linear_backward_dgrad (GmlpGroupedLinear   *self,
                                     GmlpLinearBackward  *step,
                                     GError             **error)
 {
+  static const guint8 add = 1;
   Product dgrad = {
     .kind = GMLP_GEMM_DGRAD,
     .sized_by = step->input,
     .a = step->grad_output,
     .c_rows = step->grad_input,
     .fixed = &self->weight,
-    .c_dtype = self->dtype,
+    .c_dtype = gmlp_grouped_tensor_get_dtype (step->grad_input),
+    .accumulate = step->add_into ? &add : NULL,
   };
 
   if (step->w8 != NULL)

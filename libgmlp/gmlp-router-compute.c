@@ -120,7 +120,7 @@ gmlp_router_forward (GmlpRouter            *self,
   g_autoptr(GmlpSavedActivations) gate_saved = NULL;
   g_autoptr(GmlpRouting) routing = NULL;
   GmlpBackendRouter options;
-  gboolean fp32;
+  gboolean as_is;
   gint64 n_tokens;
 
   g_return_val_if_fail (GMLP_IS_ROUTER (self), NULL);
@@ -135,15 +135,18 @@ gmlp_router_forward (GmlpRouter            *self,
     return NULL;
 
   n_tokens = gmlp_grouped_tensor_get_total_rows (input);
-  fp32 = gmlp_grouped_tensor_get_dtype (input) == GMLP_DTYPE_FLOAT32;
 
-  /* The gate multiplies in FP32. A converted input is not kept: backward
-   * converts it again from the input, which is saved as it came (half the
-   * memory, and what an offload moves). */
-  x32 = fp32 ? g_object_ref (input) : gmlp_grouped_tensor_convert (input, GMLP_DTYPE_FLOAT32, error);
+  /* The gate multiplies in FP32: an FP32 input as it is, a BF16 one too,
+   * on BF16 tensor cores with the weight split into BF16 parts
+   * (gmlp-grouped-linear-split.c); the gate saves either. An FP16 input
+   * is converted, and the copy not kept: backward converts it again from
+   * the input, which is saved as it came (half the memory, and what an
+   * offload moves). */
+  as_is = gmlp_grouped_tensor_get_dtype (input) != GMLP_DTYPE_FLOAT16;
+  x32 = as_is ? g_object_ref (input) : gmlp_grouped_tensor_convert (input, GMLP_DTYPE_FLOAT32, error);
   if (x32 == NULL)
     return NULL;
-  logits = gmlp_grouped_linear_forward_full (self->gate, x32, fp32, saved != NULL ? &gate_saved : NULL,
+  logits = gmlp_grouped_linear_forward_full (self->gate, x32, as_is, saved != NULL ? &gate_saved : NULL,
                                              error);
   if (logits == NULL)
     return NULL;
@@ -176,7 +179,7 @@ gmlp_router_forward (GmlpRouter            *self,
       gmlp_saved_activations_add (own, "index tensor", indices);
       if (self->options.aux_loss_coeff != 0.0f)
         gmlp_saved_activations_add (own, "count tensor", counts);
-      if (!fp32)
+      if (!as_is)
         gmlp_saved_activations_add (own, "input", input);
       if (!gmlp_saved_activations_apply_offload (own, error))
         return NULL;
@@ -215,7 +218,8 @@ check_grad_probs (GmlpRouter         *self,
 
 /* gmlp_router_backward(), or with @into, the input gradient added into
  * @into (T × hidden, the input's dtype) rather than made anew: one pass
- * instead of a conversion and an addition. */
+ * instead of a conversion and an addition (for a BF16 input none: the
+ * gate's product adds into it). */
 static GmlpGroupedTensor *
 router_backward (GmlpRouter            *self,
                  GmlpSavedActivations  *saved,
@@ -225,11 +229,13 @@ router_backward (GmlpRouter            *self,
 {
   g_autoptr(GmlpRecMutexLocker) locker = NULL;
   g_autoptr(GmlpLinearBackward) step = NULL;
-  g_autoptr(GmlpGroupedTensor) grad_logits = NULL, dx = NULL, dx32 = NULL;
-  GmlpGroupedTensor *logits, *indices, *counts = NULL, *input = NULL;
+  g_autoptr(GmlpGroupedTensor) grad_logits = NULL, dx = NULL, gate_dx = NULL;
+  GmlpGroupedTensor *logits, *indices, *counts = NULL, *input = NULL, *gate_input;
   GmlpSavedActivations *gate_saved;
   GmlpBackendShape dx32_shape;
   GmlpBackendRouter options;
+  GmlpDType x_dtype;
+  gboolean split;
   gint64 n_tokens;
 
   if (!gmlp_check_constructed (self, self->construct_error, error) ||
@@ -259,7 +265,7 @@ router_backward (GmlpRouter            *self,
   if (!check_grad_probs (self, grad_probs, n_tokens, error))
     return NULL;
 
-  /* A 16-bit input: the gate's FP32 copy, made again (kept with the gate's
+  /* An FP16 input: the gate's FP32 copy, made again (kept with the gate's
    * activations, where a retry finds it). */
   if (input != NULL && !gmlp_saved_activations_contains (gate_saved, "input"))
     {
@@ -269,22 +275,19 @@ router_backward (GmlpRouter            *self,
         return NULL;
       gmlp_saved_activations_add (gate_saved, "input", x32);
     }
+  /* Otherwise the gate saved the input as it came, FP32 or BF16. */
+  gate_input = gmlp_saved_activations_get (gate_saved, "input", error);
+  if (gate_input == NULL)
+    return NULL;
+  x_dtype = gmlp_grouped_tensor_get_dtype (input != NULL ? input : gate_input);
+  split = x_dtype == GMLP_DTYPE_BFLOAT16;
 
-  /* The gate's checks and allocations, and ours, before any write. */
-  grad_logits = new_tensor (self, GMLP_DTYPE_FLOAT32, n_tokens, self->n_experts, error);
-  if (grad_logits == NULL)
-    return NULL;
-  step = gmlp_grouped_linear_backward_begin (self->gate, gate_saved, grad_logits, "Router's gate", error);
-  if (step == NULL)
-    return NULL;
-  /* An FP32 input is the gate's own: no copy was saved. */
   if (into != NULL &&
       (gmlp_grouped_tensor_get_device (into) != self->device ||
        gmlp_grouped_tensor_get_n_groups (into) != 1 || !gmlp_grouped_tensor_has_host_sizes (into) ||
        gmlp_grouped_tensor_get_total_rows (into) != n_tokens ||
        gmlp_grouped_tensor_get_cols (into) != self->hidden ||
-       gmlp_grouped_tensor_get_dtype (into) != (input != NULL ? gmlp_grouped_tensor_get_dtype (input)
-                                                               : GMLP_DTYPE_FLOAT32)))
+       gmlp_grouped_tensor_get_dtype (into) != x_dtype))
     {
       g_set_error (error, GMLP_ERROR, GMLP_ERROR_SHAPE_MISMATCH,
                    "The router's input gradient goes into a %" G_GINT64_FORMAT " × %" G_GINT64_FORMAT
@@ -293,14 +296,25 @@ router_backward (GmlpRouter            *self,
                    gmlp_dtype_get_name (gmlp_grouped_tensor_get_dtype (into)), n_tokens, self->hidden);
       return NULL;
     }
-  if (into != NULL)
+
+  /* The gate's checks and allocations, and ours, before any write. A BF16
+   * input's gradient is the gate's own (BF16), or added into @into by the
+   * gate's product. */
+  grad_logits = new_tensor (self, GMLP_DTYPE_FLOAT32, n_tokens, self->n_experts, error);
+  if (grad_logits == NULL)
+    return NULL;
+  step = gmlp_grouped_linear_backward_begin_into (self->gate, gate_saved, grad_logits,
+                                                  split ? into : NULL, "Router's gate", error);
+  if (step == NULL)
+    return NULL;
+  if (into != NULL && !split)
     {
       if (!gmlp_grouped_tensor_get_backend_shape (into, &dx32_shape, error))
         return NULL;
     }
   else if (input != NULL)
     {
-      dx = new_tensor (self, gmlp_grouped_tensor_get_dtype (input), n_tokens, self->hidden, error);
+      dx = new_tensor (self, x_dtype, n_tokens, self->hidden, error);
       if (dx == NULL ||
           !gmlp_grouped_tensor_get_backend_shape (gmlp_linear_backward_get_grad_input (step),
                                                   &dx32_shape, error))
@@ -309,6 +323,8 @@ router_backward (GmlpRouter            *self,
 
   options = self->options;
   options.n_tokens = n_tokens;
+  if (into != NULL)
+    gmlp_grouped_tensor_bump_version (into);
   if (!GMLP_DEVICE_CALL (self->device, router_backward, &options, gmlp_grouped_tensor_get_data (logits),
                          gmlp_grouped_tensor_get_data (indices),
                          counts != NULL ? gmlp_grouped_tensor_get_data (counts) : NULL,
@@ -316,15 +332,12 @@ router_backward (GmlpRouter            *self,
                          gmlp_grouped_tensor_get_data (grad_logits), error) ||
       !gmlp_grouped_linear_backward_dgrad (self->gate, step, error))
     return NULL;
-  if (into != NULL)
-    {
-      gmlp_grouped_tensor_bump_version (into);
-      if (!GMLP_DEVICE_CALL (self->device, axpby, &dx32_shape,
-                             gmlp_grouped_tensor_get_data (gmlp_linear_backward_get_grad_input (step)),
-                             GMLP_DTYPE_FLOAT32, gmlp_grouped_tensor_get_data (into),
-                             (int) gmlp_grouped_tensor_get_dtype (into), 1.0f, 1.0f, error))
-        return NULL;
-    }
+  if (into != NULL && !split &&
+      !GMLP_DEVICE_CALL (self->device, axpby, &dx32_shape,
+                         gmlp_grouped_tensor_get_data (gmlp_linear_backward_get_grad_input (step)),
+                         GMLP_DTYPE_FLOAT32, gmlp_grouped_tensor_get_data (into),
+                         (int) gmlp_grouped_tensor_get_dtype (into), 1.0f, 1.0f, error))
+    return NULL;
   if (dx != NULL &&
       !GMLP_DEVICE_CALL (self->device, convert, &dx32_shape,
                          gmlp_grouped_tensor_get_data (gmlp_linear_backward_get_grad_input (step)),
@@ -332,15 +345,15 @@ router_backward (GmlpRouter            *self,
                          (int) gmlp_grouped_tensor_get_dtype (dx), error))
     return NULL;
 
-  dx32 = gmlp_grouped_linear_backward_finish (self->gate, step, error);
-  if (dx32 == NULL)
+  gate_dx = gmlp_grouped_linear_backward_finish (self->gate, step, error);
+  if (gate_dx == NULL)
     return NULL;
   gmlp_saved_activations_consume (saved);
   if (!(self->flags & GMLP_LINEAR_DELAY_WGRAD_COMPUTE) && !gmlp_router_emit_wgrad_ready (self, error))
     return NULL;
   if (into != NULL)
     return g_object_ref (into);
-  return dx != NULL ? g_steal_pointer (&dx) : g_steal_pointer (&dx32);
+  return dx != NULL ? g_steal_pointer (&dx) : g_steal_pointer (&gate_dx);
 }
 
 /**

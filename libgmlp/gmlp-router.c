@@ -32,7 +32,12 @@
  * The gate weight `W` is a one-group FP32 tensor of `n_experts × hidden`
  * ([method@Gmlp.Router.get_weight], laid out as a linear layer's weight,
  * out × in), and the logits are `x Wᵀ`, computed in FP32 whatever the
- * input's dtype (FP32, FP16 or BF16). From the logits of a token, in FP32:
+ * input's dtype (FP32, FP16 or BF16). A BF16 input is multiplied as it is,
+ * on BF16 tensor cores: every FP32 operand of the gate's products (`W`,
+ * the logits' gradient) is split into three BF16 parts that hold it to its
+ * last bit, so that the products are as accurate as FP32 ones, with no
+ * FP32 copy of the input; an FP16 input is converted to FP32. From the
+ * logits of a token, in FP32:
  *
  * - scores ([property@Gmlp.Router:score-function]): the softmax of all its
  *   logits, or the sigmoid of each;
@@ -88,7 +93,9 @@
  * [signal@Gmlp.Router::wgrad-ready] is emitted once per weight-gradient
  * computation. The gate product is a one-group FP32
  * [class@Gmlp.GroupedLinear] inside the router, which gives it exactly that
- * contract.
+ * contract. The input gradient of a BF16 input is one rounding of an
+ * FP32-accurate sum (in the MoE layer, of that sum and the gradient it is
+ * added to).
  *
  * Saved activations offload under an enabled [class@Gmlp.OffloadContext]
  * as a layer's do, and a backward refuses to run when what its forward read
@@ -111,7 +118,10 @@
  * range whatever its logits, and the counts stay exact. With the softmax, a
  * token with a NaN logit, a +∞ logit or only −∞ logits has NaN scores, hence
  * NaN probabilities; the sigmoid of ±∞ is 1 or 0. The losses are then NaN
- * too (they are 0, exactly, when their coefficient is 0).
+ * too (they are 0, exactly, when their coefficient is 0). A BF16 input
+ * that holds ±∞ may give its token NaN logits where an FP32 input would
+ * give ±∞: the gate multiplies it by each BF16 part of `W`, whose signs
+ * may differ, and ∞ × 0 is NaN.
  *
  * On CUDA the router follows the same rules, in FP32 per token, but adds a
  * token's terms over its experts in another order and with CUDA's expf():
@@ -725,6 +735,8 @@ construct_router (GmlpRouter  *self,
                                              GMLP_DTYPE_FLOAT32, gate_flags, error);
   if (self->gate == NULL)
     return FALSE;
+  /* BF16 tokens multiply on BF16 tensor cores, at FP32 accuracy. */
+  gmlp_grouped_linear_take_bf16_input (self->gate);
   g_signal_connect_object (self->gate, "notify::pending-wgrads", G_CALLBACK (relay_notify), self,
                            G_CONNECT_SWAPPED);
   g_signal_connect_object (self->gate, "notify::grad-added-to-main-grad", G_CALLBACK (relay_notify),

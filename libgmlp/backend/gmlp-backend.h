@@ -20,7 +20,7 @@ G_BEGIN_DECLS
 
 /* Bumped whenever the table changes; a module built for another version is
  * refused. */
-#define GMLP_BACKEND_ABI_VERSION 13
+#define GMLP_BACKEND_ABI_VERSION 14
 
 typedef struct _GmlpBackendDevice GmlpBackendDevice;
 typedef struct _GmlpBackendEvent GmlpBackendEvent;
@@ -408,6 +408,94 @@ typedef struct {
   float    aux_loss_coeff;       /* 0: the aux loss is 0 and has no gradient */
   float    z_loss_coeff;         /* 0: the same for the z-loss */
 } GmlpBackendRouter;
+
+/* FP32 values as sums of BF16 parts (split_bfloat16, sum_parts), so that
+ * FP32 products run on BF16 tensor cores: a BF16 × BF16 product is exact
+ * in FP32, and the tensor cores sum in FP32 (the router's gate). Each
+ * describes an FP32 matrix of rows × cols, dense but for its stride. */
+#define GMLP_BACKEND_MAX_SPLIT_PARTS 3
+#define GMLP_BACKEND_MAX_SPLIT_OUTPUTS 6
+
+/* split_bfloat16: the parts of each value v = src[r × src_stride + c]
+ * (gmlp_num_split_bfloat16() of kernels/gmlp-numeric.h, n_parts parts;
+ * the same bits on every backend), output j taking part part[j] of every
+ * value, at dst[offset[j] + r × dst_row_stride + c × dst_col_stride]
+ * (elements of BF16). A part may go to several outputs (the K-concatenated
+ * operands of a product whose terms pair the parts), and with
+ * dst_row_stride 1 an output holds the matrix transposed. The outputs may
+ * not overlap one another or src. */
+typedef struct {
+  gint64        rows;
+  gint64        cols;
+  const float  *src;
+  gint64        src_stride;
+  guint         n_parts;          /* 1 .. GMLP_BACKEND_MAX_SPLIT_PARTS */
+  guint16      *dst;
+  gint64        dst_row_stride;
+  gint64        dst_col_stride;
+  guint         n_outputs;        /* 1 .. GMLP_BACKEND_MAX_SPLIT_OUTPUTS */
+  guint         part[GMLP_BACKEND_MAX_SPLIT_OUTPUTS];
+  gint64        offset[GMLP_BACKEND_MAX_SPLIT_OUTPUTS];
+} GmlpBackendSplit;
+
+/* sum_parts: dst[r × dst_stride + c] = the sum of the n_parts values
+ * src[offset[p] + r × src_stride + c], added in FP32 from the last part
+ * to the first (a split's smallest first), then added to what dst holds
+ * when accumulate is set (dst + sum, one more rounding), else stored. dst
+ * may not overlap the parts. */
+typedef struct {
+  gint64        rows;
+  gint64        cols;
+  const float  *src;
+  gint64        src_stride;
+  guint         n_parts;          /* 1 .. GMLP_BACKEND_MAX_SPLIT_OUTPUTS */
+  gint64        offset[GMLP_BACKEND_MAX_SPLIT_OUTPUTS];
+  float        *dst;
+  gint64        dst_stride;
+  gboolean      accumulate;
+} GmlpBackendSumParts;
+
+/* Why a split or a sum of parts is malformed (a static string), or NULL:
+ * what every backend checks before it enqueues anything. */
+static inline const char *
+gmlp_backend_split_invalid (const GmlpBackendSplit *split)
+{
+  guint j;
+
+  if (split->rows < 0 || split->cols < 0)
+    return "negative size";
+  if (split->n_parts < 1 || split->n_parts > GMLP_BACKEND_MAX_SPLIT_PARTS)
+    return "1 to 3 parts";
+  if (split->n_outputs < 1 || split->n_outputs > GMLP_BACKEND_MAX_SPLIT_OUTPUTS)
+    return "1 to 6 outputs";
+  for (j = 0; j < split->n_outputs; j++)
+    if (split->part[j] >= split->n_parts || split->offset[j] < 0)
+      return "an output of no part, or before dst";
+  if (split->rows > 0 && split->cols > 0 &&
+      (split->src == NULL || split->dst == NULL || split->src_stride < split->cols ||
+       split->dst_row_stride < 0 || split->dst_col_stride < 0))
+    return "missing or overlapping rows";
+  return NULL;
+}
+
+static inline const char *
+gmlp_backend_sum_parts_invalid (const GmlpBackendSumParts *sum)
+{
+  guint p;
+
+  if (sum->rows < 0 || sum->cols < 0)
+    return "negative size";
+  if (sum->n_parts < 1 || sum->n_parts > GMLP_BACKEND_MAX_SPLIT_OUTPUTS)
+    return "1 to 6 parts";
+  for (p = 0; p < sum->n_parts; p++)
+    if (sum->offset[p] < 0)
+      return "a part before src";
+  if (sum->rows > 0 && sum->cols > 0 &&
+      (sum->src == NULL || sum->dst == NULL || sum->src_stride < sum->cols ||
+       sum->dst_stride < sum->cols))
+    return "missing or overlapping rows";
+  return NULL;
+}
 
 /* A device's tuning (libgmlp/gmlp-tuning-private.h): the choices that a
  * backend's heuristics make from a product, each left to them (0, what a
@@ -947,6 +1035,17 @@ typedef struct {
    * counts read on the device only; NULL where the backend has none. */
   gboolean            (*move_rows)           (GmlpBackendDevice        *device,
                                               const GmlpBackendMoveRows *move,
+                                              GError                  **error);
+
+  /* FP32 values as BF16 parts and back (GmlpBackendSplit,
+   * GmlpBackendSumParts): stream-ordered, one launch each, nothing read
+   * on the host, so both can be captured in a graph. A call with no
+   * values enqueues nothing. */
+  gboolean            (*split_bfloat16)      (GmlpBackendDevice        *device,
+                                              const GmlpBackendSplit   *split,
+                                              GError                  **error);
+  gboolean            (*sum_parts)           (GmlpBackendDevice        *device,
+                                              const GmlpBackendSumParts *sum,
                                               GError                  **error);
 } GmlpBackend;
 

@@ -41,7 +41,7 @@ run ()
 
 for t in device grouped-tensor grouped-linear offload-context grouped-mlp graph quantizer \
          grouped-linear-fp8 grouped-mlp-fp8 robustness threads routing router moe-layer moe-layer-fp8 \
-         row-chunks communicator moe-expert-parallel; do
+         row-chunks split-parts communicator moe-expert-parallel; do
   run "$t" "$tests/test-$t"
 done
 wait
@@ -50,6 +50,7 @@ wait
 run grouped-linear-portable GMLP_TEST_TUNING=device-gemm=portable "$tests/test-grouped-linear-portable" \
   -p /Gmlp/GroupedLinear/device-sizes
 run grouped-linear-host-sm90 GMLP_TEST_TUNING=host-gemm=sm90 "$tests/test-grouped-linear-host-sm90"
+run router-host-sm90 GMLP_TEST_TUNING=host-gemm=sm90 "$tests/test-router-host-sm90"
 run grouped-linear-fp8-cublas GMLP_TEST_TUNING=host-gemm=cublas "$tests/test-grouped-linear-fp8-forced"
 run grouped-linear-fp8-sm90 GMLP_TEST_TUNING=host-gemm=sm90 "$tests/test-grouped-linear-fp8-forced"
 # The kernels' own tests (tests/kernels/): the Hopper kernel's schedules

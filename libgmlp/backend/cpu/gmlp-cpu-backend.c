@@ -621,6 +621,61 @@ sum_squares_member (gpointer data, guint64 n, guint64 offset_x, guint64 unused)
 }
 
 static gboolean
+cpu_split_bfloat16 (GmlpBackendDevice       *device,
+                    const GmlpBackendSplit  *split,
+                    GError                 **error)
+{
+  const char *invalid = gmlp_backend_split_invalid (split);
+  gint64 r, c;
+  guint j;
+
+  if (invalid != NULL)
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT, "CPU: split_bfloat16: %s", invalid);
+      return FALSE;
+    }
+  for (r = 0; r < split->rows; r++)
+    for (c = 0; c < split->cols; c++)
+      {
+        guint16 parts[GMLP_BACKEND_MAX_SPLIT_PARTS];
+        gint64 at = r * split->dst_row_stride + c * split->dst_col_stride;
+
+        gmlp_num_split_bfloat16 (split->src[r * split->src_stride + c], (int) split->n_parts, parts);
+        for (j = 0; j < split->n_outputs; j++)
+          split->dst[split->offset[j] + at] = parts[split->part[j]];
+      }
+  return TRUE;
+}
+
+static gboolean
+cpu_sum_parts (GmlpBackendDevice          *device,
+               const GmlpBackendSumParts  *sum,
+               GError                    **error)
+{
+  const char *invalid = gmlp_backend_sum_parts_invalid (sum);
+  gint64 r, c;
+
+  if (invalid != NULL)
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT, "CPU: sum_parts: %s", invalid);
+      return FALSE;
+    }
+  for (r = 0; r < sum->rows; r++)
+    for (c = 0; c < sum->cols; c++)
+      {
+        gint64 at = r * sum->src_stride + c;
+        float v = sum->src[sum->offset[sum->n_parts - 1] + at];
+        float *out = &sum->dst[r * sum->dst_stride + c];
+        guint p;
+
+        for (p = sum->n_parts - 1; p > 0; p--)
+          v = v + sum->src[sum->offset[p - 1] + at];
+        *out = sum->accumulate ? *out + v : v;
+      }
+  return TRUE;
+}
+
+static gboolean
 cpu_sum_squares (GmlpBackendDevice      *device,
                  const GmlpBackendShape *shape,
                  gconstpointer           x,
@@ -1053,6 +1108,8 @@ static const GmlpBackend cpu_backend = {
   .comm_all_gather = gmlp_cpu_comm_all_gather,
   .comm_all_to_all = gmlp_cpu_comm_all_to_all,
   .move_rows = gmlp_cpu_move_rows,
+  .split_bfloat16 = cpu_split_bfloat16,
+  .sum_parts = cpu_sum_parts,
 };
 
 const GmlpBackend *

@@ -319,6 +319,10 @@ static const GmlpBackend gmlp_cuda_backend = {
   .comm_all_gather = gmlp_cuda_comm_all_gather,
   .comm_all_to_all = gmlp_cuda_comm_all_to_all,
   .move_rows = gmlp_cuda_move_rows,
+
+  /* FP32 values as BF16 parts (gmlp-cuda-elementwise.c). */
+  .split_bfloat16 = gmlp_cuda_split_bfloat16,
+  .sum_parts = gmlp_cuda_sum_parts,
 };
 
 /* The module's one exported symbol; see GmlpBackendGetFunc. */

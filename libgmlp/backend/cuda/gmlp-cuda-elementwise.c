@@ -78,6 +78,85 @@ gmlp_cuda_sum_squares (GmlpBackendDevice      *device,
   return TRUE;
 }
 
+G_STATIC_ASSERT (GMLP_KERNEL_MAX_SPLIT_OUTPUTS == GMLP_BACKEND_MAX_SPLIT_OUTPUTS);
+G_STATIC_ASSERT (GMLP_KERNEL_MAX_SPLIT_PARTS == GMLP_BACKEND_MAX_SPLIT_PARTS);
+
+/* The parts of FP32 values (split.cu). The checks are the backend's
+ * (gmlp-backend.h), made before anything is enqueued. */
+gboolean
+gmlp_cuda_split_bfloat16 (GmlpBackendDevice       *device,
+                          const GmlpBackendSplit  *split,
+                          GError                 **error)
+{
+  const char *invalid = gmlp_backend_split_invalid (split);
+  GmlpKernelSplit kernel_split;
+
+  if (invalid != NULL)
+    {
+      g_set_error (error, GMLP_CUDA_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
+                   "CUDA: split_bfloat16: %s", invalid);
+      return FALSE;
+    }
+  if (split->rows == 0 || split->cols == 0)
+    return TRUE;
+  if (!gmlp_cuda_activate (device, error))
+    return FALSE;
+
+  kernel_split = (GmlpKernelSplit) {
+    .rows = split->rows,
+    .cols = split->cols,
+    .src = split->src,
+    .src_stride = split->src_stride,
+    .n_parts = split->n_parts,
+    .dst = split->dst,
+    .dst_row_stride = split->dst_row_stride,
+    .dst_col_stride = split->dst_col_stride,
+    .n_outputs = split->n_outputs,
+  };
+  for (guint j = 0; j < split->n_outputs; j++)
+    {
+      kernel_split.part[j] = split->part[j];
+      kernel_split.offset[j] = split->offset[j];
+    }
+  return gmlp_cuda_kernel_result (gmlp_kernel_split_bfloat16 (&kernel_split, device->stream),
+                                  "gmlp_kernel_split_bfloat16", error);
+}
+
+gboolean
+gmlp_cuda_sum_parts (GmlpBackendDevice          *device,
+                     const GmlpBackendSumParts  *sum,
+                     GError                    **error)
+{
+  const char *invalid = gmlp_backend_sum_parts_invalid (sum);
+  GmlpKernelSumParts kernel_sum;
+
+  if (invalid != NULL)
+    {
+      g_set_error (error, GMLP_CUDA_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
+                   "CUDA: sum_parts: %s", invalid);
+      return FALSE;
+    }
+  if (sum->rows == 0 || sum->cols == 0)
+    return TRUE;
+  if (!gmlp_cuda_activate (device, error))
+    return FALSE;
+
+  kernel_sum = (GmlpKernelSumParts) {
+    .rows = sum->rows,
+    .cols = sum->cols,
+    .src = sum->src,
+    .src_stride = sum->src_stride,
+    .n_parts = sum->n_parts,
+    .dst = sum->dst,
+    .dst_stride = sum->dst_stride,
+    .accumulate = sum->accumulate ? 1 : 0,
+  };
+  for (guint q = 0; q < sum->n_parts; q++)
+    kernel_sum.offset[q] = sum->offset[q];
+  return gmlp_cuda_kernel_result (gmlp_kernel_sum_parts (&kernel_sum, device->stream),
+                                  "gmlp_kernel_sum_parts", error);
+}
+
 gboolean
 gmlp_cuda_convert (GmlpBackendDevice       *device,
                    const GmlpBackendShape  *shape,

@@ -161,6 +161,12 @@ gboolean  gmlp_cuda_sum_squares     (GmlpBackendDevice      *device,
                                      int                     dtype,
                                      double                 *result,
                                      GError                **error);
+gboolean  gmlp_cuda_split_bfloat16  (GmlpBackendDevice          *device,
+                                     const GmlpBackendSplit     *split,
+                                     GError                    **error);
+gboolean  gmlp_cuda_sum_parts       (GmlpBackendDevice          *device,
+                                     const GmlpBackendSumParts  *sum,
+                                     GError                    **error);
 gboolean  gmlp_cuda_convert         (GmlpBackendDevice      *device,
                                      const GmlpBackendShape *shape,
                                      gconstpointer           src,
