@@ -9,8 +9,11 @@
  * the kernel, so nothing waits), the sums are FP32 with the partial sums
  * promoted (CUBLASLT_MATMUL_DESC_FAST_ACCUM = 0), and the output is BF16,
  * FP16 or FP32. Blockwise scales have no cuBLASLt path here: those
- * products run on the Hopper kernel or are refused (UNSUPPORTED, with the
- * kernel's reason) before anything is enqueued.
+ * products run on the Hopper kernel, or gmlp_cuda_gemm_fp8_supported()
+ * says no, with the kernel's reason, and the layer dequantizes them. An
+ * FPROP's bias joins the FP32 sum before the one rounding: in the Hopper
+ * kernel's epilogue, or with cuBLASLt adding (beta = 1) into an output
+ * that holds the bias.
  *
  * cuBLASLt's FP8 kernels on Hopper and Ada take only the "TN" layout: both
  * operands K-major, the summed dimension contiguous. The backend's

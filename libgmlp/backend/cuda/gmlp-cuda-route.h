@@ -57,8 +57,9 @@ typedef enum {
   GMLP_CUDA_ROUTE_CUBLAS_GROUPED,
   /* One cublasLtMatmul() per group (FP8, per-tensor scales). */
   GMLP_CUDA_ROUTE_CUBLASLT,
-  /* No FP8 product here: the backend answers GMLP_ERROR_UNSUPPORTED before
-   * enqueuing anything, and the layer multiplies dequantized operands
+  /* No FP8 product here: the backend's gemm_supported says so (gemm
+   * would answer GMLP_ERROR_UNSUPPORTED before enqueuing anything), and
+   * the layer multiplies dequantized operands instead
    * (gmlp-grouped-linear-fp8.c). */
   GMLP_CUDA_ROUTE_DEQUANTIZED,
   /* No product here, and no fall-back: GMLP_ERROR_UNSUPPORTED. */
