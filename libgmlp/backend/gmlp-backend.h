@@ -483,9 +483,11 @@ typedef struct {
                                             GError                **error);
   /* Whether gemm multiplies the FP8 operands of a descriptor as they are;
    * if not, why in *reason (a static string), and the caller multiplies
-   * them dequantized instead. Looks at nothing but the descriptor and the
-   * device: nothing is enqueued or waited for. TRUE for every other
-   * descriptor (gemm itself refuses what is wrong with it). */
+   * them dequantized instead (docs/routes.md's `dequantized`). Looks at
+   * nothing but the descriptor and the device: nothing is enqueued or
+   * waited for. TRUE for every other descriptor: gemm itself refuses what
+   * is wrong with it, or what it cannot do and has no fall-back for (FP8
+   * with per-tensor scales without FP8 tensor cores). */
   gboolean            (*gemm_supported)    (GmlpBackendDevice      *device,
                                             const GmlpBackendGemm  *gemm,
                                             const char            **reason);
