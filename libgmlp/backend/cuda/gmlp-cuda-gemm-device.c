@@ -55,7 +55,7 @@ gmlp_cuda_kernel_fp8_scales (const GmlpBackendFp8Scales *s)
 static void
 gmlp_cuda_kernel_device_gemm (const GmlpBackendGemm *gemm,
                               gpointer              *tables,
-                              GmlpKernelDeviceGemm        *kernel_gemm)
+                              GmlpKernelDeviceGemm  *kernel_gemm)
 {
   gboolean wgrad = gemm->kind == GMLP_GEMM_WGRAD;
   guint n = gemm->n_groups;
@@ -179,9 +179,9 @@ gmlp_cuda_gemm_device_supported (GmlpBackendDevice      *device,
 }
 
 static gboolean
-gmlp_cuda_gemm_device_locked (GmlpBackendDevice            *device,
+gmlp_cuda_gemm_device_locked (GmlpBackendDevice      *device,
                               const GmlpBackendGemm  *gemm,
-                              GError                      **error)
+                              GError                **error)
 {
   gpointer local[GMLP_BACKEND_GEMM_LOCAL_TABLES];
   g_autofree gpointer *heap = NULL;
