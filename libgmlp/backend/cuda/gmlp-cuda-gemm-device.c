@@ -171,7 +171,10 @@ gmlp_cuda_gemm_device_supported (GmlpBackendDevice      *device,
   GmlpCudaRouteChoice choice;
 
   gmlp_cuda_kernel_device_gemm (gemm, tables, &kernel_gemm);
+  /* The tuning is read under scratch_lock, as the products read it. */
+  g_rec_mutex_lock (&device->scratch_lock);
   choice = gmlp_cuda_gemm_device_route (device, gemm, &kernel_gemm);
+  g_rec_mutex_unlock (&device->scratch_lock);
   if (choice.route != GMLP_CUDA_ROUTE_DEQUANTIZED)
     return TRUE;
   *reason = choice.reason != NULL ? choice.reason : gmlp_cuda_device_fp8_only_sm90;
