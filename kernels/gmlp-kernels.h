@@ -308,7 +308,7 @@ GmlpKernelStatus gmlp_kernel_router_update_bias (uint32_t                      n
                                                  cudaStream_t                  stream);
 
 /* Grouped products with the group sizes on the device (the layouts of
- * GmlpBackendGemmDevice in libgmlp/backend/gmlp-backend.h):
+ * GmlpBackendGemm in libgmlp/backend/gmlp-backend.h):
  *
  *   FPROP  c_rows_i (m_i × n) = a_i (m_i × k) · weight_iᵀ     [+ bias_i]
  *   DGRAD  c_rows_i (m_i × k) = a_i (m_i × n) · weight_i

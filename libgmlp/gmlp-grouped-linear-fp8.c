@@ -5,22 +5,21 @@
  * which product each operand takes, with which scales, and where the
  * layer dequantizes instead.
  *
- * With quantizers, the three products take FP8 operands. Per-tensor recipes
- * (DELAYED, CURRENT) with host group sizes multiply FP8 on the backend's
- * gemm_fp8, whose operands are all K-major: FPROP x·Wᵀ reads x and W rowwise,
- * DGRAD dy·W reads dy rowwise and W's columnwise copy, WGRAD dyᵀ·x the
- * columnwise copies of dy and x; the quantizers write the copies in the same
- * pass when the backward will need them. With device-only group sizes FPROP
- * and DGRAD take gemm_device's FP8 products where the backend has them
- * (fp8_run_device(): CUDA on Hopper, the CPU), and so does WGRAD on the
- * columnwise copies (fp8_run_device_wgrad(): CUDA on Hopper). Blockwise
- * scales take the same products, each operand with its scale layout
- * (fp8_operand_scales(): CUDA on its Hopper kernel, the CPU); where a backend
- * refuses them (UNSUPPORTED: another GPU, the CPU's WGRAD of device sizes,
- * WGRAD groups whose rows the kernel cannot read) and for MXFP8 and operands
- * given without the copies, the layer dequantizes the FP8 operands to
- * gmlp_linear_fp8_fallback_dtype() and runs its usual products: correct, not
- * fast.
+ * With quantizers, the three products take FP8 operands, each described
+ * once to the backend's gemm (fp8_describe()), whose FP8 operands are all
+ * K-major: FPROP x·Wᵀ reads x and W rowwise, DGRAD dy·W reads dy rowwise
+ * and W's columnwise copy, WGRAD dyᵀ·x the columnwise copies of dy and x;
+ * the quantizers write the copies in the same pass when the backward will
+ * need them. Per-tensor (DELAYED, CURRENT) and blockwise scales take the
+ * same products, with host or device sizes (WGRAD with device sizes for
+ * the recipes of fp8_device_wgrad()), each operand with its scale layout
+ * (fp8_operand_scales()). Before anything is enqueued the layer asks the
+ * backend whether it multiplies the operands as they are (gemm_supported:
+ * CUDA with device sizes or blockwise scales on its Hopper kernel only,
+ * the CPU but its WGRAD of device sizes); where it does not, and for MXFP8
+ * and operands given without the copies, the layer dequantizes the FP8
+ * operands to gmlp_linear_fp8_fallback_dtype() and runs its usual
+ * products: correct, not fast. It never retries a product.
  *
  * The forward saves the quantized input ("input": offload moves every part
  * of it) and the quantized weights ("weight-fp8", resident on the device);
@@ -33,6 +32,7 @@
 #include "config.h"
 
 #include "gmlp-grouped-linear-impl.h"
+#include "backend/gmlp-backend-gemm.h"
 #include "gmlp-enum-types.h"
 #include "gmlp-error.h"
 #include "gmlp-error-private.h"
@@ -221,7 +221,7 @@ fp8_operand_dtype (GmlpGroupedTensor *tensor,
 }
 
 /* Whether the WGRAD of device-only group sizes multiplies FP8, reading the
- * columnwise copies of dy and x (fp8_run_device_wgrad()): per-tensor scales
+ * columnwise copies of dy and x (gmlp_linear_fp8_wgrad()): per-tensor scales
  * on both, or blockwise on both (the copies' own 128 × 1 blocks). */
 static gboolean
 fp8_device_wgrad (GmlpScalingRecipe x_recipe,
@@ -359,9 +359,9 @@ fp8_multiplied (GmlpGroupedTensor *a,
          gmlp_scaling_recipe_multiplies_fp8 (gmlp_grouped_tensor_get_scaling_recipe (b));
 }
 
-/* Whether a product of a and b runs on gemm_fp8: recipes it multiplies,
- * host sizes (of sized_by), and the K-major operands it reads (the
- * columnwise copies, for the transposed ones; NULL otherwise). */
+/* Whether a product of a and b multiplies FP8 with host sizes: recipes it
+ * multiplies, host sizes (of sized_by), and the K-major operands it reads
+ * (the columnwise copies, for the transposed ones; NULL otherwise). */
 static gboolean
 fp8_native (GmlpGroupedTensor *sized_by,
             GmlpGroupedTensor *a,
@@ -400,220 +400,126 @@ fp8_operand_scales (GmlpGroupedTensor    *t,
   return TRUE;
 }
 
-/* Whether a backend's error says it does not take the product (UNSUPPORTED:
- * no kernel for it there): then the caller dequantizes. Clears it. */
-static gboolean
-fp8_refused (GError **local_error)
+/* An FP8 operand of a product: t, a quantized tensor or columnwise copy,
+ * grouped by the sizes (rows) or the per-group weights, with its scales:
+ * one per group (member i of its scale tensor, i strides on), or blocks
+ * (fp8_operand_scales()) of a tensor grouped like t or of uniform members. */
+static GmlpBackendOperand
+fp8_operand (GmlpGroupedTensor          *t,
+             gboolean                    rows,
+             const GmlpBackendFp8Scales *scales)
 {
-  if ((*local_error)->code != GMLP_ERROR_UNSUPPORTED)
+  GmlpGroupedTensor *scale_inv = gmlp_grouped_tensor_get_scale_inv (t);
+  GmlpBackendOperand op = rows ? gmlp_linear_rows_operand (t) : gmlp_linear_fixed_operand (t);
+
+  op.scales = *scales;
+  op.scale_inv = gmlp_grouped_tensor_get_data (scale_inv);
+  if (!gmlp_backend_operand_scales_follow_rows (&op))
+    op.scale_stride = gmlp_linear_fixed_operand (scale_inv).stride;
+  return op;
+}
+
+/* Describes the FP8 product C_i = A_i B_iᵀ of a (grouped by the sizes) and
+ * b (grouped too for WGRAD, else the per-group weights), both K-major,
+ * rowwise tensors or columnwise copies (see GmlpBackendGemm), each with its
+ * scales; the caller adds the output, its sizes, the mask or the bias.
+ * FALSE where no product takes the operands' scale layout (MXFP8). */
+static gboolean
+fp8_describe (GmlpGroupedLinear  *self,
+              GmlpGemmKind        kind,
+              GmlpGroupedTensor  *a,
+              GmlpGroupedTensor  *b,
+              GmlpBackendGemm    *gemm)
+{
+  GmlpBackendFp8Scales a_scales, b_scales;
+
+  if (!fp8_operand_scales (a, &a_scales) || !fp8_operand_scales (b, &b_scales))
     return FALSE;
-  g_debug ("FP8 product on dequantized operands: %s", (*local_error)->message);
-  g_clear_error (local_error);
+  *gemm = (GmlpBackendGemm) {
+    .kind = kind,
+    .n_groups = self->n_groups,
+    .n = self->out_features,
+    .k = self->in_features,
+    .a = fp8_operand (a, TRUE, &a_scales),
+    .b = fp8_operand (b, kind == GMLP_GEMM_WGRAD, &b_scales),
+  };
   return TRUE;
 }
 
-/* C_i = A_i B_iᵀ on the backend's gemm_fp8 (see GmlpBackendGemmFp8: a and b
- * K-major, rowwise tensors or columnwise copies, each with its scales),
- * FPROP plus the layer's bias when @bias (before the one rounding where the
- * backend adds it, else to the product as stored). *ran says whether it
- * ran: blockwise products a backend does not take are refused before
- * anything is enqueued, and the caller dequantizes. */
+/* The sizes of sized_by into a described product, and whether the backend
+ * multiplies its FP8 operands as they are (asked before anything is
+ * enqueued): if not, the caller dequantizes them. */
 static gboolean
-fp8_run_native (GmlpGroupedLinear  *self,
-                GmlpGemmKind        kind,
-                const gint64       *rows,
-                GmlpGroupedTensor  *a,
-                GmlpGroupedTensor  *b,
-                void * const       *c,
-                GmlpDType           c_dtype,
-                const guint8       *accumulate,
-                gboolean            bias,
-                gboolean           *ran,
-                GError            **error)
+fp8_takes (GmlpGroupedLinear  *self,
+           GmlpBackendGemm    *gemm,
+           GmlpGroupedTensor  *sized_by,
+           gboolean           *takes,
+           GError            **error)
 {
-  gboolean adds_bias = gmlp_device_get_backend (self->device)->gemm_adds_bias;
-  g_autofree gpointer *pbias = bias ? member_pointers (NULL, self->bias.members, self->n_groups) : NULL;
-  g_autoptr(GError) local_error = NULL;
-  GmlpBackendFp8Scales a_scales, b_scales;
-  gboolean blockwise;
+  const char *reason = NULL;
 
-  g_autofree gpointer *pa = member_pointers (a, NULL, self->n_groups);
-  g_autofree gpointer *pb = member_pointers (b, NULL, self->n_groups);
-  g_autofree gpointer *sa = member_pointers (gmlp_grouped_tensor_get_scale_inv (a), NULL, self->n_groups);
-  g_autofree gpointer *sb = member_pointers (gmlp_grouped_tensor_get_scale_inv (b), NULL, self->n_groups);
-  GmlpBackendGemmFp8 gemm = {
-    .kind = kind,
-    .n_groups = self->n_groups,
-    .rows = rows,
-    .n = self->out_features,
-    .k = self->in_features,
-    .a_dtype = (int) gmlp_grouped_tensor_get_dtype (a),
-    .b_dtype = (int) gmlp_grouped_tensor_get_dtype (b),
-    .c_dtype = (int) c_dtype,
-    .a = (const void * const *) pa,
-    .b = (const void * const *) pb,
-    .a_scale_inv = (const float * const *) sa,
-    .b_scale_inv = (const float * const *) sb,
-    .c = c,
-    .accumulate = accumulate,
-    .bias = adds_bias ? (const void * const *) pbias : NULL,
-  };
-
-  *ran = FALSE;
-  if (!fp8_operand_scales (a, &a_scales) || !fp8_operand_scales (b, &b_scales))
-    return TRUE;
-  gemm.a_scales = a_scales;
-  gemm.b_scales = b_scales;
-  blockwise = gmlp_backend_fp8_scales_blockwise (&a_scales, &b_scales);
-  *ran = GMLP_DEVICE_CALL (self->device, gemm_fp8, &gemm, &local_error);
-  if (*ran && pbias != NULL && !adds_bias)
-    return GMLP_DEVICE_CALL (self->device, add_bias, self->n_groups, rows, self->out_features,
-                             (int) c_dtype, c, (const void * const *) pbias, error);
-  if (*ran || (blockwise && fp8_refused (&local_error)))
-    return TRUE;
-  g_propagate_error (error, g_steal_pointer (&local_error));
-  return FALSE;
-}
-
-/* An FP8 product with device sizes on the backend's gemm_device. *ran says
- * whether it ran: a backend without such a product (the CPU's WGRAD, CUDA
- * off Hopper) says UNSUPPORTED before enqueuing anything, and the caller
- * dequantizes instead. */
-static gboolean
-fp8_gemm_device (GmlpGroupedLinear            *self,
-                 const GmlpBackendGemmDevice  *gemm,
-                 gboolean                     *ran,
-                 GError                      **error)
-{
-  g_autoptr(GError) local_error = NULL;
-
-  *ran = GMLP_DEVICE_CALL (self->device, gemm_device, gemm, &local_error);
-  /* The backends' errors share GmlpError's codes. */
-  if (*ran || fp8_refused (&local_error))
-    return TRUE;
-  g_propagate_error (error, g_steal_pointer (&local_error));
-  return FALSE;
-}
-
-/* FPROP y = x8 W8ᵀ [+ b] or DGRAD dx = dy8 (W8ᵀ)ᵀ with the group sizes of
- * sized_by on the device only, on the backend's gemm_device: a8 grouped by
- * those sizes, w8 the quantized weights (DGRAD: their columnwise copy),
- * per-tensor or blockwise scales. *ran as for fp8_gemm_device(); operands
- * whose scale layout no product takes (MXFP8) do not run either. */
-static gboolean
-fp8_run_device (GmlpGroupedLinear  *self,
-                GmlpGemmKind        kind,
-                GmlpGroupedTensor  *sized_by,
-                GmlpGroupedTensor  *a8,
-                GmlpGroupedTensor  *w8,
-                GmlpGroupedTensor  *c,
-                gboolean           *ran,
-                GError            **error)
-{
-  gboolean bias = kind == GMLP_GEMM_FPROP && self->bias.grouped != NULL;
-  g_autofree gpointer *pw = member_pointers (w8, NULL, self->n_groups);
-  g_autofree gpointer *sw = member_pointers (gmlp_grouped_tensor_get_scale_inv (w8), NULL, self->n_groups);
-  g_autofree gpointer *sa = NULL;
-  g_autofree gpointer *pbias = bias ? member_pointers (NULL, self->bias.members, self->n_groups) : NULL;
-  GmlpBackendFp8Scales a_scales, w_scales;
-  GmlpBackendShape shape;
-  gboolean blockwise;
-
-  *ran = FALSE;
-  if (!fp8_operand_scales (a8, &a_scales) || !fp8_operand_scales (w8, &w_scales))
-    return TRUE;
-  blockwise = gmlp_backend_fp8_scales_blockwise (&a_scales, &w_scales);
-  /* Blockwise: a8's scales are grouped by the device sizes, from their base. */
-  if (!blockwise)
-    sa = member_pointers (gmlp_grouped_tensor_get_scale_inv (a8), NULL, self->n_groups);
-  if (!gmlp_grouped_tensor_get_backend_shape (sized_by, &shape, error))
+  *takes = FALSE;
+  if (!gmlp_linear_gemm_sizes (gemm, sized_by, error))
     return FALSE;
-  {
-    GmlpBackendGemmDevice gemm = {
-      .kind = kind,
-      .n_groups = self->n_groups,
-      .device_rows = shape.device_rows,
-      .row_capacity = shape.row_capacity,
-      .n = self->out_features,
-      .k = self->in_features,
-      .ab_dtype = (int) gmlp_grouped_tensor_get_dtype (a8),
-      .b_dtype = (int) gmlp_grouped_tensor_get_dtype (w8),
-      .c_dtype = (int) self->dtype,
-      .a = gmlp_grouped_tensor_get_data (a8),
-      .c_rows = gmlp_grouped_tensor_get_data (c),
-      .weight = (const void * const *) pw,
-      .bias = (const void * const *) pbias,
-      .a_scale_inv = (const float * const *) sa,
-      .b_scale_inv = (const float * const *) sw,
-      .a_scales = a_scales,
-      .b_scales = w_scales,
-      .a_scale_rows = blockwise ? gmlp_grouped_tensor_get_data (gmlp_grouped_tensor_get_scale_inv (a8)) : NULL,
-    };
-
-    return fp8_gemm_device (self, &gemm, ran, error);
-  }
+  *takes = GMLP_DEVICE_CALL (self->device, gemm_supported, gemm, &reason);
+  if (!*takes)
+    g_debug ("FP8 product on dequantized operands: %s", reason != NULL ? reason : "refused");
+  return TRUE;
 }
 
-/* WGRAD dW [+]= dy8ᵀ x8 with the group sizes of sized_by on the device
- * only, on the backend's gemm_device: dy_t and x_t are the columnwise
- * copies (per-tensor or blockwise scales, fp8_device_wgrad()), the outputs
- * and the accumulation mask @wgrad's. *ran as for fp8_gemm_device(). */
+/* A described FP8 product on the backend's gemm, with the sizes of
+ * sized_by. *ran says whether it ran: a product the backend does not take
+ * (fp8_takes()) does not, and the caller dequantizes. */
 static gboolean
-fp8_run_device_wgrad (GmlpGroupedLinear  *self,
-                      const Product      *wgrad,
-                      GmlpGroupedTensor  *sized_by,
-                      GmlpGroupedTensor  *dy_t,
-                      GmlpGroupedTensor  *x_t,
-                      gboolean           *ran,
-                      GError            **error)
+fp8_run (GmlpGroupedLinear  *self,
+         GmlpBackendGemm    *gemm,
+         GmlpGroupedTensor  *sized_by,
+         gboolean           *ran,
+         GError            **error)
 {
-  GmlpGroupedTensor *dy_scales = gmlp_grouped_tensor_get_scale_inv (dy_t);
-  GmlpGroupedTensor *x_scales = gmlp_grouped_tensor_get_scale_inv (x_t);
-  g_autofree gpointer *pdw = member_pointers (NULL, wgrad->fixed->members, self->n_groups);
-  g_autofree gpointer *sdy = NULL;
-  g_autofree gpointer *sx = NULL;
-  GmlpBackendFp8Scales dy_layout, x_layout;
-  GmlpBackendShape shape;
-  gboolean blockwise;
+  if (!fp8_takes (self, gemm, sized_by, ran, error))
+    return FALSE;
+  return !*ran || GMLP_DEVICE_CALL (self->device, gemm, gemm, error);
+}
+
+/* FPROP y = x8 W8ᵀ [+ b] or DGRAD dx = dy8 (W8ᵀ)ᵀ into c (grouped like
+ * a8): w8 the quantized weights (DGRAD: their columnwise copy). *ran as
+ * for fp8_run(); operands whose scale layout no product takes (MXFP8) do
+ * not run either. */
+static gboolean
+fp8_run_rows (GmlpGroupedLinear  *self,
+              GmlpGemmKind        kind,
+              GmlpGroupedTensor  *sized_by,
+              GmlpGroupedTensor  *a8,
+              GmlpGroupedTensor  *w8,
+              GmlpGroupedTensor  *c,
+              gboolean           *ran,
+              GError            **error)
+{
+  GmlpBackendGemm gemm;
 
   *ran = FALSE;
-  if (!fp8_operand_scales (dy_t, &dy_layout) || !fp8_operand_scales (x_t, &x_layout))
+  if (!fp8_describe (self, kind, a8, w8, &gemm))
     return TRUE;
-  /* Blockwise: the copies' scales are grouped by the blocks of the device
-   * sizes, read from their bases; per-tensor: one per group. */
-  blockwise = gmlp_backend_fp8_scales_blockwise (&dy_layout, &x_layout);
-  if (!blockwise)
-    {
-      sdy = member_pointers (dy_scales, NULL, self->n_groups);
-      sx = member_pointers (x_scales, NULL, self->n_groups);
-    }
-  if (!gmlp_grouped_tensor_get_backend_shape (sized_by, &shape, error))
-    return FALSE;
-  {
-    GmlpBackendGemmDevice gemm = {
-      .kind = GMLP_GEMM_WGRAD,
-      .n_groups = self->n_groups,
-      .device_rows = shape.device_rows,
-      .row_capacity = shape.row_capacity,
-      .n = self->out_features,
-      .k = self->in_features,
-      .ab_dtype = (int) gmlp_grouped_tensor_get_dtype (dy_t),
-      .b_dtype = (int) gmlp_grouped_tensor_get_dtype (x_t),
-      .c_dtype = (int) wgrad->c_dtype,
-      .a = gmlp_grouped_tensor_get_data (dy_t),
-      .b_rows = gmlp_grouped_tensor_get_data (x_t),
-      .wgrad = (void * const *) pdw,
-      .accumulate = wgrad->accumulate,
-      .a_scale_inv = (const float * const *) sdy,
-      .b_scale_inv = (const float * const *) sx,
-      .a_scales = dy_layout,
-      .b_scales = x_layout,
-      .a_scale_rows = blockwise ? gmlp_grouped_tensor_get_data (dy_scales) : NULL,
-      .b_scale_rows = blockwise ? gmlp_grouped_tensor_get_data (x_scales) : NULL,
-    };
+  gemm.c = gmlp_linear_rows_operand (c);
+  gemm.c.dtype = (int) self->dtype;
+  if (kind == GMLP_GEMM_FPROP && self->bias.grouped != NULL)
+    gemm.bias = gmlp_linear_param_operand (&self->bias);
+  return fp8_run (self, &gemm, sized_by, ran, error);
+}
 
-    return fp8_gemm_device (self, &gemm, ran, error);
-  }
+/* Whether WGRAD can multiply the columnwise copies dy_t and x_t: the
+ * recipes of a product with host sizes, or of one with device sizes
+ * (fp8_device_wgrad()). */
+static gboolean
+fp8_wgrad_multiplies (GmlpGroupedTensor *sized_by,
+                      GmlpGroupedTensor *dy_t,
+                      GmlpGroupedTensor *x_t)
+{
+  return fp8_native (sized_by, dy_t, x_t) ||
+         (dy_t != NULL && x_t != NULL &&
+          fp8_device_wgrad (gmlp_grouped_tensor_get_scaling_recipe (x_t),
+                            gmlp_grouped_tensor_get_scaling_recipe (dy_t)));
 }
 
 /* @t dequantized to @dtype, or @t itself when it is not FP8 (dequantized
@@ -711,18 +617,8 @@ gmlp_linear_fp8_forward (GmlpGroupedLinear     *self,
   if (w8 == NULL)
     return NULL;
 
-  if (native)
-    {
-      g_autofree gpointer *py = member_pointers (output, NULL, self->n_groups);
-
-      if (!fp8_run_native (self, GMLP_GEMM_FPROP, rows, x8, w8, (void * const *) py, self->dtype,
-                           NULL, self->bias.grouped != NULL, &ran, error))
-        return NULL;
-    }
-  else if (multiplied && !fp8_run_device (self, GMLP_GEMM_FPROP, input, x8, w8, output, &ran, error))
-    {
-      return NULL;
-    }
+  if (multiplied && !fp8_run_rows (self, GMLP_GEMM_FPROP, input, x8, w8, output, &ran, error))
+    return NULL;
   if (!ran)
     {
       Product fprop = { .kind = GMLP_GEMM_FPROP, .sized_by = input, .c_rows = output,
@@ -789,19 +685,9 @@ gmlp_linear_fp8_dgrad (GmlpGroupedLinear   *self,
     return FALSE;
 
   w8_t = gmlp_grouped_tensor_get_columnwise (w8);
-  if (fp8_native (input, dy8, w8_t))
-    {
-      g_autofree gpointer *pdx = member_pointers (step->grad_input, NULL, self->n_groups);
-
-      if (!fp8_run_native (self, GMLP_GEMM_DGRAD, rows, dy8, w8_t, (void * const *) pdx, self->dtype,
-                           NULL, FALSE, &ran, error))
-        return FALSE;
-    }
-  else if (w8_t != NULL && fp8_multiplied (dy8, w8) &&
-           !fp8_run_device (self, GMLP_GEMM_DGRAD, input, dy8, w8_t, step->grad_input, &ran, error))
-    {
-      return FALSE;
-    }
+  if (w8_t != NULL && fp8_multiplied (dy8, w8) &&
+      !fp8_run_rows (self, GMLP_GEMM_DGRAD, input, dy8, w8_t, step->grad_input, &ran, error))
+    return FALSE;
   if (!ran)
     {
       Product dgrad = { .kind = GMLP_GEMM_DGRAD, .sized_by = input, .c_rows = step->grad_input,
@@ -826,10 +712,7 @@ fp8_wgrad_dequantizes (GmlpGroupedTensor *input,
   GmlpGroupedTensor *x_t = gmlp_grouped_tensor_get_columnwise (input);
   GmlpGroupedTensor *dy_t = gmlp_grouped_tensor_get_columnwise (grad_output_fp8);
 
-  return !fp8_native (input, dy_t, x_t) &&
-         !(dy_t != NULL && x_t != NULL &&
-           fp8_device_wgrad (gmlp_grouped_tensor_get_scaling_recipe (x_t),
-                             gmlp_grouped_tensor_get_scaling_recipe (dy_t)));
+  return !fp8_wgrad_multiplies (input, dy_t, x_t);
 }
 
 void
@@ -889,34 +772,36 @@ gmlp_linear_fp8_wgrad (GmlpGroupedLinear  *self,
 {
   GmlpGroupedTensor *x_t = gmlp_grouped_tensor_get_columnwise (input);
   GmlpGroupedTensor *dy_t = gmlp_grouped_tensor_get_columnwise (grad_output_fp8);
-  gboolean ran = FALSE;
+  GmlpBackendGemm gemm;
+  gboolean takes = FALSE;
 
   if (!gmlp_linear_fp8_wgrad_prepare (self, input, grad_output, grad_output_fp8, operands, error))
     return FALSE;
 
-  gmlp_linear_bump_wgrad_versions (self);
-  if (fp8_native (input, dy_t, x_t))
+  /* Which product, decided before anything is written: the copies' FP8
+   * product where the backend takes it, else dequantized operands (made
+   * here where the backend refused, which cannot be known before the
+   * outputs are: the one allocation left in the weight-gradient phase,
+   * see compute_wgrad()). */
+  if (fp8_wgrad_multiplies (input, dy_t, x_t) &&
+      fp8_describe (self, GMLP_GEMM_WGRAD, dy_t, x_t, &gemm))
     {
-      g_autofree gpointer *pdw = member_pointers (NULL, wgrad->fixed->members, self->n_groups);
-
-      if (!fp8_run_native (self, GMLP_GEMM_WGRAD, gmlp_grouped_tensor_peek_rows (input), dy_t, x_t,
-                           (void * const *) pdw, wgrad->c_dtype, wgrad->accumulate, FALSE, &ran,
-                           error))
+      gemm.c = gmlp_linear_param_operand (wgrad->fixed);
+      gemm.c.dtype = (int) wgrad->c_dtype;
+      gemm.accumulate = wgrad->accumulate;
+      if (!fp8_takes (self, &gemm, input, &takes, error))
         return FALSE;
     }
-  else if (dy_t != NULL && x_t != NULL &&
-           fp8_device_wgrad (gmlp_grouped_tensor_get_scaling_recipe (x_t),
-                             gmlp_grouped_tensor_get_scaling_recipe (dy_t)) &&
-           !fp8_run_device_wgrad (self, wgrad, input, dy_t, x_t, &ran, error))
+
+  gmlp_linear_bump_wgrad_versions (self);
+  if (takes)
     {
-      return FALSE;
+      if (!GMLP_DEVICE_CALL (self->device, gemm, &gemm, error))
+        return FALSE;
     }
-  /* A product the device refused (before enqueuing anything) dequantizes
-   * here: the refusal cannot be known beforehand, so this is the one
-   * allocation left in the weight-gradient phase (see compute_wgrad()). */
-  if (!ran && !fp8_run_dequantized (self, wgrad,
-                                    operands->dy != NULL ? operands->dy : grad_output_fp8,
-                                    operands->x != NULL ? operands->x : input, NULL, error))
+  else if (!fp8_run_dequantized (self, wgrad,
+                                 operands->dy != NULL ? operands->dy : grad_output_fp8,
+                                 operands->x != NULL ? operands->x : input, NULL, error))
     {
       return FALSE;
     }

@@ -29,10 +29,15 @@
 
 G_BEGIN_DECLS
 
-/* The per-group face of a grouped tensor: cached member views. */
+/* The per-group face of a grouped tensor: cached member views. Products
+ * read the grouped tensor (base + stride), or, once a member has been
+ * rebound to a caller's tensor (main_grad), the table of the members'
+ * pointers. */
 typedef struct {
   GmlpGroupedTensor  *grouped;
   GmlpGroupedTensor **members;
+  gpointer           *table;
+  gboolean            rebound;
 } Param;
 
 struct _GmlpGroupedLinear
@@ -136,22 +141,6 @@ new_uniform (GmlpGroupedLinear  *self,
   return gmlp_grouped_tensor_new_uniform (self->device, dtype, self->n_groups, rows, cols, error);
 }
 
-/* Host array of the member pointers of a grouped tensor or of per-group
- * tensors. */
-static inline gpointer *
-member_pointers (GmlpGroupedTensor  *grouped,
-                 GmlpGroupedTensor **members,
-                 guint               n_groups)
-{
-  gpointer *ptrs = g_new (gpointer, n_groups);
-  guint g;
-
-  for (g = 0; g < n_groups; g++)
-    ptrs[g] = members != NULL ? gmlp_grouped_tensor_get_member_data (members[g], 0)
-                              : gmlp_grouped_tensor_get_member_data (grouped, g);
-  return ptrs;
-}
-
 /* gmlp-grouped-linear.c */
 
 void               gmlp_grouped_linear_notify           (GmlpGroupedLinear  *self,
@@ -169,6 +158,10 @@ gboolean           gmlp_linear_param_set                (Param              *par
                                                          GmlpGroupedTensor  *grouped,
                                                          guint               n_groups,
                                                          GError            **error);
+/* Binds member @index of @param to a caller's one-member tensor. */
+void               gmlp_linear_param_rebind             (Param              *param,
+                                                         guint               index,
+                                                         GmlpGroupedTensor  *member);
 
 /* gmlp-grouped-linear-products.c */
 
@@ -184,12 +177,23 @@ gboolean           gmlp_linear_check_activation_shape   (GmlpGroupedLinear     *
                                                          const char            *what,
                                                          GError               **error);
 
+/* The operands of the backend's descriptor (GmlpBackendGemm): a tensor
+ * grouped by the sizes; the members of a uniform tensor (base + stride);
+ * a parameter (its grouped tensor, or the table of rebound members). */
+GmlpBackendOperand gmlp_linear_rows_operand             (GmlpGroupedTensor  *tensor);
+GmlpBackendOperand gmlp_linear_fixed_operand            (GmlpGroupedTensor  *uniform);
+GmlpBackendOperand gmlp_linear_param_operand            (const Param        *param);
+/* The group sizes of @sized_by into @gemm: host sizes, or the device's
+ * with the row capacity. */
+gboolean           gmlp_linear_gemm_sizes               (GmlpBackendGemm    *gemm,
+                                                         GmlpGroupedTensor  *sized_by,
+                                                         GError            **error);
+
 /* One grouped product of the layer (GmlpGemmKind: FPROP y = x Wᵀ [+ b],
  * DGRAD dx = dy W, WGRAD dW [+]= dyᵀ x). The operands grouped by rows are
  * tensors; the matrices of fixed shape are the members of a parameter.
- * With the sizes of sized_by on the host it is the backend's gemm (and
- * add_bias); with them only on the device, its gemm_device, which reads
- * them on the device only and fuses the bias. */
+ * gmlp_linear_run_product() describes it once to the backend's gemm, with
+ * the sizes of sized_by (host or device) and the bias in the epilogue. */
 typedef struct {
   GmlpGemmKind        kind;
   GmlpGroupedTensor  *sized_by;    /* whose group sizes apply: the forward's input */

@@ -3,8 +3,8 @@
  * forward, backward (in the three phases of gmlp-grouped-linear-private.h)
  * and backward_dw. Each product of the layer is described once, as a
  * Product (gmlp-grouped-linear-impl.h), and gmlp_linear_run_product() hands
- * it to the backend: gemm with host group sizes, gemm_device with sizes
- * only on the device. Here too are the outputs of the weight gradients:
+ * it to the backend's gemm as one descriptor (GmlpBackendGemm), with the
+ * group sizes on the host or only on the device. Here too are the outputs of the weight gradients:
  * wgrad and bgrad, made at the first computation, or main_grad with the
  * accumulation mask, and the checks that nothing they write is read.
  * FP8 products go through gmlp-grouped-linear-fp8.c.
@@ -295,7 +295,7 @@ gmlp_grouped_linear_set_main_grad_member (GmlpGroupedLinear  *self,
     return FALSE;
 
   gmlp_rec_mutex_lock (&self->grad_lock);
-  g_set_object (&self->main_grad.members[index], main_grad);
+  gmlp_linear_param_rebind (&self->main_grad, index, main_grad);
   gmlp_rec_mutex_unlock (&self->grad_lock);
   return TRUE;
 }
@@ -416,76 +416,95 @@ gmlp_linear_new_activation_like (GmlpGroupedLinear  *self,
                                                     cols, error);
 }
 
+GmlpBackendOperand
+gmlp_linear_rows_operand (GmlpGroupedTensor *tensor)
+{
+  return (GmlpBackendOperand) {
+    .layout = GMLP_BACKEND_OPERAND_ROWS,
+    .dtype = (int) gmlp_grouped_tensor_get_dtype (tensor),
+    .base = gmlp_grouped_tensor_get_data (tensor),
+  };
+}
+
+/* Member i of a uniform tensor starts i strides from its data. */
+static guint64
+uniform_stride (GmlpGroupedTensor *uniform)
+{
+  return gmlp_grouped_tensor_get_n_groups (uniform) > 1 ?
+         (guint64) gmlp_grouped_tensor_get_member_offset (uniform, 1) : 0;
+}
+
+GmlpBackendOperand
+gmlp_linear_fixed_operand (GmlpGroupedTensor *uniform)
+{
+  return (GmlpBackendOperand) {
+    .layout = GMLP_BACKEND_OPERAND_STRIDED,
+    .dtype = (int) gmlp_grouped_tensor_get_dtype (uniform),
+    .base = gmlp_grouped_tensor_get_data (uniform),
+    .stride = uniform_stride (uniform),
+  };
+}
+
+GmlpBackendOperand
+gmlp_linear_param_operand (const Param *param)
+{
+  GmlpBackendOperand op;
+
+  if (!param->rebound && param->grouped != NULL)
+    return gmlp_linear_fixed_operand (param->grouped);
+  op = (GmlpBackendOperand) {
+    .layout = GMLP_BACKEND_OPERAND_TABLE,
+    .dtype = (int) gmlp_grouped_tensor_get_dtype (param->members[0]),
+    .table = param->table,
+  };
+  return op;
+}
+
+gboolean
+gmlp_linear_gemm_sizes (GmlpBackendGemm    *gemm,
+                        GmlpGroupedTensor  *sized_by,
+                        GError            **error)
+{
+  GmlpBackendShape shape;
+
+  gemm->rows = gmlp_grouped_tensor_peek_rows (sized_by);
+  if (gemm->rows != NULL)
+    return TRUE;
+  if (!gmlp_grouped_tensor_get_backend_shape (sized_by, &shape, error))
+    return FALSE;
+  gemm->device_rows = shape.device_rows;
+  gemm->row_capacity = shape.row_capacity;
+  return TRUE;
+}
+
 gboolean
 gmlp_linear_run_product (GmlpGroupedLinear  *self,
                          const Product      *product,
                          GError            **error)
 {
   gboolean wgrad = product->kind == GMLP_GEMM_WGRAD;
-  GmlpGroupedTensor *second = wgrad ? product->b_rows : product->c_rows;
-  const gint64 *rows = gmlp_grouped_tensor_peek_rows (product->sized_by);
-  g_autofree gpointer *fixed = member_pointers (NULL, product->fixed->members, self->n_groups);
-  g_autofree gpointer *bias = product->bias ? member_pointers (NULL, self->bias.members,
-                                                               self->n_groups) : NULL;
   int ab_dtype = (int) (product->dequantized ? gmlp_linear_fp8_fallback_dtype (self) : self->dtype);
-  GmlpBackendShape shape;
+  GmlpBackendGemm gemm = {
+    .kind = product->kind,
+    .n_groups = self->n_groups,
+    .n = self->out_features,
+    .k = self->in_features,
+    .a = gmlp_linear_rows_operand (product->a),
+    .b = wgrad ? gmlp_linear_rows_operand (product->b_rows) : gmlp_linear_param_operand (product->fixed),
+    .c = wgrad ? gmlp_linear_param_operand (product->fixed) : gmlp_linear_rows_operand (product->c_rows),
+    .accumulate = wgrad ? product->accumulate : NULL,
+  };
 
   if (gmlp_linear_product_splits (self, product))
     return gmlp_linear_run_split_product (self, product, error);
-  if (rows != NULL)
-    {
-      g_autofree gpointer *pa = member_pointers (product->a, NULL, self->n_groups);
-      g_autofree gpointer *psecond = member_pointers (second, NULL, self->n_groups);
-      GmlpBackendGemm gemm = {
-        .kind = product->kind,
-        .n_groups = self->n_groups,
-        .rows = rows,
-        .n = self->out_features,
-        .k = self->in_features,
-        .ab_dtype = ab_dtype,
-        .c_dtype = (int) product->c_dtype,
-        .a = (const void * const *) pa,
-        .b = (const void * const *) (wgrad ? psecond : fixed),
-        .c = (void * const *) (wgrad ? fixed : psecond),
-        .accumulate = product->accumulate,
-      };
-      gboolean adds_bias = gmlp_device_get_backend (self->device)->gemm_adds_bias;
-
-      /* The bias before the product's one rounding, where the backend
-       * adds it (as gemm_device does); else to the product as stored. */
-      if (adds_bias)
-        gemm.bias = (const void * const *) bias;
-      if (!GMLP_DEVICE_CALL (self->device, gemm, &gemm, error))
-        return FALSE;
-      return bias == NULL || adds_bias ||
-             GMLP_DEVICE_CALL (self->device, add_bias, self->n_groups, rows, self->out_features,
-                               (int) product->c_dtype, (void * const *) psecond,
-                               (const void * const *) bias, error);
-    }
-
-  if (!gmlp_grouped_tensor_get_backend_shape (product->sized_by, &shape, error))
+  gemm.a.dtype = gemm.b.dtype = ab_dtype;
+  gemm.c.dtype = (int) product->c_dtype;
+  /* The bias goes into the epilogue, before the product's one rounding. */
+  if (product->bias)
+    gemm.bias = gmlp_linear_param_operand (&self->bias);
+  if (!gmlp_linear_gemm_sizes (&gemm, product->sized_by, error))
     return FALSE;
-  {
-    GmlpBackendGemmDevice gemm = {
-      .kind = product->kind,
-      .n_groups = self->n_groups,
-      .device_rows = shape.device_rows,
-      .row_capacity = shape.row_capacity,
-      .n = self->out_features,
-      .k = self->in_features,
-      .ab_dtype = ab_dtype,
-      .c_dtype = (int) product->c_dtype,
-      .a = gmlp_grouped_tensor_get_data (product->a),
-      .b_rows = wgrad ? gmlp_grouped_tensor_get_data (second) : NULL,
-      .c_rows = wgrad ? NULL : gmlp_grouped_tensor_get_data (second),
-      .weight = wgrad ? NULL : (const void * const *) fixed,
-      .wgrad = wgrad ? (void * const *) fixed : NULL,
-      .bias = (const void * const *) bias,
-      .accumulate = product->accumulate,
-    };
-
-    return GMLP_DEVICE_CALL (self->device, gemm_device, &gemm, error);
-  }
+  return GMLP_DEVICE_CALL (self->device, gemm, &gemm, error);
 }
 
 /* db_i = Σ_rows dy_i into bgrad, over the group sizes of @sized_by. */
@@ -495,25 +514,26 @@ gmlp_linear_run_bias_grad (GmlpGroupedLinear  *self,
                            GmlpGroupedTensor  *grad_output,
                            GError            **error)
 {
-  g_autofree gpointer *pdb = member_pointers (NULL, self->bgrad.members, self->n_groups);
+  void * const *pdb = self->bgrad.table;
   const gint64 *rows = gmlp_grouped_tensor_peek_rows (sized_by);
   GmlpBackendShape shape;
 
   if (rows != NULL)
     {
-      g_autofree gpointer *pa = member_pointers (grad_output, NULL, self->n_groups);
+      g_autofree gpointer *pa = g_new (gpointer, self->n_groups);
+      guint g;
 
+      for (g = 0; g < self->n_groups; g++)
+        pa[g] = gmlp_grouped_tensor_get_member_data (grad_output, g);
       return GMLP_DEVICE_CALL (self->device, bias_grad, self->n_groups, rows, self->out_features,
-                               (int) self->dtype, (const void * const *) pa,
-                               (void * const *) pdb, error);
+                               (int) self->dtype, (const void * const *) pa, pdb, error);
     }
 
   if (!gmlp_grouped_tensor_get_backend_shape (sized_by, &shape, error))
     return FALSE;
   shape.cols = self->out_features;
   return GMLP_DEVICE_CALL (self->device, bias_grad_device, &shape, (int) self->dtype,
-                           gmlp_grouped_tensor_get_data (grad_output), (void * const *) pdb,
-                           error);
+                           gmlp_grouped_tensor_get_data (grad_output), pdb, error);
 }
 
 /**

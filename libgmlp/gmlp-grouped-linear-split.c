@@ -220,20 +220,35 @@ bf16_product (GmlpGroupedLinear  *self,
               gboolean            add,
               GError            **error)
 {
-  const void *pa = gmlp_grouped_tensor_get_data (a), *pb = gmlp_grouped_tensor_get_data (b);
+  const gboolean wgrad = kind == GMLP_GEMM_WGRAD;
   const guint8 accumulate = add ? 1 : 0;
+  /* One group: a grouped operand's member 0 and a fixed one's both lie at
+   * their base. */
+  const GmlpBackendOperand rows_a = {
+    .layout = GMLP_BACKEND_OPERAND_ROWS,
+    .dtype = GMLP_DTYPE_BFLOAT16,
+    .base = gmlp_grouped_tensor_get_data (a),
+  };
+  const GmlpBackendOperand second = {
+    .layout = wgrad ? GMLP_BACKEND_OPERAND_ROWS : GMLP_BACKEND_OPERAND_STRIDED,
+    .dtype = GMLP_DTYPE_BFLOAT16,
+    .base = gmlp_grouped_tensor_get_data (b),
+  };
+  const GmlpBackendOperand out = {
+    .layout = wgrad ? GMLP_BACKEND_OPERAND_STRIDED : GMLP_BACKEND_OPERAND_ROWS,
+    .dtype = (int) c_dtype,
+    .base = c,
+  };
   GmlpBackendGemm gemm = {
     .kind = kind,
     .n_groups = 1,
-    .rows = &m,
     .n = n,
     .k = k,
-    .ab_dtype = GMLP_DTYPE_BFLOAT16,
-    .c_dtype = (int) c_dtype,
-    .a = &pa,
-    .b = &pb,
-    .c = &c,
-    .accumulate = kind == GMLP_GEMM_WGRAD ? &accumulate : NULL,
+    .rows = &m,
+    .a = rows_a,
+    .b = second,
+    .c = out,
+    .accumulate = wgrad ? &accumulate : NULL,
   };
 
   return GMLP_DEVICE_CALL (self->device, gemm, &gemm, error);

@@ -228,7 +228,22 @@ gmlp_linear_param_clear (Param *param,
     for (g = 0; g < n_groups; g++)
       g_clear_object (&param->members[g]);
   g_clear_pointer (&param->members, g_free);
+  g_clear_pointer (&param->table, g_free);
+  param->rebound = FALSE;
   g_clear_object (&param->grouped);
+}
+
+/* Host array of the member pointers of per-group tensors. */
+static gpointer *
+member_pointers (GmlpGroupedTensor **members,
+                 guint               n_groups)
+{
+  gpointer *ptrs = g_new (gpointer, n_groups);
+  guint g;
+
+  for (g = 0; g < n_groups; g++)
+    ptrs[g] = gmlp_grouped_tensor_get_member_data (members[g], 0);
+  return ptrs;
 }
 
 /* Sets the grouped tensor and makes its member views. */
@@ -255,7 +270,18 @@ gmlp_linear_param_set (Param              *param,
   gmlp_linear_param_clear (param, n_groups);
   param->grouped = g_object_ref (grouped);
   param->members = g_steal_pointer (&members);
+  param->table = member_pointers (param->members, n_groups);
   return TRUE;
+}
+
+void
+gmlp_linear_param_rebind (Param             *param,
+                          guint              index,
+                          GmlpGroupedTensor *member)
+{
+  g_set_object (&param->members[index], member);
+  param->table[index] = gmlp_grouped_tensor_get_member_data (member, 0);
+  param->rebound = TRUE;
 }
 
 static void

@@ -105,9 +105,9 @@ run_activation (GmlpGroupedMLP     *self,
  * where FC2's weight gradient multiplies FP8 it reads the copy, as
  * GroupedLinear asks its own quantizers for it: with host sizes, per-tensor
  * and blockwise recipes (always here); with device-only sizes (those of
- * @input), where gemm_device takes the pair with FC2's output gradient
- * (per-tensor with per-tensor, blockwise with blockwise). Otherwise only
- * when the quantizer asks. */
+ * @input), where the FP8 products take the pair with FC2's output
+ * gradient (per-tensor with per-tensor, blockwise with blockwise).
+ * Otherwise only when the quantizer asks. */
 static gboolean
 fc2_input_wants_columnwise (GmlpGroupedMLP     *self,
                             GmlpQuantizer      *quantizer,
@@ -212,15 +212,29 @@ run_activation_quantize (GmlpGroupedMLP     *self,
   /* The call records amaxes into a delayed-scaling state, which quantize
    * calls of other threads write too. */
   gmlp_quantizer_lock_state (quantizer);
-  ok = gmlp_quantizer_get_state_for (quantizer, self->n_groups, &state, error) &&
-       GMLP_DEVICE_CALL (self->device, activation_quantize, &shape, (int) self->activation,
-                         gmlp_grouped_tensor_get_data (h), (int) self->dtype, (int) recipe, flags,
-                         (int) fp8_dtype, gmlp_grouped_tensor_get_data (data),
-                         gmlp_grouped_tensor_get_data (scale_inv),
-                         columnwise != NULL ? gmlp_grouped_tensor_get_data (columnwise) : NULL,
-                         columnwise_scale_inv != NULL ? gmlp_grouped_tensor_get_data (columnwise_scale_inv) : NULL,
-                         derived != NULL ? gmlp_grouped_tensor_get_data (derived) : NULL,
-                         state, gmlp_quantizer_get_amax_history_length (quantizer), error);
+  ok = gmlp_quantizer_get_state_for (quantizer, self->n_groups, &state, error);
+  if (ok)
+    {
+      GmlpBackendQuantize quantize = {
+        .shape = shape,
+        .recipe = (int) recipe,
+        .flags = flags,
+        .fp8_dtype = (int) fp8_dtype,
+        .src = gmlp_grouped_tensor_get_data (h),
+        .src_dtype = (int) self->dtype,
+        .activation = (int) self->activation,
+        .data = gmlp_grouped_tensor_get_data (data),
+        .scale_inv = gmlp_grouped_tensor_get_data (scale_inv),
+        .columnwise = columnwise != NULL ? gmlp_grouped_tensor_get_data (columnwise) : NULL,
+        .columnwise_scale_inv = columnwise_scale_inv != NULL ?
+                                gmlp_grouped_tensor_get_data (columnwise_scale_inv) : NULL,
+        .derived_rows = derived != NULL ? gmlp_grouped_tensor_get_data (derived) : NULL,
+        .state = state,
+        .history_length = gmlp_quantizer_get_amax_history_length (quantizer),
+      };
+
+      ok = GMLP_DEVICE_CALL (self->device, activation_quantize, &quantize, error);
+    }
   gmlp_quantizer_unlock_state (quantizer);
   if (!ok)
     return NULL;

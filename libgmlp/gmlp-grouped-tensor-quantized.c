@@ -308,12 +308,21 @@ gmlp_grouped_tensor_dequantize (GmlpGroupedTensor  *self,
   if (result == NULL)
     return NULL;
 
-  if (!GMLP_DEVICE_CALL (gmlp_grouped_tensor_get_device (self), dequantize, &shape,
-                         (int) info->recipe, info->flags, gmlp_grouped_tensor_get_data (self),
-                         (int) gmlp_grouped_tensor_get_dtype (self),
-                         gmlp_grouped_tensor_get_data (info->scale_inv),
-                         gmlp_grouped_tensor_get_data (result), (int) dtype, error))
-    return NULL;
+  {
+    GmlpBackendQuantize dequantize = {
+      .shape = shape,
+      .recipe = (int) info->recipe,
+      .flags = info->flags,
+      .fp8_dtype = (int) gmlp_grouped_tensor_get_dtype (self),
+      .data = gmlp_grouped_tensor_get_data (self),
+      .scale_inv = gmlp_grouped_tensor_get_data (info->scale_inv),
+      .dst = gmlp_grouped_tensor_get_data (result),
+      .dst_dtype = (int) dtype,
+    };
+
+    if (!GMLP_DEVICE_CALL (gmlp_grouped_tensor_get_device (self), dequantize, &dequantize, error))
+      return NULL;
+  }
 
   return g_steal_pointer (&result);
 }

@@ -714,16 +714,27 @@ gmlp_quantizer_quantize_full (GmlpQuantizer      *self,
         }
     }
 
-  if (!GMLP_DEVICE_CALL (self->device, quantize, &shape, (int) self->recipe, flags,
-                         gmlp_grouped_tensor_get_data (src), (int) gmlp_grouped_tensor_get_dtype (src),
-                         (int) dtype, gmlp_grouped_tensor_get_data (data),
-                         gmlp_grouped_tensor_get_data (scale_inv),
-                         columnwise != NULL ? gmlp_grouped_tensor_get_data (columnwise) : NULL,
-                         columnwise_scale_inv != NULL ? gmlp_grouped_tensor_get_data (columnwise_scale_inv) : NULL,
-                         derived != NULL ? gmlp_grouped_tensor_get_data (derived) : NULL,
-                         self->state != NULL ? gmlp_grouped_tensor_get_data (self->state) : NULL,
-                         self->amax_history_length, error))
-    return NULL;
+  {
+    GmlpBackendQuantize quantize = {
+      .shape = shape,
+      .recipe = (int) self->recipe,
+      .flags = flags,
+      .fp8_dtype = (int) dtype,
+      .src = gmlp_grouped_tensor_get_data (src),
+      .src_dtype = (int) gmlp_grouped_tensor_get_dtype (src),
+      .data = gmlp_grouped_tensor_get_data (data),
+      .scale_inv = gmlp_grouped_tensor_get_data (scale_inv),
+      .columnwise = columnwise != NULL ? gmlp_grouped_tensor_get_data (columnwise) : NULL,
+      .columnwise_scale_inv = columnwise_scale_inv != NULL ?
+                              gmlp_grouped_tensor_get_data (columnwise_scale_inv) : NULL,
+      .derived_rows = derived != NULL ? gmlp_grouped_tensor_get_data (derived) : NULL,
+      .state = self->state != NULL ? gmlp_grouped_tensor_get_data (self->state) : NULL,
+      .history_length = self->amax_history_length,
+    };
+
+    if (!GMLP_DEVICE_CALL (self->device, quantize, &quantize, error))
+      return NULL;
+  }
 
   if (columnwise != NULL)
     gmlp_grouped_tensor_set_quantized (columnwise, self->recipe, flags,

@@ -31,7 +31,6 @@ host_product (GmlpGemmKind kind,
               gint64       k)
 {
   GmlpCudaRouteProduct p = {
-    .entry = GMLP_CUDA_ENTRY_GEMM,
     .kind = kind,
     .ab_dtype = GMLP_NUM_BFLOAT16,
     .c_dtype = GMLP_NUM_BFLOAT16,
@@ -92,7 +91,7 @@ choose (const GmlpCudaRouteProduct *p,
   g_assert_cmpstr (gmlp_cuda_route_name (route ((p), (props), (spec))), ==, \
                    gmlp_cuda_route_name (expected))
 
-/* The statistics the entry points fill with the route's helpers. */
+/* The statistics the executors' files fill with the route's helpers. */
 static void
 test_helpers (void)
 {
@@ -300,7 +299,6 @@ fp8_product (GmlpGemmKind kind,
 {
   GmlpCudaRouteProduct p = host_product (kind, n_products, m, n, k);
 
-  p.entry = GMLP_CUDA_ENTRY_GEMM_FP8;
   p.ab_dtype = GMLP_NUM_FLOAT8_E4M3;
   p.blockwise = blockwise;
   return p;
@@ -417,7 +415,7 @@ static void
 test_device (void)
 {
   GmlpCudaRouteProduct p = {
-    .entry = GMLP_CUDA_ENTRY_GEMM_DEVICE,
+    .device_sizes = TRUE,
     .kind = GMLP_GEMM_FPROP,
     .ab_dtype = GMLP_NUM_BFLOAT16,
     .c_dtype = GMLP_NUM_BFLOAT16,

@@ -27,6 +27,7 @@
 #include "gmlp-grouped-tensor-private.h"
 #include "gmlp-quantizer-private.h"
 #include "gmlp-saved-activations-private.h"
+#include "backend/gmlp-backend-gemm.h"
 
 static const GmlpScalingRecipe all_recipes[] = {
   GMLP_SCALING_RECIPE_DELAYED, GMLP_SCALING_RECIPE_CURRENT,
@@ -1536,6 +1537,106 @@ test_properties (void)
   quantizers_clear (&q);
 }
 
+/* Where the backends find each group's members and scales in a GEMM
+ * descriptor (gmlp-backend-gemm.h), with host sizes: at the members of
+ * the tensors the layer describes by their bases, the quantizer's
+ * rowwise and columnwise FP8 data and their scales (per-tensor and
+ * blockwise), and the weights' members and scales by a stride. Sizes that
+ * are empty, under a block, and not multiples of 16 or 128. */
+static void
+test_descriptor_layout (void)
+{
+  static const GmlpScalingRecipe recipes[] = { GMLP_SCALING_RECIPE_CURRENT, GMLP_SCALING_RECIPE_BLOCKWISE };
+  g_autoptr(GmlpDevice) device = gmlp_test_device_or_skip ();
+  const gint64 rows[] = { 37, 0, 130, 16, 1 };
+  const guint n = G_N_ELEMENTS (rows);
+  const gint64 k = 272, o = 144;
+  guint r;
+
+  if (device == NULL)
+    return;
+
+  for (r = 0; r < G_N_ELEMENTS (recipes); r++)
+    {
+      gboolean blockwise = recipes[r] == GMLP_SCALING_RECIPE_BLOCKWISE;
+      g_autoptr(GmlpQuantizer) qx = gmlp_quantizer_new (device, recipes[r], GMLP_FP8_FORMAT_E4M3,
+                                                        GMLP_QUANTIZER_ROLE_INPUT);
+      g_autoptr(GmlpQuantizer) qw = gmlp_quantizer_new (device, recipes[r], GMLP_FP8_FORMAT_E4M3,
+                                                        GMLP_QUANTIZER_ROLE_WEIGHT);
+      g_autoptr(GmlpGroupedTensor) x = gmlp_test_random_tensor (device, GMLP_DTYPE_BFLOAT16, rows, n,
+                                                                k, 1.0, NULL);
+      g_autoptr(GmlpGroupedTensor) w = NULL, x8 = NULL, w8 = NULL;
+      g_autoptr(GError) error = NULL;
+      GmlpGroupedTensor *x_t, *w_scales;
+      gpointer members[G_N_ELEMENTS (rows)];
+      const float *scales[G_N_ELEMENTS (rows)];
+      GmlpBackendGemm gemm = { .n_groups = n, .n = o, .k = k, .rows = rows };
+      guint g;
+
+      w = gmlp_grouped_tensor_new_uniform (device, GMLP_DTYPE_BFLOAT16, n, o, k, &error);
+      g_assert_no_error (error);
+      g_assert_true (gmlp_grouped_tensor_fill_zero (w, &error));
+      x8 = gmlp_quantizer_quantize_full (qx, x, TRUE, &error);
+      g_assert_no_error (error);
+      w8 = gmlp_quantizer_quantize_full (qw, w, TRUE, &error);
+      g_assert_no_error (error);
+      x_t = gmlp_grouped_tensor_get_columnwise (x8);
+      g_assert_nonnull (x_t);
+      w_scales = gmlp_grouped_tensor_get_scale_inv (w8);
+
+      /* FPROP: x8 rowwise (1 × 128 blocks), W8 by a stride (128 × 128
+       * tiles, or one scale per member). */
+      gemm.kind = GMLP_GEMM_FPROP;
+      gemm.a = (GmlpBackendOperand) {
+        .layout = GMLP_BACKEND_OPERAND_ROWS,
+        .dtype = (int) gmlp_grouped_tensor_get_dtype (x8),
+        .base = gmlp_grouped_tensor_get_data (x8),
+        .scales = { blockwise ? 1 : 0, blockwise ? (k + 127) / 128 : 0, blockwise ? 1 : 0 },
+        .scale_inv = gmlp_grouped_tensor_get_data (gmlp_grouped_tensor_get_scale_inv (x8)),
+        .scale_stride = (guint64) gmlp_grouped_tensor_get_member_offset (gmlp_grouped_tensor_get_scale_inv (x8), 1),
+      };
+      gemm.b = (GmlpBackendOperand) {
+        .layout = GMLP_BACKEND_OPERAND_STRIDED,
+        .dtype = (int) gmlp_grouped_tensor_get_dtype (w8),
+        .base = gmlp_grouped_tensor_get_data (w8),
+        .stride = (guint64) gmlp_grouped_tensor_get_member_offset (w8, 1),
+        .scale_inv = gmlp_grouped_tensor_get_data (w_scales),
+        .scale_stride = (guint64) gmlp_grouped_tensor_get_member_offset (w_scales, 1),
+      };
+      gmlp_backend_gemm_members (&gemm, &gemm.a, members);
+      for (g = 0; g < n; g++)
+        g_assert_true (members[g] == gmlp_grouped_tensor_get_member_data (x8, g));
+      gmlp_backend_gemm_scale_members (&gemm, &gemm.a, scales);
+      for (g = 0; g < n; g++)
+        g_assert_true (scales[g] == gmlp_grouped_tensor_get_member_data (gmlp_grouped_tensor_get_scale_inv (x8), g));
+      gmlp_backend_gemm_members (&gemm, &gemm.b, members);
+      gmlp_backend_gemm_scale_members (&gemm, &gemm.b, scales);
+      for (g = 0; g < n; g++)
+        {
+          g_assert_true (members[g] == gmlp_grouped_tensor_get_member_data (w8, g));
+          g_assert_true (scales[g] == gmlp_grouped_tensor_get_member_data (w_scales, g));
+        }
+
+      /* WGRAD: the columnwise copy as b (128 × 1 blocks down the tokens). */
+      gemm.kind = GMLP_GEMM_WGRAD;
+      gemm.b = (GmlpBackendOperand) {
+        .layout = GMLP_BACKEND_OPERAND_ROWS,
+        .dtype = (int) gmlp_grouped_tensor_get_dtype (x_t),
+        .base = gmlp_grouped_tensor_get_data (x_t),
+        .scales = { blockwise ? 1 : 0, blockwise ? 1 : 0, blockwise ? k : 0 },
+        .scale_inv = gmlp_grouped_tensor_get_data (gmlp_grouped_tensor_get_scale_inv (x_t)),
+        .scale_stride = (guint64) gmlp_grouped_tensor_get_member_offset (gmlp_grouped_tensor_get_scale_inv (x_t), 1),
+      };
+      gmlp_backend_gemm_members (&gemm, &gemm.b, members);
+      gmlp_backend_gemm_scale_members (&gemm, &gemm.b, scales);
+      for (g = 0; g < n; g++)
+        {
+          g_assert_true (members[g] == gmlp_grouped_tensor_get_member_data (x_t, g));
+          g_assert_true (scales[g] == gmlp_grouped_tensor_get_member_data (gmlp_grouped_tensor_get_scale_inv (x_t), g));
+        }
+    }
+}
+
 int
 main (int argc, char *argv[])
 {
@@ -1555,6 +1656,7 @@ main (int argc, char *argv[])
   g_test_add_func ("/Gmlp/GroupedLinear/fp8/offload-parts", test_offload_parts);
   g_test_add_func ("/Gmlp/GroupedLinear/fp8/bad-input", test_bad_input);
   g_test_add_func ("/Gmlp/GroupedLinear/fp8/properties", test_properties);
+  g_test_add_func ("/Gmlp/GroupedLinear/fp8/descriptor-layout", test_descriptor_layout);
 
   return g_test_run ();
 }

@@ -1512,8 +1512,7 @@ test_device_sizes_direct (void)
  * host-sizes path: the same bits on the CPU (the same arithmetic: with a
  * bias too, which both add to the FP32 product before its one rounding,
  * test_device_sizes_bias_rounding), within the dtype's tolerance on a GPU
- * (other kernels, another summation order; CUDA's host-sizes product still
- * rounds a 16-bit output before add_bias adds the bias). */
+ * (other kernels, another summation order). */
 static void
 test_device_sizes_same_as_host (void)
 {
@@ -1723,9 +1722,9 @@ test_device_sizes_bias_rounding (void)
       sizes = sizes_tensor (device, rows, n);
       x_dev = gmlp_test_device_sized_copy (x_host, sizes, capacity);
 
-      /* Device sizes; then, on the CPU, host sizes, which take the same
-       * products (CUDA's host-sizes product rounds before add_bias). */
-      for (pass = 0; pass < (on_cpu (device) ? 2 : 1); pass++)
+      /* Device sizes, then host sizes: both add the bias before the one
+       * rounding (CUDA's cuBLAS routes into an output holding the bias). */
+      for (pass = 0; pass < 2; pass++)
         {
           g_autoptr(GmlpGroupedTensor) y = NULL, y_view = NULL;
           g_autofree double *got = NULL;

@@ -20,7 +20,7 @@ G_BEGIN_DECLS
 
 /* Bumped whenever the table changes; a module built for another version is
  * refused. */
-#define GMLP_BACKEND_ABI_VERSION 14
+#define GMLP_BACKEND_ABI_VERSION 15
 
 typedef struct _GmlpBackendDevice GmlpBackendDevice;
 typedef struct _GmlpBackendEvent GmlpBackendEvent;
@@ -51,38 +51,13 @@ typedef enum {
   GMLP_GEMM_WGRAD,
 } GmlpGemmKind;
 
-typedef struct {
-  GmlpGemmKind        kind;
-  guint               n_groups;
-  const gint64       *rows;        /* host: m_i of each group */
-  gint64              n;           /* out_features */
-  gint64              k;           /* in_features */
-  int                 ab_dtype;    /* A and B: FLOAT32, FLOAT16 or BFLOAT16 */
-  int                 c_dtype;     /* C: ab_dtype, or FLOAT32 */
-  const void * const *a;           /* host arrays of n_groups device pointers */
-  const void * const *b;
-  void * const       *c;
-  /* WGRAD only: per group, 1 to add into C (C += AᵀB), 0 to overwrite it;
-   * NULL overwrites every group. */
-  const guint8       *accumulate;
-  /* FPROP, optional, for a backend with gemm_adds_bias: bias_i (n values of
-   * c_dtype) added to the FP32 product before C is rounded to c_dtype,
-   * once, as gemm_device adds it. */
-  const void * const *bias;
-} GmlpBackendGemm;
-
-/* The activations of a grouped MLP; the values equal GmlpActivation's. The
- * gated ones (SWIGLU, GEGLU) read rows of 2f values [a | b] and give
- * act(a) * b. GELU is the tanh approximation:
- *   gelu(x) = x/2 (1 + tanh (sqrt(2/pi) (x + 0.044715 x^3))),
- *   silu(x) = x sigmoid(x), relu(x) = max(x, 0), srelu(x) = relu(x)^2. */
 /* Where the FP8 scale inverses of one operand of a product lie, the
  * operand seen K-major as the product reads it (rows × depth, summed over
- * depth). row_block 0: one scale per group, *scale_inv[i] (the per-tensor
- * recipes). Otherwise blocks of row_block rows (1 or 128) ×
+ * depth). row_block 0: one scale per group (the per-tensor recipes).
+ * Otherwise blocks of row_block rows (1 or 128) ×
  * GMLP_BACKEND_FP8_DEPTH_BLOCK values along the depth, from the group's
  * first row and value: the scale of row r, depth d of group i is
- * scale_inv[i][(r / row_block) × row_stride + (d / 128) × depth_stride]
+ * scales_i[(r / row_block) × row_stride + (d / 128) × depth_stride]
  * (the blockwise recipe: a rowwise tensor's 1 × 128 blocks have row_block
  * 1, row_stride ceil (depth / 128), depth_stride 1; a columnwise copy's
  * row_block 1, row_stride 1, depth_stride its rows; weights' tiles
@@ -115,70 +90,11 @@ gmlp_backend_fp8_scale_at (const GmlpBackendFp8Scales *s,
                 (depth / GMLP_BACKEND_FP8_DEPTH_BLOCK) * s->depth_stride];
 }
 
-/* The grouped products of a GroupedLinear whose group sizes are only on the
- * device (gemm_device). m_i = device_rows[i], read by the device, never by the
- * host (so that the call can be captured in a graph); a negative size counts
- * as 0 and sizes that overrun the capacity are clamped as in
- * docs/memory-layout.md (a group gets the rows that fit in every grouped
- * operand).
- *
- * Operands grouped by rows are given by the base pointer of their grouped
- * tensor (member i at Σ_{j<i} align256(m_j × cols × size), row_capacity rows
- * in all); the per-group matrices of fixed shape by host arrays of n_groups
- * device pointers:
- *
- *   FPROP  c_rows_i (m_i × n) = a_i (m_i × k) · weight_iᵀ (n × k) [+ bias_i]
- *   DGRAD  c_rows_i (m_i × k) = a_i (m_i × n) · weight_i  (n × k)
- *   WGRAD  wgrad_i  (n × k)  [+]= a_iᵀ (m_i × n) · b_rows_i (m_i × k)
- *
- * a, b_rows, weight: ab_dtype (FLOAT16, BFLOAT16; FLOAT32 where the backend
- * has a path for it); c_rows, wgrad and bias: c_dtype (ab_dtype or FLOAT32).
- * WGRAD of a group with no rows writes zeros (or leaves an accumulating
- * wgrad_i as it is). */
-typedef struct {
-  GmlpGemmKind        kind;
-  guint               n_groups;
-  const gint64       *device_rows;   /* device memory, n_groups sizes */
-  gint64              row_capacity;  /* rows each row-grouped operand can hold */
-  gint64              n;             /* out_features */
-  gint64              k;             /* in_features */
-  int                 ab_dtype;
-  int                 c_dtype;
-  gconstpointer       a;             /* x (FPROP) or dy (DGRAD, WGRAD) */
-  gconstpointer       b_rows;        /* WGRAD: x; else NULL */
-  gpointer            c_rows;        /* FPROP: y, DGRAD: dx; WGRAD: NULL */
-  const void * const *weight;        /* FPROP, DGRAD: W_i; else NULL */
-  void * const       *wgrad;         /* WGRAD: dW_i; else NULL */
-  const void * const *bias;          /* FPROP, optional: bias_i (n values) */
-  const guint8       *accumulate;    /* WGRAD, optional, host: 1 adds into dW_i */
-  /* FP8 FPROP and DGRAD, per-tensor scales: ab_dtype is a's format
-   * (FLOAT8_E4M3 or FLOAT8_E5M2) and b_dtype weight's; weight_i is K-major,
-   * so DGRAD's is the quantizer's columnwise copy Wᵀ_i (k × n). A value q
-   * of a in group i stands for q × *a_scale_inv[i] (weight: b_scale_inv),
-   * host arrays of device pointers to one FP32 each; c_rows and bias in
-   * c_dtype (FLOAT32, FLOAT16 or BFLOAT16). CUDA runs them on its Hopper
-   * kernel only (UNSUPPORTED on other GPUs). Ignored for other dtypes.
-   * FP8 WGRAD (per-tensor scales) reads K-major operands too: a and b_rows
-   * are the columnwise copies of dy and x (member i n × m_i and k × m_i,
-   * laid out as the rowwise members), a_scale_inv and b_scale_inv theirs;
-   * a backend without it answers UNSUPPORTED (the CPU's does).
-   * Blockwise scales (a_scales, b_scales; zeros for per-tensor): FPROP
-   * and DGRAD, a's are a_scale_rows, grouped by the device sizes like a
-   * (row_block 1, member i m_i × ceil (depth / 128) floats), and
-   * a_scale_inv is not read; WGRAD, the columnwise copies' own scales
-   * (128 × 1 blocks down the tokens) are a_scale_rows and b_scale_rows,
-   * grouped by the blocks of the sizes as the quantizer writes them
-   * (member i ceil (m_i / 128) × n floats for dy, × k for x), and neither
-   * scale_inv table is read. */
-  int                  b_dtype;
-  const float * const *a_scale_inv;
-  const float * const *b_scale_inv;
-  GmlpBackendFp8Scales a_scales;
-  GmlpBackendFp8Scales b_scales;
-  const float         *a_scale_rows;
-  const float         *b_scale_rows;
-} GmlpBackendGemmDevice;
-
+/* The activations of a grouped MLP; the values equal GmlpActivation's. The
+ * gated ones (SWIGLU, GEGLU) read rows of 2f values [a | b] and give
+ * act(a) * b. GELU is the tanh approximation:
+ *   gelu(x) = x/2 (1 + tanh (sqrt(2/pi) (x + 0.044715 x^3))),
+ *   silu(x) = x sigmoid(x), relu(x) = max(x, 0), srelu(x) = relu(x)^2. */
 enum {
   GMLP_ACT_GELU = 0,
   GMLP_ACT_RELU = 1,
@@ -187,87 +103,90 @@ enum {
   GMLP_ACT_GEGLU = 4,
 };
 
-/* FP8 grouped products (gemm_fp8), for tensors quantized with per-tensor
- * scales (GmlpScalingRecipe DELAYED or CURRENT: one FP32 scale inverse per
- * group and operand). Every product is C_i = A_i · B_iᵀ with both operands
- * "K-major" (row-major, the summed dimension contiguous), which is how the
- * layer has them, the transposed ones being the quantizer's columnwise
- * copies (member i of a columnwise copy is the transpose, cols × m_i):
+/* One grouped product (the gemm entry), every case: 16-bit, FP32 or FP8
+ * operands, group sizes on the host or on the device, bias and
+ * accumulation in the epilogue. Each operand is described once, by where
+ * its members lie (GmlpBackendOperand), its dtype and, for FP8, its scales:
  *
- *   FPROP  C_i (m_i × n)    = x_i (m_i × k) · W_i (n × k)ᵀ
- *          a = x rowwise, b = W rowwise
- *   DGRAD  C_i (m_i × k)    = dy_i (m_i × n) · Wᵀ_i (k × n)ᵀ
- *          a = dy rowwise, b = W columnwise
- *   WGRAD  C_i (n × k)    (+)= dyᵀ_i (n × m_i) · xᵀ_i (k × m_i)ᵀ
- *          a = dy columnwise, b = x columnwise
+ *   FPROP  c_i (m_i × n)   = a_i (m_i × k) · b_i (n × k)ᵀ [+ bias_i]
+ *   DGRAD  c_i (m_i × k)   = a_i (m_i × n) · b_i (n × k)
+ *   WGRAD  c_i (n × k)   [+]= a_i (m_i × n)ᵀ · b_i (m_i × k)
  *
- * An FP8 value q of operand a in group i stands for q × *a_scale_inv[i]
- * (the same for b), or with blockwise scales (a_scales, b_scales, see
- * GmlpBackendFp8Scales) q × the scale of its block. Sums are FP32, with the partial sums promoted to FP32
- * (no reduced-precision "fast accumulation"), then scaled by both scale
- * inverses and stored in c_dtype, or, for a WGRAD group whose accumulate
- * entry is 1, added to C_i (c_dtype FLOAT32, main_grad). A WGRAD group with
- * m_i = 0 gives C_i = 0, or leaves an accumulating C_i as it is; FPROP and
- * DGRAD groups with no rows have nothing to write. Alignment rules are the
- * backend's (CUDA: n and k multiples of 16; any m_i); what a backend cannot
- * do is refused with UNSUPPORTED and the reason before anything is
- * enqueued. */
+ * a (x or dy), FPROP's and DGRAD's c (y, dx) and WGRAD's b (x) are grouped
+ * by the group sizes (ROWS); the weights b (FPROP, DGRAD), the weight
+ * gradients c (WGRAD) and the bias are per-group matrices of fixed shape
+ * (STRIDED, or TABLE for tensors a caller gave one by one).
+ *
+ * Sizes: rows (host memory, n_groups values) or, when rows is NULL,
+ * device_rows (device memory, read by the device only, so that the call
+ * can be captured in a graph) with row_capacity, the rows each grouped
+ * operand can hold: a negative size counts as 0 and sizes that overrun the
+ * capacity are clamped as in docs/memory-layout.md (a group gets the rows
+ * that fit in every grouped operand).
+ *
+ * Sums are FP32 (FP8: the partial sums promoted to FP32, no reduced
+ * "fast accumulation"), stored once in c's dtype: a's dtype, or FLOAT32
+ * (FP8: FLOAT32, FLOAT16 or BFLOAT16). An FPROP's bias (n values of c's
+ * dtype per group, layout NONE for none) is added to the FP32 sum before
+ * that one rounding. A WGRAD group whose accumulate entry is 1 adds into
+ * c_i (accumulate, host memory, NULL: overwrite every group); a WGRAD group
+ * with m_i = 0 gives c_i = 0, or leaves an accumulating c_i as it is;
+ * FPROP and DGRAD groups with no rows have nothing to write.
+ *
+ * FP8: a and b are FLOAT8_E4M3 or FLOAT8_E5M2, both K-major (the summed
+ * dimension contiguous), the transposed ones being the quantizer's
+ * columnwise copies: DGRAD's b is Wᵀ_i (k × n); WGRAD's a and b are the
+ * copies of dy and x (member i n × m_i and k × m_i, at the offsets of the
+ * rowwise members). A value q of group i stands for q × its scale inverse
+ * (GmlpBackendOperand.scale_inv). What a backend cannot do it says through
+ * gemm_supported, before anything is enqueued. */
+typedef enum {
+  GMLP_BACKEND_OPERAND_NONE = 0,  /* no operand (an FPROP without bias) */
+  GMLP_BACKEND_OPERAND_ROWS,      /* grouped by the sizes: member i at base +
+                                   * Σ_{j<i} gmlp_num_member_stride (m_j, row
+                                   * bytes), 256-byte aligned */
+  GMLP_BACKEND_OPERAND_STRIDED,   /* fixed shape: member i at base + i × stride */
+  GMLP_BACKEND_OPERAND_TABLE,     /* fixed shape: member i at table[i], a host
+                                   * array of n_groups device pointers */
+} GmlpBackendOperandLayout;
+
 typedef struct {
-  GmlpGemmKind         kind;
-  guint                n_groups;
-  const gint64        *rows;          /* host: m_i of each group */
-  gint64               n;             /* out_features */
-  gint64               k;             /* in_features */
-  int                  a_dtype;       /* FLOAT8_E4M3 or FLOAT8_E5M2 */
-  int                  b_dtype;
-  int                  c_dtype;       /* FLOAT32, FLOAT16 or BFLOAT16 */
-  const void * const  *a;             /* host arrays of n_groups device pointers */
-  const void * const  *b;
-  const float * const *a_scale_inv;   /* per group: a device pointer to one FP32 */
-  const float * const *b_scale_inv;
-  void * const        *c;
-  /* WGRAD only: per group, 1 adds into C (C_i += A_i B_iᵀ), 0 overwrites;
-   * NULL overwrites every group. */
-  const guint8        *accumulate;
-  GmlpBackendFp8Scales a_scales;      /* zeros: per-tensor */
-  GmlpBackendFp8Scales b_scales;
-  /* FPROP, optional, for a backend with gemm_adds_bias: as
-   * GmlpBackendGemm's bias. */
-  const void * const  *bias;
-} GmlpBackendGemmFp8;
+  GmlpBackendOperandLayout  layout;
+  int                       dtype;
+  gpointer                  base;       /* ROWS, STRIDED */
+  guint64                   stride;     /* STRIDED: bytes from member to member */
+  void * const             *table;      /* TABLE */
+  /* FP8 only. With per-tensor scales (scales all zeros) group i's one FP32
+   * scale inverse is at scale_inv + i × scale_stride bytes. With blockwise
+   * scales (see GmlpBackendFp8Scales) a fixed-shape operand's (128 × 128
+   * tiles) are there too; a ROWS operand's are grouped by the sizes as the
+   * quantizer lays them out, from scale_inv: FPROP's and DGRAD's a has
+   * member i m_i × ceil (depth / 128) floats (rows), WGRAD's copies member
+   * i ceil (m_i / 128) × n floats for a, × k for b (blocks of 128 rows). */
+  GmlpBackendFp8Scales      scales;
+  const float              *scale_inv;
+  guint64                   scale_stride;
+} GmlpBackendOperand;
 
-/* The product of group g as C (rows × cols) = A (rows × depth) · B (cols ×
- * depth)ᵀ, the same for every backend. */
-static inline void
-gmlp_backend_gemm_fp8_shape (const GmlpBackendGemmFp8 *gemm,
-                             guint                     g,
-                             gint64                   *rows,
-                             gint64                   *cols,
-                             gint64                   *depth)
-{
-  gint64 m = gemm->rows[g];
+typedef struct {
+  GmlpGemmKind        kind;
+  guint               n_groups;
+  gint64              n;              /* out_features */
+  gint64              k;              /* in_features */
+  const gint64       *rows;           /* host sizes, or NULL: */
+  const gint64       *device_rows;    /* device sizes */
+  gint64              row_capacity;   /* device sizes: rows of each grouped operand */
+  GmlpBackendOperand  a;
+  GmlpBackendOperand  b;
+  GmlpBackendOperand  c;
+  GmlpBackendOperand  bias;           /* FPROP, optional */
+  const guint8       *accumulate;     /* WGRAD, optional */
+} GmlpBackendGemm;
 
-  switch (gemm->kind)
-    {
-    case GMLP_GEMM_FPROP:
-      *rows = m, *cols = gemm->n, *depth = gemm->k;
-      break;
-    case GMLP_GEMM_DGRAD:
-      *rows = m, *cols = gemm->k, *depth = gemm->n;
-      break;
-    case GMLP_GEMM_WGRAD:
-    default:
-      *rows = gemm->n, *cols = gemm->k, *depth = m;
-      break;
-    }
-}
-
-/* TRUE when group g adds into its FP32 output (WGRAD with the mask set). */
 static inline gboolean
-gmlp_backend_gemm_fp8_accumulates (const GmlpBackendGemmFp8 *gemm,
-                                   guint                     g)
+gmlp_backend_gemm_blockwise (const GmlpBackendGemm *gemm)
 {
-  return gemm->kind == GMLP_GEMM_WGRAD && gemm->accumulate != NULL && gemm->accumulate[g];
+  return gmlp_backend_fp8_scales_blockwise (&gemm->a.scales, &gemm->b.scales);
 }
 
 /* Token permutation (gmlp-routing-permute.c). A routing of T tokens with k
@@ -541,6 +460,35 @@ typedef struct {
   GmlpTuningChoice  block_cache;
 } GmlpBackendTuning;
 
+/* One call of quantize, dequantize or activation_quantize (the entries
+ * say which fields each reads). shape: the group sizes (read where they
+ * are) and row capacity of every operand, cols their columns; recipe:
+ * GmlpScalingRecipe's values; flags: the GMLP_QUANT_FLAG_* of
+ * kernels/gmlp-quantize-numeric.h. */
+typedef struct {
+  GmlpBackendShape  shape;
+  int               recipe;
+  int               flags;
+  int               fp8_dtype;
+  /* quantize: src (src_dtype) is quantized; activation_quantize: act (in)
+   * is (in: src, src_dtype, f values a row, 2f for the gated activations). */
+  gconstpointer     src;
+  int               src_dtype;
+  int               activation;
+  /* The FP8 tensor: written by quantize and activation_quantize, read by
+   * dequantize (data and scale_inv). */
+  gpointer          data;
+  gpointer          scale_inv;
+  gpointer          columnwise;            /* or NULL */
+  gpointer          columnwise_scale_inv;  /* or NULL */
+  gint64           *derived_rows;          /* or NULL */
+  float            *state;                 /* DELAYED: n_groups rows of history */
+  guint             history_length;
+  /* dequantize's output. */
+  gpointer          dst;
+  int               dst_dtype;
+} GmlpBackendQuantize;
+
 /* Communicators (gmlp-communicator.c): one rank of a group of world_size
  * ranks, each on a device of one backend. The unique id that names the
  * group is GMLP_BACKEND_COMM_ID_BYTES opaque bytes (NCCL's ncclUniqueId for
@@ -621,24 +569,21 @@ typedef struct {
                                             float               scale,
                                             GError            **error);
 
-  /* The grouped products above; one call enqueues every group. */
+  /* The grouped product of GmlpBackendGemm; one call enqueues every
+   * group. */
   gboolean            (*gemm)              (GmlpBackendDevice      *device,
                                             const GmlpBackendGemm  *gemm,
                                             GError                **error);
-  /* Whether gemm and gemm_fp8 add their descriptor's bias to an FPROP
-   * before its one rounding; without, the layer adds it afterwards with
-   * add_bias, to the product as stored (which rounds a 16-bit C twice). */
-  gboolean            gemm_adds_bias;
-  /* C_i[r, :] += bias_i[:] for every row r < rows[i] of every group: C and
-   * bias of the same floating dtype, bias_i of n elements, added in FP32. */
-  gboolean            (*add_bias)          (GmlpBackendDevice  *device,
-                                            guint               n_groups,
-                                            const gint64       *rows,
-                                            gint64              n,
-                                            int                 dtype,
-                                            void * const       *c,
-                                            const void * const *bias,
-                                            GError            **error);
+  /* Whether gemm multiplies the FP8 operands of a descriptor as they are;
+   * if not, why in *reason (a static string), and the caller multiplies
+   * them dequantized instead (docs/routes.md's `dequantized`). Looks at
+   * nothing but the descriptor and the device: nothing is enqueued or
+   * waited for. TRUE for every other descriptor: gemm itself refuses what
+   * is wrong with it, or what it cannot do and has no fall-back for (FP8
+   * with per-tensor scales without FP8 tensor cores). */
+  gboolean            (*gemm_supported)    (GmlpBackendDevice      *device,
+                                            const GmlpBackendGemm  *gemm,
+                                            const char            **reason);
   /* dbias_i[j] = Σ_r A_i[r, j] over the rows[i] rows of group i, summed in
    * FP32 and stored as dtype (A's dtype); zero for an empty group. */
   gboolean            (*bias_grad)         (GmlpBackendDevice  *device,
@@ -729,10 +674,10 @@ typedef struct {
    * out for (cols: f); in, d_out and out are the base pointers of grouped
    * tensors over those sizes, each member laid out for its own row width
    * (gmlp_num_member_stride()). A group keeps the rows that fit in every
-   * operand, as in gemm_device (docs/memory-layout.md). The sizes are read
-   * by the device only; nothing waits or is allocated per call, so it can
-   * be captured in a graph. (Host sizes keep the entry above: this one
-   * needs them uploaded and walked on the device first.) */
+   * operand, as in gemm with device sizes (docs/memory-layout.md). The
+   * sizes are read by the device only; nothing waits or is allocated per
+   * call, so it can be captured in a graph. (Host sizes keep the entry
+   * above: this one needs them uploaded and walked on the device first.) */
   gboolean            (*activation_device) (GmlpBackendDevice      *device,
                                             const GmlpBackendShape *shape,
                                             int                     activation,
@@ -764,12 +709,6 @@ typedef struct {
                                             double                 *result,
                                             GError                **error);
 
-  /* Group sizes on the device (see GmlpBackendGemmDevice). Neither op reads
-   * the sizes on the host, synchronizes or allocates per call, so both can
-   * be captured in a graph. */
-  gboolean            (*gemm_device)       (GmlpBackendDevice            *device,
-                                            const GmlpBackendGemmDevice  *gemm,
-                                            GError                      **error);
   /* bias_grad for a tensor whose sizes are on the device: dbias_i[j] =
    * Σ_r A_i[r, j] in FP32, stored as dtype; zero for an empty group. */
   gboolean            (*bias_grad_device)  (GmlpBackendDevice            *device,
@@ -812,34 +751,15 @@ typedef struct {
    * gmlp_quant_state_stride (history_length) floats) and max-es the group's
    * amax into it. Backends that cannot do a case fail with UNSUPPORTED and
    * the reason, before anything is written. */
-  gboolean            (*quantize)          (GmlpBackendDevice       *device,
-                                            const GmlpBackendShape  *shape,
-                                            int                      recipe,
-                                            int                      flags,
-                                            gconstpointer            src,
-                                            int                      src_dtype,
-                                            int                      fp8_dtype,
-                                            gpointer                 data,
-                                            gpointer                 scale_inv,
-                                            gpointer                 columnwise,
-                                            gpointer                 columnwise_scale_inv,
-                                            gint64                  *derived_rows,
-                                            float                   *state,
-                                            guint                    history_length,
-                                            GError                 **error);
+  gboolean            (*quantize)          (GmlpBackendDevice          *device,
+                                            const GmlpBackendQuantize  *quantize,
+                                            GError                    **error);
   /* dst = data × scale_inv, element by element, by the rowwise blocks of
-   * recipe and flags; dst (FLOAT32, FLOAT16 or BFLOAT16) laid out like data
-   * with its own element size. */
-  gboolean            (*dequantize)        (GmlpBackendDevice       *device,
-                                            const GmlpBackendShape  *shape,
-                                            int                      recipe,
-                                            int                      flags,
-                                            gconstpointer            data,
-                                            int                      fp8_dtype,
-                                            gconstpointer            scale_inv,
-                                            gpointer                 dst,
-                                            int                      dst_dtype,
-                                            GError                 **error);
+   * recipe and flags; dst (dst_dtype: FLOAT32, FLOAT16 or BFLOAT16) laid
+   * out like data with its own element size. */
+  gboolean            (*dequantize)        (GmlpBackendDevice          *device,
+                                            const GmlpBackendQuantize  *quantize,
+                                            GError                    **error);
   /* gmlp_quant_delayed_update() of each of the n_groups rows of state,
    * stream-ordered, without waiting. */
   gboolean            (*quantizer_update)  (GmlpBackendDevice       *device,
@@ -850,12 +770,6 @@ typedef struct {
                                             int                      margin,
                                             GError                 **error);
 
-  /* FP8 grouped products with per-tensor scales (GmlpBackendGemmFp8
-   * above); one call enqueues every group. */
-  gboolean            (*gemm_fp8)          (GmlpBackendDevice          *device,
-                                            const GmlpBackendGemmFp8   *gemm,
-                                            GError                    **error);
-
   /* GroupedMLP, FP8: the activation of in, quantized, in one pass over in
    * (two for CURRENT, whose scale needs the amax of the whole group first:
    * the first pass only finds the amaxes). The FP8 result, every output
@@ -863,28 +777,16 @@ typedef struct {
    * quantize entry of its output would give, bit for bit: act(in) in FP32,
    * rounded to dtype, then quantized. shape: the group sizes (read where
    * they are) and row capacity of in and of the outputs, cols = f, the
-   * columns of the activation's output; in (dtype FLOAT32, FLOAT16 or
-   * BFLOAT16) has f values per row, 2f for the gated activations. recipe,
+   * columns of the activation's output; in (src, of src_dtype FLOAT32,
+   * FLOAT16 or BFLOAT16) has f values per row, 2f for the gated
+   * activations; activation a GMLP_ACT_* value. recipe,
    * flags, fp8_dtype, the outputs, derived_rows, state and history_length
    * are those of quantize (DELAYED: the scale from state, the amax of the
    * activation's output max-ed into it). Refused with UNSUPPORTED (and the
    * reason) before anything is written where a backend cannot do it. */
-  gboolean            (*activation_quantize) (GmlpBackendDevice       *device,
-                                              const GmlpBackendShape  *shape,
-                                              int                      activation,
-                                              gconstpointer            in,
-                                              int                      dtype,
-                                              int                      recipe,
-                                              int                      flags,
-                                              int                      fp8_dtype,
-                                              gpointer                 data,
-                                              gpointer                 scale_inv,
-                                              gpointer                 columnwise,
-                                              gpointer                 columnwise_scale_inv,
-                                              gint64                  *derived_rows,
-                                              float                   *state,
-                                              guint                    history_length,
-                                              GError                 **error);
+  gboolean            (*activation_quantize) (GmlpBackendDevice          *device,
+                                              const GmlpBackendQuantize  *quantize,
+                                              GError                    **error);
 
   /* Token permutation (GmlpBackendRoutingMap, GmlpBackendPermute above):
    * entries below this line. None reads anything on the host, synchronizes

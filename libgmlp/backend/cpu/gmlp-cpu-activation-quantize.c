@@ -75,23 +75,20 @@ check_arguments (const GmlpBackendShape  *shape,
 }
 
 gboolean
-gmlp_cpu_activation_quantize (GmlpBackendDevice       *device,
-                              const GmlpBackendShape  *shape,
-                              int                      activation,
-                              gconstpointer            in,
-                              int                      dtype,
-                              int                      recipe,
-                              int                      flags,
-                              int                      fp8_dtype,
-                              gpointer                 data,
-                              gpointer                 scale_inv,
-                              gpointer                 columnwise,
-                              gpointer                 columnwise_scale_inv,
-                              gint64                  *derived_rows,
-                              float                   *state,
-                              guint                    history_length,
-                              GError                 **error)
+gmlp_cpu_activation_quantize (GmlpBackendDevice          *device,
+                              const GmlpBackendQuantize  *quantize,
+                              GError                    **error)
 {
+  const GmlpBackendShape *shape = &quantize->shape;
+  int activation = quantize->activation;
+  gconstpointer in = quantize->src;
+  int dtype = quantize->src_dtype;
+  int recipe = quantize->recipe, flags = quantize->flags, fp8_dtype = quantize->fp8_dtype;
+  gpointer data = quantize->data, scale_inv = quantize->scale_inv;
+  gpointer columnwise = quantize->columnwise, columnwise_scale_inv = quantize->columnwise_scale_inv;
+  gint64 *derived_rows = quantize->derived_rows;
+  float *state = quantize->state;
+  guint history_length = quantize->history_length;
   const gboolean gated = gmlp_act_is_gated (activation);
   gint64 f = shape->cols, in_cols;
   gint64 rows_left = shape->row_capacity;
@@ -134,18 +131,29 @@ gmlp_cpu_activation_quantize (GmlpBackendDevice       *device,
                                   gmlp_act_forward (activation, a, b));
           }
 
-      if (!gmlp_cpu_quantize (device, &one, recipe, flags, act, dtype, fp8_dtype,
-                              (guint8 *) data + layout.offset[GMLP_CPU_QUANT_DATA],
-                              (guint8 *) scale_inv + layout.offset[GMLP_CPU_QUANT_SCALE],
-                              columnwise != NULL ? (guint8 *) columnwise + layout.offset[GMLP_CPU_QUANT_DATA]
-                                                 : NULL,
-                              own_column_scales ? (guint8 *) columnwise_scale_inv +
-                                                  layout.offset[GMLP_CPU_QUANT_COLUMN_SCALE]
-                                                : NULL,
-                              derived_rows != NULL ? derived_rows + g : NULL,
-                              state != NULL ? state + (gsize) g * stride : NULL,
-                              history_length, error))
-        return FALSE;
+      {
+        GmlpBackendQuantize one_quantize = {
+          .shape = one,
+          .recipe = recipe,
+          .flags = flags,
+          .fp8_dtype = fp8_dtype,
+          .src = act,
+          .src_dtype = dtype,
+          .data = (guint8 *) data + layout.offset[GMLP_CPU_QUANT_DATA],
+          .scale_inv = (guint8 *) scale_inv + layout.offset[GMLP_CPU_QUANT_SCALE],
+          .columnwise = columnwise != NULL ? (guint8 *) columnwise + layout.offset[GMLP_CPU_QUANT_DATA]
+                                           : NULL,
+          .columnwise_scale_inv = own_column_scales ? (guint8 *) columnwise_scale_inv +
+                                                      layout.offset[GMLP_CPU_QUANT_COLUMN_SCALE]
+                                                    : NULL,
+          .derived_rows = derived_rows != NULL ? derived_rows + g : NULL,
+          .state = state != NULL ? state + (gsize) g * stride : NULL,
+          .history_length = history_length,
+        };
+
+        if (!gmlp_cpu_quantize (device, &one_quantize, error))
+          return FALSE;
+      }
 
       gmlp_cpu_quant_layout_next_group (&layout, m);
     }

@@ -15,6 +15,7 @@
 #include <cblas.h>
 
 #include "backend/gmlp-backend.h"
+#include "backend/gmlp-backend-gemm.h"
 #include "backend/cpu/gmlp-cpu-quantize.h"
 #include "backend/cpu/gmlp-cpu-gemm-fp8.h"
 #include "backend/cpu/gmlp-cpu-activation-quantize.h"
@@ -187,13 +188,13 @@ as_float (const void *src,
   return *owned;
 }
 
-/* One group of a GmlpBackendGemm with OpenBLAS's sgemm: inputs widened to
- * FP32, the product accumulated in FP32 (FPROP: plus @bias, n values of C's
- * dtype, or NULL), rounded once to C's dtype. */
+/* One group of a 16-bit or FP32 product with OpenBLAS's sgemm: inputs
+ * widened to FP32, the product accumulated in FP32 (FPROP: plus @bias, n
+ * values of C's dtype, or NULL), rounded once to C's dtype. */
 static void
-cpu_gemm_group (const GmlpBackendGemm *gemm,
-                guint                  g,
-                const void            *bias)
+cpu_gemm_group (const GmlpCpuGemm *gemm,
+                guint              g,
+                const void        *bias)
 {
   gint64 m = gemm->rows[g], n = gemm->n, k = gemm->k;
   gsize a_len, b_len, c_len;
@@ -222,8 +223,8 @@ cpu_gemm_group (const GmlpBackendGemm *gemm,
       return;
     }
 
-  a = as_float (gemm->a[g], gemm->ab_dtype, a_len, &a_owned);
-  b = as_float (gemm->b[g], gemm->ab_dtype, b_len, &b_owned);
+  a = as_float (gemm->a[g], gemm->a_dtype, a_len, &a_owned);
+  b = as_float (gemm->b[g], gemm->a_dtype, b_len, &b_owned);
   if (gemm->c_dtype == GMLP_NUM_FLOAT32)
     c = gemm->c[g];
   else if (accumulate)
@@ -269,18 +270,17 @@ cpu_check_float_dtype (int       dtype,
   return TRUE;
 }
 
-/* An FPROP's bias goes into the FP32 product, before the one rounding to
- * C's dtype, as CUDA's epilogue adds it (gemm_adds_bias). */
+/* The 16-bit and FP32 products. An FPROP's bias goes into the FP32
+ * product, before the one rounding to C's dtype. */
 static gboolean
-cpu_gemm (GmlpBackendDevice      *device,
-          const GmlpBackendGemm  *gemm,
-          GError                **error)
+cpu_gemm_groups (const GmlpCpuGemm  *gemm,
+                 GError            **error)
 {
   guint g;
 
-  if (!cpu_check_float_dtype (gemm->ab_dtype, error))
+  if (!cpu_check_float_dtype (gemm->a_dtype, error))
     return FALSE;
-  if (gemm->c_dtype != gemm->ab_dtype && gemm->c_dtype != GMLP_NUM_FLOAT32)
+  if (gemm->c_dtype != gemm->a_dtype && gemm->c_dtype != GMLP_NUM_FLOAT32)
     {
       g_set_error (error, GMLP_ERROR, GMLP_ERROR_UNSUPPORTED,
                    "GEMM output must be the input dtype or float32");
@@ -299,38 +299,7 @@ cpu_gemm (GmlpBackendDevice      *device,
       }
 
   for (g = 0; g < gemm->n_groups; g++)
-    cpu_gemm_group (gemm, g, gemm->bias != NULL && gemm->kind == GMLP_GEMM_FPROP ? gemm->bias[g] : NULL);
-  return TRUE;
-}
-
-static gboolean
-cpu_add_bias (GmlpBackendDevice  *device,
-              guint               n_groups,
-              const gint64       *rows,
-              gint64              n,
-              int                 dtype,
-              void * const       *c,
-              const void * const *bias,
-              GError            **error)
-{
-  guint g;
-
-  if (!cpu_check_float_dtype (dtype, error))
-    return FALSE;
-
-  for (g = 0; g < n_groups; g++)
-    {
-      gint64 r, j;
-
-      for (r = 0; r < rows[g]; r++)
-        for (j = 0; j < n; j++)
-          {
-            guint64 i = (guint64) (r * n + j);
-            gmlp_num_store_float (c[g], dtype, i,
-                                  gmlp_num_load_float (c[g], dtype, i) +
-                                  gmlp_num_load_float (bias[g], dtype, (guint64) j));
-          }
-    }
+    cpu_gemm_group (gemm, g, gemm->bias != NULL ? gemm->bias[g] : NULL);
   return TRUE;
 }
 
@@ -797,22 +766,120 @@ cpu_walk_device_rows (const gint64   *device_rows,
     }
 }
 
+static const char cpu_no_device_fp8[] =
+  "CPU: FP8 products with device sizes are FPROP and DGRAD with scales (blockwise: "
+  "a's in rows, grouped by the sizes)";
+
+/* Whether the CPU multiplies the FP8 operands of gemm as they are: with
+ * host sizes, always; with device sizes FPROP and DGRAD (blockwise: a's
+ * scales in rows). */
 static gboolean
-cpu_gemm_device (GmlpBackendDevice            *device,
-                 const GmlpBackendGemmDevice  *gemm,
-                 GError                      **error)
+cpu_gemm_supported (GmlpBackendDevice      *device,
+                    const GmlpBackendGemm  *gemm,
+                    const char            **reason)
+{
+  gboolean blockwise = gmlp_backend_gemm_blockwise (gemm);
+
+  if (!gmlp_backend_gemm_is_fp8 (gemm) || gemm->rows != NULL)
+    return TRUE;
+  if (gemm->kind == GMLP_GEMM_WGRAD || gemm->b.scale_inv == NULL || gemm->a.scale_inv == NULL ||
+      (blockwise && gemm->a.scales.row_block != 1))
+    {
+      *reason = cpu_no_device_fp8;
+      return FALSE;
+    }
+  return TRUE;
+}
+
+/* With device sizes: reads them (host memory here), clamps them as the
+ * kernels do, and finds each group's members in the grouped operands
+ * (a, and c or WGRAD's b; blockwise: a's scales). */
+static gboolean
+cpu_gemm_walk_device_rows (const GmlpBackendGemm  *gemm,
+                           GmlpCpuGemm            *groups,
+                           gint64                 *rows,
+                           GError                **error)
 {
   gboolean wgrad = gemm->kind == GMLP_GEMM_WGRAD;
-  gboolean fp8 = gmlp_num_dtype_is_fp8 (gemm->ab_dtype);
-  gboolean blockwise = fp8 && gmlp_backend_fp8_scales_blockwise (&gemm->a_scales, &gemm->b_scales);
-  gint64 first_cols, second_cols;
-  int second_dtype;
+  gboolean fp8 = gmlp_backend_gemm_is_fp8 (gemm);
+  gboolean blockwise = fp8 && gmlp_backend_gemm_blockwise (gemm);
+  const GmlpBackendOperand *second = wgrad ? &gemm->b : &gemm->c;
+  const char *reason;
   CpuRowsOperand ops[3];
-  g_autofree gint64 *rows = NULL;
-  g_autofree gpointer *first = NULL, *second = NULL, *first_scales = NULL;
   gpointer *members[3];
-  GmlpBackendGemm host;
-  gboolean ok;
+
+  if (gemm->n <= 0 || gemm->k <= 0)
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_UNSUPPORTED,
+                   "CPU: grouped products with device sizes need n and k of at least 1");
+      return FALSE;
+    }
+  if (gemm->device_rows == NULL || gemm->a.base == NULL || second->base == NULL ||
+      (wgrad ? gemm->c.layout : gemm->b.layout) == GMLP_BACKEND_OPERAND_NONE)
+    {
+      g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
+                   "CPU: a grouped product with device sizes is missing an operand");
+      return FALSE;
+    }
+  if (fp8 && !cpu_gemm_supported (NULL, gemm, &reason))
+    {
+      g_set_error_literal (error, GMLP_ERROR, GMLP_ERROR_UNSUPPORTED, reason);
+      return FALSE;
+    }
+  if ((!fp8 && !cpu_check_float_dtype (gemm->a.dtype, error)) ||
+      !cpu_check_float_dtype (gemm->c.dtype, error) ||
+      !cpu_rows_operand_init (&ops[0], gemm->a.base, gmlp_backend_gemm_row_cols (gemm, &gemm->a),
+                              gemm->a.dtype, gemm->n_groups, gemm->row_capacity, error) ||
+      !cpu_rows_operand_init (&ops[1], second->base, gmlp_backend_gemm_row_cols (gemm, second),
+                              second->dtype, gemm->n_groups, gemm->row_capacity, error))
+    return FALSE;
+
+  /* Blockwise: a's scales are grouped by the same sizes. */
+  if (blockwise)
+    {
+      gint64 scale_rows, row_floats;
+
+      gmlp_backend_gemm_scale_rows (gemm, &gemm->a, 1, &scale_rows, &row_floats);
+      if (!cpu_rows_operand_init (&ops[2], gemm->a.scale_inv, row_floats, GMLP_NUM_FLOAT32,
+                                  gemm->n_groups, gemm->row_capacity, error))
+        return FALSE;
+    }
+
+  members[0] = groups->a;
+  members[1] = wgrad ? groups->b : groups->c;
+  members[2] = (gpointer *) groups->a_scale_inv;
+  cpu_walk_device_rows (gemm->device_rows, gemm->n_groups, ops, blockwise ? 3 : 2, rows, members);
+  return TRUE;
+}
+
+/* Every product: the groups' members found (with device sizes, the sizes
+ * read and clamped first), then the host-sizes arithmetic, group by
+ * group. */
+static gboolean
+cpu_gemm (GmlpBackendDevice      *device,
+          const GmlpBackendGemm  *gemm,
+          GError                **error)
+{
+  guint n = gemm->n_groups, g;
+  gboolean fp8 = gmlp_backend_gemm_is_fp8 (gemm);
+  gboolean wgrad = gemm->kind == GMLP_GEMM_WGRAD;
+  gpointer local[GMLP_BACKEND_GEMM_LOCAL_TABLES];
+  g_autofree gpointer *heap = NULL;
+  gpointer *tables;
+  g_autofree gint64 *device_sized = NULL;
+  GmlpCpuGemm groups = {
+    .kind = gemm->kind,
+    .n_groups = n,
+    .rows = gemm->rows,
+    .n = gemm->n,
+    .k = gemm->k,
+    .a_dtype = gemm->a.dtype,
+    .b_dtype = gemm->b.dtype,
+    .c_dtype = gemm->c.dtype,
+    .a_scales = gemm->a.scales,
+    .b_scales = gemm->b.scales,
+    .accumulate = wgrad ? gemm->accumulate : NULL,
+  };
 
   if (gemm->kind != GMLP_GEMM_FPROP && gemm->kind != GMLP_GEMM_DGRAD && !wgrad)
     {
@@ -820,100 +887,55 @@ cpu_gemm_device (GmlpBackendDevice            *device,
                    (int) gemm->kind);
       return FALSE;
     }
-  if (gemm->n_groups == 0)
+  if (n == 0)
     return TRUE;
-  if (gemm->n <= 0 || gemm->k <= 0)
+
+  /* One block for every table: a, b, c, bias and the two scales. */
+  tables = gmlp_backend_gemm_tables (local, 6 * (gsize) n, &heap);
+  groups.a = tables;
+  groups.b = tables + n;
+  groups.c = tables + 2 * n;
+  groups.a_scale_inv = (const float **) (tables + 4 * n);
+  groups.b_scale_inv = (const float **) (tables + 5 * n);
+  if (gemm->kind == GMLP_GEMM_FPROP && gemm->bias.layout != GMLP_BACKEND_OPERAND_NONE)
     {
-      g_set_error (error, GMLP_ERROR, GMLP_ERROR_UNSUPPORTED,
-                   "CPU: grouped products with device sizes need n and k of at least 1");
-      return FALSE;
+      groups.bias = tables + 3 * n;
+      for (g = 0; g < n; g++)
+        groups.bias[g] = gmlp_backend_operand_fixed (&gemm->bias, g);
     }
-  if (gemm->device_rows == NULL || gemm->a == NULL ||
-      (wgrad ? (gemm->b_rows == NULL || gemm->wgrad == NULL)
-             : (gemm->c_rows == NULL || gemm->weight == NULL)))
+
+  if (gemm->rows != NULL)
     {
-      g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
-                   "CPU: a grouped product with device sizes is missing an operand");
-      return FALSE;
-    }
-
-  /* The two operands grouped by rows: x or dy, then y, dx or (WGRAD) x. */
-  first_cols = gemm->kind == GMLP_GEMM_FPROP ? gemm->k : gemm->n;
-  second_cols = gemm->kind == GMLP_GEMM_FPROP ? gemm->n : gemm->k;
-  second_dtype = wgrad ? gemm->ab_dtype : gemm->c_dtype;
-  if (fp8 && (wgrad || gemm->b_scale_inv == NULL ||
-              (blockwise ? gemm->a_scale_rows == NULL || gemm->a_scales.row_block != 1
-                         : gemm->a_scale_inv == NULL)))
-    {
-      g_set_error (error, GMLP_ERROR, GMLP_ERROR_UNSUPPORTED,
-                   "CPU: FP8 products with device sizes are FPROP and DGRAD with scales (blockwise: "
-                   "a's in rows, grouped by the sizes)");
-      return FALSE;
-    }
-  if ((!fp8 && !cpu_check_float_dtype (gemm->ab_dtype, error)) ||
-      !cpu_check_float_dtype (gemm->c_dtype, error) ||
-      !cpu_rows_operand_init (&ops[0], gemm->a, first_cols, gemm->ab_dtype, gemm->n_groups,
-                              gemm->row_capacity, error) ||
-      !cpu_rows_operand_init (&ops[1], wgrad ? gemm->b_rows : gemm->c_rows, second_cols,
-                              second_dtype, gemm->n_groups, gemm->row_capacity, error))
-    return FALSE;
-
-  /* Blockwise: a's scales are grouped by the same sizes. */
-  if (blockwise &&
-      !cpu_rows_operand_init (&ops[2], gemm->a_scale_rows,
-                              (first_cols + GMLP_BACKEND_FP8_DEPTH_BLOCK - 1) / GMLP_BACKEND_FP8_DEPTH_BLOCK,
-                              GMLP_NUM_FLOAT32, gemm->n_groups, gemm->row_capacity, error))
-    return FALSE;
-
-  rows = g_new (gint64, gemm->n_groups);
-  members[0] = first = g_new (gpointer, gemm->n_groups);
-  members[1] = second = g_new (gpointer, gemm->n_groups);
-  members[2] = first_scales = blockwise ? g_new (gpointer, gemm->n_groups) : NULL;
-  cpu_walk_device_rows (gemm->device_rows, gemm->n_groups, ops, blockwise ? 3 : 2, rows, members);
-
-  if (fp8)
-    {
-      /* The sizes are in host memory here: the host-sizes FP8 product. */
-      GmlpBackendGemmFp8 host_fp8 = {
-        .kind = gemm->kind,
-        .n_groups = gemm->n_groups,
-        .rows = rows,
-        .n = gemm->n,
-        .k = gemm->k,
-        .a_dtype = gemm->ab_dtype,
-        .b_dtype = gemm->b_dtype,
-        .c_dtype = gemm->c_dtype,
-        .a = (const void * const *) first,
-        .b = gemm->weight,
-        .a_scale_inv = blockwise ? (const float * const *) first_scales : gemm->a_scale_inv,
-        .b_scale_inv = gemm->b_scale_inv,
-        .c = (void * const *) second,
-        .a_scales = gemm->a_scales,
-        .b_scales = gemm->b_scales,
-        .bias = gemm->kind == GMLP_GEMM_FPROP ? gemm->bias : NULL,
-      };
-
-      ok = gmlp_cpu_gemm_fp8 (device, &host_fp8, error);
+      gmlp_backend_gemm_members (gemm, &gemm->a, groups.a);
+      gmlp_backend_gemm_members (gemm, &gemm->b, groups.b);
+      gmlp_backend_gemm_members (gemm, &gemm->c, groups.c);
+      if (fp8)
+        gmlp_backend_gemm_scale_members (gemm, &gemm->a, groups.a_scale_inv);
     }
   else
     {
-      host = (GmlpBackendGemm) {
-        .kind = gemm->kind,
-        .n_groups = gemm->n_groups,
-        .rows = rows,
-        .n = gemm->n,
-        .k = gemm->k,
-        .ab_dtype = gemm->ab_dtype,
-        .c_dtype = gemm->c_dtype,
-        .a = (const void * const *) first,
-        .b = wgrad ? (const void * const *) second : gemm->weight,
-        .c = wgrad ? gemm->wgrad : (void * const *) second,
-        .accumulate = wgrad ? gemm->accumulate : NULL,
-        .bias = gemm->kind == GMLP_GEMM_FPROP ? gemm->bias : NULL,
-      };
-      ok = cpu_gemm (device, &host, error);
+      groups.rows = device_sized = g_new (gint64, n);
+      if (!cpu_gemm_walk_device_rows (gemm, &groups, device_sized, error))
+        return FALSE;
+      /* The per-group matrices, and a's per-tensor scales. */
+      for (g = 0; g < n; g++)
+        {
+          if (wgrad)
+            groups.c[g] = gmlp_backend_operand_fixed (&gemm->c, g);
+          else
+            groups.b[g] = gmlp_backend_operand_fixed (&gemm->b, g);
+          if (fp8 && !gmlp_backend_operand_scales_follow_rows (&gemm->a))
+            groups.a_scale_inv[g] = gmlp_backend_operand_fixed_scales (&gemm->a, g);
+        }
     }
-  return ok;
+  if (fp8)
+    {
+      gmlp_backend_gemm_scale_members (gemm, &gemm->b, groups.b_scale_inv);
+      if (gemm->a.scale_inv == NULL || gemm->b.scale_inv == NULL)
+        groups.a_scale_inv = groups.b_scale_inv = NULL;
+      return gmlp_cpu_fp8_products (&groups, error);
+    }
+  return cpu_gemm_groups (&groups, error);
 }
 
 static gboolean
@@ -1058,8 +1080,7 @@ static const GmlpBackend cpu_backend = {
   .convert = cpu_convert,
   .fill_random = cpu_fill_random,
   .gemm = cpu_gemm,
-  .gemm_adds_bias = TRUE,
-  .add_bias = cpu_add_bias,
+  .gemm_supported = cpu_gemm_supported,
   .bias_grad = cpu_bias_grad,
   .event_record = cpu_event_record,
   .event_synchronize = cpu_event_synchronize,
@@ -1077,7 +1098,6 @@ static const GmlpBackend cpu_backend = {
   .activation_device = cpu_activation_device,
   .axpby = cpu_axpby,
   .sum_squares = cpu_sum_squares,
-  .gemm_device = cpu_gemm_device,
   .bias_grad_device = cpu_bias_grad_device,
   .capture_begin = cpu_capture_begin,
   .capture_end = cpu_capture_end,
@@ -1088,7 +1108,6 @@ static const GmlpBackend cpu_backend = {
   .quantize = gmlp_cpu_quantize,
   .dequantize = gmlp_cpu_dequantize,
   .quantizer_update = gmlp_cpu_quantizer_update,
-  .gemm_fp8 = gmlp_cpu_gemm_fp8,
   .activation_quantize = gmlp_cpu_activation_quantize,
   /* Token permutation: entries below this line. */
   .routing_count = gmlp_cpu_routing_count,

@@ -58,18 +58,45 @@ gmlp_cpu_add_bias_rows (float      *c,
       c[r * n + j] += gmlp_num_load_float (bias, dtype, (guint64) j);
 }
 
+/* The product of group g as C (rows × cols) = A (rows × depth) · B (cols ×
+ * depth)ᵀ. */
 static void
-fp8_group (const GmlpBackendGemmFp8 *gemm,
-           guint                     g,
-           const void               *bias)
+fp8_shape (const GmlpCpuGemm *gemm,
+           guint              g,
+           gint64            *rows,
+           gint64            *cols,
+           gint64            *depth)
+{
+  gint64 m = gemm->rows[g];
+
+  switch (gemm->kind)
+    {
+    case GMLP_GEMM_FPROP:
+      *rows = m, *cols = gemm->n, *depth = gemm->k;
+      break;
+    case GMLP_GEMM_DGRAD:
+      *rows = m, *cols = gemm->k, *depth = gemm->n;
+      break;
+    case GMLP_GEMM_WGRAD:
+    default:
+      *rows = gemm->n, *cols = gemm->k, *depth = m;
+      break;
+    }
+}
+
+static void
+fp8_group (const GmlpCpuGemm *gemm,
+           guint              g,
+           const void        *bias)
 {
   gint64 rows, cols, depth;
-  gboolean accumulate = gmlp_backend_gemm_fp8_accumulates (gemm, g);
+  gboolean accumulate = gemm->kind == GMLP_GEMM_WGRAD && gemm->accumulate != NULL &&
+                        gemm->accumulate[g];
   g_autofree float *a = NULL, *b = NULL, *c_owned = NULL;
   gsize c_len, i;
   float *c;
 
-  gmlp_backend_gemm_fp8_shape (gemm, g, &rows, &cols, &depth);
+  fp8_shape (gemm, g, &rows, &cols, &depth);
   c_len = (gsize) (rows * cols);
   if (c_len == 0)
     return;
@@ -127,9 +154,8 @@ check_scales (const GmlpBackendFp8Scales  *s,
 }
 
 gboolean
-gmlp_cpu_gemm_fp8 (GmlpBackendDevice          *device,
-                   const GmlpBackendGemmFp8   *gemm,
-                   GError                    **error)
+gmlp_cpu_fp8_products (const GmlpCpuGemm  *gemm,
+                       GError            **error)
 {
   guint g;
 

@@ -150,22 +150,19 @@ gmlp_cpu_quant_layout_next_group (GmlpCpuQuantLayout *layout,
 }
 
 gboolean
-gmlp_cpu_quantize (GmlpBackendDevice       *device,
-                   const GmlpBackendShape  *shape,
-                   int                      recipe,
-                   int                      flags,
-                   gconstpointer            src,
-                   int                      src_dtype,
-                   int                      fp8_dtype,
-                   gpointer                 data,
-                   gpointer                 scale_inv,
-                   gpointer                 columnwise,
-                   gpointer                 columnwise_scale_inv,
-                   gint64                  *derived_rows,
-                   float                   *state,
-                   guint                    history_length,
-                   GError                 **error)
+gmlp_cpu_quantize (GmlpBackendDevice          *device,
+                   const GmlpBackendQuantize  *quantize,
+                   GError                    **error)
 {
+  const GmlpBackendShape *shape = &quantize->shape;
+  int recipe = quantize->recipe, flags = quantize->flags, fp8_dtype = quantize->fp8_dtype;
+  gconstpointer src = quantize->src;
+  int src_dtype = quantize->src_dtype;
+  gpointer data = quantize->data, scale_inv = quantize->scale_inv;
+  gpointer columnwise = quantize->columnwise, columnwise_scale_inv = quantize->columnwise_scale_inv;
+  gint64 *derived_rows = quantize->derived_rows;
+  float *state = quantize->state;
+  guint history_length = quantize->history_length;
   gint64 derived_block, rows_left = shape->row_capacity;
   gboolean own_column_scales = columnwise != NULL && gmlp_quant_columnwise_has_scales (recipe, flags);
   guint32 stride = gmlp_quant_state_stride (history_length);
@@ -246,17 +243,15 @@ gmlp_cpu_quantize (GmlpBackendDevice       *device,
 }
 
 gboolean
-gmlp_cpu_dequantize (GmlpBackendDevice       *device,
-                     const GmlpBackendShape  *shape,
-                     int                      recipe,
-                     int                      flags,
-                     gconstpointer            data,
-                     int                      fp8_dtype,
-                     gconstpointer            scale_inv,
-                     gpointer                 dst,
-                     int                      dst_dtype,
-                     GError                 **error)
+gmlp_cpu_dequantize (GmlpBackendDevice          *device,
+                     const GmlpBackendQuantize  *quantize,
+                     GError                    **error)
 {
+  const GmlpBackendShape *shape = &quantize->shape;
+  int recipe = quantize->recipe, flags = quantize->flags, fp8_dtype = quantize->fp8_dtype;
+  gconstpointer data = quantize->data, scale_inv = quantize->scale_inv;
+  gpointer dst = quantize->dst;
+  int dst_dtype = quantize->dst_dtype;
   gint64 block_rows, block_cols, scale_cols, rows_left = shape->row_capacity;
   guint32 scale_size;
   GmlpCpuQuantLayout layout;

@@ -18,23 +18,20 @@
 #include "gmlp-cuda-quantize.h"
 
 gboolean
-gmlp_cuda_activation_quantize (GmlpBackendDevice       *device,
-                               const GmlpBackendShape  *shape,
-                               int                      activation,
-                               gconstpointer            in,
-                               int                      dtype,
-                               int                      recipe,
-                               int                      flags,
-                               int                      fp8_dtype,
-                               gpointer                 data,
-                               gpointer                 scale_inv,
-                               gpointer                 columnwise,
-                               gpointer                 columnwise_scale_inv,
-                               gint64                  *derived_rows,
-                               float                   *state,
-                               guint                    history_length,
-                               GError                 **error)
+gmlp_cuda_activation_quantize (GmlpBackendDevice          *device,
+                               const GmlpBackendQuantize  *quantize,
+                               GError                    **error)
 {
+  const GmlpBackendShape *shape = &quantize->shape;
+  int activation = quantize->activation;
+  gconstpointer in = quantize->src;
+  int dtype = quantize->src_dtype;
+  int recipe = quantize->recipe, flags = quantize->flags, fp8_dtype = quantize->fp8_dtype;
+  gpointer data = quantize->data, scale_inv = quantize->scale_inv;
+  gpointer columnwise = quantize->columnwise, columnwise_scale_inv = quantize->columnwise_scale_inv;
+  gint64 *derived_rows = quantize->derived_rows;
+  float *state = quantize->state;
+  guint history_length = quantize->history_length;
   GmlpKernelActivationQuantize q = { 0 };
 
   if (shape->n_groups == 0)

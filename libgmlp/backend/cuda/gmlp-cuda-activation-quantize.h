@@ -11,21 +11,8 @@
 G_BEGIN_DECLS
 
 /* See the activation_quantize entry of GmlpBackend. */
-gboolean gmlp_cuda_activation_quantize (GmlpBackendDevice       *device,
-                                        const GmlpBackendShape  *shape,
-                                        int                      activation,
-                                        gconstpointer            in,
-                                        int                      dtype,
-                                        int                      recipe,
-                                        int                      flags,
-                                        int                      fp8_dtype,
-                                        gpointer                 data,
-                                        gpointer                 scale_inv,
-                                        gpointer                 columnwise,
-                                        gpointer                 columnwise_scale_inv,
-                                        gint64                  *derived_rows,
-                                        float                   *state,
-                                        guint                    history_length,
-                                        GError                 **error);
+gboolean gmlp_cuda_activation_quantize (GmlpBackendDevice          *device,
+                                        const GmlpBackendQuantize  *quantize,
+                                        GError                    **error);
 
 G_END_DECLS

@@ -260,7 +260,7 @@ static const GmlpBackend gmlp_cuda_backend = {
   .fill_random = gmlp_cuda_fill_random,
 
   .gemm = gmlp_cuda_gemm,
-  .add_bias = gmlp_cuda_add_bias,
+  .gemm_supported = gmlp_cuda_gemm_supported,
   .bias_grad = gmlp_cuda_bias_grad,
 
   .event_record = gmlp_cuda_event_record,
@@ -282,7 +282,6 @@ static const GmlpBackend gmlp_cuda_backend = {
   .axpby = gmlp_cuda_axpby,
   .sum_squares = gmlp_cuda_sum_squares,
 
-  .gemm_device = gmlp_cuda_gemm_device,
   .bias_grad_device = gmlp_cuda_bias_grad_device,
 
   .capture_begin = gmlp_cuda_capture_begin,
@@ -295,7 +294,6 @@ static const GmlpBackend gmlp_cuda_backend = {
   .quantize = gmlp_cuda_quantize,
   .dequantize = gmlp_cuda_dequantize,
   .quantizer_update = gmlp_cuda_quantizer_update,
-  .gemm_fp8 = gmlp_cuda_gemm_fp8,
   .activation_quantize = gmlp_cuda_activation_quantize,
 
   /* Token permutation (gmlp-cuda-permute.c). */

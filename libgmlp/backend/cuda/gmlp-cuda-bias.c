@@ -1,5 +1,6 @@
-/* gmlp-cuda-bias.c: add_bias, bias_grad and bias_grad_device of the CUDA
- * backend
+/* gmlp-cuda-bias.c: the bias of the CUDA backend's cuBLAS products with
+ * host sizes (gmlp_cuda_add_bias(), for gmlp_cuda_gemm_bias_first()),
+ * bias_grad and bias_grad_device
  *
  * With host sizes, both are one planned launch of the grouped bias kernels
  * (gmlp-kernels.h): the per-group table is built and planned on the host,
@@ -26,7 +27,7 @@ gmlp_cuda_bias_run (GmlpBackendDevice   *device,
                     void * const        *vectors,
                     GError             **error)
 {
-  const char *what = op == GMLP_KERNEL_BIAS_ADD ? "add_bias" : "bias_grad";
+  const char *what = op == GMLP_KERNEL_BIAS_ADD ? "bias" : "bias_grad";
   g_autofree GmlpKernelBiasGroup *groups = NULL;
   GmlpKernelBiasPlan plan;
   GmlpKernelStatus status;

@@ -68,7 +68,7 @@ struct _GmlpBackendDevice
    * written into workspace, then the kernel that reads it; cuBLAS's loop
    * with its fork and join events; cuBLAS and cuBLASLt with their
    * workspaces), and two threads' calls must not interleave inside one:
-   * the products (gemm, gemm_fp8, gemm_device, bias_grad_device) and
+   * the products (gemm, gemm_supported, bias_grad_device) and
    * activation_device hold this while they enqueue. Recursive, as a
    * product may fall back to another. */
   GRecMutex         scratch_lock;

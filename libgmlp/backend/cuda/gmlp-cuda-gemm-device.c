@@ -1,8 +1,10 @@
 /* gmlp-cuda-gemm-device.c: grouped products whose group sizes are on the device
  *
- * The backend's GmlpBackendGemmDevice becomes the kernels'
- * GmlpKernelDeviceGemm (the same fields, in the kernels' plain types). The
- * product runs on libgmlp's Hopper kernel where it applies (sm_90, 16-bit
+ * A GmlpBackendGemm with device sizes becomes the kernels'
+ * GmlpKernelDeviceGemm: the grouped operands by their bases, the per-group
+ * ones (weights, weight gradients, bias, per-tensor scales) as the host
+ * tables the kernels take, built here from the descriptor. The product
+ * runs on libgmlp's Hopper kernel where it applies (sm_90, 16-bit
  * or FP8 operands, feature counts that TMA can address) and on the
  * portable kernel everywhere else, as gmlp_cuda_route() says, each with the
  * device's scratch workspace for its tables. Nothing here reads the sizes,
@@ -17,6 +19,7 @@
 #include "config.h"
 
 #include "gmlp-numeric.h"
+#include "backend/gmlp-backend-gemm.h"
 #include "gmlp-cuda-private.h"
 
 static GmlpKernelGemmKind
@@ -42,35 +45,65 @@ gmlp_cuda_kernel_fp8_scales (const GmlpBackendFp8Scales *s)
   };
 }
 
-/* The kernels' view of the backend's description. */
+/* The host tables of a descriptor's per-group operands, one block for
+ * all (GMLP_CUDA_DEVICE_TABLES pointers a group). */
+#define GMLP_CUDA_DEVICE_TABLES 4
+
+/* The kernels' view of a descriptor with device sizes; tables holds
+ * GMLP_CUDA_DEVICE_TABLES × n_groups pointers. Grouped scales (blockwise,
+ * following the sizes) go by their base, the others by a table. */
 static void
-gmlp_cuda_kernel_device_gemm (const GmlpBackendGemmDevice *gemm,
-                              GmlpKernelDeviceGemm        *kernel_gemm)
+gmlp_cuda_kernel_device_gemm (const GmlpBackendGemm *gemm,
+                              gpointer              *tables,
+                              GmlpKernelDeviceGemm  *kernel_gemm)
 {
+  gboolean wgrad = gemm->kind == GMLP_GEMM_WGRAD;
+  guint n = gemm->n_groups;
+  const GmlpBackendOperand *fixed = wgrad ? &gemm->c : &gemm->b;
+  gpointer *pfixed = tables, *pbias = tables + n;
+  const float **sa = (const float **) (tables + 2 * n), **sb = (const float **) (tables + 3 * n);
+  gboolean fp8 = gmlp_backend_gemm_is_fp8 (gemm);
+  gboolean bias = gemm->kind == GMLP_GEMM_FPROP && gemm->bias.layout != GMLP_BACKEND_OPERAND_NONE;
+  gboolean a_rows = gmlp_backend_operand_scales_follow_rows (&gemm->a);
+  gboolean b_rows = gmlp_backend_operand_scales_follow_rows (&gemm->b);
+
+  for (guint g = 0; g < n; g++)
+    {
+      pfixed[g] = gmlp_backend_operand_fixed (fixed, g);
+      if (bias)
+        pbias[g] = gmlp_backend_operand_fixed (&gemm->bias, g);
+      if (fp8)
+        {
+          sa[g] = gmlp_backend_operand_fixed_scales (&gemm->a, g);
+          sb[g] = gmlp_backend_operand_fixed_scales (&gemm->b, g);
+        }
+    }
   *kernel_gemm = (GmlpKernelDeviceGemm) {
     .kind = gmlp_cuda_kernel_gemm_kind (gemm->kind),
-    .n_groups = gemm->n_groups,
+    .n_groups = n,
     .device_rows = (const int64_t *) gemm->device_rows,
     .row_capacity = gemm->row_capacity,
     .n = gemm->n,
     .k = gemm->k,
-    .ab_dtype = gemm->ab_dtype,
-    .c_dtype = gemm->c_dtype,
-    .a = gemm->a,
-    .b_rows = gemm->b_rows,
-    .c_rows = gemm->c_rows,
-    .weight = gemm->weight,
-    .wgrad = gemm->wgrad,
-    .bias = gemm->bias,
-    .accumulate = gemm->accumulate,
-    .b_dtype = gemm->b_dtype,
-    .a_scale_inv = gemm->a_scale_inv,
-    .b_scale_inv = gemm->b_scale_inv,
-    .a_scales = gmlp_cuda_kernel_fp8_scales (&gemm->a_scales),
-    .b_scales = gmlp_cuda_kernel_fp8_scales (&gemm->b_scales),
-    .a_scale_rows = gemm->a_scale_rows,
-    .b_scale_rows = gemm->b_scale_rows,
+    .ab_dtype = gemm->a.dtype,
+    .c_dtype = gemm->c.dtype,
+    .a = gemm->a.base,
+    .b_rows = wgrad ? gemm->b.base : NULL,
+    .c_rows = wgrad ? NULL : gemm->c.base,
+    .weight = wgrad ? NULL : (const void * const *) pfixed,
+    .wgrad = wgrad ? (void * const *) pfixed : NULL,
+    .bias = bias ? (const void * const *) pbias : NULL,
+    .accumulate = wgrad ? gemm->accumulate : NULL,
   };
+  if (!fp8)
+    return;
+  kernel_gemm->b_dtype = gemm->b.dtype;
+  kernel_gemm->a_scale_inv = a_rows || gemm->a.scale_inv == NULL ? NULL : sa;
+  kernel_gemm->b_scale_inv = b_rows || gemm->b.scale_inv == NULL ? NULL : sb;
+  kernel_gemm->a_scales = gmlp_cuda_kernel_fp8_scales (&gemm->a.scales);
+  kernel_gemm->b_scales = gmlp_cuda_kernel_fp8_scales (&gemm->b.scales);
+  kernel_gemm->a_scale_rows = a_rows ? gemm->a.scale_inv : NULL;
+  kernel_gemm->b_scale_rows = b_rows ? gemm->b.scale_inv : NULL;
 }
 
 /* Whether libgmlp's Hopper kernel covers kernel_gemm on this device; if
@@ -105,27 +138,67 @@ gmlp_cuda_gemm_sm90_run (GmlpBackendDevice          *device,
                                   "gmlp_kernel_device_gemm_sm90", error);
 }
 
-static gboolean
-gmlp_cuda_gemm_device_locked (GmlpBackendDevice            *device,
-                              const GmlpBackendGemmDevice  *gemm,
-                              GError                      **error)
+/* The route's description of a product with device sizes. */
+static GmlpCudaRouteChoice
+gmlp_cuda_gemm_device_route (GmlpBackendDevice          *device,
+                             const GmlpBackendGemm      *gemm,
+                             const GmlpKernelDeviceGemm *kernel_gemm)
 {
-  GmlpKernelDeviceGemm kernel_gemm;
   GmlpCudaRouteProduct product = {
-    .entry = GMLP_CUDA_ENTRY_GEMM_DEVICE,
+    .device_sizes = TRUE,
     .kind = gemm->kind,
-    .ab_dtype = gemm->ab_dtype,
-    .c_dtype = gemm->c_dtype,
+    .ab_dtype = gemm->a.dtype,
+    .c_dtype = gemm->c.dtype,
   };
+
+  product.sm90_covers = gmlp_cuda_gemm_sm90_covers (device, kernel_gemm, &product.sm90_reason);
+  return gmlp_cuda_route (&product, &device->props, &device->tuning);
+}
+
+static const char gmlp_cuda_device_fp8_only_sm90[] =
+  "CUDA: FP8 products with device sizes run on libgmlp's Hopper kernel only";
+
+gboolean
+gmlp_cuda_gemm_device_supported (GmlpBackendDevice      *device,
+                                 const GmlpBackendGemm  *gemm,
+                                 const char            **reason)
+{
+  gpointer local[GMLP_BACKEND_GEMM_LOCAL_TABLES];
+  g_autofree gpointer *heap = NULL;
+  gpointer *tables = gmlp_backend_gemm_tables (local, GMLP_CUDA_DEVICE_TABLES * (gsize) gemm->n_groups,
+                                               &heap);
+  GmlpKernelDeviceGemm kernel_gemm;
+  GmlpCudaRouteChoice choice;
+
+  gmlp_cuda_kernel_device_gemm (gemm, tables, &kernel_gemm);
+  /* The tuning is read under scratch_lock, as the products read it. */
+  g_rec_mutex_lock (&device->scratch_lock);
+  choice = gmlp_cuda_gemm_device_route (device, gemm, &kernel_gemm);
+  g_rec_mutex_unlock (&device->scratch_lock);
+  if (choice.route != GMLP_CUDA_ROUTE_DEQUANTIZED)
+    return TRUE;
+  *reason = choice.reason != NULL ? choice.reason : gmlp_cuda_device_fp8_only_sm90;
+  return FALSE;
+}
+
+static gboolean
+gmlp_cuda_gemm_device_locked (GmlpBackendDevice      *device,
+                              const GmlpBackendGemm  *gemm,
+                              GError                **error)
+{
+  gpointer local[GMLP_BACKEND_GEMM_LOCAL_TABLES];
+  g_autofree gpointer *heap = NULL;
+  gpointer *tables = gmlp_backend_gemm_tables (local, GMLP_CUDA_DEVICE_TABLES * (gsize) gemm->n_groups,
+                                               &heap);
+  GmlpKernelDeviceGemm kernel_gemm;
   GmlpCudaRouteChoice choice;
   gpointer workspace;
 
-  gmlp_cuda_kernel_device_gemm (gemm, &kernel_gemm);
+  gmlp_cuda_kernel_device_gemm (gemm, tables, &kernel_gemm);
   if (!gmlp_cuda_activate (device, error))
     return FALSE;
 
-  product.sm90_covers = gmlp_cuda_gemm_sm90_covers (device, &kernel_gemm, &product.sm90_reason);
-  choice = gmlp_cuda_route (&product, &device->props, &device->tuning);
+  choice = gmlp_cuda_gemm_device_route (device, gemm, &kernel_gemm);
   switch (choice.route)
     {
     case GMLP_CUDA_ROUTE_SM90:
@@ -145,8 +218,8 @@ gmlp_cuda_gemm_device_locked (GmlpBackendDevice            *device,
 
     case GMLP_CUDA_ROUTE_DEQUANTIZED:
     default:
-      g_set_error (error, GMLP_CUDA_ERROR, GMLP_ERROR_UNSUPPORTED,
-                   "CUDA: FP8 products with device sizes run on libgmlp's Hopper kernel only: %s",
+      g_set_error (error, GMLP_CUDA_ERROR, GMLP_ERROR_UNSUPPORTED, "%s: %s",
+                   gmlp_cuda_device_fp8_only_sm90,
                    choice.reason != NULL ? choice.reason : "not covered");
       return FALSE;
     }
@@ -155,9 +228,9 @@ gmlp_cuda_gemm_device_locked (GmlpBackendDevice            *device,
 /* The tables and plans go through the device's workspace: see
  * scratch_lock. */
 gboolean
-gmlp_cuda_gemm_device (GmlpBackendDevice            *device,
-                       const GmlpBackendGemmDevice  *gemm,
-                       GError                      **error)
+gmlp_cuda_gemm_device_sizes (GmlpBackendDevice      *device,
+                             const GmlpBackendGemm  *gemm,
+                             GError                **error)
 {
   gboolean ok;
 
@@ -236,43 +309,36 @@ gmlp_cuda_host_rows_gemm (GmlpGemmKind         kind,
   return TRUE;
 }
 
-gboolean
-gmlp_cuda_gemm_host_rows_kernel_gemm (const GmlpBackendGemm  *gemm,
-                                      GmlpKernelDeviceGemm   *kernel_gemm)
-{
-  guint64 ab_size = gmlp_num_dtype_size (gemm->ab_dtype);
-
-  if (!gmlp_cuda_host_rows_gemm (gemm->kind, gemm->n_groups, gemm->rows, gemm->n, gemm->k,
-                                 gemm->a, gemm->b, gemm->c, ab_size, ab_size,
-                                 gmlp_num_dtype_size (gemm->c_dtype), gemm->accumulate, kernel_gemm))
-    return FALSE;
-  kernel_gemm->ab_dtype = gemm->ab_dtype;
-  kernel_gemm->c_dtype = gemm->c_dtype;
-  return TRUE;
-}
-
 /* FPROP and DGRAD: a and c grouped by rows, b the per-group matrices (W_i,
- * or DGRAD's Wᵀ_i). WGRAD: a and b the columnwise copies of dy and x
- * (member i n × m_i and k × m_i, laid out as the rowwise members), c the
- * per-group outputs. */
+ * or FP8 DGRAD's Wᵀ_i). WGRAD: a and b grouped by rows (FP8: the
+ * columnwise copies of dy and x, member i n × m_i and k × m_i, laid out as
+ * the rowwise members), c the per-group outputs. */
 gboolean
-gmlp_cuda_fp8_kernel_gemm (const GmlpBackendGemmFp8  *gemm,
-                           GmlpKernelDeviceGemm      *kernel_gemm,
-                           const char               **reason)
+gmlp_cuda_groups_kernel_gemm (const GmlpCudaGroups  *groups,
+                              GmlpKernelDeviceGemm  *kernel_gemm,
+                              const char           **reason)
 {
+  gboolean fp8 = gmlp_num_dtype_is_fp8 (groups->ab_dtype);
+
   *reason = "the operands are not laid out as grouped tensors lay them out";
-  if (gemm->kind != GMLP_GEMM_FPROP && gemm->kind != GMLP_GEMM_DGRAD && gemm->kind != GMLP_GEMM_WGRAD)
+  if (groups->kind != GMLP_GEMM_FPROP && groups->kind != GMLP_GEMM_DGRAD &&
+      groups->kind != GMLP_GEMM_WGRAD)
     return FALSE;
-  if (!gmlp_cuda_host_rows_gemm (gemm->kind, gemm->n_groups, gemm->rows, gemm->n, gemm->k,
-                                 gemm->a, gemm->b, gemm->c, 1, 1, gmlp_num_dtype_size (gemm->c_dtype),
-                                 gemm->accumulate, kernel_gemm))
+  if (!gmlp_cuda_host_rows_gemm (groups->kind, groups->n_groups, groups->rows, groups->n, groups->k,
+                                 groups->a, groups->b, groups->c, gmlp_num_dtype_size (groups->ab_dtype),
+                                 gmlp_num_dtype_size (groups->b_dtype),
+                                 gmlp_num_dtype_size (groups->c_dtype), groups->accumulate, kernel_gemm))
     return FALSE;
-  kernel_gemm->ab_dtype = gemm->a_dtype;
-  kernel_gemm->b_dtype = gemm->b_dtype;
-  kernel_gemm->c_dtype = gemm->c_dtype;
-  kernel_gemm->a_scale_inv = (const float * const *) gemm->a_scale_inv;
-  kernel_gemm->b_scale_inv = (const float * const *) gemm->b_scale_inv;
-  kernel_gemm->a_scales = gmlp_cuda_kernel_fp8_scales (&gemm->a_scales);
-  kernel_gemm->b_scales = gmlp_cuda_kernel_fp8_scales (&gemm->b_scales);
+  *reason = NULL;
+  kernel_gemm->ab_dtype = groups->ab_dtype;
+  kernel_gemm->c_dtype = groups->c_dtype;
+  kernel_gemm->bias = groups->kind == GMLP_GEMM_FPROP ? groups->bias : NULL;
+  if (!fp8)
+    return TRUE;
+  kernel_gemm->b_dtype = groups->b_dtype;
+  kernel_gemm->a_scale_inv = groups->a_scale_inv;
+  kernel_gemm->b_scale_inv = groups->b_scale_inv;
+  kernel_gemm->a_scales = gmlp_cuda_kernel_fp8_scales (&groups->a_scales);
+  kernel_gemm->b_scales = gmlp_cuda_kernel_fp8_scales (&groups->b_scales);
   return TRUE;
 }

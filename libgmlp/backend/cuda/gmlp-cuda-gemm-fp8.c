@@ -9,12 +9,15 @@
  * the kernel, so nothing waits), the sums are FP32 with the partial sums
  * promoted (CUBLASLT_MATMUL_DESC_FAST_ACCUM = 0), and the output is BF16,
  * FP16 or FP32. Blockwise scales have no cuBLASLt path here: those
- * products run on the Hopper kernel or are refused (UNSUPPORTED, with the
- * kernel's reason) before anything is enqueued.
+ * products run on the Hopper kernel, or gmlp_cuda_gemm_fp8_supported()
+ * says no, with the kernel's reason, and the layer dequantizes them. An
+ * FPROP's bias joins the FP32 sum before the one rounding: in the Hopper
+ * kernel's epilogue, or with cuBLASLt adding (beta = 1) into an output
+ * that holds the bias.
  *
  * cuBLASLt's FP8 kernels on Hopper and Ada take only the "TN" layout: both
  * operands K-major, the summed dimension contiguous. The backend's
- * operands are given that way (see GmlpBackendGemmFp8: the transposed ones
+ * operands are given that way (see GmlpBackendGemm: the transposed ones
  * are the quantizer's columnwise copies). With row-major C (R × C) = A (R ×
  * D) · B (C × D)ᵀ, cuBLAS (column-major) computes Cᵀ (C × R, ld C) =
  * op(A') op(B') with A' = our B stored D × C (ld D), transposed, and B' =
@@ -273,11 +276,21 @@ plan_clear (GmlpCudaFp8Plan *plan)
   g_clear_pointer (&plan->zeroed, g_array_unref);
 }
 
+/* Whether group i's product adds into C (beta = 1): WGRAD with the mask
+ * set, and an FPROP with a bias, whose C holds the bias first
+ * (gmlp_cuda_gemm_bias_first()). */
+static gboolean
+fp8_adds_into_c (const GmlpCudaGroups *gemm,
+                 guint                 i)
+{
+  return gmlp_cuda_groups_accumulates (gemm, i) || (gemm->kind == GMLP_GEMM_FPROP && gemm->bias != NULL);
+}
+
 /* Checks the call and lists its products; enqueues nothing. */
 static gboolean
-fp8_validate (const GmlpBackendGemmFp8  *gemm,
-              GmlpCudaFp8Plan           *plan,
-              GError                   **error)
+fp8_validate (const GmlpCudaGroups  *gemm,
+              GmlpCudaFp8Plan       *plan,
+              GError               **error)
 {
   const char *kind = kind_name (gemm->kind);
   gsize c_size;
@@ -289,14 +302,14 @@ fp8_validate (const GmlpBackendGemmFp8  *gemm,
                    "CUDA: FP8 GEMM: no such kind of product (%d)", (int) gemm->kind);
       return FALSE;
     }
-  if (!fp8_type (gemm->a_dtype, &plan->a_type) || !fp8_type (gemm->b_dtype, &plan->b_type))
+  if (!fp8_type (gemm->ab_dtype, &plan->a_type) || !fp8_type (gemm->b_dtype, &plan->b_type))
     {
       g_set_error (error, GMLP_CUDA_ERROR, GMLP_ERROR_UNSUPPORTED,
                    "CUDA: FP8 GEMM %s takes FLOAT8_E4M3 or FLOAT8_E5M2 operands, not dtypes %d "
-                   "and %d", kind, gemm->a_dtype, gemm->b_dtype);
+                   "and %d", kind, gemm->ab_dtype, gemm->b_dtype);
       return FALSE;
     }
-  if (gemm->a_dtype == GMLP_NUM_FLOAT8_E5M2 && gemm->b_dtype == GMLP_NUM_FLOAT8_E5M2)
+  if (gemm->ab_dtype == GMLP_NUM_FLOAT8_E5M2 && gemm->b_dtype == GMLP_NUM_FLOAT8_E5M2)
     {
       g_set_error (error, GMLP_CUDA_ERROR, GMLP_ERROR_UNSUPPORTED,
                    "CUDA: FP8 GEMM %s: cuBLASLt has no E5M2 × E5M2 product (use E4M3 for "
@@ -351,7 +364,7 @@ fp8_validate (const GmlpBackendGemmFp8  *gemm,
                        gemm->rows[i]);
           return FALSE;
         }
-      gmlp_backend_gemm_fp8_shape (gemm, i, &rows, &cols, &depth);
+      gmlp_cuda_groups_shape (gemm, i, &rows, &cols, &depth);
       if (rows == 0 || cols == 0)
         continue;
       if (gemm->c[i] == NULL || (guintptr) gemm->c[i] % GMLP_CUDA_FP8_ALIGNMENT != 0)
@@ -364,7 +377,7 @@ fp8_validate (const GmlpBackendGemmFp8  *gemm,
       if (depth == 0)
         {
           /* An empty sum is zero; cuBLASLt is not asked for one. */
-          if (!gmlp_backend_gemm_fp8_accumulates (gemm, i))
+          if (!fp8_adds_into_c (gemm, i))
             g_array_append_val (plan->zeroed, i);
           continue;
         }
@@ -394,7 +407,7 @@ fp8_validate (const GmlpBackendGemmFp8  *gemm,
       p.a_scale = gemm->b_scale_inv[i];
       p.b_scale = gemm->a_scale_inv[i];
       p.c = gemm->c[i];
-      p.beta = gmlp_backend_gemm_fp8_accumulates (gemm, i) ? 1.0f : 0.0f;
+      p.beta = fp8_adds_into_c (gemm, i) ? 1.0f : 0.0f;
 
       if (padded_depth != depth ||
           (guintptr) p.a % GMLP_CUDA_FP8_ALIGNMENT != 0 || (guintptr) p.b % GMLP_CUDA_FP8_ALIGNMENT != 0)
@@ -433,11 +446,11 @@ fp8_validate (const GmlpBackendGemmFp8  *gemm,
  * the cache or the heuristics. Enqueues nothing. The scale pointers of the
  * first product stand in for all: the heuristics never read them. */
 static gboolean
-fp8_prepare (GmlpBackendDevice          *device,
-             const GmlpBackendGemmFp8   *gemm,
-             GmlpCudaFp8Plan            *plan,
-             cublasLtMatmulDesc_t        desc,
-             GError                    **error)
+fp8_prepare (GmlpBackendDevice     *device,
+             const GmlpCudaGroups  *gemm,
+             GmlpCudaFp8Plan       *plan,
+             cublasLtMatmulDesc_t   desc,
+             GError               **error)
 {
   cublasLtMatmulPreference_t pref = NULL;
   const size_t workspace = GMLP_CUDA_CUBLASLT_WORKSPACE;
@@ -509,7 +522,7 @@ fp8_prepare (GmlpBackendDevice          *device,
           g_set_error (error, GMLP_CUDA_ERROR, GMLP_ERROR_UNSUPPORTED,
                        "CUDA: FP8 GEMM %s: cuBLASLt has no kernel for group %u (%d × %d × %d, "
                        "FP8 types %d × %d into %d%s): %s", kind_name (gemm->kind), p->group,
-                       p->n, p->m, p->depth, gemm->a_dtype, gemm->b_dtype, gemm->c_dtype,
+                       p->n, p->m, p->depth, gemm->ab_dtype, gemm->b_dtype, gemm->c_dtype,
                        p->beta != 0.0f ? ", accumulating" : "",
                        status != CUBLAS_STATUS_SUCCESS ? cublasGetStatusName (status)
                                                        : "no algorithm found");
@@ -576,60 +589,93 @@ fp8_pad_operands (GmlpBackendDevice  *device,
   return TRUE;
 }
 
-/* Blockwise WGRAD whose groups are not all multiples of 16 rows: the
- * kernel reads the columnwise copies (rows of m_i bytes) by TMA, which
- * wants 16-byte rows, so the copies go into zeroed scratch laid out as
- * grouped tensors of round_up (m_i, 16) rows. Zeros add nothing, and the
- * padded rows stay inside each group's last 128-deep block of scales
- * (128 is a multiple of 16). FALSE with *refused set (nothing enqueued
- * but the scratch's stream-ordered allocation and release) when the
- * kernel does not take the product. */
-static gboolean
-fp8_blockwise_padded (GmlpBackendDevice         *device,
-                      const GmlpBackendGemmFp8  *gemm,
-                      const char               **reason,
-                      gboolean                  *refused,
-                      GError                   **error)
+/* The padded copies of fp8_blockwise_padded(): each group's rows rounded
+ * up to 16, the copies of a then of b laid out from scratch as grouped
+ * tensors of those rows, and the product on them; the bytes they take. */
+static gsize
+fp8_padded_describe (const GmlpCudaGroups *gemm,
+                     guint8               *scratch,
+                     gint64               *rows,
+                     gpointer             *pa,
+                     gpointer             *pb,
+                     GmlpCudaGroups       *padded)
 {
   guint n = gemm->n_groups;
-  g_autofree gint64 *rows = g_new (gint64, n);
-  g_autofree gpointer *pa = g_new (gpointer, n);
-  g_autofree gpointer *pb = g_new (gpointer, n);
-  g_autofree gsize *offsets = g_new (gsize, 2 * n);
-  GmlpBackendGemmFp8 padded = *gemm;
-  GmlpKernelDeviceGemm kernel_gemm;
   gsize total = 0;
-  guint8 *scratch;
-  gboolean ok = FALSE;
-  cudaError_t err;
 
-  *refused = FALSE;
   for (guint g = 0; g < n; g++)
     {
       rows[g] = (gint64) round_up ((gsize) MAX (gemm->rows[g], 0), GMLP_CUDA_FP8_ALIGNMENT);
-      offsets[g] = total;
+      pa[g] = scratch + total;
       total += gmlp_num_member_stride (rows[g], (guint64) gemm->n);
     }
   for (guint g = 0; g < n; g++)
     {
-      offsets[n + g] = total;
+      pb[g] = scratch + total;
       total += gmlp_num_member_stride (rows[g], (guint64) gemm->k);
     }
+  *padded = *gemm;
+  padded->rows = rows;
+  padded->a = (const void * const *) pa;
+  padded->b = (const void * const *) pb;
+  return total;
+}
+
+/* Whether the Hopper kernel takes the padded product (*reason: why not).
+ * The check reads the layout only, never the memory: scratch may be any
+ * address aligned as the pool aligns its blocks. */
+static gboolean
+fp8_padded_covered (GmlpBackendDevice     *device,
+                    const GmlpCudaGroups  *gemm,
+                    guint8                *scratch,
+                    gint64                *rows,
+                    gpointer              *pa,
+                    gpointer              *pb,
+                    GmlpKernelDeviceGemm  *kernel_gemm,
+                    gsize                 *total,
+                    const char           **reason)
+{
+  GmlpCudaGroups padded;
+
+  *total = fp8_padded_describe (gemm, scratch, rows, pa, pb, &padded);
+  return gmlp_cuda_groups_kernel_gemm (&padded, kernel_gemm, reason) &&
+         gmlp_cuda_gemm_sm90_covers (device, kernel_gemm, reason);
+}
+
+/* Blockwise WGRAD whose groups' rows are not all multiples of 16: the
+ * kernel reads the columnwise copies (rows of m_i bytes) by TMA, which
+ * wants 16-byte rows, so the copies go into zeroed scratch laid out as
+ * grouped tensors of round_up (m_i, 16) rows. Zeros add nothing, and the
+ * padded rows stay inside each group's last 128-deep block of scales
+ * (128 is a multiple of 16). The kernel's taking the padded product was
+ * asked beforehand (gmlp_cuda_gemm_fp8_supported()). */
+static gboolean
+fp8_blockwise_padded (GmlpBackendDevice     *device,
+                      const GmlpCudaGroups  *gemm,
+                      GError               **error)
+{
+  guint n = gemm->n_groups;
+  g_autofree gint64 *rows = g_new (gint64, n);
+  g_autofree gpointer *pa = g_new (gpointer, 2 * (gsize) n);
+  gpointer *pb = pa + n;
+  GmlpKernelDeviceGemm kernel_gemm;
+  GmlpCudaGroups padded;
+  const char *reason = NULL;
+  gsize total;
+  guint8 *scratch;
+  gboolean ok = FALSE;
+  cudaError_t err;
+
+  total = fp8_padded_describe (gemm, (guint8 *) (guintptr) GMLP_CUDA_FP8_SCRATCH_ALIGNMENT, rows,
+                               pa, pb, &padded);
   scratch = gmlp_cuda_alloc (device, MAX (total, 1), error);
   if (scratch == NULL)
     return FALSE;
-  for (guint g = 0; g < n; g++)
+  if (!fp8_padded_covered (device, gemm, scratch, rows, pa, pb, &kernel_gemm, &total, &reason))
     {
-      pa[g] = scratch + offsets[g];
-      pb[g] = scratch + offsets[n + g];
-    }
-  padded.rows = rows;
-  padded.a = (const void * const *) pa;
-  padded.b = (const void * const *) pb;
-  if (!gmlp_cuda_fp8_kernel_gemm (&padded, &kernel_gemm, reason) ||
-      !gmlp_cuda_gemm_sm90_covers (device, &kernel_gemm, reason))
-    {
-      *refused = TRUE;
+      g_set_error (error, GMLP_CUDA_ERROR, GMLP_ERROR_UNSUPPORTED,
+                   "CUDA: FP8 GEMM %s with blockwise scales runs on libgmlp's Hopper kernel only: %s",
+                   kind_name (gemm->kind), reason != NULL ? reason : "not covered");
       goto out;
     }
 
@@ -663,37 +709,95 @@ out:
 /* The route's description of an FP8 product; with check_sm90, whether
  * the Hopper kernel covers it, and why not. */
 static void
-fp8_route_product (GmlpBackendDevice         *device,
-                   const GmlpBackendGemmFp8  *gemm,
-                   gboolean                   check_sm90,
-                   GmlpKernelDeviceGemm      *kernel_gemm,
-                   GmlpCudaRouteProduct      *product)
+fp8_route_product (GmlpBackendDevice    *device,
+                   const GmlpCudaGroups *gemm,
+                   gboolean              check_sm90,
+                   GmlpKernelDeviceGemm *kernel_gemm,
+                   GmlpCudaRouteProduct *product)
 {
-  product->entry = GMLP_CUDA_ENTRY_GEMM_FP8;
   product->kind = gemm->kind;
-  product->ab_dtype = gemm->a_dtype;
+  product->ab_dtype = gemm->ab_dtype;
   product->c_dtype = gemm->c_dtype;
   product->blockwise = gmlp_backend_fp8_scales_blockwise (&gemm->a_scales, &gemm->b_scales);
   if (!check_sm90)
     return;
-  if (!gmlp_cuda_fp8_kernel_gemm (gemm, kernel_gemm, &product->sm90_reason))
+  if (!gmlp_cuda_groups_kernel_gemm (gemm, kernel_gemm, &product->sm90_reason))
     product->sm90_unpacked = TRUE;
   else
     product->sm90_covers = gmlp_cuda_gemm_sm90_covers (device, kernel_gemm, &product->sm90_reason);
 }
 
-/* Blockwise scales: the Hopper kernel's, or UNSUPPORTED with its reason,
- * which the layer answers with its dequantized fall-back. */
+/* The route of a product with blockwise scales (host sizes). */
+static GmlpCudaRouteChoice
+fp8_blockwise_route (GmlpBackendDevice    *device,
+                     const GmlpCudaGroups *gemm,
+                     GmlpKernelDeviceGemm *kernel_gemm)
+{
+  GmlpCudaRouteProduct product = { 0, };
+
+  fp8_route_product (device, gemm, TRUE, kernel_gemm, &product);
+  product.rows_aligned = gmlp_cuda_route_rows_aligned (gemm->rows, gemm->n_groups);
+  return gmlp_cuda_route (&product, &device->props, &device->tuning);
+}
+
 static gboolean
-fp8_blockwise (GmlpBackendDevice         *device,
-               const GmlpBackendGemmFp8  *gemm,
-               GError                   **error)
+fp8_supported_locked (GmlpBackendDevice     *device,
+                      const GmlpCudaGroups  *gemm,
+                      const char           **reason)
 {
   GmlpKernelDeviceGemm kernel_gemm;
-  GmlpCudaRouteProduct product = { 0, };
   GmlpCudaRouteChoice choice;
-  const char *reason = NULL;
-  gboolean refused, ok;
+  g_autofree gint64 *rows = NULL;
+  g_autofree gpointer *pointers = NULL;
+  gsize total;
+
+  /* Per-tensor scales: the Hopper kernel or cuBLASLt, which refuses a GPU
+   * without FP8 tensor cores itself (no fall-back for those recipes). */
+  if (gemm->n_groups == 0 || !gmlp_backend_fp8_scales_blockwise (&gemm->a_scales, &gemm->b_scales))
+    return TRUE;
+
+  choice = fp8_blockwise_route (device, gemm, &kernel_gemm);
+  switch (choice.route)
+    {
+    case GMLP_CUDA_ROUTE_SM90:
+      return TRUE;
+
+    case GMLP_CUDA_ROUTE_SM90_PADDED:
+      rows = g_new (gint64, gemm->n_groups);
+      pointers = g_new (gpointer, 2 * (gsize) gemm->n_groups);
+      return fp8_padded_covered (device, gemm, (guint8 *) (guintptr) GMLP_CUDA_FP8_SCRATCH_ALIGNMENT,
+                                 rows, pointers, pointers + gemm->n_groups, &kernel_gemm, &total,
+                                 reason);
+
+    case GMLP_CUDA_ROUTE_DEQUANTIZED:
+    default:
+      *reason = choice.reason != NULL ? choice.reason : "not covered";
+      return FALSE;
+    }
+}
+
+gboolean
+gmlp_cuda_gemm_fp8_supported (GmlpBackendDevice     *device,
+                              const GmlpCudaGroups  *gemm,
+                              const char           **reason)
+{
+  gboolean ok;
+
+  g_rec_mutex_lock (&device->scratch_lock);
+  ok = fp8_supported_locked (device, gemm, reason);
+  g_rec_mutex_unlock (&device->scratch_lock);
+  return ok;
+}
+
+/* Blockwise scales: the Hopper kernel's (gmlp_cuda_gemm_fp8_supported()
+ * said it takes the product). */
+static gboolean
+fp8_blockwise (GmlpBackendDevice     *device,
+               const GmlpCudaGroups  *gemm,
+               GError               **error)
+{
+  GmlpKernelDeviceGemm kernel_gemm;
+  GmlpCudaRouteChoice choice;
 
   if (gemm->n_groups == 0)
     return TRUE;
@@ -708,35 +812,28 @@ fp8_blockwise (GmlpBackendDevice         *device,
   if (!gmlp_cuda_activate (device, error))
     return FALSE;
 
-  fp8_route_product (device, gemm, TRUE, &kernel_gemm, &product);
-  product.rows_aligned = gmlp_cuda_route_rows_aligned (gemm->rows, gemm->n_groups);
-  choice = gmlp_cuda_route (&product, &device->props, &device->tuning);
+  choice = fp8_blockwise_route (device, gemm, &kernel_gemm);
   switch (choice.route)
     {
     case GMLP_CUDA_ROUTE_SM90_PADDED:
-      ok = fp8_blockwise_padded (device, gemm, &reason, &refused, error);
-      if (!refused)
-        return ok;
-      break;
+      return fp8_blockwise_padded (device, gemm, error);
 
     case GMLP_CUDA_ROUTE_SM90:
       return gmlp_cuda_gemm_sm90_run (device, &kernel_gemm, error);
 
     case GMLP_CUDA_ROUTE_DEQUANTIZED:
     default:
-      reason = choice.reason;
-      break;
+      g_set_error (error, GMLP_CUDA_ERROR, GMLP_ERROR_UNSUPPORTED,
+                   "CUDA: FP8 GEMM %s with blockwise scales runs on libgmlp's Hopper kernel only: %s",
+                   kind_name (gemm->kind), choice.reason != NULL ? choice.reason : "not covered");
+      return FALSE;
     }
-  g_set_error (error, GMLP_CUDA_ERROR, GMLP_ERROR_UNSUPPORTED,
-               "CUDA: FP8 GEMM %s with blockwise scales runs on libgmlp's Hopper kernel only: %s",
-               kind_name (gemm->kind), reason != NULL ? reason : "not covered");
-  return FALSE;
 }
 
 static gboolean
-gmlp_cuda_gemm_fp8_locked (GmlpBackendDevice          *device,
-                           const GmlpBackendGemmFp8   *gemm,
-                           GError                    **error)
+gmlp_cuda_gemm_fp8_locked (GmlpBackendDevice     *device,
+                           const GmlpCudaGroups  *gemm,
+                           GError               **error)
 {
   GmlpCudaFp8Plan plan = { 0, };
   GmlpKernelDeviceGemm kernel_gemm;
@@ -816,7 +913,12 @@ gmlp_cuda_gemm_fp8_locked (GmlpBackendDevice          *device,
         goto out;
     }
 
-  /* Checked: from here on, work is enqueued. */
+  /* Checked: from here on, work is enqueued. An FPROP's bias: C holds
+   * it first, and cuBLASLt adds the product into it before the one
+   * rounding, as the Hopper kernel's epilogue adds it. */
+  if (gemm->kind == GMLP_GEMM_FPROP && gemm->bias != NULL &&
+      !gmlp_cuda_gemm_bias_first (device, gemm, error))
+    goto out;
   if (plan.scratch_bytes > 0)
     {
       scratch = gmlp_cuda_alloc (device, plan.scratch_bytes, error);
@@ -830,7 +932,7 @@ gmlp_cuda_gemm_fp8_locked (GmlpBackendDevice          *device,
       gint64 rows, cols, depth;
       cudaError_t err;
 
-      gmlp_backend_gemm_fp8_shape (gemm, i, &rows, &cols, &depth);
+      gmlp_cuda_groups_shape (gemm, i, &rows, &cols, &depth);
       err = cudaMemsetAsync (gemm->c[i], 0, (gsize) rows * (gsize) cols * c_size, device->stream);
       if (err != cudaSuccess)
         {
@@ -877,9 +979,9 @@ out:
 /* cuBLASLt's handle and workspace and the device-sizes workspace are the
  * device's: see scratch_lock. */
 gboolean
-gmlp_cuda_gemm_fp8 (GmlpBackendDevice          *device,
-                    const GmlpBackendGemmFp8   *gemm,
-                    GError                    **error)
+gmlp_cuda_gemm_fp8_groups (GmlpBackendDevice     *device,
+                           const GmlpCudaGroups  *gemm,
+                           GError               **error)
 {
   gboolean ok;
 

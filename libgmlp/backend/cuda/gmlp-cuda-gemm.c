@@ -15,9 +15,11 @@
  *
  * Sums are in FP32 (CUBLAS_COMPUTE_32F, which for FP32 operands is true
  * FP32: the handle's math mode allows no TF32). WGRAD accumulation into C is
- * beta = 1, which cuBLAS fuses into the GEMM's epilogue.
+ * beta = 1, which cuBLAS fuses into the GEMM's epilogue; so is an FPROP's
+ * bias, C holding it first, so that it joins the FP32 sum before C's one
+ * rounding.
  *
- * gmlp_cuda_gemm() describes the product to gmlp_cuda_route()
+ * gmlp_cuda_gemm_groups() describes the product to gmlp_cuda_route()
  * (gmlp-cuda-route.c, docs/routes.md), which picks libgmlp's Hopper kernel
  * (many small products; WGRAD of unequal mid-sized ones), cuBLAS's batched
  * and grouped calls for many small products, one batched call for
@@ -262,20 +264,24 @@ gmlp_cuda_gemm_data_type (int             dtype,
     }
 }
 
+/* Whether group i's product adds into C (beta = 1): WGRAD with the mask
+ * set, and an FPROP with a bias, whose C holds the bias first
+ * (gmlp_cuda_gemm_bias_first()). */
 static gboolean
-gmlp_cuda_gemm_accumulates (const GmlpBackendGemm *gemm,
-                            guint                  i)
+gmlp_cuda_gemm_accumulates (const GmlpCudaGroups *gemm,
+                            guint                 i)
 {
-  return gemm->kind == GMLP_GEMM_WGRAD && gemm->accumulate != NULL && gemm->accumulate[i];
+  return gmlp_cuda_groups_accumulates (gemm, i) ||
+         (gemm->kind == GMLP_GEMM_FPROP && gemm->bias != NULL);
 }
 
 /* The row-major sizes of group i's output and the length of its sums. */
 static void
-gmlp_cuda_gemm_group_sizes (const GmlpBackendGemm *gemm,
-                            guint                  i,
-                            gint64                *out_rows,
-                            gint64                *out_cols,
-                            gint64                *depth)
+gmlp_cuda_gemm_group_sizes (const GmlpCudaGroups *gemm,
+                            guint                 i,
+                            gint64               *out_rows,
+                            gint64               *out_cols,
+                            gint64               *depth)
 {
   gint64 m = gemm->rows[i];
 
@@ -295,8 +301,8 @@ gmlp_cuda_gemm_group_sizes (const GmlpBackendGemm *gemm,
 }
 
 static GmlpCudaGroupWork
-gmlp_cuda_gemm_group_work (const GmlpBackendGemm *gemm,
-                           guint                  i)
+gmlp_cuda_gemm_group_work (const GmlpCudaGroups *gemm,
+                           guint                 i)
 {
   gint64 out_rows, out_cols, depth;
 
@@ -313,9 +319,9 @@ gmlp_cuda_gemm_group_work (const GmlpBackendGemm *gemm,
 /* Group i as a cuBLAS product; only for GMLP_CUDA_GROUP_GEMM groups, whose
  * sizes validation has checked to fit in an int. */
 static void
-gmlp_cuda_gemm_product (const GmlpBackendGemm *gemm,
-                        guint                  i,
-                        GmlpCudaProduct       *p)
+gmlp_cuda_gemm_product (const GmlpCudaGroups *gemm,
+                        guint                 i,
+                        GmlpCudaProduct      *p)
 {
   int m = (int) gemm->rows[i];
   int n = (int) gemm->n;
@@ -356,9 +362,9 @@ gmlp_cuda_gemm_is_aligned (const void *p,
 
 /* Checks everything that can be checked before anything is enqueued. */
 static gboolean
-gmlp_cuda_gemm_validate (const GmlpBackendGemm  *gemm,
-                         GmlpCudaGemmPlan       *plan,
-                         GError                **error)
+gmlp_cuda_gemm_validate (const GmlpCudaGroups  *gemm,
+                         GmlpCudaGemmPlan      *plan,
+                         GError               **error)
 {
   gsize ab_size, c_size;
   gint64 first_rows = 0;
@@ -500,9 +506,9 @@ gmlp_cuda_gemm_validate (const GmlpBackendGemm  *gemm,
 
 /* Sets the output of every empty sum to zero (+0.0 in every float dtype). */
 static gboolean
-gmlp_cuda_gemm_zero_groups (GmlpBackendDevice      *device,
-                            const GmlpBackendGemm  *gemm,
-                            GError                **error)
+gmlp_cuda_gemm_zero_groups (GmlpBackendDevice     *device,
+                            const GmlpCudaGroups  *gemm,
+                            GError               **error)
 {
   gsize c_size = gmlp_num_dtype_size (gemm->c_dtype);
 
@@ -538,8 +544,8 @@ gmlp_cuda_stream_after (cudaStream_t   waiter,
 
 /* The products to compute, in group order, with their number in *count. */
 static GmlpCudaProduct *
-gmlp_cuda_gemm_products (const GmlpBackendGemm *gemm,
-                         guint                 *count)
+gmlp_cuda_gemm_products (const GmlpCudaGroups *gemm,
+                         guint                *count)
 {
   GmlpCudaProduct *products = g_new (GmlpCudaProduct, MAX (gemm->n_groups, 1));
   guint n = 0;
@@ -562,7 +568,7 @@ gmlp_cuda_gemm_products (const GmlpBackendGemm *gemm,
  * (bench/gmlp-versus-loop.c). */
 static gboolean
 gmlp_cuda_run_looped (GmlpBackendDevice       *device,
-                      const GmlpBackendGemm   *gemm,
+                      const GmlpCudaGroups    *gemm,
                       const GmlpCudaGemmPlan  *plan,
                       const GmlpCudaProduct   *products,
                       guint                    count,
@@ -635,7 +641,7 @@ gmlp_cuda_product_same_shape (const GmlpCudaProduct *p,
  * in one table. */
 static gboolean
 gmlp_cuda_run_batched (GmlpBackendDevice       *device,
-                       const GmlpBackendGemm   *gemm,
+                       const GmlpCudaGroups    *gemm,
                        const GmlpCudaGemmPlan  *plan,
                        const GmlpCudaProduct   *products,
                        guint                    count,
@@ -682,7 +688,7 @@ gmlp_cuda_run_batched (GmlpBackendDevice       *device,
  * anything: then *fall_back is set and error is not. */
 static gboolean
 gmlp_cuda_run_grouped (GmlpBackendDevice       *device,
-                       const GmlpBackendGemm   *gemm,
+                       const GmlpCudaGroups    *gemm,
                        const GmlpCudaGemmPlan  *plan,
                        GmlpCudaProduct         *products,
                        guint                    count,
@@ -784,7 +790,7 @@ gmlp_cuda_run_grouped (GmlpBackendDevice       *device,
  * call. */
 static gboolean
 gmlp_cuda_gemm_grouped (GmlpBackendDevice       *device,
-                        const GmlpBackendGemm   *gemm,
+                        const GmlpCudaGroups    *gemm,
                         const GmlpCudaGemmPlan  *plan,
                         gboolean                 tiled,
                         gboolean                *fall_back,
@@ -843,28 +849,54 @@ gmlp_cuda_gemm_grouped (GmlpBackendDevice       *device,
   return gmlp_cuda_run_looped (device, gemm, plan, (GmlpCudaProduct *) rest->data, rest->len, error);
 }
 
+/* An FPROP's bias, for the cuBLAS routes: C_i first holds bias_i in every
+ * row (zeros, plus the bias: exact), then the product adds into it (beta
+ * = 1, gmlp_cuda_gemm_accumulates()), so that the bias joins the FP32 sum
+ * before C's one rounding, as the Hopper kernel's epilogue adds it. C is
+ * grouped by the rows, its members packed from C_0: one memset. */
+gboolean
+gmlp_cuda_gemm_bias_first (GmlpBackendDevice     *device,
+                           const GmlpCudaGroups  *gemm,
+                           GError               **error)
+{
+  guint64 row_bytes = (guint64) gemm->n * gmlp_num_dtype_size (gemm->c_dtype);
+  guint64 bytes = 0;
+  cudaError_t err;
+
+  for (guint i = 0; i < gemm->n_groups; i++)
+    bytes += gmlp_num_member_stride (gemm->rows[i], row_bytes);
+  if (bytes == 0)
+    return TRUE;
+  err = cudaMemsetAsync (gemm->c[0], 0, bytes, device->stream);
+  if (err != cudaSuccess)
+    return gmlp_cuda_fail (error, "cudaMemsetAsync", err);
+  return gmlp_cuda_add_bias (device, gemm->n_groups, gemm->rows, gemm->n, gemm->c_dtype, gemm->c,
+                             gemm->bias, error);
+}
+
 static gboolean
-gmlp_cuda_gemm_locked (GmlpBackendDevice      *device,
-                       const GmlpBackendGemm  *gemm,
-                       GError                **error)
+gmlp_cuda_gemm_locked (GmlpBackendDevice     *device,
+                       const GmlpCudaGroups  *gemm,
+                       GError               **error)
 {
   g_autofree GmlpCudaProduct *products = NULL;
   GmlpCudaGemmPlan plan;
   GmlpKernelDeviceGemm kernel_gemm;
   GmlpCudaRouteProduct product;
   GmlpCudaRouteChoice choice;
+  gboolean bias = gemm->kind == GMLP_GEMM_FPROP && gemm->bias != NULL;
   gboolean fall_back = FALSE;
   guint count;
 
   if (!gmlp_cuda_gemm_validate (gemm, &plan, error))
     return FALSE;
-  if (plan.n_products == 0 && plan.n_zeroed == 0)
+  /* (With a bias, empty sums (k = 0) still give C = the bias.) */
+  if (plan.n_products == 0 && plan.n_zeroed == 0 && !bias)
     return TRUE;
   if (!gmlp_cuda_activate (device, error))
     return FALSE;
 
   product = (GmlpCudaRouteProduct) {
-    .entry = GMLP_CUDA_ENTRY_GEMM,
     .kind = gemm->kind,
     .ab_dtype = gemm->ab_dtype,
     .c_dtype = gemm->c_dtype,
@@ -876,9 +908,14 @@ gmlp_cuda_gemm_locked (GmlpBackendDevice      *device,
   };
   gmlp_cuda_route_count_rows (gemm->rows, gemm->n_groups, &product.rows, &product.tiled_rows);
   product.sm90_covers = plan.n_products > 0 &&
-                        gmlp_cuda_gemm_host_rows_kernel_gemm (gemm, &kernel_gemm) &&
+                        gmlp_cuda_groups_kernel_gemm (gemm, &kernel_gemm, &product.sm90_reason) &&
                         gmlp_cuda_gemm_sm90_covers (device, &kernel_gemm, &product.sm90_reason);
   choice = gmlp_cuda_route (&product, &device->props, &device->tuning);
+
+  /* The Hopper kernel adds the bias in its epilogue; cuBLAS adds into C
+   * holding it. */
+  if (bias && choice.route != GMLP_CUDA_ROUTE_SM90 && !gmlp_cuda_gemm_bias_first (device, gemm, error))
+    return FALSE;
 
   switch (choice.route)
     {
@@ -911,9 +948,9 @@ gmlp_cuda_gemm_locked (GmlpBackendDevice      *device,
 /* The handles, their workspaces, the side stream's events and the
  * device-sizes workspace are the device's: see scratch_lock. */
 gboolean
-gmlp_cuda_gemm (GmlpBackendDevice      *device,
-                const GmlpBackendGemm  *gemm,
-                GError                **error)
+gmlp_cuda_gemm_groups (GmlpBackendDevice     *device,
+                       const GmlpCudaGroups  *gemm,
+                       GError               **error)
 {
   gboolean ok;
 

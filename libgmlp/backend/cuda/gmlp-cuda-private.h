@@ -17,8 +17,8 @@
  *    the pool and the scratch workspace (gmlp-cuda-device.h);
  *  - gmlp-cuda-route.c: which kernel or library runs a product, a pure
  *    function of the product, the device's properties and its tuning
- *    (gmlp-cuda-route.h; no CUDA, docs/routes.md). The GEMM executors'
- *    entry points describe their product to it and run its answer.
+ *    (gmlp-cuda-route.h; no CUDA, docs/routes.md). The GEMM executors
+ *    describe their product to it and run its answer.
  *
  * A file of the lower five includes only the headers of the floors below
  * it, and its own; the executors and the table include this header, which
@@ -45,7 +45,77 @@ struct _GmlpBackendEvent
   int          ordinal;   /* the device whose stream recorded it */
 };
 
-/* gmlp-cuda-gemm.c */
+/* The GEMMs (docs/routes.md). gmlp-cuda-gemm-entry.c holds the backend's
+ * one gemm entry and gemm_supported: a descriptor with device sizes goes
+ * to gmlp-cuda-gemm-device.c as it is; one with host sizes is taken apart
+ * into a GmlpCudaGroups, each group's members, for the executors that
+ * address the groups one by one (cuBLAS in gmlp-cuda-gemm.c, cuBLASLt in
+ * gmlp-cuda-gemm-fp8.c; the Hopper kernel takes it back as bases and
+ * tables, gmlp_cuda_groups_kernel_gemm()). */
+typedef struct {
+  GmlpGemmKind          kind;
+  guint                 n_groups;
+  const gint64         *rows;
+  gint64                n;
+  gint64                k;
+  int                   ab_dtype;      /* a's dtype (FP8: a's format) */
+  int                   b_dtype;
+  int                   c_dtype;
+  const void * const   *a;
+  const void * const   *b;
+  void * const         *c;
+  const void * const   *bias;          /* FPROP, or NULL */
+  const guint8         *accumulate;    /* WGRAD, or NULL */
+  const float * const  *a_scale_inv;   /* FP8: each group's scales */
+  const float * const  *b_scale_inv;
+  GmlpBackendFp8Scales  a_scales;
+  GmlpBackendFp8Scales  b_scales;
+} GmlpCudaGroups;
+
+/* The product of group g as C (rows × cols) = A (rows × depth) · B (cols ×
+ * depth)ᵀ, in the K-major terms of the FP8 products. */
+static inline void
+gmlp_cuda_groups_shape (const GmlpCudaGroups *groups,
+                        guint                 g,
+                        gint64               *rows,
+                        gint64               *cols,
+                        gint64               *depth)
+{
+  gint64 m = groups->rows[g];
+
+  switch (groups->kind)
+    {
+    case GMLP_GEMM_FPROP:
+      *rows = m, *cols = groups->n, *depth = groups->k;
+      break;
+    case GMLP_GEMM_DGRAD:
+      *rows = m, *cols = groups->k, *depth = groups->n;
+      break;
+    case GMLP_GEMM_WGRAD:
+    default:
+      *rows = groups->n, *cols = groups->k, *depth = m;
+      break;
+    }
+}
+
+/* TRUE when group g adds into its output: WGRAD with the mask set. */
+static inline gboolean
+gmlp_cuda_groups_accumulates (const GmlpCudaGroups *groups,
+                              guint                 g)
+{
+  return groups->kind == GMLP_GEMM_WGRAD && groups->accumulate != NULL && groups->accumulate[g];
+}
+
+/* gmlp-cuda-gemm-entry.c: the gemm and gemm_supported entries. */
+gboolean  gmlp_cuda_gemm            (GmlpBackendDevice      *device,
+                                     const GmlpBackendGemm  *gemm,
+                                     GError                **error);
+gboolean  gmlp_cuda_gemm_supported  (GmlpBackendDevice      *device,
+                                     const GmlpBackendGemm  *gemm,
+                                     const char            **reason);
+
+/* gmlp-cuda-gemm.c: 16-bit and FP32 products with host sizes (the route's
+ * Hopper kernel and cuBLAS), the bias in the epilogue. */
 G_GNUC_PRINTF (5, 6)
 gboolean  gmlp_cuda_blas_fail       (GError            **error,
                                      const char         *library,
@@ -56,17 +126,28 @@ gboolean  gmlp_cuda_blas_fail       (GError            **error,
 gboolean  gmlp_cuda_cublas_init     (GmlpBackendDevice  *device,
                                      GError            **error);
 void      gmlp_cuda_cublas_fini     (GmlpBackendDevice  *device);
-gboolean  gmlp_cuda_gemm            (GmlpBackendDevice      *device,
-                                     const GmlpBackendGemm  *gemm,
-                                     GError                **error);
+gboolean  gmlp_cuda_gemm_groups     (GmlpBackendDevice     *device,
+                                     const GmlpCudaGroups  *groups,
+                                     GError               **error);
+/* An FPROP's bias for a library that adds into C (beta = 1): C_i set to
+ * bias_i in every row, so that the bias joins the FP32 sum before C's one
+ * rounding. */
+gboolean  gmlp_cuda_gemm_bias_first (GmlpBackendDevice     *device,
+                                     const GmlpCudaGroups  *groups,
+                                     GError               **error);
 
-/* gmlp-cuda-gemm-fp8.c: FP8 products on cuBLASLt (the gemm_fp8 entry). */
+/* gmlp-cuda-gemm-fp8.c: FP8 products with host sizes (the route's Hopper
+ * kernel and cuBLASLt); _supported says, without enqueuing anything,
+ * whether the product runs (FALSE: why, and the caller dequantizes). */
 gboolean  gmlp_cuda_cublaslt_init   (GmlpBackendDevice  *device,
                                      GError            **error);
 void      gmlp_cuda_cublaslt_fini   (GmlpBackendDevice  *device);
-gboolean  gmlp_cuda_gemm_fp8        (GmlpBackendDevice          *device,
-                                     const GmlpBackendGemmFp8   *gemm,
-                                     GError                    **error);
+gboolean  gmlp_cuda_gemm_fp8_groups (GmlpBackendDevice     *device,
+                                     const GmlpCudaGroups  *groups,
+                                     GError               **error);
+gboolean  gmlp_cuda_gemm_fp8_supported (GmlpBackendDevice     *device,
+                                        const GmlpCudaGroups  *groups,
+                                        const char           **reason);
 
 /* gmlp-cuda-bias.c */
 gboolean  gmlp_cuda_add_bias        (GmlpBackendDevice   *device,
@@ -184,11 +265,14 @@ gboolean  gmlp_cuda_fill_random     (GmlpBackendDevice      *device,
 
 /* Group sizes on the device (gmlp-cuda-gemm-device.c): libgmlp's own
  * Hopper kernel where the route (gmlp-cuda-route.c) puts it, a portable
- * kernel elsewhere. */
-gboolean  gmlp_cuda_gemm_device     (GmlpBackendDevice            *device,
-                                     const GmlpBackendGemmDevice  *gemm,
-                                     GError                      **error);
-/* The Hopper kernel, for every entry (gmlp-cuda-gemm-device.c): whether it
+ * kernel elsewhere; _supported as for gmlp_cuda_gemm_fp8_supported(). */
+gboolean  gmlp_cuda_gemm_device_sizes     (GmlpBackendDevice      *device,
+                                           const GmlpBackendGemm  *gemm,
+                                           GError                **error);
+gboolean  gmlp_cuda_gemm_device_supported (GmlpBackendDevice      *device,
+                                           const GmlpBackendGemm  *gemm,
+                                           const char            **reason);
+/* The Hopper kernel, for every product (gmlp-cuda-gemm-device.c): whether it
  * covers a product on this device (if not, why in *reason, a static
  * string), and its launch, for a product it covers. */
 gboolean  gmlp_cuda_gemm_sm90_covers (GmlpBackendDevice           *device,
@@ -197,14 +281,12 @@ gboolean  gmlp_cuda_gemm_sm90_covers (GmlpBackendDevice           *device,
 gboolean  gmlp_cuda_gemm_sm90_run    (GmlpBackendDevice           *device,
                                       const GmlpKernelDeviceGemm  *kernel_gemm,
                                       GError                     **error);
-/* The kernel's description of a product with host sizes: FALSE where the
- * operands are not laid out as a grouped tensor lays them out, which the
- * kernel needs (the FP8 one: and why, in *reason). */
-gboolean  gmlp_cuda_gemm_host_rows_kernel_gemm (const GmlpBackendGemm  *gemm,
-                                                GmlpKernelDeviceGemm   *kernel_gemm);
-gboolean  gmlp_cuda_fp8_kernel_gemm (const GmlpBackendGemmFp8  *gemm,
-                                     GmlpKernelDeviceGemm      *kernel_gemm,
-                                     const char               **reason);
+/* The kernel's description of a product with host sizes, bias included:
+ * FALSE (and why, in *reason) where the operands are not laid out as a
+ * grouped tensor lays them out, which the kernel needs. */
+gboolean  gmlp_cuda_groups_kernel_gemm (const GmlpCudaGroups  *groups,
+                                        GmlpKernelDeviceGemm  *kernel_gemm,
+                                        const char           **reason);
 
 /* gmlp-cuda-bias.c */
 gboolean  gmlp_cuda_bias_grad_device (GmlpBackendDevice            *device,

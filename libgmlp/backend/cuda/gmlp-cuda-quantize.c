@@ -65,22 +65,19 @@ gmlp_cuda_quantize_run (GmlpBackendDevice                  *device,
 }
 
 gboolean
-gmlp_cuda_quantize (GmlpBackendDevice       *device,
-                    const GmlpBackendShape  *shape,
-                    int                      recipe,
-                    int                      flags,
-                    gconstpointer            src,
-                    int                      src_dtype,
-                    int                      fp8_dtype,
-                    gpointer                 data,
-                    gpointer                 scale_inv,
-                    gpointer                 columnwise,
-                    gpointer                 columnwise_scale_inv,
-                    gint64                  *derived_rows,
-                    float                   *state,
-                    guint                    history_length,
-                    GError                 **error)
+gmlp_cuda_quantize (GmlpBackendDevice          *device,
+                    const GmlpBackendQuantize  *quantize,
+                    GError                    **error)
 {
+  const GmlpBackendShape *shape = &quantize->shape;
+  int recipe = quantize->recipe, flags = quantize->flags, fp8_dtype = quantize->fp8_dtype;
+  gconstpointer src = quantize->src;
+  int src_dtype = quantize->src_dtype;
+  gpointer data = quantize->data, scale_inv = quantize->scale_inv;
+  gpointer columnwise = quantize->columnwise, columnwise_scale_inv = quantize->columnwise_scale_inv;
+  gint64 *derived_rows = quantize->derived_rows;
+  float *state = quantize->state;
+  guint history_length = quantize->history_length;
   GmlpKernelQuantize q = { 0 };
 
   q.src_dtype = src_dtype;
@@ -91,17 +88,15 @@ gmlp_cuda_quantize (GmlpBackendDevice       *device,
 }
 
 gboolean
-gmlp_cuda_dequantize (GmlpBackendDevice       *device,
-                      const GmlpBackendShape  *shape,
-                      int                      recipe,
-                      int                      flags,
-                      gconstpointer            data,
-                      int                      fp8_dtype,
-                      gconstpointer            scale_inv,
-                      gpointer                 dst,
-                      int                      dst_dtype,
-                      GError                 **error)
+gmlp_cuda_dequantize (GmlpBackendDevice          *device,
+                      const GmlpBackendQuantize  *quantize,
+                      GError                    **error)
 {
+  const GmlpBackendShape *shape = &quantize->shape;
+  int recipe = quantize->recipe, flags = quantize->flags, fp8_dtype = quantize->fp8_dtype;
+  gconstpointer data = quantize->data, scale_inv = quantize->scale_inv;
+  gpointer dst = quantize->dst;
+  int dst_dtype = quantize->dst_dtype;
   GmlpKernelDequantize d = { 0 };
 
   if (!gmlp_cuda_activate (device, error))

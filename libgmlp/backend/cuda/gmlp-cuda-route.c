@@ -239,9 +239,9 @@ fp8_prefer_sm90 (const GmlpCudaRouteProduct *p,
  * scales take the Hopper kernel where it wins and covers the product,
  * else cuBLASLt, which needs FP8 tensor cores. */
 static GmlpCudaRouteChoice
-route_gemm_fp8 (const GmlpCudaRouteProduct *p,
-                const GmlpCudaDeviceProps  *props,
-                const GmlpBackendTuning    *tuning)
+route_fp8 (const GmlpCudaRouteProduct *p,
+           const GmlpCudaDeviceProps  *props,
+           const GmlpBackendTuning    *tuning)
 {
   const char *reason;
 
@@ -276,8 +276,8 @@ route_gemm_fp8 (const GmlpCudaRouteProduct *p,
  * tuning's device_gemm 1 turns it off), else the portable kernel, correct
  * if slower, which has no FP8 product. */
 static GmlpCudaRouteChoice
-route_gemm_device (const GmlpCudaRouteProduct *p,
-                   const GmlpBackendTuning    *tuning)
+route_device_sizes (const GmlpCudaRouteProduct *p,
+                    const GmlpBackendTuning    *tuning)
 {
   const char *reason;
 
@@ -294,15 +294,9 @@ gmlp_cuda_route (const GmlpCudaRouteProduct  *product,
                  const GmlpCudaDeviceProps   *props,
                  const GmlpBackendTuning     *tuning)
 {
-  switch (product->entry)
-    {
-    case GMLP_CUDA_ENTRY_GEMM:
+  if (product->device_sizes)
+    return route_device_sizes (product, tuning);
+  if (gmlp_num_dtype_is_fp8 (product->ab_dtype))
+    return route_fp8 (product, props, tuning);
       return route_gemm (product, tuning);
-    case GMLP_CUDA_ENTRY_GEMM_FP8:
-      return route_gemm_fp8 (product, props, tuning);
-    case GMLP_CUDA_ENTRY_GEMM_DEVICE:
-      return route_gemm_device (product, tuning);
-    default:
-      return route_refused (GMLP_CUDA_ROUTE_UNSUPPORTED, "no such entry");
-    }
 }

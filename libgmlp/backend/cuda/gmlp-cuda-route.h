@@ -4,9 +4,9 @@
  * function of a short description of the product (what validation found
  * out about it, and whether libgmlp's Hopper kernel covers it), the
  * device's properties (read once, when the device opens) and the device's
- * tuning. The entry points (gmlp_cuda_gemm(), gmlp_cuda_gemm_fp8(),
- * gmlp_cuda_gemm_device()) describe the product, ask, and call the
- * executor of the route. docs/routes.md states the rule as a table, with
+ * tuning. The backend's gemm entry (gmlp-cuda-gemm-entry.c) hands the
+ * descriptor to the executors' files, which describe the product, ask, and
+ * run the executor of the route. docs/routes.md states the rule as a table, with
  * the reason for each row.
  *
  * Nothing here includes CUDA: the rule builds and is tested without it
@@ -38,13 +38,6 @@ typedef enum {
   GMLP_CUDA_HOST_GEMM_SM90 = 2,
 } GmlpCudaHostGemm;
 
-/* The backend entry a product came through. */
-typedef enum {
-  GMLP_CUDA_ENTRY_GEMM,          /* 16-bit or FP32 operands, host sizes */
-  GMLP_CUDA_ENTRY_GEMM_FP8,      /* FP8 operands, host sizes */
-  GMLP_CUDA_ENTRY_GEMM_DEVICE,   /* any operands, group sizes on the device */
-} GmlpCudaEntry;
-
 typedef enum {
   /* libgmlp's Hopper kernel, one launch for all groups. */
   GMLP_CUDA_ROUTE_SM90,
@@ -64,22 +57,23 @@ typedef enum {
   GMLP_CUDA_ROUTE_CUBLAS_GROUPED,
   /* One cublasLtMatmul() per group (FP8, per-tensor scales). */
   GMLP_CUDA_ROUTE_CUBLASLT,
-  /* No FP8 product here: the backend answers GMLP_ERROR_UNSUPPORTED before
-   * enqueuing anything, and the layer multiplies dequantized operands
+  /* No FP8 product here: the backend's gemm_supported says so (gemm
+   * would answer GMLP_ERROR_UNSUPPORTED before enqueuing anything), and
+   * the layer multiplies dequantized operands instead
    * (gmlp-grouped-linear-fp8.c). */
   GMLP_CUDA_ROUTE_DEQUANTIZED,
   /* No product here, and no fall-back: GMLP_ERROR_UNSUPPORTED. */
   GMLP_CUDA_ROUTE_UNSUPPORTED,
 } GmlpCudaRoute;
 
-/* A product as the route sees it. The entry point fills it from the
- * checked call; for host sizes the statistics count the groups with a
+/* A product as the route sees it. The executor's file fills it from the
+ * checked descriptor; for host sizes the statistics count the groups with a
  * GEMM to run ("products") and those whose output is an empty sum, set
  * to zero ("zeroed"). */
 typedef struct {
-  GmlpCudaEntry  entry;
+  gboolean       device_sizes;      /* the group sizes on the device */
   GmlpGemmKind   kind;
-  int            ab_dtype;          /* GMLP_NUM_*; gemm_fp8: A's */
+  int            ab_dtype;          /* GMLP_NUM_*; FP8: A's */
   int            c_dtype;
   gboolean       blockwise;         /* FP8 scales of 128-deep blocks */
 
