@@ -318,13 +318,31 @@ gmlp_linear_run_split_product (GmlpGroupedLinear  *self,
         return TRUE;
       parts = matrix (self, GMLP_DTYPE_BFLOAT16, N_DGRAD_TERMS * n, t, error);
       w_parts = parts != NULL ? matrix (self, GMLP_DTYPE_BFLOAT16, N_DGRAD_TERMS * n, k, error) : NULL;
-      return w_parts != NULL &&
-             split (self, gmlp_grouped_tensor_get_data (product->a), t, n, parts, TRUE, dgrad_dy_parts,
-                    N_DGRAD_TERMS, error) &&
-             split (self, fixed, n, k, w_parts, FALSE, dgrad_w_parts, N_DGRAD_TERMS, error) &&
-             bf16_product (self, GMLP_GEMM_WGRAD, N_DGRAD_TERMS * n, t, k, parts, w_parts,
-                           gmlp_grouped_tensor_get_data (product->c_rows), GMLP_DTYPE_BFLOAT16, add,
-                           error);
+      /* The sum in FP32, then rounded once into dx (added to what dx
+       * holds, or stored): cuBLAS adding into a 16-bit output (beta = 1)
+       * may round the product before the addition. */
+      sums = w_parts != NULL ? matrix (self, GMLP_DTYPE_FLOAT32, t, k, error) : NULL;
+      if (sums == NULL ||
+          !split (self, gmlp_grouped_tensor_get_data (product->a), t, n, parts, TRUE, dgrad_dy_parts,
+                  N_DGRAD_TERMS, error) ||
+          !split (self, fixed, n, k, w_parts, FALSE, dgrad_w_parts, N_DGRAD_TERMS, error) ||
+          !bf16_product (self, GMLP_GEMM_WGRAD, N_DGRAD_TERMS * n, t, k, parts, w_parts,
+                         gmlp_grouped_tensor_get_data (sums), GMLP_DTYPE_FLOAT32, FALSE, error))
+        return FALSE;
+      {
+        GmlpBackendShape shape;
+        GmlpDType dx_dtype = gmlp_grouped_tensor_get_dtype (product->c_rows);
+
+        if (!gmlp_grouped_tensor_get_backend_shape (sums, &shape, error))
+          return FALSE;
+        if (add)
+          return GMLP_DEVICE_CALL (self->device, axpby, &shape, gmlp_grouped_tensor_get_data (sums),
+                                   GMLP_DTYPE_FLOAT32, gmlp_grouped_tensor_get_data (product->c_rows),
+                                   (int) dx_dtype, 1.0f, 1.0f, error);
+        return GMLP_DEVICE_CALL (self->device, convert, &shape, gmlp_grouped_tensor_get_data (sums),
+                                 GMLP_DTYPE_FLOAT32, gmlp_grouped_tensor_get_data (product->c_rows),
+                                 (int) dx_dtype, error);
+      }
 
     default:
       g_assert_not_reached ();

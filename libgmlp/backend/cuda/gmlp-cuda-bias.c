@@ -1,5 +1,5 @@
 /* gmlp-cuda-bias.c: the bias of the CUDA backend's cuBLAS products with
- * host sizes (gmlp_cuda_add_bias(), for gmlp_cuda_gemm_bias_first()),
+ * host sizes (gmlp_cuda_add_bias(), onto what cuBLAS stored),
  * bias_grad and bias_grad_device
  *
  * With host sizes, both are one planned launch of the grouped bias kernels

@@ -11,9 +11,8 @@
  * FP16 or FP32. Blockwise scales have no cuBLASLt path here: those
  * products run on the Hopper kernel, or gmlp_cuda_gemm_fp8_supported()
  * says no, with the kernel's reason, and the layer dequantizes them. An
- * FPROP's bias joins the FP32 sum before the one rounding: in the Hopper
- * kernel's epilogue, or with cuBLASLt adding (beta = 1) into an output
- * that holds the bias.
+ * FPROP's bias joins the FP32 sum before the one rounding in the Hopper
+ * kernel's epilogue; cuBLASLt's product has it added afterwards.
  *
  * cuBLASLt's FP8 kernels on Hopper and Ada take only the "TN" layout: both
  * operands K-major, the summed dimension contiguous. The backend's
@@ -277,13 +276,12 @@ plan_clear (GmlpCudaFp8Plan *plan)
 }
 
 /* Whether group i's product adds into C (beta = 1): WGRAD with the mask
- * set, and an FPROP with a bias, whose C holds the bias first
- * (gmlp_cuda_gemm_bias_first()). */
+ * set. */
 static gboolean
 fp8_adds_into_c (const GmlpCudaGroups *gemm,
                  guint                 i)
 {
-  return gmlp_cuda_groups_accumulates (gemm, i) || (gemm->kind == GMLP_GEMM_FPROP && gemm->bias != NULL);
+  return gmlp_cuda_groups_accumulates (gemm, i);
 }
 
 /* Checks the call and lists its products; enqueues nothing. */
@@ -913,12 +911,7 @@ gmlp_cuda_gemm_fp8_locked (GmlpBackendDevice     *device,
         goto out;
     }
 
-  /* Checked: from here on, work is enqueued. An FPROP's bias: C holds
-   * it first, and cuBLASLt adds the product into it before the one
-   * rounding, as the Hopper kernel's epilogue adds it. */
-  if (gemm->kind == GMLP_GEMM_FPROP && gemm->bias != NULL &&
-      !gmlp_cuda_gemm_bias_first (device, gemm, error))
-    goto out;
+  /* Checked: from here on, work is enqueued. */
   if (plan.scratch_bytes > 0)
     {
       scratch = gmlp_cuda_alloc (device, plan.scratch_bytes, error);
@@ -964,7 +957,11 @@ gmlp_cuda_gemm_fp8_locked (GmlpBackendDevice     *device,
           goto out;
         }
     }
-  ok = TRUE;
+  /* An FPROP's bias onto the stored product (cuBLASLt adding into a
+   * 16-bit C would round the product first anyway). */
+  ok = gemm->kind != GMLP_GEMM_FPROP || gemm->bias == NULL ||
+       gmlp_cuda_add_bias (device, gemm->n_groups, gemm->rows, gemm->n, gemm->c_dtype, gemm->c,
+                           gemm->bias, error);
 
 out:
   /* Stream-ordered: the products enqueued above still read it. */

@@ -15,9 +15,12 @@
  *
  * Sums are in FP32 (CUBLAS_COMPUTE_32F, which for FP32 operands is true
  * FP32: the handle's math mode allows no TF32). WGRAD accumulation into C is
- * beta = 1, which cuBLAS fuses into the GEMM's epilogue; so is an FPROP's
- * bias, C holding it first, so that it joins the FP32 sum before C's one
- * rounding.
+ * beta = 1, which cuBLAS fuses into the GEMM's epilogue. An FPROP's bias
+ * joins the FP32 sum before C's one rounding in the Hopper kernel's
+ * epilogue; on the cuBLAS routes it is added to C afterwards
+ * (gmlp_cuda_add_bias()): cuBLAS adding into a 16-bit C (beta = 1) rounds
+ * the product first anyway, so C holding the bias first would only cost a
+ * memset.
  *
  * gmlp_cuda_gemm_groups() describes the product to gmlp_cuda_route()
  * (gmlp-cuda-route.c, docs/routes.md), which picks libgmlp's Hopper kernel
@@ -265,14 +268,12 @@ gmlp_cuda_gemm_data_type (int             dtype,
 }
 
 /* Whether group i's product adds into C (beta = 1): WGRAD with the mask
- * set, and an FPROP with a bias, whose C holds the bias first
- * (gmlp_cuda_gemm_bias_first()). */
+ * set. */
 static gboolean
 gmlp_cuda_gemm_accumulates (const GmlpCudaGroups *gemm,
                             guint                 i)
 {
-  return gmlp_cuda_groups_accumulates (gemm, i) ||
-         (gemm->kind == GMLP_GEMM_FPROP && gemm->bias != NULL);
+  return gmlp_cuda_groups_accumulates (gemm, i);
 }
 
 /* The row-major sizes of group i's output and the length of its sums. */
@@ -849,31 +850,6 @@ gmlp_cuda_gemm_grouped (GmlpBackendDevice       *device,
   return gmlp_cuda_run_looped (device, gemm, plan, (GmlpCudaProduct *) rest->data, rest->len, error);
 }
 
-/* An FPROP's bias, for the cuBLAS routes: C_i first holds bias_i in every
- * row (zeros, plus the bias: exact), then the product adds into it (beta
- * = 1, gmlp_cuda_gemm_accumulates()), so that the bias joins the FP32 sum
- * before C's one rounding, as the Hopper kernel's epilogue adds it. C is
- * grouped by the rows, its members packed from C_0: one memset. */
-gboolean
-gmlp_cuda_gemm_bias_first (GmlpBackendDevice     *device,
-                           const GmlpCudaGroups  *gemm,
-                           GError               **error)
-{
-  guint64 row_bytes = (guint64) gemm->n * gmlp_num_dtype_size (gemm->c_dtype);
-  guint64 bytes = 0;
-  cudaError_t err;
-
-  for (guint i = 0; i < gemm->n_groups; i++)
-    bytes += gmlp_num_member_stride (gemm->rows[i], row_bytes);
-  if (bytes == 0)
-    return TRUE;
-  err = cudaMemsetAsync (gemm->c[0], 0, bytes, device->stream);
-  if (err != cudaSuccess)
-    return gmlp_cuda_fail (error, "cudaMemsetAsync", err);
-  return gmlp_cuda_add_bias (device, gemm->n_groups, gemm->rows, gemm->n, gemm->c_dtype, gemm->c,
-                             gemm->bias, error);
-}
-
 static gboolean
 gmlp_cuda_gemm_locked (GmlpBackendDevice     *device,
                        const GmlpCudaGroups  *gemm,
@@ -912,37 +888,41 @@ gmlp_cuda_gemm_locked (GmlpBackendDevice     *device,
                         gmlp_cuda_gemm_sm90_covers (device, &kernel_gemm, &product.sm90_reason);
   choice = gmlp_cuda_route (&product, &device->props, &device->tuning);
 
-  /* The Hopper kernel adds the bias in its epilogue; cuBLAS adds into C
-   * holding it. */
-  if (bias && choice.route != GMLP_CUDA_ROUTE_SM90 && !gmlp_cuda_gemm_bias_first (device, gemm, error))
-    return FALSE;
-
   switch (choice.route)
     {
     case GMLP_CUDA_ROUTE_SM90:
+      /* The bias in the kernel's epilogue. */
       return gmlp_cuda_gemm_sm90_run (device, &kernel_gemm, error);
 
     case GMLP_CUDA_ROUTE_CUBLAS_GROUPED:
-      if (gmlp_cuda_gemm_grouped (device, gemm, &plan, choice.row_tiles, &fall_back, error))
-        return TRUE;
-      if (!fall_back)
-        return FALSE;
-      products = gmlp_cuda_gemm_products (gemm, &count);
-      return gmlp_cuda_run_looped (device, gemm, &plan, products, count, error);
+      if (!gmlp_cuda_gemm_grouped (device, gemm, &plan, choice.row_tiles, &fall_back, error))
+        {
+          if (!fall_back)
+            return FALSE;
+          products = gmlp_cuda_gemm_products (gemm, &count);
+          if (!gmlp_cuda_run_looped (device, gemm, &plan, products, count, error))
+            return FALSE;
+        }
+      break;
 
     case GMLP_CUDA_ROUTE_CUBLAS_BATCHED:
-      if (!gmlp_cuda_gemm_zero_groups (device, gemm, error))
-        return FALSE;
       products = gmlp_cuda_gemm_products (gemm, &count);
-      return gmlp_cuda_run_batched (device, gemm, &plan, products, count, error);
+      if (!gmlp_cuda_gemm_zero_groups (device, gemm, error) ||
+          !gmlp_cuda_run_batched (device, gemm, &plan, products, count, error))
+        return FALSE;
+      break;
 
     case GMLP_CUDA_ROUTE_CUBLAS_LOOP:
     default:
-      if (!gmlp_cuda_gemm_zero_groups (device, gemm, error))
-        return FALSE;
       products = gmlp_cuda_gemm_products (gemm, &count);
-      return gmlp_cuda_run_looped (device, gemm, &plan, products, count, error);
+      if (!gmlp_cuda_gemm_zero_groups (device, gemm, error) ||
+          !gmlp_cuda_run_looped (device, gemm, &plan, products, count, error))
+        return FALSE;
+      break;
     }
+  /* cuBLAS: the bias onto the stored product. */
+  return !bias || gmlp_cuda_add_bias (device, gemm->n_groups, gemm->rows, gemm->n, gemm->c_dtype,
+                                      gemm->c, gemm->bias, error);
 }
 
 /* The handles, their workspaces, the side stream's events and the

@@ -129,13 +129,6 @@ void      gmlp_cuda_cublas_fini     (GmlpBackendDevice  *device);
 gboolean  gmlp_cuda_gemm_groups     (GmlpBackendDevice     *device,
                                      const GmlpCudaGroups  *groups,
                                      GError               **error);
-/* An FPROP's bias for a library that adds into C (beta = 1): C_i set to
- * bias_i in every row, so that the bias joins the FP32 sum before C's one
- * rounding. */
-gboolean  gmlp_cuda_gemm_bias_first (GmlpBackendDevice     *device,
-                                     const GmlpCudaGroups  *groups,
-                                     GError               **error);
-
 /* gmlp-cuda-gemm-fp8.c: FP8 products with host sizes (the route's Hopper
  * kernel and cuBLASLt); _supported says, without enqueuing anything,
  * whether the product runs (FALSE: why, and the caller dequantizes). */
