@@ -183,6 +183,33 @@ typedef struct {
   const guint8       *accumulate;     /* WGRAD, optional */
 } GmlpBackendGemm;
 
+/* The product of a group with m rows as C (rows × cols) = A (rows × depth)
+ * · B (cols × depth)ᵀ, the summed dimension last (the K-major terms of the
+ * FP8 products and of the output's shape), the same for every backend. */
+static inline void
+gmlp_backend_gemm_group_shape (GmlpGemmKind  kind,
+                               gint64        m,
+                               gint64        n,
+                               gint64        k,
+                               gint64       *rows,
+                               gint64       *cols,
+                               gint64       *depth)
+{
+  switch (kind)
+    {
+    case GMLP_GEMM_FPROP:
+      *rows = m, *cols = n, *depth = k;
+      break;
+    case GMLP_GEMM_DGRAD:
+      *rows = m, *cols = k, *depth = n;
+      break;
+    case GMLP_GEMM_WGRAD:
+    default:
+      *rows = n, *cols = k, *depth = m;
+      break;
+    }
+}
+
 static inline gboolean
 gmlp_backend_gemm_blockwise (const GmlpBackendGemm *gemm)
 {

@@ -67,21 +67,7 @@ fp8_shape (const GmlpCpuGemm *gemm,
            gint64            *cols,
            gint64            *depth)
 {
-  gint64 m = gemm->rows[g];
-
-  switch (gemm->kind)
-    {
-    case GMLP_GEMM_FPROP:
-      *rows = m, *cols = gemm->n, *depth = gemm->k;
-      break;
-    case GMLP_GEMM_DGRAD:
-      *rows = m, *cols = gemm->k, *depth = gemm->n;
-      break;
-    case GMLP_GEMM_WGRAD:
-    default:
-      *rows = gemm->n, *cols = gemm->k, *depth = m;
-      break;
-    }
+  gmlp_backend_gemm_group_shape (gemm->kind, gemm->rows[g], gemm->n, gemm->k, rows, cols, depth);
 }
 
 static void

@@ -284,21 +284,7 @@ gmlp_cuda_gemm_group_sizes (const GmlpCudaGroups *gemm,
                             gint64               *out_cols,
                             gint64               *depth)
 {
-  gint64 m = gemm->rows[i];
-
-  switch (gemm->kind)
-    {
-    case GMLP_GEMM_FPROP:
-      *out_rows = m, *out_cols = gemm->n, *depth = gemm->k;
-      break;
-    case GMLP_GEMM_DGRAD:
-      *out_rows = m, *out_cols = gemm->k, *depth = gemm->n;
-      break;
-    case GMLP_GEMM_WGRAD:
-    default:
-      *out_rows = gemm->n, *out_cols = gemm->k, *depth = m;
-      break;
-    }
+  gmlp_backend_gemm_group_shape (gemm->kind, gemm->rows[i], gemm->n, gemm->k, out_rows, out_cols, depth);
 }
 
 static GmlpCudaGroupWork

@@ -81,21 +81,7 @@ gmlp_cuda_groups_shape (const GmlpCudaGroups *groups,
                         gint64               *cols,
                         gint64               *depth)
 {
-  gint64 m = groups->rows[g];
-
-  switch (groups->kind)
-    {
-    case GMLP_GEMM_FPROP:
-      *rows = m, *cols = groups->n, *depth = groups->k;
-      break;
-    case GMLP_GEMM_DGRAD:
-      *rows = m, *cols = groups->k, *depth = groups->n;
-      break;
-    case GMLP_GEMM_WGRAD:
-    default:
-      *rows = groups->n, *cols = groups->k, *depth = m;
-      break;
-    }
+  gmlp_backend_gemm_group_shape (groups->kind, groups->rows[g], groups->n, groups->k, rows, cols, depth);
 }
 
 /* TRUE when group g adds into its output: WGRAD with the mask set. */
