@@ -13,6 +13,14 @@ G_BEGIN_DECLS
 /* Most groups a grouped tensor may have (the kernels' grid limit). */
 #define GMLP_MAX_GROUPS 65535
 
+/* Sizes beyond these are reported as errors, not attempted: no real tensor
+ * comes near them. Byte counts are checked for overflow on the way
+ * (gmlp_grouped_tensor_layout_bytes()), and once a layout is within
+ * GMLP_MAX_BYTES every later count derived from it is too. */
+#define GMLP_MAX_ROWS  (G_GINT64_CONSTANT (1) << 40)
+#define GMLP_MAX_COLS  (G_GINT64_CONSTANT (1) << 31)
+#define GMLP_MAX_BYTES (G_GUINT64_CONSTANT (1) << 50)
+
 /* Device pointer to the first byte of the tensor (its member 0). */
 gpointer  gmlp_grouped_tensor_get_data          (GmlpGroupedTensor *self);
 /* Bytes the allocation for this layout needs (the worst case when sizes are
@@ -80,6 +88,20 @@ G_END_DECLS
 
 G_BEGIN_DECLS
 
+/* The checks of any layout (gmlp-grouped-tensor-layout.c): the dtype, the
+ * number of groups and the columns; and host group sizes, with their sum in
+ * @total_rows. */
+gboolean           gmlp_grouped_tensor_check_common      (GmlpDevice         *device,
+                                                          GmlpDType           dtype,
+                                                          guint               n_groups,
+                                                          gint64              cols,
+                                                          GError            **error);
+gboolean           gmlp_grouped_tensor_check_rows        (const gint64       *rows,
+                                                          guint               n_groups,
+                                                          gint64              cols,
+                                                          GmlpDType           dtype,
+                                                          gint64             *total_rows,
+                                                          GError            **error);
 /* For the constructors and operations in gmlp-grouped-tensor-interop.c and
  * gmlp-grouped-tensor-ops.c. The checks of a host-sizes layout that every
  * constructor makes (device, dtype, count, columns, then the sizes), with

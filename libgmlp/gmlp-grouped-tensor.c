@@ -1,8 +1,9 @@
 /* gmlp-grouped-tensor.c: the grouped tensor object
  *
  * Its type, properties and construction, its layout, member views and
- * accessors. Data in and out (bytes, typed arrays, DLPack) is in
- * gmlp-grouped-tensor-interop.c, operations on its values in
+ * accessors. The checks of a layout's sizes and byte count are in
+ * gmlp-grouped-tensor-layout.c, data in and out (bytes, typed arrays,
+ * DLPack) in gmlp-grouped-tensor-interop.c, operations on its values in
  * gmlp-grouped-tensor-ops.c, and quantized tensors in
  * gmlp-grouped-tensor-quantized.c.
  *
@@ -151,14 +152,6 @@ enum {
 
 static GParamSpec *properties[N_PROPS];
 
-/* Sizes beyond these are reported as errors, not attempted: no real tensor
- * comes near them. Byte counts are checked for overflow on the way
- * (gmlp_grouped_tensor_layout_bytes()), and once a layout is within
- * MAX_BYTES every later count derived from it is too. */
-#define MAX_ROWS  (G_GINT64_CONSTANT (1) << 40)
-#define MAX_COLS  (G_GINT64_CONSTANT (1) << 31)
-#define MAX_BYTES (G_GUINT64_CONSTANT (1) << 50)
-
 /* The host sizes and offsets of a layout: one allocation, or none for one
  * group. The rows that set_property() takes are apart until layout_init(). */
 static void
@@ -302,17 +295,6 @@ static void layout_init (GmlpGroupedTensor *self,
                          guint              n_groups,
                          gint64             cols,
                          gint64             row_capacity);
-static gboolean check_common (GmlpDevice  *device,
-                              GmlpDType    dtype,
-                              guint        n_groups,
-                              gint64       cols,
-                              GError     **error);
-static gboolean check_rows (const gint64  *rows,
-                            guint          n_groups,
-                            gint64         cols,
-                            GmlpDType      dtype,
-                            gint64        *total_rows,
-                            GError       **error);
 static gboolean check_device_sizes (GmlpDevice         *device,
                                     GmlpDType           dtype,
                                     GmlpGroupedTensor  *sizes,
@@ -347,8 +329,9 @@ construct_from_properties (GmlpGroupedTensor  *self,
 
   if (rows != NULL)
     {
-      if (!check_common (device, self->dtype, n_groups, self->cols, error) ||
-          !check_rows (rows, n_groups, self->cols, self->dtype, &row_capacity, error))
+      if (!gmlp_grouped_tensor_check_common (device, self->dtype, n_groups, self->cols, error) ||
+          !gmlp_grouped_tensor_check_rows (rows, n_groups, self->cols, self->dtype, &row_capacity,
+                                           error))
         return FALSE;
     }
   else
@@ -518,137 +501,10 @@ gmlp_grouped_tensor_init (GmlpGroupedTensor *self)
   self->dtype = GMLP_DTYPE_FLOAT32;
 }
 
-/* Rounds @bytes up to the member alignment, or FALSE past 64 bits. */
-static gboolean
-align_member (guint64  bytes,
-              guint64 *aligned)
-{
-  if (!gmlp_checked_add (bytes, kGmlpMemberAlignment - 1, aligned))
-    return FALSE;
-  *aligned &= ~(guint64) (kGmlpMemberAlignment - 1);
-  return TRUE;
-}
-
-gboolean
-gmlp_grouped_tensor_layout_bytes (guint          n_groups,
-                                  const gint64  *rows,
-                                  gint64         row_capacity,
-                                  guint64        row_bytes,
-                                  gsize         *nbytes)
-{
-  guint64 bytes = 0, member;
-  guint g;
-
-  if (rows != NULL)
-    {
-      for (g = 0; g < n_groups; g++)
-        if (rows[g] < 0 ||
-            !gmlp_checked_mul ((guint64) rows[g], row_bytes, &member) ||
-            !align_member (member, &member) ||
-            !gmlp_checked_add (bytes, member, &bytes))
-          return FALSE;
-    }
-  else
-    {
-      /* As gmlp_num_device_sized_bytes(), checked. */
-      if (row_capacity < 0 || !gmlp_checked_mul ((guint64) row_capacity, row_bytes, &bytes))
-        return FALSE;
-      if (row_bytes % kGmlpMemberAlignment != 0 &&
-          !gmlp_checked_add (bytes, (guint64) n_groups * (kGmlpMemberAlignment - 1), &bytes))
-        return FALSE;
-      if (!align_member (bytes, &bytes))
-        return FALSE;
-      g_assert (bytes == gmlp_num_device_sized_bytes (n_groups, row_capacity, row_bytes));
-    }
-
-  if (bytes > MAX_BYTES)
-    return FALSE;
-  *nbytes = bytes;
-  return TRUE;
-}
-
-static gboolean
-check_common (GmlpDevice  *device,
-              GmlpDType    dtype,
-              guint        n_groups,
-              gint64       cols,
-              GError     **error)
-{
-  if (gmlp_dtype_get_size (dtype) == 0)
-    {
-      g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
-                   "Invalid dtype %d", (int) dtype);
-      return FALSE;
-    }
-  if (n_groups == 0 || n_groups > GMLP_MAX_GROUPS)
-    {
-      g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
-                   "A grouped tensor has 1 to %d groups, not %u", GMLP_MAX_GROUPS, n_groups);
-      return FALSE;
-    }
-  if (cols <= 0 || cols > MAX_COLS)
-    {
-      g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
-                   "cols must be between 1 and %" G_GINT64_FORMAT ", not %" G_GINT64_FORMAT,
-                   MAX_COLS, cols);
-      return FALSE;
-    }
-  return TRUE;
-}
-
-/* Checks host group sizes; returns their sum in *total_rows. */
-static gboolean
-check_rows (const gint64  *rows,
-            guint          n_groups,
-            gint64         cols,
-            GmlpDType      dtype,
-            gint64        *total_rows,
-            GError       **error)
-{
-  guint64 row_bytes = (guint64) cols * gmlp_dtype_get_size (dtype);
-  gint64 total = 0;
-  gsize nbytes;
-  guint g;
-
-  if (rows == NULL)
-    {
-      g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT, "No group sizes given");
-      return FALSE;
-    }
-
-  for (g = 0; g < n_groups; g++)
-    {
-      if (rows[g] < 0 || rows[g] > MAX_ROWS)
-        {
-          g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
-                       "Group %u has %" G_GINT64_FORMAT " rows; sizes must be between 0 and %"
-                       G_GINT64_FORMAT, g, rows[g], MAX_ROWS);
-          return FALSE;
-        }
-      total += rows[g];
-      if (total > MAX_ROWS)
-        {
-          g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
-                       "The group sizes add up to more than %" G_GINT64_FORMAT " rows", MAX_ROWS);
-          return FALSE;
-        }
-    }
-
-  if (!gmlp_grouped_tensor_layout_bytes (n_groups, rows, total, row_bytes, &nbytes))
-    {
-      g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
-                   "A tensor of %" G_GINT64_FORMAT " × %" G_GINT64_FORMAT " %s is too large",
-                   total, cols, gmlp_dtype_get_name (dtype));
-      return FALSE;
-    }
-
-  *total_rows = total;
-  return TRUE;
-}
-
 /* Lays @self out, with no storage yet: the host sizes, the member offsets
- * and the span it needs. The sizes were checked (check_rows(),
- * check_device_sizes()), so no count here overflows. */
+ * and the span it needs. The sizes were checked
+ * (gmlp_grouped_tensor_check_rows(), check_device_sizes()), so no count here
+ * overflows. */
 static void
 layout_init (GmlpGroupedTensor *self,
              GmlpDevice        *device,
@@ -729,19 +585,6 @@ gmlp_grouped_tensor_take_buffer (GmlpGroupedTensor *self,
   self->buffer = buffer;
 }
 
-gboolean
-gmlp_grouped_tensor_check_host_layout (GmlpDevice    *device,
-                                       GmlpDType      dtype,
-                                       const gint64  *rows,
-                                       guint          n_groups,
-                                       gint64         cols,
-                                       gint64        *total_rows,
-                                       GError       **error)
-{
-  return check_common (device, dtype, n_groups, cols, error) &&
-         check_rows (rows, n_groups, cols, dtype, total_rows, error);
-}
-
 /**
  * gmlp_grouped_tensor_new:
  * @device: the device to allocate on
@@ -774,8 +617,8 @@ gmlp_grouped_tensor_new (GmlpDevice    *device,
   g_return_val_if_fail (GMLP_IS_DEVICE (device), NULL);
   g_return_val_if_fail (error == NULL || *error == NULL, NULL);
 
-  if (!check_common (device, dtype, n_groups, cols, error) ||
-      !check_rows (rows, n_groups, cols, dtype, &total_rows, error))
+  if (!gmlp_grouped_tensor_check_common (device, dtype, n_groups, cols, error) ||
+      !gmlp_grouped_tensor_check_rows (rows, n_groups, cols, dtype, &total_rows, error))
     return NULL;
 
   return gmlp_grouped_tensor_new_internal (device, dtype, rows, n_groups, cols, total_rows, error);
@@ -811,7 +654,7 @@ gmlp_grouped_tensor_new_uniform (GmlpDevice  *device,
   g_return_val_if_fail (GMLP_IS_DEVICE (device), NULL);
   g_return_val_if_fail (error == NULL || *error == NULL, NULL);
 
-  if (!check_common (device, dtype, n_groups, cols, error))
+  if (!gmlp_grouped_tensor_check_common (device, dtype, n_groups, cols, error))
     return NULL;
 
   all_rows = g_new (gint64, n_groups);
@@ -905,14 +748,14 @@ check_device_sizes (GmlpDevice         *device,
       return FALSE;
     }
 
-  /* Past G_MAXUINT, check_common() refuses the count as it refuses any
-   * count past GMLP_MAX_GROUPS. */
+  /* Past G_MAXUINT, gmlp_grouped_tensor_check_common() refuses the count as
+   * it refuses any count past GMLP_MAX_GROUPS. */
   if (!gmlp_checked_mul ((guint64) sizes->rows[0], (guint64) sizes->cols, &n_sizes) ||
       n_sizes > G_MAXUINT)
     n_sizes = G_MAXUINT;
-  if (!check_common (device, dtype, (guint) n_sizes, cols, error))
+  if (!gmlp_grouped_tensor_check_common (device, dtype, (guint) n_sizes, cols, error))
     return FALSE;
-  if (row_capacity < 0 || row_capacity > MAX_ROWS ||
+  if (row_capacity < 0 || row_capacity > GMLP_MAX_ROWS ||
       !gmlp_grouped_tensor_layout_bytes ((guint) n_sizes, NULL, row_capacity,
                                          (guint64) cols * gmlp_dtype_get_size (dtype), &nbytes))
     {

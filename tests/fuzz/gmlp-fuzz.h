@@ -113,7 +113,7 @@ char             *fz_input_for           (const char *layer, gboolean grad);
 GmlpDType         fz_flavour_dtype       (const char *name);
 const char       *fz_dtype_short         (GmlpDType dtype);
 
-/* Pools */
+/* Pools (fuzz-pools.c) */
 extern const gint64  fz_int_pool[];
 extern const guint   fz_n_int_pool;
 extern const double  fz_double_pool[];
