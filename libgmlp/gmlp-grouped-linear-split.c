@@ -12,9 +12,6 @@
  *
  *   FPROP  y = x [W_hi; W_mid; W_lo]ᵀ: one BF16 product of 3n columns into
  *          FP32 (T × 3n), whose three column blocks sum_parts adds into y;
- *   WGRAD  dW (+)= [dy_hi | dy_mid | dy_lo]ᵀ x: one BF16 product of 3n × k
- *          into FP32, whose three row blocks sum_parts adds into wgrad or
- *          main_grad (the accumulation mask's entry decides which);
  *   DGRAD  dx (+)= Σ dy_a W_b over the six pairs (a, b) that matter (hi·hi,
  *          hi·mid, hi·lo, mid·hi, lo·hi, mid·mid; those left out are under
  *          2^-24 relative), one product of depth 6n: the parts of dy
@@ -24,11 +21,23 @@
  *          MoE layer's input gradient) before that one rounding. The entry
  *          has no adding DGRAD, so it is issued as the WGRAD it equals,
  *          C (T × k) += Aᵀ B with A the parts of dy transposed (6n × T,
- *          which the split writes so) and B the parts of W (6n × k).
+ *          which the split writes so) and B the parts of W (6n × k);
+ *   WGRAD  dW (+)= [dy_hi; dy_mid; dy_lo] x (dy's parts transposed, 3n × T:
+ *          blocks 2 to 4 of DGRAD's A, so the backward splits dy once), one
+ *          BF16 product of 3n × k issued as the DGRAD it equals, into FP32,
+ *          whose three row blocks sum_parts adds into wgrad or main_grad
+ *          (the accumulation mask's entry decides which).
+ *
+ * W's six parts (FPROP reads the first three) are split once per version
+ * of W and kept with the layer (6n × k BF16), so that a forward and its
+ * backward share one split, and forwards with no optimizer step between
+ * them share it too. One split call cannot write both of dy's layouts
+ * (its strides are per call, only the offsets per output), hence WGRAD's
+ * transposed operand.
  *
  * Every product is the backend's gemm with one group (host sizes): on CUDA
  * a single product takes cuBLAS's tuned kernel (docs/routes.md, G7). The
- * scratch (parts and sums) is O(T n + n k), never T × k in FP32.
+ * scratch is O(T n + n k) but for DGRAD's FP32 sum of dx (T × k).
  *
  * SPDX-License-Identifier: LGPL-2.1-or-later
  */
@@ -37,6 +46,7 @@
 
 #include "gmlp-grouped-linear-impl.h"
 #include "gmlp-error.h"
+#include "gmlp-saved-activations-private.h"
 
 /* DGRAD's pairs of parts, (dy's, W's), in the order of the depth. */
 static const guint dgrad_dy_parts[] = { 0, 0, 0, 1, 2, 1 };
@@ -206,15 +216,15 @@ sum_parts (GmlpGroupedLinear  *self,
 }
 
 /* One BF16 product of the backend's gemm, one group (see GmlpBackendGemm
- * for m, n, k); @add: WGRAD adds into c. */
+ * for m, n, k) of operands at a and b; @add: WGRAD adds into c. */
 static gboolean
 bf16_product (GmlpGroupedLinear  *self,
               GmlpGemmKind        kind,
               gint64              m,
               gint64              n,
               gint64              k,
-              GmlpGroupedTensor  *a,
-              GmlpGroupedTensor  *b,
+              gconstpointer       a,
+              gconstpointer       b,
               gpointer            c,
               GmlpDType           c_dtype,
               gboolean            add,
@@ -227,12 +237,12 @@ bf16_product (GmlpGroupedLinear  *self,
   const GmlpBackendOperand rows_a = {
     .layout = GMLP_BACKEND_OPERAND_ROWS,
     .dtype = GMLP_DTYPE_BFLOAT16,
-    .base = gmlp_grouped_tensor_get_data (a),
+    .base = (gpointer) a,
   };
   const GmlpBackendOperand second = {
     .layout = wgrad ? GMLP_BACKEND_OPERAND_ROWS : GMLP_BACKEND_OPERAND_STRIDED,
     .dtype = GMLP_DTYPE_BFLOAT16,
-    .base = gmlp_grouped_tensor_get_data (b),
+    .base = (gpointer) b,
   };
   const GmlpBackendOperand out = {
     .layout = wgrad ? GMLP_BACKEND_OPERAND_STRIDED : GMLP_BACKEND_OPERAND_ROWS,
@@ -254,6 +264,63 @@ bf16_product (GmlpGroupedLinear  *self,
   return GMLP_DEVICE_CALL (self->device, gemm, &gemm, error);
 }
 
+/* Element j × rows × cols of @parts: where its j-th block of rows × cols
+ * begins. */
+static gpointer
+block (GmlpGroupedTensor  *parts,
+       guint               j,
+       gint64              rows,
+       gint64              cols)
+{
+  return (guint16 *) gmlp_grouped_tensor_get_data (parts) + (gsize) j * rows * cols;
+}
+
+/* The weight's parts as DGRAD pairs them, [hi; mid; lo; hi; hi; mid]
+ * (6n × k BF16), whose first three blocks FPROP reads: split once per
+ * version of the weight, so that a forward and its backward, or the
+ * forwards of microbatches, share one split. An optimizer step or a write
+ * through the API bumps the version, and the next product splits into a
+ * new tensor (a product in flight keeps the one it was given). Not kept
+ * where the weight may change behind its version: storage shared through
+ * DLPack, a device that captured graphs (a replay writes without bumping),
+ * and while capturing (the graph must split on every replay). */
+static GmlpGroupedTensor *
+weight_parts (GmlpGroupedLinear  *self,
+              GmlpGroupedTensor  *weight,
+              GError            **error)
+{
+  gint64 n = self->out_features, k = self->in_features;
+  gboolean keep = !gmlp_grouped_tensor_is_shared (weight) && !gmlp_device_has_captured (self->device);
+  g_autoptr(GMutexLocker) locker = g_mutex_locker_new (&self->split_lock);
+  g_autoptr(GmlpGroupedTensor) parts = NULL;
+
+  if (keep && self->w_parts != NULL && self->w_parts_of == weight &&
+      gmlp_version_records_check (self->w_parts_version, "Router's gate", NULL))
+    return g_object_ref (self->w_parts);
+
+  parts = matrix (self, GMLP_DTYPE_BFLOAT16, N_DGRAD_TERMS * n, k, error);
+  if (parts == NULL ||
+      !split (self, gmlp_grouped_tensor_get_data (weight), n, k, parts, FALSE, dgrad_w_parts,
+              N_DGRAD_TERMS, error))
+    return NULL;
+
+  g_clear_object (&self->w_parts);
+  g_clear_object (&self->w_parts_of);
+  g_clear_pointer (&self->w_parts_version, g_array_unref);
+  if (keep)
+    {
+      self->w_parts = g_object_ref (parts);
+      self->w_parts_of = g_object_ref (weight);
+      self->w_parts_version = gmlp_version_records_new ();
+      gmlp_version_records_add (self->w_parts_version, "weight", "forward", weight);
+    }
+  return g_steal_pointer (&parts);
+}
+
+/* dy's parts as DGRAD pairs them, transposed, [hi hi hi mid lo mid] (each
+ * n × T): blocks 2 to 4 hold hi, mid and lo, WGRAD's operand. */
+#define DY_PARTS_IN_ORDER 2
+
 gboolean
 gmlp_linear_run_split_product (GmlpGroupedLinear  *self,
                                const Product      *product,
@@ -262,73 +329,90 @@ gmlp_linear_run_split_product (GmlpGroupedLinear  *self,
   static const guint in_order[N_PARTS] = { 0, 1, 2 };
   gint64 n = self->out_features, k = self->in_features;
   gint64 t = gmlp_grouped_tensor_get_total_rows (product->sized_by);
-  gpointer fixed = gmlp_grouped_tensor_get_member_data (product->fixed->members[0], 0);
+  GmlpGroupedTensor *weight = product->fixed->members[0];
+  gpointer fixed = gmlp_grouped_tensor_get_member_data (weight, 0);
   gboolean add = product->accumulate != NULL && product->accumulate[0];
   g_autoptr(GmlpGroupedTensor) parts = NULL, sums = NULL, w_parts = NULL;
 
   g_assert (self->n_groups == 1 && !product->bias &&
             gmlp_grouped_tensor_has_host_sizes (product->sized_by));
+  g_assert (dgrad_dy_parts[DY_PARTS_IN_ORDER] == 0 && dgrad_dy_parts[DY_PARTS_IN_ORDER + 1] == 1 &&
+            dgrad_dy_parts[DY_PARTS_IN_ORDER + 2] == 2 && dgrad_w_parts[1] == 1 &&
+            dgrad_w_parts[2] == 2);
 
   switch (product->kind)
     {
     case GMLP_GEMM_FPROP:
       if (t == 0)
         return TRUE;
-      parts = matrix (self, GMLP_DTYPE_BFLOAT16, N_PARTS * n, k, error);
-      sums = parts != NULL ? matrix (self, GMLP_DTYPE_FLOAT32, t, N_PARTS * n, error) : NULL;
+      w_parts = weight_parts (self, weight, error);
+      sums = w_parts != NULL ? matrix (self, GMLP_DTYPE_FLOAT32, t, N_PARTS * n, error) : NULL;
       return sums != NULL &&
-             split (self, fixed, n, k, parts, FALSE, in_order, N_PARTS, error) &&
-             bf16_product (self, GMLP_GEMM_FPROP, t, N_PARTS * n, k, product->a, parts,
+             bf16_product (self, GMLP_GEMM_FPROP, t, N_PARTS * n, k,
+                           gmlp_grouped_tensor_get_data (product->a),
+                           gmlp_grouped_tensor_get_data (w_parts),
                            gmlp_grouped_tensor_get_data (sums), GMLP_DTYPE_FLOAT32, FALSE, error) &&
              sum_parts (self, sums, TRUE, t, n, gmlp_grouped_tensor_get_data (product->c_rows), FALSE,
                         error);
 
     case GMLP_GEMM_WGRAD:
-      /* With no rows the product zeroes the sums: dW = 0, or main_grad
-       * as it was. */
-      parts = matrix (self, GMLP_DTYPE_BFLOAT16, t, N_PARTS * n, error);
-      sums = parts != NULL ? matrix (self, GMLP_DTYPE_FLOAT32, N_PARTS * n, k, error) : NULL;
+      /* The parts of dy stacked, P = [dy_hi; dy_mid; dy_lo]ᵀ (3n × T):
+       * those the DGRAD left, else split now; then P x (3n × k) as a
+       * DGRAD-shaped product. */
+      sums = matrix (self, GMLP_DTYPE_FLOAT32, N_PARTS * n, k, error);
       if (sums == NULL)
         return FALSE;
-      {
-        /* dy's parts side by side: output j at column j n of rows of 3n. */
-        GmlpBackendSplit s = {
-          .rows = t,
-          .cols = n,
-          .src = gmlp_grouped_tensor_get_data (product->a),
-          .src_stride = n,
-          .n_parts = N_PARTS,
-          .dst = gmlp_grouped_tensor_get_data (parts),
-          .dst_row_stride = N_PARTS * n,
-          .dst_col_stride = 1,
-          .n_outputs = N_PARTS,
-          .part = { 0, 1, 2 },
-          .offset = { 0, n, 2 * n },
-        };
+      if (t == 0)
+        {
+          /* No rows: dW = 0, or main_grad as it was. */
+          if (!GMLP_DEVICE_CALL (self->device, fill_bytes, gmlp_grouped_tensor_get_data (sums), 0,
+                                 (gsize) (N_PARTS * n * k) * sizeof (float), error))
+            return FALSE;
+        }
+      else
+        {
+          gconstpointer stacked;
 
-        if (!GMLP_DEVICE_CALL (self->device, split_bfloat16, &s, error))
-          return FALSE;
-      }
-      return bf16_product (self, GMLP_GEMM_WGRAD, t, N_PARTS * n, k, parts, product->b_rows,
-                           gmlp_grouped_tensor_get_data (sums), GMLP_DTYPE_FLOAT32, FALSE, error) &&
-             sum_parts (self, sums, FALSE, n, k, fixed, add, error);
+          if (product->dy_parts != NULL && *product->dy_parts != NULL)
+            {
+              parts = g_steal_pointer (product->dy_parts);
+              stacked = block (parts, DY_PARTS_IN_ORDER, n, t);
+            }
+          else
+            {
+              parts = matrix (self, GMLP_DTYPE_BFLOAT16, N_PARTS * n, t, error);
+              if (parts == NULL ||
+                  !split (self, gmlp_grouped_tensor_get_data (product->a), t, n, parts, TRUE, in_order,
+                          N_PARTS, error))
+                return FALSE;
+              stacked = gmlp_grouped_tensor_get_data (parts);
+            }
+          if (!bf16_product (self, GMLP_GEMM_DGRAD, N_PARTS * n, t, k, stacked,
+                             gmlp_grouped_tensor_get_data (product->b_rows),
+                             gmlp_grouped_tensor_get_data (sums), GMLP_DTYPE_FLOAT32, FALSE, error))
+            return FALSE;
+        }
+      return sum_parts (self, sums, FALSE, n, k, fixed, add, error);
 
     case GMLP_GEMM_DGRAD:
       if (t == 0)
         return TRUE;
-      parts = matrix (self, GMLP_DTYPE_BFLOAT16, N_DGRAD_TERMS * n, t, error);
-      w_parts = parts != NULL ? matrix (self, GMLP_DTYPE_BFLOAT16, N_DGRAD_TERMS * n, k, error) : NULL;
+      w_parts = weight_parts (self, weight, error);
+      parts = w_parts != NULL ? matrix (self, GMLP_DTYPE_BFLOAT16, N_DGRAD_TERMS * n, t, error) : NULL;
       /* The sum in FP32, then rounded once into dx (added to what dx
        * holds, or stored): cuBLAS adding into a 16-bit output (beta = 1)
        * may round the product before the addition. */
-      sums = w_parts != NULL ? matrix (self, GMLP_DTYPE_FLOAT32, t, k, error) : NULL;
+      sums = parts != NULL ? matrix (self, GMLP_DTYPE_FLOAT32, t, k, error) : NULL;
       if (sums == NULL ||
           !split (self, gmlp_grouped_tensor_get_data (product->a), t, n, parts, TRUE, dgrad_dy_parts,
                   N_DGRAD_TERMS, error) ||
-          !split (self, fixed, n, k, w_parts, FALSE, dgrad_w_parts, N_DGRAD_TERMS, error) ||
-          !bf16_product (self, GMLP_GEMM_WGRAD, N_DGRAD_TERMS * n, t, k, parts, w_parts,
+          !bf16_product (self, GMLP_GEMM_WGRAD, N_DGRAD_TERMS * n, t, k,
+                         gmlp_grouped_tensor_get_data (parts), gmlp_grouped_tensor_get_data (w_parts),
                          gmlp_grouped_tensor_get_data (sums), GMLP_DTYPE_FLOAT32, FALSE, error))
         return FALSE;
+      /* The WGRAD of this backward reads three of these parts. */
+      if (product->dy_parts != NULL)
+        g_set_object (product->dy_parts, parts);
       {
         GmlpBackendShape shape;
         GmlpDType dx_dtype = gmlp_grouped_tensor_get_dtype (product->c_rows);
