@@ -46,6 +46,7 @@ typedef struct {
   int                 copied;     /* atomic: a copy-stream copy has read it */
   GmlpVersionCounter *version;
   GDestroyNotify      release;    /* foreign memory: called instead of free */
+  int                 exported;   /* atomic: exported through DLPack */
   gpointer            release_data;
 } GmlpBuffer;
 
@@ -107,6 +108,10 @@ gboolean           gmlp_device_check_not_capturing (GmlpDevice  *self,
 /* The number of the capture in progress on self, counting from 1, or 0 when
  * self is not capturing; events remember it (gmlp-event.c). */
 guint              gmlp_device_get_capture_serial  (GmlpDevice  *self);
+/* Whether a capture was ever begun on self: its graphs' replays then write
+ * tensors without bumping their versions, and a cache keyed by versions
+ * cannot be trusted on it. */
+gboolean           gmlp_device_has_captured        (GmlpDevice  *self);
 /* A device copy of the host group sizes @rows, uploaded on the first call
  * with these values and kept as long as the device, for the shapes that the
  * backends take of tensors with host sizes: a step makes such tensors anew

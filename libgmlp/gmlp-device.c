@@ -770,6 +770,12 @@ gmlp_device_get_capture_serial (GmlpDevice *self)
   return (guint) g_atomic_int_get (&self->capture_serial);
 }
 
+gboolean
+gmlp_device_has_captured (GmlpDevice *self)
+{
+  return g_atomic_int_get (&self->capture_serial) > 0;
+}
+
 /* Bounds of the sizes kept by gmlp_device_get_uploaded_sizes(): a step
  * makes a few layouts of host sizes (the tokens of a layer, its experts'
  * rows), the same from step to step. */

@@ -84,6 +84,12 @@ struct _GmlpGroupedLinear
   /* gmlp_grouped_linear_take_bf16_input(): a BF16 input's products run
    * on BF16 tensor cores (gmlp-grouped-linear-split.c). */
   gboolean            bf16_input;
+  /* Their weight in BF16 parts, split once per version of the weight
+   * (gmlp-grouped-linear-split.c); split_lock guards the three. */
+  GMutex              split_lock;
+  GmlpGroupedTensor  *w_parts;
+  GmlpGroupedTensor  *w_parts_of;      /* the weight they were split from */
+  GArray             *w_parts_version; /* GmlpVersionRecord of that weight */
 };
 
 /* What an FP8 weight-gradient computation would otherwise allocate while it
@@ -208,6 +214,9 @@ typedef struct {
   /* FP8: a, b_rows and fixed (but for WGRAD) hold dequantized values in
    * gmlp_linear_fp8_fallback_dtype() rather than the layer's dtype. */
   gboolean            dequantized;
+  /* Split products: a DGRAD leaves dy's BF16 parts here, and the WGRAD of
+   * the same backward takes them rather than splitting dy again. */
+  GmlpGroupedTensor **dy_parts;
 } Product;
 
 gboolean           gmlp_linear_run_product              (GmlpGroupedLinear  *self,
@@ -247,6 +256,7 @@ struct _GmlpLinearBackward
   Fp8WgradOperands      fp8_operands;      /* FP8: made by dgrad */
   GmlpGroupedTensor    *grad_input;        /* dx: made by begin, written by dgrad */
   gboolean              add_into;          /* grad_input is the caller's: dgrad adds */
+  GmlpGroupedTensor    *dy_parts;          /* split: dy's parts, from dgrad to wgrad */
 };
 
 /* gmlp-grouped-linear-split.c */

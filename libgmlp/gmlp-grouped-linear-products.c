@@ -697,6 +697,7 @@ compute_wgrad (GmlpGroupedLinear  *self,
                GmlpGroupedTensor  *grad_output,
                GmlpGroupedTensor  *grad_output_fp8,
                Fp8WgradOperands   *fp8_operands,
+               GmlpGroupedTensor **dy_parts,
                GError            **error)
 {
   gboolean fused = has_flag (self, GMLP_LINEAR_FUSE_WGRAD_ACCUMULATION);
@@ -708,6 +709,7 @@ compute_wgrad (GmlpGroupedLinear  *self,
     .fixed = fused ? &self->main_grad : &self->wgrad,
     .c_dtype = fused ? GMLP_DTYPE_FLOAT32 : self->dtype,
     .accumulate = fused ? self->accumulate : NULL,
+    .dy_parts = dy_parts,
   };
   g_autoptr(GmlpEvent) event = NULL;
 
@@ -883,6 +885,7 @@ gmlp_linear_backward_free (GmlpLinearBackward *step)
   g_clear_object (&step->grad_output_fp8);
   gmlp_linear_fp8_wgrad_operands_clear (&step->fp8_operands);
   g_clear_object (&step->grad_input);
+  g_clear_object (&step->dy_parts);
   g_free (step);
 }
 
@@ -1062,6 +1065,7 @@ gmlp_grouped_linear_backward_dgrad (GmlpGroupedLinear   *self,
     .fixed = &self->weight,
     .c_dtype = gmlp_grouped_tensor_get_dtype (step->grad_input),
     .accumulate = step->add_into ? &add : NULL,
+    .dy_parts = &step->dy_parts,
   };
 
   if (step->w8 != NULL)
@@ -1094,7 +1098,7 @@ gmlp_grouped_linear_backward_finish (GmlpGroupedLinear   *self,
       gmlp_grouped_linear_notify (self, PROP_PENDING_WGRADS);
     }
   else if (!compute_wgrad (self, step->input, unquantized, step->grad_output_fp8,
-                           &step->fp8_operands, error))
+                           &step->fp8_operands, &step->dy_parts, error))
     {
       return NULL;
     }
@@ -1185,7 +1189,7 @@ gmlp_grouped_linear_backward_dw (GmlpGroupedLinear  *self,
 
   pending = g_queue_peek_head (&self->pending);
   if (!compute_wgrad (self, pending->input, pending->grad_output, pending->grad_output_fp8,
-                      &pending->fp8_operands, error))
+                      &pending->fp8_operands, NULL, error))
     return FALSE;
   gmlp_linear_pending_wgrad_free (g_queue_pop_head (&self->pending));
   gmlp_grouped_linear_notify (self, PROP_PENDING_WGRADS);

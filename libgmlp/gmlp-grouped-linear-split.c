@@ -12,9 +12,6 @@
  *
  *   FPROP  y = x [W_hi; W_mid; W_lo]ᵀ: one BF16 product of 3n columns into
  *          FP32 (T × 3n), whose three column blocks sum_parts adds into y;
- *   WGRAD  dW (+)= [dy_hi | dy_mid | dy_lo]ᵀ x: one BF16 product of 3n × k
- *          into FP32, whose three row blocks sum_parts adds into wgrad or
- *          main_grad (the accumulation mask's entry decides which);
  *   DGRAD  dx (+)= Σ dy_a W_b over the six pairs (a, b) that matter (hi·hi,
  *          hi·mid, hi·lo, mid·hi, lo·hi, mid·mid; those left out are under
  *          2^-24 relative), one product of depth 6n: the parts of dy
@@ -24,11 +21,23 @@
  *          MoE layer's input gradient) before that one rounding. The entry
  *          has no adding DGRAD, so it is issued as the WGRAD it equals,
  *          C (T × k) += Aᵀ B with A the parts of dy transposed (6n × T,
- *          which the split writes so) and B the parts of W (6n × k).
+ *          which the split writes so) and B the parts of W (6n × k);
+ *   WGRAD  dW (+)= [dy_hi; dy_mid; dy_lo] x (dy's parts transposed, 3n × T:
+ *          blocks 2 to 4 of DGRAD's A, so the backward splits dy once), one
+ *          BF16 product of 3n × k issued as the DGRAD it equals, into FP32,
+ *          whose three row blocks sum_parts adds into wgrad or main_grad
+ *          (the accumulation mask's entry decides which).
+ *
+ * W's six parts (FPROP reads the first three) are split once per version
+ * of W and kept with the layer (6n × k BF16), so that a forward and its
+ * backward share one split, and forwards with no optimizer step between
+ * them share it too. One split call cannot write both of dy's layouts
+ * (its strides are per call, only the offsets per output), hence WGRAD's
+ * transposed operand.
  *
  * Every product is the backend's gemm with one group (host sizes): on CUDA
  * a single product takes cuBLAS's tuned kernel (docs/routes.md, G7). The
- * scratch (parts and sums) is O(T n + n k), never T × k in FP32.
+ * scratch is O(T n + n k) but for DGRAD's FP32 sum of dx (T × k).
  *
  * SPDX-License-Identifier: LGPL-2.1-or-later
  */
@@ -37,6 +46,7 @@
 
 #include "gmlp-grouped-linear-impl.h"
 #include "gmlp-error.h"
+#include "gmlp-saved-activations-private.h"
 
 /* DGRAD's pairs of parts, (dy's, W's), in the order of the depth. */
 static const guint dgrad_dy_parts[] = { 0, 0, 0, 1, 2, 1 };
@@ -129,15 +139,32 @@ gmlp_linear_split_grad_input (GmlpGroupedLinear  *self,
   return g_object_ref (into);
 }
 
-/* Scratch of one rows × cols matrix. */
+/* A product's scratch, one allocation: n_parts BF16 values (the parts of
+ * an operand), then n_sums FP32 values (the product, whose parts are then
+ * summed) from a 256-byte boundary. */
+#define SUMS_AT(n_parts) (((n_parts) + 127) / 128 * 128)
+
 static GmlpGroupedTensor *
-matrix (GmlpGroupedLinear  *self,
-        GmlpDType           dtype,
-        gint64              rows,
-        gint64              cols,
-        GError            **error)
+scratch_new (GmlpGroupedLinear  *self,
+             gint64              n_parts,
+             gint64              n_sums,
+             GError            **error)
 {
-  return gmlp_grouped_tensor_new_uniform (self->device, dtype, 1, rows, cols, error);
+  return gmlp_grouped_tensor_new_uniform (self->device, GMLP_DTYPE_BFLOAT16, 1, 1,
+                                          SUMS_AT (n_parts) + 2 * n_sums, error);
+}
+
+static guint16 *
+scratch_parts (GmlpGroupedTensor *scratch)
+{
+  return gmlp_grouped_tensor_get_data (scratch);
+}
+
+static float *
+scratch_sums (GmlpGroupedTensor  *scratch,
+              gint64              n_parts)
+{
+  return (float *) (scratch_parts (scratch) + SUMS_AT (n_parts));
 }
 
 /* The parts of @src (rows × cols FP32, dense), part parts[j] of each value
@@ -148,7 +175,7 @@ split (GmlpGroupedLinear  *self,
        gconstpointer       src,
        gint64              rows,
        gint64              cols,
-       GmlpGroupedTensor  *dst,
+       guint16            *dst,
        gboolean            transposed,
        const guint        *parts,
        guint               n_outputs,
@@ -160,7 +187,7 @@ split (GmlpGroupedLinear  *self,
     .src = src,
     .src_stride = cols,
     .n_parts = N_PARTS,
-    .dst = gmlp_grouped_tensor_get_data (dst),
+    .dst = dst,
     .dst_row_stride = transposed ? 1 : cols,
     .dst_col_stride = transposed ? rows : 1,
     .n_outputs = n_outputs,
@@ -176,11 +203,11 @@ split (GmlpGroupedLinear  *self,
 }
 
 /* dst (rows × cols FP32, dense) = [dst +] the sum of the N_PARTS blocks of
- * @sums (one FP32 tensor): column blocks (rows × N_PARTS cols), or row
- * blocks (N_PARTS rows × cols) when !columns. */
+ * @sums: column blocks (rows × N_PARTS cols), or row blocks (N_PARTS rows ×
+ * cols) when !columns. */
 static gboolean
 sum_parts (GmlpGroupedLinear  *self,
-           GmlpGroupedTensor  *sums,
+           const float        *sums,
            gboolean            columns,
            gint64              rows,
            gint64              cols,
@@ -191,7 +218,7 @@ sum_parts (GmlpGroupedLinear  *self,
   GmlpBackendSumParts s = {
     .rows = rows,
     .cols = cols,
-    .src = gmlp_grouped_tensor_get_data (sums),
+    .src = sums,
     .src_stride = columns ? N_PARTS * cols : cols,
     .n_parts = N_PARTS,
     .dst = dst,
@@ -206,15 +233,15 @@ sum_parts (GmlpGroupedLinear  *self,
 }
 
 /* One BF16 product of the backend's gemm, one group (see GmlpBackendGemm
- * for m, n, k); @add: WGRAD adds into c. */
+ * for m, n, k) of operands at a and b; @add: WGRAD adds into c. */
 static gboolean
 bf16_product (GmlpGroupedLinear  *self,
               GmlpGemmKind        kind,
               gint64              m,
               gint64              n,
               gint64              k,
-              GmlpGroupedTensor  *a,
-              GmlpGroupedTensor  *b,
+              gconstpointer       a,
+              gconstpointer       b,
               gpointer            c,
               GmlpDType           c_dtype,
               gboolean            add,
@@ -227,12 +254,12 @@ bf16_product (GmlpGroupedLinear  *self,
   const GmlpBackendOperand rows_a = {
     .layout = GMLP_BACKEND_OPERAND_ROWS,
     .dtype = GMLP_DTYPE_BFLOAT16,
-    .base = gmlp_grouped_tensor_get_data (a),
+    .base = (gpointer) a,
   };
   const GmlpBackendOperand second = {
     .layout = wgrad ? GMLP_BACKEND_OPERAND_ROWS : GMLP_BACKEND_OPERAND_STRIDED,
     .dtype = GMLP_DTYPE_BFLOAT16,
-    .base = gmlp_grouped_tensor_get_data (b),
+    .base = (gpointer) b,
   };
   const GmlpBackendOperand out = {
     .layout = wgrad ? GMLP_BACKEND_OPERAND_STRIDED : GMLP_BACKEND_OPERAND_ROWS,
@@ -254,6 +281,58 @@ bf16_product (GmlpGroupedLinear  *self,
   return GMLP_DEVICE_CALL (self->device, gemm, &gemm, error);
 }
 
+/* The weight's parts as DGRAD pairs them, [hi; mid; lo; hi; hi; mid]
+ * (6n × k BF16), whose first three blocks FPROP reads: split once per
+ * version of the weight, so that a forward and its backward, or the
+ * forwards of microbatches, share one split. An optimizer step or a write
+ * through the API bumps the version, and the next product splits again.
+ * Not kept
+ * where the weight may change behind its version: storage shared through
+ * DLPack, a device that captured graphs (a replay writes without bumping),
+ * and while capturing (the graph must split on every replay). */
+static GmlpGroupedTensor *
+weight_parts (GmlpGroupedLinear  *self,
+              GmlpGroupedTensor  *weight,
+              GError            **error)
+{
+  gint64 n = self->out_features, k = self->in_features;
+  gboolean keep = !gmlp_grouped_tensor_is_shared (weight) && !gmlp_device_has_captured (self->device);
+  g_autoptr(GMutexLocker) locker = g_mutex_locker_new (&self->split_lock);
+  g_autoptr(GmlpGroupedTensor) parts = NULL;
+
+  if (keep && self->w_parts != NULL && self->w_parts_of == weight &&
+      gmlp_version_records_check (self->w_parts_version, "Router's gate", NULL))
+    return g_object_ref (self->w_parts);
+
+  /* Into the kept tensor when no product holds it (those enqueued read
+   * it first, in stream order), else into a new one. */
+  if (keep && self->w_parts != NULL && g_atomic_int_get (&G_OBJECT (self->w_parts)->ref_count) == 1)
+    parts = g_object_ref (self->w_parts);
+  g_clear_object (&self->w_parts);
+  g_clear_object (&self->w_parts_of);
+  g_clear_pointer (&self->w_parts_version, g_array_unref);
+  if (parts == NULL)
+    parts = gmlp_grouped_tensor_new_uniform (self->device, GMLP_DTYPE_BFLOAT16, 1, N_DGRAD_TERMS * n, k,
+                                             error);
+  if (parts == NULL ||
+      !split (self, gmlp_grouped_tensor_get_data (weight), n, k, gmlp_grouped_tensor_get_data (parts),
+              FALSE, dgrad_w_parts, N_DGRAD_TERMS, error))
+    return NULL;
+
+  if (keep)
+    {
+      self->w_parts = g_object_ref (parts);
+      self->w_parts_of = g_object_ref (weight);
+      self->w_parts_version = gmlp_version_records_new ();
+      gmlp_version_records_add (self->w_parts_version, "weight", "forward", weight);
+    }
+  return g_steal_pointer (&parts);
+}
+
+/* dy's parts as DGRAD pairs them, transposed, [hi hi hi mid lo mid] (each
+ * n × T): blocks 2 to 4 hold hi, mid and lo, WGRAD's operand. */
+#define DY_PARTS_IN_ORDER 2
+
 gboolean
 gmlp_linear_run_split_product (GmlpGroupedLinear  *self,
                                const Product      *product,
@@ -262,87 +341,107 @@ gmlp_linear_run_split_product (GmlpGroupedLinear  *self,
   static const guint in_order[N_PARTS] = { 0, 1, 2 };
   gint64 n = self->out_features, k = self->in_features;
   gint64 t = gmlp_grouped_tensor_get_total_rows (product->sized_by);
-  gpointer fixed = gmlp_grouped_tensor_get_member_data (product->fixed->members[0], 0);
+  GmlpGroupedTensor *weight = product->fixed->members[0];
+  gpointer fixed = gmlp_grouped_tensor_get_member_data (weight, 0);
   gboolean add = product->accumulate != NULL && product->accumulate[0];
-  g_autoptr(GmlpGroupedTensor) parts = NULL, sums = NULL, w_parts = NULL;
+  /* DGRAD's scratch: dy's six parts, then dx's sum, with room for the
+   * WGRAD's sum that reuses it. */
+  gint64 dgrad_parts = N_DGRAD_TERMS * n * t, dgrad_sums = MAX (t * k, N_PARTS * n * k);
+  g_autoptr(GmlpGroupedTensor) scratch = NULL, w_parts = NULL;
 
   g_assert (self->n_groups == 1 && !product->bias &&
             gmlp_grouped_tensor_has_host_sizes (product->sized_by));
+  g_assert (dgrad_dy_parts[DY_PARTS_IN_ORDER] == 0 && dgrad_dy_parts[DY_PARTS_IN_ORDER + 1] == 1 &&
+            dgrad_dy_parts[DY_PARTS_IN_ORDER + 2] == 2 && dgrad_w_parts[1] == 1 &&
+            dgrad_w_parts[2] == 2);
 
   switch (product->kind)
     {
     case GMLP_GEMM_FPROP:
       if (t == 0)
         return TRUE;
-      parts = matrix (self, GMLP_DTYPE_BFLOAT16, N_PARTS * n, k, error);
-      sums = parts != NULL ? matrix (self, GMLP_DTYPE_FLOAT32, t, N_PARTS * n, error) : NULL;
-      return sums != NULL &&
-             split (self, fixed, n, k, parts, FALSE, in_order, N_PARTS, error) &&
-             bf16_product (self, GMLP_GEMM_FPROP, t, N_PARTS * n, k, product->a, parts,
-                           gmlp_grouped_tensor_get_data (sums), GMLP_DTYPE_FLOAT32, FALSE, error) &&
-             sum_parts (self, sums, TRUE, t, n, gmlp_grouped_tensor_get_data (product->c_rows), FALSE,
-                        error);
+      w_parts = weight_parts (self, weight, error);
+      scratch = w_parts != NULL ? scratch_new (self, 0, t * N_PARTS * n, error) : NULL;
+      return scratch != NULL &&
+             bf16_product (self, GMLP_GEMM_FPROP, t, N_PARTS * n, k,
+                           gmlp_grouped_tensor_get_data (product->a),
+                           gmlp_grouped_tensor_get_data (w_parts),
+                           scratch_sums (scratch, 0), GMLP_DTYPE_FLOAT32, FALSE, error) &&
+             sum_parts (self, scratch_sums (scratch, 0), TRUE, t, n,
+                        gmlp_grouped_tensor_get_data (product->c_rows), FALSE, error);
 
     case GMLP_GEMM_WGRAD:
-      /* With no rows the product zeroes the sums: dW = 0, or main_grad
-       * as it was. */
-      parts = matrix (self, GMLP_DTYPE_BFLOAT16, t, N_PARTS * n, error);
-      sums = parts != NULL ? matrix (self, GMLP_DTYPE_FLOAT32, N_PARTS * n, k, error) : NULL;
-      if (sums == NULL)
-        return FALSE;
       {
-        /* dy's parts side by side: output j at column j n of rows of 3n. */
-        GmlpBackendSplit s = {
-          .rows = t,
-          .cols = n,
-          .src = gmlp_grouped_tensor_get_data (product->a),
-          .src_stride = n,
-          .n_parts = N_PARTS,
-          .dst = gmlp_grouped_tensor_get_data (parts),
-          .dst_row_stride = N_PARTS * n,
-          .dst_col_stride = 1,
-          .n_outputs = N_PARTS,
-          .part = { 0, 1, 2 },
-          .offset = { 0, n, 2 * n },
-        };
+        /* The parts of dy stacked, P = [dy_hi; dy_mid; dy_lo]ᵀ (3n × T):
+         * those the DGRAD left, else split now; then P x (3n × k) as a
+         * DGRAD-shaped product. */
+        const guint16 *stacked;
+        float *sums;
 
-        if (!GMLP_DEVICE_CALL (self->device, split_bfloat16, &s, error))
-          return FALSE;
+        if (t > 0 && product->dy_parts != NULL && *product->dy_parts != NULL)
+          {
+            scratch = g_steal_pointer (product->dy_parts);
+            stacked = scratch_parts (scratch) + DY_PARTS_IN_ORDER * n * t;
+            sums = scratch_sums (scratch, dgrad_parts);
+          }
+        else
+          {
+            scratch = scratch_new (self, N_PARTS * n * t, N_PARTS * n * k, error);
+            if (scratch == NULL)
+              return FALSE;
+            stacked = scratch_parts (scratch);
+            sums = scratch_sums (scratch, N_PARTS * n * t);
+            /* No rows: dW = 0, or main_grad as it was. */
+            if (t == 0 &&
+                !GMLP_DEVICE_CALL (self->device, fill_bytes, sums, 0,
+                                   (gsize) (N_PARTS * n * k) * sizeof (float), error))
+              return FALSE;
+            if (t > 0 &&
+                !split (self, gmlp_grouped_tensor_get_data (product->a), t, n, scratch_parts (scratch),
+                        TRUE, in_order, N_PARTS, error))
+              return FALSE;
+          }
+        return (t == 0 ||
+                bf16_product (self, GMLP_GEMM_DGRAD, N_PARTS * n, t, k, stacked,
+                              gmlp_grouped_tensor_get_data (product->b_rows), sums, GMLP_DTYPE_FLOAT32,
+                              FALSE, error)) &&
+               sum_parts (self, sums, FALSE, n, k, fixed, add, error);
       }
-      return bf16_product (self, GMLP_GEMM_WGRAD, t, N_PARTS * n, k, parts, product->b_rows,
-                           gmlp_grouped_tensor_get_data (sums), GMLP_DTYPE_FLOAT32, FALSE, error) &&
-             sum_parts (self, sums, FALSE, n, k, fixed, add, error);
 
     case GMLP_GEMM_DGRAD:
       if (t == 0)
         return TRUE;
-      parts = matrix (self, GMLP_DTYPE_BFLOAT16, N_DGRAD_TERMS * n, t, error);
-      w_parts = parts != NULL ? matrix (self, GMLP_DTYPE_BFLOAT16, N_DGRAD_TERMS * n, k, error) : NULL;
+      w_parts = weight_parts (self, weight, error);
       /* The sum in FP32, then rounded once into dx (added to what dx
        * holds, or stored): cuBLAS adding into a 16-bit output (beta = 1)
        * may round the product before the addition. */
-      sums = w_parts != NULL ? matrix (self, GMLP_DTYPE_FLOAT32, t, k, error) : NULL;
-      if (sums == NULL ||
-          !split (self, gmlp_grouped_tensor_get_data (product->a), t, n, parts, TRUE, dgrad_dy_parts,
-                  N_DGRAD_TERMS, error) ||
-          !split (self, fixed, n, k, w_parts, FALSE, dgrad_w_parts, N_DGRAD_TERMS, error) ||
-          !bf16_product (self, GMLP_GEMM_WGRAD, N_DGRAD_TERMS * n, t, k, parts, w_parts,
-                         gmlp_grouped_tensor_get_data (sums), GMLP_DTYPE_FLOAT32, FALSE, error))
+      scratch = w_parts != NULL ? scratch_new (self, dgrad_parts, dgrad_sums, error) : NULL;
+      if (scratch == NULL ||
+          !split (self, gmlp_grouped_tensor_get_data (product->a), t, n, scratch_parts (scratch), TRUE,
+                  dgrad_dy_parts, N_DGRAD_TERMS, error) ||
+          !bf16_product (self, GMLP_GEMM_WGRAD, N_DGRAD_TERMS * n, t, k, scratch_parts (scratch),
+                         gmlp_grouped_tensor_get_data (w_parts), scratch_sums (scratch, dgrad_parts),
+                         GMLP_DTYPE_FLOAT32, FALSE, error))
         return FALSE;
       {
+        /* dx's shape serves its FP32 sum: one dense group of T × k. */
         GmlpBackendShape shape;
         GmlpDType dx_dtype = gmlp_grouped_tensor_get_dtype (product->c_rows);
+        gpointer dx = gmlp_grouped_tensor_get_data (product->c_rows);
+        float *sums = scratch_sums (scratch, dgrad_parts);
 
-        if (!gmlp_grouped_tensor_get_backend_shape (sums, &shape, error))
+        if (!gmlp_grouped_tensor_get_backend_shape (product->c_rows, &shape, error) ||
+            !(add ? GMLP_DEVICE_CALL (self->device, axpby, &shape, sums, GMLP_DTYPE_FLOAT32, dx,
+                                      (int) dx_dtype, 1.0f, 1.0f, error) :
+                    GMLP_DEVICE_CALL (self->device, convert, &shape, sums, GMLP_DTYPE_FLOAT32, dx,
+                                      (int) dx_dtype, error)))
           return FALSE;
-        if (add)
-          return GMLP_DEVICE_CALL (self->device, axpby, &shape, gmlp_grouped_tensor_get_data (sums),
-                                   GMLP_DTYPE_FLOAT32, gmlp_grouped_tensor_get_data (product->c_rows),
-                                   (int) dx_dtype, 1.0f, 1.0f, error);
-        return GMLP_DEVICE_CALL (self->device, convert, &shape, gmlp_grouped_tensor_get_data (sums),
-                                 GMLP_DTYPE_FLOAT32, gmlp_grouped_tensor_get_data (product->c_rows),
-                                 (int) dx_dtype, error);
       }
+      /* The WGRAD of this backward reads three of dy's parts, and sums
+       * into the same scratch. */
+      if (product->dy_parts != NULL)
+        g_set_object (product->dy_parts, scratch);
+      return TRUE;
 
     default:
       g_assert_not_reached ();

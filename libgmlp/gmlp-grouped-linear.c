@@ -304,6 +304,10 @@ gmlp_grouped_linear_finalize (GObject *object)
   g_clear_error (&self->construct_error);
   g_rec_mutex_clear (&self->grad_lock);
   g_mutex_clear (&self->fp8_lock);
+  g_clear_object (&self->w_parts);
+  g_clear_object (&self->w_parts_of);
+  g_clear_pointer (&self->w_parts_version, g_array_unref);
+  g_mutex_clear (&self->split_lock);
 
   G_OBJECT_CLASS (gmlp_grouped_linear_parent_class)->finalize (object);
 }
@@ -653,6 +657,7 @@ gmlp_grouped_linear_init (GmlpGroupedLinear *self)
   g_queue_init (&self->pending);
   g_rec_mutex_init (&self->grad_lock);
   g_mutex_init (&self->fp8_lock);
+  g_mutex_init (&self->split_lock);
 }
 
 /* The work of construction, once, whatever made the object. */

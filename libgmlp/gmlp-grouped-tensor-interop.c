@@ -294,6 +294,7 @@ gmlp_grouped_tensor_to_dlpack (GmlpGroupedTensor  *self,
 
   export = g_new0 (DLPackExport, 1);
   export->tensor = g_object_ref (self);
+  gmlp_grouped_tensor_mark_exported (self);
   export->shape[0] = gmlp_grouped_tensor_get_row_capacity (self);
   export->shape[1] = gmlp_grouped_tensor_get_cols (self);
   export->managed.dl_tensor.data = gmlp_grouped_tensor_get_data (self);

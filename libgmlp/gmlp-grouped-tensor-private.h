@@ -147,6 +147,11 @@ GmlpVersionCounter *gmlp_grouped_tensor_get_version_counter (GmlpGroupedTensor *
 /* For the library's own writes into existing storage: once per call that
  * writes, before the write is enqueued. */
 void                gmlp_grouped_tensor_bump_version        (GmlpGroupedTensor *self);
+/* Whether other code may write the storage behind its version: it came from
+ * DLPack, or went out through it. */
+gboolean            gmlp_grouped_tensor_is_shared           (GmlpGroupedTensor *self);
+/* Marks the storage as exported through DLPack. */
+void                gmlp_grouped_tensor_mark_exported       (GmlpGroupedTensor *self);
 /* Where the tensor's bytes lie (the storage is not referenced). */
 void                gmlp_grouped_tensor_get_span            (GmlpGroupedTensor *self,
                                                              GmlpSpan          *span);

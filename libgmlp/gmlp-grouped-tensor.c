@@ -1265,6 +1265,20 @@ gmlp_grouped_tensor_bump_version (GmlpGroupedTensor *self)
     gmlp_version_counter_bump (self->buffer->version);
 }
 
+gboolean
+gmlp_grouped_tensor_is_shared (GmlpGroupedTensor *self)
+{
+  return self->buffer != NULL &&
+         (self->buffer->release != NULL || g_atomic_int_get (&self->buffer->exported));
+}
+
+void
+gmlp_grouped_tensor_mark_exported (GmlpGroupedTensor *self)
+{
+  if (self->buffer != NULL)
+    g_atomic_int_set (&self->buffer->exported, TRUE);
+}
+
 void
 gmlp_grouped_tensor_get_span (GmlpGroupedTensor *self,
                               GmlpSpan          *span)

@@ -36,7 +36,12 @@
  * on BF16 tensor cores: every FP32 operand of the gate's products (`W`,
  * the logits' gradient) is split into three BF16 parts that hold it to its
  * last bit, so that the products are as accurate as FP32 ones, with no
- * FP32 copy of the input; an FP16 input is converted to FP32. From the
+ * FP32 copy of the input; an FP16 input is converted to FP32. `W`'s parts
+ * (6 × n_experts × hidden BF16 values) are kept from one product to the
+ * next until `W` is written through the API (an optimizer step with
+ * [method@Gmlp.GroupedTensor.add_scaled], for example); a weight shared
+ * through DLPack, or on a device that has captured a graph, is split for
+ * every product, as it may be written where the router cannot see. From the
  * logits of a token, in FP32:
  *
  * - scores ([property@Gmlp.Router:score-function]): the softmax of all its

@@ -10,7 +10,8 @@ instructions, those inside the CPU backend's entries (the inclusive cost of
 calls into a cpu_* or gmlp_cpu_* function from outside one: the arithmetic,
 and the backend's allocations) and the rest, the host work of the library,
 GLib and libc per step. The first steps, which load and allocate, cancel
-out. The default shape is tiny, so that the arithmetic stays small:
+out. --calls lists the calls into each backend entry per step (each is a
+launch, or a library call, on CUDA). The default shape is tiny, so that the arithmetic stays small:
 --tokens 16 --hidden 32 --ffn 16 --experts 4 --topk 2.
 """
 
@@ -29,10 +30,12 @@ def is_backend(name):
 
 
 def read_profile(path):
-    """(total, calls of each function, inclusive cost of calls into the backend)."""
+    """(total, calls of each function, inclusive cost of calls into the backend,
+    calls into each backend entry from outside the backend)."""
     names = {}
     total = 0
     calls = {}
+    entries = {}
     backend = 0
     fn = cfn = None
     pending = None
@@ -62,8 +65,9 @@ def read_profile(path):
                 calls[cfn] = calls.get(cfn, 0) + pending
                 if is_backend(cfn) and not is_backend(fn):
                     backend += cost
+                    entries[cfn] = entries.get(cfn, 0) + pending
                 pending = None
-    return total, calls, backend
+    return total, calls, backend, entries
 
 
 def main():
@@ -71,6 +75,7 @@ def main():
     parser.add_argument('--build', default='build')
     parser.add_argument('--what', default='moe', choices=['moe', 'mlp', 'router', 'linear'])
     parser.add_argument('--steps', default='20,60')
+    parser.add_argument('--calls', action='store_true', help='list the backend entries called per step')
     parser.add_argument('args', nargs='*', help='gmlp-host-step arguments (a tiny shape by default)')
     opts = parser.parse_args()
     few, many = (int(n) for n in opts.steps.split(','))
@@ -91,13 +96,19 @@ def main():
             subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL,
                            stderr=subprocess.DEVNULL)
             results.append(read_profile(out))
-    (t0, c0, b0), (t1, c1, b1) = results
+    (t0, c0, b0, e0), (t1, c1, b1, e1) = results
     steps = (c1.get(step_fn, 0) - c0.get(step_fn, 0)) if step_fn else many - few
     if steps <= 0:
         sys.exit('no steps between the two runs')
     total, backend = (t1 - t0) / steps, (b1 - b0) / steps
     print('%s: %d steps; per step %.0f instructions, %.0f in the backend, %.0f outside it'
           % (opts.what, steps, total, backend, total - backend))
+    if opts.calls:
+        per_step = {name: (e1.get(name, 0) - e0.get(name, 0)) / steps for name in e1}
+        for name in sorted(per_step, key=lambda name: (-per_step[name], name)):
+            if per_step[name] > 0:
+                print('  %-40s %g' % (name, per_step[name]))
+        print('  %-40s %g' % ('(all backend calls)', sum(per_step.values())))
 
 
 if __name__ == '__main__':
