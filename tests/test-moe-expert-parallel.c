@@ -99,6 +99,9 @@ typedef struct {
    * DELAY_WGRAD_COMPUTE (backward_dw after the backward): the chunk
    * cases only. */
   GmlpLinearFlags         wgrad_flags;
+  /* The experts' own FP8 recipe (fp8-recipe): they train in one chunk,
+   * whatever the chunks. */
+  GmlpScalingRecipe       experts_fp8;
 } Case;
 
 static gint64
@@ -147,6 +150,7 @@ layer_new (const Case        *c,
                          "dispatch-fp8-recipe", comm != NULL ? c->dispatch_fp8 : GMLP_SCALING_RECIPE_NONE,
                          "dispatch-fp8-format", c->dispatch_format,
                          "expert-parallel-chunks", c->chunks > 0 ? c->chunks : DEFAULT_CHUNKS,
+                         "fp8-recipe", c->experts_fp8,
                          "hidden", hidden_of (c),
                          "ffn-hidden", (gint64) FFN,
                          "dtype", c->dtype,
@@ -873,6 +877,10 @@ static const Case chunk_cases[] = {
   { .name = "delayed-main-grad-fp8-shared", .experts_per_rank = 3, .top_k = 2, .hidden = 256, .shared = 6,
     .dispatch_fp8 = GMLP_SCALING_RECIPE_BLOCKWISE,
     .wgrad_flags = GMLP_LINEAR_DELAY_WGRAD_COMPUTE | GMLP_LINEAR_FUSE_WGRAD_ACCUMULATION },
+  { .name = "recompute-bias-graph-safe", .experts_per_rank = 4, .top_k = 2, .bias = TRUE,
+    .mode = GMLP_EXPERT_PARALLEL_MODE_GRAPH_SAFE, .wgrad_flags = GMLP_LINEAR_RECOMPUTE_ACTIVATION },
+  { .name = "experts-fp8-blockwise", .experts_per_rank = 3, .top_k = 2, .hidden = 256,
+    .experts_fp8 = GMLP_SCALING_RECIPE_BLOCKWISE, .wgrad_flags = GMLP_LINEAR_FUSE_WGRAD_ACCUMULATION },
   { .name = "delayed-main-grad-graph-safe-drops", .experts_per_rank = 5, .top_k = 2, .skewed = TRUE,
     .bias = TRUE, .shared = 6, .expert_capacity_factor = 0.5, .mode = GMLP_EXPERT_PARALLEL_MODE_GRAPH_SAFE,
     .wgrad_flags = GMLP_LINEAR_DELAY_WGRAD_COMPUTE | GMLP_LINEAR_FUSE_WGRAD_ACCUMULATION },
@@ -1264,6 +1272,8 @@ graph_rank (GmlpTestGroup    *group,
   g_assert_true (gmlp_grouped_tensor_fill_random (x, run->seed + rank, 1.0, &error));
   g_assert_true (gmlp_grouped_tensor_fill_random (dy, run->seed + 100 + rank, 1.0, &error));
 
+  /* A training step: with chunks, the forward's and the backward's
+   * pipelines, the experts' weight gradients by chunk. */
   g_assert_true (gmlp_device_begin_capture (device, &error));
   g_assert_no_error (error);
   y = gmlp_moe_layer_forward (layer, x, &saved, &error);
