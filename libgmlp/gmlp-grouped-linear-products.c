@@ -1210,6 +1210,7 @@ gmlp_grouped_linear_backward_finish_chunks (GmlpGroupedLinear   *self,
 {
   g_autofree GmlpGroupedTensor **inputs = g_new (GmlpGroupedTensor *, n_chunks);
   g_autofree GmlpGroupedTensor **dys = g_new (GmlpGroupedTensor *, n_chunks);
+  g_autoptr(GmlpRecMutexLocker) locker = gmlp_rec_mutex_locker_new (&self->grad_lock);
   guint c;
 
   for (c = 0; c < n_chunks; c++)
