@@ -52,9 +52,9 @@
  * own: one "part":"layer" line per rank, with "ep_ranks" and "rank";
  * --fp8=blockwise or mxfp8 makes its dispatch FP8 ("ep_dispatch");
  * --ep-chunks C pipelines the forward without saved activations ("fwd_ms")
- * in C chunks of local experts ("ep_chunks"; expert-parallel-chunks, whose
- * default it keeps unless given; the step's forward saves, runs its
- * experts in one call and overlaps only the shared expert, if any).
+ * and the training step (forward that saves, backward) in C chunks of
+ * local experts ("ep_chunks"; expert-parallel-chunks, whose default it
+ * keeps unless given).
  * "part":"permute" and "part":"combine" time the routing's permute and
  * combine alone, with "gbps" counting the least traffic: each token's row
  * once one way and a row per choice the other (to compare with the
@@ -183,7 +183,7 @@ static const GOptionEntry entries[] = {
   { "ep-capacity", 0, 0, G_OPTION_ARG_DOUBLE, &moe_ep_capacity,
     "--ep graph-safe: the expert capacity factor of the slots (default 2)", "F" },
   { "ep-chunks", 0, 0, G_OPTION_ARG_INT, &moe_ep_chunks,
-    "--ep: chunks of local experts the forward without saved activations pipelines (default: the layer's)",
+    "--ep: chunks of local experts the forward and backward pipeline (default: the layer's)",
     "C" },
   { "moe-steps", 0, 0, G_OPTION_ARG_INT, &moe_steps,
     "--moe: run this many layer steps after the warm-up and time nothing (for a profiler)", "N" },

@@ -108,6 +108,11 @@ typedef struct {
   GmlpGroupedTensor *grad_output_fp8;  /* FP8: quantized; else NULL */
   Fp8WgradOperands   fp8_operands;
   GArray            *versions;         /* GmlpVersionRecord of the input and dy */
+  /* A chunked backward's (gmlp_grouped_linear_backward_finish_chunks()):
+   * the other chunks' input and dy (GmlpGroupedTensor pairs), and every
+   * chunk's groups, n_chunks + 1 bounds; NULL for one. */
+  GPtrArray         *chunks;
+  guint             *bounds;
 } PendingWgrad;
 
 enum {

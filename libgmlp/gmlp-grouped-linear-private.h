@@ -88,6 +88,19 @@ gboolean            gmlp_grouped_linear_check_wgrad_outputs (GmlpGroupedLinear  
                                                              const char         *label,
                                                              GError            **error);
 /* The input gradient that dgrad writes (transfer none). */
+/* The finish of a backward by chunks of groups: chunk c's step (of its
+ * own forward) has rows in groups [bounds[c], bounds[c + 1]) only, and the
+ * weight gradients of those groups come from it. One weight-gradient
+ * computation for all: each chunk's products write its own groups only,
+ * wgrad-ready is emitted once, and a delayed one is one pending entry.
+ * Not for FP8 or split products. Gives each chunk's input gradient, in
+ * @grad_inputs (transfer full). */
+gboolean            gmlp_grouped_linear_backward_finish_chunks (GmlpGroupedLinear   *self,
+                                                                GmlpLinearBackward **steps,
+                                                                const guint         *bounds,
+                                                                guint                n_chunks,
+                                                                GmlpGroupedTensor  **grad_inputs,
+                                                                GError             **error);
 GmlpGroupedTensor  *gmlp_linear_backward_get_grad_input (GmlpLinearBackward    *step);
 void                gmlp_linear_backward_free           (GmlpLinearBackward    *step);
 

@@ -507,14 +507,14 @@ gmlp_linear_run_product (GmlpGroupedLinear  *self,
   return GMLP_DEVICE_CALL (self->device, gemm, &gemm, error);
 }
 
-/* db_i = Σ_rows dy_i into bgrad, over the group sizes of @sized_by. */
-gboolean
-gmlp_linear_run_bias_grad (GmlpGroupedLinear  *self,
-                           GmlpGroupedTensor  *sized_by,
-                           GmlpGroupedTensor  *grad_output,
-                           GError            **error)
+/* db_i = Σ_rows dy_i into @pdb[i], over the group sizes of @sized_by. */
+static gboolean
+run_bias_grad_into (GmlpGroupedLinear  *self,
+                    GmlpGroupedTensor  *sized_by,
+                    GmlpGroupedTensor  *grad_output,
+                    void * const       *pdb,
+                    GError            **error)
 {
-  void * const *pdb = self->bgrad.table;
   const gint64 *rows = gmlp_grouped_tensor_peek_rows (sized_by);
   GmlpBackendShape shape;
 
@@ -534,6 +534,16 @@ gmlp_linear_run_bias_grad (GmlpGroupedLinear  *self,
   shape.cols = self->out_features;
   return GMLP_DEVICE_CALL (self->device, bias_grad_device, &shape, (int) self->dtype,
                            gmlp_grouped_tensor_get_data (grad_output), pdb, error);
+}
+
+/* db_i = Σ_rows dy_i into bgrad, over the group sizes of @sized_by. */
+gboolean
+gmlp_linear_run_bias_grad (GmlpGroupedLinear  *self,
+                           GmlpGroupedTensor  *sized_by,
+                           GmlpGroupedTensor  *grad_output,
+                           GError            **error)
+{
+  return run_bias_grad_into (self, sized_by, grad_output, self->bgrad.table, error);
 }
 
 /**
@@ -691,6 +701,29 @@ gmlp_linear_bump_wgrad_versions (GmlpGroupedLinear *self)
  * write, but for the dequantized operands of an FP8 product that the device
  * turns down at run time (no kernel for it there); after the first write
  * only the backend can fail, and the gradients are then unspecified. */
+static gboolean wgrad_done (GmlpGroupedLinear  *self,
+                            GError            **error);
+
+/* dW = dyᵀ x into wgrad, or into main_grad with fused accumulation. */
+static Product
+wgrad_product (GmlpGroupedLinear  *self,
+               GmlpGroupedTensor  *input,
+               GmlpGroupedTensor  *grad_output,
+               const guint8       *accumulate)
+{
+  gboolean fused = has_flag (self, GMLP_LINEAR_FUSE_WGRAD_ACCUMULATION);
+
+  return (Product) {
+    .kind = GMLP_GEMM_WGRAD,
+    .sized_by = input,
+    .a = grad_output,
+    .b_rows = input,
+    .fixed = fused ? &self->main_grad : &self->wgrad,
+    .c_dtype = fused ? GMLP_DTYPE_FLOAT32 : self->dtype,
+    .accumulate = accumulate,
+  };
+}
+
 static gboolean
 compute_wgrad (GmlpGroupedLinear  *self,
                GmlpGroupedTensor  *input,
@@ -700,19 +733,10 @@ compute_wgrad (GmlpGroupedLinear  *self,
                GmlpGroupedTensor **dy_parts,
                GError            **error)
 {
-  gboolean fused = has_flag (self, GMLP_LINEAR_FUSE_WGRAD_ACCUMULATION);
-  Product wgrad = {
-    .kind = GMLP_GEMM_WGRAD,
-    .sized_by = input,
-    .a = grad_output,
-    .b_rows = input,
-    .fixed = fused ? &self->main_grad : &self->wgrad,
-    .c_dtype = fused ? GMLP_DTYPE_FLOAT32 : self->dtype,
-    .accumulate = fused ? self->accumulate : NULL,
-    .dy_parts = dy_parts,
-  };
-  g_autoptr(GmlpEvent) event = NULL;
+  Product wgrad = wgrad_product (self, input, grad_output,
+                                 has_flag (self, GMLP_LINEAR_FUSE_WGRAD_ACCUMULATION) ? self->accumulate : NULL);
 
+  wgrad.dy_parts = dy_parts;
   if (grad_output_fp8 != NULL)
     {
       if (!gmlp_linear_fp8_wgrad (self, &wgrad, input, grad_output, grad_output_fp8, fp8_operands,
@@ -727,6 +751,77 @@ compute_wgrad (GmlpGroupedLinear  *self,
            !gmlp_linear_run_bias_grad (self, input, grad_output, error)))
         return FALSE;
     }
+
+  return wgrad_done (self, error);
+}
+
+/* Groups [g0, g1) of a chunked weight-gradient computation: the input and
+ * dy have rows in those groups only, so the other groups' products have no
+ * rows, and with accumulate 1 they leave their gradients as they are
+ * (GmlpBackendGemm); the bias gradient's other groups go to a scratch. */
+static gboolean
+wgrad_range (GmlpGroupedLinear  *self,
+             GmlpGroupedTensor  *input,
+             GmlpGroupedTensor  *grad_output,
+             guint               g0,
+             guint               g1,
+             GmlpGroupedTensor  *scratch,
+             GError            **error)
+{
+  gboolean fused = has_flag (self, GMLP_LINEAR_FUSE_WGRAD_ACCUMULATION);
+  g_autofree guint8 *accumulate = g_malloc (self->n_groups);
+  Product wgrad = wgrad_product (self, input, grad_output, accumulate);
+  g_autofree gpointer *pdb = NULL;
+  guint g;
+
+  for (g = 0; g < self->n_groups; g++)
+    accumulate[g] = g < g0 || g >= g1 ? 1 : fused ? self->accumulate[g] : 0;
+  if (!gmlp_linear_run_product (self, &wgrad, error))
+    return FALSE;
+  if (self->bias.grouped == NULL)
+    return TRUE;
+  pdb = g_new (gpointer, self->n_groups);
+  for (g = 0; g < self->n_groups; g++)
+    pdb[g] = g < g0 || g >= g1 ? gmlp_grouped_tensor_get_data (scratch) : self->bgrad.table[g];
+  return run_bias_grad_into (self, input, grad_output, (void * const *) pdb, error);
+}
+
+/* One weight-gradient computation of a chunked backward: chunk c's input
+ * and dy (@inputs[c], @grad_outputs[c]) for groups [bounds[c],
+ * bounds[c + 1]). Each group's product is the one an unchunked backward
+ * computes from the same rows. */
+static gboolean
+compute_wgrad_chunks (GmlpGroupedLinear  *self,
+                      GmlpGroupedTensor **inputs,
+                      GmlpGroupedTensor **grad_outputs,
+                      const guint        *bounds,
+                      guint               n_chunks,
+                      GError            **error)
+{
+  g_autoptr(GmlpGroupedTensor) scratch = NULL;
+  guint c;
+
+  /* Allocated before the first write. */
+  if (self->bias.grouped != NULL)
+    {
+      scratch = gmlp_grouped_tensor_new_uniform (self->device, self->dtype, 1, 1, self->out_features, error);
+      if (scratch == NULL)
+        return FALSE;
+    }
+  gmlp_linear_bump_wgrad_versions (self);
+  for (c = 0; c < n_chunks; c++)
+    if (!wgrad_range (self, inputs[c], grad_outputs[c], bounds[c], bounds[c + 1], scratch, error))
+      return FALSE;
+  return wgrad_done (self, error);
+}
+
+/* The end of a weight-gradient computation: the flags, wgrad-ready. */
+static gboolean
+wgrad_done (GmlpGroupedLinear  *self,
+            GError            **error)
+{
+  gboolean fused = has_flag (self, GMLP_LINEAR_FUSE_WGRAD_ACCUMULATION);
+  g_autoptr(GmlpEvent) event = NULL;
 
   if (!gmlp_grouped_linear_record_wgrad_ready (self, &event, error))
     return FALSE;
@@ -872,6 +967,8 @@ gmlp_linear_pending_wgrad_free (gpointer data)
   g_clear_pointer (&pending->grad_output, gmlp_object_unref_shared);
   g_clear_pointer (&pending->grad_output_fp8, gmlp_object_unref_shared);
   g_array_unref (pending->versions);
+  g_clear_pointer (&pending->chunks, g_ptr_array_unref);
+  g_free (pending->bounds);
   g_free (pending);
 }
 
@@ -1084,7 +1181,7 @@ gmlp_grouped_linear_backward_finish (GmlpGroupedLinear   *self,
     unquantized = NULL;
   if (has_flag (self, GMLP_LINEAR_DELAY_WGRAD_COMPUTE))
     {
-      PendingWgrad *pending = g_new (PendingWgrad, 1);
+      PendingWgrad *pending = g_new0 (PendingWgrad, 1);
 
       pending->input = g_object_ref (step->input);
       pending->grad_output = unquantized != NULL ? g_object_ref (unquantized) : NULL;
@@ -1105,6 +1202,81 @@ gmlp_grouped_linear_backward_finish (GmlpGroupedLinear   *self,
 
   gmlp_saved_activations_consume (step->saved);
   return g_object_ref (step->grad_input);
+}
+
+gboolean
+gmlp_grouped_linear_backward_finish_chunks (GmlpGroupedLinear   *self,
+                                            GmlpLinearBackward **steps,
+                                            const guint         *bounds,
+                                            guint                n_chunks,
+                                            GmlpGroupedTensor  **grad_inputs,
+                                            GError             **error)
+{
+  g_autofree GmlpGroupedTensor **inputs = g_new (GmlpGroupedTensor *, n_chunks);
+  g_autofree GmlpGroupedTensor **dys = g_new (GmlpGroupedTensor *, n_chunks);
+  g_autoptr(GmlpRecMutexLocker) locker = gmlp_rec_mutex_locker_new (&self->grad_lock);
+  guint c;
+
+  for (c = 0; c < n_chunks; c++)
+    {
+      g_return_val_if_fail (steps[c]->w8 == NULL && steps[c]->grad_output_fp8 == NULL, FALSE);
+      inputs[c] = steps[c]->input;
+      dys[c] = steps[c]->grad_output;
+    }
+  if (has_flag (self, GMLP_LINEAR_DELAY_WGRAD_COMPUTE))
+    {
+      PendingWgrad *pending = g_new0 (PendingWgrad, 1);
+
+      pending->input = g_object_ref (inputs[0]);
+      pending->grad_output = g_object_ref (dys[0]);
+      pending->versions = gmlp_version_records_new ();
+      pending->chunks = g_ptr_array_new_with_free_func (gmlp_object_unref_shared);
+      pending->bounds = g_memdup2 (bounds, (n_chunks + 1) * sizeof (guint));
+      for (c = 0; c < n_chunks; c++)
+        {
+          if (c > 0)
+            {
+              g_ptr_array_add (pending->chunks, g_object_ref (inputs[c]));
+              g_ptr_array_add (pending->chunks, g_object_ref (dys[c]));
+            }
+          gmlp_saved_activations_copy_versions (steps[c]->saved, "input", pending->versions);
+          gmlp_version_records_add (pending->versions, "output gradient", "backward", dys[c]);
+        }
+      g_queue_push_tail (&self->pending, pending);
+      gmlp_grouped_linear_notify (self, PROP_PENDING_WGRADS);
+    }
+  else if (!compute_wgrad_chunks (self, inputs, dys, bounds, n_chunks, error))
+    {
+      return FALSE;
+    }
+
+  for (c = 0; c < n_chunks; c++)
+    {
+      gmlp_saved_activations_consume (steps[c]->saved);
+      grad_inputs[c] = g_object_ref (steps[c]->grad_input);
+    }
+  return TRUE;
+}
+
+/* A delayed chunked computation's chunks, as compute_wgrad_chunks() takes
+ * them. */
+static gboolean
+compute_pending_chunks (GmlpGroupedLinear  *self,
+                        PendingWgrad       *pending,
+                        GError            **error)
+{
+  guint n_chunks = pending->chunks->len / 2 + 1, c;
+  g_autofree GmlpGroupedTensor **inputs = g_new (GmlpGroupedTensor *, n_chunks);
+  g_autofree GmlpGroupedTensor **dys = g_new (GmlpGroupedTensor *, n_chunks);
+
+  inputs[0] = pending->input;
+  dys[0] = pending->grad_output;
+  for (c = 1; c < n_chunks; c++)
+    {
+      inputs[c] = g_ptr_array_index (pending->chunks, 2 * (c - 1));
+      dys[c] = g_ptr_array_index (pending->chunks, 2 * (c - 1) + 1);
+    }
+  return compute_wgrad_chunks (self, inputs, dys, pending->bounds, n_chunks, error);
 }
 
 void
@@ -1188,8 +1360,10 @@ gmlp_grouped_linear_backward_dw (GmlpGroupedLinear  *self,
     return FALSE;
 
   pending = g_queue_peek_head (&self->pending);
-  if (!compute_wgrad (self, pending->input, pending->grad_output, pending->grad_output_fp8,
-                      &pending->fp8_operands, NULL, error))
+  if (pending->chunks != NULL ? !compute_pending_chunks (self, pending, error)
+                              : !compute_wgrad (self, pending->input, pending->grad_output,
+                                                pending->grad_output_fp8, &pending->fp8_operands,
+                                                NULL, error))
     return FALSE;
   gmlp_linear_pending_wgrad_free (g_queue_pop_head (&self->pending));
   gmlp_grouped_linear_notify (self, PROP_PENDING_WGRADS);

@@ -76,4 +76,30 @@ gboolean           gmlp_grouped_mlp_check_wgrad_outputs     (GmlpGroupedMLP     
                                                              const char           *label,
                                                              GError              **error);
 
+/* A backward by chunks of groups (the expert-parallel layer's pipeline):
+ * chunk c's saved activations are of a forward whose input had rows in
+ * groups [bounds[c], bounds[c + 1]) only. Chunk by chunk, the hooks give
+ * its output gradient (a wait for its rows may come first) and take its
+ * input gradient; then one weight-gradient computation per layer for all
+ * chunks (gmlp_grouped_linear_backward_finish_chunks()): the gradient
+ * contract's, with wgrad-ready once, or one delayed entry per layer. Not
+ * for FP8 experts. */
+typedef struct {
+  GmlpGroupedTensor *(*grad_output) (gpointer            data,
+                                     guint               c,
+                                     GError            **error);
+  gboolean           (*grad_input)  (gpointer            data,
+                                     guint               c,
+                                     GmlpGroupedTensor  *grad_input,
+                                     GError            **error);
+  gpointer            data;
+} GmlpMLPChunkHooks;
+
+gboolean           gmlp_grouped_mlp_backward_chunks         (GmlpGroupedMLP           *self,
+                                                             GmlpSavedActivations    **saved,
+                                                             const guint              *bounds,
+                                                             guint                     n_chunks,
+                                                             const GmlpMLPChunkHooks  *hooks,
+                                                             GError                  **error);
+
 G_END_DECLS

@@ -631,6 +631,82 @@ gmlp_grouped_mlp_backward (GmlpGroupedMLP        *self,
 }
 
 gboolean
+gmlp_grouped_mlp_backward_chunks (GmlpGroupedMLP           *self,
+                                  GmlpSavedActivations    **saved,
+                                  const guint              *bounds,
+                                  guint                     n_chunks,
+                                  const GmlpMLPChunkHooks  *hooks,
+                                  GError                  **error)
+{
+  g_autoptr(GPtrArray) fc2_steps = g_ptr_array_new_with_free_func ((GDestroyNotify) gmlp_linear_backward_free);
+  g_autoptr(GPtrArray) fc1_steps = g_ptr_array_new_with_free_func ((GDestroyNotify) gmlp_linear_backward_free);
+  g_autofree GmlpGroupedTensor **h = g_new0 (GmlpGroupedTensor *, n_chunks);
+  g_autofree GmlpGroupedTensor **grads = g_new0 (GmlpGroupedTensor *, n_chunks);
+  g_autoptr(GmlpRecMutexLocker) locker = NULL;
+  guint c, i;
+
+  g_return_val_if_fail (GMLP_IS_GROUPED_MLP (self), FALSE);
+  g_return_val_if_fail (error == NULL || *error == NULL, FALSE);
+
+  if (!gmlp_check_constructed (self, self->construct_error, error))
+    return FALSE;
+
+  locker = gmlp_rec_mutex_locker_new (&self->grad_lock);
+  for (c = 0; c < n_chunks; c++)
+    if (!prepare_backward (self, saved[c], &h[c], error))
+      return FALSE;
+
+  /* Chunk by chunk, the input gradients into tensors of this call's own:
+   * nothing of the layers is written before the weight gradients. */
+  for (c = 0; c < n_chunks; c++)
+    {
+      g_autoptr(GmlpGroupedTensor) dy = hooks->grad_output (hooks->data, c, error);
+      g_autoptr(GmlpGroupedTensor) dh = NULL;
+      GmlpLinearBackward *fc2_step, *fc1_step;
+
+      if (dy == NULL)
+        return FALSE;
+      fc2_step = gmlp_grouped_linear_backward_begin (self->fc2, gmlp_saved_activations_get_child (saved[c], 1),
+                                                     dy, "GroupedMLP's FC2", error);
+      if (fc2_step == NULL)
+        return FALSE;
+      g_ptr_array_add (fc2_steps, fc2_step);
+      dh = new_activation_output (self, h[c], TRUE, error);
+      if (dh == NULL)
+        return FALSE;
+      fc1_step = gmlp_grouped_linear_backward_begin (self->fc1, gmlp_saved_activations_get_child (saved[c], 0),
+                                                     dh, "GroupedMLP's FC1", error);
+      if (fc1_step == NULL)
+        return FALSE;
+      g_ptr_array_add (fc1_steps, fc1_step);
+      if (!gmlp_grouped_linear_backward_dgrad (self->fc2, fc2_step, error) ||
+          !run_activation_into (self, h[c], gmlp_linear_backward_get_grad_input (fc2_step), dh, error) ||
+          !gmlp_grouped_linear_backward_dgrad (self->fc1, fc1_step, error) ||
+          !hooks->grad_input (hooks->data, c, gmlp_linear_backward_get_grad_input (fc1_step), error))
+        return FALSE;
+    }
+
+  /* The weight gradients, FC2's then FC1's, as backward(): each chunk's
+   * products write its groups only. */
+  for (i = 0; i < 2; i++)
+    {
+      gboolean ok = gmlp_grouped_linear_backward_finish_chunks (i == 0 ? self->fc2 : self->fc1,
+                                                                (GmlpLinearBackward **) (i == 0 ? fc2_steps
+                                                                                                : fc1_steps)->pdata,
+                                                                bounds, n_chunks, grads, error);
+
+      for (c = 0; c < n_chunks; c++)
+        g_clear_object (&grads[c]);
+      if (!ok)
+        return FALSE;
+    }
+
+  for (c = 0; c < n_chunks; c++)
+    gmlp_saved_activations_consume (saved[c]);
+  return (self->flags & GMLP_LINEAR_DELAY_WGRAD_COMPUTE) || gmlp_grouped_mlp_emit_wgrad_ready (self, error);
+}
+
+gboolean
 gmlp_grouped_mlp_backward_dw_prepare (GmlpGroupedMLP  *self,
                                       GError         **error)
 {

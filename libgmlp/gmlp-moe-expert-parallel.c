@@ -42,6 +42,7 @@
 #include "gmlp-grouped-tensor-private.h"
 #include "gmlp-quantizer-private.h"
 #include "gmlp-routing-private.h"
+#include "gmlp-saved-activations-private.h"
 #include "gmlp-row-chunks-private.h"
 #include "gmlp-thread-private.h"
 #include "gmlp-numeric.h"
@@ -142,20 +143,20 @@ gmlp_moe_parallel_make_pspecs (GParamSpec **pspecs)
   /**
    * GmlpMoELayer:expert-parallel-chunks:
    *
-   * How many chunks of its local experts an expert-parallel forward
-   * without saved activations (inference: `saved` %NULL, or
-   * [method@Gmlp.MoELayer.forward_inference]) pipelines: the
-   * rows for the first chunk's experts travel first, and those experts
-   * compute while the next chunk's rows are in flight, their outputs
-   * starting back while the next chunk computes. Each chunk is a run of
+   * How many chunks of its local experts an expert-parallel forward and
+   * backward pipeline: the rows for the first chunk's experts travel
+   * first, and those experts compute while the next chunk's rows are in
+   * flight, their outputs starting back while the next chunk computes
+   * (the backward likewise with the gradients). Each chunk is a run of
    * whole local experts, so every expert still sees all its rows in one
    * product and the results are those of one chunk, bit for bit on the
-   * CPU. At most [method@Gmlp.MoELayer.get_n_local_experts] chunks are
-   * made (more are taken as that many); 1: no pipeline. A forward that
-   * saves activations for a backward, and the backward, run the local
-   * experts in one call (their weight gradients are one product per
-   * expert, written whole by each backward); they overlap their dispatch
-   * with the shared expert instead. Without a communicator it changes
+   * CPU; the experts' weight gradients come after the last chunk, one
+   * computation as the gradient contract says (wgrad-ready once, one
+   * pending backward_dw). At most
+   * [method@Gmlp.MoELayer.get_n_local_experts] chunks are made (more are
+   * taken as that many); 1: no pipeline. Experts of an FP8 recipe train in
+   * one chunk (their quantizers' scales are of all their rows); their
+   * inference forward is pipelined. Without a communicator it changes
    * nothing. docs/expert-parallel.md tells what overlaps what.
    *
    * Since: 0.1
@@ -462,6 +463,9 @@ struct _GmlpMoEParallelStep
   gint64                 *recv_grid;
   gint64                  total_send;
   gint64                  total_recv;
+  /* The forward's chunks of local experts (expert-parallel-chunks); a
+   * backward takes the same. */
+  guint                   n_chunks;
 };
 
 void
@@ -929,8 +933,8 @@ graph_safe_counts (GmlpMoEParallelStep  *step,
   return step->recv_counts != NULL;
 }
 
-/* The pipeline of a forward without saved activations
- * (expert-parallel-chunks): chunk c is the run of local experts [b0, b1),
+/* The pipeline of a forward and a backward (expert-parallel-chunks):
+ * chunk c is the run of local experts [b0, b1),
  * every rank's rows for them. Chunking by whole experts keeps each
  * expert's rows in one product (the experts' calls see the chunk's groups,
  * the rest empty), as large as unchunked and with the same bits, and each
@@ -941,6 +945,16 @@ graph_safe_counts (GmlpMoEParallelStep  *step,
  *   -> the caller's overlap -> per chunk: wait for its rows, unpack, the
  *   experts, pack its outputs, start its return -> wait for the returns,
  *   unpack (one move).
+ *
+ * Training: each chunk's experts save their own activations (their input
+ * has rows in the chunk's groups only), and the backward runs the same
+ * pipeline on the gradients through gmlp_grouped_mlp_backward_chunks():
+ * the input gradients chunk by chunk, then one weight-gradient computation
+ * per layer whose chunk c products have rows in chunk c's groups only and
+ * leave the other groups' gradients as they are (accumulate, no rows), so
+ * that every expert's gradient is its one product and the contract's
+ * events and counts are those of one backward: the same products as
+ * unchunked, from the same rows in the same order, the same bits.
  *
  * Exact mode receives each chunk into a buffer of its own (the packed
  * layout of its rows alone) and sends it back from another; graph-safe
@@ -1096,202 +1110,382 @@ wait_sent (GmlpMoELayer  *self,
   return gmlp_event_wait_on_device (g_ptr_array_index (flight->events, i), self->device, error);
 }
 
-static GmlpGroupedTensor *
-pipeline (Trip                    *trip,
-          GmlpMoEParallelStep     *step,
-          InFlight                *flight,
-          GmlpGroupedTensor       *permuted,
-          guint                    n_chunks,
-          GmlpGroupedTensor       *dropped,
-          GmlpMoEParallelOverlap   overlap,
-          gpointer                 overlap_data,
-          GError                 **error)
+/* A pipeline's state: the trip out (its parts, their receive buffers and
+ * the events of their chunks), the trip back (its buffers). */
+typedef struct {
+  Trip                 *trip;
+  GmlpMoEParallelStep  *step;
+  InFlight              flight;
+  guint                 n_chunks;
+  /* The forward's dispatch: it counts, sends FP8 with a dispatch
+   * quantizer, and (graph-safe) sends what each slot kept. */
+  gboolean              first;
+  GmlpDType             dtype;
+  GmlpGroupedTensor    *q;
+  GmlpGroupedTensor    *part[N_PARTS];
+  guint                 n_parts;
+  GmlpGroupedTensor   **recv;           /* n_chunks × N_PARTS, held by flight.keep */
+  guint                *arrived;
+  gsize                *spans;
+  GmlpGroupedTensor    *back_send;      /* graph-safe: the return's slots */
+  GmlpGroupedTensor    *back_recv;
+  GmlpGroupedTensor    *out;
+  gboolean              in_place;
+} Pipe;
+
+static void
+pipe_init (Pipe                 *pipe,
+           Trip                 *trip,
+           GmlpMoEParallelStep  *step,
+           guint                 n_chunks,
+           gboolean              first)
 {
-  GmlpMoELayer *self = trip->layer;
+  *pipe = (Pipe) { trip, step, { g_ptr_array_new_with_free_func (g_object_unref),
+                                 g_ptr_array_new_with_free_func (g_object_unref) },
+                   n_chunks, first, };
+  pipe->recv = g_new0 (GmlpGroupedTensor *, (gsize) n_chunks * N_PARTS);
+  pipe->arrived = g_new0 (guint, n_chunks);
+  pipe->spans = g_new (gsize, 4 * step->world);
+}
+
+/* Whatever happened, nothing is let go with rows in flight. */
+static void
+pipe_clear (Pipe *pipe)
+{
+  join (pipe->trip->layer, pipe->flight.events, NULL);
+  g_ptr_array_unref (pipe->flight.events);
+  g_ptr_array_unref (pipe->flight.keep);
+  g_clear_object (&pipe->q);
+  g_clear_object (&pipe->back_send);
+  g_clear_object (&pipe->back_recv);
+  g_clear_object (&pipe->out);
+  g_free (pipe->recv);
+  g_free (pipe->arrived);
+  g_free (pipe->spans);
+}
+
+G_DEFINE_AUTO_CLEANUP_CLEAR_FUNC (Pipe, pipe_clear)
+
+/* Packs @rows (the permuted layout) and starts every chunk's trip out: the
+ * communication stream sends them one after the other while the experts
+ * work through the chunks. Then the trip back's buffers. */
+static gboolean
+pipe_start (Pipe               *pipe,
+            GmlpGroupedTensor  *rows,
+            GmlpGroupedTensor  *dropped,
+            GError            **error)
+{
+  GmlpMoEParallelStep *step = pipe->step;
+  GmlpMoELayer *self = pipe->trip->layer;
   gboolean exact = step->mode == GMLP_EXPERT_PARALLEL_MODE_EXACT;
-  GmlpChunkLayout buffers = exact ? GMLP_CHUNK_LAYOUT_PACKED : GMLP_CHUNK_LAYOUT_SLOTS;
-  GmlpDType dtype = gmlp_grouped_tensor_get_dtype (permuted);
-  gboolean fp8 = self->dispatch_quantizer != NULL;
   int w = step->world;
-  g_autofree gsize *spans = g_new (gsize, 4 * w);
-  g_autofree guint *arrived = g_new (guint, n_chunks);
-  g_autofree GmlpGroupedTensor **recv = g_new0 (GmlpGroupedTensor *, (gsize) n_chunks * N_PARTS);
-  g_autoptr(GmlpGroupedTensor) q = NULL, back_send = NULL, back_recv = NULL, out = NULL;
-  GmlpGroupedTensor *part[N_PARTS] = { permuted, NULL }, *send[N_PARTS] = { NULL, };
-  guint n_parts = 1, i, c, b0, b1;
-  gboolean in_place;
+  guint i, c, b0, b1;
 
-  if (fp8)
+  pipe->dtype = gmlp_grouped_tensor_get_dtype (rows);
+  pipe->part[PART_ROWS] = rows;
+  pipe->n_parts = 1;
+  if (pipe->first && self->dispatch_quantizer != NULL)
     {
-      q = gmlp_quantizer_quantize_full (self->dispatch_quantizer, permuted, FALSE, error);
-      if (q == NULL)
-        return NULL;
-      part[PART_ROWS] = q;
-      part[PART_SCALES] = gmlp_grouped_tensor_get_scale_inv (q);
-      n_parts = N_PARTS;
+      pipe->q = gmlp_quantizer_quantize_full (self->dispatch_quantizer, rows, FALSE, error);
+      if (pipe->q == NULL)
+        return FALSE;
+      pipe->part[PART_ROWS] = pipe->q;
+      pipe->part[PART_SCALES] = gmlp_grouped_tensor_get_scale_inv (pipe->q);
+      pipe->n_parts = N_PARTS;
     }
-  for (i = 0; i < n_parts; i++)
+  for (i = 0; i < pipe->n_parts; i++)
     {
-      send[i] = pack (trip, step, part[i], i == PART_ROWS, dropped, error);
-      if (send[i] == NULL)
-        return NULL;
-      g_ptr_array_add (flight->keep, send[i]);
-    }
-  if (!exact && !exchange_kept (trip, step, error))
-    return NULL;
+      GmlpGroupedTensor *send = pack (pipe->trip, step, pipe->part[i], pipe->first && i == PART_ROWS,
+                                      dropped, error);
 
-  /* Every chunk's rows start at once: the communication stream sends them
-   * one after the other while the experts work through the chunks. */
-  for (c = 0; c < n_chunks; c++)
+      if (send == NULL)
+        return FALSE;
+      g_ptr_array_add (pipe->flight.keep, send);
+    }
+  if (pipe->first && !exact && !exchange_kept (pipe->trip, step, error))
+    return FALSE;
+
+  for (c = 0; c < pipe->n_chunks; c++)
     {
-      chunk_experts (step->n_local, n_chunks, c, &b0, &b1);
-      for (i = 0; i < n_parts; i++)
+      chunk_experts (step->n_local, pipe->n_chunks, c, &b0, &b1);
+      for (i = 0; i < pipe->n_parts; i++)
         {
-          gsize row_bytes = (gsize) gmlp_grouped_tensor_get_cols (part[i]) *
-                            gmlp_dtype_get_size (gmlp_grouped_tensor_get_dtype (part[i]));
-          GmlpGroupedTensor **r = &recv[c * N_PARTS + i];
+          GmlpGroupedTensor *part = pipe->part[i];
+          gsize row_bytes = (gsize) gmlp_grouped_tensor_get_cols (part) *
+                            gmlp_dtype_get_size (gmlp_grouped_tensor_get_dtype (part));
+          GmlpGroupedTensor **r = &pipe->recv[c * N_PARTS + i];
 
           if (exact || c == 0)
             {
-              *r = new_buffer (self, step, gmlp_grouped_tensor_get_dtype (part[i]),
+              *r = new_buffer (self, step, gmlp_grouped_tensor_get_dtype (part),
                                exact ? chunk_rows (step, step->recv_grid, b0, b1) : step->total_recv,
-                               gmlp_grouped_tensor_get_cols (part[i]), error);
+                               gmlp_grouped_tensor_get_cols (part), error);
               if (*r == NULL)
-                return NULL;
-              g_ptr_array_add (flight->keep, *r);
+                return FALSE;
+              g_ptr_array_add (pipe->flight.keep, *r);
             }
           else
-            *r = recv[i];
-          chunk_spans (step, step->send_grid, FALSE, b0, b1, row_bytes, spans, spans + w);
-          chunk_spans (step, step->recv_grid, TRUE, b0, b1, row_bytes, spans + 2 * w, spans + 3 * w);
-          if (!send_chunk (trip, flight, send[i], spans, *r, spans + 2 * w, error))
-            return NULL;
+            *r = pipe->recv[i];
+          chunk_spans (step, step->send_grid, FALSE, b0, b1, row_bytes, pipe->spans, pipe->spans + w);
+          chunk_spans (step, step->recv_grid, TRUE, b0, b1, row_bytes, pipe->spans + 2 * w,
+                       pipe->spans + 3 * w);
+          /* The send buffers are the first n_parts of flight.keep. */
+          if (!send_chunk (pipe->trip, &pipe->flight, g_ptr_array_index (pipe->flight.keep, i),
+                           pipe->spans, *r, pipe->spans + 2 * w, error))
+            return FALSE;
         }
-      arrived[c] = flight->events->len - 1;
+      pipe->arrived[c] = pipe->flight.events->len - 1;
     }
-  if (overlap != NULL && !overlap (overlap_data, error))
-    return NULL;
+  return TRUE;
+}
 
-  out = gmlp_grouped_tensor_new_with_device_sizes (self->device, dtype, step->sizes,
-                                                   step->row_capacity, step->cols, error);
-  if (out == NULL)
-    return NULL;
-  back_recv = packed_view (step, out);
-  in_place = back_recv != NULL;
-  if (!in_place)
-    back_recv = new_buffer (self, step, dtype, step->total_send, step->cols, error);
-  if (back_recv == NULL)
-    return NULL;
-  if (!exact)
+/* The trip back's buffers (in place where the permuted layout is the
+ * packed one). */
+static gboolean
+pipe_back (Pipe    *pipe,
+           GError **error)
+{
+  GmlpMoEParallelStep *step = pipe->step;
+  GmlpMoELayer *self = pipe->trip->layer;
+
+  pipe->out = gmlp_grouped_tensor_new_with_device_sizes (self->device, pipe->dtype, step->sizes,
+                                                         step->row_capacity, step->cols, error);
+  if (pipe->out == NULL)
+    return FALSE;
+  pipe->back_recv = packed_view (step, pipe->out);
+  pipe->in_place = pipe->back_recv != NULL;
+  if (!pipe->in_place)
+    pipe->back_recv = new_buffer (self, step, pipe->dtype, step->total_send, step->cols, error);
+  if (pipe->back_recv == NULL)
+    return FALSE;
+  if (step->mode == GMLP_EXPERT_PARALLEL_MODE_GRAPH_SAFE)
     {
-      back_send = new_buffer (self, step, dtype, step->total_recv, step->cols, error);
-      if (back_send == NULL)
-        return NULL;
+      pipe->back_send = new_buffer (self, step, pipe->dtype, step->total_recv, step->cols, error);
+      if (pipe->back_send == NULL)
+        return FALSE;
     }
+  return TRUE;
+}
 
-  for (c = 0; c < n_chunks; c++)
-    {
-      g_autoptr(GmlpGroupedTensor) counts = NULL, sizes = NULL, expert_in = NULL, expert_out = NULL;
-      g_autoptr(GmlpGroupedTensor) chunk_send = NULL;
-      GmlpGroupedTensor *in[N_PARTS] = { NULL, };
-      gsize row_bytes = (gsize) step->cols * gmlp_dtype_get_size (dtype);
-      gint64 in_rows;
+static gint64
+pipe_in_rows (Pipe  *pipe,
+              guint  b0,
+              guint  b1)
+{
+  GmlpMoEParallelStep *step = pipe->step;
 
-      chunk_experts (step->n_local, n_chunks, c, &b0, &b1);
-      in_rows = exact ? chunk_rows (step, step->recv_grid, b0, b1)
-                      : (gint64) w * (b1 - b0) * step->slot_rows;
-      counts = chunk_counts (self, step, step->recv_counts, b0, b1, error);
-      sizes = new_counts (self, step->n_local, error);
-      if (counts == NULL || sizes == NULL || !wait_sent (self, flight, arrived[c], error))
-        return NULL;
+  return step->mode == GMLP_EXPERT_PARALLEL_MODE_EXACT ? chunk_rows (step, step->recv_grid, b0, b1)
+                                                       : (gint64) step->world * (b1 - b0) * step->slot_rows;
+}
 
-      /* The chunk's rows into its experts' input: its groups, the others
-       * empty. */
-      in[PART_ROWS] = gmlp_grouped_tensor_new_with_device_sizes (self->device,
-                                                                 gmlp_grouped_tensor_get_dtype (part[PART_ROWS]),
-                                                                 sizes, in_rows, step->cols, error);
-      if (in[PART_ROWS] == NULL)
-        return NULL;
-      if (fp8)
-        {
-          in[PART_SCALES] = gmlp_grouped_tensor_new_blocked (in[PART_ROWS],
-                                                             gmlp_grouped_tensor_get_dtype (part[PART_SCALES]),
-                                                             1, gmlp_grouped_tensor_get_cols (part[PART_SCALES]),
-                                                             NULL, error);
-          if (in[PART_SCALES] == NULL)
-            {
-              g_object_unref (in[PART_ROWS]);
-              return NULL;
-            }
-        }
-      for (i = 0; i < n_parts; i++)
-        if (!move (counts, step, -1, recv[c * N_PARTS + i], buffers, in[i],
-                   GMLP_CHUNK_LAYOUT_MEMBERS_BY_B,
-                   i == PART_ROWS ? GMLP_MOVE_ROWS_SET_SIZES : GMLP_MOVE_ROWS_NONE,
-                   NULL, NULL, error))
-          break;
-      if (i == n_parts && fp8)
-        {
-          gmlp_grouped_tensor_set_quantized (in[PART_ROWS],
-                                             gmlp_quantizer_get_recipe (self->dispatch_quantizer),
-                                             gmlp_grouped_tensor_get_quantize_flags (q),
-                                             in[PART_SCALES], NULL, FALSE);
-          expert_in = gmlp_grouped_tensor_dequantize (in[PART_ROWS], dtype, error);
-        }
-      else if (i == n_parts)
-        expert_in = g_object_ref (in[PART_ROWS]);
-      g_clear_object (&in[PART_ROWS]);
-      g_clear_object (&in[PART_SCALES]);
-      if (expert_in == NULL)
-        return NULL;
+/* Chunk c's rows, once arrived, in its experts' input layout: its groups,
+ * the others empty (sizes of its own, written by the move: a backward's
+ * are its forward's). FP8: dequantized. */
+static GmlpGroupedTensor *
+pipe_in (Pipe    *pipe,
+         guint    c,
+         GError **error)
+{
+  GmlpMoEParallelStep *step = pipe->step;
+  GmlpMoELayer *self = pipe->trip->layer;
+  GmlpChunkLayout buffers = step->mode == GMLP_EXPERT_PARALLEL_MODE_EXACT ? GMLP_CHUNK_LAYOUT_PACKED
+                                                                          : GMLP_CHUNK_LAYOUT_SLOTS;
+  g_autoptr(GmlpGroupedTensor) counts = NULL, sizes = NULL, rows = NULL, scales = NULL;
+  guint i, b0, b1;
 
-      expert_out = gmlp_grouped_mlp_forward (self->experts, expert_in, NULL, error);
-      if (expert_out == NULL)
-        return NULL;
-
-      /* Its outputs start back while the next chunk computes. */
-      chunk_send = exact ? new_buffer (self, step, dtype, in_rows, step->cols, error)
-                         : g_object_ref (back_send);
-      if (chunk_send == NULL ||
-          !move (counts, step, -1, expert_out, GMLP_CHUNK_LAYOUT_MEMBERS_BY_B, chunk_send, buffers,
-                 GMLP_MOVE_ROWS_NONE, NULL, NULL, error))
-        return NULL;
-      chunk_spans (step, step->recv_grid, TRUE, b0, b1, row_bytes, spans, spans + w);
-      chunk_spans (step, step->send_grid, FALSE, b0, b1, row_bytes, spans + 2 * w, spans + 3 * w);
-      if (!send_chunk (trip, flight, chunk_send, spans, back_recv, spans + 2 * w, error))
-        return NULL;
-    }
-
-  if (!wait_sent (self, flight, flight->events->len - 1, error))
+  chunk_experts (step->n_local, pipe->n_chunks, c, &b0, &b1);
+  counts = chunk_counts (self, step, step->recv_counts, b0, b1, error);
+  sizes = new_counts (self, step->n_local, error);
+  if (counts == NULL || sizes == NULL || !wait_sent (self, &pipe->flight, pipe->arrived[c], error))
     return NULL;
-  if (in_place)
-    return g_steal_pointer (&out);
-  if (!move (exact ? step->sizes : step->kept, step, -1, back_recv, buffers, out,
+
+  rows = gmlp_grouped_tensor_new_with_device_sizes (self->device,
+                                                    gmlp_grouped_tensor_get_dtype (pipe->part[PART_ROWS]),
+                                                    sizes, pipe_in_rows (pipe, b0, b1), step->cols, error);
+  if (rows == NULL)
+    return NULL;
+  if (pipe->n_parts > 1)
+    {
+      scales = gmlp_grouped_tensor_new_blocked (rows, gmlp_grouped_tensor_get_dtype (pipe->part[PART_SCALES]),
+                                                1, gmlp_grouped_tensor_get_cols (pipe->part[PART_SCALES]),
+                                                NULL, error);
+      if (scales == NULL)
+        return NULL;
+    }
+  for (i = 0; i < pipe->n_parts; i++)
+    if (!move (counts, step, -1, pipe->recv[c * N_PARTS + i], buffers, i == PART_ROWS ? rows : scales,
+               GMLP_CHUNK_LAYOUT_MEMBERS_BY_B,
+               i == PART_ROWS ? GMLP_MOVE_ROWS_SET_SIZES : GMLP_MOVE_ROWS_NONE, NULL, NULL, error))
+      return NULL;
+  if (pipe->n_parts == 1)
+    return g_steal_pointer (&rows);
+  gmlp_grouped_tensor_set_quantized (rows, gmlp_quantizer_get_recipe (self->dispatch_quantizer),
+                                     gmlp_grouped_tensor_get_quantize_flags (pipe->q), scales, NULL, FALSE);
+  return gmlp_grouped_tensor_dequantize (rows, pipe->dtype, error);
+}
+
+/* Chunk c's outputs start back while the next chunk computes. */
+static gboolean
+pipe_out (Pipe               *pipe,
+          guint               c,
+          GmlpGroupedTensor  *expert_out,
+          GError            **error)
+{
+  GmlpMoEParallelStep *step = pipe->step;
+  GmlpMoELayer *self = pipe->trip->layer;
+  gboolean exact = step->mode == GMLP_EXPERT_PARALLEL_MODE_EXACT;
+  gsize row_bytes = (gsize) step->cols * gmlp_dtype_get_size (pipe->dtype);
+  g_autoptr(GmlpGroupedTensor) counts = NULL, send = NULL;
+  int w = step->world;
+  guint b0, b1;
+
+  chunk_experts (step->n_local, pipe->n_chunks, c, &b0, &b1);
+  counts = chunk_counts (self, step, step->recv_counts, b0, b1, error);
+  send = exact ? new_buffer (self, step, pipe->dtype, pipe_in_rows (pipe, b0, b1), step->cols, error)
+               : g_object_ref (pipe->back_send);
+  if (counts == NULL || send == NULL ||
+      !move (counts, step, -1, expert_out, GMLP_CHUNK_LAYOUT_MEMBERS_BY_B, send,
+             exact ? GMLP_CHUNK_LAYOUT_PACKED : GMLP_CHUNK_LAYOUT_SLOTS, GMLP_MOVE_ROWS_NONE,
+             NULL, NULL, error))
+    return FALSE;
+  chunk_spans (step, step->recv_grid, TRUE, b0, b1, row_bytes, pipe->spans, pipe->spans + w);
+  chunk_spans (step, step->send_grid, FALSE, b0, b1, row_bytes, pipe->spans + 2 * w, pipe->spans + 3 * w);
+  return send_chunk (pipe->trip, &pipe->flight, send, pipe->spans, pipe->back_recv, pipe->spans + 2 * w,
+                     error);
+}
+
+/* Every chunk back: into the permuted layout (in graph-safe mode the rows
+ * a slot dropped as zeros). */
+static GmlpGroupedTensor *
+pipe_end (Pipe    *pipe,
+          GError **error)
+{
+  GmlpMoEParallelStep *step = pipe->step;
+  gboolean exact = step->mode == GMLP_EXPERT_PARALLEL_MODE_EXACT;
+
+  if (!wait_sent (pipe->trip->layer, &pipe->flight, pipe->flight.events->len - 1, error))
+    return NULL;
+  if (!pipe->in_place &&
+      !move (exact ? step->sizes : step->kept, step, -1, pipe->back_recv,
+             exact ? GMLP_CHUNK_LAYOUT_PACKED : GMLP_CHUNK_LAYOUT_SLOTS, pipe->out,
              GMLP_CHUNK_LAYOUT_MEMBERS, exact ? GMLP_MOVE_ROWS_NONE : GMLP_MOVE_ROWS_ZERO_REST,
              NULL, NULL, error))
     return NULL;
-  return g_steal_pointer (&out);
+  return g_steal_pointer (&pipe->out);
 }
 
+/* The forward by chunks; saving (@saved given), each chunk's experts save
+ * their own activations, children of one set in chunk order, which the
+ * backward takes chunk by chunk (backward_chunked()). */
 static GmlpGroupedTensor *
 forward_chunked (Trip                    *trip,
                  GmlpMoEParallelStep     *step,
                  GmlpGroupedTensor       *permuted,
                  guint                    n_chunks,
+                 GmlpSavedActivations   **saved,
                  GmlpGroupedTensor       *dropped,
                  GmlpMoEParallelOverlap   overlap,
                  gpointer                 overlap_data,
                  GError                 **error)
 {
-  g_autoptr(GPtrArray) keep = g_ptr_array_new_with_free_func (g_object_unref);
-  g_autoptr(GPtrArray) events = g_ptr_array_new_with_free_func (g_object_unref);
-  InFlight flight = { keep, events };
+  g_auto(Pipe) pipe;
+  g_autoptr(GmlpSavedActivations) all = saved != NULL ? gmlp_saved_activations_new (0) : NULL;
   GmlpGroupedTensor *out;
+  guint c;
 
-  out = pipeline (trip, step, &flight, permuted, n_chunks, dropped, overlap, overlap_data, error);
-  /* Whatever happened, nothing is let go with rows in flight. */
-  join (trip->layer, events, NULL);
+  pipe_init (&pipe, trip, step, n_chunks, TRUE);
+  if (!pipe_start (&pipe, permuted, dropped, error) ||
+      (overlap != NULL && !overlap (overlap_data, error)) ||
+      !pipe_back (&pipe, error))
+    return NULL;
+  for (c = 0; c < n_chunks; c++)
+    {
+      g_autoptr(GmlpGroupedTensor) expert_in = pipe_in (&pipe, c, error), expert_out = NULL;
+      g_autoptr(GmlpSavedActivations) chunk_saved = NULL;
+
+      if (expert_in == NULL)
+        return NULL;
+      expert_out = gmlp_grouped_mlp_forward (trip->layer->experts, expert_in,
+                                             saved != NULL ? &chunk_saved : NULL, error);
+      if (expert_out == NULL || !pipe_out (&pipe, c, expert_out, error))
+        return NULL;
+      if (all != NULL)
+        gmlp_saved_activations_add_child (all, chunk_saved);
+    }
+  out = pipe_end (&pipe, error);
+  if (out != NULL && saved != NULL)
+    *saved = g_steal_pointer (&all);
   return out;
+}
+
+static GmlpGroupedTensor *
+hook_grad_output (gpointer   data,
+                  guint      c,
+                  GError   **error)
+{
+  return pipe_in (data, c, error);
+}
+
+static gboolean
+hook_grad_input (gpointer            data,
+                 guint               c,
+                 GmlpGroupedTensor  *grad_input,
+                 GError            **error)
+{
+  return pipe_out (data, c, grad_input, error);
+}
+
+/* The backward of forward_chunked(): the output gradients travel by the
+ * same chunks and the experts' input gradients of chunk c start back while
+ * chunk c + 1 computes. The experts' weight gradients come last, one
+ * computation per layer over every chunk's rows (each chunk's products
+ * write its own experts' gradients only): the gradient contract's, as
+ * unchunked. */
+static GmlpGroupedTensor *
+backward_chunked (Trip                    *trip,
+                  GmlpMoEParallelStep     *step,
+                  GmlpSavedActivations    *saved,
+                  GmlpGroupedTensor       *grad_output,
+                  GmlpMoEParallelOverlap   overlap,
+                  gpointer                 overlap_data,
+                  GError                 **error)
+{
+  g_auto(Pipe) pipe;
+  g_autofree GmlpSavedActivations **chunks = g_new (GmlpSavedActivations *, step->n_chunks);
+  g_autofree guint *bounds = g_new (guint, step->n_chunks + 1);
+  GmlpMLPChunkHooks hooks = { hook_grad_output, hook_grad_input, &pipe };
+  guint c, b0, b1;
+
+  for (c = 0; c < step->n_chunks; c++)
+    {
+      chunks[c] = gmlp_saved_activations_get_child (saved, c);
+      chunk_experts (step->n_local, step->n_chunks, c, &b0, &b1);
+      bounds[c] = b0;
+      bounds[c + 1] = b1;
+    }
+  pipe_init (&pipe, trip, step, step->n_chunks, FALSE);
+  if (!pipe_start (&pipe, grad_output, NULL, error) ||
+      (overlap != NULL && !overlap (overlap_data, error)) ||
+      !pipe_back (&pipe, error) ||
+      !gmlp_grouped_mlp_backward_chunks (trip->layer->experts, chunks, bounds, step->n_chunks, &hooks,
+                                         error))
+    return NULL;
+  return pipe_end (&pipe, error);
+}
+
+/* How many chunks a forward pipelines. A training forward's experts save
+ * by chunk and their backward computes the weight gradients of every
+ * chunk in one computation; not FP8 experts, whose quantizers would see
+ * each chunk alone (amax, delayed scaling): those train in one chunk. */
+static guint
+n_chunks_for (GmlpMoELayer  *self,
+              gboolean       saving)
+{
+  GmlpGroupedLinear *fc1 = gmlp_grouped_mlp_get_fc1 (self->experts);
+
+  if (saving && gmlp_grouped_linear_get_quantizer (fc1, GMLP_QUANTIZER_ROLE_INPUT) != NULL)
+    return 1;
+  return MIN (self->parallel_chunks, self->n_local_experts);
 }
 
 GmlpGroupedTensor *
@@ -1308,7 +1502,6 @@ gmlp_moe_parallel_forward (GmlpMoELayer           *self,
   g_autoptr(GmlpGroupedTensor) dropped = NULL, expert_in = NULL, expert_out = NULL, out = NULL;
   Trip trip = { self, FALSE, FALSE };
   GmlpGroupedTensor *sizes;
-  guint n_chunks;
 
   step->mode = self->parallel_mode;
   step->world = gmlp_communicator_get_world_size (self->communicator);
@@ -1337,12 +1530,13 @@ gmlp_moe_parallel_forward (GmlpMoELayer           *self,
 
   if (step->mode == GMLP_EXPERT_PARALLEL_MODE_EXACT && !exact_counts (&trip, step, error))
     return trip_end (&trip, NULL);
-  /* Without a backward to come the experts may run chunk by chunk (see
-   * the pipeline above); a backward takes one call's saved activations. */
-  n_chunks = saved == NULL ? MIN (self->parallel_chunks, step->n_local) : 1;
-  if (n_chunks > 1)
+  /* The experts run chunk by chunk (see the pipeline above), saving or
+   * not; the backward takes the chunks as the forward made them. */
+  step->n_chunks = n_chunks_for (self, saved != NULL);
+  if (step->n_chunks > 1)
     {
-      out = forward_chunked (&trip, step, permuted, n_chunks, dropped, overlap, overlap_data, error);
+      out = forward_chunked (&trip, step, permuted, step->n_chunks, saved, dropped, overlap,
+                             overlap_data, error);
       if (out == NULL)
         return trip_end (&trip, NULL);
     }
@@ -1385,6 +1579,9 @@ gmlp_moe_parallel_backward (GmlpMoELayer           *self,
                    "These saved activations are not of an expert-parallel forward");
       return NULL;
     }
+  if (step->n_chunks > 1)
+    return trip_end (&trip, backward_chunked (&trip, step, saved, grad_output, overlap, overlap_data,
+                                              error));
   grad_expert_out = dispatch (&trip, step, grad_output, FALSE, NULL, overlap, overlap_data, error);
   if (grad_expert_out == NULL)
     return trip_end (&trip, NULL);

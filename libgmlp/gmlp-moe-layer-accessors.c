@@ -300,7 +300,7 @@ gmlp_moe_layer_get_dispatch_fp8_format (GmlpMoELayer *self)
  * @self: a #GmlpMoELayer
  *
  * Gets how many chunks of its local experts an expert-parallel forward
- * without saved activations pipelines.
+ * and backward pipeline.
  *
  * Returns: the value of [property@Gmlp.MoELayer:expert-parallel-chunks]
  *

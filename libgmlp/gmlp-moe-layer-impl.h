@@ -57,8 +57,8 @@ struct _GmlpMoELayer
   GmlpScalingRecipe   dispatch_fp8_recipe;
   GmlpFp8Format       dispatch_fp8_format;
   GmlpQuantizer      *dispatch_quantizer;
-  /* The chunks of local experts a forward without saved activations
-   * pipelines (expert-parallel-chunks). */
+  /* The chunks of local experts a forward and a backward pipeline
+   * (expert-parallel-chunks). */
   guint               parallel_chunks;
   guint               first_expert;
   guint               n_local_experts;

@@ -1092,8 +1092,8 @@ gmlp_moe_layer_forward (GmlpMoELayer          *self,
  * languages whose bindings always ask for an optional out argument
  * (Python, JavaScript): the same as `forward` with @saved %NULL. The
  * results are the same as a forward that saves; nothing is kept for a
- * backward, and an expert-parallel layer pipelines its experts by
- * [property@Gmlp.MoELayer:expert-parallel-chunks].
+ * backward (an expert-parallel layer pipelines its experts by
+ * [property@Gmlp.MoELayer:expert-parallel-chunks] either way).
  *
  * Returns: (transfer full): the output, `tokens × hidden`, or %NULL with an
  *   error (nothing is written then)

@@ -262,6 +262,8 @@ assert_groups_close (const double *got, const double *want, guint n, const gint6
     }
 }
 
+gboolean on_gpu;
+
 GmlpDevice *
 device_or_skip (void)
 {

@@ -101,7 +101,7 @@ void assert_groups_close (const double *got, const double *want, guint n, const 
                           double tol, const char *what);
 
 /* Whether the suite runs on a GPU (see tolerance_a()). */
-static gboolean on_gpu;
+extern gboolean on_gpu;
 
 GmlpDevice *device_or_skip (void);
 double tolerance_a (GmlpDType dtype, gboolean dequantized);

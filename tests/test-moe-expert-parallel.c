@@ -95,6 +95,14 @@ typedef struct {
   gboolean                fp8_exact_tokens;
   gboolean                blind_router;
   guint                   chunks;                 /* expert-parallel-chunks; 0: the default */
+  /* FUSE_WGRAD_ACCUMULATION (main_grads read as the gradients),
+   * DELAY_WGRAD_COMPUTE (backward_dw after the backward): the chunk
+   * cases only. */
+  GmlpLinearFlags         wgrad_flags;
+  /* The experts' own FP8 recipe (fp8-recipe): they train in one chunk,
+   * whatever the chunks. */
+  GmlpScalingRecipe       experts_fp8;
+  gboolean                offload;                /* the forward under an offload context */
 } Case;
 
 static gint64
@@ -143,12 +151,13 @@ layer_new (const Case        *c,
                          "dispatch-fp8-recipe", comm != NULL ? c->dispatch_fp8 : GMLP_SCALING_RECIPE_NONE,
                          "dispatch-fp8-format", c->dispatch_format,
                          "expert-parallel-chunks", c->chunks > 0 ? c->chunks : DEFAULT_CHUNKS,
+                         "fp8-recipe", c->experts_fp8,
                          "hidden", hidden_of (c),
                          "ffn-hidden", (gint64) FFN,
                          "dtype", c->dtype,
                          "n-experts", n_experts,
                          "top-k", c->top_k,
-                         "flags", GMLP_LINEAR_SINGLE_GROUPED_WEIGHT | (c->bias ? GMLP_LINEAR_BIAS : 0),
+                         "flags", GMLP_LINEAR_SINGLE_GROUPED_WEIGHT | (c->bias ? GMLP_LINEAR_BIAS : 0) | c->wgrad_flags,
                          "padding", c->padding,
                          "capacity-factor", capacity_factor,
                          "shared-expert-ffn-hidden", c->shared,
@@ -173,13 +182,17 @@ read_layer (GmlpMoELayer *layer,
   GmlpGroupedMLP *experts = gmlp_moe_layer_get_experts (layer);
   GmlpGroupedMLP *shared = gmlp_moe_layer_get_shared_expert (layer);
   GmlpGroupedLinear *fc[2] = { gmlp_grouped_mlp_get_fc1 (experts), gmlp_grouped_mlp_get_fc2 (experts) };
+  GmlpRouter *router = gmlp_moe_layer_get_router (layer);
+  gboolean fused = (gmlp_grouped_linear_get_flags (fc[0]) & GMLP_LINEAR_FUSE_WGRAD_ACCUMULATION) != 0;
   gsize n;
   guint i;
 
-  res->router_grad = download (gmlp_router_get_wgrad (gmlp_moe_layer_get_router (layer)), &n);
+  /* Fused accumulation: the main_grads, zero before this one backward. */
+  res->router_grad = download (fused ? gmlp_router_get_main_grad (router) : gmlp_router_get_wgrad (router), &n);
   for (i = 0; i < 2; i++)
     {
-      res->expert_grads[i] = download (gmlp_grouped_linear_get_wgrad (fc[i]), &res->n_grads[i]);
+      res->expert_grads[i] = download (fused ? gmlp_grouped_linear_get_main_grad (fc[i])
+                                             : gmlp_grouped_linear_get_wgrad (fc[i]), &res->n_grads[i]);
       res->params[i] = download (gmlp_grouped_linear_get_weight (fc[i]), &n);
       g_assert_cmpuint (n, ==, res->n_grads[i]);
       if (gmlp_grouped_linear_get_flags (fc[i]) & GMLP_LINEAR_BIAS)
@@ -191,10 +204,13 @@ read_layer (GmlpMoELayer *layer,
     }
   if (shared != NULL)
     {
-      res->shared_grads[0] = download (gmlp_grouped_linear_get_wgrad (gmlp_grouped_mlp_get_fc1 (shared)),
-                                       &res->n_shared[0]);
-      res->shared_grads[1] = download (gmlp_grouped_linear_get_wgrad (gmlp_grouped_mlp_get_fc2 (shared)),
-                                       &res->n_shared[1]);
+      for (i = 0; i < 2; i++)
+        {
+          GmlpGroupedLinear *l = i == 0 ? gmlp_grouped_mlp_get_fc1 (shared) : gmlp_grouped_mlp_get_fc2 (shared);
+
+          res->shared_grads[i] = download (fused ? gmlp_grouped_linear_get_main_grad (l)
+                                                 : gmlp_grouped_linear_get_wgrad (l), &res->n_shared[i]);
+        }
     }
 }
 
@@ -217,8 +233,17 @@ result_clear (Result *res)
   g_free (res->tokens_per_expert);
 }
 
+static void
+count_ready (gpointer  instance,
+             GmlpEvent *event,
+             guint     *count)
+{
+  (*count)++;
+}
+
 /* A forward and a backward of @layer on rank @rank's data (the tokens
- * @tokens). */
+ * @tokens); with delayed weight gradients, its backward_dw. The experts'
+ * wgrad-ready comes once, after the weight gradients, whatever the chunks. */
 static void
 step (Run          *run,
       int           rank,
@@ -232,7 +257,12 @@ step (Run          *run,
   g_autoptr(GmlpGroupedTensor) x = NULL, dy = NULL, y = NULL, dx = NULL, aux = NULL;
   g_autoptr(GmlpGroupedTensor) dropped = NULL;
   g_autoptr(GmlpSavedActivations) saved = NULL;
+  g_autoptr(GmlpOffloadContext) oc = NULL;
   g_autofree double *inference = NULL;
+  GmlpGroupedMLP *experts = gmlp_moe_layer_get_experts (layer);
+  gboolean delayed = (run->c->wgrad_flags & GMLP_LINEAR_DELAY_WGRAD_COMPUTE) != 0;
+  guint ready = 0;
+  gulong handler;
   gsize n;
 
   x = gmlp_grouped_tensor_new_from_bytes (device, run->c->dtype, &run->tokens[rank], 1, hidden,
@@ -246,10 +276,37 @@ step (Run          *run,
   g_assert_no_error (error);
   inference = download (y, &n);
   g_clear_object (&y);
+  handler = g_signal_connect (experts, "wgrad-ready", G_CALLBACK (count_ready), &ready);
+  if (run->c->offload)
+    {
+      oc = gmlp_offload_context_new (device, &error);
+      g_assert_no_error (error);
+      gmlp_offload_context_push_thread_default (oc, TRUE);
+    }
   y = gmlp_moe_layer_forward (layer, x, &saved, &error);
   g_assert_no_error (error);
+  if (oc != NULL)
+    {
+      g_assert_true (gmlp_offload_context_pop_thread_default (oc, &error));
+      g_assert_no_error (error);
+      g_assert_true (gmlp_saved_activations_get_offload (saved));
+      gmlp_offload_context_flush (oc);
+    }
   dx = gmlp_moe_layer_backward (layer, saved, dy, &error);
   g_assert_no_error (error);
+  if (delayed)
+    {
+      GmlpGroupedLinear *fc1 = gmlp_grouped_mlp_get_fc1 (experts);
+
+      g_assert_cmpuint (ready, ==, 0);
+      g_assert_cmpuint (gmlp_grouped_linear_get_pending_wgrads (fc1), ==, 1);
+      g_assert_cmpuint (gmlp_grouped_linear_get_pending_wgrads (gmlp_grouped_mlp_get_fc2 (experts)), ==, 1);
+      g_assert_true (gmlp_moe_layer_backward_dw (layer, &error));
+      g_assert_no_error (error);
+      g_assert_cmpuint (gmlp_grouped_linear_get_pending_wgrads (fc1), ==, 0);
+    }
+  g_assert_cmpuint (ready, ==, 1);
+  g_signal_handler_disconnect (experts, handler);
   res->y = download (y, &n);
   /* Pipelined by chunks of experts (expert-parallel-chunks), each expert's
    * products the same: the same bits on the CPU; a GPU's route may pick
@@ -718,15 +775,21 @@ chunks_rank (GmlpTestGroup    *group,
     }
 }
 
+/* The same bits on the CPU; on a GPU the chunks' products (forward and
+ * backward) may take other kernels for their shapes: close. */
 static void
 assert_same (const double *a,
              const double *b,
-             gsize         n)
+             gsize         n,
+             const Case   *c)
 {
   if (a == NULL || b == NULL)
     g_assert_true (a == b);
-  else
+  else if (!gmlp_test_on_cuda ())
     g_assert_cmpmem (a, n * sizeof (double), b, n * sizeof (double));
+  else
+    gmlp_test_assert_close (a, b, n, c->dtype == GMLP_DTYPE_FLOAT32 ? TOL : 2 * gmlp_test_tolerance (c->dtype),
+                            "chunked against one chunk");
 }
 
 static void
@@ -762,19 +825,19 @@ check_chunks (const Case *c,
         {
           Result *got = &cr.res[k][r];
 
-          assert_same (got->y, one->y, n);
-          assert_same (got->dx, one->dx, n);
-          assert_same (got->aux, one->aux, 1);
-          assert_same (got->router_grad, one->router_grad, (gsize) cr.run.n_experts * hidden);
+          assert_same (got->y, one->y, n, c);
+          assert_same (got->dx, one->dx, n, c);
+          assert_same (got->aux, one->aux, 1, c);
+          assert_same (got->router_grad, one->router_grad, (gsize) cr.run.n_experts * hidden, c);
           for (i = 0; i < 4; i++)
             {
               g_assert_cmpuint (got->n_grads[i], ==, one->n_grads[i]);
-              assert_same (got->expert_grads[i], one->expert_grads[i], one->n_grads[i]);
+              assert_same (got->expert_grads[i], one->expert_grads[i], one->n_grads[i], c);
             }
           for (i = 0; i < 2; i++)
             {
               g_assert_cmpuint (got->n_shared[i], ==, one->n_shared[i]);
-              assert_same (got->shared_grads[i], one->shared_grads[i], one->n_shared[i]);
+              assert_same (got->shared_grads[i], one->shared_grads[i], one->n_shared[i], c);
             }
           g_assert_cmpint (got->dropped, ==, one->dropped);
         }
@@ -825,6 +888,28 @@ static const Case chunk_cases[] = {
   { .name = "fp8-mxfp8-bf16-graph-safe-slot-drops", .experts_per_rank = 3, .top_k = 2,
     .hidden = 200, .skewed = TRUE, .dtype = GMLP_DTYPE_BFLOAT16, .expert_capacity_factor = 0.5,
     .mode = GMLP_EXPERT_PARALLEL_MODE_GRAPH_SAFE, .dispatch_fp8 = GMLP_SCALING_RECIPE_MXFP8 },
+  /* The gradient contract's options (main_grad fusion, delayed weight
+   * gradients): the same gradients, wgrad-ready once, pending-wgrads one. */
+  { .name = "main-grad-empty-experts", .experts_per_rank = 6, .top_k = 1, .tokens = { 3, 1, 2, 2 },
+    .bias = TRUE, .shared = 6, .wgrad_flags = GMLP_LINEAR_FUSE_WGRAD_ACCUMULATION },
+  { .name = "delayed-skewed-graph-safe", .experts_per_rank = 4, .top_k = 2, .skewed = TRUE,
+    .expert_capacity_factor = 0.75, .mode = GMLP_EXPERT_PARALLEL_MODE_GRAPH_SAFE,
+    .wgrad_flags = GMLP_LINEAR_DELAY_WGRAD_COMPUTE },
+  { .name = "delayed-main-grad-fp8-shared", .experts_per_rank = 3, .top_k = 2, .hidden = 256, .shared = 6,
+    .dispatch_fp8 = GMLP_SCALING_RECIPE_BLOCKWISE,
+    .wgrad_flags = GMLP_LINEAR_DELAY_WGRAD_COMPUTE | GMLP_LINEAR_FUSE_WGRAD_ACCUMULATION },
+  { .name = "recompute-bias-graph-safe", .experts_per_rank = 4, .top_k = 2, .bias = TRUE,
+    .mode = GMLP_EXPERT_PARALLEL_MODE_GRAPH_SAFE, .wgrad_flags = GMLP_LINEAR_RECOMPUTE_ACTIVATION },
+  { .name = "offload-delayed-shared", .experts_per_rank = 4, .top_k = 2, .shared = 6, .offload = TRUE,
+    .wgrad_flags = GMLP_LINEAR_DELAY_WGRAD_COMPUTE },
+  { .name = "offload-recompute-graph-safe", .experts_per_rank = 3, .top_k = 2, .offload = TRUE,
+    .mode = GMLP_EXPERT_PARALLEL_MODE_GRAPH_SAFE, .expert_capacity_factor = 1.0,
+    .wgrad_flags = GMLP_LINEAR_RECOMPUTE_ACTIVATION | GMLP_LINEAR_FUSE_WGRAD_ACCUMULATION },
+  { .name = "experts-fp8-blockwise", .experts_per_rank = 3, .top_k = 2, .hidden = 256,
+    .experts_fp8 = GMLP_SCALING_RECIPE_BLOCKWISE, .wgrad_flags = GMLP_LINEAR_FUSE_WGRAD_ACCUMULATION },
+  { .name = "delayed-main-grad-graph-safe-drops", .experts_per_rank = 5, .top_k = 2, .skewed = TRUE,
+    .bias = TRUE, .shared = 6, .expert_capacity_factor = 0.5, .mode = GMLP_EXPERT_PARALLEL_MODE_GRAPH_SAFE,
+    .wgrad_flags = GMLP_LINEAR_DELAY_WGRAD_COMPUTE | GMLP_LINEAR_FUSE_WGRAD_ACCUMULATION },
 };
 
 /* Construction that every rank must refuse alike. */
@@ -1213,6 +1298,8 @@ graph_rank (GmlpTestGroup    *group,
   g_assert_true (gmlp_grouped_tensor_fill_random (x, run->seed + rank, 1.0, &error));
   g_assert_true (gmlp_grouped_tensor_fill_random (dy, run->seed + 100 + rank, 1.0, &error));
 
+  /* A training step: with chunks, the forward's and the backward's
+   * pipelines, the experts' weight gradients by chunk. */
   g_assert_true (gmlp_device_begin_capture (device, &error));
   g_assert_no_error (error);
   y = gmlp_moe_layer_forward (layer, x, &saved, &error);

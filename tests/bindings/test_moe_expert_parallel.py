@@ -175,6 +175,49 @@ def test_chunks(world, mode):
                 assert np.array_equal(got, want)
 
 
+@pytest.mark.parametrize('mode', [Gmlp.ExpertParallelMode.EXACT, Gmlp.ExpertParallelMode.GRAPH_SAFE])
+@pytest.mark.parametrize('world', [2, 4])
+def test_chunks_training(world, mode):
+    # A training step by chunks (forward that saves, backward, backward_dw)
+    # keeps the gradient contract of one backward: with fused main_grad and
+    # delayed weight gradients, none before backward_dw, one pending,
+    # wgrad-ready once after it, and the same bits as one chunk; an expert
+    # without rows (one token per rank) left as it was.
+    L, tokens, seed = 3, 2, int(rng.integers(1 << 31))
+    flags = (Gmlp.LinearFlags.SINGLE_GROUPED_WEIGHT | Gmlp.LinearFlags.FUSE_WGRAD_ACCUMULATION |
+             Gmlp.LinearFlags.DELAY_WGRAD_COMPUTE)
+    xs = [rng.standard_normal((tokens, H)) for _ in range(world)]
+    dys = [rng.standard_normal((tokens, H)) for _ in range(world)]
+
+    def body(comm, r):
+        dev = comm.get_device()
+        out = []
+        for chunks in (1, 2, 100):
+            layer = Gmlp.MoELayer(device=dev, communicator=comm, expert_parallel_mode=mode, hidden=H,
+                                  ffn_hidden=F, n_experts=L * world, top_k=1, flags=flags,
+                                  expert_capacity_factor=1.0, expert_parallel_chunks=chunks)
+            layer.init(None)
+            layer.init_parameters(seed)
+            experts = layer.get_experts()
+            ready = []
+            experts.connect('wgrad-ready', lambda _mlp, event: ready.append(event.synchronize()))
+            y, saved = layer.forward(upload(dev, xs[r]))
+            dx = layer.backward(saved, upload(dev, dys[r]))
+            assert ready == []
+            assert experts.get_fc1().get_pending_wgrads() == 1 == experts.get_fc2().get_pending_wgrads()
+            layer.backward_dw()
+            assert len(ready) == 1
+            assert experts.get_fc1().get_pending_wgrads() == 0
+            out.append((download(y), download(dx), download(experts.get_fc1().get_main_grad()),
+                        download(experts.get_fc2().get_main_grad())))
+        return out
+
+    for runs in run_group(world, body):
+        for run in runs:
+            for got, want in zip(run, runs[0]):
+                assert np.array_equal(got, want)
+
+
 def test_chunks_default():
     dev = Gmlp.Device.new_from_string('cpu')
     layer = Gmlp.MoELayer(device=dev, hidden=H, ffn_hidden=F, n_experts=4, top_k=K)
