@@ -16,12 +16,13 @@
  *          hi·mid, hi·lo, mid·hi, lo·hi, mid·mid; those left out are under
  *          2^-24 relative), one product of depth 6n: the parts of dy
  *          concatenated along the depth, [hi hi hi mid lo mid], against
- *          [W_hi; W_mid; W_lo; W_hi; W_hi; W_mid]. dx is BF16: the
- *          product is rounded once into it, or added to what it holds (the
- *          MoE layer's input gradient) before that one rounding. The entry
- *          has no adding DGRAD, so it is issued as the WGRAD it equals,
- *          C (T × k) += Aᵀ B with A the parts of dy transposed (6n × T,
- *          which the split writes so) and B the parts of W (6n × k);
+ *          [W_hi; W_mid; W_lo; W_hi; W_hi; W_mid], issued as the WGRAD it
+ *          equals, C (T × k) = Aᵀ B with A the parts of dy transposed
+ *          (6n × T, which the split writes so) and B the parts of W
+ *          (6n × k), into FP32. dx is BF16: that sum is rounded once into
+ *          it (convert), or added to what it holds (axpby: the MoE layer's
+ *          input gradient) before that one rounding; cuBLAS adding into a
+ *          BF16 output itself (beta = 1) rounds the product first;
  *   WGRAD  dW (+)= [dy_hi; dy_mid; dy_lo] x (dy's parts transposed, 3n × T:
  *          blocks 2 to 4 of DGRAD's A, so the backward splits dy once), one
  *          BF16 product of 3n × k issued as the DGRAD it equals, into FP32,
