@@ -385,12 +385,20 @@ gmlp_communicator_initable_iface_init (GInitableIface *iface)
   iface->init = gmlp_communicator_initable_init;
 }
 
+/* An all-to-all's event holds its tensors under these keys. */
+static GQuark send_quark, recv_quark;
+
 static void
 gmlp_communicator_class_init (GmlpCommunicatorClass *klass)
 {
   GObjectClass *object_class = G_OBJECT_CLASS (klass);
   const GParamFlags construct = G_PARAM_READWRITE | G_PARAM_CONSTRUCT_ONLY |
                                 G_PARAM_EXPLICIT_NOTIFY | G_PARAM_STATIC_STRINGS;
+
+  /* The keys of what an all-to-all's event holds, made once here, before
+   * any rank's thread looks them up. */
+  send_quark = g_quark_from_static_string ("gmlp-all-to-all-send");
+  recv_quark = g_quark_from_static_string ("gmlp-all-to-all-recv");
 
   object_class->constructed = gmlp_communicator_constructed;
   object_class->finalize = gmlp_communicator_finalize;
@@ -1033,10 +1041,8 @@ enqueue_all_to_all (GmlpCommunicator   *self,
    * event of no device, complete. */
   result = event != NULL ? gmlp_event_new_for_backend (self->device, event)
                          : g_object_new (GMLP_TYPE_EVENT, NULL);
-  g_object_set_data_full (G_OBJECT (result), "gmlp-all-to-all-send", g_object_ref (send),
-                          g_object_unref);
-  g_object_set_data_full (G_OBJECT (result), "gmlp-all-to-all-recv", g_object_ref (recv),
-                          g_object_unref);
+  g_object_set_qdata_full (G_OBJECT (result), send_quark, g_object_ref (send), g_object_unref);
+  g_object_set_qdata_full (G_OBJECT (result), recv_quark, g_object_ref (recv), g_object_unref);
   *done = result;
   return TRUE;
 }
