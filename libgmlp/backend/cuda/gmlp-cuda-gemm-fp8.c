@@ -275,15 +275,6 @@ plan_clear (GmlpCudaFp8Plan *plan)
   g_clear_pointer (&plan->zeroed, g_array_unref);
 }
 
-/* Whether group i's product adds into C (beta = 1): WGRAD with the mask
- * set. */
-static gboolean
-fp8_adds_into_c (const GmlpCudaGroups *gemm,
-                 guint                 i)
-{
-  return gmlp_cuda_groups_accumulates (gemm, i);
-}
-
 /* Checks the call and lists its products; enqueues nothing. */
 static gboolean
 fp8_validate (const GmlpCudaGroups  *gemm,
@@ -375,7 +366,7 @@ fp8_validate (const GmlpCudaGroups  *gemm,
       if (depth == 0)
         {
           /* An empty sum is zero; cuBLASLt is not asked for one. */
-          if (!fp8_adds_into_c (gemm, i))
+          if (!gmlp_cuda_groups_accumulates (gemm, i))
             g_array_append_val (plan->zeroed, i);
           continue;
         }
@@ -405,7 +396,7 @@ fp8_validate (const GmlpCudaGroups  *gemm,
       p.a_scale = gemm->b_scale_inv[i];
       p.b_scale = gemm->a_scale_inv[i];
       p.c = gemm->c[i];
-      p.beta = fp8_adds_into_c (gemm, i) ? 1.0f : 0.0f;
+      p.beta = gmlp_cuda_groups_accumulates (gemm, i) ? 1.0f : 0.0f;
 
       if (padded_depth != depth ||
           (guintptr) p.a % GMLP_CUDA_FP8_ALIGNMENT != 0 || (guintptr) p.b % GMLP_CUDA_FP8_ALIGNMENT != 0)

@@ -267,39 +267,19 @@ gmlp_cuda_gemm_data_type (int             dtype,
     }
 }
 
-/* Whether group i's product adds into C (beta = 1): WGRAD with the mask
- * set. */
-static gboolean
-gmlp_cuda_gemm_accumulates (const GmlpCudaGroups *gemm,
-                            guint                 i)
-{
-  return gmlp_cuda_groups_accumulates (gemm, i);
-}
-
-/* The row-major sizes of group i's output and the length of its sums. */
-static void
-gmlp_cuda_gemm_group_sizes (const GmlpCudaGroups *gemm,
-                            guint                 i,
-                            gint64               *out_rows,
-                            gint64               *out_cols,
-                            gint64               *depth)
-{
-  gmlp_backend_gemm_group_shape (gemm->kind, gemm->rows[i], gemm->n, gemm->k, out_rows, out_cols, depth);
-}
-
 static GmlpCudaGroupWork
 gmlp_cuda_gemm_group_work (const GmlpCudaGroups *gemm,
                            guint                 i)
 {
   gint64 out_rows, out_cols, depth;
 
-  gmlp_cuda_gemm_group_sizes (gemm, i, &out_rows, &out_cols, &depth);
+  gmlp_cuda_groups_shape (gemm, i, &out_rows, &out_cols, &depth);
   if (out_rows == 0 || out_cols == 0)
     return GMLP_CUDA_GROUP_SKIP;
   /* An empty sum is zero; cuBLAS is not asked for one (with k = 0 it would
    * scale C by beta, and 0 × a poisoned NaN is NaN). */
   if (depth == 0)
-    return gmlp_cuda_gemm_accumulates (gemm, i) ? GMLP_CUDA_GROUP_SKIP : GMLP_CUDA_GROUP_ZERO;
+    return gmlp_cuda_groups_accumulates (gemm, i) ? GMLP_CUDA_GROUP_SKIP : GMLP_CUDA_GROUP_ZERO;
   return GMLP_CUDA_GROUP_GEMM;
 }
 
@@ -317,7 +297,7 @@ gmlp_cuda_gemm_product (const GmlpCudaGroups *gemm,
   p->a = gemm->b[i];
   p->b = gemm->a[i];
   p->c = gemm->c[i];
-  p->beta = gmlp_cuda_gemm_accumulates (gemm, i) ? 1.0f : 0.0f;
+  p->beta = gmlp_cuda_groups_accumulates (gemm, i) ? 1.0f : 0.0f;
 
   switch (gemm->kind)
     {
@@ -430,7 +410,7 @@ gmlp_cuda_gemm_validate (const GmlpCudaGroups  *gemm,
           return FALSE;
         }
 
-      gmlp_cuda_gemm_group_sizes (gemm, i, &out_rows, &out_cols, &depth);
+      gmlp_cuda_groups_shape (gemm, i, &out_rows, &out_cols, &depth);
       switch (gmlp_cuda_gemm_group_work (gemm, i))
         {
         case GMLP_CUDA_GROUP_SKIP:
@@ -480,8 +460,8 @@ gmlp_cuda_gemm_validate (const GmlpCudaGroups  *gemm,
           /* The groups' products differ only in m_i and beta (see
            * gmlp_cuda_gemm_product()). */
           if (plan->n_products == 0)
-            first_rows = m, first_accumulates = gmlp_cuda_gemm_accumulates (gemm, i);
-          else if (m != first_rows || gmlp_cuda_gemm_accumulates (gemm, i) != first_accumulates)
+            first_rows = m, first_accumulates = gmlp_cuda_groups_accumulates (gemm, i);
+          else if (m != first_rows || gmlp_cuda_groups_accumulates (gemm, i) != first_accumulates)
             plan->uniform = FALSE;
           plan->n_products++;
           plan->total_flop += 2.0 * (double) m * (double) gemm->n * (double) gemm->k;
@@ -506,7 +486,7 @@ gmlp_cuda_gemm_zero_groups (GmlpBackendDevice     *device,
 
       if (gmlp_cuda_gemm_group_work (gemm, i) != GMLP_CUDA_GROUP_ZERO)
         continue;
-      gmlp_cuda_gemm_group_sizes (gemm, i, &out_rows, &out_cols, &depth);
+      gmlp_cuda_groups_shape (gemm, i, &out_rows, &out_cols, &depth);
       err = cudaMemsetAsync (gemm->c[i], 0, (gsize) (out_rows * out_cols) * c_size,
                              device->stream);
       if (err != cudaSuccess)
