@@ -238,24 +238,30 @@ compare_doubles (gconstpointer a, gconstpointer b)
   return x < y ? -1 : x > y;
 }
 
-/* The host cost of op: three calls, each on an idle device, the mean in
- * µs. They are calls 0-2 of op's data. */
+/* The host cost of op: HOST_CALLS calls, each on an idle device, the
+ * median in µs (one call's time swings with the host's other work). They
+ * are calls 0 to HOST_CALLS - 1 of op's data. */
+#define HOST_CALLS 7
+
 static gboolean
 time_host (GmlpDevice *device, Op op, gpointer data, double *host_us, GError **error)
 {
-  gint64 start, host = 0;
+  double us[HOST_CALLS];
   guint i;
 
-  for (i = 0; i < 3; i++)
+  for (i = 0; i < HOST_CALLS; i++)
     {
+      gint64 start;
+
       if (!gmlp_device_synchronize (device, error))
         return FALSE;
       start = g_get_monotonic_time ();
       if (!op (data, i, error))
         return FALSE;
-      host += g_get_monotonic_time () - start;
+      us[i] = (double) (g_get_monotonic_time () - start);
     }
-  *host_us = host / 3.0;
+  qsort (us, HOST_CALLS, sizeof (double), compare_doubles);
+  *host_us = us[HOST_CALLS / 2];
   return TRUE;
 }
 
@@ -315,7 +321,7 @@ time_op (GmlpDevice *device, Op op, Op warm, gpointer data, guint n, Timing *t, 
     {
       gint64 call = g_get_monotonic_time ();
 
-      if (!timed_call (device, op, data, 3 + i, events, error))
+      if (!timed_call (device, op, data, HOST_CALLS + i, events, error))
         return FALSE;
       busy[i] = (double) (g_get_monotonic_time () - call);
     }
@@ -338,7 +344,8 @@ do_bench_method (void)
  * a flush and between two events. The flushes leave L2 cold and let the
  * GPU cool between products, unlike the steady state of time_op().
  * prepare, where not NULL, readies one call of op (op may use up state)
- * and runs before each part: for 8 calls, then for the counted ones. */
+ * and runs before each part: for the host-time and estimate calls, then
+ * for the counted ones. */
 #define DO_BENCH_WARM_UP_MS 25.0
 #define DO_BENCH_REP_MS 200.0
 #define DO_BENCH_FLUSH_BYTES (256 << 20)
@@ -361,14 +368,14 @@ time_op_do_bench (GmlpDevice *device, Op op, Op prepare, gpointer data, Timing *
       if (flush == NULL)
         return FALSE;
     }
-  for (i = 0; prepare != NULL && i < 8; i++)
+  for (i = 0; prepare != NULL && i < HOST_CALLS + 5; i++)
     if (!prepare (data, i, error))
       return FALSE;
   if (!time_host (device, op, data, &t->host_us, error) ||
       (first = gmlp_event_new_recorded (device, error)) == NULL)
     return FALSE;
   for (i = 0; i < 5; i++)
-    if (!gmlp_grouped_tensor_fill_zero (flush, error) || !op (data, 3 + i, error))
+    if (!gmlp_grouped_tensor_fill_zero (flush, error) || !op (data, HOST_CALLS + i, error))
       return FALSE;
   if ((last = gmlp_event_new_recorded (device, error)) == NULL ||
       !gmlp_event_elapsed_ms (first, last, &estimate, error))
@@ -453,7 +460,7 @@ bench_shape (GmlpDevice *device, const BenchShape *s, gboolean skew, GError **er
   g_autofree char *dtype_name = NULL;
   JsonBuilder *record;
   Bench b;
-  guint n_saved = (guint) iters + 3, i, k;
+  guint n_saved = (guint) iters + HOST_CALLS, i, k;
 
   layer = gmlp_grouped_linear_new_full (device, (guint) s->experts, in, out, GMLP_DTYPE_BFLOAT16,
                                         GMLP_LINEAR_SINGLE_GROUPED_WEIGHT |

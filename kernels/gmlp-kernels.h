@@ -537,6 +537,8 @@ typedef struct {
   void                   *out;
   int                     out_dtype;
   float                  *grad_probs;  /* COMBINE_BACKWARD, or NULL */
+  const float            *addend;      /* BACKWARD, or NULL: T × cols, added
+                                        * to each FP32 sum before rounding */
 } GmlpKernelPermute;
 
 size_t           gmlp_kernel_permute_workspace_bytes (uint32_t n_groups);

@@ -330,6 +330,8 @@ gmlp_kernel_permute (const GmlpKernelPermute *p,
       (p->shape.row_capacity > 0 && p->choice_of == nullptr) ||
       !is_aligned (p->choice_of, sizeof (int64_t)) || !is_aligned (p->row_of, sizeof (int64_t)) ||
       !is_aligned (p->probs, sizeof (float)) || !is_aligned (p->grad_probs, sizeof (float)) ||
+      !is_aligned (p->addend, sizeof (float)) ||
+      (p->addend != nullptr && p->kind != GMLP_KERNEL_PERMUTE_BACKWARD) ||
       (uses_tokens && !is_aligned (p->tokens, tokens_size)) ||
       (uses_permuted && !is_aligned (p->permuted, permuted_size)) ||
       workspace == nullptr || !is_aligned (workspace, sizeof (uint64_t)))
@@ -350,7 +352,8 @@ gmlp_kernel_permute (const GmlpKernelPermute *p,
   vector = p->shape.cols % kPermuteVector == 0 &&
            is_aligned (p->out, (uint64_t) kPermuteVector * out_size) &&
            (!uses_tokens || is_aligned (p->tokens, (uint64_t) kPermuteVector * tokens_size)) &&
-           (!uses_permuted || is_aligned (p->permuted, (uint64_t) kPermuteVector * permuted_size));
+           (!uses_permuted || is_aligned (p->permuted, (uint64_t) kPermuteVector * permuted_size)) &&
+           is_aligned (p->addend, (uint64_t) kPermuteVector * sizeof (float));
 
   params.n_groups = p->shape.n_groups;
   params.n_tokens = (uint64_t) p->n_tokens;
@@ -371,6 +374,7 @@ gmlp_kernel_permute (const GmlpKernelPermute *p,
   params.out_dtype = p->out_dtype;
   params.out_row_bytes = (uint64_t) p->shape.cols * out_size;
   params.grad_probs = p->kind == GMLP_KERNEL_PERMUTE_COMBINE_BACKWARD ? p->grad_probs : nullptr;
+  params.addend = p->addend;
 
   /* The table: operand 0 is the one whose rows are walked (the output to
    * the slots, the permuted input to the tokens), 1 the permuted input of

@@ -260,7 +260,6 @@ struct _GmlpLinearBackward
   GmlpGroupedTensor    *grad_output_fp8;   /* FP8: dy quantized (dgrad) */
   Fp8WgradOperands      fp8_operands;      /* FP8: made by dgrad */
   GmlpGroupedTensor    *grad_input;        /* dx: made by begin, written by dgrad */
-  gboolean              add_into;          /* grad_input is the caller's: dgrad adds */
   GmlpGroupedTensor    *dy_parts;          /* split: dy's parts, from dgrad to wgrad */
 };
 
@@ -281,11 +280,11 @@ gboolean           gmlp_linear_check_split_input        (GmlpGroupedLinear     *
 gboolean           gmlp_linear_run_split_product        (GmlpGroupedLinear     *self,
                                                          const Product         *product,
                                                          GError               **error);
-/* The input gradient of a split backward: @into (checked against @input:
- * its dtype, device and sizes), or a new BF16 tensor. */
+/* The input gradient of a split backward: a new BF16 tensor of the
+ * input's shape, or FP32 with @fp32. */
 GmlpGroupedTensor *gmlp_linear_split_grad_input         (GmlpGroupedLinear     *self,
                                                          GmlpGroupedTensor     *input,
-                                                         GmlpGroupedTensor     *into,
+                                                         gboolean               fp32,
                                                          GError               **error);
 
 /* gmlp-grouped-linear-fp8.c */

@@ -55,14 +55,13 @@ GmlpGroupedTensor  *gmlp_grouped_linear_backward_finish (GmlpGroupedLinear     *
  * (gmlp-grouped-linear-split.c says which products). The input gradient
  * of such a forward is BF16. Call it once, before the first forward. */
 void                gmlp_grouped_linear_take_bf16_input (GmlpGroupedLinear     *self);
-/* backward_begin whose input gradient is added into @into, a tensor of
- * the input's shape, dtype and device, rather than made: only for a BF16
- * input of such a layer (INVALID_ARGUMENT otherwise, or for another
- * @into); NULL is backward_begin. */
-GmlpLinearBackward *gmlp_grouped_linear_backward_begin_into (GmlpGroupedLinear     *self,
+/* backward_begin whose input gradient is FP32: for a BF16 input of such a
+ * layer, the FP32 sum of its split products, not rounded (the MoE layer
+ * adds it to its permute backward's sum before that one rounding); any
+ * other input's gradient is the layer's own, as backward_begin makes it. */
+GmlpLinearBackward *gmlp_grouped_linear_backward_begin_fp32 (GmlpGroupedLinear     *self,
                                                              GmlpSavedActivations  *saved,
                                                              GmlpGroupedTensor     *grad_output,
-                                                             GmlpGroupedTensor     *into,
                                                              const char            *label,
                                                              GError               **error);
 /* What begin checks, and only that: writes and allocates nothing (an

@@ -1100,23 +1100,14 @@ gmlp_grouped_linear_check_wgrad_outputs (GmlpGroupedLinear  *self,
   return TRUE;
 }
 
-GmlpLinearBackward *
-gmlp_grouped_linear_backward_begin (GmlpGroupedLinear     *self,
-                                    GmlpSavedActivations  *saved,
-                                    GmlpGroupedTensor     *grad_output,
-                                    const char            *label,
-                                    GError               **error)
-{
-  return gmlp_grouped_linear_backward_begin_into (self, saved, grad_output, NULL, label, error);
-}
-
-GmlpLinearBackward *
-gmlp_grouped_linear_backward_begin_into (GmlpGroupedLinear     *self,
-                                         GmlpSavedActivations  *saved,
-                                         GmlpGroupedTensor     *grad_output,
-                                         GmlpGroupedTensor     *into,
-                                         const char            *label,
-                                         GError               **error)
+/* backward_begin; @fp32: a split input's gradient in FP32 (begin_fp32). */
+static GmlpLinearBackward *
+backward_begin (GmlpGroupedLinear     *self,
+                GmlpSavedActivations  *saved,
+                GmlpGroupedTensor     *grad_output,
+                gboolean               fp32,
+                const char            *label,
+                GError               **error)
 {
   g_autoptr(GmlpLinearBackward) step = NULL;
   g_autoptr(GmlpGroupedTensor) grad_input = NULL;
@@ -1127,12 +1118,9 @@ gmlp_grouped_linear_backward_begin_into (GmlpGroupedLinear     *self,
   if (gmlp_saved_activations_get_context (saved) != NULL)
     gmlp_offload_context_backward_started (gmlp_saved_activations_get_context (saved), saved);
 
-  /* A split input's gradient is BF16 (or added into the caller's). */
+  /* A split input's gradient is BF16, or its FP32 sum. */
   if (gmlp_linear_splits (self, input))
-    grad_input = gmlp_linear_split_grad_input (self, input, into, error);
-  else if (into != NULL)
-    g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
-                 "%s: only a BF16 input's gradient is added into a given tensor", label);
+    grad_input = gmlp_linear_split_grad_input (self, input, fp32, error);
   else
     grad_input = gmlp_linear_new_activation_like (self, input, self->in_features, error);
   if (grad_input == NULL || !ensure_wgrad_storage (self, error))
@@ -1144,8 +1132,27 @@ gmlp_grouped_linear_backward_begin_into (GmlpGroupedLinear     *self,
   step->w8 = w8 != NULL ? g_object_ref (w8) : NULL;
   step->grad_output = g_object_ref (grad_output);
   step->grad_input = g_steal_pointer (&grad_input);
-  step->add_into = into != NULL;
   return g_steal_pointer (&step);
+}
+
+GmlpLinearBackward *
+gmlp_grouped_linear_backward_begin (GmlpGroupedLinear     *self,
+                                    GmlpSavedActivations  *saved,
+                                    GmlpGroupedTensor     *grad_output,
+                                    const char            *label,
+                                    GError               **error)
+{
+  return backward_begin (self, saved, grad_output, FALSE, label, error);
+}
+
+GmlpLinearBackward *
+gmlp_grouped_linear_backward_begin_fp32 (GmlpGroupedLinear     *self,
+                                         GmlpSavedActivations  *saved,
+                                         GmlpGroupedTensor     *grad_output,
+                                         const char            *label,
+                                         GError               **error)
+{
+  return backward_begin (self, saved, grad_output, TRUE, label, error);
 }
 
 gboolean
@@ -1153,7 +1160,6 @@ gmlp_grouped_linear_backward_dgrad (GmlpGroupedLinear   *self,
                                     GmlpLinearBackward  *step,
                                     GError             **error)
 {
-  static const guint8 add = 1;
   Product dgrad = {
     .kind = GMLP_GEMM_DGRAD,
     .sized_by = step->input,
@@ -1161,7 +1167,6 @@ gmlp_grouped_linear_backward_dgrad (GmlpGroupedLinear   *self,
     .c_rows = step->grad_input,
     .fixed = &self->weight,
     .c_dtype = gmlp_grouped_tensor_get_dtype (step->grad_input),
-    .accumulate = step->add_into ? &add : NULL,
     .dy_parts = &step->dy_parts,
   };
 

@@ -19,10 +19,11 @@
  *          [W_hi; W_mid; W_lo; W_hi; W_hi; W_mid], issued as the WGRAD it
  *          equals, C (T × k) = Aᵀ B with A the parts of dy transposed
  *          (6n × T, which the split writes so) and B the parts of W
- *          (6n × k), into FP32. dx is BF16: that sum is rounded once into
- *          it (convert), or added to what it holds (axpby: the MoE layer's
- *          input gradient) before that one rounding; cuBLAS adding into a
- *          BF16 output itself (beta = 1) rounds the product first;
+ *          (6n × k), into FP32. A BF16 dx: that sum is rounded once into
+ *          it (convert). An FP32 dx (the MoE layer's, which its permute
+ *          backward adds before its one rounding, so that cuBLAS never adds
+ *          into a BF16 output, which would round the product first) is the
+ *          product's own output;
  *   WGRAD  dW (+)= [dy_hi; dy_mid; dy_lo] x (dy's parts transposed, 3n × T:
  *          blocks 2 to 4 of DGRAD's A, so the backward splits dy once), one
  *          BF16 product of 3n × k issued as the DGRAD it equals, into FP32,
@@ -86,7 +87,7 @@ gmlp_linear_product_splits (GmlpGroupedLinear  *self,
   switch (product->kind)
     {
     case GMLP_GEMM_FPROP: bf16 = product->a; break;
-    case GMLP_GEMM_DGRAD: bf16 = product->c_rows; break;
+    case GMLP_GEMM_DGRAD: bf16 = product->sized_by; break;
     case GMLP_GEMM_WGRAD: bf16 = product->b_rows; break;
     default: return FALSE;
     }
@@ -110,34 +111,13 @@ gmlp_linear_check_split_input (GmlpGroupedLinear  *self,
 GmlpGroupedTensor *
 gmlp_linear_split_grad_input (GmlpGroupedLinear  *self,
                               GmlpGroupedTensor  *input,
-                              GmlpGroupedTensor  *into,
+                              gboolean            fp32,
                               GError            **error)
 {
   gint64 rows = gmlp_grouped_tensor_get_total_rows (input);
 
-  if (into == NULL)
-    return gmlp_grouped_tensor_new (self->device, GMLP_DTYPE_BFLOAT16, &rows, 1, self->in_features,
-                                    error);
-  if (gmlp_grouped_tensor_get_device (into) != self->device ||
-      gmlp_grouped_tensor_get_dtype (into) != GMLP_DTYPE_BFLOAT16 ||
-      gmlp_grouped_tensor_get_n_groups (into) != 1 || !gmlp_grouped_tensor_has_host_sizes (into) ||
-      gmlp_grouped_tensor_get_total_rows (into) != rows ||
-      gmlp_grouped_tensor_get_cols (into) != self->in_features)
-    {
-      g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
-                   "The input gradient goes into a tensor of the input's shape, dtype (bfloat16) "
-                   "and device");
-      return NULL;
-    }
-  /* The weight gradient reads the input after dgrad has written. */
-  if (gmlp_grouped_tensor_overlaps (into, input))
-    {
-      g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
-                   "The input gradient cannot go into the input itself: the weight gradient "
-                   "reads it afterwards");
-      return NULL;
-    }
-  return g_object_ref (into);
+  return gmlp_grouped_tensor_new (self->device, fp32 ? GMLP_DTYPE_FLOAT32 : GMLP_DTYPE_BFLOAT16, &rows, 1,
+                                  self->in_features, error);
 }
 
 /* A product's scratch, one allocation: n_parts BF16 values (the parts of
@@ -345,9 +325,13 @@ gmlp_linear_run_split_product (GmlpGroupedLinear  *self,
   GmlpGroupedTensor *weight = product->fixed->members[0];
   gpointer fixed = gmlp_grouped_tensor_get_member_data (weight, 0);
   gboolean add = product->accumulate != NULL && product->accumulate[0];
-  /* DGRAD's scratch: dy's six parts, then dx's sum, with room for the
-   * WGRAD's sum that reuses it. */
-  gint64 dgrad_parts = N_DGRAD_TERMS * n * t, dgrad_sums = MAX (t * k, N_PARTS * n * k);
+  /* An FP32 dx: the product writes it. */
+  gboolean direct = product->kind == GMLP_GEMM_DGRAD &&
+                    gmlp_grouped_tensor_get_dtype (product->c_rows) == GMLP_DTYPE_FLOAT32;
+  /* DGRAD's scratch: dy's six parts, then dx's sum (unless direct), with
+   * room for the WGRAD's sum that reuses it. */
+  gint64 dgrad_parts = N_DGRAD_TERMS * n * t;
+  gint64 dgrad_sums = direct ? N_PARTS * n * k : MAX (t * k, N_PARTS * n * k);
   g_autoptr(GmlpGroupedTensor) scratch = NULL, w_parts = NULL;
 
   g_assert (self->n_groups == 1 && !product->bias &&
@@ -413,31 +397,30 @@ gmlp_linear_run_split_product (GmlpGroupedLinear  *self,
       if (t == 0)
         return TRUE;
       w_parts = weight_parts (self, weight, error);
-      /* The sum in FP32, then rounded once into dx (added to what dx
-       * holds, or stored): cuBLAS adding into a 16-bit output (beta = 1)
-       * may round the product before the addition. */
+      /* The sum in FP32: dx itself, or rounded once into it. */
       scratch = w_parts != NULL ? scratch_new (self, dgrad_parts, dgrad_sums, error) : NULL;
       if (scratch == NULL ||
           !split (self, gmlp_grouped_tensor_get_data (product->a), t, n, scratch_parts (scratch), TRUE,
                   dgrad_dy_parts, N_DGRAD_TERMS, error) ||
           !bf16_product (self, GMLP_GEMM_WGRAD, N_DGRAD_TERMS * n, t, k, scratch_parts (scratch),
-                         gmlp_grouped_tensor_get_data (w_parts), scratch_sums (scratch, dgrad_parts),
+                         gmlp_grouped_tensor_get_data (w_parts),
+                         direct ? gmlp_grouped_tensor_get_data (product->c_rows)
+                                : (gpointer) scratch_sums (scratch, dgrad_parts),
                          GMLP_DTYPE_FLOAT32, FALSE, error))
         return FALSE;
-      {
-        /* dx's shape serves its FP32 sum: one dense group of T × k. */
-        GmlpBackendShape shape;
-        GmlpDType dx_dtype = gmlp_grouped_tensor_get_dtype (product->c_rows);
-        gpointer dx = gmlp_grouped_tensor_get_data (product->c_rows);
-        float *sums = scratch_sums (scratch, dgrad_parts);
+      if (!direct)
+        {
+          /* dx's shape serves its FP32 sum: one dense group of T × k. */
+          GmlpBackendShape shape;
+          GmlpDType dx_dtype = gmlp_grouped_tensor_get_dtype (product->c_rows);
+          gpointer dx = gmlp_grouped_tensor_get_data (product->c_rows);
+          float *sums = scratch_sums (scratch, dgrad_parts);
 
-        if (!gmlp_grouped_tensor_get_backend_shape (product->c_rows, &shape, error) ||
-            !(add ? GMLP_DEVICE_CALL (self->device, axpby, &shape, sums, GMLP_DTYPE_FLOAT32, dx,
-                                      (int) dx_dtype, 1.0f, 1.0f, error) :
-                    GMLP_DEVICE_CALL (self->device, convert, &shape, sums, GMLP_DTYPE_FLOAT32, dx,
-                                      (int) dx_dtype, error)))
-          return FALSE;
-      }
+          if (!gmlp_grouped_tensor_get_backend_shape (product->c_rows, &shape, error) ||
+              !GMLP_DEVICE_CALL (self->device, convert, &shape, sums, GMLP_DTYPE_FLOAT32, dx,
+                                 (int) dx_dtype, error))
+            return FALSE;
+        }
       /* The WGRAD of this backward reads three of dy's parts, and sums
        * into the same scratch. */
       if (product->dy_parts != NULL)

@@ -18,6 +18,7 @@
 #include "gmlp-grouped-mlp-private.h"
 #include "gmlp-grouped-tensor-private.h"
 #include "gmlp-router-private.h"
+#include "gmlp-routing-private.h"
 #include "gmlp-saved-activations-private.h"
 #include "gmlp-thread-private.h"
 
@@ -1284,12 +1285,13 @@ gmlp_moe_layer_backward (GmlpMoELayer          *self,
     grad_permuted = gmlp_grouped_mlp_backward (self->experts, experts_saved, grad_expert_out, error);
   if (grad_permuted == NULL)
     return NULL;
-  grad_input = gmlp_routing_permute_backward (routing, grad_permuted, error);
-  if (grad_input == NULL)
-    return NULL;
-  /* The router's part goes straight into grad_input: one pass over it. */
-  grad_router = gmlp_router_backward_into (self->router, router_saved, grad_probs, grad_input, error);
+  /* The router's input gradient in FP32, added to each token's sum of its
+   * rows before that sum's one rounding: one pass, one rounding. */
+  grad_router = gmlp_router_backward_fp32 (self->router, router_saved, grad_probs, error);
   if (grad_router == NULL)
+    return NULL;
+  grad_input = gmlp_routing_permute_backward_add (routing, grad_permuted, grad_router, error);
+  if (grad_input == NULL)
     return NULL;
   if (shared_saved != NULL)
     {

@@ -1,9 +1,9 @@
 /* gmlp-router-compute.c: what GmlpRouter computes
  *
  * forward (the gate's product, then the backend's routing), backward (and
- * the MoE layer's backward_into, which adds the input gradient into its
- * own), backward_dw and update_expert_bias, with the checks of what they
- * take. The object itself is gmlp-router.c (gmlp-router-impl.h).
+ * the MoE layer's backward_fp32, whose input gradient stays FP32 for the
+ * permute backward to add), backward_dw and update_expert_bias, with the
+ * checks of what they take. The object itself is gmlp-router.c (gmlp-router-impl.h).
  *
  * SPDX-License-Identifier: LGPL-2.1-or-later
  */
@@ -216,15 +216,12 @@ check_grad_probs (GmlpRouter         *self,
   return TRUE;
 }
 
-/* gmlp_router_backward(), or with @into, the input gradient added into
- * @into (T × hidden, the input's dtype) rather than made anew: one pass
- * instead of a conversion and an addition (for a BF16 input none: the
- * gate's product adds into it). */
+/* gmlp_router_backward(), or with @fp32, gmlp_router_backward_fp32(). */
 static GmlpGroupedTensor *
 router_backward (GmlpRouter            *self,
                  GmlpSavedActivations  *saved,
                  GmlpGroupedTensor     *grad_probs,
-                 GmlpGroupedTensor     *into,
+                 gboolean               fp32,
                  GError               **error)
 {
   g_autoptr(GmlpRecMutexLocker) locker = NULL;
@@ -235,7 +232,6 @@ router_backward (GmlpRouter            *self,
   GmlpBackendShape dx32_shape;
   GmlpBackendRouter options;
   GmlpDType x_dtype;
-  gboolean split;
   gint64 n_tokens;
 
   if (!gmlp_check_constructed (self, self->construct_error, error) ||
@@ -280,39 +276,20 @@ router_backward (GmlpRouter            *self,
   if (gate_input == NULL)
     return NULL;
   x_dtype = gmlp_grouped_tensor_get_dtype (input != NULL ? input : gate_input);
-  split = x_dtype == GMLP_DTYPE_BFLOAT16;
 
-  if (into != NULL &&
-      (gmlp_grouped_tensor_get_device (into) != self->device ||
-       gmlp_grouped_tensor_get_n_groups (into) != 1 || !gmlp_grouped_tensor_has_host_sizes (into) ||
-       gmlp_grouped_tensor_get_total_rows (into) != n_tokens ||
-       gmlp_grouped_tensor_get_cols (into) != self->hidden ||
-       gmlp_grouped_tensor_get_dtype (into) != x_dtype))
-    {
-      g_set_error (error, GMLP_ERROR, GMLP_ERROR_SHAPE_MISMATCH,
-                   "The router's input gradient goes into a %" G_GINT64_FORMAT " × %" G_GINT64_FORMAT
-                   " %s tensor; the forward read a %" G_GINT64_FORMAT " × %" G_GINT64_FORMAT " input",
-                   gmlp_grouped_tensor_get_total_rows (into), gmlp_grouped_tensor_get_cols (into),
-                   gmlp_dtype_get_name (gmlp_grouped_tensor_get_dtype (into)), n_tokens, self->hidden);
-      return NULL;
-    }
-
-  /* The gate's checks and allocations, and ours, before any write. A BF16
-   * input's gradient is the gate's own (BF16), or added into @into by the
-   * gate's product. */
+  /* The gate's checks and allocations, and ours, before any write. The
+   * gate's input gradient is FP32 (an FP32 or FP16 input's, through the
+   * FP32 copy) or BF16 (a BF16 input's, FP32 with @fp32); an FP16 input
+   * gets its own, converted from the FP32 one unless @fp32. */
   grad_logits = new_tensor (self, GMLP_DTYPE_FLOAT32, n_tokens, self->n_experts, error);
   if (grad_logits == NULL)
     return NULL;
-  step = gmlp_grouped_linear_backward_begin_into (self->gate, gate_saved, grad_logits,
-                                                  split ? into : NULL, "Router's gate", error);
+  step = fp32 ? gmlp_grouped_linear_backward_begin_fp32 (self->gate, gate_saved, grad_logits, "Router's gate",
+                                                         error)
+              : gmlp_grouped_linear_backward_begin (self->gate, gate_saved, grad_logits, "Router's gate", error);
   if (step == NULL)
     return NULL;
-  if (into != NULL && !split)
-    {
-      if (!gmlp_grouped_tensor_get_backend_shape (into, &dx32_shape, error))
-        return NULL;
-    }
-  else if (input != NULL)
+  if (input != NULL && !fp32)
     {
       dx = new_tensor (self, x_dtype, n_tokens, self->hidden, error);
       if (dx == NULL ||
@@ -323,20 +300,12 @@ router_backward (GmlpRouter            *self,
 
   options = self->options;
   options.n_tokens = n_tokens;
-  if (into != NULL)
-    gmlp_grouped_tensor_bump_version (into);
   if (!GMLP_DEVICE_CALL (self->device, router_backward, &options, gmlp_grouped_tensor_get_data (logits),
                          gmlp_grouped_tensor_get_data (indices),
                          counts != NULL ? gmlp_grouped_tensor_get_data (counts) : NULL,
                          gmlp_grouped_tensor_get_data (grad_probs),
                          gmlp_grouped_tensor_get_data (grad_logits), error) ||
       !gmlp_grouped_linear_backward_dgrad (self->gate, step, error))
-    return NULL;
-  if (into != NULL && !split &&
-      !GMLP_DEVICE_CALL (self->device, axpby, &dx32_shape,
-                         gmlp_grouped_tensor_get_data (gmlp_linear_backward_get_grad_input (step)),
-                         GMLP_DTYPE_FLOAT32, gmlp_grouped_tensor_get_data (into),
-                         (int) gmlp_grouped_tensor_get_dtype (into), 1.0f, 1.0f, error))
     return NULL;
   if (dx != NULL &&
       !GMLP_DEVICE_CALL (self->device, convert, &dx32_shape,
@@ -351,8 +320,6 @@ router_backward (GmlpRouter            *self,
   gmlp_saved_activations_consume (saved);
   if (!(self->flags & GMLP_LINEAR_DELAY_WGRAD_COMPUTE) && !gmlp_router_emit_wgrad_ready (self, error))
     return NULL;
-  if (into != NULL)
-    return g_object_ref (into);
   return dx != NULL ? g_steal_pointer (&dx) : g_steal_pointer (&gate_dx);
 }
 
@@ -393,27 +360,21 @@ gmlp_router_backward (GmlpRouter            *self,
   g_return_val_if_fail (GMLP_IS_GROUPED_TENSOR (grad_probs), NULL);
   g_return_val_if_fail (error == NULL || *error == NULL, NULL);
 
-  return router_backward (self, saved, grad_probs, NULL, error);
+  return router_backward (self, saved, grad_probs, FALSE, error);
 }
 
-/* gmlp_router_backward() adding the input gradient into @grad_input (the
- * MoE layer's, T × hidden in the input's dtype), which it returns
- * (transfer full); another shape or dtype is refused before anything is
- * written. */
 GmlpGroupedTensor *
-gmlp_router_backward_into (GmlpRouter            *self,
+gmlp_router_backward_fp32 (GmlpRouter            *self,
                            GmlpSavedActivations  *saved,
                            GmlpGroupedTensor     *grad_probs,
-                           GmlpGroupedTensor     *grad_input,
                            GError               **error)
 {
   g_return_val_if_fail (GMLP_IS_ROUTER (self), NULL);
   g_return_val_if_fail (GMLP_IS_SAVED_ACTIVATIONS (saved), NULL);
   g_return_val_if_fail (GMLP_IS_GROUPED_TENSOR (grad_probs), NULL);
-  g_return_val_if_fail (GMLP_IS_GROUPED_TENSOR (grad_input), NULL);
   g_return_val_if_fail (error == NULL || *error == NULL, NULL);
 
-  return router_backward (self, saved, grad_probs, grad_input, error);
+  return router_backward (self, saved, grad_probs, TRUE, error);
 }
 
 void

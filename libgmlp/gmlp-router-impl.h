@@ -5,7 +5,7 @@
  * - gmlp-router.c: the object: type, properties, signal, construction,
  *   parameters, accessors;
  * - gmlp-router-compute.c: what it computes: forward, backward (and the
- *   MoE layer's backward_into), backward_dw and update_expert_bias.
+ *   MoE layer's backward_fp32), backward_dw and update_expert_bias.
  *
  * No other file includes it: the MoE layer's view of the router is
  * gmlp-router-private.h.

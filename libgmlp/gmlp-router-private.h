@@ -9,10 +9,12 @@
 
 G_BEGIN_DECLS
 
-GmlpGroupedTensor *gmlp_router_backward_into (GmlpRouter            *self,
+/* gmlp_router_backward() whose input gradient is FP32, not rounded to the
+ * input's dtype (the MoE layer adds it to its permute backward's sum
+ * before that one rounding). */
+GmlpGroupedTensor *gmlp_router_backward_fp32 (GmlpRouter            *self,
                                               GmlpSavedActivations  *saved,
                                               GmlpGroupedTensor     *grad_probs,
-                                              GmlpGroupedTensor     *grad_input,
                                               GError               **error);
 /* gmlp_grouped_linear_add_pending_reads() of the gate: what the oldest
  * pending weight gradient reads. */

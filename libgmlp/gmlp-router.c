@@ -99,8 +99,8 @@
  * computation. The gate product is a one-group FP32
  * [class@Gmlp.GroupedLinear] inside the router, which gives it exactly that
  * contract. The input gradient of a BF16 input is one rounding of an
- * FP32-accurate sum (in the MoE layer, of that sum and the gradient it is
- * added to).
+ * FP32-accurate sum (in [class@Gmlp.MoELayer], of that sum and the sum of
+ * the token's rows that the permute's backward adds it to).
  *
  * Saved activations offload under an enabled [class@Gmlp.OffloadContext]
  * as a layer's do, and a backward refuses to run when what its forward read

@@ -223,6 +223,7 @@ run_permute (GmlpRouting        *self,
              GmlpGroupedTensor  *permuted,
              GmlpGroupedTensor  *out,
              GmlpGroupedTensor  *grad_probs,
+             GmlpGroupedTensor  *addend,
              GError            **error)
 {
   GmlpBackendPermute p = {
@@ -239,6 +240,7 @@ run_permute (GmlpRouting        *self,
     .out = gmlp_grouped_tensor_get_data (out),
     .out_dtype = gmlp_grouped_tensor_get_dtype (out),
     .grad_probs = grad_probs != NULL ? gmlp_grouped_tensor_get_data (grad_probs) : NULL,
+    .addend = addend != NULL ? gmlp_grouped_tensor_get_data (addend) : NULL,
   };
 
   return gmlp_grouped_tensor_get_backend_shape (permuted_layout, &p.shape, error) &&
@@ -386,7 +388,7 @@ gmlp_routing_permute_full (GmlpRouting        *self,
                                                    layout.sizes, layout.row_capacity,
                                                    gmlp_grouped_tensor_get_cols (x), error);
   if (out == NULL ||
-      !run_permute (self, &layout, GMLP_PERMUTE_FORWARD, out, x, NULL, out, NULL, error))
+      !run_permute (self, &layout, GMLP_PERMUTE_FORWARD, out, x, NULL, out, NULL, NULL, error))
     return NULL;
   return g_steal_pointer (&out);
 }
@@ -402,10 +404,11 @@ new_tokens (GmlpRouting  *self,
 }
 
 /* combine and permute_backward: the rows back to their tokens, weighted
- * or not. */
+ * or not; BACKWARD's FP32 addend, T × cols, where given. */
 static GmlpGroupedTensor *
 to_tokens (GmlpRouting        *self,
            GmlpGroupedTensor  *permuted,
+           GmlpGroupedTensor  *addend,
            GmlpPermuteKind     kind,
            const char         *what,
            GError            **error)
@@ -416,13 +419,16 @@ to_tokens (GmlpRouting        *self,
   if (!check_call (self, error) ||
       !gmlp_grouped_tensor_check_usable (permuted, error) ||
       !get_layout (self, &layout, error) ||
-      !check_permuted (self, &layout, permuted, what, -1, error))
+      !check_permuted (self, &layout, permuted, what, -1, error) ||
+      (addend != NULL &&
+       !gmlp_routing_check_tokens (self->device, addend, "The addend", GMLP_DTYPE_FLOAT32, self->n_tokens,
+                                   gmlp_grouped_tensor_get_cols (permuted), error)))
     return NULL;
 
   out = new_tokens (self, gmlp_grouped_tensor_get_dtype (permuted),
                     gmlp_grouped_tensor_get_cols (permuted), error);
   if (out == NULL ||
-      !run_permute (self, &layout, kind, permuted, NULL, permuted, out, NULL, error))
+      !run_permute (self, &layout, kind, permuted, NULL, permuted, out, NULL, addend, error))
     return NULL;
   return g_steal_pointer (&out);
 }
@@ -459,7 +465,7 @@ gmlp_routing_combine (GmlpRouting        *self,
   g_return_val_if_fail (GMLP_IS_GROUPED_TENSOR (y), NULL);
   g_return_val_if_fail (error == NULL || *error == NULL, NULL);
 
-  return to_tokens (self, y, GMLP_PERMUTE_COMBINE, "The experts' output", error);
+  return to_tokens (self, y, NULL, GMLP_PERMUTE_COMBINE, "The experts' output", error);
 }
 
 /**
@@ -488,7 +494,21 @@ gmlp_routing_permute_backward (GmlpRouting        *self,
   g_return_val_if_fail (GMLP_IS_GROUPED_TENSOR (grad_permuted), NULL);
   g_return_val_if_fail (error == NULL || *error == NULL, NULL);
 
-  return to_tokens (self, grad_permuted, GMLP_PERMUTE_BACKWARD, "The permuted gradient", error);
+  return to_tokens (self, grad_permuted, NULL, GMLP_PERMUTE_BACKWARD, "The permuted gradient", error);
+}
+
+GmlpGroupedTensor *
+gmlp_routing_permute_backward_add (GmlpRouting        *self,
+                                   GmlpGroupedTensor  *grad_permuted,
+                                   GmlpGroupedTensor  *addend,
+                                   GError            **error)
+{
+  g_return_val_if_fail (GMLP_IS_ROUTING (self), NULL);
+  g_return_val_if_fail (GMLP_IS_GROUPED_TENSOR (grad_permuted), NULL);
+  g_return_val_if_fail (GMLP_IS_GROUPED_TENSOR (addend), NULL);
+  g_return_val_if_fail (error == NULL || *error == NULL, NULL);
+
+  return to_tokens (self, grad_permuted, addend, GMLP_PERMUTE_BACKWARD, "The permuted gradient", error);
 }
 
 /**
@@ -552,7 +572,7 @@ gmlp_routing_combine_backward (GmlpRouting        *self,
       if (dprobs == NULL)
         return NULL;
     }
-  if (!run_permute (self, &layout, GMLP_PERMUTE_COMBINE_BACKWARD, grad_y, grad_out, y, grad_y, dprobs,
+  if (!run_permute (self, &layout, GMLP_PERMUTE_COMBINE_BACKWARD, grad_y, grad_out, y, grad_y, dprobs, NULL,
                     error))
     return NULL;
 

@@ -51,6 +51,15 @@ GmlpRouting *gmlp_routing_new_for_router (GmlpDevice        *device,
                                           GmlpGroupedTensor *aux_loss,
                                           GmlpGroupedTensor *z_loss);
 
+/* gmlp_routing_permute_backward() with @addend (FP32, T × the gradient's
+ * columns, one group) added to each token's FP32 sum before its one
+ * rounding into the gradient's dtype: the MoE layer adds its router's
+ * input gradient so, in the same pass. */
+GmlpGroupedTensor *gmlp_routing_permute_backward_add (GmlpRouting        *self,
+                                                      GmlpGroupedTensor  *grad_permuted,
+                                                      GmlpGroupedTensor  *addend,
+                                                      GError            **error);
+
 /* FALSE with GMLP_ERROR_INVALID_STATE for a routing with no tokens (made by
  * g_object_new()). */
 gboolean     gmlp_routing_check_usable   (GmlpRouting       *self,

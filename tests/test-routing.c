@@ -259,11 +259,12 @@ copy_to (GmlpDevice        *device,
 }
 
 /* One routing's permute, combine and backwards on one device, from inputs
- * that another device can repeat: x and grad_out given, the permuted
- * inputs (y, and g for the permute's backward) from seeds. */
+ * that another device can repeat: x, grad_out and the permute backward's
+ * FP32 addend given, the permuted inputs (y, and g for the permute's
+ * backward) from seeds. */
 typedef struct {
   GmlpRouting       *routing;
-  GmlpGroupedTensor *perm, *y, *out, *g, *dx, *grad_y, *grad_probs;
+  GmlpGroupedTensor *perm, *y, *out, *g, *dx, *dx_add, *grad_y, *grad_probs;
 } RoutingRun;
 
 static void
@@ -275,6 +276,7 @@ routing_run_clear (RoutingRun *run)
   g_clear_object (&run->out);
   g_clear_object (&run->g);
   g_clear_object (&run->dx);
+  g_clear_object (&run->dx_add);
   g_clear_object (&run->grad_y);
   g_clear_object (&run->grad_probs);
 }
@@ -295,7 +297,8 @@ routing_run (RoutingRun        *run,
              GmlpDevice        *device,
              const RoutingCase *rc,
              GmlpGroupedTensor *x,
-             GmlpGroupedTensor *go)
+             GmlpGroupedTensor *go,
+             GmlpGroupedTensor *addend)
 {
   g_autoptr(GError) error = NULL;
 
@@ -310,6 +313,8 @@ routing_run (RoutingRun        *run,
                             rc->g_seed);
   run->dx = gmlp_routing_permute_backward (run->routing, run->g, &error);
   g_assert_no_error (error);
+  run->dx_add = gmlp_routing_permute_backward_add (run->routing, run->g, addend, &error);
+  g_assert_no_error (error);
   run->grad_y = gmlp_routing_combine_backward (run->routing, go, run->y, &run->grad_probs, &error);
   g_assert_no_error (error);
   g_assert_nonnull (run->grad_probs);
@@ -323,15 +328,17 @@ static void
 assert_same_as_cpu (const RoutingRun  *run,
                     const RoutingCase *rc,
                     GmlpGroupedTensor *x,
-                    GmlpGroupedTensor *go)
+                    GmlpGroupedTensor *go,
+                    GmlpGroupedTensor *addend)
 {
   g_autoptr(GmlpDevice) cpu = gmlp_device_new (GMLP_DEVICE_KIND_CPU, 0, NULL);
   g_autoptr(GmlpGroupedTensor) x_cpu = copy_to (cpu, x), go_cpu = copy_to (cpu, go);
+  g_autoptr(GmlpGroupedTensor) addend_cpu = copy_to (cpu, addend);
   g_auto(RoutingRun) ref = { 0 };
   g_autofree double *got = NULL, *want = NULL;
   gsize n, n_want;
 
-  routing_run (&ref, cpu, rc, x_cpu, go_cpu);
+  routing_run (&ref, cpu, rc, x_cpu, go_cpu, addend_cpu);
   gmlp_test_assert_same_packed (gmlp_routing_get_tokens_per_expert (run->routing),
                                 gmlp_routing_get_tokens_per_expert (ref.routing), "tokens per expert (CPU)");
   gmlp_test_assert_same_packed (run->routing->sizes, ref.routing->sizes, "sizes (CPU)");
@@ -342,6 +349,7 @@ assert_same_as_cpu (const RoutingRun  *run,
   gmlp_test_assert_same_packed (run->out, ref.out, "combine (CPU)");
   gmlp_test_assert_same_packed (run->g, ref.g, "random g (CPU)");
   gmlp_test_assert_same_packed (run->dx, ref.dx, "permute backward (CPU)");
+  gmlp_test_assert_same_packed (run->dx_add, ref.dx_add, "permute backward with an addend (CPU)");
   gmlp_test_assert_same_packed (run->grad_y, ref.grad_y, "grad_y (CPU)");
   got = gmlp_test_download (run->grad_probs, &n);
   want = gmlp_test_download (ref.grad_probs, &n_want);
@@ -377,8 +385,9 @@ check_routing (GmlpDevice   *device,
 {
   g_autofree float *probs = random_probs (T * k);
   g_autoptr(RefMap) m = ref_map_new (idx, T, k, E, padding, capacity_factor);
-  g_autoptr(GmlpGroupedTensor) x = NULL, go = NULL;
+  g_autoptr(GmlpGroupedTensor) x = NULL, go = NULL, addend = NULL;
   g_auto(RoutingRun) run = { 0 };
+  g_autofree double *av = NULL, *dxav = NULL;
   g_autofree double *xv = NULL, *pv = NULL, *counts = NULL, *yv = NULL, *outv = NULL;
   g_autofree double *gv = NULL, *dxv = NULL, *gov = NULL, *gyv = NULL, *gpv = NULL;
   g_autofree double *want = NULL, *want_gp = NULL;
@@ -388,7 +397,8 @@ check_routing (GmlpDevice   *device,
 
   x = gmlp_test_random_tensor (device, dtype, &T, 1, H, 1.0, &xv);
   go = gmlp_test_random_tensor (device, y_dtype, &T, 1, H2, 1.0, &gov);
-  routing_run (&run, device, &rc, x, go);
+  addend = gmlp_test_random_tensor (device, GMLP_DTYPE_FLOAT32, &T, 1, H, 1.0, &av);
+  routing_run (&run, device, &rc, x, go, addend);
 
   /* Tokens per expert: every choice in range, before drops. */
   counts = gmlp_test_download (gmlp_routing_get_tokens_per_expert (run.routing), NULL);
@@ -449,6 +459,28 @@ check_routing (GmlpDevice   *device,
         want[(c / k) * H + h] += gv[m->slot_of[c] * H + h];
   gmlp_test_assert_close (dxv, want, T * H, gmlp_test_tolerance (dtype), "permute backward");
 
+  /* With an addend: dx[t] + a[t], rounded once: the FP32 sum of the rows
+   * in the order of the choices, plus a, then one rounding to dx's dtype,
+   * which is what the test computes here too (the float64 sum within the
+   * dtype's tolerance besides). */
+  g_assert_cmpint (gmlp_grouped_tensor_get_dtype (run.dx_add), ==, dtype);
+  dxav = gmlp_test_download (run.dx_add, NULL);
+  for (t = 0; t < T; t++)
+    for (h = 0; h < H; h++)
+      {
+        volatile float acc = 0.0f;
+        guint j;
+
+        for (j = 0; j < k; j++)
+          if (m->slot_of[t * k + j] >= 0)
+            acc = acc + (float) gv[m->slot_of[t * k + j] * H + h];
+        acc = acc + (float) av[t * H + h];
+        gmlp_assert_same_value (dxav[t * H + h], gmlp_test_round (acc, dtype), "permute backward with an addend",
+                                t * H + h);
+        want[t * H + h] += av[t * H + h];
+      }
+  gmlp_test_assert_close (dxav, want, T * H, gmlp_test_tolerance (dtype), "permute backward with an addend");
+
   /* Combine backward: grad_y[row] = p grad_out[t] (padding rows zero),
    * grad_probs = grad_out[t] · y[row] (zero with no row). */
   g_assert_cmpint (gmlp_grouped_tensor_get_dtype (run.grad_y), ==, y_dtype);
@@ -485,7 +517,7 @@ check_routing (GmlpDevice   *device,
   gmlp_test_assert_close (gpv, want_gp, T * k, gmlp_test_tolerance (GMLP_DTYPE_FLOAT32), "grad_probs");
 
   if (gmlp_device_get_kind (device) != GMLP_DEVICE_KIND_CPU)
-    assert_same_as_cpu (&run, &rc, x, go);
+    assert_same_as_cpu (&run, &rc, x, go, addend);
 }
 
 static gint64 *
@@ -1045,6 +1077,10 @@ test_bad_input (void)
     ints = gmlp_grouped_tensor_new_with_device_sizes (cpu, GMLP_DTYPE_INT32, sizes,
                                                       gmlp_grouped_tensor_get_row_capacity (perm), 8, NULL);
     CHECK (gmlp_routing_combine (routing, ints, &error), GMLP_ERROR_DTYPE_MISMATCH);
+    /* The permute backward's addend: FP32, T × the gradient's columns. */
+    CHECK (gmlp_routing_permute_backward_add (routing, perm, go_short, &error), GMLP_ERROR_SHAPE_MISMATCH);
+    CHECK (gmlp_routing_permute_backward_add (routing, perm, go_wide, &error), GMLP_ERROR_SHAPE_MISMATCH);
+    CHECK (gmlp_routing_permute_backward_add (routing, perm, ints, &error), GMLP_ERROR_DTYPE_MISMATCH);
 
     /* combine_backward's shapes */
     CHECK (gmlp_routing_combine_backward (routing, go_short, perm, NULL, &error), GMLP_ERROR_SHAPE_MISMATCH);
@@ -1204,7 +1240,7 @@ test_backend_checks (void)
     .tokens = gmlp_grouped_tensor_get_data (out), .tokens_dtype = GMLP_DTYPE_FLOAT32,
     .out = gmlp_grouped_tensor_get_data (out), .out_dtype = GMLP_DTYPE_FLOAT32,
   };
-  for (i = 0; i < 8; i++)
+  for (i = 0; i < 9; i++)
     {
       bad = p;
       switch (i)
@@ -1216,6 +1252,7 @@ test_backend_checks (void)
         case 4: bad.tokens_dtype = GMLP_DTYPE_FLOAT8_E4M3; break;
         case 5: bad.choice_of = NULL; break;
         case 6: bad.kind = GMLP_PERMUTE_COMBINE; break;   /* no probs, no permuted input */
+        case 7: bad.addend = gmlp_grouped_tensor_get_data (out); break;   /* only BACKWARD's */
         default: bad.top_k = 0; break;
         }
       g_assert_false (GMLP_DEVICE_CALL (device, permute, &bad, &error));

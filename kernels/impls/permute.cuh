@@ -46,7 +46,8 @@
  *    below k find the member row of each choice (a binary search over the
  *    first slots, as the CPU's layout_find()), the choices that go
  *    nowhere are left out, and the rows are summed in the order of the
- *    choices.
+ *    choices; BACKWARD then adds its FP32 addend, if given, before the
+ *    one rounding (the MoE layer's router gradient).
  *
  * Every output row or value has one writer and no atomics are used. Sums
  * over a token's choices and the products with the probabilities round
@@ -479,6 +480,7 @@ struct PermuteParams
   int                 out_dtype;
   uint64_t            out_row_bytes;
   float              *grad_probs;       /* COMBINE_BACKWARD, or NULL */
+  const float        *addend;           /* BACKWARD, or NULL: T × cols FP32 */
 };
 
 /* c / top_k: a 32-bit division where c allows (a 64-bit one is a long
@@ -588,6 +590,16 @@ permute_to_tokens_kernel (const __grid_constant__ PermuteParams params)
 #pragma unroll
               for (int i = 0; i < kVec; i++)
                 acc[i] = __fadd_rn (acc[i], __fmul_rn (w, decode (v.v[i], params.permuted_dtype)));
+            }
+
+          if (!kWeighted && params.addend != nullptr)
+            {
+              const Pack<float, kVec> a =
+                reinterpret_cast<const Pack<float, kVec> *> (params.addend + t * params.n_packs * kVec)[p];
+
+#pragma unroll
+              for (int i = 0; i < kVec; i++)
+                acc[i] = __fadd_rn (acc[i], a.v[i]);
             }
 
           OutPack o;

@@ -92,6 +92,8 @@ gmlp_backend_check_permute (const char                *backend,
     why = "missing operands";
   else if (p->shape.row_capacity > 0 && p->choice_of == NULL)
     why = "missing the map";
+  else if (p->addend != NULL && p->kind != GMLP_PERMUTE_BACKWARD)
+    why = "only BACKWARD takes an addend";
   if (why != NULL)
     {
       g_set_error (error, GMLP_BACKEND_PERMUTE_ERROR, GMLP_ERROR_INVALID_ARGUMENT,

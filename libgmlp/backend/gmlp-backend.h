@@ -20,7 +20,7 @@ G_BEGIN_DECLS
 
 /* Bumped whenever the table changes; a module built for another version is
  * refused. */
-#define GMLP_BACKEND_ABI_VERSION 15
+#define GMLP_BACKEND_ABI_VERSION 16
 
 typedef struct _GmlpBackendDevice GmlpBackendDevice;
 typedef struct _GmlpBackendEvent GmlpBackendEvent;
@@ -258,7 +258,9 @@ typedef struct {
  * size. c = choice_of[s], t = c / k; row (t, j) = row_of[t k + j].
  *   FORWARD           out[s] = tokens[t], 0 for a padding row
  *   COMBINE           out[t] = Σ_j probs[t, j] permuted[row (t, j)]
- *   BACKWARD          out[t] = Σ_j permuted[row (t, j)]
+ *   BACKWARD          out[t] = Σ_j permuted[row (t, j)] (+ addend[t], if
+ *                     given: FP32, T × cols, added to the FP32 sum before
+ *                     its one rounding into out's dtype)
  *   COMBINE_BACKWARD  out[s] = probs[c] tokens[t], 0 for a padding row;
  *                     grad_probs[c] = tokens[t] · permuted[s] (if given)
  * Sums over j go in the order of the choices, skipping those that go
@@ -288,6 +290,7 @@ typedef struct {
   gpointer          out;             /* permuted (FORWARD, COMBINE_BACKWARD) or tokens */
   int               out_dtype;
   float            *grad_probs;      /* COMBINE_BACKWARD, optional: T × k */
+  const float      *addend;          /* BACKWARD, optional: T × cols */
 } GmlpBackendPermute;
 /* Chunks of rows whose counts are only on the device (gmlp-row-chunks.c,
  * whose header states the layouts): chunk (a, b) of an n_a × n_b grid

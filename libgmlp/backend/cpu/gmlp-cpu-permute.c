@@ -243,7 +243,8 @@ permute_to_slots (const GmlpBackendPermute *p)
     layout_clear (&in);
 }
 
-/* COMBINE and BACKWARD: every token, its choices summed in order. */
+/* COMBINE and BACKWARD: every token, its choices summed in order, then
+ * BACKWARD's addend. */
 static void
 permute_to_tokens (const GmlpBackendPermute *p)
 {
@@ -273,6 +274,9 @@ permute_to_tokens (const GmlpBackendPermute *p)
           for (h = 0; h < cols; h++)
             acc[h] += w * gmlp_num_load_float (src, p->permuted_dtype, h);
         }
+      if (p->addend != NULL)
+        for (h = 0; h < cols; h++)
+          acc[h] += p->addend[t * cols + h];
       for (h = 0; h < cols; h++)
         gmlp_num_store_float (dst, p->out_dtype, h, acc[h]);
     }

@@ -123,6 +123,7 @@ gmlp_cuda_permute (GmlpBackendDevice         *device,
     .out = permute->out,
     .out_dtype = permute->out_dtype,
     .grad_probs = permute->grad_probs,
+    .addend = permute->addend,
   };
   gmlp_cuda_kernel_shape (&permute->shape, &kernel_permute.shape);
   if (!gmlp_cuda_activate (device, error))
