@@ -113,6 +113,7 @@ gboolean  gmlp_cuda_fail            (GError            **error,
 gboolean  gmlp_cuda_kernel_result   (GmlpKernelStatus    status,
                                      const char         *what,
                                      GError            **error);
+cudaError_t gmlp_cuda_set_current   (int                 ordinal);
 gboolean  gmlp_cuda_activate        (GmlpBackendDevice  *device,
                                      GError            **error);
 gpointer  gmlp_cuda_alloc_on_stream (GmlpBackendDevice  *device,
