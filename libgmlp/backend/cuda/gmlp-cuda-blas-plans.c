@@ -92,14 +92,16 @@ gmlp_cuda_blas_key_equal (gconstpointer a,
   return memcmp (a, b, sizeof (GmlpCudaBlasKey)) == 0;
 }
 
-static guint32
-gmlp_cuda_blas_alignment (const void *p)
+/* The largest power of two up to 256 that divides the address: what
+ * cuBLASLt's heuristic is told of a pointer's alignment. */
+guint32
+gmlp_cuda_blas_pointer_alignment (const void *p)
 {
   guintptr v = (guintptr) p;
-  guint32 align = 1;
+  guint32 align = GMLP_CUDA_BLAS_MAX_ALIGNMENT;
 
-  while (align < GMLP_CUDA_BLAS_MAX_ALIGNMENT && v % (align * 2) == 0)
-    align *= 2;
+  while (align > 1 && v % align != 0)
+    align /= 2;
   return align;
 }
 
@@ -115,9 +117,9 @@ gmlp_cuda_blas_key_of (const GmlpCudaBlasProduct *p,
   key->ab_type = p->ab_type;
   key->c_type = p->c_type;
   key->beta = p->beta;
-  key->align_a = gmlp_cuda_blas_alignment (p->a);
-  key->align_b = gmlp_cuda_blas_alignment (p->b);
-  key->align_c = gmlp_cuda_blas_alignment (p->c);
+  key->align_a = gmlp_cuda_blas_pointer_alignment (p->a);
+  key->align_b = gmlp_cuda_blas_pointer_alignment (p->b);
+  key->align_c = gmlp_cuda_blas_pointer_alignment (p->c);
 }
 
 GmlpCudaBlasPlans *

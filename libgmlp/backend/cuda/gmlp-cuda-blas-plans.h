@@ -31,6 +31,8 @@ typedef struct {
   float              beta;
 } GmlpCudaBlasProduct;
 
+guint32            gmlp_cuda_blas_pointer_alignment (const void *p);
+
 GmlpCudaBlasPlans *gmlp_cuda_blas_plans_new  (void);
 void               gmlp_cuda_blas_plans_free (GmlpCudaBlasPlans *plans);
 
