@@ -156,6 +156,27 @@ key_of (int query, const void *kernel, size_t bytes, int a, int b, int c)
   return key;
 }
 
+/* answer() for an int (kept as its unsigned bits). ask is called as
+ * ask (device, int *value). */
+template <typename Ask>
+cudaError_t
+answer_int (Key key, int *value, Ask ask)
+{
+  size_t kept = 0;
+  cudaError_t err;
+
+  err = answer (key, &kept, [&ask] (int device, size_t *v) {
+    int got = 0;
+    cudaError_t e = ask (device, &got);
+
+    *v = (size_t) (unsigned) got;
+    return e;
+  });
+  if (err == cudaSuccess)
+    *value = (int) (unsigned) kept;
+  return err;
+}
+
 }  // namespace
 
 namespace gmlp {
@@ -163,20 +184,8 @@ namespace gmlp {
 cudaError_t
 current_device_attribute (cudaDeviceAttr attr, int *value)
 {
-  size_t kept = 0;
-  cudaError_t err;
-
-  err = answer (key_of (QUERY_ATTRIBUTE, nullptr, 0, (int) attr, 0, 0), &kept,
-                [attr] (int device, size_t *v) {
-                  int got = 0;
-                  cudaError_t e = cudaDeviceGetAttribute (&got, attr, device);
-
-                  *v = (size_t) (unsigned) got;
-                  return e;
-                });
-  if (err == cudaSuccess)
-    *value = (int) (unsigned) kept;
-  return err;
+  return answer_int (key_of (QUERY_ATTRIBUTE, nullptr, 0, (int) attr, 0, 0), value,
+                     [attr] (int device, int *v) { return cudaDeviceGetAttribute (v, attr, device); });
 }
 
 cudaError_t
@@ -192,22 +201,11 @@ current_sm_count (int *sm_count)
 cudaError_t
 current_blocks_per_sm (const void *kernel, int threads, size_t dynamic_smem, int *blocks)
 {
-  size_t kept = 0;
-  cudaError_t err;
-
-  err = answer (key_of (QUERY_BLOCKS_PER_SM, kernel, dynamic_smem, threads, 0, 0), &kept,
-                [=] (int, size_t *v) {
-                  int got = 0;
-                  cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor (&got, kernel,
-                                                                                 threads,
-                                                                                 dynamic_smem);
-
-                  *v = (size_t) (unsigned) got;
-                  return e;
-                });
-  if (err == cudaSuccess)
-    *blocks = (int) (unsigned) kept;
-  return err;
+  return answer_int (key_of (QUERY_BLOCKS_PER_SM, kernel, dynamic_smem, threads, 0, 0), blocks,
+                     [=] (int, int *v) {
+                       return cudaOccupancyMaxActiveBlocksPerMultiprocessor (v, kernel, threads,
+                                                                            dynamic_smem);
+                     });
 }
 
 cudaError_t
@@ -243,22 +241,10 @@ current_max_clusters (const void               *kernel,
                       int                       cluster_ctas,
                       int                      *clusters)
 {
-  size_t kept = 0;
-  cudaError_t err;
-
-  err = answer (key_of (QUERY_MAX_CLUSTERS, kernel, config->dynamicSmemBytes,
-                        (int) config->gridDim.x, (int) config->blockDim.x, cluster_ctas),
-                &kept,
-                [=] (int, size_t *v) {
-                  int got = 0;
-                  cudaError_t e = cudaOccupancyMaxActiveClusters (&got, kernel, config);
-
-                  *v = (size_t) (unsigned) got;
-                  return e;
-                });
-  if (err == cudaSuccess)
-    *clusters = (int) (unsigned) kept;
-  return err;
+  return answer_int (key_of (QUERY_MAX_CLUSTERS, kernel, config->dynamicSmemBytes,
+                             (int) config->gridDim.x, (int) config->blockDim.x, cluster_ctas),
+                     clusters,
+                     [=] (int, int *v) { return cudaOccupancyMaxActiveClusters (v, kernel, config); });
 }
 
 }  // namespace gmlp
