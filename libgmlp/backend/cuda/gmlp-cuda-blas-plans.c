@@ -20,8 +20,9 @@
  * by atomics, so a product's bits are the same on every run. The kept
  * algorithm for a problem is the one the heuristic gives it, whatever else
  * was asked before, so a result does not depend on the cache's history.
- * Where the heuristic has no algorithm under these terms, that is kept too
- * and the caller runs the product as before (cublasGemmEx()).
+ * Where the heuristic has no algorithm under these terms (or cuBLASLt fails
+ * to describe the problem), that is kept too and the caller runs the
+ * product as before (cublasGemmEx()).
  *
  * SPDX-License-Identifier: LGPL-2.1-or-later
  */
@@ -47,7 +48,7 @@
 #define GMLP_CUDA_BLAS_MAX_ALIGNMENT 256
 
 /* What a plan depends on; zero-filled before it is set, so that it hashes
- * and compares as bytes. */
+ * and compares as bytes (it has no padding). */
 typedef struct {
   int       transa, transb;
   int       m, n, k;
@@ -55,12 +56,15 @@ typedef struct {
   int       ab_type, c_type;
   float     beta;
   guint32   align_a, align_b, align_c;
+  guint64   workspace_bytes;
 } GmlpCudaBlasKey;
+
+G_STATIC_ASSERT (sizeof (GmlpCudaBlasKey) == 14 * 4 + 8);
 
 typedef struct {
   GmlpCudaBlasKey               key;
   GList                         link;       /* in plans->recent, data = the plan */
-  gboolean                      supported;  /* FALSE: the heuristic had no algorithm */
+  gboolean                      supported;  /* FALSE: no algorithm, run elsewhere */
   cublasLtMatmulDescOpaque_t    desc;
   cublasLtMatrixLayoutOpaque_t  layout_a, layout_b, layout_c;
   cublasLtMatmulAlgo_t          algo;
@@ -107,6 +111,7 @@ gmlp_cuda_blas_pointer_alignment (const void *p)
 
 static void
 gmlp_cuda_blas_key_of (const GmlpCudaBlasProduct *p,
+                       gsize                      workspace_bytes,
                        GmlpCudaBlasKey           *key)
 {
   memset (key, 0, sizeof *key);
@@ -120,6 +125,7 @@ gmlp_cuda_blas_key_of (const GmlpCudaBlasProduct *p,
   key->align_a = gmlp_cuda_blas_pointer_alignment (p->a);
   key->align_b = gmlp_cuda_blas_pointer_alignment (p->b);
   key->align_c = gmlp_cuda_blas_pointer_alignment (p->c);
+  key->workspace_bytes = workspace_bytes;
 }
 
 GmlpCudaBlasPlans *
@@ -162,17 +168,16 @@ gmlp_cuda_blas_layout (cublasLtMatrixLayoutOpaque_t *layout,
 }
 
 /* Describes p's problem into plan and asks the heuristic for its algorithm;
- * plan->supported says whether it had one. An error status only for a
- * failure of cuBLASLt itself. */
-static cublasStatus_t
+ * plan->supported says whether it had one. Any failure of cuBLASLt here
+ * only means no algorithm: the product then runs as it did before plans. */
+static void
 gmlp_cuda_blas_plan_make (GmlpCudaBlasPlan          *plan,
                           cublasLtHandle_t           handle,
-                          const GmlpCudaBlasProduct *p,
-                          gsize                      workspace_bytes)
+                          const GmlpCudaBlasProduct *p)
 {
   const GmlpCudaBlasKey *key = &plan->key;
   const guint32 reductions = GMLP_CUDA_BLAS_REDUCTIONS;
-  const uint64_t max_workspace = workspace_bytes;
+  const uint64_t max_workspace = key->workspace_bytes;
   const cublasOperation_t transa = p->transa, transb = p->transb;
   const guint32 align[4] = { key->align_a, key->align_b, key->align_c, key->align_c };
   const cublasLtMatmulPreferenceAttributes_t align_attr[4] = {
@@ -209,33 +214,22 @@ gmlp_cuda_blas_plan_make (GmlpCudaBlasPlan          *plan,
                                                    &reductions, sizeof reductions);
   for (guint i = 0; status == CUBLAS_STATUS_SUCCESS && i < G_N_ELEMENTS (align); i++)
     status = cublasLtMatmulPreferenceSetAttribute (&pref, align_attr[i], &align[i], sizeof align[i]);
-  if (status != CUBLAS_STATUS_SUCCESS)
-    return status;
-
-  status = cublasLtMatmulAlgoGetHeuristic (handle, &plan->desc, &plan->layout_a, &plan->layout_b,
-                                           &plan->layout_c, &plan->layout_c, &pref, 1, &result,
-                                           &found);
-  /* No algorithm under these terms: not an error, the caller runs it as
-   * before. */
-  if (status == CUBLAS_STATUS_NOT_SUPPORTED ||
-      (status == CUBLAS_STATUS_SUCCESS && (found < 1 || result.state != CUBLAS_STATUS_SUCCESS)))
-    return CUBLAS_STATUS_SUCCESS;
-  if (status != CUBLAS_STATUS_SUCCESS)
-    return status;
+  if (status == CUBLAS_STATUS_SUCCESS)
+    status = cublasLtMatmulAlgoGetHeuristic (handle, &plan->desc, &plan->layout_a, &plan->layout_b,
+                                             &plan->layout_c, &plan->layout_c, &pref, 1, &result,
+                                             &found);
+  if (status != CUBLAS_STATUS_SUCCESS || found < 1 || result.state != CUBLAS_STATUS_SUCCESS)
+    return;
   plan->algo = result.algo;
   plan->supported = TRUE;
-  return CUBLAS_STATUS_SUCCESS;
 }
 
-/* The plan of key, made and kept if there is none; the lock is held. NULL
- * with *status set where making it failed (nothing kept). */
+/* The plan of key, made and kept if there is none; the lock is held. */
 static GmlpCudaBlasPlan *
 gmlp_cuda_blas_plan_locked (GmlpCudaBlasPlans         *plans,
                             const GmlpCudaBlasKey     *key,
                             cublasLtHandle_t           handle,
-                            const GmlpCudaBlasProduct *p,
-                            gsize                      workspace_bytes,
-                            cublasStatus_t            *status)
+                            const GmlpCudaBlasProduct *p)
 {
   GmlpCudaBlasPlan *plan = g_hash_table_lookup (plans->by_key, key);
 
@@ -249,12 +243,7 @@ gmlp_cuda_blas_plan_locked (GmlpCudaBlasPlans         *plans,
   plan = g_new0 (GmlpCudaBlasPlan, 1);
   plan->key = *key;
   plan->link.data = plan;
-  *status = gmlp_cuda_blas_plan_make (plan, handle, p, workspace_bytes);
-  if (*status != CUBLAS_STATUS_SUCCESS)
-    {
-      g_free (plan);
-      return NULL;
-    }
+  gmlp_cuda_blas_plan_make (plan, handle, p);
   if (plans->recent.length >= GMLP_CUDA_BLAS_PLANS_MAX)
     {
       GList *oldest = g_queue_pop_tail_link (&plans->recent);
@@ -277,19 +266,19 @@ gmlp_cuda_blas_plans_run (GmlpCudaBlasPlans         *plans,
   const float alpha = 1.0f;
   GmlpCudaBlasKey key;
   GmlpCudaBlasPlan *plan;
-  cublasStatus_t status = CUBLAS_STATUS_SUCCESS;
+  cublasStatus_t status;
 
   if (plans == NULL || handle == NULL)
     return CUBLAS_STATUS_NOT_SUPPORTED;
-  gmlp_cuda_blas_key_of (p, &key);
+  gmlp_cuda_blas_key_of (p, workspace_bytes, &key);
 
   /* Held while enqueuing too, so that no other thread drops the plan in
    * use; the callers hold the device's scratch_lock anyway. */
   g_mutex_lock (&plans->lock);
-  plan = gmlp_cuda_blas_plan_locked (plans, &key, handle, p, workspace_bytes, &status);
-  if (plan != NULL && !plan->supported)
+  plan = gmlp_cuda_blas_plan_locked (plans, &key, handle, p);
+  if (!plan->supported)
     status = CUBLAS_STATUS_NOT_SUPPORTED;
-  else if (plan != NULL)
+  else
     status = cublasLtMatmul (handle, &plan->desc, &alpha, p->a, &plan->layout_a, p->b,
                              &plan->layout_b, &p->beta, p->c, &plan->layout_c, p->c,
                              &plan->layout_c, &plan->algo, workspace, workspace_bytes, stream);
