@@ -2,9 +2,11 @@
  *
  * One table of answers keyed by what was asked and the device ordinal (see
  * impls/device_cache.cuh for why). Entries are only ever added, under a
- * mutex; a reader finds one without the lock: its fields are written before
- * its ready flag is released, and never change after. A full table keeps
- * nothing more and every further query goes to the driver, as before.
+ * mutex; a reader finds one without the lock: its key is written before its
+ * ready flag is released and never changes after; its value is atomic, as
+ * the value a kernel's shared memory limit was last set to may change. A
+ * full table keeps nothing more and every further query goes to the driver,
+ * as before.
  *
  * SPDX-License-Identifier: LGPL-2.1-or-later
  */
@@ -40,7 +42,7 @@ struct Entry
 {
   std::atomic<int> ready;
   Key key;
-  size_t value;
+  std::atomic<size_t> value;
 };
 
 /* Far more than the kernels times the devices of one process. A power of 2. */
@@ -75,14 +77,14 @@ hash_key (const Key &k)
 }
 
 /* The entry of key, or nullptr; without the lock. */
-const Entry *
+Entry *
 find (const Key &key)
 {
   const uint32_t start = hash_key (key);
 
   for (uint32_t i = 0; i < kEntries; i++)
     {
-      const Entry &e = entries[(start + i) & (kEntries - 1)];
+      Entry &e = entries[(start + i) & (kEntries - 1)];
 
       /* Probes stop at the first empty slot: entries are never removed. */
       if (e.ready.load (std::memory_order_acquire) == 0)
@@ -93,7 +95,8 @@ find (const Key &key)
   return nullptr;
 }
 
-/* Keeps value for key, unless it is there already or the table is full. */
+/* Keeps value for key (replacing the value kept), unless the table is
+ * full. */
 void
 keep (const Key &key, size_t value)
 {
@@ -108,12 +111,15 @@ keep (const Key &key, size_t value)
       if (e.ready.load (std::memory_order_relaxed) == 0)
         {
           e.key = key;
-          e.value = value;
+          e.value.store (value, std::memory_order_relaxed);
           e.ready.store (1, std::memory_order_release);
           return;
         }
       if (same_key (e.key, key))
-        return;
+        {
+          e.value.store (value, std::memory_order_release);
+          return;
+        }
     }
 }
 
@@ -132,7 +138,7 @@ answer (Key key, size_t *value, Ask ask)
   e = find (key);
   if (e != nullptr)
     {
-      *value = e->value;
+      *value = e->value.load (std::memory_order_acquire);
       return cudaSuccess;
     }
   err = ask (key.device, value);
@@ -224,15 +230,21 @@ current_static_smem (const void *kernel, size_t *bytes)
 cudaError_t
 current_max_dynamic_smem (const void *kernel, int bytes)
 {
-  size_t done = 0;
+  Key key = key_of (QUERY_MAX_DYNAMIC_SMEM, kernel, 0, 0, 0, 0);
+  const Entry *e;
+  cudaError_t err;
 
-  /* The kept value says nothing: the entry's presence says it was set. */
-  return answer (key_of (QUERY_MAX_DYNAMIC_SMEM, kernel, 0, bytes, 0, 0), &done,
-                 [=] (int, size_t *v) {
-                   *v = 1;
-                   return cudaFuncSetAttribute (kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                bytes);
-                 });
+  err = cudaGetDevice (&key.device);
+  if (err != cudaSuccess)
+    return err;
+  /* The value kept is the limit last set: set again only to another. */
+  e = find (key);
+  if (e != nullptr && e->value.load (std::memory_order_acquire) == (size_t) (unsigned) bytes)
+    return cudaSuccess;
+  err = cudaFuncSetAttribute (kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  if (err == cudaSuccess)
+    keep (key, (size_t) (unsigned) bytes);
+  return err;
 }
 
 cudaError_t

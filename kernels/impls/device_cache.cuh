@@ -44,7 +44,7 @@ cudaError_t GMLP_KERNEL_INTERNAL current_blocks_per_sm (const void *kernel,
 cudaError_t GMLP_KERNEL_INTERNAL current_static_smem (const void *kernel, size_t *bytes);
 
 /* Sets kernel's cudaFuncAttributeMaxDynamicSharedMemorySize to bytes on the
- * current device, once per kernel, value and device. */
+ * current device, unless bytes is what it was last set to there. */
 cudaError_t GMLP_KERNEL_INTERNAL current_max_dynamic_smem (const void *kernel, int bytes);
 
 /* cudaOccupancyMaxActiveClusters (kernel, config) on the current device, for
