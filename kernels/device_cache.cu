@@ -123,6 +123,17 @@ keep (const Key &key, size_t value)
     }
 }
 
+/* Sets key's device to the current one and finds its entry: *e, or
+ * nullptr. */
+cudaError_t
+find_current (Key &key, const Entry **e)
+{
+  cudaError_t err = cudaGetDevice (&key.device);
+
+  *e = err == cudaSuccess ? find (key) : nullptr;
+  return err;
+}
+
 /* The kept answer to key on the current device, or ask's, kept if it
  * succeeds. ask is called as ask (device, size_t *value). */
 template <typename Ask>
@@ -130,12 +141,10 @@ cudaError_t
 answer (Key key, size_t *value, Ask ask)
 {
   const Entry *e;
-  cudaError_t err;
+  cudaError_t err = find_current (key, &e);
 
-  err = cudaGetDevice (&key.device);
   if (err != cudaSuccess)
     return err;
-  e = find (key);
   if (e != nullptr)
     {
       *value = e->value.load (std::memory_order_acquire);
@@ -232,15 +241,12 @@ current_max_dynamic_smem (const void *kernel, int bytes)
 {
   Key key = key_of (QUERY_MAX_DYNAMIC_SMEM, kernel, 0, 0, 0, 0);
   const Entry *e;
-  cudaError_t err;
+  cudaError_t err = find_current (key, &e);
 
-  err = cudaGetDevice (&key.device);
-  if (err != cudaSuccess)
-    return err;
   /* The value kept is the limit last set: set again only to another. */
-  e = find (key);
-  if (e != nullptr && e->value.load (std::memory_order_acquire) == (size_t) (unsigned) bytes)
-    return cudaSuccess;
+  if (err != cudaSuccess ||
+      (e != nullptr && e->value.load (std::memory_order_acquire) == (size_t) (unsigned) bytes))
+    return err;
   err = cudaFuncSetAttribute (kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
   if (err == cudaSuccess)
     keep (key, (size_t) (unsigned) bytes);
