@@ -8,6 +8,7 @@
 
 #include "gmlp-kernels.h"
 #include "impls/common.cuh"
+#include "impls/device_cache.cuh"
 #include "impls/grouped_convert.cuh"
 
 namespace gmlp {
@@ -140,8 +141,7 @@ gmlp_kernel_convert_grouped (const GmlpKernelGroupedShape *shape,
    * smaller allocation, plus one partial pack per group. */
   err = current_sm_count (&sm_count);
   if (err == cudaSuccess)
-    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor (&blocks_per_sm, kernel,
-                                                         kElementwiseThreads, 0);
+    err = current_blocks_per_sm ((const void *) kernel, kElementwiseThreads, 0, &blocks_per_sm);
   if (err != cudaSuccess)
     return record_cuda_error (err);
   max_elements = params.src.capacity / src_size;

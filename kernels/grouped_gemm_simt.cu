@@ -14,6 +14,7 @@
 
 #include "gmlp-kernels.h"
 #include "impls/common.cuh"
+#include "impls/device_cache.cuh"
 #include "impls/device_groups.cuh"
 #include "impls/grouped_gemm_simt.cuh"
 
@@ -288,7 +289,7 @@ gmlp_kernel_device_gemm_simt (const GmlpKernelDeviceGemm *gemm,
 
   err = current_sm_count (&sm_count);
   if (err == cudaSuccess)
-    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor (&blocks_per_sm, kernel, kSimtThreads, 0);
+    err = current_blocks_per_sm ((const void *) kernel, kSimtThreads, 0, &blocks_per_sm);
   if (err != cudaSuccess)
     return record_cuda_error (err);
   blocks = min_u64 (bound, (uint64_t) sm_count * (blocks_per_sm > 0 ? blocks_per_sm : 1));

@@ -728,10 +728,9 @@ direct_a_scales (const GmlpKernelDeviceGemm *g, GroupedOperand *op)
 int
 device_grid_ctas (const GmlpKernelSm90Tuning &t)
 {
-  int device, n_sms = 0;
+  int n_sms = 0;
 
-  if (cudaGetDevice (&device) != cudaSuccess ||
-      cudaDeviceGetAttribute (&n_sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
+  if (current_device_attribute (cudaDevAttrMultiProcessorCount, &n_sms) != cudaSuccess)
     {
       (void) cudaGetLastError ();
       return 0;
@@ -1016,7 +1015,7 @@ gmlp_kernel_device_gemm_sm90 (const GmlpKernelDeviceGemm *gemm,
   using namespace gmlp;
   using namespace gmlp::sm90;
   const GmlpKernelSm90Tuning &t = tuning != nullptr ? *tuning : kNoTuning;
-  int device, major = 0, minor = 0;
+  int major = 0, minor = 0;
   GmlpKernelStatus status;
   WorkspaceLayout layout;
   GmlpKernelGroupedShape shape;
@@ -1035,9 +1034,8 @@ gmlp_kernel_device_gemm_sm90 (const GmlpKernelDeviceGemm *gemm,
   const int block_k = gemm != nullptr ? block_k_of (gemm) : 0;
   Extents e;
 
-  if (cudaGetDevice (&device) != cudaSuccess ||
-      cudaDeviceGetAttribute (&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
-      cudaDeviceGetAttribute (&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess)
+  if (current_device_attribute (cudaDevAttrComputeCapabilityMajor, &major) != cudaSuccess ||
+      current_device_attribute (cudaDevAttrComputeCapabilityMinor, &minor) != cudaSuccess)
     return GMLP_KERNEL_LAUNCH_FAILED;
   status = gmlp_kernel_device_gemm_sm90_check (gemm, tuning, major, minor, nullptr);
   if (status != GMLP_KERNEL_SUCCESS)

@@ -23,21 +23,6 @@ record_cuda_error (cudaError_t err)
   return GMLP_KERNEL_LAUNCH_FAILED;
 }
 
-cudaError_t
-current_sm_count (int *sm_count)
-{
-  int device = 0;
-  cudaError_t err;
-
-  err = cudaGetDevice (&device);
-  if (err != cudaSuccess)
-    return err;
-  err = cudaDeviceGetAttribute (sm_count, cudaDevAttrMultiProcessorCount, device);
-  if (err == cudaSuccess && *sm_count < 1)
-    *sm_count = 1;
-  return err;
-}
-
 }  // namespace gmlp
 
 extern "C" const char *

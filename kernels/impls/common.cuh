@@ -114,7 +114,8 @@ min_u64 (uint64_t a, uint64_t b)
   return a < b ? a : b;
 }
 
-/* The number of SMs of the current device, for sizing grid-stride launches. */
+/* The number of SMs of the current device, for sizing grid-stride launches;
+ * asked once per device (device_cache.cu). */
 cudaError_t GMLP_KERNEL_INTERNAL current_sm_count (int *sm_count);
 
 /* Records err as this thread's last CUDA error and returns the status for a

@@ -48,6 +48,7 @@
 
 #pragma once
 
+#include "impls/device_cache.cuh"
 #include "impls/sm90_gemm_config.cuh"
 #include "impls/sm90_gemm_schedule.cuh"
 #include "impls/sm90_gemm_producer.cuh"
@@ -180,34 +181,29 @@ pair_clusters ()
 /* Whether gemm_kernel<kOps, kKind> can run in clusters of two CTAs
  * (Pairable): an even n_sms, and that many CTAs fitting at once in pairs
  * (on the H200, 66 pairs on its 132 SMs). The count of pairs that fit is
- * asked once per instance and device. */
+ * asked once per instance and device (current_max_clusters()). */
 template <int kOps, int kKind>
 bool
 pairs_fit (int n_sms)
 {
-  static std::atomic<int> asked_device (-1), pairs (0);
   cudaLaunchConfig_t config = {};
   cudaLaunchAttribute attribute = pair_clusters ();
-  int device, fit = 0;
+  int fit = 0;
 
-  if (!Pairable<kOps, kKind>::value || n_sms % 2 != 0 || cudaGetDevice (&device) != cudaSuccess)
+  if (!Pairable<kOps, kKind>::value || n_sms % 2 != 0)
     return false;
-  if (asked_device.load () != device)
+  config.gridDim = dim3 (n_sms);
+  config.blockDim = dim3 (kThreads);
+  config.dynamicSmemBytes = Ring<kOps, kKind>::kSmemBytes;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  if (current_max_clusters ((const void *) gemm_kernel<kOps, kKind>, &config, 2, &fit) !=
+      cudaSuccess)
     {
-      config.gridDim = dim3 (n_sms);
-      config.blockDim = dim3 (kThreads);
-      config.dynamicSmemBytes = Ring<kOps, kKind>::kSmemBytes;
-      config.attrs = &attribute;
-      config.numAttrs = 1;
-      if (cudaOccupancyMaxActiveClusters (&fit, gemm_kernel<kOps, kKind>, &config) != cudaSuccess)
-        {
-          (void) cudaGetLastError ();
-          fit = 0;
-        }
-      pairs.store (fit);
-      asked_device.store (device);
+      (void) cudaGetLastError ();
+      fit = 0;
     }
-  return 2 * pairs.load () >= n_sms;
+  return 2 * fit >= n_sms;
 }
 
 #define GMLP_SM90_DEFINE_LAUNCH(kOpsArg, kKindArg)                                  \
@@ -220,10 +216,9 @@ pairs_fit (int n_sms)
     cudaLaunchAttribute attributes[2];                                              \
     cudaError_t err;                                                                \
                                                                                     \
-    /* Set on every call: the attribute belongs to the current device. */           \
-    err = cudaFuncSetAttribute (gemm_kernel<kOpsArg, kKindArg>,                     \
-                                cudaFuncAttributeMaxDynamicSharedMemorySize,        \
-                                (Ring<kOpsArg, kKindArg>::kSmemBytes));             \
+    /* Once per device: the attribute belongs to the device's context. */           \
+    err = current_max_dynamic_smem ((const void *) gemm_kernel<kOpsArg, kKindArg>,  \
+                                    (Ring<kOpsArg, kKindArg>::kSmemBytes));         \
     if (err != cudaSuccess)                                                         \
       return record_cuda_error (err);                                               \
     /* A dependent of the plan (programmatic stream serialization): its CTAs     \

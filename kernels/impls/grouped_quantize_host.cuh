@@ -8,6 +8,7 @@
 
 #pragma once
 
+#include "impls/device_cache.cuh"
 #include "impls/grouped_quantize.cuh"
 
 namespace gmlp {
@@ -134,23 +135,22 @@ grouped_quantize_workspace_bytes (const Call *q)
 }
 
 /* Whether the GPU gives kernel its staged tile (dynamic shared memory)
- * beside the kernel's own shared memory; *why says why not. */
+ * beside the kernel's own shared memory; *why says why not. Both sizes are
+ * asked once per device (device_cache.cuh). */
 template <typename Params>
 inline GmlpKernelStatus
 quantize_kernel_fits (void (*kernel) (Params), const char **why)
 {
-  int device = 0, optin = 0;
-  cudaFuncAttributes attrs;
+  int optin = 0;
+  size_t static_smem = 0;
   cudaError_t err;
 
-  err = cudaGetDevice (&device);
+  err = current_device_attribute (cudaDevAttrMaxSharedMemoryPerBlockOptin, &optin);
   if (err == cudaSuccess)
-    err = cudaDeviceGetAttribute (&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
-  if (err == cudaSuccess)
-    err = cudaFuncGetAttributes (&attrs, kernel);
+    err = current_static_smem ((const void *) kernel, &static_smem);
   if (err != cudaSuccess)
     return refuse (why, "cannot query the device", record_cuda_error (err));
-  if (attrs.sharedSizeBytes + kQuantTileBytes > (size_t) optin)
+  if (static_smem + kQuantTileBytes > (size_t) optin)
     return refuse (why, "the GPU has too little shared memory per block (about 80 KB needed)",
                    GMLP_KERNEL_UNSUPPORTED);
   return GMLP_KERNEL_SUCCESS;
@@ -229,12 +229,12 @@ launch_grouped_quantize (void         (*kernel) (Params),
       quantize_part (amax_params).amax = (uint32_t *) workspace;
     }
 
-  err = cudaFuncSetAttribute (kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) kQuantTileBytes);
+  /* Once per kernel and device (device_cache.cuh). */
+  err = current_max_dynamic_smem ((const void *) kernel, (int) kQuantTileBytes);
   if (err == cudaSuccess && amax_kernel != kernel)
-    err = cudaFuncSetAttribute (amax_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int) kQuantTileBytes);
+    err = current_max_dynamic_smem ((const void *) amax_kernel, (int) kQuantTileBytes);
   if (err == cudaSuccess)
-    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor (&resident, kernel, kQuantThreads, staging);
+    err = current_blocks_per_sm ((const void *) kernel, kQuantThreads, staging, &resident);
   /* At most: every group's partial band and the capacity's whole ones. */
   tiles = ((uint64_t) gmlp_quant_blocks_along (p.row_capacity, kQuantTile) + p.n_groups) *
           (uint64_t) gmlp_quant_blocks_along (p.cols, kQuantTile);

@@ -41,7 +41,7 @@ run ()
 
 for t in device grouped-tensor grouped-linear offload-context grouped-mlp graph quantizer \
          grouped-linear-fp8 grouped-mlp-fp8 robustness threads routing router moe-layer moe-layer-fp8 \
-         row-chunks split-parts communicator moe-expert-parallel; do
+         row-chunks split-parts gate-split communicator moe-expert-parallel; do
   run "$t" "$tests/test-$t"
 done
 wait
@@ -56,6 +56,7 @@ run grouped-linear-fp8-sm90 GMLP_TEST_TUNING=host-gemm=sm90 "$tests/test-grouped
 # The kernels' own tests (tests/kernels/): the Hopper kernel's schedules
 # and the portable kernel, called directly.
 run sm90-gemm "$tests/test-sm90-gemm"
+run cuda-blas-plans "$tests/test-cuda-blas-plans"
 run simt-gemm "$tests/test-simt-gemm"
 run grouped-linear-fp8-portable GMLP_TEST_TUNING=device-gemm=portable "$tests/test-grouped-linear-fp8-forced" \
   -p /Gmlp/GroupedLinear/fp8/device-sizes

@@ -112,7 +112,7 @@ gmlp_cuda_block_cache_set_keep (GmlpBackendDevice *device,
 
       /* Not while capturing, which would record the frees: the blocks kept
        * so far then go at the next failed allocation, or at close. */
-      if (cudaSetDevice (device->ordinal) == cudaSuccess &&
+      if (gmlp_cuda_set_current (device->ordinal) == cudaSuccess &&
           cudaStreamIsCapturing (device->stream, &capture) == cudaSuccess &&
           capture == cudaStreamCaptureStatusNone)
         release_kept_locked (device);
@@ -217,7 +217,7 @@ gmlp_cuda_free_now (GmlpBackendDevice *device,
 
   if (gmlp_cuda_block_cache_free (device, ptr))
     return;
-  err = cudaSetDevice (device->ordinal);
+  err = gmlp_cuda_set_current (device->ordinal);
   if (err == cudaSuccess)
     err = cudaFreeAsync (ptr, device->stream);
   if (err != cudaSuccess)
@@ -241,7 +241,7 @@ gmlp_cuda_free_after_copies_now (GmlpBackendDevice *device,
    * stream, the memory goes back to the pool only after the work enqueued
    * so far on both; not to the compute stream's kept blocks. */
   gmlp_cuda_block_cache_forget (device, ptr);
-  err = cudaSetDevice (device->ordinal);
+  err = gmlp_cuda_set_current (device->ordinal);
   if (err == cudaSuccess)
     err = gmlp_cuda_copies_after_compute (device, &what);
   if (err == cudaSuccess)

@@ -76,13 +76,29 @@ gmlp_cuda_kernel_result (GmlpKernelStatus   status,
     }
 }
 
+/* cudaSetDevice (ordinal), skipped where ordinal is current already.
+ *
+ * NOTE: cudaSetDevice() costs far more host time than cudaGetDevice(), a
+ * read of the runtime's thread-local state, and every entry of the backend
+ * comes here. So ask first, rather than remember what was set last: other
+ * code in the process may make another device current behind our back. */
+cudaError_t
+gmlp_cuda_set_current (int ordinal)
+{
+  int current = -1;
+
+  if (cudaGetDevice (&current) == cudaSuccess && current == ordinal)
+    return cudaSuccess;
+  return cudaSetDevice (ordinal);
+}
+
 /* Makes the device current on the calling thread; the runtime keeps the
  * current device per thread, and any thread may call into the backend. */
 gboolean
 gmlp_cuda_activate (GmlpBackendDevice  *device,
                     GError            **error)
 {
-  cudaError_t err = cudaSetDevice (device->ordinal);
+  cudaError_t err = gmlp_cuda_set_current (device->ordinal);
 
   if (err != cudaSuccess)
     return gmlp_cuda_fail (error, "cudaSetDevice", err);

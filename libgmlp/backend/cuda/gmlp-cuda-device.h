@@ -16,6 +16,7 @@
 #include "gmlp-error.h"
 #include "gmlp-kernels.h"
 #include "backend/gmlp-backend.h"
+#include "gmlp-cuda-blas-plans.h"
 #include "gmlp-cuda-route.h"
 
 G_BEGIN_DECLS
@@ -54,6 +55,9 @@ struct _GmlpBackendDevice
   cublasHandle_t  side_cublas;
   void           *side_cublas_workspace;
   cudaEvent_t     side_fork, side_join;
+  /* The loop's products go through cuBLASLt with plans kept per problem
+   * (gmlp-cuda-blas-plans.c), on the workspace of the stream's handle. */
+  GmlpCudaBlasPlans *blas_plans;
   /* FP8 products (gmlp-cuda-gemm-fp8.c): cuBLASLt, with its own workspace
    * from pool, used in compute-stream order. */
   cublasLtHandle_t cublaslt;
@@ -113,6 +117,7 @@ gboolean  gmlp_cuda_fail            (GError            **error,
 gboolean  gmlp_cuda_kernel_result   (GmlpKernelStatus    status,
                                      const char         *what,
                                      GError            **error);
+cudaError_t gmlp_cuda_set_current   (int                 ordinal);
 gboolean  gmlp_cuda_activate        (GmlpBackendDevice  *device,
                                      GError            **error);
 gpointer  gmlp_cuda_alloc_on_stream (GmlpBackendDevice  *device,

@@ -60,7 +60,7 @@ gmlp_cuda_event_record (GmlpBackendDevice  *device,
 static cudaError_t
 gmlp_cuda_event_activate (GmlpBackendEvent *event)
 {
-  return cudaSetDevice (event->ordinal);
+  return gmlp_cuda_set_current (event->ordinal);
 }
 
 gboolean

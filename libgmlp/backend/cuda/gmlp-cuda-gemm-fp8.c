@@ -71,7 +71,9 @@ typedef struct {
   gboolean                padded;
   const void             *src_a, *src_b;
   gsize                   scratch_a, scratch_b;
-  cublasLtMatrixLayout_t  layout_a, layout_b, layout_c;
+  /* Initialised in place (cublasLtMatrixLayoutInit()): nothing to
+   * allocate or destroy per call. */
+  cublasLtMatrixLayoutOpaque_t layout_a, layout_b, layout_c;
   cublasLtMatmulAlgo_t    algo;
 } GmlpCudaFp8Product;
 
@@ -227,18 +229,6 @@ output_type (int             dtype,
     }
 }
 
-/* The largest power of two up to 256 that divides the address. */
-static guint32
-pointer_alignment (const void *p)
-{
-  guintptr u = (guintptr) p;
-  guint32 align = 256;
-
-  while (align > 1 && u % align != 0)
-    align /= 2;
-  return align;
-}
-
 static gsize
 round_up (gsize n,
           gsize to)
@@ -257,21 +247,7 @@ typedef struct {
 static void
 plan_clear (GmlpCudaFp8Plan *plan)
 {
-  if (plan->products != NULL)
-    {
-      for (guint j = 0; j < plan->products->len; j++)
-        {
-          GmlpCudaFp8Product *p = &g_array_index (plan->products, GmlpCudaFp8Product, j);
-
-          if (p->layout_a != NULL)
-            (void) cublasLtMatrixLayoutDestroy (p->layout_a);
-          if (p->layout_b != NULL)
-            (void) cublasLtMatrixLayoutDestroy (p->layout_b);
-          if (p->layout_c != NULL)
-            (void) cublasLtMatrixLayoutDestroy (p->layout_c);
-        }
-      g_clear_pointer (&plan->products, g_array_unref);
-    }
+  g_clear_pointer (&plan->products, g_array_unref);
   g_clear_pointer (&plan->zeroed, g_array_unref);
 }
 
@@ -441,22 +417,20 @@ fp8_prepare (GmlpBackendDevice     *device,
              cublasLtMatmulDesc_t   desc,
              GError               **error)
 {
-  cublasLtMatmulPreference_t pref = NULL;
+  cublasLtMatmulPreferenceOpaque_t pref_data;
+  cublasLtMatmulPreference_t pref = &pref_data;
   const size_t workspace = GMLP_CUDA_CUBLASLT_WORKSPACE;
   cublasStatus_t status;
-  gboolean ok = FALSE;
 
-  status = cublasLtMatmulPreferenceCreate (&pref);
+  /* In place, like the layouts: no allocation per call. */
+  status = cublasLtMatmulPreferenceInit (pref);
   if (status != CUBLAS_STATUS_SUCCESS)
-    return gmlp_cuda_blas_fail (error, "cuBLASLt", "cublasLtMatmulPreferenceCreate", status, "FP8 %s",
+    return gmlp_cuda_blas_fail (error, "cuBLASLt", "cublasLtMatmulPreferenceInit", status, "FP8 %s",
                           kind_name (gemm->kind));
   status = cublasLtMatmulPreferenceSetAttribute (pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                  &workspace, sizeof workspace);
   if (status != CUBLAS_STATUS_SUCCESS)
-    {
-      gmlp_cuda_blas_fail (error, "cuBLASLt", "cublasLtMatmulPreferenceSetAttribute", status, "workspace");
-      goto out;
-    }
+    return gmlp_cuda_blas_fail (error, "cuBLASLt", "cublasLtMatmulPreferenceSetAttribute", status, "workspace");
 
   for (guint j = 0; j < plan->products->len; j++)
     {
@@ -465,14 +439,11 @@ fp8_prepare (GmlpBackendDevice     *device,
       cublasLtMatmulHeuristicResult_t result;
       int n_results = 0;
 
-      if ((status = cublasLtMatrixLayoutCreate (&p->layout_a, plan->b_type, p->k, p->m, p->k)) != CUBLAS_STATUS_SUCCESS ||
-          (status = cublasLtMatrixLayoutCreate (&p->layout_b, plan->a_type, p->k, p->n, p->k)) != CUBLAS_STATUS_SUCCESS ||
-          (status = cublasLtMatrixLayoutCreate (&p->layout_c, plan->c_type, p->m, p->n, p->m)) != CUBLAS_STATUS_SUCCESS)
-        {
-          gmlp_cuda_blas_fail (error, "cuBLASLt", "cublasLtMatrixLayoutCreate", status, "FP8 %s group %u",
-                         kind_name (gemm->kind), p->group);
-          goto out;
-        }
+      if ((status = cublasLtMatrixLayoutInit (&p->layout_a, plan->b_type, p->k, p->m, p->k)) != CUBLAS_STATUS_SUCCESS ||
+          (status = cublasLtMatrixLayoutInit (&p->layout_b, plan->a_type, p->k, p->n, p->k)) != CUBLAS_STATUS_SUCCESS ||
+          (status = cublasLtMatrixLayoutInit (&p->layout_c, plan->c_type, p->m, p->n, p->m)) != CUBLAS_STATUS_SUCCESS)
+        return gmlp_cuda_blas_fail (error, "cuBLASLt", "cublasLtMatrixLayoutInit", status, "FP8 %s group %u",
+                                    kind_name (gemm->kind), p->group);
 
       memset (&key, 0, sizeof key);
       key.ordinal = device->ordinal;
@@ -484,9 +455,9 @@ fp8_prepare (GmlpBackendDevice     *device,
       key.c_type = (int) plan->c_type;
       key.accumulate = p->beta != 0.0f;
       /* The padded scratch is allocated on 256-byte boundaries. */
-      key.align_a = p->padded ? GMLP_CUDA_FP8_SCRATCH_ALIGNMENT : pointer_alignment (p->a);
-      key.align_b = p->padded ? GMLP_CUDA_FP8_SCRATCH_ALIGNMENT : pointer_alignment (p->b);
-      key.align_c = pointer_alignment (p->c);
+      key.align_a = p->padded ? GMLP_CUDA_FP8_SCRATCH_ALIGNMENT : gmlp_cuda_blas_pointer_alignment (p->a);
+      key.align_b = p->padded ? GMLP_CUDA_FP8_SCRATCH_ALIGNMENT : gmlp_cuda_blas_pointer_alignment (p->b);
+      key.align_c = gmlp_cuda_blas_pointer_alignment (p->c);
       if (algo_cache_lookup (&key, &p->algo))
         continue;
 
@@ -498,13 +469,11 @@ fp8_prepare (GmlpBackendDevice     *device,
                                                           &key.align_c, sizeof key.align_c)) != CUBLAS_STATUS_SUCCESS ||
           (status = cublasLtMatmulPreferenceSetAttribute (pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
                                                           &key.align_c, sizeof key.align_c)) != CUBLAS_STATUS_SUCCESS)
-        {
-          gmlp_cuda_blas_fail (error, "cuBLASLt", "cublasLtMatmulPreferenceSetAttribute", status, "alignment");
-          goto out;
-        }
+        return gmlp_cuda_blas_fail (error, "cuBLASLt", "cublasLtMatmulPreferenceSetAttribute", status,
+                                    "alignment");
 
-      status = cublasLtMatmulAlgoGetHeuristic (device->cublaslt, desc, p->layout_a, p->layout_b,
-                                               p->layout_c, p->layout_c, pref, 1, &result,
+      status = cublasLtMatmulAlgoGetHeuristic (device->cublaslt, desc, &p->layout_a, &p->layout_b,
+                                               &p->layout_c, &p->layout_c, pref, 1, &result,
                                                &n_results);
       if (status != CUBLAS_STATUS_SUCCESS || n_results == 0)
         {
@@ -516,16 +485,12 @@ fp8_prepare (GmlpBackendDevice     *device,
                        status != CUBLAS_STATUS_SUCCESS ? cublasGetStatusName (status)
                                                        : "no algorithm found");
           (void) cudaGetLastError ();
-          goto out;
+          return FALSE;
         }
       p->algo = result.algo;
       algo_cache_insert (&key, &p->algo);
     }
-  ok = TRUE;
-
-out:
-  (void) cublasLtMatmulPreferenceDestroy (pref);
-  return ok;
+  return TRUE;
 }
 
 static gboolean
@@ -828,6 +793,7 @@ gmlp_cuda_gemm_fp8_locked (GmlpBackendDevice     *device,
   GmlpKernelDeviceGemm kernel_gemm;
   GmlpCudaRouteProduct product = { 0, };
   GmlpCudaRouteChoice choice;
+  cublasLtMatmulDescOpaque_t desc_data;
   cublasLtMatmulDesc_t desc = NULL;
   const cublasOperation_t transa = CUBLAS_OP_T, transb = CUBLAS_OP_N;
   const int8_t fast_accum = 0;
@@ -882,13 +848,14 @@ gmlp_cuda_gemm_fp8_locked (GmlpBackendDevice     *device,
     {
       const GmlpCudaFp8Product *first = &g_array_index (plan.products, GmlpCudaFp8Product, 0);
 
-      status = cublasLtMatmulDescCreate (&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+      /* In place: nothing to allocate or destroy per call. */
+      status = cublasLtMatmulDescInit (&desc_data, CUBLAS_COMPUTE_32F, CUDA_R_32F);
       if (status != CUBLAS_STATUS_SUCCESS)
         {
-          desc = NULL;
-          gmlp_cuda_blas_fail (error, "cuBLASLt", "cublasLtMatmulDescCreate", status, "FP8 %s", kind_name (gemm->kind));
+          gmlp_cuda_blas_fail (error, "cuBLASLt", "cublasLtMatmulDescInit", status, "FP8 %s", kind_name (gemm->kind));
           goto out;
         }
+      desc = &desc_data;
       /* TN, FP32 sums promoted out of the tensor cores' accumulators. */
       if (!fp8_set_desc (desc, CUBLASLT_MATMUL_DESC_TRANSA, &transa, sizeof transa, error) ||
           !fp8_set_desc (desc, CUBLASLT_MATMUL_DESC_TRANSB, &transb, sizeof transb, error) ||
@@ -927,7 +894,7 @@ gmlp_cuda_gemm_fp8_locked (GmlpBackendDevice     *device,
 
   for (guint j = 0; j < plan.products->len; j++)
     {
-      const GmlpCudaFp8Product *p = &g_array_index (plan.products, GmlpCudaFp8Product, j);
+      GmlpCudaFp8Product *p = &g_array_index (plan.products, GmlpCudaFp8Product, j);
 
       /* The pointers are read now, on the host: one descriptor serves all
        * groups. */
@@ -936,8 +903,8 @@ gmlp_cuda_gemm_fp8_locked (GmlpBackendDevice     *device,
           !fp8_set_desc (desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &p->b_scale,
                          sizeof p->b_scale, error))
         goto out;
-      status = cublasLtMatmul (device->cublaslt, desc, &alpha, p->a, p->layout_a, p->b, p->layout_b,
-                               &p->beta, p->c, p->layout_c, p->c, p->layout_c, &p->algo,
+      status = cublasLtMatmul (device->cublaslt, desc, &alpha, p->a, &p->layout_a, p->b, &p->layout_b,
+                               &p->beta, p->c, &p->layout_c, p->c, &p->layout_c, &p->algo,
                                device->cublaslt_workspace, GMLP_CUDA_CUBLASLT_WORKSPACE,
                                device->stream);
       if (status != CUBLAS_STATUS_SUCCESS)
@@ -958,8 +925,6 @@ out:
   /* Stream-ordered: the products enqueued above still read it. */
   if (scratch != NULL)
     gmlp_cuda_free (device, scratch);
-  if (desc != NULL)
-    (void) cublasLtMatmulDescDestroy (desc);
   plan_clear (&plan);
   return ok;
 }

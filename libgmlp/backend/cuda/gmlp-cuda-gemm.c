@@ -26,9 +26,10 @@
  * (gmlp-cuda-route.c, docs/routes.md), which picks libgmlp's Hopper kernel
  * (many small products; WGRAD of unequal mid-sized ones), cuBLAS's batched
  * and grouped calls for many small products, one batched call for
- * mid-sized products all of one shape, or one cublasGemmEx() per group,
- * alternating between two streams; the executors of the cuBLAS routes are
- * here.
+ * mid-sized products all of one shape, or one product per group,
+ * alternating between two streams (on cuBLASLt with a plan kept per problem,
+ * gmlp-cuda-blas-plans.c, else cublasGemmEx()); the executors of the cuBLAS
+ * routes are here.
  *
  * SPDX-License-Identifier: LGPL-2.1-or-later
  */
@@ -56,16 +57,7 @@ typedef enum {
 } GmlpCudaGroupWork;
 
 /* One cublasGemmEx in cuBLAS's terms (column-major, see the top). */
-typedef struct {
-  cublasOperation_t  transa;
-  cublasOperation_t  transb;
-  int                m, n, k;
-  int                lda, ldb, ldc;
-  const void        *a;
-  const void        *b;
-  void              *c;
-  float              beta;
-} GmlpCudaProduct;
+typedef GmlpCudaBlasProduct GmlpCudaProduct;
 
 /* What validation found out about a call. */
 typedef struct {
@@ -191,6 +183,7 @@ gmlp_cuda_cublas_init (GmlpBackendDevice  *device,
 
   if (!gmlp_cuda_cublas_handle_init (device, device->stream, &device->cublas, &device->cublas_workspace, error))
     return FALSE;
+  device->blas_plans = gmlp_cuda_blas_plans_new ();
 
   err = cudaStreamCreateWithFlags (&device->side_stream, cudaStreamNonBlocking);
   if (err != cudaSuccess)
@@ -234,6 +227,8 @@ gmlp_cuda_cublas_fini (GmlpBackendDevice *device)
 {
   gmlp_cuda_cublas_handle_fini (device, &device->cublas, &device->cublas_workspace);
   gmlp_cuda_cublas_handle_fini (device, &device->side_cublas, &device->side_cublas_workspace);
+  gmlp_cuda_blas_plans_free (device->blas_plans);
+  device->blas_plans = NULL;
   if (device->side_stream != NULL)
     {
       (void) cudaStreamSynchronize (device->side_stream);
@@ -286,14 +281,17 @@ gmlp_cuda_gemm_group_work (const GmlpCudaGroups *gemm,
 /* Group i as a cuBLAS product; only for GMLP_CUDA_GROUP_GEMM groups, whose
  * sizes validation has checked to fit in an int. */
 static void
-gmlp_cuda_gemm_product (const GmlpCudaGroups *gemm,
-                        guint                 i,
-                        GmlpCudaProduct      *p)
+gmlp_cuda_gemm_product (const GmlpCudaGroups    *gemm,
+                        const GmlpCudaGemmPlan  *plan,
+                        guint                    i,
+                        GmlpCudaProduct         *p)
 {
   int m = (int) gemm->rows[i];
   int n = (int) gemm->n;
   int k = (int) gemm->k;
 
+  p->ab_type = plan->ab_type;
+  p->c_type = plan->c_type;
   p->a = gemm->b[i];
   p->b = gemm->a[i];
   p->c = gemm->c[i];
@@ -511,20 +509,23 @@ gmlp_cuda_stream_after (cudaStream_t   waiter,
 
 /* The products to compute, in group order, with their number in *count. */
 static GmlpCudaProduct *
-gmlp_cuda_gemm_products (const GmlpCudaGroups *gemm,
-                         guint                *count)
+gmlp_cuda_gemm_products (const GmlpCudaGroups    *gemm,
+                         const GmlpCudaGemmPlan  *plan,
+                         guint                   *count)
 {
   GmlpCudaProduct *products = g_new (GmlpCudaProduct, MAX (gemm->n_groups, 1));
   guint n = 0;
 
   for (guint i = 0; i < gemm->n_groups; i++)
     if (gmlp_cuda_gemm_group_work (gemm, i) == GMLP_CUDA_GROUP_GEMM)
-      gmlp_cuda_gemm_product (gemm, i, &products[n++]);
+      gmlp_cuda_gemm_product (gemm, plan, i, &products[n++]);
   *count = n;
   return products;
 }
 
-/* One cublasGemmEx per product. More than one alternate between the
+/* One product at a time: on cuBLASLt with the plan kept for its problem
+ * (gmlp-cuda-blas-plans.c: no heuristic per call), or where cuBLASLt has no
+ * algorithm for it, cublasGemmEx(). More than one alternate between the
  * compute stream and the side stream, forked from it before the first and
  * joined to it after the last: the products are independent (each writes
  * its own C), and on one stream each would wait for the last CTAs of the
@@ -550,16 +551,28 @@ gmlp_cuda_run_looped (GmlpBackendDevice       *device,
   for (guint j = 0; ok && j < count; j++)
     {
       const GmlpCudaProduct *p = &products[j];
+      const gboolean side = two && j % 2 == 1;
+      const char *library = "cuBLASLt", *what = "cublasLtMatmul";
       cublasStatus_t status;
 
-      status = cublasGemmEx (two && j % 2 == 1 ? device->side_cublas : device->cublas,
-                             p->transa, p->transb, p->m, p->n, p->k,
-                             &alpha, p->a, plan->ab_type, p->lda,
-                             p->b, plan->ab_type, p->ldb,
-                             &p->beta, p->c, plan->c_type, p->ldc,
-                             CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+      /* Each stream's products on the workspace of its cuBLAS handle, in
+       * that stream's order. */
+      status = gmlp_cuda_blas_plans_run (device->blas_plans, device->cublaslt, p,
+                                         side ? device->side_cublas_workspace : device->cublas_workspace,
+                                         GMLP_CUDA_CUBLAS_WORKSPACE,
+                                         side ? device->side_stream : device->stream);
+      if (status == CUBLAS_STATUS_NOT_SUPPORTED)
+        {
+          library = "cuBLAS", what = "cublasGemmEx";
+          status = cublasGemmEx (side ? device->side_cublas : device->cublas,
+                                 p->transa, p->transb, p->m, p->n, p->k,
+                                 &alpha, p->a, plan->ab_type, p->lda,
+                                 p->b, plan->ab_type, p->ldb,
+                                 &p->beta, p->c, plan->c_type, p->ldc,
+                                 CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        }
       if (status != CUBLAS_STATUS_SUCCESS)
-        ok = gmlp_cuda_blas_fail (error, "cuBLAS", "cublasGemmEx", status,
+        ok = gmlp_cuda_blas_fail (error, library, what, status,
                                   "%s product %u of %u, m=%d, n=%d, k=%d",
                                   gmlp_cuda_gemm_kind_name (gemm->kind), j, count,
                                   p->m, p->n, p->k);
@@ -775,7 +788,7 @@ gmlp_cuda_gemm_grouped (GmlpBackendDevice       *device,
 
       if (gmlp_cuda_gemm_group_work (gemm, i) != GMLP_CUDA_GROUP_GEMM)
         continue;
-      gmlp_cuda_gemm_product (gemm, i, &p);
+      gmlp_cuda_gemm_product (gemm, plan, i, &p);
 
       /* The rows of an M-grouped product are cuBLAS's columns (n). */
       while (tiled && p.n - done >= GMLP_CUDA_ROW_TILE)
@@ -865,14 +878,14 @@ gmlp_cuda_gemm_locked (GmlpBackendDevice     *device,
         {
           if (!fall_back)
             return FALSE;
-          products = gmlp_cuda_gemm_products (gemm, &count);
+          products = gmlp_cuda_gemm_products (gemm, &plan, &count);
           if (!gmlp_cuda_run_looped (device, gemm, &plan, products, count, error))
             return FALSE;
         }
       break;
 
     case GMLP_CUDA_ROUTE_CUBLAS_BATCHED:
-      products = gmlp_cuda_gemm_products (gemm, &count);
+      products = gmlp_cuda_gemm_products (gemm, &plan, &count);
       if (!gmlp_cuda_gemm_zero_groups (device, gemm, error) ||
           !gmlp_cuda_run_batched (device, gemm, &plan, products, count, error))
         return FALSE;
@@ -880,7 +893,7 @@ gmlp_cuda_gemm_locked (GmlpBackendDevice     *device,
 
     case GMLP_CUDA_ROUTE_CUBLAS_LOOP:
     default:
-      products = gmlp_cuda_gemm_products (gemm, &count);
+      products = gmlp_cuda_gemm_products (gemm, &plan, &count);
       if (!gmlp_cuda_gemm_zero_groups (device, gemm, error) ||
           !gmlp_cuda_run_looped (device, gemm, &plan, products, count, error))
         return FALSE;

@@ -48,7 +48,8 @@ typedef enum {
   GMLP_CUDA_ROUTE_SM90_PADDED,
   /* The portable kernel (device sizes). */
   GMLP_CUDA_ROUTE_PORTABLE,
-  /* One cublasGemmEx() per group, on two streams. */
+  /* One product per group, on two streams: cuBLASLt on a kept plan
+   * (gmlp-cuda-blas-plans.c), else cublasGemmEx(). */
   GMLP_CUDA_ROUTE_CUBLAS_LOOP,
   /* One cublasGemmBatchedEx() for products all of one shape. */
   GMLP_CUDA_ROUTE_CUBLAS_BATCHED,
