@@ -22,25 +22,14 @@ gmlp_cuda_activation_quantize (GmlpBackendDevice          *device,
                                const GmlpBackendQuantize  *quantize,
                                GError                    **error)
 {
-  const GmlpBackendShape *shape = &quantize->shape;
-  int activation = quantize->activation;
-  gconstpointer in = quantize->src;
-  int dtype = quantize->src_dtype;
-  int recipe = quantize->recipe, flags = quantize->flags, fp8_dtype = quantize->fp8_dtype;
-  gpointer data = quantize->data, scale_inv = quantize->scale_inv;
-  gpointer columnwise = quantize->columnwise, columnwise_scale_inv = quantize->columnwise_scale_inv;
-  gint64 *derived_rows = quantize->derived_rows;
-  float *state = quantize->state;
-  guint history_length = quantize->history_length;
   GmlpKernelActivationQuantize q = { 0 };
 
-  if (shape->n_groups == 0)
+  if (quantize->shape.n_groups == 0)
     return TRUE;
 
-  q.activation = activation;
-  q.dtype = dtype;
-  q.in = in;
-  gmlp_cuda_quantize_set_outputs (&q, shape, recipe, flags, fp8_dtype, data, scale_inv, columnwise,
-                                  columnwise_scale_inv, derived_rows, state, history_length);
+  q.activation = quantize->activation;
+  q.dtype = quantize->src_dtype;
+  q.in = quantize->src;
+  gmlp_cuda_quantize_set_outputs (&q, quantize);
   return gmlp_cuda_quantize_run (device, NULL, &q, error);
 }

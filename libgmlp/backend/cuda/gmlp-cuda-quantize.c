@@ -69,21 +69,11 @@ gmlp_cuda_quantize (GmlpBackendDevice          *device,
                     const GmlpBackendQuantize  *quantize,
                     GError                    **error)
 {
-  const GmlpBackendShape *shape = &quantize->shape;
-  int recipe = quantize->recipe, flags = quantize->flags, fp8_dtype = quantize->fp8_dtype;
-  gconstpointer src = quantize->src;
-  int src_dtype = quantize->src_dtype;
-  gpointer data = quantize->data, scale_inv = quantize->scale_inv;
-  gpointer columnwise = quantize->columnwise, columnwise_scale_inv = quantize->columnwise_scale_inv;
-  gint64 *derived_rows = quantize->derived_rows;
-  float *state = quantize->state;
-  guint history_length = quantize->history_length;
   GmlpKernelQuantize q = { 0 };
 
-  q.src_dtype = src_dtype;
-  q.src = src;
-  gmlp_cuda_quantize_set_outputs (&q, shape, recipe, flags, fp8_dtype, data, scale_inv, columnwise,
-                                  columnwise_scale_inv, derived_rows, state, history_length);
+  q.src_dtype = quantize->src_dtype;
+  q.src = quantize->src;
+  gmlp_cuda_quantize_set_outputs (&q, quantize);
   return gmlp_cuda_quantize_run (device, &q, NULL, error);
 }
 
@@ -92,24 +82,19 @@ gmlp_cuda_dequantize (GmlpBackendDevice          *device,
                       const GmlpBackendQuantize  *quantize,
                       GError                    **error)
 {
-  const GmlpBackendShape *shape = &quantize->shape;
-  int recipe = quantize->recipe, flags = quantize->flags, fp8_dtype = quantize->fp8_dtype;
-  gconstpointer data = quantize->data, scale_inv = quantize->scale_inv;
-  gpointer dst = quantize->dst;
-  int dst_dtype = quantize->dst_dtype;
   GmlpKernelDequantize d = { 0 };
 
   if (!gmlp_cuda_activate (device, error))
     return FALSE;
 
-  gmlp_cuda_kernel_shape (shape, &d.shape);
-  d.recipe = recipe;
-  d.flags = flags;
-  d.fp8_dtype = fp8_dtype;
-  d.data = data;
-  d.scale_inv = scale_inv;
-  d.dst = dst;
-  d.dst_dtype = dst_dtype;
+  gmlp_cuda_kernel_shape (&quantize->shape, &d.shape);
+  d.recipe = quantize->recipe;
+  d.flags = quantize->flags;
+  d.fp8_dtype = quantize->fp8_dtype;
+  d.data = quantize->data;
+  d.scale_inv = quantize->scale_inv;
+  d.dst = quantize->dst;
+  d.dst_dtype = quantize->dst_dtype;
   return gmlp_cuda_kernel_result (gmlp_kernel_grouped_dequantize (&d, device->stream),
                                   "gmlp_kernel_grouped_dequantize", error);
 }

@@ -29,22 +29,21 @@ gboolean gmlp_cuda_quantizer_update (GmlpBackendDevice       *device,
 
 /* Sets the fields that GmlpKernelQuantize and GmlpKernelActivationQuantize
  * name alike (the shape, the scaling and the FP8 outputs) from an entry's
- * arguments: a macro, as it fills either. */
-#define gmlp_cuda_quantize_set_outputs(q, shape_, recipe_, flags_, fp8_dtype_, data_, scale_inv_, \
-                                       columnwise_, columnwise_scale_inv_, derived_rows_, state_, \
-                                       history_length_) \
+ * GmlpBackendQuantize: a macro, as it fills either. */
+#define gmlp_cuda_quantize_set_outputs(q, quantize_) \
   G_STMT_START { \
-    gmlp_cuda_kernel_shape ((shape_), &(q)->shape); \
-    (q)->recipe = (recipe_); \
-    (q)->flags = (flags_); \
-    (q)->fp8_dtype = (fp8_dtype_); \
-    (q)->data = (data_); \
-    (q)->scale_inv = (scale_inv_); \
-    (q)->columnwise = (columnwise_); \
-    (q)->columnwise_scale_inv = (columnwise_scale_inv_); \
-    (q)->derived_rows = (int64_t *) (derived_rows_); \
-    (q)->state = (state_); \
-    (q)->history_length = (history_length_); \
+    const GmlpBackendQuantize *q_in_ = (quantize_); \
+    gmlp_cuda_kernel_shape (&q_in_->shape, &(q)->shape); \
+    (q)->recipe = q_in_->recipe; \
+    (q)->flags = q_in_->flags; \
+    (q)->fp8_dtype = q_in_->fp8_dtype; \
+    (q)->data = q_in_->data; \
+    (q)->scale_inv = q_in_->scale_inv; \
+    (q)->columnwise = q_in_->columnwise; \
+    (q)->columnwise_scale_inv = q_in_->columnwise_scale_inv; \
+    (q)->derived_rows = (int64_t *) q_in_->derived_rows; \
+    (q)->state = q_in_->state; \
+    (q)->history_length = q_in_->history_length; \
   } G_STMT_END
 
 /* Runs the quantization that plain (gmlp_kernel_grouped_quantize()) or, when
