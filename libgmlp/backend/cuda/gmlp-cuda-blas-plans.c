@@ -4,7 +4,7 @@
  * Why: the per-group loop of cuBLAS calls (route cublas-loop, and so every
  * one-group product such as the router's gate, three a step) ran one
  * cublasGemmEx() per product, and cublasGemmEx() asks cuBLASLt's heuristic
- * for an algorithm on every call, most of the call's host time. Here the
+ * for an algorithm on every call. Here the
  * matmul descriptor, the three layouts and the algorithm the heuristic chose
  * are kept per problem (dtypes, transposes, m, n, k, leading dimensions, beta,
  * the pointers' alignment), in a small cache of the device's, bounded

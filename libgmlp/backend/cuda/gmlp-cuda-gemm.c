@@ -56,7 +56,8 @@ typedef enum {
   GMLP_CUDA_GROUP_GEMM,
 } GmlpCudaGroupWork;
 
-/* One cublasGemmEx in cuBLAS's terms (column-major, see the top). */
+/* One product in cuBLAS's terms (column-major, see the top), as the kept
+ * cuBLASLt plans, cublasGemmEx() and the batched and grouped calls take it. */
 typedef GmlpCudaBlasProduct GmlpCudaProduct;
 
 /* What validation found out about a call. */
