@@ -198,7 +198,12 @@ check_part (Checks       *checks,
   double err = gmlp_test_relative_error (got, want, n, label);
 
   if (plain != NULL)
-    checks->distance = MIN (checks->distance, gmlp_test_relative_error (plain, want, n, label) / MAX (err, 1e-30));
+    {
+      double plain_err = gmlp_test_relative_error (plain, want, n, label);
+
+      checks->distance = MIN (checks->distance, plain_err / MAX (err, 1e-30));
+      g_test_message ("part %s: %.3e, unquantized %.3e, %" G_GSIZE_FORMAT " values", label, err, plain_err, n);
+    }
   if (err >= checks->worst)
     {
       checks->worst = err;
