@@ -1,14 +1,16 @@
 /* gmlp-moe-layer-impl.h: what the files of GmlpMoELayer share
  *
- * The layer is three files, one job each:
+ * The layer is these files, one job each:
  *
  * - gmlp-moe-layer.c: the object: type, properties, construction, the
  *   step (router, permute, experts, combine, shared expert), FP8;
  * - gmlp-moe-layer-accessors.c: the getters;
- * - gmlp-moe-expert-parallel.c: the experts spread over the ranks of a
- *   GmlpCommunicator: its properties, the ranks' agreement at
- *   construction, and the experts' step with the dispatch and the return
- *   trip of their rows (gmlp-moe-expert-parallel-private.h).
+ * - gmlp-moe-expert-parallel*.c: the experts spread over the ranks of a
+ *   GmlpCommunicator (gmlp-moe-expert-parallel-private.h): its
+ *   properties and the ranks' agreement at construction (-properties.c),
+ *   and the experts' step (gmlp-moe-expert-parallel.c) with the dispatch
+ *   and the return trip of their rows (-trips.c), pipelined by chunks of
+ *   experts (-chunks.c).
  *
  * No other file includes it.
  *
