@@ -2,8 +2,9 @@
 # On the GPU host, from a call that carried .prebuilt with other builds of
 # the backend (scripts/dev/pack-alt.sh): times the packed backend ("main")
 # and each other build on the same cases, taking the builds in turn within
-# each round so that the GPU's clock and temperature are shared out fairly,
-# and prints the table (scripts/dev/bench-table.py).
+# each round, and each round from the next build, so that the GPU's clock
+# and temperature are shared out fairly, and prints the table
+# (scripts/dev/bench-table.py).
 #
 #   scripts/dev/prebuilt-compare.sh [ROUNDS] < CASES
 #
@@ -24,7 +25,10 @@ mapfile -t cases
 for ((round = 0; round < rounds; round++)); do
   for args in "${cases[@]}"; do
     [ -n "$args" ] || continue
-    for b in "${builds[@]}"; do
+    # Each round starts with the next build: none is always the first
+    # after another case's warm-up.
+    for ((i = 0; i < ${#builds[@]}; i++)); do
+      b=${builds[(i + round) % ${#builds[@]}]}
       dir=$GMLP_BACKEND_DIR
       [ "$b" = main ] || dir=$(gmlp_alt_dir "$b")
       # A whole other build runs its own gmlp-bench on its own library.
