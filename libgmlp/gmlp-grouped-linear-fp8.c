@@ -1020,28 +1020,3 @@ gmlp_grouped_linear_get_cache_fp8_weights (GmlpGroupedLinear *self)
   gmlp_mutex_unlock (&self->fp8_lock);
   return cache;
 }
-
-/**
- * gmlp_grouped_linear_invalidate_fp8_weights:
- * @self: a #GmlpGroupedLinear
- *
- * Drops the cached quantized weights (see
- * [property@Gmlp.GroupedLinear:cache-fp8-weights]): the next FP8 forward
- * quantizes the weights again. Call it after changing the weights in place,
- * for example after each optimizer step. Backwards of earlier forwards
- * still use the weights their forward multiplied.
- *
- * Since: 0.1
- */
-void
-gmlp_grouped_linear_invalidate_fp8_weights (GmlpGroupedLinear *self)
-{
-  GmlpGroupedTensor *old;
-
-  g_return_if_fail (GMLP_IS_GROUPED_LINEAR (self));
-
-  gmlp_mutex_lock (&self->fp8_lock);
-  old = g_steal_pointer (&self->weight_fp8);
-  gmlp_mutex_unlock (&self->fp8_lock);
-  g_clear_object (&old);
-}

@@ -1,9 +1,11 @@
 /* gmlp-grouped-linear-impl.h: what the files of GmlpGroupedLinear share
  *
- * The layer is four files, one job each:
+ * The layer is five files, one job each:
  *
  * - gmlp-grouped-linear.c: the object: type, properties, signal,
- *   construction, parameters, accessors;
+ *   construction, accessors;
+ * - gmlp-grouped-linear-params.c: the parameters and their gradients:
+ *   their per-group faces, drawn, uploaded, read grouped or per group;
  * - gmlp-grouped-linear-products.c: forward, backward and backward_dw, each
  *   product described as a Product and handed to the backend, and the
  *   weight gradients' outputs;
@@ -163,6 +165,9 @@ gboolean           gmlp_grouped_linear_record_wgrad_ready (GmlpGroupedLinear  *s
                                                            GError            **error);
 void               gmlp_grouped_linear_emit_wgrad_ready (GmlpGroupedLinear  *self,
                                                          GmlpEvent          *event);
+
+/* gmlp-grouped-linear-params.c */
+
 void               gmlp_linear_param_clear              (Param              *param,
                                                          guint               n_groups);
 gboolean           gmlp_linear_param_set                (Param              *param,

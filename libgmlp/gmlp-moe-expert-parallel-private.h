@@ -1,11 +1,11 @@
 /* gmlp-moe-expert-parallel-private.h: GmlpMoELayer's experts spread over
  * the ranks of a communicator
  *
- * What gmlp-moe-layer.c calls of the expert-parallel files: the
- * properties, the checks and the ranks' agreement at construction
- * (gmlp-moe-expert-parallel-properties.c), and the experts' step
- * (dispatch, the local experts, the return trip) forward and backward
- * (gmlp-moe-expert-parallel.c, which the files of
+ * What gmlp-moe-layer.c and gmlp-moe-layer-steps.c call of the
+ * expert-parallel files: the properties, the checks and the ranks'
+ * agreement at construction (gmlp-moe-expert-parallel-properties.c), and
+ * the experts' step (dispatch, the local experts, the return trip)
+ * forward and backward (gmlp-moe-expert-parallel.c, which the files of
  * gmlp-moe-expert-parallel-impl.h serve). Every function takes the layer
  * (gmlp-moe-layer-impl.h).
  *

@@ -2,8 +2,10 @@
  *
  * The layer is these files, one job each:
  *
- * - gmlp-moe-layer.c: the object: type, properties, construction, the
- *   step (router, permute, experts, combine, shared expert), FP8;
+ * - gmlp-moe-layer.c: the object: type, properties, construction,
+ *   parameters, FP8;
+ * - gmlp-moe-layer-steps.c: the steps (router, permute, experts, combine,
+ *   shared expert): forward, backward and backward_dw;
  * - gmlp-moe-layer-accessors.c: the getters;
  * - gmlp-moe-expert-parallel*.c: the experts spread over the ranks of a
  *   GmlpCommunicator (gmlp-moe-expert-parallel-private.h): its
@@ -27,6 +29,13 @@ G_BEGIN_DECLS
 /* The router's options a layer forwards to it (router_options in
  * gmlp-moe-layer.c). */
 #define N_ROUTER_OPTIONS 10
+
+/* What a saved MoE step keeps besides its children (router, experts,
+ * shared expert): the routing, whose map combine and the backwards read. */
+#define SAVED_ROUTING "gmlp-moe-layer-routing"
+/* With a communicator, also what the experts' step keeps for its backward
+ * (GmlpMoEParallelStep). */
+#define SAVED_PARALLEL "gmlp-moe-layer-parallel"
 
 struct _GmlpMoELayer
 {
