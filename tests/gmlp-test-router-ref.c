@@ -403,6 +403,22 @@ gmlp_test_router_ref_backward (const GmlpTestRouterSpec *r,
                                          r->aux != 0.0 ? aux_grad : NULL, r->z / T, dl + t * r->E);
 }
 
+gint64
+gmlp_test_router_ref_capacity (gint64 n_choices,
+                               guint  E,
+                               guint  padding,
+                               double factor)
+{
+  gint64 pad = MAX (padding, 1), cap;
+  double per;
+
+  if (!(factor > 0.0))
+    return -1;
+  per = ceil (factor * (double) n_choices / E);
+  cap = per >= (double) n_choices ? n_choices : (gint64) per;
+  return (cap + pad - 1) / pad * pad;
+}
+
 double
 gmlp_test_router_ref_bias_scale (const GmlpTestRouterSpec *r)
 {

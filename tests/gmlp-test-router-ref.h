@@ -134,6 +134,14 @@ void   gmlp_test_router_ref_backward     (const GmlpTestRouterSpec *r,
                                           const double             *counts,
                                           const double             *gp,
                                           double                   *dl);
+/* The rows an expert keeps of n_choices routed among E experts under a
+ * capacity factor, as documented: ceil (factor × n_choices / E), at most
+ * n_choices, rounded up to the padding (0 or 1: none); -1 where the
+ * factor is not positive (no capacity). */
+gint64 gmlp_test_router_ref_capacity     (gint64                    n_choices,
+                                          guint                     E,
+                                          guint                     padding,
+                                          double                    factor);
 /* The scale of a random expert bias: about the spread of the selection
  * values. */
 double gmlp_test_router_ref_bias_scale   (const GmlpTestRouterSpec *r);

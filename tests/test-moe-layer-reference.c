@@ -195,29 +195,14 @@ problem_free (Problem *p)
   g_free (p);
 }
 
-/* The capacity of each expert, as documented: ceil (factor × T k / E),
- * at most T k, rounded up to the padding; -1 without a capacity. */
-static gint64
-expert_capacity (const Config *c,
-                 gint64        T)
-{
-  gint64 n = T * c->k, pad = MAX (c->padding, 1), cap;
-  double per;
-
-  if (c->capacity <= 0.0)
-    return -1;
-  per = ceil (c->capacity * (double) n / c->E);
-  cap = per >= (double) n ? n : (gint64) per;
-  return (cap + pad - 1) / pad * pad;
-}
-
 /* The reference forward and backward of the problem's data. */
 static void
 problem_reference (Problem *p)
 {
   const Config *c = p->c;
   const GmlpTestRouterSpec *r = GMLP_TEST_ROUTER_SPEC (c);
-  gint64 T = p->T, H = p->H, tk = T * c->k, cap = expert_capacity (c, T), t;
+  gint64 T = p->T, H = p->H, tk = T * c->k, t;
+  gint64 cap = gmlp_test_router_ref_capacity (tk, c->E, c->padding, c->capacity);
   g_autofree double *logits = g_new (double, MAX (T * c->E, 1));
   g_autofree double *counts = g_new (double, c->E);
   g_autofree double *gp = g_new0 (double, MAX (tk, 1));

@@ -84,17 +84,11 @@ ref_map_new (const gint64 *idx,
   guint e;
 
   m->T = T, m->k = k, m->E = E, m->padding = p;
-  m->expert_capacity = -1;
+  m->expert_capacity = gmlp_test_router_ref_capacity (n, E, padding, capacity_factor);
   dropless = n + MIN ((gint64) E, n) * (p - 1);
   m->row_capacity = dropless;
-  if (capacity_factor > 0)
-    {
-      double per = ceil (capacity_factor * (double) n / E);
-      gint64 cap = per >= (double) n ? n : (gint64) per;
-
-      m->expert_capacity = (cap + p - 1) / p * p;
-      m->row_capacity = MIN (dropless, m->expert_capacity * (gint64) E);
-    }
+  if (m->expert_capacity >= 0)
+    m->row_capacity = MIN (dropless, m->expert_capacity * (gint64) E);
 
   m->sizes = g_new0 (gint64, E);
   m->slot_of = g_new (gint64, MAX (n, 1));

@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "gmlp-test-util.h"
+#include "gmlp-test-router-ref.h"
 /* Host views over tensors with device sizes; the routing's map. */
 #include "gmlp-device-private.h"
 #include "gmlp-grouped-tensor-private.h"
