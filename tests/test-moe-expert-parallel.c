@@ -63,6 +63,7 @@
 #include <string.h>
 
 #include "gmlp-test-group.h"
+#include "gmlp-test-router-ref.h"
 #include "gmlp-test-util.h"
 
 #define HIDDEN    64   /* FP32 rows of 256 bytes: the exact mode sends and receives in place; BF16 ones are packed */
@@ -525,16 +526,11 @@ slot_rows (const Case *c,
            guint       n_experts,
            gint64      tokens)
 {
-  guint64 n_choices = (guint64) tokens * c->top_k, cap = n_choices;
-  guint64 padding = MAX (c->padding, 1);
+  gint64 n_choices = tokens * c->top_k, padding = MAX (c->padding, 1);
+  gint64 cap = gmlp_test_router_ref_capacity (n_choices, n_experts, c->padding, c->expert_capacity_factor);
 
-  if (c->expert_capacity_factor > 0)
-    {
-      double per = ceil (c->expert_capacity_factor * (double) n_choices / n_experts);
-
-      cap = per >= (double) n_choices ? n_choices : (guint64) per;
-    }
-  return (gint64) ((cap + padding - 1) / padding * padding);
+  /* Without a capacity, every choice (padded). */
+  return cap >= 0 ? cap : (n_choices + padding - 1) / padding * padding;
 }
 
 static void

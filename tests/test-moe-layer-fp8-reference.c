@@ -1,8 +1,8 @@
 /* test-moe-layer-fp8-reference.c: the float64 reference of an FP8 MoE layer
  *
- * The routing of a token and its backward, the experts' MLPs with their
- * operands quantized as the recipes quantize them, and a problem's step
- * (see test-moe-layer-fp8.c).
+ * The experts' MLPs with their operands quantized as the recipes quantize
+ * them, and a problem's step (see test-moe-layer-fp8.c), its router
+ * gmlp-test-router-ref.c's with Mixtral's configuration.
  *
  * SPDX-License-Identifier: LGPL-2.1-or-later
  */
@@ -22,73 +22,11 @@ layer_flags (GmlpDType dtype)
   return GMLP_LINEAR_SINGLE_GROUPED_WEIGHT | (dtype == GMLP_DTYPE_FLOAT32 ? GMLP_LINEAR_BIAS : 0);
 }
 
-static void
-route_token (const double *l,
-             Route        *r)
-{
-  double m = -INFINITY, sum = 0.0;
-  guint order[TOP_K + 1], e, j;
-
-  for (e = 0; e < N_EXPERTS; e++)
-    m = fmax (m, l[e]);
-  for (e = 0; e < N_EXPERTS; e++)
-    sum += r->sm[e] = exp (l[e] - m);
-  for (e = 0; e < N_EXPERTS; e++)
-    r->sm[e] /= sum;
-
-  /* The best k + 1, best first, the lower index on ties. */
-  for (j = 0; j < MIN (TOP_K + 1, N_EXPERTS); j++)
-    {
-      gint pick = -1;
-
-      for (e = 0; e < N_EXPERTS; e++)
-        {
-          gboolean taken = FALSE;
-          guint q;
-
-          for (q = 0; q < j; q++)
-            taken |= order[q] == e;
-          if (!taken && (pick < 0 || r->sm[e] > r->sm[pick]))
-            pick = (gint) e;
-        }
-      order[j] = (guint) pick;
-    }
-  r->margin = INFINITY;
-  for (j = 0; j + 1 < MIN (TOP_K + 1, N_EXPERTS); j++)
-    r->margin = fmin (r->margin, r->sm[order[j]] - r->sm[order[j + 1]]);
-
-  sum = 0.0;
-  for (j = 0; j < TOP_K; j++)
-    {
-      r->idx[j] = order[j];
-      sum += r->sm[order[j]];
-    }
-  for (j = 0; j < TOP_K; j++)
-    r->p[j] = r->sm[r->idx[j]] / sum;
-}
-
-/* d(Σ_j gp_j p_j) / d(logits), the choices held fixed: through the
- * renormalization and the softmax. */
-static void
-route_token_backward (const Route  *r,
-                      const double *gp,
-                      double       *dl)
-{
-  double ds[N_EXPERTS] = { 0.0 }, sum = 0.0, dot = 0.0, dot_sm = 0.0;
-  guint j, e;
-
-  for (j = 0; j < TOP_K; j++)
-    {
-      sum += r->sm[r->idx[j]];
-      dot += gp[j] * r->sm[r->idx[j]];
-    }
-  for (j = 0; j < TOP_K; j++)
-    ds[r->idx[j]] = (gp[j] * sum - dot) / (sum * sum);
-  for (e = 0; e < N_EXPERTS; e++)
-    dot_sm += r->sm[e] * ds[e];
-  for (e = 0; e < N_EXPERTS; e++)
-    dl[e] = r->sm[e] * (ds[e] - dot_sm);
-}
+/* Mixtral's router, the layer's default: a softmax over the experts, the
+ * top k renormalized. */
+static const GmlpTestRouterSpec mixtral = {
+  .score = GMLP_SCORE_FUNCTION_SOFTMAX, .before = TRUE, .renorm = TRUE, .scale = 1.0, .E = N_EXPERTS, .k = TOP_K,
+};
 
 Mlp *
 mlp_new (guint  n,
@@ -338,7 +276,8 @@ mlp_reference (const Mlp    *m,
 void
 step_clear (Step *s)
 {
-  g_clear_pointer (&s->routes, g_free);
+  g_clear_pointer (&s->idx, g_free);
+  g_clear_pointer (&s->probs, g_free);
   g_clear_pointer (&s->y, g_free);
   g_clear_pointer (&s->dx, g_free);
   g_clear_pointer (&s->dwg, g_free);
@@ -355,22 +294,6 @@ problem_free (Problem *p)
   g_clear_pointer (&p->experts, mlp_free);
   g_clear_pointer (&p->shared, mlp_free);
   g_free (p);
-}
-
-static void
-logits_of (const Problem *p,
-           gint64         t,
-           double        *l)
-{
-  guint e;
-  gint64 i;
-
-  for (e = 0; e < N_EXPERTS; e++)
-    {
-      l[e] = 0.0;
-      for (i = 0; i < HIDDEN; i++)
-        l[e] += p->x[t * HIDDEN + i] * p->wg[e * HIDDEN + i];
-    }
 }
 
 /* Fresh parameters; the problem's data come with problem_draw(). */
@@ -394,8 +317,8 @@ problem_new (const Config *c,
 void
 problem_draw (Problem *p)
 {
+  g_autoptr(GmlpTestRouterToken) tok = gmlp_test_router_token_new (N_EXPERTS);
   double l[N_EXPERTS];
-  Route r;
   gint64 t, i, tries;
 
   g_clear_pointer (&p->x, g_free);
@@ -407,9 +330,9 @@ problem_draw (Problem *p)
         g_assert_cmpint (tries, <, 10000);
         for (i = 0; i < HIDDEN; i++)
           p->x[t * HIDDEN + i] = gmlp_test_normal (1.0, p->dtype);
-        logits_of (p, t, l);
-        route_token (l, &r);
-        if (r.margin >= MARGIN)
+        gmlp_test_router_ref_logits (p->x + t * HIDDEN, p->wg, N_EXPERTS, HIDDEN, l);
+        gmlp_test_router_ref_route (&mixtral, l, NULL, tok);
+        if (tok->margin >= MARGIN)
           break;
       }
   p->dy = gmlp_test_normals (T_TOKENS * HIDDEN, 1.0, p->dtype);
@@ -431,25 +354,25 @@ problem_reference (const Problem *p,
   gint64 rows[N_EXPERTS] = { 0 }, start[N_EXPERTS], used[N_EXPERTS] = { 0 }, R = 0, t, i;
   g_autofree gint64 *row_of = g_new (gint64, T * TOP_K);
   g_autofree double *xp = NULL, *gyp = NULL, *gp = g_new0 (double, T * TOP_K);
+  g_autofree double *logits = g_new (double, T * N_EXPERTS);
   g_auto(MlpStep) routed = { NULL, }, shared = { NULL, };
-  double l[N_EXPERTS], dl[N_EXPERTS];
+  double dl[N_EXPERTS];
   guint e, j;
 
   step_clear (out);
-  out->routes = g_new (Route, T);
+  out->idx = g_new (gint64, T * TOP_K);
+  out->probs = g_new (double, T * TOP_K);
   out->y = g_new0 (double, T * H);
   out->dx = g_new0 (double, T * H);
   out->dwg = g_new0 (double, N_EXPERTS * H);
 
-  /* The permuted layout: expert by expert, tokens in order, each expert's
-   * rows padded up to the padding with zero rows. */
+  /* The routing, then the permuted layout: expert by expert, tokens in
+   * order, each expert's rows padded up to the padding with zero rows. */
   for (t = 0; t < T; t++)
-    {
-      logits_of (p, t, l);
-      route_token (l, &out->routes[t]);
-      for (j = 0; j < TOP_K; j++)
-        rows[out->routes[t].idx[j]]++;
-    }
+    gmlp_test_router_ref_logits (p->x + t * H, p->wg, N_EXPERTS, H, logits + t * N_EXPERTS);
+  gmlp_test_router_ref_forward (&mixtral, T, logits, NULL, out->idx, out->probs, NULL, NULL, NULL);
+  for (i = 0; i < T * TOP_K; i++)
+    rows[out->idx[i]]++;
   for (e = 0; e < N_EXPERTS; e++)
     {
       rows[e] = (rows[e] + pad - 1) / pad * pad;
@@ -463,14 +386,14 @@ problem_reference (const Problem *p,
       {
         gint64 row;
 
-        e = out->routes[t].idx[j];
+        e = (guint) out->idx[t * TOP_K + j];
         row = row_of[t * TOP_K + j] = start[e] + used[e]++;
         /* The expert's output gradient, p dy[t], computed in FP32 from the
          * FP32 probability and stored in dtype. */
         for (i = 0; i < H; i++)
           {
             xp[row * H + i] = p->x[t * H + i];
-            gyp[row * H + i] = gmlp_test_round ((double) (float) ((double) (float) out->routes[t].p[j] *
+            gyp[row * H + i] = gmlp_test_round ((double) (float) ((double) (float) out->probs[t * TOP_K + j] *
                                                                    p->dy[t * H + i]), p->dtype);
           }
       }
@@ -494,7 +417,7 @@ problem_reference (const Problem *p,
           double acc = 0.0;
 
           for (j = 0; j < TOP_K; j++)
-            acc += out->routes[t].p[j] * routed.y[row_of[t * TOP_K + j] * H + i];
+            acc += out->probs[t * TOP_K + j] * routed.y[row_of[t * TOP_K + j] * H + i];
           out->y[t * H + i] = gmlp_test_round (acc, p->dtype);
           if (p->shared != NULL)
             out->y[t * H + i] = gmlp_test_round (out->y[t * H + i] + shared.y[t * H + i], p->dtype);
@@ -513,7 +436,8 @@ problem_reference (const Problem *p,
       /* The router: dl, dWg += dlᵀ x; dx: the permutation's (as stored)
        * plus the router's (dl Wg, as stored), then the shared expert's,
        * each sum stored. */
-      route_token_backward (&out->routes[t], gp + t * TOP_K, dl);
+      gmlp_test_router_ref_token_backward (&mixtral, logits + t * N_EXPERTS, out->idx + t * TOP_K, gp + t * TOP_K,
+                                           NULL, 0.0, dl);
       for (i = 0; i < H; i++)
         {
           double through_router = 0.0;

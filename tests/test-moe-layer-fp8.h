@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "gmlp-test-util.h"
+#include "gmlp-test-router-ref.h"
 #include "gmlp-quantizer-private.h"
 
 #define T_TOKENS  128
@@ -49,15 +50,6 @@ static const Config configs[] = {
   { "padding128", 128, 0 },
   { "padding32-shared", 32, 48 },
 };
-
-/* ---- The float64 router (Mixtral's) ------------------------------------- */
-
-typedef struct {
-  double sm[N_EXPERTS];
-  guint  idx[TOP_K];
-  double p[TOP_K];
-  double margin;    /* the smallest gap between the top k + 1 */
-} Route;
 
 /* ---- The float64 experts, quantized as the layer quantizes ------------- */
 
@@ -118,9 +110,10 @@ typedef struct {
   Mlp          *experts, *shared;
 } Problem;
 
-/* The reference of a step, or what the layer gave (no routes then). */
+/* The reference of a step, or what the layer gave (no routing then). */
 typedef struct {
-  Route  *routes;   /* T */
+  gint64 *idx;      /* T × k, the reference's choices */
+  double *probs;    /* T × k */
   double *y, *dx, *dwg;
   Mlp    *dexperts, *dshared;
 } Step;

@@ -1,9 +1,10 @@
 /* test-moe-layer-reference.c: the float64 reference of a MoE layer's step
  *
- * The configurations, the routing of a token (scores, top-k, renormalization,
- * capacity) and its backward, the experts' MLPs row by row, and a problem:
- * parameters and inputs drawn until every token's choices are clear, with
- * the step's expected outputs and gradients (see test-moe-layer.c).
+ * The configurations, the capacity's drops, the experts' MLPs row by row,
+ * and a problem: parameters and inputs drawn until every token's choices
+ * are clear, with the step's expected outputs and gradients (see
+ * test-moe-layer.c). The router's part, its routing of a token and its
+ * backward, is gmlp-test-router-ref.c's.
  *
  * SPDX-License-Identifier: LGPL-2.1-or-later
  */
@@ -32,240 +33,6 @@ static gboolean
 is_gated (GmlpActivation act)
 {
   return act == GMLP_ACTIVATION_SWIGLU || act == GMLP_ACTIVATION_GEGLU;
-}
-
-/* Float64 router */
-
-/* Whether value a (of expert ia) ranks before value b (of expert ib):
- * higher first, the lower index on ties. */
-static gboolean
-ranks_before (double a,
-              guint  ia,
-              double b,
-              guint  ib)
-{
-  return a > b || (a == b && ia < ib);
-}
-
-/* The n best of values[0 .. len) whose mask is set (all when mask is
- * NULL), best first, into best[]. */
-static void
-best_of (const double   *values,
-         guint           len,
-         const gboolean *mask,
-         guint           n,
-         guint          *best)
-{
-  guint i, j;
-
-  for (j = 0; j < n; j++)
-    {
-      gint pick = -1;
-
-      for (i = 0; i < len; i++)
-        {
-          gboolean taken = FALSE;
-          guint q;
-
-          for (q = 0; q < j && !taken; q++)
-            taken = best[q] == i;
-          if (taken || (mask != NULL && !mask[i]))
-            continue;
-          if (pick < 0 || ranks_before (values[i], i, values[pick], pick))
-            pick = (gint) i;
-        }
-      g_assert_cmpint (pick, >=, 0);
-      best[j] = (guint) pick;
-    }
-}
-
-static void
-route_token (const Config *c,
-             const double *l,
-             const double *bias,
-             TokenRoute   *r)
-{
-  gboolean mask[64];
-  guint order[MAX_K + 1], j, n_candidates = c->E;
-  double m = -INFINITY, sum = 0.0;
-
-  g_assert_cmpuint (c->E, <=, 64);
-  for (j = 0; j < c->E; j++)
-    m = fmax (m, l[j]);
-  for (j = 0; j < c->E; j++)
-    sum += r->sm[j] = exp (l[j] - m);
-  for (j = 0; j < c->E; j++)
-    {
-      r->sm[j] /= sum;
-      r->s[j] = c->score == SOFTMAX ? r->sm[j] : 1.0 / (1.0 + exp (-l[j]));
-      r->v[j] = (c->score == SOFTMAX && !c->before ? l[j] : r->s[j]) + (bias != NULL ? bias[j] : 0.0);
-      mask[j] = TRUE;
-    }
-  r->lse = m + log (sum);
-  r->margin = INFINITY;
-
-  if (c->groups > 0)
-    {
-      guint per = c->E / c->groups, top = MIN (per, 2), g, q, two[2], gorder[64];
-      double gscore[64];
-
-      for (g = 0; g < c->groups; g++)
-        {
-          best_of (r->v + g * per, per, NULL, top, two);
-          gscore[g] = 0.0;
-          for (q = 0; q < top; q++)
-            gscore[g] += r->v[g * per + two[q]];
-        }
-      best_of (gscore, c->groups, NULL, c->groups, gorder);
-      for (j = 0; j < c->E; j++)
-        mask[j] = FALSE;
-      for (g = 0; g < c->topk_groups; g++)
-        for (q = 0; q < per; q++)
-          mask[gorder[g] * per + q] = TRUE;
-      n_candidates = c->topk_groups * per;
-      if (c->topk_groups < c->groups)
-        r->margin = fabs (gscore[gorder[c->topk_groups - 1]] - gscore[gorder[c->topk_groups]]);
-    }
-  best_of (r->v, c->E, mask, MIN (c->k + 1, n_candidates), order);
-  for (j = 0; j + 1 < MIN (c->k + 1, n_candidates); j++)
-    r->margin = fmin (r->margin, fabs (r->v[order[j]] - r->v[order[j + 1]]));
-
-  sum = 0.0;
-  m = -INFINITY;
-  for (j = 0; j < c->k; j++)
-    {
-      r->idx[j] = order[j];
-      m = fmax (m, l[order[j]]);
-    }
-  if (c->score == SOFTMAX && !c->before)
-    {
-      /* The softmax of the chosen logits. */
-      for (j = 0; j < c->k; j++)
-        sum += r->p[j] = exp (l[r->idx[j]] - m);
-      for (j = 0; j < c->k; j++)
-        r->p[j] /= sum;
-    }
-  else
-    {
-      for (j = 0; j < c->k; j++)
-        sum += r->p[j] = r->s[r->idx[j]];
-      for (j = 0; j < c->k && c->renorm; j++)
-        r->p[j] /= sum + RENORM_EPS;
-    }
-  for (j = 0; j < c->k; j++)
-    r->p[j] *= c->scale;
-}
-
-/* The aux loss's distribution of one token: the softmax, or the sigmoid
- * scores over their sum. */
-static double
-aux_dist (const Config     *c,
-          const TokenRoute *r,
-          guint             e)
-{
-  double sum = 0.0;
-  guint j;
-
-  if (c->score == SOFTMAX)
-    return r->sm[e];
-  for (j = 0; j < c->E; j++)
-    sum += r->s[j];
-  return r->s[e] / (sum + RENORM_EPS);
-}
-
-/* out += the vector-Jacobian product of a softmax q (n values) with g:
- * q_i (g_i − Σ_j q_j g_j). */
-static void
-softmax_backward (const double *q,
-                  const double *g,
-                  guint         n,
-                  double       *out)
-{
-  double dot = 0.0;
-  guint i;
-
-  for (i = 0; i < n; i++)
-    dot += q[i] * g[i];
-  for (i = 0; i < n; i++)
-    out[i] += q[i] * (g[i] - dot);
-}
-
-/* d(Σ_j gp_j p_j + the token's share of the losses) / d(logits), the
- * choices held fixed: aux_grad[e] = d aux / d dist[e] for this token, z_grad
- * = d z / d lse². Analytic, through the renormalization and the score
- * function. */
-static void
-route_token_backward (const Config     *c,
-                      const TokenRoute *r,
-                      const double     *gp,
-                      const double     *aux_grad,
-                      double            z_grad,
-                      double           *dl)
-{
-  double ds[64] = { 0.0 }, dot = 0.0, sum = 0.0;
-  guint j, e;
-
-  for (e = 0; e < c->E; e++)
-    dl[e] = 0.0;
-
-  if (c->score == SOFTMAX && !c->before)
-    {
-      /* p = scale · softmax (chosen logits). */
-      double q[MAX_K], g[MAX_K], d[MAX_K] = { 0.0 };
-
-      for (j = 0; j < c->k; j++)
-        {
-          q[j] = r->p[j] / c->scale;
-          g[j] = c->scale * gp[j];
-        }
-      softmax_backward (q, g, c->k, d);
-      for (j = 0; j < c->k; j++)
-        dl[r->idx[j]] += d[j];
-    }
-  else if (c->renorm)
-    {
-      for (j = 0; j < c->k; j++)
-        {
-          sum += r->s[r->idx[j]];
-          dot += gp[j] * r->s[r->idx[j]];
-        }
-      /* One fraction, so that a single choice (p = 1) gives exactly 0. */
-      sum += RENORM_EPS;
-      for (j = 0; j < c->k; j++)
-        ds[r->idx[j]] += c->scale * (gp[j] * sum - dot) / (sum * sum);
-    }
-  else
-    for (j = 0; j < c->k; j++)
-      ds[r->idx[j]] += c->scale * gp[j];
-
-  /* The aux loss's distribution: the softmax scores themselves, or the
-   * sigmoid scores over their sum. */
-  if (aux_grad != NULL && c->score == SOFTMAX)
-    for (e = 0; e < c->E; e++)
-      ds[e] += aux_grad[e];
-  else if (aux_grad != NULL)
-    {
-      double total = RENORM_EPS, d = 0.0;
-
-      for (e = 0; e < c->E; e++)
-        {
-          total += r->s[e];
-          d += aux_grad[e] * r->s[e];
-        }
-      for (e = 0; e < c->E; e++)
-        ds[e] += aux_grad[e] / total - d / (total * total);
-    }
-
-  /* Through the score function. */
-  if (c->score == SOFTMAX)
-    softmax_backward (r->sm, ds, c->E, dl);
-  else
-    for (e = 0; e < c->E; e++)
-      dl[e] += ds[e] * r->s[e] * (1.0 - r->s[e]);
-
-  /* z = coeff × mean lse²: d lse / d l = softmax. */
-  for (e = 0; e < c->E; e++)
-    dl[e] += z_grad * 2.0 * r->lse * r->sm[e];
 }
 
 Mlp *
@@ -428,58 +195,23 @@ problem_free (Problem *p)
   g_free (p);
 }
 
-static void
-logits_of (const Problem *p,
-           gint64         t,
-           double        *l)
-{
-  guint e;
-  gint64 h;
-
-  for (e = 0; e < p->c->E; e++)
-    {
-      double acc = 0.0;
-
-      for (h = 0; h < p->H; h++)
-        acc += p->x[t * p->H + h] * p->wg[e * p->H + h];
-      l[e] = acc;
-    }
-}
-
-/* The capacity of each expert, as documented: ceil (factor × T k / E),
- * at most T k, rounded up to the padding; -1 without a capacity. */
-static gint64
-expert_capacity (const Config *c,
-                 gint64        T)
-{
-  gint64 n = T * c->k, pad = MAX (c->padding, 1), cap;
-  double per;
-
-  if (c->capacity <= 0.0)
-    return -1;
-  per = ceil (c->capacity * (double) n / c->E);
-  cap = per >= (double) n ? n : (gint64) per;
-  return (cap + pad - 1) / pad * pad;
-}
-
 /* The reference forward and backward of the problem's data. */
 static void
 problem_reference (Problem *p)
 {
   const Config *c = p->c;
-  gint64 T = p->T, H = p->H, tk = T * c->k, cap = expert_capacity (c, T), t;
-  g_autofree TokenRoute *routes = g_new0 (TokenRoute, MAX (T, 1));
-  g_autofree double *l = g_new (double, c->E);
+  const GmlpTestRouterSpec *r = GMLP_TEST_ROUTER_SPEC (c);
+  gint64 T = p->T, H = p->H, tk = T * c->k, t;
+  gint64 cap = gmlp_test_router_ref_capacity (tk, c->E, c->padding, c->capacity);
+  g_autofree double *logits = g_new (double, MAX (T * c->E, 1));
+  g_autofree double *counts = g_new (double, c->E);
   g_autofree double *gp = g_new0 (double, MAX (tk, 1));
-  g_autofree double *aux_grad = g_new0 (double, c->E);
-  g_autofree double *mean = g_new0 (double, c->E);
-  g_autofree double *dl = g_new (double, c->E);
+  g_autofree double *dl = g_new (double, MAX (T * c->E, 1));
   g_autofree double *h = g_new (double, 2 * MAX (p->F, p->shared != NULL ? p->shared->ffn : 0));
   g_autofree double *a = g_new (double, MAX (p->F, p->shared != NULL ? p->shared->ffn : 0));
   g_autofree double *ye = g_new (double, H);
   g_autofree double *gy = g_new (double, H);
   g_autofree gint64 *used = g_new0 (gint64, c->E);
-  double z_sum = 0.0, sum = 0.0;
   guint j, e;
   gint64 i;
 
@@ -495,33 +227,23 @@ problem_reference (Problem *p)
   if (p->shared != NULL)
     p->dshared = mlp_new (1, H, p->shared->ffn, c->act, TRUE);
 
-  /* Routing, counts, drops (each expert keeps its first choices, tokens
-   * in order, a token's choices in order), losses. */
+  /* Routing, counts and losses, then the drops: each expert keeps its
+   * first choices, tokens in order, a token's choices in order. */
   for (t = 0; t < T; t++)
+    gmlp_test_router_ref_logits (p->x + t * H, p->wg, c->E, H, logits + t * c->E);
+  gmlp_test_router_ref_forward (r, T, logits, p->bias, p->idx, p->probs, counts, &p->aux, &p->z);
+  for (i = 0; i < tk; i++)
     {
-      logits_of (p, t, l);
-      route_token (c, l, p->bias, &routes[t]);
-      for (j = 0; j < c->k; j++)
-        {
-          e = routes[t].idx[j];
-          p->idx[t * c->k + j] = e;
-          p->probs[t * c->k + j] = routes[t].p[j];
-          p->counts[e]++;
-          p->kept[t * c->k + j] = cap < 0 || used[e] < cap;
-          if (p->kept[t * c->k + j])
-            used[e]++;
-        }
-      for (e = 0; e < c->E; e++)
-        mean[e] += aux_dist (c, &routes[t], e) / T;
-      z_sum += routes[t].lse * routes[t].lse;
+      e = (guint) p->idx[i];
+      p->kept[i] = cap < 0 || used[e] < cap;
+      if (p->kept[i])
+        used[e]++;
     }
   for (e = 0; e < c->E; e++)
     {
+      p->counts[e] = (gint64) counts[e];
       p->rows[e] = used[e];
-      sum += (double) p->counts[e] / (double) tk * mean[e];
     }
-  p->aux = T > 0 ? c->aux * c->E * sum : 0.0;
-  p->z = T > 0 ? c->z * z_sum / T : 0.0;
 
   /* Forward and backward, token by token: y[t] = Σ kept p · MLP_e (x[t]);
    * the expert's output gradient p dy[t] (stored in dtype), the
@@ -560,18 +282,14 @@ problem_reference (Problem *p)
     }
 
   /* The router: dlogits, then dx += dlogits Wg, dWg += dlogitsᵀ x. */
-  for (e = 0; e < c->E && T > 0; e++)
-    aux_grad[e] = c->aux * c->E * ((double) p->counts[e] / (double) tk) / T;
+  gmlp_test_router_ref_backward (r, T, logits, p->idx, counts, gp, dl);
   for (t = 0; t < T; t++)
-    {
-      route_token_backward (c, &routes[t], gp + t * c->k, c->aux != 0.0 ? aux_grad : NULL, c->z / T, dl);
-      for (i = 0; i < H; i++)
-        for (e = 0; e < c->E; e++)
-          {
-            p->dx[t * H + i] += dl[e] * p->wg[e * H + i];
-            p->dwg[e * H + i] += dl[e] * p->x[t * H + i];
-          }
-    }
+    for (i = 0; i < H; i++)
+      for (e = 0; e < c->E; e++)
+        {
+          p->dx[t * H + i] += dl[t * c->E + e] * p->wg[e * H + i];
+          p->dwg[e * H + i] += dl[t * c->E + e] * p->x[t * H + i];
+        }
 }
 
 /* The reference again, after the caller changed the problem's data. */
@@ -598,8 +316,8 @@ problem_draw_data (Problem *p)
 {
   const Config *c = p->c;
   g_autofree double *l = g_new (double, c->E);
+  g_autoptr(GmlpTestRouterToken) tok = gmlp_test_router_token_new (c->E);
   gint64 t, h, tries;
-  TokenRoute r;
 
   p->x = g_new (double, MAX (p->T * p->H, 1));
   for (t = 0; t < p->T; t++)
@@ -608,9 +326,9 @@ problem_draw_data (Problem *p)
         g_assert_cmpint (tries, <, 10000);
         for (h = 0; h < p->H; h++)
           p->x[t * p->H + h] = gmlp_test_normal (1.0, p->dtype);
-        logits_of (p, t, l);
-        route_token (c, l, p->bias, &r);
-        if (r.margin >= MARGIN)
+        gmlp_test_router_ref_logits (p->x + t * p->H, p->wg, c->E, p->H, l);
+        gmlp_test_router_ref_route (GMLP_TEST_ROUTER_SPEC (c), l, p->bias, tok);
+        if (tok->margin >= MARGIN)
           break;
       }
   p->dy = gmlp_test_normals (p->T * p->H, 1.0, p->dtype);
@@ -665,7 +383,8 @@ problem_new_like (const Config  *c,
     {
       p->wg = gmlp_test_normals (c->E * p->H, 1.0 / sqrt ((double) p->H), GMLP_DTYPE_FLOAT32);
       if (c->bias)
-        p->bias = gmlp_test_normals (c->E, c->score == SIGMOID ? 0.2 : 0.5 / c->E, GMLP_DTYPE_FLOAT32);
+        p->bias = gmlp_test_normals (c->E, gmlp_test_router_ref_bias_scale (GMLP_TEST_ROUTER_SPEC (c)),
+                                     GMLP_DTYPE_FLOAT32);
       p->experts = mlp_new (c->E, p->H, p->F, c->act, (c->flags & GMLP_LINEAR_BIAS) != 0);
       mlp_randomize (p->experts, dtype);
       if (c->shared > 0)

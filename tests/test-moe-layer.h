@@ -18,13 +18,12 @@
 #include <string.h>
 
 #include "gmlp-test-util.h"
+#include "gmlp-test-router-ref.h"
 
 #define T_TOKENS   24
 #define HIDDEN     16
 #define FFN        12
 #define MARGIN     1e-4
-#define RENORM_EPS 1e-20
-#define MAX_K      16
 
 #define SOFTMAX GMLP_SCORE_FUNCTION_SOFTMAX
 #define SIGMOID GMLP_SCORE_FUNCTION_SIGMOID
@@ -77,16 +76,6 @@ const Config *config (const char *name);
 static const GmlpDType dtypes[] = { GMLP_DTYPE_FLOAT32, GMLP_DTYPE_BFLOAT16 };
 
 GmlpDevice *layer_device_or_skip (void);
-
-/* One token through the float64 router: softmax sm (and the logsumexp),
- * scores s, selection values v, the choices and their probabilities; the
- * smallest gap that decides the choices into *margin. */
-typedef struct {
-  double  sm[64], s[64], v[64], lse;
-  guint   idx[MAX_K];
-  double  p[MAX_K];
-  double  margin;
-} TokenRoute;
 
 /* Float64 experts */
 

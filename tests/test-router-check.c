@@ -19,7 +19,7 @@ problem_new_sized (const Config  *c,
 {
   Problem *p = g_new0 (Problem, 1);
   g_autofree double *l = g_new (double, c->E);
-  g_autoptr(Token) tok = token_new (c->E);
+  g_autoptr(GmlpTestRouterToken) tok = gmlp_test_router_token_new (c->E);
   gint64 t, h, tries;
   guint e;
 
@@ -30,33 +30,31 @@ problem_new_sized (const Config  *c,
   p->x = g_new (double, MAX (p->T * p->H, 1));
   p->w = g_new (double, c->E * p->H);
   for (e = 0; e < c->E * p->H; e++)
-    p->w[e] = like != NULL ? like->w[e] : random_value (1.0 / sqrt ((double) p->H), GMLP_DTYPE_FLOAT32);
+    p->w[e] = like != NULL ? like->w[e] : gmlp_test_normal (1.0 / sqrt ((double) p->H), GMLP_DTYPE_FLOAT32);
   if (c->bias)
     {
+      double scale = gmlp_test_router_ref_bias_scale (GMLP_TEST_ROUTER_SPEC (c));
+
       p->bias = g_new (double, c->E);
       for (e = 0; e < c->E; e++)
-        p->bias[e] = like != NULL ? like->bias[e] : random_value (bias_scale (c), GMLP_DTYPE_FLOAT32);
+        p->bias[e] = like != NULL ? like->bias[e] : gmlp_test_normal (scale, GMLP_DTYPE_FLOAT32);
     }
 
   for (t = 0; t < p->T; t++)
     for (tries = 0;; tries++)
       {
-        gint64 idx[16];
-        double margin;
-
         g_assert_cmpint (tries, <, 10000);
         for (h = 0; h < p->H; h++)
-          p->x[t * p->H + h] = random_value (1.0, dtype);
-        logits_of (p, p->x, p->w, t, l);
-        ref_scores (c, l, p->bias, tok);
-        ref_select (c, tok->v, idx, &margin);
-        if (margin >= MARGIN)
+          p->x[t * p->H + h] = gmlp_test_normal (1.0, dtype);
+        gmlp_test_router_ref_logits (p->x + t * p->H, p->w, c->E, p->H, l);
+        gmlp_test_router_ref_route (GMLP_TEST_ROUTER_SPEC (c), l, p->bias, tok);
+        if (tok->margin >= MARGIN)
           break;
       }
 
   p->logits = g_new (double, MAX (p->T * c->E, 1));
   for (t = 0; t < p->T; t++)
-    logits_of (p, p->x, p->w, t, p->logits + t * c->E);
+    gmlp_test_router_ref_logits (p->x + t * p->H, p->w, c->E, p->H, p->logits + t * c->E);
   p->idx = g_new (gint64, MAX (p->T * c->k, 1));
   p->probs = g_new (double, MAX (p->T * c->k, 1));
   p->counts = g_new (double, c->E);
@@ -236,7 +234,7 @@ random_grad (gsize n)
   gsize i;
 
   for (i = 0; i < n; i++)
-    gp[i] = random_value (1.0, GMLP_DTYPE_FLOAT32);
+    gp[i] = gmlp_test_normal (1.0, GMLP_DTYPE_FLOAT32);
   return gp;
 }
 

@@ -361,7 +361,7 @@ test_ties (void)
       const Config *c = &tie_configs[i];
       g_autoptr(Problem) p = g_new0 (Problem, 1);
       g_autoptr(GmlpRouter) router = NULL;
-      g_autoptr(Token) tok = token_new (c->E);
+      g_autoptr(GmlpTestRouterToken) tok = gmlp_test_router_token_new (c->E);
       g_autofree double *l = g_new (double, c->E);
       g_autofree double *gp = NULL;
       gint64 t, h;
@@ -387,8 +387,8 @@ test_ties (void)
 
             for (h = 0; h < p->H; h++)
               p->x[t * p->H + h] = g_test_rand_int_range (-4, 5) / 2.0;
-            logits_of (p, p->x, p->w, t, l);
-            ref_scores (c, l, NULL, tok);
+            gmlp_test_router_ref_logits (p->x + t * p->H, p->w, c->E, p->H, l);
+            gmlp_test_router_ref_scores (GMLP_TEST_ROUTER_SPEC (c), l, NULL, tok);
             /* Values of different logits are far apart, but sums of two
              * (the group scores) may come close without being equal
              * (σ(a) + σ(−a) = 1 for any a): only groups of the same logits
@@ -401,7 +401,7 @@ test_ties (void)
           }
       p->logits = g_new (double, p->T * c->E);
       for (t = 0; t < p->T; t++)
-        logits_of (p, p->x, p->w, t, p->logits + t * c->E);
+        gmlp_test_router_ref_logits (p->x + t * p->H, p->w, c->E, p->H, p->logits + t * c->E);
       p->idx = g_new (gint64, p->T * c->k);
       p->probs = g_new (double, p->T * c->k);
       p->counts = g_new (double, c->E);

@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "gmlp-test-util.h"
+#include "gmlp-test-router-ref.h"
 #include "gmlp-grouped-tensor-private.h"
 #include "gmlp-router-private.h"
 #include "gmlp-saved-activations-private.h"
@@ -26,7 +27,6 @@
 #define T_TOKENS   24
 #define HIDDEN     12
 #define MARGIN     1e-4
-#define RENORM_EPS 1e-20
 
 typedef struct {
   const char        *name;
@@ -81,25 +81,6 @@ const Config *config (const char *name);
 
 static const GmlpDType x_dtypes[] = { GMLP_DTYPE_FLOAT32, GMLP_DTYPE_FLOAT16, GMLP_DTYPE_BFLOAT16 };
 
-/* One token: its scores, softmax and logsumexp. */
-typedef struct {
-  double *s, *sm, *v;
-  double  lse;
-} Token;
-
-Token *token_new (guint E);
-void token_free (Token *t);
-
-G_DEFINE_AUTOPTR_CLEANUP_FUNC (Token, token_free)
-
-void ref_scores (const Config *c,
-                 const double *l,
-                 const double *bias,
-                 Token        *t);
-void ref_select (const Config *c,
-                 const double *v,
-                 gint64       *idx,
-                 double       *margin);
 void ref_token_grad (const Config *c,
                      const double *l,
                      const gint64 *idx,
@@ -127,11 +108,6 @@ void problem_free (Problem *p);
 
 G_DEFINE_AUTOPTR_CLEANUP_FUNC (Problem, problem_free)
 
-void logits_of (const Problem *p,
-                const double  *x,
-                const double  *w,
-                gint64         t,
-                double        *l);
 double ref_forward (Problem      *p,
                     const double *x,
                     const double *w,
@@ -144,9 +120,6 @@ double ref_total_loss (Problem      *p,
                        const double *x,
                        const double *w,
                        const double *gp);
-double random_value (double    scale,
-                     GmlpDType dtype);
-double bias_scale (const Config *c);
 Problem *problem_new_sized (const Config  *c,
                             GmlpDType      dtype,
                             gint64         n_tokens,
