@@ -1,19 +1,24 @@
 /* gmlp-grouped-linear-impl.h: what the files of GmlpGroupedLinear share
  *
- * The layer is five files, one job each:
+ * The layer is six files, one job each, listed from the top down: each
+ * calls only files below it.
  *
+ * - gmlp-grouped-linear-products.c: forward, backward and backward_dw, and
+ *   the weight gradients' outputs;
  * - gmlp-grouped-linear.c: the object: type, properties, signal,
- *   construction, accessors;
- * - gmlp-grouped-linear-params.c: the parameters and their gradients:
- *   their per-group faces, drawn, uploaded, read grouped or per group;
- * - gmlp-grouped-linear-products.c: forward, backward and backward_dw, each
- *   product described as a Product and handed to the backend, and the
- *   weight gradients' outputs;
- * - gmlp-grouped-linear-fp8.c: the quantizers, and which FP8 product,
- *   scales and fall-back each operand takes;
+ *   construction, accessors, the quantizers and cache-fp8-weights (set,
+ *   read, updated); the file above notifies and emits through it;
+ * - gmlp-grouped-linear-fp8.c: which quantizers and recipes the products
+ *   take, and which FP8 product, scales and fall-back each operand takes;
+ * - gmlp-grouped-linear-runner.c: what the plain and FP8 products share:
+ *   the checks of activations, the operands of the backend's descriptor,
+ *   each product described as a Product and handed to the backend, the
+ *   bias gradient;
  * - gmlp-grouped-linear-split.c: an FP32 layer's products of a BF16 input
  *   (the router's gate), on BF16 tensor cores with the FP32 operands split
- *   into BF16 parts.
+ *   into BF16 parts;
+ * - gmlp-grouped-linear-params.c: the parameters and their gradients:
+ *   their per-group faces, drawn, uploaded, read grouped or per group.
  *
  * No other file includes it: GroupedMLP's view of the layer is
  * gmlp-grouped-linear-private.h.
@@ -70,7 +75,8 @@ struct _GmlpGroupedLinear
   gboolean            wgrad_valid;
   gboolean            grad_added_to_main_grad;
 
-  /* FP8 (gmlp-grouped-linear-fp8.c): all three, or none. */
+  /* FP8 (set in gmlp-grouped-linear.c, used in gmlp-grouped-linear-fp8.c):
+   * all three, or none. */
   GmlpQuantizer      *input_quantizer;
   GmlpQuantizer      *weight_quantizer;
   GmlpQuantizer      *grad_output_quantizer;
@@ -165,6 +171,8 @@ gboolean           gmlp_grouped_linear_record_wgrad_ready (GmlpGroupedLinear  *s
                                                            GError            **error);
 void               gmlp_grouped_linear_emit_wgrad_ready (GmlpGroupedLinear  *self,
                                                          GmlpEvent          *event);
+/* For the queue of delayed weight gradients. */
+void               gmlp_linear_pending_wgrad_free       (gpointer            data);
 
 /* gmlp-grouped-linear-params.c */
 
@@ -179,7 +187,7 @@ void               gmlp_linear_param_rebind             (Param              *par
                                                          guint               index,
                                                          GmlpGroupedTensor  *member);
 
-/* gmlp-grouped-linear-products.c */
+/* gmlp-grouped-linear-runner.c */
 
 /* The checks of an activation shared by its plain and FP8 paths: on the
  * layer's device; the layer's groups and cols columns. */
@@ -236,6 +244,12 @@ gboolean           gmlp_linear_run_bias_grad            (GmlpGroupedLinear  *sel
                                                          GmlpGroupedTensor  *sized_by,
                                                          GmlpGroupedTensor  *grad_output,
                                                          GError            **error);
+/* The same into @pdb[i] rather than bgrad (a chunked backward's groups). */
+gboolean           gmlp_linear_run_bias_grad_into       (GmlpGroupedLinear  *self,
+                                                         GmlpGroupedTensor  *sized_by,
+                                                         GmlpGroupedTensor  *grad_output,
+                                                         void * const       *pdb,
+                                                         GError            **error);
 /* A new activation of @cols columns with the group sizes of @like. */
 GmlpGroupedTensor *gmlp_linear_new_activation_like      (GmlpGroupedLinear  *self,
                                                          GmlpGroupedTensor  *like,
@@ -247,8 +261,10 @@ gboolean           gmlp_linear_check_offload_context    (GmlpGroupedLinear  *sel
                                                          GError            **error);
 /* Counts the write of a weight-gradient computation in its outputs. */
 void               gmlp_linear_bump_wgrad_versions      (GmlpGroupedLinear  *self);
-/* For the queue of delayed weight gradients. */
-void               gmlp_linear_pending_wgrad_free       (gpointer            data);
+/* The dtype that FP8's fall-back multiplies dequantized operands in. */
+GmlpDType          gmlp_linear_fp8_fallback_dtype       (GmlpGroupedLinear  *self);
+
+/* gmlp-grouped-linear-products.c */
 
 /* A backward in three phases (gmlp-grouped-linear-private.h), so that
  * nothing is written before everything is checked, for GroupedMLP across
@@ -308,7 +324,6 @@ gboolean           gmlp_linear_fp8_check_activation     (GmlpGroupedLinear     *
                                                          GmlpGroupedTensor     *partner,
                                                          GmlpQuantizer         *partner_quantizer,
                                                          GError               **error);
-GmlpDType          gmlp_linear_fp8_fallback_dtype       (GmlpGroupedLinear     *self);
 GmlpGroupedTensor *gmlp_linear_fp8_forward              (GmlpGroupedLinear     *self,
                                                          GmlpGroupedTensor     *input,
                                                          gboolean               save_input,

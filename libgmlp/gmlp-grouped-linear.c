@@ -1,10 +1,12 @@
 /* gmlp-grouped-linear.c: the GmlpGroupedLinear object
  *
- * Its type, properties and signal, its construction and the accessors of
- * its shape and state. The parameters are in gmlp-grouped-linear-params.c,
- * the products in gmlp-grouped-linear-products.c, FP8 in
+ * Its type, properties and signal, its construction, the accessors of its
+ * shape and state, and its quantizers and cache-fp8-weights (set, read,
+ * updated). The parameters are in gmlp-grouped-linear-params.c, the
+ * products in gmlp-grouped-linear-products.c over
+ * gmlp-grouped-linear-runner.c, FP8's rules and products in
  * gmlp-grouped-linear-fp8.c; gmlp-grouped-linear-impl.h has what they
- * share.
+ * share, and in which order they call each other.
  *
  * SPDX-License-Identifier: LGPL-2.1-or-later
  */
@@ -215,6 +217,23 @@ gmlp_grouped_linear_emit_wgrad_ready (GmlpGroupedLinear *self,
 {
   if (event != NULL)
     g_signal_emit (self, signals[SIGNAL_WGRAD_READY], 0, event);
+}
+
+void
+gmlp_linear_pending_wgrad_free (gpointer data)
+{
+  PendingWgrad *pending = data;
+
+  gmlp_linear_fp8_wgrad_operands_clear (&pending->fp8_operands);
+  /* backward_dw may run on another thread than the backward that queued
+   * these, which may hold them still. */
+  gmlp_object_unref_shared (pending->input);
+  g_clear_pointer (&pending->grad_output, gmlp_object_unref_shared);
+  g_clear_pointer (&pending->grad_output_fp8, gmlp_object_unref_shared);
+  g_array_unref (pending->versions);
+  g_clear_pointer (&pending->chunks, g_ptr_array_unref);
+  g_free (pending->bounds);
+  g_free (pending);
 }
 
 static void
@@ -915,4 +934,213 @@ gmlp_grouped_linear_get_grad_added_to_main_grad (GmlpGroupedLinear *self)
 {
   g_return_val_if_fail (GMLP_IS_GROUPED_LINEAR (self), FALSE);
   return self->grad_added_to_main_grad;
+}
+
+/**
+ * gmlp_grouped_linear_set_quantizers:
+ * @self: a #GmlpGroupedLinear
+ * @input: (nullable): the quantizer of the input, of role
+ *   %GMLP_QUANTIZER_ROLE_INPUT
+ * @weight: (nullable): the quantizer of the weights, of role
+ *   %GMLP_QUANTIZER_ROLE_WEIGHT
+ * @grad_output: (nullable): the quantizer of the output gradient, of role
+ *   %GMLP_QUANTIZER_ROLE_GRAD_OUTPUT
+ * @error: return location for a #GError
+ *
+ * Makes the layer's products FP8 (all three quantizers), or takes FP8 away
+ * (all %NULL). The quantizers must be on the layer's device and have the
+ * roles above. The products combine operands of one recipe, or of the two
+ * per-tensor recipes (%GMLP_SCALING_RECIPE_DELAYED and
+ * %GMLP_SCALING_RECIPE_CURRENT); with those, the features must be
+ * multiples of 16 and no product may multiply E5M2 by E5M2 (the
+ * %GMLP_FP8_FORMAT_E5M2 format). docs/fp8.md has the rules and the
+ * accuracy of each recipe.
+ *
+ * The layer asks its quantizers for the columnwise copies its backward
+ * needs, whatever their [property@Gmlp.Quantizer:columnwise] says. The
+ * caller updates delayed-scaling quantizers: see
+ * [method@Gmlp.GroupedLinear.update_quantizers]. Activations saved by
+ * earlier forwards keep what they were made with: a backward is FP8 when
+ * its forward was.
+ *
+ * Returns: %TRUE on success; %FALSE with %GMLP_ERROR_INVALID_ARGUMENT for
+ *   one or two quantizers, another device or a wrong role, or
+ *   %GMLP_ERROR_UNSUPPORTED for recipes that no product can combine, or
+ *   features or formats the FP8 products do not take (the layer is
+ *   unchanged then)
+ *
+ * Since: 0.1
+ */
+gboolean
+gmlp_grouped_linear_set_quantizers (GmlpGroupedLinear  *self,
+                                    GmlpQuantizer      *input,
+                                    GmlpQuantizer      *weight,
+                                    GmlpQuantizer      *grad_output,
+                                    GError            **error)
+{
+  g_return_val_if_fail (GMLP_IS_GROUPED_LINEAR (self), FALSE);
+  g_return_val_if_fail (input == NULL || GMLP_IS_QUANTIZER (input), FALSE);
+  g_return_val_if_fail (weight == NULL || GMLP_IS_QUANTIZER (weight), FALSE);
+  g_return_val_if_fail (grad_output == NULL || GMLP_IS_QUANTIZER (grad_output), FALSE);
+  g_return_val_if_fail (error == NULL || *error == NULL, FALSE);
+
+  if (!gmlp_check_constructed (self, self->construct_error, error))
+    return FALSE;
+
+  if (!gmlp_linear_fp8_check_quantizers (self, input, weight, grad_output, error))
+    return FALSE;
+
+  g_object_freeze_notify (G_OBJECT (self));
+  if (g_set_object (&self->input_quantizer, input))
+    gmlp_grouped_linear_notify (self, PROP_INPUT_QUANTIZER);
+  if (g_set_object (&self->weight_quantizer, weight))
+    {
+      gmlp_grouped_linear_invalidate_fp8_weights (self);
+      gmlp_grouped_linear_notify (self, PROP_WEIGHT_QUANTIZER);
+    }
+  if (g_set_object (&self->grad_output_quantizer, grad_output))
+    gmlp_grouped_linear_notify (self, PROP_GRAD_OUTPUT_QUANTIZER);
+  g_object_thaw_notify (G_OBJECT (self));
+  return TRUE;
+}
+
+gboolean
+gmlp_grouped_linear_check_quantizers (GmlpGroupedLinear  *self,
+                                      GmlpQuantizer      *input,
+                                      GmlpQuantizer      *weight,
+                                      GmlpQuantizer      *grad_output,
+                                      GError            **error)
+{
+  return gmlp_check_constructed (self, self->construct_error, error) &&
+         gmlp_linear_fp8_check_quantizers (self, input, weight, grad_output, error);
+}
+
+/**
+ * gmlp_grouped_linear_get_quantizer:
+ * @self: a #GmlpGroupedLinear
+ * @role: which quantizer
+ *
+ * Gets the FP8 quantizer the layer uses for one of its operands.
+ *
+ * Returns: (transfer none) (nullable): the quantizer of @role, or %NULL for
+ *   a layer without FP8 or an unknown @role
+ *
+ * Since: 0.1
+ */
+GmlpQuantizer *
+gmlp_grouped_linear_get_quantizer (GmlpGroupedLinear *self,
+                                   GmlpQuantizerRole  role)
+{
+  g_return_val_if_fail (GMLP_IS_GROUPED_LINEAR (self), NULL);
+
+  switch (role)
+    {
+    case GMLP_QUANTIZER_ROLE_INPUT:
+      return self->input_quantizer;
+    case GMLP_QUANTIZER_ROLE_WEIGHT:
+      return self->weight_quantizer;
+    case GMLP_QUANTIZER_ROLE_GRAD_OUTPUT:
+      return self->grad_output_quantizer;
+    default:
+      return NULL;
+    }
+}
+
+/**
+ * gmlp_grouped_linear_update_quantizers:
+ * @self: a #GmlpGroupedLinear
+ * @error: return location for a #GError
+ *
+ * Ends a training step for the layer's quantizers: calls
+ * [method@Gmlp.Quantizer.update] on each (once on a quantizer shared by
+ * several roles or layers per call). Delayed scaling needs it once a step,
+ * after the step's last backward and backward_dw, so that the next step
+ * quantizes with scales from the amaxes seen so far; the other recipes have
+ * nothing to update. The layer never calls it itself: it cannot tell where
+ * a step ends (microbatches, gradient accumulation, delayed weight
+ * gradients). Stream-ordered; nothing waits. Only a device error can make
+ * it fail, after the quantizers before the failing one were updated.
+ *
+ * Returns: %TRUE on success (also for a layer without quantizers)
+ *
+ * Since: 0.1
+ */
+gboolean
+gmlp_grouped_linear_update_quantizers (GmlpGroupedLinear  *self,
+                                       GError            **error)
+{
+  GmlpQuantizer *quantizers[3];
+  guint i, j;
+
+  g_return_val_if_fail (GMLP_IS_GROUPED_LINEAR (self), FALSE);
+  g_return_val_if_fail (error == NULL || *error == NULL, FALSE);
+
+  if (!gmlp_check_constructed (self, self->construct_error, error))
+    return FALSE;
+
+  quantizers[0] = self->input_quantizer;
+  quantizers[1] = self->weight_quantizer;
+  quantizers[2] = self->grad_output_quantizer;
+  for (i = 0; i < 3; i++)
+    {
+      gboolean seen = FALSE;
+
+      for (j = 0; j < i; j++)
+        seen |= quantizers[j] == quantizers[i];
+      if (quantizers[i] != NULL && !seen && !gmlp_quantizer_update (quantizers[i], error))
+        return FALSE;
+    }
+  return TRUE;
+}
+
+/**
+ * gmlp_grouped_linear_set_cache_fp8_weights:
+ * @self: a #GmlpGroupedLinear
+ * @cache: whether FP8 forwards reuse the quantized weights
+ *
+ * Sets [property@Gmlp.GroupedLinear:cache-fp8-weights].
+ *
+ * Since: 0.1
+ */
+void
+gmlp_grouped_linear_set_cache_fp8_weights (GmlpGroupedLinear *self,
+                                           gboolean           cache)
+{
+  g_return_if_fail (GMLP_IS_GROUPED_LINEAR (self));
+
+  cache = !!cache;
+  if (!cache)
+    gmlp_grouped_linear_invalidate_fp8_weights (self);
+  gmlp_mutex_lock (&self->fp8_lock);
+  if (self->cache_fp8_weights == cache)
+    {
+      gmlp_mutex_unlock (&self->fp8_lock);
+      return;
+    }
+  self->cache_fp8_weights = cache;
+  gmlp_mutex_unlock (&self->fp8_lock);
+  gmlp_grouped_linear_notify (self, PROP_CACHE_FP8_WEIGHTS);
+}
+
+/**
+ * gmlp_grouped_linear_get_cache_fp8_weights:
+ * @self: a #GmlpGroupedLinear
+ *
+ * Tells whether the layer keeps the FP8 copy of its weights between calls.
+ *
+ * Returns: the value of [property@Gmlp.GroupedLinear:cache-fp8-weights]
+ *
+ * Since: 0.1
+ */
+gboolean
+gmlp_grouped_linear_get_cache_fp8_weights (GmlpGroupedLinear *self)
+{
+  gboolean cache;
+
+  g_return_val_if_fail (GMLP_IS_GROUPED_LINEAR (self), FALSE);
+
+  gmlp_mutex_lock (&self->fp8_lock);
+  cache = self->cache_fp8_weights;
+  gmlp_mutex_unlock (&self->fp8_lock);
+  return cache;
 }
