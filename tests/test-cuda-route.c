@@ -3,7 +3,10 @@
  * gmlp_cuda_route() is a pure function (libgmlp/backend/cuda/
  * gmlp-cuda-route.c, linked here alone): every row of docs/routes.md's
  * table, and the tuning's forced routes, from described products. The
- * rows are named as the table numbers them.
+ * rows are named as the table numbers them. Then the description itself:
+ * what gmlp_cuda_route_describe() reads of the backend's descriptors, as
+ * the gemm entry builds it for every call (the Hopper kernel's answer,
+ * which the entry adds, given here), and the route it yields.
  *
  * SPDX-License-Identifier: LGPL-2.1-or-later
  */
@@ -91,20 +94,10 @@ choose (const GmlpCudaRouteProduct *p,
   g_assert_cmpstr (gmlp_cuda_route_name (route ((p), (props), (spec))), ==, \
                    gmlp_cuda_route_name (expected))
 
-/* The statistics the executors' files fill with the route's helpers. */
+/* The route's helpers. */
 static void
 test_helpers (void)
 {
-  const gint64 rows[] = { 0, 127, 128, 300, 16 };
-  gint64 total, tiled;
-
-  gmlp_cuda_route_count_rows (rows, G_N_ELEMENTS (rows), &total, &tiled);
-  g_assert_cmpint (total, ==, 571);
-  g_assert_cmpint (tiled, ==, 128 + 256);
-  g_assert_false (gmlp_cuda_route_rows_aligned (rows, G_N_ELEMENTS (rows)));
-  g_assert_true (gmlp_cuda_route_rows_aligned (rows + 2, 1));
-  g_assert_true (gmlp_cuda_route_rows_aligned (rows, 1));
-
   /* 16 products under 4 GFLOP on average; 15, or 4 GFLOP, no longer. */
   g_assert_true (gmlp_cuda_route_prefer_grouped (16, 16 * 3.9e9));
   g_assert_false (gmlp_cuda_route_prefer_grouped (15, 15 * 1e9));
@@ -452,6 +445,409 @@ test_device (void)
   assert_route (&p, &h200, "device-gemm=portable", GMLP_CUDA_ROUTE_PORTABLE);
 }
 
+/* Descriptors as the layer builds them, on fake device addresses: the
+ * description reads the pointers only for their alignment. */
+#define ADDRESS(a) ((gpointer) (guintptr) (a))
+
+/* At most this many groups in the descriptors below. */
+#define MAX_GROUPS 8
+
+/* FPROP y (m_i × n) = x (m_i × k) · W_iᵀ, or with 16-bit operands DGRAD
+ * dx = dy W_i, or WGRAD dW_i (+)= dyᵀ x, as the layer describes them:
+ * the activations grouped by the sizes, the weights (or their gradients)
+ * strided. */
+static GmlpBackendGemm
+host_gemm (GmlpGemmKind  kind,
+           int           ab_dtype,
+           int           c_dtype,
+           const gint64 *rows,
+           guint         n_groups,
+           gint64        n,
+           gint64        k)
+{
+  gboolean wgrad = kind == GMLP_GEMM_WGRAD;
+  GmlpBackendGemm gemm = {
+    .kind = kind,
+    .n_groups = n_groups,
+    .n = n,
+    .k = k,
+    .rows = rows,
+    .a = { .layout = GMLP_BACKEND_OPERAND_ROWS, .dtype = ab_dtype, .base = ADDRESS (0x10000000) },
+    .b = { .layout = wgrad ? GMLP_BACKEND_OPERAND_ROWS : GMLP_BACKEND_OPERAND_STRIDED,
+           .dtype = ab_dtype, .base = ADDRESS (0x20000000),
+           .stride = wgrad ? 0 : (guint64) (n * k) * gmlp_num_dtype_size (ab_dtype) },
+    .c = { .layout = wgrad ? GMLP_BACKEND_OPERAND_STRIDED : GMLP_BACKEND_OPERAND_ROWS,
+           .dtype = c_dtype, .base = ADDRESS (0x30000000),
+           .stride = wgrad ? (guint64) (n * k) * gmlp_num_dtype_size (c_dtype) : 0 },
+  };
+
+  g_assert_cmpuint (n_groups, <=, MAX_GROUPS);
+  return gemm;
+}
+
+/* FP8 operands with one scale a group (per-tensor), or blockwise scales
+ * (rowwise 1 × 128 blocks of the activations, 128 × 128 tiles of the
+ * weights; WGRAD's columnwise copies 1 × 128 both). */
+static GmlpBackendGemm
+fp8_gemm (GmlpGemmKind  kind,
+          gboolean      blockwise,
+          const gint64 *rows,
+          guint         n_groups,
+          gint64        n,
+          gint64        k)
+{
+  GmlpBackendGemm gemm = host_gemm (kind, GMLP_NUM_FLOAT8_E4M3, GMLP_NUM_BFLOAT16, rows, n_groups, n, k);
+
+  gemm.a.scale_inv = ADDRESS (0x40000000);
+  gemm.b.scale_inv = ADDRESS (0x50000000);
+  gemm.a.scale_stride = gemm.b.scale_stride = sizeof (float);
+  if (!blockwise)
+    return gemm;
+  if (kind == GMLP_GEMM_WGRAD)
+    {
+      gemm.a.scales = (GmlpBackendFp8Scales) { .row_block = 1, .row_stride = 1, .depth_stride = n };
+      gemm.b.scales = (GmlpBackendFp8Scales) { .row_block = 1, .row_stride = 1, .depth_stride = k };
+      return gemm;
+    }
+  gemm.a.scales = (GmlpBackendFp8Scales) { .row_block = 1, .row_stride = (k + 127) / 128, .depth_stride = 1 };
+  gemm.b.scales = (GmlpBackendFp8Scales) { .row_block = 128, .row_stride = (k + 127) / 128, .depth_stride = 1 };
+  gemm.b.scale_stride = (guint64) ((n + 127) / 128 * ((k + 127) / 128)) * sizeof (float);
+  return gemm;
+}
+
+/* The description the gemm entry builds for gemm, the kernel's answer left
+ * out; with host sizes its groups' tables in tables. */
+static GmlpCudaRouteProduct
+describe_in (const GmlpBackendGemm *gemm,
+             gpointer              *tables,
+             GmlpCudaGroups        *groups)
+{
+  GmlpCudaRouteProduct p;
+
+  memset (tables, 0, GMLP_CUDA_GROUPS_TABLES * MAX_GROUPS * sizeof (gpointer));
+  if (gemm->rows == NULL)
+    {
+      gmlp_cuda_route_describe (gemm, NULL, &p);
+      return p;
+    }
+  gmlp_cuda_groups_init (gemm, tables, groups);
+  gmlp_cuda_route_describe (gemm, groups, &p);
+  return p;
+}
+
+static GmlpCudaRouteProduct
+describe (const GmlpBackendGemm *gemm)
+{
+  gpointer tables[GMLP_CUDA_GROUPS_TABLES * MAX_GROUPS];
+  GmlpCudaGroups groups;
+
+  return describe_in (gemm, tables, &groups);
+}
+
+/* The Hopper kernel's answer, as the entry adds it where the route reads
+ * it. */
+static GmlpCudaRouteProduct
+with_sm90 (GmlpCudaRouteProduct  p,
+           gboolean              covers,
+           const char           *reason)
+{
+  g_assert_true (gmlp_cuda_route_asks_sm90 (&p));
+  p.sm90_covers = covers;
+  p.sm90_reason = reason;
+  return p;
+}
+
+static const char not_sm90[] = "the Hopper kernel needs a compute capability 9.0 GPU";
+
+/* 16-bit operands with host sizes: the statistics of rows G1-G7. */
+static void
+test_describe_host (void)
+{
+  const gint64 rows[] = { 256, 0, 300, 128 };
+  const gint64 equal[] = { 256, 256, 256 };
+  const gint64 tiles[] = { 0, 127, 128, 300, 16 };
+  const gint64 empty[] = { 0, 0 };
+  GmlpBackendGemm gemm = host_gemm (GMLP_GEMM_FPROP, GMLP_NUM_BFLOAT16, GMLP_NUM_BFLOAT16,
+                                    rows, G_N_ELEMENTS (rows), 768, 2048);
+  gpointer tables[GMLP_CUDA_GROUPS_TABLES * MAX_GROUPS];
+  GmlpCudaGroups groups;
+  GmlpCudaRouteProduct p = describe_in (&gemm, tables, &groups);
+
+  /* The groups: each operand's members, from its base by the sizes or the
+   * stride. */
+  g_assert_true (groups.a[1] == ADDRESS (0x10000000 + 256 * 2048 * 2));
+  g_assert_true (groups.a[2] == groups.a[1]);
+  g_assert_true (groups.b[3] == ADDRESS (0x20000000 + 3 * 768 * 2048 * 2));
+  g_assert_true (groups.c[3] == ADDRESS (0x30000000 + (256 + 300) * 768 * 2));
+  g_assert_null (groups.bias);
+  g_assert_null (groups.a_scale_inv);
+
+  /* Three products, none of one shape, every pointer on 16 bytes. */
+  g_assert_false (p.device_sizes);
+  g_assert_cmpint (p.kind, ==, GMLP_GEMM_FPROP);
+  g_assert_cmpint (p.ab_dtype, ==, GMLP_NUM_BFLOAT16);
+  g_assert_cmpint (p.c_dtype, ==, GMLP_NUM_BFLOAT16);
+  g_assert_false (p.blockwise);
+  g_assert_cmpuint (p.n_products, ==, 3);
+  g_assert_cmpuint (p.n_zeroed, ==, 0);
+  g_assert_cmpfloat (p.total_flop, ==, 2.0 * 684 * 768 * 2048);
+  g_assert_true (p.aligned);
+  g_assert_false (p.uniform);
+  g_assert_cmpint (p.rows, ==, 684);
+  g_assert_cmpint (p.tiled_rows, ==, 256 + 256 + 128);
+  g_assert_false (p.rows_aligned);
+  g_assert_false (p.sm90_covers);
+  g_assert_null (p.sm90_reason);
+  g_assert_false (gmlp_cuda_route_may_dequantize (&gemm));
+  /* G3: unequal mid-sized FPROP products on the kernel; else the loop. */
+  p = with_sm90 (p, TRUE, NULL);
+  assert_route (&p, &h200, NULL, GMLP_CUDA_ROUTE_SM90);
+  p = with_sm90 (describe (&gemm), FALSE, not_sm90);
+  assert_route (&p, &a100, NULL, GMLP_CUDA_ROUTE_CUBLAS_LOOP);
+  /* Operands not laid out as the kernel reads them. */
+  p = describe (&gemm);
+  p.sm90_unpacked = TRUE;
+  p.sm90_reason = "the operands are not laid out as grouped tensors lay them out";
+  assert_route (&p, &h200, NULL, GMLP_CUDA_ROUTE_CUBLAS_LOOP);
+
+  /* G6: products all of one shape, batched; an operand off 16 bytes (yet
+   * on its element), the loop. */
+  gemm = host_gemm (GMLP_GEMM_FPROP, GMLP_NUM_BFLOAT16, GMLP_NUM_FLOAT32, equal, G_N_ELEMENTS (equal),
+                    768, 2048);
+  p = with_sm90 (describe (&gemm), TRUE, NULL);
+  g_assert_true (p.uniform);
+  g_assert_cmpint (p.c_dtype, ==, GMLP_NUM_FLOAT32);
+  assert_route (&p, &h200, NULL, GMLP_CUDA_ROUTE_CUBLAS_BATCHED);
+  gemm.a.base = ADDRESS (0x10000002);
+  p = with_sm90 (describe (&gemm), TRUE, NULL);
+  g_assert_false (p.aligned);
+  assert_route (&p, &h200, NULL, GMLP_CUDA_ROUTE_CUBLAS_LOOP);
+
+  /* The rows and those in whole row tiles, of every group. */
+  gemm = host_gemm (GMLP_GEMM_DGRAD, GMLP_NUM_FLOAT16, GMLP_NUM_FLOAT16, tiles, G_N_ELEMENTS (tiles),
+                    768, 2048);
+  p = describe (&gemm);
+  g_assert_cmpint (p.rows, ==, 571);
+  g_assert_cmpint (p.tiled_rows, ==, 128 + 256);
+  g_assert_false (p.rows_aligned);
+  g_assert_cmpuint (p.n_products, ==, 4);
+  gemm = host_gemm (GMLP_GEMM_DGRAD, GMLP_NUM_FLOAT16, GMLP_NUM_FLOAT16, tiles + 2, 1, 768, 2048);
+  g_assert_true (describe (&gemm).rows_aligned);
+  gemm = host_gemm (GMLP_GEMM_DGRAD, GMLP_NUM_FLOAT16, GMLP_NUM_FLOAT16, tiles, 1, 768, 2048);
+  p = describe (&gemm);
+  g_assert_true (p.rows_aligned);
+
+  /* No rows: nothing to write, and no kernel to ask; the loop. */
+  g_assert_cmpuint (p.n_products, ==, 0);
+  g_assert_false (gmlp_cuda_route_asks_sm90 (&p));
+  gemm = host_gemm (GMLP_GEMM_FPROP, GMLP_NUM_BFLOAT16, GMLP_NUM_BFLOAT16, empty, G_N_ELEMENTS (empty),
+                    768, 2048);
+  p = describe (&gemm);
+  g_assert_cmpuint (p.n_products + p.n_zeroed, ==, 0);
+  g_assert_false (gmlp_cuda_route_asks_sm90 (&p));
+  assert_route (&p, &h200, "host-gemm=sm90", GMLP_CUDA_ROUTE_CUBLAS_LOOP);
+}
+
+/* WGRAD: an empty sum is set to zero unless it accumulates, and products
+ * that accumulate and products that do not differ in shape. A bias goes
+ * with FPROP only. */
+static void
+test_describe_wgrad (void)
+{
+  const gint64 rows[] = { 0, 0, 64, 64 };
+  const guint8 accumulate[] = { 0, 1, 0, 1 };
+  GmlpBackendGemm gemm = host_gemm (GMLP_GEMM_WGRAD, GMLP_NUM_BFLOAT16, GMLP_NUM_FLOAT32,
+                                    rows, G_N_ELEMENTS (rows), 768, 2048);
+  gpointer tables[GMLP_CUDA_GROUPS_TABLES * MAX_GROUPS];
+  GmlpCudaGroups groups;
+  GmlpCudaRouteProduct p;
+
+  gemm.accumulate = accumulate;
+  gemm.bias = (GmlpBackendOperand) { .layout = GMLP_BACKEND_OPERAND_STRIDED, .dtype = GMLP_NUM_FLOAT32,
+                                     .base = ADDRESS (0x60000000), .stride = 768 * 4 };
+  p = describe_in (&gemm, tables, &groups);
+  g_assert_null (groups.bias);
+  g_assert_true (groups.accumulate == accumulate);
+  g_assert_cmpuint (p.n_products, ==, 2);
+  g_assert_cmpuint (p.n_zeroed, ==, 1);
+  g_assert_cmpfloat (p.total_flop, ==, 2.0 * 128 * 768 * 2048);
+  g_assert_false (p.uniform);
+  g_assert_true (p.rows_aligned);
+  p = with_sm90 (p, TRUE, NULL);
+  assert_route (&p, &h200, NULL, GMLP_CUDA_ROUTE_SM90);
+  assert_route (&p, &h200, "host-gemm=cublas", GMLP_CUDA_ROUTE_CUBLAS_LOOP);
+
+  gemm.accumulate = NULL;
+  p = describe (&gemm);
+  g_assert_cmpuint (p.n_zeroed, ==, 2);
+  g_assert_true (p.uniform);
+  p = with_sm90 (p, TRUE, NULL);
+  assert_route (&p, &h200, NULL, GMLP_CUDA_ROUTE_CUBLAS_BATCHED);
+
+  gemm = host_gemm (GMLP_GEMM_FPROP, GMLP_NUM_BFLOAT16, GMLP_NUM_BFLOAT16, rows, G_N_ELEMENTS (rows),
+                    768, 2048);
+  gemm.bias = (GmlpBackendOperand) { .layout = GMLP_BACKEND_OPERAND_STRIDED, .dtype = GMLP_NUM_BFLOAT16,
+                                     .base = ADDRESS (0x60000000), .stride = 768 * 2 };
+  p = describe_in (&gemm, tables, &groups);
+  g_assert_true (groups.bias[3] == ADDRESS (0x60000000 + 3 * 768 * 2));
+  g_assert_cmpuint (p.n_products, ==, 2);
+  g_assert_cmpuint (p.n_zeroed, ==, 0);
+}
+
+/* FP8 operands with host sizes: rows F1-F10 from descriptors. */
+static void
+test_describe_fp8 (void)
+{
+  const gint64 rows[] = { 32, 0, 64 };
+  const gint64 ragged[] = { 100, 128 };
+  const gint64 empty[] = { 0, 0 };
+  GmlpBackendGemm gemm = fp8_gemm (GMLP_GEMM_FPROP, FALSE, rows, G_N_ELEMENTS (rows), 4096, 4096);
+  gpointer tables[GMLP_CUDA_GROUPS_TABLES * MAX_GROUPS];
+  GmlpCudaGroups groups;
+  GmlpCudaRouteProduct p = describe_in (&gemm, tables, &groups);
+  GmlpCudaRouteChoice c;
+
+  /* Per-tensor scales: each group's scale, two products. */
+  g_assert_true (groups.a_scale_inv[2] == ADDRESS (0x40000000 + 2 * sizeof (float)));
+  g_assert_true (groups.b_scale_inv[1] == ADDRESS (0x50000000 + sizeof (float)));
+  g_assert_cmpint (p.ab_dtype, ==, GMLP_NUM_FLOAT8_E4M3);
+  g_assert_cmpint (p.c_dtype, ==, GMLP_NUM_BFLOAT16);
+  g_assert_false (p.blockwise);
+  g_assert_cmpuint (p.n_products, ==, 2);
+  g_assert_cmpfloat (p.total_flop, ==, 2.0 * 96 * 4096 * 4096);
+  g_assert_false (gmlp_cuda_route_may_dequantize (&gemm));
+  /* F7-F8: two large products on cuBLASLt, which needs FP8 tensor
+   * cores. */
+  p = with_sm90 (p, TRUE, NULL);
+  assert_route (&p, &h200, NULL, GMLP_CUDA_ROUTE_CUBLASLT);
+  assert_route (&p, &h200, "host-gemm=sm90", GMLP_CUDA_ROUTE_SM90);
+  p = with_sm90 (describe (&gemm), FALSE, not_sm90);
+  c = choose (&p, &a100);
+  g_assert_cmpint (c.route, ==, GMLP_CUDA_ROUTE_UNSUPPORTED);
+  g_assert_true (c.reason == gmlp_cuda_route_no_fp8_tensor_cores);
+  /* Only groups set to zero: no kernel to ask, and no tensor cores
+   * needed. */
+  gemm = fp8_gemm (GMLP_GEMM_WGRAD, FALSE, empty, G_N_ELEMENTS (empty), 4096, 4096);
+  p = describe (&gemm);
+  g_assert_cmpuint (p.n_products, ==, 0);
+  g_assert_cmpuint (p.n_zeroed, ==, 2);
+  g_assert_false (gmlp_cuda_route_asks_sm90 (&p));
+  assert_route (&p, &a100, NULL, GMLP_CUDA_ROUTE_CUBLASLT);
+  /* Scales missing: no scale tables (the executor refuses the call). */
+  gemm = fp8_gemm (GMLP_GEMM_FPROP, FALSE, rows, G_N_ELEMENTS (rows), 4096, 4096);
+  gemm.b.scale_inv = NULL;
+  describe_in (&gemm, tables, &groups);
+  g_assert_null (groups.a_scale_inv);
+  g_assert_null (groups.b_scale_inv);
+
+  /* F1-F2: blockwise WGRAD of groups not all of multiples of 16 rows. */
+  gemm = fp8_gemm (GMLP_GEMM_WGRAD, TRUE, ragged, G_N_ELEMENTS (ragged), 4096, 2048);
+  p = describe_in (&gemm, tables, &groups);
+  g_assert_true (p.blockwise);
+  g_assert_false (p.rows_aligned);
+  g_assert_cmpint (groups.a_scales.depth_stride, ==, 4096);
+  g_assert_true (gmlp_cuda_route_may_dequantize (&gemm));
+  p = with_sm90 (p, FALSE, "the Hopper kernel's blockwise FP8 WGRAD of host sizes needs each a multiple of 16");
+  assert_route (&p, &h200, NULL, GMLP_CUDA_ROUTE_SM90_PADDED);
+  assert_route (&p, &h200, "device-gemm=portable", GMLP_CUDA_ROUTE_DEQUANTIZED);
+
+  /* F3-F4: blockwise FPROP, the kernel's whatever the size, even with no
+   * product to run (the kernel is asked); else dequantized, with its
+   * reason. */
+  gemm = fp8_gemm (GMLP_GEMM_FPROP, TRUE, empty, G_N_ELEMENTS (empty), 4096, 2048);
+  p = describe (&gemm);
+  g_assert_true (p.blockwise);
+  g_assert_cmpuint (p.n_products, ==, 0);
+  p = with_sm90 (p, TRUE, NULL);
+  assert_route (&p, &h200, NULL, GMLP_CUDA_ROUTE_SM90);
+  p = with_sm90 (describe (&gemm), FALSE, not_sm90);
+  c = choose (&p, &l40);
+  g_assert_cmpint (c.route, ==, GMLP_CUDA_ROUTE_DEQUANTIZED);
+  g_assert_cmpstr (c.reason, ==, not_sm90);
+  /* No group at all: nothing to multiply, nothing to refuse. */
+  gemm.n_groups = 0;
+  g_assert_false (gmlp_cuda_route_may_dequantize (&gemm));
+}
+
+/* Group sizes on the device: rows D1-D3. */
+static void
+test_describe_device (void)
+{
+  GmlpBackendGemm gemm = host_gemm (GMLP_GEMM_FPROP, GMLP_NUM_BFLOAT16, GMLP_NUM_BFLOAT16, NULL, 8,
+                                    768, 2048);
+  GmlpCudaRouteProduct p;
+  GmlpCudaRouteChoice c;
+
+  gemm.device_rows = ADDRESS (0x70000000);
+  gemm.row_capacity = 4096;
+  p = describe (&gemm);
+  g_assert_true (p.device_sizes);
+  g_assert_cmpuint (p.n_products, ==, 0);
+  g_assert_cmpint (p.rows, ==, 0);
+  g_assert_false (gmlp_cuda_route_may_dequantize (&gemm));
+  p = with_sm90 (p, TRUE, NULL);
+  assert_route (&p, &h200, "host-gemm=cublas", GMLP_CUDA_ROUTE_SM90);
+  p = with_sm90 (describe (&gemm), FALSE, not_sm90);
+  assert_route (&p, &a100, NULL, GMLP_CUDA_ROUTE_PORTABLE);
+
+  gemm = fp8_gemm (GMLP_GEMM_WGRAD, TRUE, NULL, 8, 4096, 2048);
+  gemm.device_rows = ADDRESS (0x70000000);
+  gemm.row_capacity = 4096;
+  p = describe (&gemm);
+  g_assert_true (p.device_sizes);
+  g_assert_true (p.blockwise);
+  g_assert_true (gmlp_cuda_route_may_dequantize (&gemm));
+  p = with_sm90 (p, TRUE, NULL);
+  assert_route (&p, &h200, NULL, GMLP_CUDA_ROUTE_SM90);
+  p = with_sm90 (describe (&gemm), FALSE, not_sm90);
+  c = choose (&p, &l40);
+  g_assert_cmpint (c.route, ==, GMLP_CUDA_ROUTE_DEQUANTIZED);
+  g_assert_cmpstr (c.reason, ==, not_sm90);
+}
+
+/* Where gmlp_cuda_route_may_dequantize() says no, gemm_supported says
+ * yes without asking the route: no answer of the kernel, tuning or GPU
+ * makes the route refuse those descriptors. (FP8 with blockwise scales
+ * and no group, which it says no to as well, has nothing to multiply: the
+ * executor does nothing, whatever the route.) */
+static void
+test_may_dequantize (void)
+{
+  static const gint64 rows[] = { 100, 0, 128, 4000 };
+  static const char * const tunings[] = { NULL, "device-gemm=portable", "host-gemm=sm90",
+                                          "host-gemm=cublas", "row-tiles=off,batched=off" };
+  const GmlpCudaDeviceProps *gpus[] = { &h200, &l40, &a100 };
+  GmlpBackendGemm gemms[7];
+  guint n = 0;
+
+  for (GmlpGemmKind kind = GMLP_GEMM_FPROP; kind <= GMLP_GEMM_WGRAD; kind++)
+    {
+      gemms[n++] = host_gemm (kind, GMLP_NUM_BFLOAT16, GMLP_NUM_FLOAT32, rows, G_N_ELEMENTS (rows), 64, 4096);
+      gemms[n++] = fp8_gemm (kind, FALSE, rows, G_N_ELEMENTS (rows), 64, 4096);
+    }
+  gemms[n] = host_gemm (GMLP_GEMM_DGRAD, GMLP_NUM_FLOAT32, GMLP_NUM_FLOAT32, NULL, 4, 64, 4096);
+  gemms[n++].row_capacity = 8192;
+
+  for (guint i = 0; i < n; i++)
+    {
+      g_assert_false (gmlp_cuda_route_may_dequantize (&gemms[i]));
+      for (guint answer = 0; answer < 3; answer++)
+        for (guint t = 0; t < G_N_ELEMENTS (tunings); t++)
+          for (guint d = 0; d < G_N_ELEMENTS (gpus); d++)
+            {
+              GmlpCudaRouteProduct p = describe (&gemms[i]);
+              GmlpCudaRoute r;
+
+              p.sm90_covers = answer == 0;
+              p.sm90_unpacked = answer == 2;
+              p.sm90_reason = answer == 0 ? NULL : not_sm90;
+              r = route (&p, gpus[d], tunings[t]);
+              g_assert_cmpint (r, !=, GMLP_CUDA_ROUTE_DEQUANTIZED);
+              g_assert_cmpint (r, !=, GMLP_CUDA_ROUTE_SM90_PADDED);
+            }
+    }
+}
+
 int
 main (int    argc,
       char **argv)
@@ -469,6 +865,11 @@ main (int    argc,
   g_test_add_func ("/Gmlp/CudaRoute/fp8/per-tensor", test_fp8_per_tensor);
   g_test_add_func ("/Gmlp/CudaRoute/fp8/forced", test_fp8_forced);
   g_test_add_func ("/Gmlp/CudaRoute/device", test_device);
+  g_test_add_func ("/Gmlp/CudaRoute/describe/host", test_describe_host);
+  g_test_add_func ("/Gmlp/CudaRoute/describe/wgrad", test_describe_wgrad);
+  g_test_add_func ("/Gmlp/CudaRoute/describe/fp8", test_describe_fp8);
+  g_test_add_func ("/Gmlp/CudaRoute/describe/device", test_describe_device);
+  g_test_add_func ("/Gmlp/CudaRoute/describe/may-dequantize", test_may_dequantize);
 
   return g_test_run ();
 }

@@ -1,17 +1,20 @@
 /* gmlp-cuda-gemm-device.c: grouped products whose group sizes are on the device
  *
  * A GmlpBackendGemm with device sizes becomes the kernels'
- * GmlpKernelDeviceGemm: the grouped operands by their bases, the per-group
- * ones (weights, weight gradients, bias, per-tensor scales) as the host
- * tables the kernels take, built here from the descriptor. The product
- * runs on libgmlp's Hopper kernel where it applies (sm_90, 16-bit
- * or FP8 operands, feature counts that TMA can address) and on the
- * portable kernel everywhere else, as gmlp_cuda_route() says, each with the
+ * GmlpKernelDeviceGemm (gmlp_cuda_kernel_device_gemm(), for the entry's
+ * description): the grouped operands by their bases, the per-group ones
+ * (weights, weight gradients, bias, per-tensor scales) as the host tables
+ * the kernels take, built from the descriptor. The product runs on
+ * libgmlp's Hopper kernel where it applies (sm_90, 16-bit or FP8
+ * operands, feature counts that TMA can address) and on the portable
+ * kernel everywhere else, as the route the entry asked says, each with the
  * device's scratch workspace for its tables. Nothing here reads the sizes,
  * waits for the stream or allocates per call (the workspace only grows,
  * once), so the call can be captured in a graph. Products with host sizes
- * that gmlp-cuda-gemm.c and gmlp-cuda-gemm-fp8.c route to the Hopper kernel
- * run here too, their sizes passed like the other host tables.
+ * that the route sends to the Hopper kernel run here too
+ * (gmlp_cuda_groups_kernel_gemm(): their sizes passed like the other host
+ * tables), and whether the kernel covers a product is asked here
+ * (gmlp_cuda_gemm_sm90_covers()).
  *
  * SPDX-License-Identifier: LGPL-2.1-or-later
  */
@@ -45,14 +48,11 @@ gmlp_cuda_kernel_fp8_scales (const GmlpBackendFp8Scales *s)
   };
 }
 
-/* The host tables of a descriptor's per-group operands, one block for
- * all (GMLP_CUDA_DEVICE_TABLES pointers a group). */
-#define GMLP_CUDA_DEVICE_TABLES 4
-
 /* The kernels' view of a descriptor with device sizes; tables holds
- * GMLP_CUDA_DEVICE_TABLES × n_groups pointers. Grouped scales (blockwise,
+ * GMLP_CUDA_DEVICE_TABLES × n_groups pointers, one block for the host
+ * tables of all its per-group operands. Grouped scales (blockwise,
  * following the sizes) go by their base, the others by a table. */
-static void
+void
 gmlp_cuda_kernel_device_gemm (const GmlpBackendGemm *gemm,
                               gpointer              *tables,
                               GmlpKernelDeviceGemm  *kernel_gemm)
@@ -138,81 +138,37 @@ gmlp_cuda_gemm_sm90_run (GmlpBackendDevice          *device,
                                   "gmlp_kernel_device_gemm_sm90", error);
 }
 
-/* The route's description of a product with device sizes. */
-static GmlpCudaRouteChoice
-gmlp_cuda_gemm_device_route (GmlpBackendDevice          *device,
-                             const GmlpBackendGemm      *gemm,
-                             const GmlpKernelDeviceGemm *kernel_gemm)
-{
-  GmlpCudaRouteProduct product = {
-    .device_sizes = TRUE,
-    .kind = gemm->kind,
-    .ab_dtype = gemm->a.dtype,
-    .c_dtype = gemm->c.dtype,
-  };
-
-  product.sm90_covers = gmlp_cuda_gemm_sm90_covers (device, kernel_gemm, &product.sm90_reason);
-  return gmlp_cuda_route (&product, &device->props, &device->tuning);
-}
-
 static const char gmlp_cuda_device_fp8_only_sm90[] =
   "CUDA: FP8 products with device sizes run on libgmlp's Hopper kernel only";
 
+/* The route's executors with device sizes, on the kernels' view that the
+ * entry built (route->kernel_gemm), under scratch_lock: the tables and
+ * plans go through the device's workspace. */
 gboolean
-gmlp_cuda_gemm_device_supported (GmlpBackendDevice      *device,
-                                 const GmlpBackendGemm  *gemm,
-                                 const char            **reason)
+gmlp_cuda_gemm_device_sizes (GmlpBackendDevice        *device,
+                             const GmlpCudaGemmRoute  *route,
+                             GError                  **error)
 {
-  gpointer local[GMLP_BACKEND_GEMM_LOCAL_TABLES];
-  g_autofree gpointer *heap = NULL;
-  gpointer *tables = gmlp_backend_gemm_tables (local, GMLP_CUDA_DEVICE_TABLES * (gsize) gemm->n_groups,
-                                               &heap);
-  GmlpKernelDeviceGemm kernel_gemm;
-  GmlpCudaRouteChoice choice;
-
-  gmlp_cuda_kernel_device_gemm (gemm, tables, &kernel_gemm);
-  /* The tuning is read under scratch_lock, as the products read it. */
-  g_rec_mutex_lock (&device->scratch_lock);
-  choice = gmlp_cuda_gemm_device_route (device, gemm, &kernel_gemm);
-  g_rec_mutex_unlock (&device->scratch_lock);
-  if (choice.route != GMLP_CUDA_ROUTE_DEQUANTIZED)
-    return TRUE;
-  *reason = choice.reason != NULL ? choice.reason : gmlp_cuda_device_fp8_only_sm90;
-  return FALSE;
-}
-
-static gboolean
-gmlp_cuda_gemm_device_locked (GmlpBackendDevice      *device,
-                              const GmlpBackendGemm  *gemm,
-                              GError                **error)
-{
-  gpointer local[GMLP_BACKEND_GEMM_LOCAL_TABLES];
-  g_autofree gpointer *heap = NULL;
-  gpointer *tables = gmlp_backend_gemm_tables (local, GMLP_CUDA_DEVICE_TABLES * (gsize) gemm->n_groups,
-                                               &heap);
-  GmlpKernelDeviceGemm kernel_gemm;
-  GmlpCudaRouteChoice choice;
+  const GmlpKernelDeviceGemm *kernel_gemm = &route->kernel_gemm;
   gpointer workspace;
 
-  gmlp_cuda_kernel_device_gemm (gemm, tables, &kernel_gemm);
   if (!gmlp_cuda_activate (device, error))
     return FALSE;
 
-  choice = gmlp_cuda_gemm_device_route (device, gemm, &kernel_gemm);
-  switch (choice.route)
+  switch (route->choice.route)
     {
     case GMLP_CUDA_ROUTE_SM90:
-      return gmlp_cuda_gemm_sm90_run (device, &kernel_gemm, error);
+      return gmlp_cuda_gemm_sm90_run (device, kernel_gemm, error);
 
     case GMLP_CUDA_ROUTE_PORTABLE:
       /* Elsewhere (other GPUs, float32, odd feature counts) the portable
        * kernel is correct, if slower. */
       workspace = gmlp_cuda_device_workspace (device,
-                                              gmlp_kernel_device_gemm_simt_workspace_bytes (&kernel_gemm),
+                                              gmlp_kernel_device_gemm_simt_workspace_bytes (kernel_gemm),
                                               error);
       if (workspace == NULL)
         return FALSE;
-      return gmlp_cuda_kernel_result (gmlp_kernel_device_gemm_simt (&kernel_gemm, workspace,
+      return gmlp_cuda_kernel_result (gmlp_kernel_device_gemm_simt (kernel_gemm, workspace,
                                                                     device->stream),
                                       "gmlp_kernel_device_gemm_simt", error);
 
@@ -220,24 +176,9 @@ gmlp_cuda_gemm_device_locked (GmlpBackendDevice      *device,
     default:
       g_set_error (error, GMLP_CUDA_ERROR, GMLP_ERROR_UNSUPPORTED, "%s: %s",
                    gmlp_cuda_device_fp8_only_sm90,
-                   choice.reason != NULL ? choice.reason : "not covered");
+                   route->choice.reason != NULL ? route->choice.reason : "not covered");
       return FALSE;
     }
-}
-
-/* The tables and plans go through the device's workspace: see
- * scratch_lock. */
-gboolean
-gmlp_cuda_gemm_device_sizes (GmlpBackendDevice      *device,
-                             const GmlpBackendGemm  *gemm,
-                             GError                **error)
-{
-  gboolean ok;
-
-  g_rec_mutex_lock (&device->scratch_lock);
-  ok = gmlp_cuda_gemm_device_locked (device, gemm, error);
-  g_rec_mutex_unlock (&device->scratch_lock);
-  return ok;
 }
 
 /* Whether the members of a grouped operand lie as a grouped tensor lays

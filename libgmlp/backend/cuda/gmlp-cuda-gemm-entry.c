@@ -1,13 +1,15 @@
 /* gmlp-cuda-gemm-entry.c: the CUDA backend's gemm and gemm_supported
  *
- * One entry for every product (GmlpBackendGemm). With the group sizes on
- * the device the descriptor goes as it is to gmlp-cuda-gemm-device.c,
- * whose kernels read the sizes there. With host sizes it is taken apart
- * here, once, into each group's members (GmlpCudaGroups: the per-group
- * pointer tables that cuBLAS and cuBLASLt take, on the stack), for
- * the 16-bit executors (gmlp-cuda-gemm.c) or the FP8 ones
- * (gmlp-cuda-gemm-fp8.c). Each executor's file describes the product to
- * gmlp_cuda_route() (docs/routes.md) and runs the route's answer.
+ * One entry for every product (GmlpBackendGemm). Each call describes its
+ * product once (gmlp_cuda_gemm_describe(): the kernels' view of a
+ * descriptor with device sizes, or with host sizes its GmlpCudaGroups,
+ * each group's members in per-group pointer tables on the stack; the
+ * route's statistics; the Hopper kernel's answer), asks gmlp_cuda_route()
+ * once (docs/routes.md), and hands the answer to the executors of the
+ * route: gmlp-cuda-gemm-device.c for device sizes, gmlp-cuda-gemm.c for
+ * 16-bit and FP32 operands and gmlp-cuda-gemm-fp8.c for FP8 ones with host
+ * sizes. gemm_supported reads the same description and route, so that
+ * its answer and the product never disagree.
  *
  * SPDX-License-Identifier: LGPL-2.1-or-later
  */
@@ -18,54 +20,54 @@
 #include "backend/gmlp-backend-gemm.h"
 #include "gmlp-cuda-private.h"
 
-/* The pointer tables a group has: a, b, c, bias and FP8's two scales, on
- * the stack up to GMLP_BACKEND_GEMM_LOCAL_TABLES pointers. */
-#define GMLP_CUDA_GROUPS_TABLES 6
-
-/* A descriptor with host sizes, group by group; tables holds
- * GMLP_CUDA_GROUPS_TABLES × n_groups pointers. */
-static void
-gmlp_cuda_groups_init (const GmlpBackendGemm *gemm,
-                       gpointer              *tables,
-                       GmlpCudaGroups        *groups)
+/* The pointer tables of a call's description: on the stack up to
+ * GMLP_BACKEND_GEMM_LOCAL_TABLES pointers. */
+static gpointer *
+gmlp_cuda_gemm_tables (const GmlpBackendGemm  *gemm,
+                       gpointer               *local,
+                       gpointer              **heap)
 {
-  guint n = gemm->n_groups;
-  gboolean fp8 = gmlp_backend_gemm_is_fp8 (gemm);
-  gboolean bias = gemm->kind == GMLP_GEMM_FPROP && gemm->bias.layout != GMLP_BACKEND_OPERAND_NONE;
+  gsize per_group = gemm->rows == NULL ? GMLP_CUDA_DEVICE_TABLES : GMLP_CUDA_GROUPS_TABLES;
 
-  *groups = (GmlpCudaGroups) {
-    .kind = gemm->kind,
-    .n_groups = n,
-    .rows = gemm->rows,
-    .n = gemm->n,
-    .k = gemm->k,
-    .ab_dtype = gemm->a.dtype,
-    .b_dtype = gemm->b.dtype,
-    .c_dtype = gemm->c.dtype,
-    .a = (const void * const *) tables,
-    .b = (const void * const *) (tables + n),
-    .c = (void * const *) (tables + 2 * n),
-    .bias = bias ? (const void * const *) (tables + 3 * n) : NULL,
-    .accumulate = gemm->kind == GMLP_GEMM_WGRAD ? gemm->accumulate : NULL,
-    .a_scales = gemm->a.scales,
-    .b_scales = gemm->b.scales,
-  };
-  gmlp_backend_gemm_members (gemm, &gemm->a, tables);
-  gmlp_backend_gemm_members (gemm, &gemm->b, tables + n);
-  gmlp_backend_gemm_members (gemm, &gemm->c, tables + 2 * n);
-  if (bias)
-    gmlp_backend_gemm_members (gemm, &gemm->bias, tables + 3 * n);
-  if (!fp8)
-    return;
-  if (gemm->a.scale_inv != NULL && gemm->b.scale_inv != NULL)
+  return gmlp_backend_gemm_tables (local, per_group * gemm->n_groups, heap);
+}
+
+/* Describes gemm to the route, in route->product: the descriptor's
+ * statistics (gmlp_cuda_route_describe()) and, where the route reads it,
+ * the Hopper kernel's answer. On the way route->kernel_gemm, the kernels'
+ * view of the product, for the executors: with device sizes always (its
+ * per-group tables in tables, of gmlp_cuda_gemm_tables()), with host
+ * sizes where the kernel is asked; and with host sizes *groups, its
+ * members' tables in tables. */
+static void
+gmlp_cuda_gemm_describe (GmlpBackendDevice      *device,
+                         const GmlpBackendGemm  *gemm,
+                         gpointer               *tables,
+                         GmlpCudaGroups         *groups,
+                         GmlpCudaGemmRoute      *route)
+{
+  GmlpCudaRouteProduct *product = &route->product;
+
+  if (gemm->rows == NULL)
+    gmlp_cuda_kernel_device_gemm (gemm, tables, &route->kernel_gemm);
+  else
+    gmlp_cuda_groups_init (gemm, tables, groups);
+  gmlp_cuda_route_describe (gemm, gemm->rows != NULL ? groups : NULL, product);
+
+  if (gmlp_cuda_route_asks_sm90 (product))
     {
-      groups->a_scale_inv = (const float * const *) (tables + 4 * n);
-      groups->b_scale_inv = (const float * const *) (tables + 5 * n);
-      gmlp_backend_gemm_scale_members (gemm, &gemm->a, (const float **) (tables + 4 * n));
-      gmlp_backend_gemm_scale_members (gemm, &gemm->b, (const float **) (tables + 5 * n));
+      if (gemm->rows != NULL &&
+          !gmlp_cuda_groups_kernel_gemm (groups, &route->kernel_gemm, &product->sm90_reason))
+        product->sm90_unpacked = TRUE;
+      else
+        product->sm90_covers = gmlp_cuda_gemm_sm90_covers (device, &route->kernel_gemm,
+                                                           &product->sm90_reason);
     }
 }
 
+/* The route reads the tuning, and its executors use the device's
+ * handles, workspaces, side stream and scratch workspace: all under
+ * scratch_lock. */
 gboolean
 gmlp_cuda_gemm (GmlpBackendDevice      *device,
                 const GmlpBackendGemm  *gemm,
@@ -73,21 +75,28 @@ gmlp_cuda_gemm (GmlpBackendDevice      *device,
 {
   gpointer local[GMLP_BACKEND_GEMM_LOCAL_TABLES];
   g_autofree gpointer *heap = NULL;
+  gpointer *tables = gmlp_cuda_gemm_tables (gemm, local, &heap);
   GmlpCudaGroups groups;
+  GmlpCudaGemmRoute route = { 0, };
+  gboolean ok;
 
+  g_rec_mutex_lock (&device->scratch_lock);
+  gmlp_cuda_gemm_describe (device, gemm, tables, &groups, &route);
+  route.choice = gmlp_cuda_route (&route.product, &device->props, &device->tuning);
   if (gemm->rows == NULL)
-    return gmlp_cuda_gemm_device_sizes (device, gemm, error);
-
-  gmlp_cuda_groups_init (gemm, gmlp_backend_gemm_tables (local, GMLP_CUDA_GROUPS_TABLES *
-                                                          (gsize) gemm->n_groups, &heap),
-                         &groups);
-  if (gmlp_backend_gemm_is_fp8 (gemm))
-    return gmlp_cuda_gemm_fp8_groups (device, &groups, error);
-  return gmlp_cuda_gemm_groups (device, &groups, error);
+    ok = gmlp_cuda_gemm_device_sizes (device, &route, error);
+  else if (gmlp_backend_gemm_is_fp8 (gemm))
+    ok = gmlp_cuda_gemm_fp8_groups (device, &groups, &route, error);
+  else
+    ok = gmlp_cuda_gemm_groups (device, &groups, &route, error);
+  g_rec_mutex_unlock (&device->scratch_lock);
+  return ok;
 }
 
-/* Only FP8 operands are ever refused here: device sizes and blockwise
- * scales on the Hopper kernel alone (the route's DEQUANTIZED). */
+/* Only FP8 operands are ever refused here, where the route answers
+ * DEQUANTIZED (device sizes, and blockwise scales on the Hopper kernel
+ * alone), or SM90_PADDED and the kernel does not take the padded copies;
+ * under scratch_lock, as gemm. */
 gboolean
 gmlp_cuda_gemm_supported (GmlpBackendDevice      *device,
                           const GmlpBackendGemm  *gemm,
@@ -95,17 +104,32 @@ gmlp_cuda_gemm_supported (GmlpBackendDevice      *device,
 {
   gpointer local[GMLP_BACKEND_GEMM_LOCAL_TABLES];
   g_autofree gpointer *heap = NULL;
+  gpointer *tables;
   GmlpCudaGroups groups;
+  GmlpCudaGemmRoute route = { 0, };
+  gboolean ok = TRUE;
 
-  if (!gmlp_backend_gemm_is_fp8 (gemm))
-    return TRUE;
-  if (gemm->rows == NULL)
-    return gmlp_cuda_gemm_device_supported (device, gemm, reason);
-  if (!gmlp_backend_gemm_blockwise (gemm))
+  if (!gmlp_cuda_route_may_dequantize (gemm))
     return TRUE;
 
-  gmlp_cuda_groups_init (gemm, gmlp_backend_gemm_tables (local, GMLP_CUDA_GROUPS_TABLES *
-                                                          (gsize) gemm->n_groups, &heap),
-                         &groups);
-  return gmlp_cuda_gemm_fp8_supported (device, &groups, reason);
+  tables = gmlp_cuda_gemm_tables (gemm, local, &heap);
+  g_rec_mutex_lock (&device->scratch_lock);
+  gmlp_cuda_gemm_describe (device, gemm, tables, &groups, &route);
+  route.choice = gmlp_cuda_route (&route.product, &device->props, &device->tuning);
+  switch (route.choice.route)
+    {
+    case GMLP_CUDA_ROUTE_SM90_PADDED:
+      ok = gmlp_cuda_gemm_fp8_padded_supported (device, &groups, reason);
+      break;
+
+    case GMLP_CUDA_ROUTE_DEQUANTIZED:
+      *reason = route.choice.reason != NULL ? route.choice.reason : "not covered";
+      ok = FALSE;
+      break;
+
+    default:
+      break;
+    }
+  g_rec_mutex_unlock (&device->scratch_lock);
+  return ok;
 }

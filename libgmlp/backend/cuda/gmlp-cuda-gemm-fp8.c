@@ -1,18 +1,22 @@
 /* gmlp-cuda-gemm-fp8.c: FP8 grouped products of the CUDA backend
  *
- * Many small products run on libgmlp's Hopper kernel where it applies
- * (compute capability 9.0, operands laid out as grouped tensors lay them
- * out, WGRAD groups of multiples of 16 rows), one launch for all groups,
- * as gmlp_cuda_route() says (gmlp-cuda-route.c). The rest takes
- * cuBLASLt: one cublasLtMatmul per group, with per-tensor scales: the groups' scale
- * inverses are the matmul's A and B scale pointers (device memory, read by
- * the kernel, so nothing waits), the sums are FP32 with the partial sums
- * promoted (CUBLASLT_MATMUL_DESC_FAST_ACCUM = 0), and the output is BF16,
- * FP16 or FP32. Blockwise scales have no cuBLASLt path here: those
- * products run on the Hopper kernel, or gmlp_cuda_gemm_fp8_supported()
- * says no, with the kernel's reason, and the layer dequantizes them. An
- * FPROP's bias joins the FP32 sum before the one rounding in the Hopper
- * kernel's epilogue; cuBLASLt's product has it added afterwards.
+ * The executors of the routes of FP8 products with host sizes, which the
+ * entry asked gmlp_cuda_route() for (gmlp-cuda-gemm-entry.c,
+ * gmlp-cuda-route.c): many small products run on libgmlp's Hopper kernel
+ * where it applies (compute capability 9.0, operands laid out as grouped
+ * tensors lay them out, WGRAD groups of multiples of 16 rows), one launch
+ * for all groups. The rest takes cuBLASLt: one cublasLtMatmul per group,
+ * with per-tensor scales: the groups' scale inverses are the matmul's A
+ * and B scale pointers (device memory, read by the kernel, so nothing
+ * waits), the sums are FP32 with the partial sums promoted
+ * (CUBLASLT_MATMUL_DESC_FAST_ACCUM = 0), and the output is BF16, FP16 or
+ * FP32. Blockwise scales have no cuBLASLt path here: those products run
+ * on the Hopper kernel (on padded copies for WGRAD groups not of multiples
+ * of 16 rows: gmlp_cuda_gemm_fp8_padded_supported()), or the backend's
+ * gemm_supported says no, with the kernel's reason, and the layer
+ * dequantizes them. An FPROP's bias joins the FP32 sum before the one
+ * rounding in the Hopper kernel's epilogue; cuBLASLt's product has it
+ * added afterwards.
  *
  * cuBLASLt's FP8 kernels on Hopper and Ada take only the "TN" layout: both
  * operands K-major, the summed dimension contiguous. The backend's
@@ -602,7 +606,7 @@ fp8_padded_covered (GmlpBackendDevice     *device,
  * grouped tensors of round_up (m_i, 16) rows. Zeros add nothing, and the
  * padded rows stay inside each group's last 128-deep block of scales
  * (128 is a multiple of 16). The kernel's taking the padded product was
- * asked beforehand (gmlp_cuda_gemm_fp8_supported()). */
+ * asked beforehand (gmlp_cuda_gemm_fp8_padded_supported()). */
 static gboolean
 fp8_blockwise_padded (GmlpBackendDevice     *device,
                       const GmlpCudaGroups  *gemm,
@@ -660,99 +664,31 @@ out:
   return ok;
 }
 
-/* The route's description of an FP8 product; with check_sm90, whether
- * the Hopper kernel covers it, and why not. */
-static void
-fp8_route_product (GmlpBackendDevice    *device,
-                   const GmlpCudaGroups *gemm,
-                   gboolean              check_sm90,
-                   GmlpKernelDeviceGemm *kernel_gemm,
-                   GmlpCudaRouteProduct *product)
+/* Whether the Hopper kernel takes the padded copies of
+ * GMLP_CUDA_ROUTE_SM90_PADDED; FALSE: why, in *reason. */
+gboolean
+gmlp_cuda_gemm_fp8_padded_supported (GmlpBackendDevice     *device,
+                                     const GmlpCudaGroups  *gemm,
+                                     const char           **reason)
 {
-  product->kind = gemm->kind;
-  product->ab_dtype = gemm->ab_dtype;
-  product->c_dtype = gemm->c_dtype;
-  product->blockwise = gmlp_backend_fp8_scales_blockwise (&gemm->a_scales, &gemm->b_scales);
-  if (!check_sm90)
-    return;
-  if (!gmlp_cuda_groups_kernel_gemm (gemm, kernel_gemm, &product->sm90_reason))
-    product->sm90_unpacked = TRUE;
-  else
-    product->sm90_covers = gmlp_cuda_gemm_sm90_covers (device, kernel_gemm, &product->sm90_reason);
-}
-
-/* The route of a product with blockwise scales (host sizes). */
-static GmlpCudaRouteChoice
-fp8_blockwise_route (GmlpBackendDevice    *device,
-                     const GmlpCudaGroups *gemm,
-                     GmlpKernelDeviceGemm *kernel_gemm)
-{
-  GmlpCudaRouteProduct product = { 0, };
-
-  fp8_route_product (device, gemm, TRUE, kernel_gemm, &product);
-  product.rows_aligned = gmlp_cuda_route_rows_aligned (gemm->rows, gemm->n_groups);
-  return gmlp_cuda_route (&product, &device->props, &device->tuning);
-}
-
-static gboolean
-fp8_supported_locked (GmlpBackendDevice     *device,
-                      const GmlpCudaGroups  *gemm,
-                      const char           **reason)
-{
+  g_autofree gint64 *rows = g_new (gint64, gemm->n_groups);
+  g_autofree gpointer *pointers = g_new (gpointer, 2 * (gsize) gemm->n_groups);
   GmlpKernelDeviceGemm kernel_gemm;
-  GmlpCudaRouteChoice choice;
-  g_autofree gint64 *rows = NULL;
-  g_autofree gpointer *pointers = NULL;
   gsize total;
 
-  /* Per-tensor scales: the Hopper kernel or cuBLASLt, which refuses a GPU
-   * without FP8 tensor cores itself (no fall-back for those recipes). */
-  if (gemm->n_groups == 0 || !gmlp_backend_fp8_scales_blockwise (&gemm->a_scales, &gemm->b_scales))
-    return TRUE;
-
-  choice = fp8_blockwise_route (device, gemm, &kernel_gemm);
-  switch (choice.route)
-    {
-    case GMLP_CUDA_ROUTE_SM90:
-      return TRUE;
-
-    case GMLP_CUDA_ROUTE_SM90_PADDED:
-      rows = g_new (gint64, gemm->n_groups);
-      pointers = g_new (gpointer, 2 * (gsize) gemm->n_groups);
-      return fp8_padded_covered (device, gemm, (guint8 *) (guintptr) GMLP_CUDA_FP8_SCRATCH_ALIGNMENT,
-                                 rows, pointers, pointers + gemm->n_groups, &kernel_gemm, &total,
-                                 reason);
-
-    case GMLP_CUDA_ROUTE_DEQUANTIZED:
-    default:
-      *reason = choice.reason != NULL ? choice.reason : "not covered";
-      return FALSE;
-    }
+  return fp8_padded_covered (device, gemm, (guint8 *) (guintptr) GMLP_CUDA_FP8_SCRATCH_ALIGNMENT,
+                             rows, pointers, pointers + gemm->n_groups, &kernel_gemm, &total,
+                             reason);
 }
 
-gboolean
-gmlp_cuda_gemm_fp8_supported (GmlpBackendDevice     *device,
-                              const GmlpCudaGroups  *gemm,
-                              const char           **reason)
-{
-  gboolean ok;
-
-  g_rec_mutex_lock (&device->scratch_lock);
-  ok = fp8_supported_locked (device, gemm, reason);
-  g_rec_mutex_unlock (&device->scratch_lock);
-  return ok;
-}
-
-/* Blockwise scales: the Hopper kernel's (gmlp_cuda_gemm_fp8_supported()
- * said it takes the product). */
+/* Blockwise scales: the Hopper kernel's (gemm_supported said it takes
+ * the product). */
 static gboolean
-fp8_blockwise (GmlpBackendDevice     *device,
-               const GmlpCudaGroups  *gemm,
-               GError               **error)
+fp8_blockwise (GmlpBackendDevice        *device,
+               const GmlpCudaGroups     *gemm,
+               const GmlpCudaGemmRoute  *route,
+               GError                  **error)
 {
-  GmlpKernelDeviceGemm kernel_gemm;
-  GmlpCudaRouteChoice choice;
-
   if (gemm->n_groups == 0)
     return TRUE;
   if (gemm->rows == NULL || gemm->a == NULL || gemm->b == NULL || gemm->c == NULL ||
@@ -766,33 +702,33 @@ fp8_blockwise (GmlpBackendDevice     *device,
   if (!gmlp_cuda_activate (device, error))
     return FALSE;
 
-  choice = fp8_blockwise_route (device, gemm, &kernel_gemm);
-  switch (choice.route)
+  switch (route->choice.route)
     {
     case GMLP_CUDA_ROUTE_SM90_PADDED:
       return fp8_blockwise_padded (device, gemm, error);
 
     case GMLP_CUDA_ROUTE_SM90:
-      return gmlp_cuda_gemm_sm90_run (device, &kernel_gemm, error);
+      return gmlp_cuda_gemm_sm90_run (device, &route->kernel_gemm, error);
 
     case GMLP_CUDA_ROUTE_DEQUANTIZED:
     default:
       g_set_error (error, GMLP_CUDA_ERROR, GMLP_ERROR_UNSUPPORTED,
                    "CUDA: FP8 GEMM %s with blockwise scales runs on libgmlp's Hopper kernel only: %s",
-                   kind_name (gemm->kind), choice.reason != NULL ? choice.reason : "not covered");
+                   kind_name (gemm->kind),
+                   route->choice.reason != NULL ? route->choice.reason : "not covered");
       return FALSE;
     }
 }
 
-static gboolean
-gmlp_cuda_gemm_fp8_locked (GmlpBackendDevice     *device,
-                           const GmlpCudaGroups  *gemm,
-                           GError               **error)
+/* The route's executors, under scratch_lock: cuBLASLt's handle and
+ * workspace and the device-sizes workspace are the device's. */
+gboolean
+gmlp_cuda_gemm_fp8_groups (GmlpBackendDevice        *device,
+                           const GmlpCudaGroups     *gemm,
+                           const GmlpCudaGemmRoute  *route,
+                           GError                  **error)
 {
   GmlpCudaFp8Plan plan = { 0, };
-  GmlpKernelDeviceGemm kernel_gemm;
-  GmlpCudaRouteProduct product = { 0, };
-  GmlpCudaRouteChoice choice;
   cublasLtMatmulDescOpaque_t desc_data;
   cublasLtMatmulDesc_t desc = NULL;
   const cublasOperation_t transa = CUBLAS_OP_T, transb = CUBLAS_OP_N;
@@ -803,8 +739,8 @@ gmlp_cuda_gemm_fp8_locked (GmlpBackendDevice     *device,
   gsize c_size;
   gboolean ok = FALSE;
 
-  if (gmlp_backend_fp8_scales_blockwise (&gemm->a_scales, &gemm->b_scales))
-    return fp8_blockwise (device, gemm, error);
+  if (route->product.blockwise)
+    return fp8_blockwise (device, gemm, route, error);
   if (!fp8_validate (gemm, &plan, error))
     goto out;
   if (plan.products == NULL || (plan.products->len == 0 && plan.zeroed->len == 0))
@@ -817,22 +753,12 @@ gmlp_cuda_gemm_fp8_locked (GmlpBackendDevice     *device,
 
   /* On libgmlp's Hopper kernel where the route puts it: one launch for
    * all groups instead of a cuBLASLt call per group. */
-  fp8_route_product (device, gemm, plan.products->len > 0, &kernel_gemm, &product);
-  product.n_products = plan.products->len;
-  product.n_zeroed = plan.zeroed->len;
-  for (guint j = 0; j < plan.products->len; j++)
+  if (route->choice.route == GMLP_CUDA_ROUTE_SM90)
     {
-      const GmlpCudaFp8Product *p = &g_array_index (plan.products, GmlpCudaFp8Product, j);
-
-      product.total_flop += 2.0 * p->m * p->n * p->depth;
-    }
-  choice = gmlp_cuda_route (&product, &device->props, &device->tuning);
-  if (choice.route == GMLP_CUDA_ROUTE_SM90)
-    {
-      ok = gmlp_cuda_gemm_sm90_run (device, &kernel_gemm, error);
+      ok = gmlp_cuda_gemm_sm90_run (device, &route->kernel_gemm, error);
       goto out;
     }
-  if (choice.route != GMLP_CUDA_ROUTE_CUBLASLT)
+  if (route->choice.route != GMLP_CUDA_ROUTE_CUBLASLT)
     {
       /* FP8 tensor cores: compute capability 8.9 (Ada) and 9.0 (Hopper) on. */
       g_set_error (error, GMLP_CUDA_ERROR, GMLP_ERROR_UNSUPPORTED,
@@ -926,20 +852,5 @@ out:
   if (scratch != NULL)
     gmlp_cuda_free (device, scratch);
   plan_clear (&plan);
-  return ok;
-}
-
-/* cuBLASLt's handle and workspace and the device-sizes workspace are the
- * device's: see scratch_lock. */
-gboolean
-gmlp_cuda_gemm_fp8_groups (GmlpBackendDevice     *device,
-                           const GmlpCudaGroups  *gemm,
-                           GError               **error)
-{
-  gboolean ok;
-
-  g_rec_mutex_lock (&device->scratch_lock);
-  ok = gmlp_cuda_gemm_fp8_locked (device, gemm, error);
-  g_rec_mutex_unlock (&device->scratch_lock);
   return ok;
 }

@@ -22,12 +22,13 @@
  * the product first anyway, so C holding the bias first would only cost a
  * memset.
  *
- * gmlp_cuda_gemm_groups() describes the product to gmlp_cuda_route()
- * (gmlp-cuda-route.c, docs/routes.md), which picks libgmlp's Hopper kernel
- * (many small products; WGRAD of unequal mid-sized ones), cuBLAS's batched
- * and grouped calls for many small products, one batched call for
- * mid-sized products all of one shape, or one product per group,
- * alternating between two streams (on cuBLASLt with a plan kept per problem,
+ * gmlp_cuda_gemm_groups() checks the call and runs the route that the
+ * entry asked gmlp_cuda_route() for (gmlp-cuda-gemm-entry.c,
+ * gmlp-cuda-route.c, docs/routes.md): libgmlp's Hopper kernel (many small
+ * products; WGRAD of unequal mid-sized ones), cuBLAS's batched and grouped
+ * calls for many small products, one batched call for mid-sized products
+ * all of one shape, or one product per group, alternating between two
+ * streams (on cuBLASLt with a plan kept per problem,
  * gmlp-cuda-blas-plans.c, else cublasGemmEx()); the executors of the cuBLAS
  * routes are here.
  *
@@ -45,10 +46,6 @@
  * kernel it picks there. */
 #define GMLP_CUDA_CUBLAS_WORKSPACE (32u << 20)
 
-/* cuBLAS's own alignment rule for the grouped call is per size; the one
- * that holds for every size keeps the check simple. */
-#define GMLP_CUDA_GROUPED_ALIGNMENT 16
-
 /* What one group of a product asks for. */
 typedef enum {
   GMLP_CUDA_GROUP_SKIP,   /* nothing to write */
@@ -60,15 +57,10 @@ typedef enum {
  * cuBLASLt plans, cublasGemmEx() and the batched and grouped calls take it. */
 typedef GmlpCudaBlasProduct GmlpCudaProduct;
 
-/* What validation found out about a call. */
+/* The operands' and the output's types in cuBLAS's terms, once checked. */
 typedef struct {
   cudaDataType_t  ab_type;
   cudaDataType_t  c_type;
-  guint           n_products;   /* groups with a GEMM to run */
-  guint           n_zeroed;     /* groups to set to zero */
-  double          total_flop;   /* 2 m n k over the GEMM groups */
-  gboolean        aligned;      /* every GEMM pointer grouped-call aligned */
-  gboolean        uniform;      /* every GEMM group of one shape and beta */
 } GmlpCudaGemmPlan;
 
 static const char *
@@ -326,19 +318,16 @@ gmlp_cuda_gemm_is_aligned (const void *p,
   return (guintptr) p % alignment == 0;
 }
 
-/* Checks everything that can be checked before anything is enqueued. */
+/* Checks everything that can be checked before anything is enqueued (the
+ * route's statistics are the entry's description's). */
 static gboolean
 gmlp_cuda_gemm_validate (const GmlpCudaGroups  *gemm,
                          GmlpCudaGemmPlan      *plan,
                          GError               **error)
 {
   gsize ab_size, c_size;
-  gint64 first_rows = 0;
-  gboolean first_accumulates = FALSE;
 
   memset (plan, 0, sizeof *plan);
-  plan->aligned = TRUE;
-  plan->uniform = TRUE;
 
   if (gemm == NULL ||
       (gemm->kind != GMLP_GEMM_FPROP && gemm->kind != GMLP_GEMM_DGRAD &&
@@ -431,7 +420,6 @@ gmlp_cuda_gemm_validate (const GmlpCudaGroups  *gemm,
                            gmlp_cuda_gemm_kind_name (gemm->kind), i);
               return FALSE;
             }
-          plan->n_zeroed++;
           break;
 
         case GMLP_CUDA_GROUP_GEMM:
@@ -452,18 +440,6 @@ gmlp_cuda_gemm_validate (const GmlpCudaGroups  *gemm,
                            "its element size", gmlp_cuda_gemm_kind_name (gemm->kind), i);
               return FALSE;
             }
-          plan->aligned = plan->aligned &&
-                          gmlp_cuda_gemm_is_aligned (gemm->a[i], GMLP_CUDA_GROUPED_ALIGNMENT) &&
-                          gmlp_cuda_gemm_is_aligned (gemm->b[i], GMLP_CUDA_GROUPED_ALIGNMENT) &&
-                          gmlp_cuda_gemm_is_aligned (gemm->c[i], GMLP_CUDA_GROUPED_ALIGNMENT);
-          /* The groups' products differ only in m_i and beta (see
-           * gmlp_cuda_gemm_product()). */
-          if (plan->n_products == 0)
-            first_rows = m, first_accumulates = gmlp_cuda_groups_accumulates (gemm, i);
-          else if (m != first_rows || gmlp_cuda_groups_accumulates (gemm, i) != first_accumulates)
-            plan->uniform = FALSE;
-          plan->n_products++;
-          plan->total_flop += 2.0 * (double) m * (double) gemm->n * (double) gemm->k;
           break;
         }
     }
@@ -830,16 +806,17 @@ gmlp_cuda_gemm_grouped (GmlpBackendDevice       *device,
   return gmlp_cuda_run_looped (device, gemm, plan, (GmlpCudaProduct *) rest->data, rest->len, error);
 }
 
-static gboolean
-gmlp_cuda_gemm_locked (GmlpBackendDevice     *device,
-                       const GmlpCudaGroups  *gemm,
-                       GError               **error)
+/* The route's executor, under scratch_lock: the handles, their
+ * workspaces, the side stream's events and the device-sizes workspace are
+ * the device's. */
+gboolean
+gmlp_cuda_gemm_groups (GmlpBackendDevice        *device,
+                       const GmlpCudaGroups     *gemm,
+                       const GmlpCudaGemmRoute  *route,
+                       GError                  **error)
 {
   g_autofree GmlpCudaProduct *products = NULL;
   GmlpCudaGemmPlan plan;
-  GmlpKernelDeviceGemm kernel_gemm;
-  GmlpCudaRouteProduct product;
-  GmlpCudaRouteChoice choice;
   gboolean bias = gemm->kind == GMLP_GEMM_FPROP && gemm->bias != NULL;
   gboolean fall_back = FALSE;
   guint count;
@@ -847,35 +824,19 @@ gmlp_cuda_gemm_locked (GmlpBackendDevice     *device,
   if (!gmlp_cuda_gemm_validate (gemm, &plan, error))
     return FALSE;
   /* (With a bias, empty sums (k = 0) still give C = the bias.) */
-  if (plan.n_products == 0 && plan.n_zeroed == 0 && !bias)
+  if (route->product.n_products == 0 && route->product.n_zeroed == 0 && !bias)
     return TRUE;
   if (!gmlp_cuda_activate (device, error))
     return FALSE;
 
-  product = (GmlpCudaRouteProduct) {
-    .kind = gemm->kind,
-    .ab_dtype = gemm->ab_dtype,
-    .c_dtype = gemm->c_dtype,
-    .n_products = plan.n_products,
-    .n_zeroed = plan.n_zeroed,
-    .total_flop = plan.total_flop,
-    .aligned = plan.aligned,
-    .uniform = plan.uniform,
-  };
-  gmlp_cuda_route_count_rows (gemm->rows, gemm->n_groups, &product.rows, &product.tiled_rows);
-  product.sm90_covers = plan.n_products > 0 &&
-                        gmlp_cuda_groups_kernel_gemm (gemm, &kernel_gemm, &product.sm90_reason) &&
-                        gmlp_cuda_gemm_sm90_covers (device, &kernel_gemm, &product.sm90_reason);
-  choice = gmlp_cuda_route (&product, &device->props, &device->tuning);
-
-  switch (choice.route)
+  switch (route->choice.route)
     {
     case GMLP_CUDA_ROUTE_SM90:
       /* The bias in the kernel's epilogue. */
-      return gmlp_cuda_gemm_sm90_run (device, &kernel_gemm, error);
+      return gmlp_cuda_gemm_sm90_run (device, &route->kernel_gemm, error);
 
     case GMLP_CUDA_ROUTE_CUBLAS_GROUPED:
-      if (!gmlp_cuda_gemm_grouped (device, gemm, &plan, choice.row_tiles, &fall_back, error))
+      if (!gmlp_cuda_gemm_grouped (device, gemm, &plan, route->choice.row_tiles, &fall_back, error))
         {
           if (!fall_back)
             return FALSE;
@@ -903,19 +864,4 @@ gmlp_cuda_gemm_locked (GmlpBackendDevice     *device,
   /* cuBLAS: the bias onto the stored product. */
   return !bias || gmlp_cuda_add_bias (device, gemm->n_groups, gemm->rows, gemm->n, gemm->c_dtype,
                                       gemm->c, gemm->bias, error);
-}
-
-/* The handles, their workspaces, the side stream's events and the
- * device-sizes workspace are the device's: see scratch_lock. */
-gboolean
-gmlp_cuda_gemm_groups (GmlpBackendDevice     *device,
-                       const GmlpCudaGroups  *gemm,
-                       GError               **error)
-{
-  gboolean ok;
-
-  g_rec_mutex_lock (&device->scratch_lock);
-  ok = gmlp_cuda_gemm_locked (device, gemm, error);
-  g_rec_mutex_unlock (&device->scratch_lock);
-  return ok;
 }

@@ -4,6 +4,9 @@
  *
  *  - gmlp-cuda-backend.c: the backend table, and the opening and closing
  *    of devices;
+ *  - gmlp-cuda-gemm-entry.c: the gemm and gemm_supported entries, which
+ *    describe each product and ask the route once, over the GEMM
+ *    executors;
  *  - the executors, a file each: the GEMMs, bias, activations,
  *    quantization, permutation, the router, events, offloading,
  *    communicators and element-wise arithmetic, declared below;
@@ -17,8 +20,8 @@
  *    the pool and the scratch workspace (gmlp-cuda-device.h);
  *  - gmlp-cuda-route.c: which kernel or library runs a product, a pure
  *    function of the product, the device's properties and its tuning
- *    (gmlp-cuda-route.h; no CUDA, docs/routes.md). The GEMM executors
- *    describe their product to it and run its answer.
+ *    (gmlp-cuda-route.h; no CUDA, docs/routes.md), and the description
+ *    of a product that it reads.
  *
  * A file of the lower five includes only the headers of the floors below
  * it, and its own; the executors and the table include this header, which
@@ -46,51 +49,24 @@ struct _GmlpBackendEvent
 };
 
 /* The GEMMs (docs/routes.md). gmlp-cuda-gemm-entry.c holds the backend's
- * one gemm entry and gemm_supported: a descriptor with device sizes goes
- * to gmlp-cuda-gemm-device.c as it is; one with host sizes is taken apart
- * into a GmlpCudaGroups, each group's members, for the executors that
- * address the groups one by one (cuBLAS in gmlp-cuda-gemm.c, cuBLASLt in
- * gmlp-cuda-gemm-fp8.c; the Hopper kernel takes it back as bases and
- * tables, gmlp_cuda_groups_kernel_gemm()). */
+ * one gemm entry and gemm_supported. Both describe the product once
+ * (gmlp_cuda_route_describe(), with host sizes through the descriptor's
+ * GmlpCudaGroups, and the Hopper kernel's answer), ask gmlp_cuda_route()
+ * once, and hand its answer to the executors of the route: the Hopper and
+ * the portable kernels for device sizes (gmlp-cuda-gemm-device.c), cuBLAS
+ * (gmlp-cuda-gemm.c) and cuBLASLt (gmlp-cuda-gemm-fp8.c) for host sizes,
+ * and the Hopper kernel for either. The executors check the call, and run
+ * the route they are given; none describes or routes the product again.
+ * The entry holds scratch_lock from the description (the route reads the
+ * tuning) to the end of the execution. */
 typedef struct {
-  GmlpGemmKind          kind;
-  guint                 n_groups;
-  const gint64         *rows;
-  gint64                n;
-  gint64                k;
-  int                   ab_dtype;      /* a's dtype (FP8: a's format) */
-  int                   b_dtype;
-  int                   c_dtype;
-  const void * const   *a;
-  const void * const   *b;
-  void * const         *c;
-  const void * const   *bias;          /* FPROP, or NULL */
-  const guint8         *accumulate;    /* WGRAD, or NULL */
-  const float * const  *a_scale_inv;   /* FP8: each group's scales */
-  const float * const  *b_scale_inv;
-  GmlpBackendFp8Scales  a_scales;
-  GmlpBackendFp8Scales  b_scales;
-} GmlpCudaGroups;
-
-/* The product of group g as C (rows × cols) = A (rows × depth) · B (cols ×
- * depth)ᵀ, in the K-major terms of the FP8 products. */
-static inline void
-gmlp_cuda_groups_shape (const GmlpCudaGroups *groups,
-                        guint                 g,
-                        gint64               *rows,
-                        gint64               *cols,
-                        gint64               *depth)
-{
-  gmlp_backend_gemm_group_shape (groups->kind, groups->rows[g], groups->n, groups->k, rows, cols, depth);
-}
-
-/* TRUE when group g adds into its output: WGRAD with the mask set. */
-static inline gboolean
-gmlp_cuda_groups_accumulates (const GmlpCudaGroups *groups,
-                              guint                 g)
-{
-  return groups->kind == GMLP_GEMM_WGRAD && groups->accumulate != NULL && groups->accumulate[g];
-}
+  GmlpCudaRouteProduct  product;
+  GmlpCudaRouteChoice   choice;
+  /* The kernels' view of the product: with device sizes always, with host
+   * sizes where the kernel was asked and the operands are laid out as it
+   * reads them; what the Hopper kernel's route runs. */
+  GmlpKernelDeviceGemm  kernel_gemm;
+} GmlpCudaGemmRoute;
 
 /* gmlp-cuda-gemm-entry.c: the gemm and gemm_supported entries. */
 gboolean  gmlp_cuda_gemm            (GmlpBackendDevice      *device,
@@ -112,21 +88,24 @@ gboolean  gmlp_cuda_blas_fail       (GError            **error,
 gboolean  gmlp_cuda_cublas_init     (GmlpBackendDevice  *device,
                                      GError            **error);
 void      gmlp_cuda_cublas_fini     (GmlpBackendDevice  *device);
-gboolean  gmlp_cuda_gemm_groups     (GmlpBackendDevice     *device,
-                                     const GmlpCudaGroups  *groups,
-                                     GError               **error);
+gboolean  gmlp_cuda_gemm_groups     (GmlpBackendDevice        *device,
+                                     const GmlpCudaGroups     *groups,
+                                     const GmlpCudaGemmRoute  *route,
+                                     GError                  **error);
 /* gmlp-cuda-gemm-fp8.c: FP8 products with host sizes (the route's Hopper
- * kernel and cuBLASLt); _supported says, without enqueuing anything,
- * whether the product runs (FALSE: why, and the caller dequantizes). */
+ * kernel and cuBLASLt); _padded_supported says, without enqueuing
+ * anything, whether the Hopper kernel takes the padded copies of
+ * GMLP_CUDA_ROUTE_SM90_PADDED (FALSE: why, and the caller dequantizes). */
 gboolean  gmlp_cuda_cublaslt_init   (GmlpBackendDevice  *device,
                                      GError            **error);
 void      gmlp_cuda_cublaslt_fini   (GmlpBackendDevice  *device);
-gboolean  gmlp_cuda_gemm_fp8_groups (GmlpBackendDevice     *device,
-                                     const GmlpCudaGroups  *groups,
-                                     GError               **error);
-gboolean  gmlp_cuda_gemm_fp8_supported (GmlpBackendDevice     *device,
-                                        const GmlpCudaGroups  *groups,
-                                        const char           **reason);
+gboolean  gmlp_cuda_gemm_fp8_groups (GmlpBackendDevice        *device,
+                                     const GmlpCudaGroups     *groups,
+                                     const GmlpCudaGemmRoute  *route,
+                                     GError                  **error);
+gboolean  gmlp_cuda_gemm_fp8_padded_supported (GmlpBackendDevice     *device,
+                                               const GmlpCudaGroups  *groups,
+                                               const char           **reason);
 
 /* gmlp-cuda-bias.c */
 gboolean  gmlp_cuda_add_bias        (GmlpBackendDevice   *device,
@@ -242,15 +221,17 @@ gboolean  gmlp_cuda_fill_random     (GmlpBackendDevice      *device,
                                      float                   scale,
                                      GError                **error);
 
-/* Group sizes on the device (gmlp-cuda-gemm-device.c): libgmlp's own
- * Hopper kernel where the route (gmlp-cuda-route.c) puts it, a portable
- * kernel elsewhere; _supported as for gmlp_cuda_gemm_fp8_supported(). */
-gboolean  gmlp_cuda_gemm_device_sizes     (GmlpBackendDevice      *device,
-                                           const GmlpBackendGemm  *gemm,
-                                           GError                **error);
-gboolean  gmlp_cuda_gemm_device_supported (GmlpBackendDevice      *device,
-                                           const GmlpBackendGemm  *gemm,
-                                           const char            **reason);
+/* Group sizes on the device (gmlp-cuda-gemm-device.c): the kernels' view
+ * of the descriptor (tables holds GMLP_CUDA_DEVICE_TABLES × n_groups
+ * pointers), and the executor of its route, libgmlp's own Hopper kernel or
+ * the portable one. */
+#define GMLP_CUDA_DEVICE_TABLES 4
+void      gmlp_cuda_kernel_device_gemm    (const GmlpBackendGemm    *gemm,
+                                           gpointer                 *tables,
+                                           GmlpKernelDeviceGemm     *kernel_gemm);
+gboolean  gmlp_cuda_gemm_device_sizes     (GmlpBackendDevice        *device,
+                                           const GmlpCudaGemmRoute  *route,
+                                           GError                  **error);
 /* The Hopper kernel, for every product (gmlp-cuda-gemm-device.c): whether it
  * covers a product on this device (if not, why in *reason, a static
  * string), and its launch, for a product it covers. */

@@ -1,9 +1,13 @@
 /* gmlp-cuda-route.c: the CUDA backend's rule for which kernel or library
- * runs a product
+ * runs a product, and what it reads of the product
  *
- * A pure function: no CUDA, no device, no state. docs/routes.md has the
- * rule as a table, row by row with its reason; the comments below say the
- * same in the code's terms.
+ * Pure functions: no CUDA, no device, no state. gmlp_cuda_route_describe()
+ * reads a GmlpBackendGemm (with host sizes, group by group, through the
+ * tables of gmlp_cuda_groups_init()) into the short description that
+ * gmlp_cuda_route() decides on; the gemm entry (gmlp-cuda-gemm-entry.c)
+ * adds the Hopper kernel's answer. docs/routes.md has the rule as a table,
+ * row by row with its reason; the comments below say the same in the
+ * code's terms.
  *
  * SPDX-License-Identifier: LGPL-2.1-or-later
  */
@@ -35,6 +39,10 @@
 /* FP8 alignment of cuBLASLt and of TMA: rows of whole 16-byte units. */
 #define GMLP_CUDA_ROUTE_FP8_ALIGNMENT 16
 
+/* cuBLAS's own alignment rule for the grouped and batched calls is per
+ * size; the one that holds for every size keeps the check simple. */
+#define GMLP_CUDA_ROUTE_POINTER_ALIGNMENT 16
+
 const char gmlp_cuda_route_no_fp8_tensor_cores[] =
   "no FP8 tensor cores (compute capability 8.9 or later needed)";
 
@@ -54,27 +62,122 @@ gmlp_cuda_route_prefer_grouped (guint  n_products,
 }
 
 void
-gmlp_cuda_route_count_rows (const gint64 *rows,
-                            guint         n_groups,
-                            gint64       *total,
-                            gint64       *tiled)
+gmlp_cuda_groups_init (const GmlpBackendGemm *gemm,
+                       gpointer              *tables,
+                       GmlpCudaGroups        *groups)
 {
-  *total = *tiled = 0;
-  for (guint i = 0; i < n_groups; i++)
+  guint n = gemm->n_groups;
+  gboolean bias = gemm->kind == GMLP_GEMM_FPROP && gemm->bias.layout != GMLP_BACKEND_OPERAND_NONE;
+
+  *groups = (GmlpCudaGroups) {
+    .kind = gemm->kind,
+    .n_groups = n,
+    .rows = gemm->rows,
+    .n = gemm->n,
+    .k = gemm->k,
+    .ab_dtype = gemm->a.dtype,
+    .b_dtype = gemm->b.dtype,
+    .c_dtype = gemm->c.dtype,
+    .a = (const void * const *) tables,
+    .b = (const void * const *) (tables + n),
+    .c = (void * const *) (tables + 2 * n),
+    .bias = bias ? (const void * const *) (tables + 3 * n) : NULL,
+    .accumulate = gemm->kind == GMLP_GEMM_WGRAD ? gemm->accumulate : NULL,
+    .a_scales = gemm->a.scales,
+    .b_scales = gemm->b.scales,
+  };
+  gmlp_backend_gemm_members (gemm, &gemm->a, tables);
+  gmlp_backend_gemm_members (gemm, &gemm->b, tables + n);
+  gmlp_backend_gemm_members (gemm, &gemm->c, tables + 2 * n);
+  if (bias)
+    gmlp_backend_gemm_members (gemm, &gemm->bias, tables + 3 * n);
+  if (!gmlp_backend_gemm_is_fp8 (gemm) || gemm->a.scale_inv == NULL || gemm->b.scale_inv == NULL)
+    return;
+  groups->a_scale_inv = (const float * const *) (tables + 4 * n);
+  groups->b_scale_inv = (const float * const *) (tables + 5 * n);
+  gmlp_backend_gemm_scale_members (gemm, &gemm->a, (const float **) (tables + 4 * n));
+  gmlp_backend_gemm_scale_members (gemm, &gemm->b, (const float **) (tables + 5 * n));
+}
+
+static gboolean
+pointer_aligned (const void *p)
+{
+  return (guintptr) p % GMLP_CUDA_ROUTE_POINTER_ALIGNMENT == 0;
+}
+
+/* The statistics of host sizes, in one pass over the groups: each group
+ * has nothing to write (no output, or an empty sum added into its
+ * output), an empty sum to set to zero, or a product. The groups'
+ * products differ only in m_i and whether they accumulate. */
+static void
+describe_groups (const GmlpCudaGroups  *groups,
+                 GmlpCudaRouteProduct  *p)
+{
+  gint64 first_rows = 0;
+  gboolean first_accumulates = FALSE;
+
+  p->aligned = p->uniform = p->rows_aligned = TRUE;
+  for (guint g = 0; g < groups->n_groups; g++)
     {
-      *total += rows[i];
-      *tiled += rows[i] / GMLP_CUDA_ROW_TILE * GMLP_CUDA_ROW_TILE;
+      gint64 m = groups->rows[g];
+      gboolean accumulates = gmlp_cuda_groups_accumulates (groups, g);
+      gint64 out_rows, out_cols, depth;
+
+      p->rows += m;
+      p->tiled_rows += m / GMLP_CUDA_ROW_TILE * GMLP_CUDA_ROW_TILE;
+      p->rows_aligned = p->rows_aligned && m % GMLP_CUDA_ROUTE_FP8_ALIGNMENT == 0;
+
+      gmlp_cuda_groups_shape (groups, g, &out_rows, &out_cols, &depth);
+      if (out_rows == 0 || out_cols == 0)
+        continue;
+      if (depth == 0)
+        {
+          p->n_zeroed += !accumulates;
+          continue;
+        }
+      p->aligned = p->aligned && pointer_aligned (groups->a[g]) &&
+                   pointer_aligned (groups->b[g]) && pointer_aligned (groups->c[g]);
+      if (p->n_products == 0)
+        first_rows = m, first_accumulates = accumulates;
+      else if (m != first_rows || accumulates != first_accumulates)
+        p->uniform = FALSE;
+      p->n_products++;
+      p->total_flop += 2.0 * (double) m * (double) groups->n * (double) groups->k;
     }
 }
 
-gboolean
-gmlp_cuda_route_rows_aligned (const gint64 *rows,
-                              guint         n_groups)
+void
+gmlp_cuda_route_describe (const GmlpBackendGemm  *gemm,
+                          const GmlpCudaGroups   *groups,
+                          GmlpCudaRouteProduct   *product)
 {
-  for (guint g = 0; g < n_groups; g++)
-    if (rows[g] % GMLP_CUDA_ROUTE_FP8_ALIGNMENT != 0)
-      return FALSE;
-  return TRUE;
+  gboolean fp8 = gmlp_backend_gemm_is_fp8 (gemm);
+
+  *product = (GmlpCudaRouteProduct) {
+    .device_sizes = groups == NULL,
+    .kind = gemm->kind,
+    .ab_dtype = gemm->a.dtype,
+    .c_dtype = gemm->c.dtype,
+    .blockwise = fp8 && gmlp_backend_gemm_blockwise (gemm),
+  };
+  if (groups != NULL)
+    describe_groups (groups, product);
+}
+
+gboolean
+gmlp_cuda_route_asks_sm90 (const GmlpCudaRouteProduct *product)
+{
+  return product->device_sizes || product->blockwise || product->n_products > 0;
+}
+
+gboolean
+gmlp_cuda_route_may_dequantize (const GmlpBackendGemm *gemm)
+{
+  if (!gmlp_backend_gemm_is_fp8 (gemm))
+    return FALSE;
+  if (gemm->rows == NULL)
+    return TRUE;
+  return gemm->n_groups > 0 && gmlp_backend_gemm_blockwise (gemm);
 }
 
 const char *

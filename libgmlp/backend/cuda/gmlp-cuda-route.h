@@ -1,16 +1,19 @@
 /* gmlp-cuda-route.h: which kernel or library runs a product
  *
  * gmlp_cuda_route() is the CUDA backend's one rule for that choice, a pure
- * function of a short description of the product (what validation found
- * out about it, and whether libgmlp's Hopper kernel covers it), the
- * device's properties (read once, when the device opens) and the device's
- * tuning. The backend's gemm entry (gmlp-cuda-gemm-entry.c) hands the
- * descriptor to the executors' files, which describe the product, ask, and
- * run the executor of the route. docs/routes.md states the rule as a table, with
+ * function of a short description of the product (GmlpCudaRouteProduct),
+ * the device's properties (read once, when the device opens) and the
+ * device's tuning. gmlp_cuda_route_describe() fills the description from
+ * the backend's descriptor, GmlpBackendGemm (with host sizes through
+ * GmlpCudaGroups, the descriptor group by group); the backend's gemm entry
+ * (gmlp-cuda-gemm-entry.c) adds the Hopper kernel's answer, asks the route
+ * once and hands its answer to the executor of the route, for gemm and
+ * gemm_supported alike. docs/routes.md states the rule as a table, with
  * the reason for each row.
  *
- * Nothing here includes CUDA: the rule builds and is tested without it
- * (tests/test-cuda-route.c links gmlp-cuda-route.c alone).
+ * Nothing here includes CUDA: the description and the rule build and are
+ * tested without it (tests/test-cuda-route.c links gmlp-cuda-route.c
+ * alone).
  *
  * SPDX-License-Identifier: LGPL-2.1-or-later
  */
@@ -20,6 +23,7 @@
 #include <glib.h>
 
 #include "backend/gmlp-backend.h"
+#include "backend/gmlp-backend-gemm.h"
 
 G_BEGIN_DECLS
 
@@ -67,10 +71,63 @@ typedef enum {
   GMLP_CUDA_ROUTE_UNSUPPORTED,
 } GmlpCudaRoute;
 
-/* A product as the route sees it. The executor's file fills it from the
- * checked descriptor; for host sizes the statistics count the groups with a
- * GEMM to run ("products") and those whose output is an empty sum, set
- * to zero ("zeroed"). */
+/* A descriptor with host sizes, group by group: each group's members (the
+ * per-group pointer tables that cuBLAS and cuBLASLt take, built once by
+ * gmlp_cuda_groups_init()), for the route's statistics and for the
+ * executors that address the groups one by one (cuBLAS in
+ * gmlp-cuda-gemm.c, cuBLASLt in gmlp-cuda-gemm-fp8.c; the Hopper kernel
+ * takes them back as bases and tables, gmlp_cuda_groups_kernel_gemm()). */
+typedef struct {
+  GmlpGemmKind          kind;
+  guint                 n_groups;
+  const gint64         *rows;
+  gint64                n;
+  gint64                k;
+  int                   ab_dtype;      /* a's dtype (FP8: a's format) */
+  int                   b_dtype;
+  int                   c_dtype;
+  const void * const   *a;
+  const void * const   *b;
+  void * const         *c;
+  const void * const   *bias;          /* FPROP, or NULL */
+  const guint8         *accumulate;    /* WGRAD, or NULL */
+  const float * const  *a_scale_inv;   /* FP8: each group's scales */
+  const float * const  *b_scale_inv;
+  GmlpBackendFp8Scales  a_scales;
+  GmlpBackendFp8Scales  b_scales;
+} GmlpCudaGroups;
+
+/* The pointer tables of GmlpCudaGroups: a, b, c, bias and FP8's two
+ * scales, GMLP_CUDA_GROUPS_TABLES × n_groups pointers in all. */
+#define GMLP_CUDA_GROUPS_TABLES 6
+
+/* The product of group g as C (rows × cols) = A (rows × depth) · B (cols ×
+ * depth)ᵀ, in the K-major terms of the FP8 products. */
+static inline void
+gmlp_cuda_groups_shape (const GmlpCudaGroups *groups,
+                        guint                 g,
+                        gint64               *rows,
+                        gint64               *cols,
+                        gint64               *depth)
+{
+  gmlp_backend_gemm_group_shape (groups->kind, groups->rows[g], groups->n, groups->k, rows, cols, depth);
+}
+
+/* TRUE when group g adds into its output: WGRAD with the mask set. */
+static inline gboolean
+gmlp_cuda_groups_accumulates (const GmlpCudaGroups *groups,
+                              guint                 g)
+{
+  return groups->kind == GMLP_GEMM_WGRAD && groups->accumulate != NULL && groups->accumulate[g];
+}
+
+/* A product as the route sees it. gmlp_cuda_route_describe() fills it from
+ * the descriptor, before the executor checks the descriptor (a call that
+ * fails the checks is refused whatever its route); for host sizes the
+ * statistics count the groups with a GEMM to run ("products") and those
+ * whose output is an empty sum, set to zero ("zeroed"). The sm90_ fields
+ * are the Hopper kernel's answer, which the entry asks where
+ * gmlp_cuda_route_asks_sm90() says the route reads it. */
 typedef struct {
   gboolean       device_sizes;      /* the group sizes on the device */
   GmlpGemmKind   kind;
@@ -93,8 +150,8 @@ typedef struct {
    * tuning's device_gemm), and if not why. */
   gboolean       sm90_covers;
   const char    *sm90_reason;
-  /* The operands are not laid out as the kernel addresses them (FP8 with
-   * host sizes): sm90_reason says so, whatever the tuning. */
+  /* The operands are not laid out as the kernel addresses them (host
+   * sizes): sm90_reason says so, whatever the tuning. */
   gboolean       sm90_unpacked;
 } GmlpCudaRouteProduct;
 
@@ -127,16 +184,29 @@ GmlpCudaRouteChoice gmlp_cuda_route (const GmlpCudaRouteProduct  *product,
 gboolean  gmlp_cuda_route_prefer_grouped (guint  n_products,
                                           double total_flop);
 
-/* All the rows of n_groups groups, and those that lie in whole row
- * tiles. */
-void      gmlp_cuda_route_count_rows     (const gint64  *rows,
-                                          guint          n_groups,
-                                          gint64        *total,
-                                          gint64        *tiled);
+/* The groups of a descriptor with host sizes; tables holds
+ * GMLP_CUDA_GROUPS_TABLES × n_groups pointers, zeroed. */
+void      gmlp_cuda_groups_init          (const GmlpBackendGemm  *gemm,
+                                          gpointer               *tables,
+                                          GmlpCudaGroups         *groups);
 
-/* Whether every group has a multiple of 16 rows. */
-gboolean  gmlp_cuda_route_rows_aligned   (const gint64  *rows,
-                                          guint          n_groups);
+/* The description of a descriptor: groups is its GmlpCudaGroups with host
+ * sizes, NULL with device sizes. The sm90_ fields are left unset. */
+void      gmlp_cuda_route_describe       (const GmlpBackendGemm  *gemm,
+                                          const GmlpCudaGroups   *groups,
+                                          GmlpCudaRouteProduct   *product);
+
+/* Whether the route reads the Hopper kernel's answer for a described
+ * product: with device sizes and blockwise scales always, otherwise where
+ * there is a product to run. */
+gboolean  gmlp_cuda_route_asks_sm90      (const GmlpCudaRouteProduct *product);
+
+/* Whether the route may answer GMLP_CUDA_ROUTE_DEQUANTIZED for a
+ * descriptor, or GMLP_CUDA_ROUTE_SM90_PADDED, which may answer as it does:
+ * only for FP8 operands with device sizes, or with blockwise scales and at
+ * least one group (host sizes; with none there is nothing to multiply).
+ * The backend's gemm_supported says yes at once where it may not. */
+gboolean  gmlp_cuda_route_may_dequantize (const GmlpBackendGemm  *gemm);
 
 /* The route's name, as docs/routes.md writes it. */
 const char *gmlp_cuda_route_name         (GmlpCudaRoute route);
