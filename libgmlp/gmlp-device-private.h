@@ -105,6 +105,9 @@ gboolean           gmlp_spans_overlap              (const GmlpSpan *a,
 gboolean           gmlp_device_check_not_capturing (GmlpDevice  *self,
                                                     const char  *what,
                                                     GError     **error);
+/* Counts one more capture begun on self (gmlp_device_begin_capture(), in
+ * gmlp-graph.c), before the backend begins it. */
+void               gmlp_device_bump_capture_serial (GmlpDevice  *self);
 /* The number of the capture in progress on self, counting from 1, or 0 when
  * self is not capturing; events remember it (gmlp-event.c). */
 guint              gmlp_device_get_capture_serial  (GmlpDevice  *self);

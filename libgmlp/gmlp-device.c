@@ -14,7 +14,6 @@
 #include "gmlp-enum-types.h"
 #include "gmlp-error.h"
 #include "gmlp-error-private.h"
-#include "gmlp-graph-private.h"
 #include "gmlp-thread-private.h"
 #include "gmlp-tuning-private.h"
 
@@ -640,95 +639,6 @@ gmlp_device_synchronize (GmlpDevice  *self,
 }
 
 /**
- * gmlp_device_begin_capture:
- * @self: a #GmlpDevice
- * @error: return location for a #GError
- *
- * Starts recording the work enqueued on @self's stream into a graph instead
- * of running it, until [method@Gmlp.Device.end_capture]. Every libgmlp call
- * that only enqueues work may be captured (tensor arithmetic, conversions,
- * grouped linear and MLP forward and backward with device group sizes);
- * those that wait for the device or read its memory on the host
- * ([method@Gmlp.Device.synchronize], [method@Gmlp.GroupedTensor.to_bytes],
- * [method@Gmlp.GroupedTensor.sum_squares], offloading activations, ...) fail
- * with %GMLP_ERROR_INVALID_STATE meanwhile, and the capture goes on.
- *
- * The capture records what every thread enqueues on @self. Tensors
- * allocated during it are allocated at once, outside the graph, and data
- * uploaded from the host during it (such as
- * [ctor@Gmlp.GroupedTensor.new_from_bytes]) is copied at once, not at every
- * replay. See `docs/graphs.md`.
- *
- * Returns: %TRUE on success; %FALSE with %GMLP_ERROR_UNSUPPORTED on the CPU,
- *   which has no graphs, or %GMLP_ERROR_INVALID_STATE when @self is capturing
- *   already (captures do not nest)
- *
- * Since: 0.1
- */
-gboolean
-gmlp_device_begin_capture (GmlpDevice  *self,
-                           GError     **error)
-{
-  g_return_val_if_fail (GMLP_IS_DEVICE (self), FALSE);
-  g_return_val_if_fail (error == NULL || *error == NULL, FALSE);
-
-  if (!gmlp_device_check_usable (self, error))
-    return FALSE;
-  if (gmlp_device_is_capturing (self))
-    {
-      g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_STATE,
-                   "%s is capturing a graph already; captures do not nest", self->name);
-      return FALSE;
-    }
-
-  /* Before the capture starts, so that an event recorded by the first
-   * captured call already carries the new number. */
-  g_atomic_int_inc (&self->capture_serial);
-  return self->backend->capture_begin (self->backend_device, error);
-}
-
-/**
- * gmlp_device_end_capture:
- * @self: a #GmlpDevice
- * @error: return location for a #GError
- *
- * Stops the capture that [method@Gmlp.Device.begin_capture] started and
- * makes the recorded work into a graph. Whether or not it succeeds, @self
- * runs the work enqueued after this call again.
- *
- * Returns: (transfer full): the graph, or %NULL with
- *   %GMLP_ERROR_INVALID_STATE when no capture is in progress, or
- *   %GMLP_ERROR_BACKEND when something recorded broke the capture (for
- *   example a CUDA call made on the device's stream from outside libgmlp
- *   that cannot be captured) or the graph could not be built
- *
- * Since: 0.1
- */
-GmlpGraph *
-gmlp_device_end_capture (GmlpDevice  *self,
-                         GError     **error)
-{
-  GmlpBackendGraph *graph;
-
-  g_return_val_if_fail (GMLP_IS_DEVICE (self), NULL);
-  g_return_val_if_fail (error == NULL || *error == NULL, NULL);
-
-  if (!gmlp_device_check_usable (self, error))
-    return NULL;
-  if (!gmlp_device_is_capturing (self))
-    {
-      g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_STATE,
-                   "No graph capture is in progress on %s", self->name);
-      return NULL;
-    }
-
-  graph = self->backend->capture_end (self->backend_device, error);
-  if (graph == NULL)
-    return NULL;
-  return gmlp_graph_new_for_backend (self, graph);
-}
-
-/**
  * gmlp_device_is_capturing:
  * @self: a #GmlpDevice
  *
@@ -760,6 +670,12 @@ gmlp_device_check_not_capturing (GmlpDevice  *self,
                "%s cannot be captured in a graph, and %s is capturing one "
                "(docs/graphs.md says what can be)", what, self->name);
   return FALSE;
+}
+
+void
+gmlp_device_bump_capture_serial (GmlpDevice *self)
+{
+  g_atomic_int_inc (&self->capture_serial);
 }
 
 guint

@@ -31,9 +31,6 @@ typedef enum {
 
 #define GMLP_TYPE_DEVICE (gmlp_device_get_type ())
 
-/* Declared in gmlp-graph.h, which needs GmlpDevice. */
-typedef struct _GmlpGraph GmlpGraph;
-
 /**
  * GmlpDeviceClass:
  * @parent_class: the parent class
@@ -66,12 +63,6 @@ GMLP_AVAILABLE_IN_0_1
 guint64         gmlp_device_get_bytes_in_use   (GmlpDevice      *self);
 GMLP_AVAILABLE_IN_0_1
 gboolean        gmlp_device_synchronize        (GmlpDevice      *self,
-                                                GError         **error);
-GMLP_AVAILABLE_IN_0_1
-gboolean        gmlp_device_begin_capture      (GmlpDevice      *self,
-                                                GError         **error);
-GMLP_AVAILABLE_IN_0_1
-GmlpGraph      *gmlp_device_end_capture        (GmlpDevice      *self,
                                                 GError         **error);
 GMLP_AVAILABLE_IN_0_1
 gboolean        gmlp_device_is_capturing       (GmlpDevice      *self);

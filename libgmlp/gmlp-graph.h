@@ -29,10 +29,19 @@ G_BEGIN_DECLS
 GMLP_AVAILABLE_IN_0_1
 G_DECLARE_FINAL_TYPE (GmlpGraph, gmlp_graph, GMLP, GRAPH, GObject)
 
+/* The device's methods that make a graph, declared with it (defined in
+ * gmlp-graph.c): the device itself only knows whether it is capturing. */
 GMLP_AVAILABLE_IN_0_1
-gboolean    gmlp_graph_replay     (GmlpGraph  *self,
-                                   GError    **error);
+gboolean    gmlp_device_begin_capture (GmlpDevice  *self,
+                                       GError     **error);
 GMLP_AVAILABLE_IN_0_1
-GmlpDevice *gmlp_graph_get_device (GmlpGraph  *self);
+GmlpGraph  *gmlp_device_end_capture   (GmlpDevice  *self,
+                                       GError     **error);
+
+GMLP_AVAILABLE_IN_0_1
+gboolean    gmlp_graph_replay         (GmlpGraph   *self,
+                                       GError     **error);
+GMLP_AVAILABLE_IN_0_1
+GmlpDevice *gmlp_graph_get_device     (GmlpGraph   *self);
 
 G_END_DECLS

@@ -24,8 +24,11 @@ void                gmlp_offload_context_give_host      (GmlpOffloadContext  *se
                                                          gsize                size,
                                                          GmlpEvent           *busy_until);
 
-/* Bookkeeping from the saved activations. */
-void                gmlp_offload_context_offloaded      (GmlpOffloadContext  *self,
+/* Bookkeeping from the saved activations. Offloaded @saved become the most
+ * recently offloaded activations: returns those that were (a reference, or
+ * NULL), whose device copy the caller then takes away
+ * (gmlp_saved_activations_release_device()). */
+GmlpSavedActivations *gmlp_offload_context_offloaded    (GmlpOffloadContext  *self,
                                                          GmlpSavedActivations *saved,
                                                          guint64              nbytes);
 /* A backward found the device copy still there: no reload was needed. */
@@ -40,7 +43,7 @@ void                gmlp_offload_context_reloading      (GmlpOffloadContext  *se
 void                gmlp_offload_context_forget         (GmlpOffloadContext  *self,
                                                          GmlpSavedActivations *saved);
 /* A backward is about to use @saved: prefetch the activations saved before
- * it, so their reload overlaps this backward. */
+ * it, so their reload overlaps this backward (gmlp-offload-context-schedule.c). */
 void                gmlp_offload_context_backward_started (GmlpOffloadContext *self,
                                                          GmlpSavedActivations *saved);
 

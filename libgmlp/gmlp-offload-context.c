@@ -1,14 +1,21 @@
-/* gmlp-offload-context.c
+/* gmlp-offload-context.c: CPU offload of saved activations, nestable
+ *
+ * The object: its type and properties, the per-thread stacks of contexts,
+ * the pool of host memory, and the bookkeeping that saved activations
+ * report to as they offload, keep and reload their tensors (the order of
+ * the offloads, the counts). It calls nothing of the saved activations:
+ * they call it. What the context does to the activations it offloaded,
+ * taking their device copy away and reloading them ahead of their
+ * backward, is in gmlp-offload-context-schedule.c.
  *
  * SPDX-License-Identifier: LGPL-2.1-or-later
  */
 
 #include "config.h"
 
-#include "gmlp-offload-context-private.h"
+#include "gmlp-offload-context-impl.h"
 #include "gmlp-device-private.h"
 #include "gmlp-error.h"
-#include "gmlp-saved-activations-private.h"
 #include "gmlp-thread-private.h"
 
 /**
@@ -107,35 +114,6 @@ typedef struct {
   GmlpEvent *busy_until;   /* a copy may use it until this completes */
 } HostBlock;
 
-/* Activations the context offloaded, until they are finalized: a weak
- * reference, which a thread that did not make them may turn into a strong
- * one safely while their last reference goes on another thread, and the
- * pointer to find them by, never dereferenced. */
-typedef struct {
-  GWeakRef  ref;
-  gpointer  key;
-} Offloaded;
-
-/* The lock guards everything below it: threads that share the context
- * offload, reload and take host memory at once. It is never held while
- * calling into saved activations that could take theirs (which call in
- * here with theirs held), nor while dropping a reference to them. */
-struct _GmlpOffloadContext
-{
-  GObject      parent_instance;
-
-  GmlpDevice  *device;
-  GMutex       lock;
-  GList       *free_blocks;      /* HostBlock */
-  GQueue       offloaded;        /* Offloaded, in the order of the offloads */
-  Offloaded   *recent;           /* the last offloaded, still with its device copy */
-  guint64      pool_bytes;
-  guint64      bytes_offloaded;
-  guint64      bytes_on_host;
-  guint        reload_waits;
-  guint        prefetches;
-};
-
 G_DEFINE_FINAL_TYPE (GmlpOffloadContext, gmlp_offload_context, G_TYPE_OBJECT)
 
 enum {
@@ -193,10 +171,9 @@ offloaded_free (Offloaded *entry)
   g_free (entry);
 }
 
-/* The entry of @saved, or NULL; lock held. */
-static GList *
-find_offloaded (GmlpOffloadContext   *self,
-                GmlpSavedActivations *saved)
+GList *
+gmlp_offload_context_find_offloaded (GmlpOffloadContext   *self,
+                                     GmlpSavedActivations *saved)
 {
   GList *l;
 
@@ -214,7 +191,7 @@ gmlp_offload_context_forget (GmlpOffloadContext   *self,
   GList *l;
 
   gmlp_mutex_lock (&self->lock);
-  l = find_offloaded (self, saved);
+  l = gmlp_offload_context_find_offloaded (self, saved);
   if (l != NULL)
     {
       entry = l->data;
@@ -623,12 +600,9 @@ gmlp_offload_context_give_host (GmlpOffloadContext *self,
   gmlp_mutex_unlock (&self->lock);
 }
 
-/* Makes @recent (NULL: none) the most recently offloaded activations; lock
- * held. Returns those that were, whose device copy the caller takes away
- * (release_previous()) once the lock is let go. */
-static GmlpSavedActivations *
-swap_recent (GmlpOffloadContext *self,
-             Offloaded          *recent)
+GmlpSavedActivations *
+gmlp_offload_context_swap_recent (GmlpOffloadContext *self,
+                                  Offloaded          *recent)
 {
   GmlpSavedActivations *previous;
 
@@ -637,17 +611,7 @@ swap_recent (GmlpOffloadContext *self,
   return previous;
 }
 
-static void
-release_previous (GmlpSavedActivations *previous)
-{
-  if (previous != NULL)
-    {
-      gmlp_saved_activations_release_device (previous);
-      gmlp_object_unref_shared (previous);
-    }
-}
-
-void
+GmlpSavedActivations *
 gmlp_offload_context_offloaded (GmlpOffloadContext   *self,
                                 GmlpSavedActivations *saved,
                                 guint64               nbytes)
@@ -661,9 +625,9 @@ gmlp_offload_context_offloaded (GmlpOffloadContext   *self,
   self->bytes_offloaded += nbytes;
   self->bytes_on_host += nbytes;
   g_queue_push_tail (&self->offloaded, entry);
-  previous = swap_recent (self, entry);
+  previous = gmlp_offload_context_swap_recent (self, entry);
   gmlp_mutex_unlock (&self->lock);
-  release_previous (previous);
+  return previous;
 }
 
 void
@@ -676,30 +640,6 @@ gmlp_offload_context_kept (GmlpOffloadContext   *self,
   if (self->recent != NULL && self->recent->key == saved)
     self->recent = NULL;
   gmlp_mutex_unlock (&self->lock);
-}
-
-/**
- * gmlp_offload_context_flush:
- * @self: a #GmlpOffloadContext
- *
- * Lets go of the device copy that the most recently offloaded activations
- * keep (see [class@Gmlp.OffloadContext]), so that all the context's saved
- * activations are in host memory only; their backward will then reload
- * them.
- *
- * Since: 0.1
- */
-void
-gmlp_offload_context_flush (GmlpOffloadContext *self)
-{
-  GmlpSavedActivations *previous;
-
-  g_return_if_fail (GMLP_IS_OFFLOAD_CONTEXT (self));
-
-  gmlp_mutex_lock (&self->lock);
-  previous = swap_recent (self, NULL);
-  gmlp_mutex_unlock (&self->lock);
-  release_previous (previous);
 }
 
 void
@@ -715,79 +655,6 @@ gmlp_offload_context_reloading (GmlpOffloadContext   *self,
   else
     self->reload_waits++;
   gmlp_mutex_unlock (&self->lock);
-}
-
-void
-gmlp_offload_context_backward_started (GmlpOffloadContext   *self,
-                                       GmlpSavedActivations *saved)
-{
-  /* Dropped after the lock: the last reference may go with them. */
-  g_autoptr(GPtrArray) passed = g_ptr_array_new_with_free_func (gmlp_object_unref_shared);
-  GmlpSavedActivations *previous = NULL;
-  GList *l;
-
-  gmlp_mutex_lock (&self->lock);
-  l = find_offloaded (self, saved);
-  /* The activations saved just before these, still in host memory. */
-  for (l = l != NULL ? l->prev : NULL; l != NULL; l = l->prev)
-    {
-      GmlpSavedActivations *candidate = g_weak_ref_get (&((Offloaded *) l->data)->ref);
-
-      if (candidate == NULL)
-        continue;
-      if (gmlp_saved_activations_is_on_host (candidate))
-        {
-          previous = candidate;
-          break;
-        }
-      g_ptr_array_add (passed, candidate);
-    }
-  gmlp_mutex_unlock (&self->lock);
-
-  if (previous != NULL)
-    {
-      g_autoptr(GError) error = NULL;
-
-      /* A failed prefetch is retried, with its error, by that backward. */
-      if (!gmlp_saved_activations_reload (previous, TRUE, &error))
-        g_debug ("Prefetch failed: %s", error->message);
-      gmlp_object_unref_shared (previous);
-    }
-}
-
-/**
- * gmlp_offload_context_prefetch:
- * @self: a #GmlpOffloadContext
- * @saved: activations this context offloaded
- * @error: return location for a #GError
- *
- * Starts copying @saved back to the device now, on the copy stream, for
- * callers who drive their own schedule. Does nothing if they are on the
- * device already.
- *
- * Returns: %TRUE on success; %FALSE with %GMLP_ERROR_INVALID_ARGUMENT if
- *   another context offloaded @saved
- *
- * Since: 0.1
- */
-gboolean
-gmlp_offload_context_prefetch (GmlpOffloadContext    *self,
-                               GmlpSavedActivations  *saved,
-                               GError               **error)
-{
-  g_return_val_if_fail (GMLP_IS_OFFLOAD_CONTEXT (self), FALSE);
-  g_return_val_if_fail (GMLP_IS_SAVED_ACTIVATIONS (saved), FALSE);
-  g_return_val_if_fail (error == NULL || *error == NULL, FALSE);
-
-  if (!gmlp_saved_activations_get_offload (saved))
-    return TRUE;
-  if (gmlp_saved_activations_get_context (saved) != self)
-    {
-      g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
-                   "These activations were not offloaded by this context");
-      return FALSE;
-    }
-  return gmlp_saved_activations_reload (saved, TRUE, error);
 }
 
 /**

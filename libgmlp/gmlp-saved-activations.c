@@ -533,6 +533,7 @@ gmlp_saved_activations_apply_offload (GmlpSavedActivations  *self,
                                       GError               **error)
 {
   GmlpOffloadContext *context;
+  GmlpSavedActivations *previous;
   GmlpDevice *device;
   gboolean enabled;
   guint64 total = 0;
@@ -589,7 +590,12 @@ gmlp_saved_activations_apply_offload (GmlpSavedActivations  *self,
   /* The device copy stays until the next offload through the context (see
    * gmlp_saved_activations_release_device()). Outside the lock: that
    * offload releases the device copy of other activations. */
-  gmlp_offload_context_offloaded (context, self, total);
+  previous = gmlp_offload_context_offloaded (context, self, total);
+  if (previous != NULL)
+    {
+      gmlp_saved_activations_release_device (previous);
+      gmlp_object_unref_shared (previous);
+    }
   g_object_notify_by_pspec (G_OBJECT (self), properties[PROP_OFFLOAD]);
   return TRUE;
 
