@@ -1,9 +1,10 @@
 /* gmlp-grouped-tensor-impl.h: the grouped tensor's instance struct
  *
- * Shared by the two files of the object itself: gmlp-grouped-tensor.c
- * (type, properties, construction, layout, member views) and
- * gmlp-grouped-tensor-accessors.c (the getters, public and private). The
- * other gmlp-grouped-tensor-*.c files go through those getters
+ * Shared by the three files of the object itself: gmlp-grouped-tensor.c
+ * (type, properties, construction, layout, rows views),
+ * gmlp-grouped-tensor-accessors.c (the getters, public and private) and
+ * gmlp-grouped-tensor-members.c (member views). The other
+ * gmlp-grouped-tensor-*.c files go through the getters
  * (gmlp-grouped-tensor-private.h). No other file includes it.
  *
  * SPDX-License-Identifier: LGPL-2.1-or-later

@@ -174,14 +174,12 @@ GmlpGroupedTensor *gmlp_grouped_tensor_new_like           (GmlpGroupedTensor  *s
  * of @self mean nothing without their scales, or are scales that are not
  * values); convert() of such a tensor, dequantized where the result is a
  * floating type that can hold it, else an error that says what to do
- * instead; and what a member view of @self keeps of its scales. */
+ * instead; and the mark of MXFP8's E8M0 scales (bytes typed E4M3), which
+ * a member view of such scales keeps (gmlp-grouped-tensor-members.c). */
 gboolean           gmlp_grouped_tensor_is_scaled          (GmlpGroupedTensor  *self);
 GmlpGroupedTensor *gmlp_grouped_tensor_convert_scaled     (GmlpGroupedTensor  *self,
                                                            GmlpDType           dtype,
                                                            GError            **error);
-gboolean           gmlp_grouped_tensor_member_keep_scales (GmlpGroupedTensor  *self,
-                                                           GmlpGroupedTensor  *view,
-                                                           guint               index,
-                                                           GError            **error);
+void               gmlp_grouped_tensor_mark_e8m0_scales   (GmlpGroupedTensor  *self);
 
 G_END_DECLS

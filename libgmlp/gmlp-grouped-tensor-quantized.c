@@ -4,8 +4,9 @@
  * the recipe, the scale-inverse tensor and, for the wgrad product, a
  * columnwise copy. They are kept as object data rather than in the instance
  * struct, so that plain tensors pay nothing for them; a member view of a
- * quantized tensor is quantized too (gmlp_grouped_tensor_member_keep_scales()),
- * and convert() dequantizes it or refuses (gmlp_grouped_tensor_convert_scaled()).
+ * quantized tensor is quantized too (gmlp-grouped-tensor-members.c, through
+ * the getters here), and convert() dequantizes it or refuses
+ * (gmlp_grouped_tensor_convert_scaled()).
  *
  * SPDX-License-Identifier: LGPL-2.1-or-later
  */
@@ -72,7 +73,13 @@ gmlp_grouped_tensor_set_quantized (GmlpGroupedTensor  *self,
   info->is_columnwise = is_columnwise;
   g_object_set_qdata_full (G_OBJECT (self), quantized_info_quark (), info, quantized_info_free);
   if (recipe == GMLP_SCALING_RECIPE_MXFP8)
-    g_object_set_qdata (G_OBJECT (scale_inv), e8m0_scales_quark (), GINT_TO_POINTER (TRUE));
+    gmlp_grouped_tensor_mark_e8m0_scales (scale_inv);
+}
+
+void
+gmlp_grouped_tensor_mark_e8m0_scales (GmlpGroupedTensor *self)
+{
+  g_object_set_qdata (G_OBJECT (self), e8m0_scales_quark (), GINT_TO_POINTER (TRUE));
 }
 
 int
@@ -325,41 +332,6 @@ gmlp_grouped_tensor_dequantize (GmlpGroupedTensor  *self,
   }
 
   return g_steal_pointer (&result);
-}
-
-/* A member view of a quantized tensor keeps what its values mean: the
- * member of the scales that belongs to it, and the member of the
- * columnwise copy (itself quantized); a member of MXFP8's E8M0 scales stays
- * marked as such. */
-gboolean
-gmlp_grouped_tensor_member_keep_scales (GmlpGroupedTensor  *self,
-                                        GmlpGroupedTensor  *view,
-                                        guint               index,
-                                        GError            **error)
-{
-  QuantizedInfo *info = get_quantized_info (self);
-  g_autoptr(GmlpGroupedTensor) scale_inv = NULL;
-  g_autoptr(GmlpGroupedTensor) columnwise = NULL;
-
-  if (info == NULL)
-    {
-      if (g_object_get_qdata (G_OBJECT (self), e8m0_scales_quark ()) != NULL)
-        g_object_set_qdata (G_OBJECT (view), e8m0_scales_quark (), GINT_TO_POINTER (TRUE));
-      return TRUE;
-    }
-
-  scale_inv = gmlp_grouped_tensor_get_member (info->scale_inv, index, error);
-  if (scale_inv == NULL)
-    return FALSE;
-  if (info->columnwise != NULL)
-    {
-      columnwise = gmlp_grouped_tensor_get_member (info->columnwise, index, error);
-      if (columnwise == NULL)
-        return FALSE;
-    }
-  gmlp_grouped_tensor_set_quantized (view, info->recipe, info->flags, scale_inv, columnwise,
-                                     info->is_columnwise);
-  return TRUE;
 }
 
 gboolean

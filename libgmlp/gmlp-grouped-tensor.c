@@ -1,10 +1,12 @@
 /* gmlp-grouped-tensor.c: the grouped tensor object
  *
- * Its type, properties and construction, its layout and member views;
- * its getters are in gmlp-grouped-tensor-accessors.c. The checks of a layout's sizes and byte count are in
- * gmlp-grouped-tensor-layout.c, data in and out (bytes, typed arrays,
- * DLPack) in gmlp-grouped-tensor-interop.c, operations on its values in
- * gmlp-grouped-tensor-ops.c, and quantized tensors in
+ * Its type, properties and construction, its layout, its device copy of
+ * host sizes and the views of rows that share its storage. Its getters are
+ * in gmlp-grouped-tensor-accessors.c, its members as views in
+ * gmlp-grouped-tensor-members.c. The checks of a layout's sizes and byte
+ * count are in gmlp-grouped-tensor-layout.c, data in and out (bytes, typed
+ * arrays, DLPack) in gmlp-grouped-tensor-interop.c, operations on its
+ * values in gmlp-grouped-tensor-ops.c, and quantized tensors in
  * gmlp-grouped-tensor-quantized.c.
  *
  * SPDX-License-Identifier: LGPL-2.1-or-later
@@ -776,12 +778,13 @@ gmlp_grouped_tensor_get_sizes (GmlpGroupedTensor  *self,
   if (sizes == NULL)
     {
       gint64 n = self->n_groups;
-      g_autoptr(GBytes) bytes = g_bytes_new (self->rows, sizeof (gint64) * self->n_groups);
       g_autoptr(GmlpGroupedTensor) made = NULL;
 
-      made = gmlp_grouped_tensor_new_from_bytes (self->device, GMLP_DTYPE_INT64, &n, 1, 1,
-                                                 bytes, error);
-      if (made == NULL)
+      /* One member of n rows, one INT64 column: no padding to lay out. */
+      made = gmlp_grouped_tensor_new_internal (self->device, GMLP_DTYPE_INT64, &n, 1, 1, n, error);
+      if (made == NULL ||
+          !GMLP_DEVICE_CALL (self->device, upload, gmlp_grouped_tensor_get_data (made), self->rows,
+                             sizeof (gint64) * self->n_groups, error))
         return NULL;
       /* Threads that share the tensor may upload at once: the first copy
        * published is the one, the others are dropped. */
@@ -891,70 +894,6 @@ gmlp_grouped_tensor_new_like (GmlpGroupedTensor  *self,
   if (result != NULL && self->rows == NULL)
     result->sizes = g_object_ref (self->sizes);
   return result;
-}
-
-/**
- * gmlp_grouped_tensor_get_member:
- * @self: a #GmlpGroupedTensor
- * @index: the member
- * @error: return location for a #GError
- *
- * Gets member @index as a one-group tensor that shares the storage of @self:
- * writes through either are seen by the other.
- *
- * Returns: (transfer full): the view, or %NULL with
- *   %GMLP_ERROR_INVALID_ARGUMENT if @index is out of range, or
- *   %GMLP_ERROR_UNSUPPORTED when the sizes are only on the device
- *
- * Since: 0.1
- */
-GmlpGroupedTensor *
-gmlp_grouped_tensor_get_member (GmlpGroupedTensor  *self,
-                                guint               index,
-                                GError            **error)
-{
-  GmlpGroupedTensor *view;
-
-  g_return_val_if_fail (GMLP_IS_GROUPED_TENSOR (self), NULL);
-  g_return_val_if_fail (error == NULL || *error == NULL, NULL);
-
-  if (!gmlp_grouped_tensor_check_usable (self, error))
-    return NULL;
-
-  if (index >= self->n_groups)
-    {
-      g_set_error (error, GMLP_ERROR, GMLP_ERROR_INVALID_ARGUMENT,
-                   "Member %u out of range: the tensor has %u", index, self->n_groups);
-      return NULL;
-    }
-  if (self->rows == NULL)
-    {
-      g_set_error (error, GMLP_ERROR, GMLP_ERROR_UNSUPPORTED,
-                   "Member views need the group sizes on the host; read them with "
-                   "gmlp_grouped_tensor_read_sizes() first");
-      return NULL;
-    }
-
-  view = g_object_new (GMLP_TYPE_GROUPED_TENSOR, NULL);
-  view->device = g_object_ref (self->device);
-  view->dtype = self->dtype;
-  view->n_groups = 1;
-  view->cols = self->cols;
-  view->row_capacity = self->rows[index];
-  view->rows = view->one_group;
-  view->rows[0] = self->rows[index];
-  view->offsets = view->rows + 1;
-  view->offsets[0] = 0;
-  view->buffer = gmlp_buffer_ref (self->buffer);
-  view->offset = self->offset + (gsize) self->offsets[index];
-  view->nbytes = gmlp_num_member_stride (self->rows[index],
-                                         (guint64) self->cols * gmlp_dtype_get_size (self->dtype));
-  view->uniform = TRUE;
-  view->is_view = TRUE;
-
-  if (!gmlp_grouped_tensor_member_keep_scales (self, view, index, error))
-    g_clear_object (&view);
-  return view;
 }
 
 GmlpGroupedTensor *
