@@ -646,6 +646,18 @@ test_describe_host (void)
   g_assert_cmpuint (p.n_products + p.n_zeroed, ==, 0);
   g_assert_false (gmlp_cuda_route_asks_sm90 (&p));
   assert_route (&p, &h200, "host-gemm=sm90", GMLP_CUDA_ROUTE_CUBLAS_LOOP);
+
+  /* Sizes the executors' checks refuse afterwards (past G_MAXINT, or
+   * negative): described before them, clamped, without overflow. */
+  {
+    const gint64 refused[] = { G_MAXINT64, G_MAXINT64, -5, 1 };
+
+    gemm = host_gemm (GMLP_GEMM_FPROP, GMLP_NUM_BFLOAT16, GMLP_NUM_BFLOAT16, refused,
+                      G_N_ELEMENTS (refused), 768, 2048);
+    p = describe (&gemm);
+    g_assert_cmpint (p.rows, ==, 2 * (gint64) G_MAXINT + 1);
+    g_assert_cmpint (p.tiled_rows, ==, 2 * ((gint64) G_MAXINT / GMLP_CUDA_ROW_TILE * GMLP_CUDA_ROW_TILE));
+  }
 }
 
 /* WGRAD: an empty sum is set to zero unless it accumulates, and products

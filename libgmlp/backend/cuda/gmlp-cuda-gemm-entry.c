@@ -9,7 +9,8 @@
  * route: gmlp-cuda-gemm-device.c for device sizes, gmlp-cuda-gemm.c for
  * 16-bit and FP32 operands and gmlp-cuda-gemm-fp8.c for FP8 ones with host
  * sizes. gemm_supported reads the same description and route, so that
- * its answer and the product never disagree.
+ * the dequantized fall-back it asks for and the product's route never
+ * disagree.
  *
  * SPDX-License-Identifier: LGPL-2.1-or-later
  */

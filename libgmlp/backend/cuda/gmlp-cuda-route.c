@@ -120,11 +120,15 @@ describe_groups (const GmlpCudaGroups  *groups,
   for (guint g = 0; g < groups->n_groups; g++)
     {
       gint64 m = groups->rows[g];
+      /* The description comes before the executors' checks, which refuse
+       * sizes outside [0, G_MAXINT]; clamped, n_groups of them sum within
+       * a gint64. */
+      gint64 counted = CLAMP (m, 0, G_MAXINT);
       gboolean accumulates = gmlp_cuda_groups_accumulates (groups, g);
       gint64 out_rows, out_cols, depth;
 
-      p->rows += m;
-      p->tiled_rows += m / GMLP_CUDA_ROW_TILE * GMLP_CUDA_ROW_TILE;
+      p->rows += counted;
+      p->tiled_rows += counted / GMLP_CUDA_ROW_TILE * GMLP_CUDA_ROW_TILE;
       p->rows_aligned = p->rows_aligned && m % GMLP_CUDA_ROUTE_FP8_ALIGNMENT == 0;
 
       gmlp_cuda_groups_shape (groups, g, &out_rows, &out_cols, &depth);
